@@ -1,0 +1,109 @@
+"""Start-up hook that loads onmt-ext into the stock OpenNMT-py commands.
+
+``make setup`` (or ``python -m onmt_ext.hook install``) writes a one-line
+``onmt_ext.pth`` into the environment's site-packages.  Python executes it at
+start-up; it imports this module, which only installs a tiny import hook and
+imports nothing heavy.  The first time ``onmt`` is imported (by
+``onmt_train``, ``onmt_translate``, ``python -m onmt.bin.train``, a notebook,
+...), the hook
+
+1. *before* ``onmt`` runs: applies the current-torch fixes of
+   :mod:`onmt_ext.compat` (some of OpenNMT-py's warnings fire at import time);
+2. *after* ``onmt`` has run: calls :func:`onmt_ext.plugin.activate`, which
+   registers our encoder/decoder types, options and option checks.
+
+A failure in either step never breaks plain OpenNMT-py: the error is printed
+once, with the way to switch the extension off, and ``onmt`` is left as
+stock.  Set ``ONMT_EXT_DISABLE=1`` to switch the extension off entirely.
+"""
+
+import importlib.abc
+import importlib.util
+import os
+import sys
+
+DISABLE_ENV = "ONMT_EXT_DISABLE"
+
+
+def disabled():
+    """True when the user switched the extension off with ``ONMT_EXT_DISABLE``."""
+    return os.environ.get(DISABLE_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _report_failure(stage, exc):
+    sys.stderr.write(
+        f"onmt-ext: could not {stage} ({type(exc).__name__}: {exc}).\n"
+        f"onmt-ext: OpenNMT-py continues without the extension; "
+        f"set {DISABLE_ENV}=1 to silence this message.\n"
+    )
+
+
+def _before_onmt():
+    try:
+        from onmt_ext import compat
+
+        compat.apply()
+    except Exception as exc:  # never break plain OpenNMT-py
+        _report_failure("apply the torch compatibility fixes", exc)
+
+
+def _after_onmt():
+    try:
+        from onmt_ext import plugin
+
+        plugin.activate()
+    except Exception as exc:  # never break plain OpenNMT-py
+        _report_failure("register with OpenNMT-py", exc)
+
+
+class _HookedLoader(importlib.abc.Loader):
+    """Wraps the real loader of ``onmt`` to run our steps around its execution."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        # ``module.__loader__`` is this proxy; give the real one back so that
+        # resource readers and tracebacks see the stock loader.
+        module.__loader__ = self._loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self._loader
+        _before_onmt()
+        self._loader.exec_module(module)
+        _after_onmt()
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+class _OnmtFinder(importlib.abc.MetaPathFinder):
+    """One-shot finder: wraps the loader of the top-level ``onmt`` package."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != "onmt":
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        spec = importlib.util.find_spec("onmt")
+        if spec is None or spec.loader is None:
+            return spec
+        spec.loader = _HookedLoader(spec.loader)
+        return spec
+
+
+def install():
+    """Arrange for onmt-ext to load with ``onmt``; idempotent and cheap."""
+    if disabled():
+        return
+    if "onmt" in sys.modules:  # onmt came first: act now
+        _before_onmt()
+        _after_onmt()
+        return
+    if not any(isinstance(f, _OnmtFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _OnmtFinder())
+
+
+install()

@@ -1,0 +1,68 @@
+"""Install, remove or inspect the start-up hook that loads onmt-ext into ``onmt``.
+
+Usage::
+
+    python -m onmt_ext.hook install     # write onmt_ext.pth into site-packages
+    python -m onmt_ext.hook uninstall   # remove it (stock OpenNMT-py again)
+    python -m onmt_ext.hook status
+
+The hook is one line in ``<site-packages>/onmt_ext.pth``.  It imports
+:mod:`onmt_ext._autoload` only if ``onmt_ext`` is importable, so a removed
+package never breaks Python start-up.  ``ONMT_EXT_DISABLE=1`` switches the
+extension off without uninstalling anything.
+"""
+
+import argparse
+import os
+import sys
+import sysconfig
+
+PTH_NAME = "onmt_ext.pth"
+PTH_LINE = (
+    "import importlib.util as _u; "
+    "_u.find_spec('onmt_ext') is not None and __import__('onmt_ext._autoload')\n"
+)
+
+
+def pth_path():
+    """Path of the hook file in this interpreter's site-packages (purelib)."""
+    return os.path.join(sysconfig.get_paths()["purelib"], PTH_NAME)
+
+
+def install():
+    """Write the hook file; returns True if it changed anything."""
+    path = pth_path()
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as handle:
+            if handle.read() == PTH_LINE:
+                return False
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(PTH_LINE)
+    return True
+
+
+def uninstall():
+    """Remove the hook file; returns True if there was one."""
+    path = pth_path()
+    if os.path.exists(path):
+        os.remove(path)
+        return True
+    return False
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m onmt_ext.hook", description=__doc__.split("\n")[0])
+    parser.add_argument("action", choices=["install", "uninstall", "status"])
+    args = parser.parse_args(argv)
+    path = pth_path()
+    if args.action == "install":
+        print(f"{'installed' if install() else 'already installed'}: {path}")
+    elif args.action == "uninstall":
+        print(f"{'removed' if uninstall() else 'not installed'}: {path}")
+    else:
+        print(f"{'installed' if os.path.exists(path) else 'not installed'}: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""onmt-ext's model options, their checks, and the typed config built from them.
+
+Every mechanism declares its options here as :class:`OptionSpec` records (in
+one list, so that the parser, the checks, the checkpoint defaults and the docs
+all come from one place).  :func:`add_model_options` adds them to
+OpenNMT-py's *model* options, so they are accepted from YAML and the command
+line, saved in the checkpoint with the rest of ``opt``, and restored with their
+defaults for checkpoints written before they existed (OpenNMT-py's
+``ArgumentParser.ckpt_model_opts`` starts from the defaults of
+``onmt.opts.model_opts``).
+
+:func:`check_options` returns every problem with the values or combinations
+of our options as messages that name the option; the plug-in turns them into
+a clean command-line error.  :class:`ExtConfig` is the one typed object that
+``from_opt`` builds and passes down to the modules.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, List, Optional, Tuple
+
+#: ``encoder_type`` / ``decoder_type`` value that selects onmt-ext's Transformer.
+EXT_TYPE = "ext_transformer"
+
+GROUP_TITLE = "onmt-ext"
+
+
+class OptionError(ValueError):
+    """An invalid value or combination of onmt-ext options."""
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """Declaration of one onmt-ext model option.
+
+    Attributes:
+        name: option name without dashes (``-name`` / ``--name`` on the CLI).
+        type: the Python type of one value (``int``, ``float``, ``str``, ``bool``).
+        default: value meaning "mechanism off"; must give exactly vanilla
+            OpenNMT-py.
+        help: one-line description, with the paper's equation numbers.
+        side: ``"encoder"``, ``"decoder"`` or ``"model"``: an option of a side
+            only takes effect with ``-{side}_type ext_transformer``.
+        choices: allowed values, if the option is an enumeration.
+        nargs: ``"*"`` for list-valued options (e.g. layer indices).
+        check: ``check(value, opt) -> message or None`` for value ranges that
+            depend on other options (e.g. a layer index below ``enc_layers``).
+    """
+
+    name: str
+    type: type
+    default: Any
+    help: str
+    side: str = "model"
+    choices: Optional[Tuple[Any, ...]] = None
+    nargs: Optional[str] = None
+    check: Optional[Callable[[Any, Any], Optional[str]]] = None
+
+
+#: All onmt-ext options.  Mechanism modules append to it with
+#: :func:`register_options` at import time (before the parser is built).
+OPTION_SPECS: List[OptionSpec] = []
+
+#: Checks over several options: ``check(opt) -> list of messages``.
+COMBINATION_CHECKS: List[Callable[[Any], List[str]]] = []
+
+
+def register_options(specs, combination_check=None):
+    """Add a mechanism's option specs (and optional cross-option check)."""
+    known = {spec.name for spec in OPTION_SPECS}
+    for spec in specs:
+        if spec.name in known:
+            raise ValueError(f"onmt-ext option {spec.name!r} declared twice")
+        if spec.side not in ("encoder", "decoder", "model"):
+            raise ValueError(f"onmt-ext option {spec.name!r}: bad side {spec.side!r}")
+        OPTION_SPECS.append(spec)
+        known.add(spec.name)
+    if combination_check is not None:
+        COMBINATION_CHECKS.append(combination_check)
+
+
+def _str2bool(text):
+    if isinstance(text, bool):
+        return text
+    value = str(text).strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected a boolean (true/false), got {text!r}")
+
+
+def add_model_options(parser):
+    """Add the onmt-ext argument group to an OpenNMT-py (configargparse) parser."""
+    group = parser.add_argument_group(
+        GROUP_TITLE,
+        f"Options of onmt-ext's mechanisms; they need -encoder_type/-decoder_type {EXT_TYPE}.",
+    )
+    for spec in OPTION_SPECS:
+        kwargs = dict(default=spec.default, help=spec.help)
+        kwargs["type"] = _str2bool if spec.type is bool else spec.type
+        if spec.choices is not None:
+            kwargs["choices"] = spec.choices
+        if spec.nargs is not None:
+            kwargs["nargs"] = spec.nargs
+        group.add(f"--{spec.name}", f"-{spec.name}", **kwargs)
+
+
+def check_options(opt):
+    """Return the list of problems with onmt-ext options in ``opt`` (empty: all fine).
+
+    Each message names the option.  Checked: per-option value checks, options
+    set away from their "off" default on a side that does not use onmt-ext's
+    Transformer (they would be silently ignored), and the mechanisms'
+    combination checks.
+    """
+    problems = []
+    for spec in OPTION_SPECS:
+        if not hasattr(opt, spec.name):
+            continue
+        value = getattr(opt, spec.name)
+        if value != spec.default and spec.side in ("encoder", "decoder"):
+            side_type = getattr(opt, f"{spec.side}_type", None)
+            if side_type != EXT_TYPE:
+                problems.append(
+                    f"-{spec.name} {value!r} has no effect with -{spec.side}_type "
+                    f"{side_type!r}; set -{spec.side}_type {EXT_TYPE}"
+                )
+                continue
+        if spec.check is not None:
+            message = spec.check(value, opt)
+            if message:
+                problems.append(f"-{spec.name} {value!r}: {message}")
+    for check in COMBINATION_CHECKS:
+        problems.extend(check(opt))
+    return problems
+
+
+def validate(opt):
+    """Raise :class:`OptionError` listing every problem found by :func:`check_options`."""
+    problems = check_options(opt)
+    if problems:
+        raise OptionError("invalid onmt-ext options:\n  " + "\n  ".join(problems))
+
+
+def _first(value):
+    """OpenNMT-py stores dropout as a list (one value per dropout_steps phase)."""
+    return value[0] if isinstance(value, (list, tuple)) else value
+
+
+@dataclass(frozen=True)
+class ExtConfig:
+    """Typed configuration of onmt-ext's Transformer, built once from ``opt``.
+
+    Holds the stock dimensions the mechanisms need and, in ``mechanisms``,
+    the value of every onmt-ext option (name -> value), so that modules never
+    read ``opt`` themselves.
+    """
+
+    d_model: int
+    heads: int
+    d_ff: int
+    enc_layers: int
+    dec_layers: int
+    dropout: float
+    attention_dropout: float
+    encoder_ext: bool
+    decoder_ext: bool
+    mechanisms: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_opt(cls, opt):
+        """Validate ``opt`` (raises :class:`OptionError`) and build the config."""
+        validate(opt)
+        return cls(
+            d_model=opt.enc_hid_size,
+            heads=opt.heads,
+            d_ff=opt.transformer_ff,
+            enc_layers=opt.enc_layers,
+            dec_layers=opt.dec_layers,
+            dropout=float(_first(opt.dropout)),
+            attention_dropout=float(_first(opt.attention_dropout)),
+            encoder_ext=getattr(opt, "encoder_type", None) == EXT_TYPE,
+            decoder_ext=getattr(opt, "decoder_type", None) == EXT_TYPE,
+            mechanisms={spec.name: getattr(opt, spec.name, spec.default) for spec in OPTION_SPECS},
+        )
+
+    def option(self, name):
+        """Value of the onmt-ext option ``name`` (KeyError for an unknown name)."""
+        return self.mechanisms[name]

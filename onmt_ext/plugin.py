@@ -1,0 +1,217 @@
+"""Registration of onmt-ext inside the stock OpenNMT-py commands.
+
+:func:`activate` is called once by the start-up hook (:mod:`onmt_ext._autoload`)
+right after ``onmt`` has been imported.  It
+
+1. registers ``ext_transformer`` in OpenNMT-py's encoder and decoder
+   registries (``register_encoder``/``register_decoder``);
+2. adds onmt-ext's options to ``onmt.opts.model_opts``, so ``onmt_train``
+   accepts them from YAML and the command line, the checkpoint stores them,
+   and ``onmt_translate`` restores them (with defaults for older checkpoints);
+3. makes option parsing strict: an unknown or misspelled key (YAML or command
+   line) stops ``onmt_train``/``onmt_build_vocab``/``onmt_translate`` with a
+   message naming it, where it was written, and the closest valid key; invalid
+   values or combinations of onmt-ext options stop the run the same way;
+4. runs onmt-ext's option checks wherever OpenNMT-py validates model options
+   (training, and loading a checkpoint for translation).
+
+Everything is idempotent.  ``ONMT_EXT_DISABLE=1`` prevents all of it.
+"""
+
+import difflib
+import sys
+
+_active = False
+
+
+def _register_models():
+    from onmt.decoders import register_decoder, str2dec
+    from onmt.encoders import register_encoder, str2enc
+
+    from onmt_ext.options import EXT_TYPE
+    from onmt_ext.transformer import ExtTransformerDecoder, ExtTransformerEncoder
+
+    if EXT_TYPE not in str2enc:
+        register_encoder(EXT_TYPE)(ExtTransformerEncoder)
+    if EXT_TYPE not in str2dec:
+        register_decoder(EXT_TYPE)(ExtTransformerDecoder)
+
+
+def _extend_model_options():
+    import onmt.opts
+
+    from onmt_ext.options import add_model_options
+
+    stock = onmt.opts.model_opts
+    if getattr(stock, "_onmt_ext", False):
+        return
+
+    def model_opts(parser):
+        stock(parser)
+        add_model_options(parser)
+
+    model_opts.__doc__ = stock.__doc__
+    model_opts._onmt_ext = True
+    onmt.opts.model_opts = model_opts
+
+
+# --------------------------------------------------------------------------
+# Strict option parsing
+
+
+def _option_names(parser):
+    """All option names a parser accepts, without leading dashes."""
+    return {s.lstrip("-") for s in parser._option_string_actions}
+
+
+_SHARED_CONFIG_NAMES = None
+
+
+def _shared_config_names():
+    """Options of onmt_train and onmt_build_vocab together.
+
+    OpenNMT-py's documented practice is one YAML for both commands, so each of
+    them must accept (and ignore) the other's keys; a key known to neither is
+    an error.
+    """
+    global _SHARED_CONFIG_NAMES
+    if _SHARED_CONFIG_NAMES is None:
+        from onmt.opts import data_prepare_opts, train_opts
+        from onmt.utils.parse import ArgumentParser
+
+        names = set()
+        for build in (train_opts, lambda p: data_prepare_opts(p, build_vocab_only=True)):
+            parser = ArgumentParser()
+            build(parser)
+            names |= _option_names(parser)
+        _SHARED_CONFIG_NAMES = names
+    return _SHARED_CONFIG_NAMES
+
+
+def _config_key_lines(path):
+    """Map each top-level key of a YAML config to its 1-based line number."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            node = yaml.compose(handle)
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return {}
+    if not isinstance(node, yaml.MappingNode):
+        return {}
+    return {key.value: key.start_mark.line + 1 for key, _ in node.value}
+
+
+def _config_paths(args):
+    """Config files named on the command line (``-config``/``--config``)."""
+    paths = []
+    for i, arg in enumerate(args):
+        if arg in ("-config", "--config") and i + 1 < len(args):
+            paths.append(args[i + 1])
+        elif arg.startswith(("-config=", "--config=")):
+            paths.append(arg.split("=", 1)[1])
+    return paths
+
+
+def unknown_option_messages(unknown, valid_names, args):
+    """Describe each unknown option: where it was written and what was meant.
+
+    Args:
+        unknown: leftovers of ``parse_known_args`` (``--key=value`` for YAML
+            keys, raw tokens for the command line).
+        valid_names: accepted option names without dashes.
+        args: the command-line arguments (to find the config files).
+    Returns:
+        list of messages, one per unknown option or stray value.
+    """
+    key_lines = {}
+    for path in _config_paths(args):
+        for key, line in _config_key_lines(path).items():
+            key_lines.setdefault(key, (path, line))
+    messages = []
+    previous_unknown = False
+    for token in unknown:
+        if not token.startswith("-"):
+            if not previous_unknown:  # the value of an unknown option is not news
+                messages.append(f"unexpected value {token!r} (no option takes it)")
+            previous_unknown = False
+            continue
+        name = token.lstrip("-").split("=", 1)[0]
+        previous_unknown = name not in valid_names and "=" not in token
+        if name in valid_names:
+            continue
+        where = "on the command line"
+        if name in key_lines and not any(a.lstrip("-").split("=", 1)[0] == name for a in args):
+            path, line = key_lines[name]
+            where = f"in {path}, line {line}"
+        close = difflib.get_close_matches(name, sorted(valid_names), n=1, cutoff=0.6)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        messages.append(f"unknown option '{name}' {where}{hint}")
+    return messages
+
+
+def _strict_parse_known_args(stock):
+    def parse_known_args(self, args=None, namespace=None, **kwargs):
+        # Abbreviations make a misspelled YAML key silently set another option.
+        self.allow_abbrev = False
+        argv = list(sys.argv[1:] if args is None else args)
+        opt, unknown = stock(self, args, namespace, **kwargs)
+        names = _option_names(self)
+        if names & {"train_steps", "n_sample"}:  # onmt_train / onmt_build_vocab
+            names = names | _shared_config_names()
+        problems = unknown_option_messages(unknown, names, argv)
+        if hasattr(opt, "encoder_type") and argv:
+            from onmt_ext.options import check_options
+
+            problems += check_options(opt)
+        if problems:
+            self.exit(2, "".join(f"{self.prog}: error: {p}\n" for p in problems))
+        return opt, [u for u in unknown if u.lstrip("-").split("=", 1)[0] in names]
+
+    parse_known_args._onmt_ext = True
+    return parse_known_args
+
+
+def _make_parsing_strict():
+    from onmt.utils.parse import ArgumentParser
+
+    if getattr(ArgumentParser.parse_known_args, "_onmt_ext", False):
+        return
+    ArgumentParser.parse_known_args = _strict_parse_known_args(ArgumentParser.parse_known_args)
+
+
+def _check_on_model_validation():
+    from onmt.utils.parse import ArgumentParser
+
+    stock = ArgumentParser.validate_model_opts.__func__
+    if getattr(stock, "_onmt_ext", False):
+        return
+
+    def validate_model_opts(cls, model_opt):
+        from onmt_ext.options import validate
+
+        stock(cls, model_opt)
+        validate(model_opt)
+
+    validate_model_opts._onmt_ext = True
+    ArgumentParser.validate_model_opts = classmethod(validate_model_opts)
+
+
+def activate():
+    """Register onmt-ext with the already-imported ``onmt`` package (idempotent)."""
+    global _active
+    if _active:
+        return
+    from onmt_ext import compat
+
+    compat.apply()
+    _register_models()
+    _extend_model_options()
+    _make_parsing_strict()
+    _check_on_model_validation()
+    _active = True
+
+
+def is_active():
+    """True once :func:`activate` has run in this process."""
+    return _active

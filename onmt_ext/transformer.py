@@ -1,0 +1,93 @@
+"""onmt-ext's Transformer encoder and decoder: the blocks the mechanisms plug into.
+
+Both are subclasses of OpenNMT-py's Transformer classes, built by
+``from_opt`` from one :class:`~onmt_ext.options.ExtConfig`.  With every
+onmt-ext option at its default they *are* the stock modules: the same
+sub-modules, parameter names and arithmetic, so a stock checkpoint's weights
+load into them and give identical outputs (``tests/unit/test_transformer.py``).
+
+Selected with ``encoder_type: ext_transformer`` / ``decoder_type:
+ext_transformer``; registered in OpenNMT-py's registries by
+:mod:`onmt_ext.plugin`.
+"""
+
+from functools import partial
+
+from onmt.decoders.transformer import TransformerDecoder
+from onmt.encoders.transformer import TransformerEncoder
+
+from onmt_ext.options import ExtConfig
+from onmt_ext.state import stateful_modules
+
+
+def _build(stock_cls, cls, opt, embeddings):
+    """Run the stock ``from_opt`` of ``stock_cls`` but construct ``cls`` with our config.
+
+    The stock ``from_opt`` maps ``opt`` to the (long) constructor argument
+    list; reusing it keeps us in step with OpenNMT-py instead of copying it.
+    """
+    config = ExtConfig.from_opt(opt)
+    return stock_cls.from_opt.__func__(partial(cls, ext_config=config), opt, embeddings)
+
+
+class ExtTransformerEncoder(TransformerEncoder):
+    """OpenNMT-py's Transformer encoder plus onmt-ext's configuration.
+
+    Args:
+        *args, **kwargs: the stock :class:`TransformerEncoder` arguments.
+        ext_config (ExtConfig): onmt-ext's typed configuration.
+
+    ``forward(src, src_len)`` maps ``src`` ``(batch, src_len, feats)`` to
+    ``enc_out`` ``(batch, src_len, d_model)``, ``None``, ``src_len``.
+    """
+
+    def __init__(self, *args, ext_config, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.ext_config = ext_config
+
+    @classmethod
+    def from_opt(cls, opt, embeddings):
+        """Build from OpenNMT-py options (validates the onmt-ext options)."""
+        return _build(TransformerEncoder, cls, opt, embeddings)
+
+
+class ExtTransformerDecoder(TransformerDecoder):
+    """OpenNMT-py's Transformer decoder plus onmt-ext's configuration and state.
+
+    Besides the stock self/context-attention caches, any sub-module deriving
+    from :class:`~onmt_ext.state.DecodingStateModule` gets its decoding state
+    initialised in :meth:`init_state`, reordered in :meth:`map_state` (beam
+    tiling, beam reordering, finished hypotheses) and detached in
+    :meth:`detach_state`.
+
+    ``forward(tgt, enc_out, step, src_len=...)`` maps ``tgt``
+    ``(batch, tgt_len, feats)`` to ``dec_out`` ``(batch, tgt_len, d_model)``
+    and the attention dict, as the stock decoder does.
+    """
+
+    def __init__(self, *args, ext_config, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.ext_config = ext_config
+
+    @classmethod
+    def from_opt(cls, opt, embeddings):
+        """Build from OpenNMT-py options (validates the onmt-ext options)."""
+        return _build(TransformerDecoder, cls, opt, embeddings)
+
+    def init_state(self, src, enc_out, enc_final_hs):
+        """Start decoding a batch: stock state plus every stateful sub-module."""
+        super().init_state(src, enc_out, enc_final_hs)
+        for module in stateful_modules(self):
+            module.init_decoding_state(src, enc_out, enc_final_hs)
+
+    def map_state(self, fn):
+        """Apply ``fn(tensor, dim)`` to the stock caches and to our modules' state."""
+        super().map_state(fn)
+        for module in stateful_modules(self):
+            module.reorder_decoding_state(fn)
+
+    def detach_state(self):
+        """Detach all decoding state from the autograd graph."""
+        super().detach_state()
+        for module in stateful_modules(self):
+            module.detach_decoding_state()

@@ -1,0 +1,27 @@
+"""pytest set-up shared by all tiers (see tests/README.md)."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import support  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def sample_data():
+    """The prepared Tatoeba sample under build/tatoeba (built once with ``make data``)."""
+    support.ensure_sample_data()
+    return support.TATOEBA
+
+
+@pytest.fixture(scope="session")
+def onmt_active():
+    """Import ``onmt`` through the start-up hook and check that onmt-ext is active."""
+    import onmt  # noqa: F401
+    import onmt_ext.plugin
+
+    assert onmt_ext.plugin.is_active(), "onmt-ext did not load (is the .pth hook installed? run make setup)"
+    return True

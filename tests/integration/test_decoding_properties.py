@@ -1,0 +1,216 @@
+"""The decoding-property suite, run for every config in yaml_configs/smoke/.
+
+A mechanism joins the suite by adding its smoke configs; nothing here needs to
+change.  With dropout 0 (the models are in eval mode):
+
+1. step-by-step decoding with the cache equals the teacher-forced pass;
+2. a sentence alone gives the same encoder/decoder outputs as in a padded batch;
+3. changing target tokens after position j changes no output at positions <= j;
+4. ``map_state`` with a permutation (or beam tiling) mid-decoding equals
+   decoding the permuted (tiled) batch from scratch, with both of the
+   reordering functions OpenNMT-py uses;
+5. ``onmt_translate`` with beam 1: PRED score == GOLD score of its own output;
+6. ``onmt_translate`` gives identical output for -batch_size 1 and 16.
+
+1-4 run in-process on randomly initialised models, for every config.  5-6 run
+the real console scripts on a checkpoint trained for a few steps, once per
+distinct model: configs whose options differ only in output paths (e.g. the
+Base and Big smoke twins, identical at toy size) share one run, and the test
+id names all of them.
+"""
+
+import hashlib
+import re
+
+import pytest
+import torch
+
+import support
+
+CONFIGS = support.smoke_configs()
+ATOL = 1e-5
+
+
+def _ids(paths):
+    return [str(p.relative_to("yaml_configs/smoke")) for p in paths]
+
+
+@pytest.fixture(scope="module", params=CONFIGS, ids=_ids(CONFIGS))
+def model_and_vocabs(request, sample_data, onmt_active):
+    opt = support.load_train_opts(request.param, "-dropout", "0", "-attention_dropout", "0")
+    vocabs = support.load_vocabs(opt)
+    model = support.build_model(opt, vocabs, seed=7)
+    return model, vocabs
+
+
+@torch.no_grad()
+def test_stepwise_equals_full_pass(model_and_vocabs):
+    model, vocabs = model_and_vocabs
+    src, src_len, tgt = support.random_batch(vocabs, [7, 4, 9], [6, 6, 6], seed=1)
+    _, full = support.full_forward(model, src, src_len, tgt)
+    enc_out, src_len = support.start_decoding(model, src, src_len)
+    stepwise = support.decode_steps(model, tgt, enc_out, src_len, 0, tgt.size(1))
+    torch.testing.assert_close(stepwise, full, atol=ATOL, rtol=0)
+    # and the generator's log-probabilities, which is what search consumes
+    torch.testing.assert_close(model.generator(stepwise), model.generator(full), atol=ATOL, rtol=0)
+
+
+@torch.no_grad()
+def test_padding_and_batch_independence(model_and_vocabs):
+    model, vocabs = model_and_vocabs
+    src_lens, tgt_lens = [5, 11, 3], [4, 9, 7]
+    src, src_len, tgt = support.random_batch(vocabs, src_lens, tgt_lens, seed=2, pad_to=(11, 12))
+    enc_b, dec_b = support.full_forward(model, src, src_len, tgt)
+    for i, (s, t) in enumerate(zip(src_lens, tgt_lens)):
+        enc_1, dec_1 = support.full_forward(model, src[i : i + 1, :s], src_len[i : i + 1], tgt[i : i + 1, :t])
+        torch.testing.assert_close(enc_b[i : i + 1, :s], enc_1, atol=ATOL, rtol=0)
+        torch.testing.assert_close(dec_b[i : i + 1, :t], dec_1, atol=ATOL, rtol=0)
+
+
+@torch.no_grad()
+def test_no_dependence_on_future_targets(model_and_vocabs):
+    model, vocabs = model_and_vocabs
+    src, src_len, tgt = support.random_batch(vocabs, [6, 8], [9, 9], seed=3)
+    _, base = support.full_forward(model, src, src_len, tgt)
+    for j in (0, 3, 7):
+        changed = tgt.clone()
+        changed[:, j + 1 :, 0] = torch.randint(10, len(vocabs["tgt"]), changed[:, j + 1 :, 0].shape)
+        _, out = support.full_forward(model, src, src_len, changed)
+        torch.testing.assert_close(out[:, : j + 1], base[:, : j + 1], atol=ATOL, rtol=0)
+        assert not torch.allclose(out[:, j + 1 :], base[:, j + 1 :]), "future tokens had no effect at all"
+
+
+REORDERINGS = {
+    # what OpenNMT-py's search passes to map_state
+    "index_select": lambda index: (lambda state, dim: state.index_select(dim, index)),
+    "beam_lambda": lambda index: (lambda state, dim: state[index]),
+}
+
+
+@pytest.mark.parametrize("reorder", sorted(REORDERINGS))
+@torch.no_grad()
+def test_map_state_permutation_mid_decoding(model_and_vocabs, reorder):
+    model, vocabs = model_and_vocabs
+    src, src_len, tgt = support.random_batch(vocabs, [5, 9, 3, 7], [8, 8, 8, 8], seed=4)
+    perm = torch.tensor([2, 0, 3, 1])
+    k, steps = 3, tgt.size(1)
+
+    enc_out, lens = support.start_decoding(model, src, src_len)
+    support.decode_steps(model, tgt, enc_out, lens, 0, k)
+    model.decoder.map_state(REORDERINGS[reorder](perm))
+    after = support.decode_steps(model, tgt[perm], enc_out[perm], lens[perm], k, steps)
+
+    enc_p, lens_p = support.start_decoding(model, src[perm], src_len[perm])
+    scratch = support.decode_steps(model, tgt[perm], enc_p, lens_p, 0, steps)[:, k:]
+    torch.testing.assert_close(after, scratch, atol=ATOL, rtol=0)
+
+
+@torch.no_grad()
+def test_map_state_beam_tiling(model_and_vocabs):
+    from onmt.utils.misc import tile
+
+    model, vocabs = model_and_vocabs
+    src, src_len, tgt = support.random_batch(vocabs, [6, 4], [7, 7], seed=5)
+    beam = 3
+    enc_out, lens = support.start_decoding(model, src, src_len)
+    # as the translator does: init_state on the batch, then tile every state
+    model.decoder.map_state(lambda state, dim: tile(state, beam, dim=dim))
+    enc_t, lens_t, tgt_t = tile(enc_out, beam, 0), tile(lens, beam, 0), tile(tgt, beam, 0)
+    tiled = support.decode_steps(model, tgt_t, enc_t, lens_t, 0, tgt.size(1))
+
+    src_t, src_len_t = tile(src, beam, 0), tile(src_len, beam, 0)
+    enc_s, lens_s = support.start_decoding(model, src_t, src_len_t)
+    scratch = support.decode_steps(model, tgt_t, enc_s, lens_s, 0, tgt.size(1))
+    torch.testing.assert_close(tiled, scratch, atol=ATOL, rtol=0)
+
+
+# ---------------------------------------------------------------------------
+# 5-6: through the console scripts
+
+
+def _model_signature(config):
+    """Configs with identical options (paths aside) train identical models."""
+    opt = support.load_train_opts(config)
+    ignore = {"save_data", "save_model", "config", "log_file"}
+    text = repr(sorted((k, repr(v)) for k, v in vars(opt).items() if k not in ignore))
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def _distinct_models():
+    """One representative config per distinct model, with an id naming every config it covers."""
+    import onmt  # noqa: F401  (activates onmt-ext for the option parser)
+
+    groups = {}
+    for config in CONFIGS:
+        groups.setdefault(_model_signature(config), []).append(config)
+    reps = [paths[0] for paths in groups.values()]
+    ids = ["+".join(_ids(paths)) for paths in groups.values()]
+    return reps, ids
+
+
+DISTINCT, DISTINCT_IDS = _distinct_models()
+
+
+@pytest.fixture(scope="module", params=DISTINCT, ids=DISTINCT_IDS)
+def trained_model(request, sample_data, onmt_active, tmp_path_factory):
+    """A checkpoint of the config trained for a few steps through onmt_train."""
+    out = tmp_path_factory.mktemp("model")
+    support.run_cli(
+        "onmt_train", "-config", request.param, "-save_model", out / "model", "-save_data", out / "samples",
+        "-train_steps", 30, "-save_checkpoint_steps", 30, "-valid_steps", 1000, "-log_file_level", "WARNING",
+    )
+    return out / "model_step_30.pt"
+
+
+@pytest.fixture(scope="module")
+def encoded_test_source(sample_data, tmp_path_factory):
+    """The first 40 test sentences, SentencePiece-encoded (so outputs are pieces too)."""
+    import sentencepiece as spm
+
+    processor = spm.SentencePieceProcessor(model_file=str(sample_data / "spm.zh.model"))
+    lines = (sample_data / "test.zh").read_text(encoding="utf-8").splitlines()[:40]
+    path = tmp_path_factory.mktemp("src") / "test.sp.zh"
+    path.write_text("".join(" ".join(processor.encode(l, out_type=str)) + "\n" for l in lines), encoding="utf-8")
+    return path
+
+
+_SENT = re.compile(r"SENT (\d+): .*?PRED SCORE: (-?[\d.]+).*?(?=SENT \d+:|\Z)", re.S)
+_GOLD = re.compile(r"GOLD SCORE: (-?[\d.]+)")
+MAX_LENGTH = 60
+
+
+def _translate(model, src, out, *args):
+    return support.run_cli(
+        "onmt_translate", "-model", model, "-src", src, "-output", out, "-max_length", MAX_LENGTH, *args
+    )
+
+
+def test_greedy_pred_score_equals_gold_score(trained_model, encoded_test_source, tmp_path):
+    model = trained_model
+    hyp = tmp_path / "hyp.txt"
+    _translate(model, encoded_test_source, hyp, "-beam_size", 1, "-batch_size", 8, "-length_penalty", "none")
+    result = _translate(model, encoded_test_source, tmp_path / "again.txt", "-beam_size", 1, "-batch_size", 8, "-length_penalty", "none",
+                        "-tgt", hyp, "-verbose")
+    log = result.stdout + result.stderr
+    hyps = hyp.read_text(encoding="utf-8").splitlines()
+    compared = 0
+    for match in _SENT.finditer(log):
+        index, pred = int(match.group(1)) - 1, float(match.group(2))
+        gold = _GOLD.search(match.group(0))
+        assert gold, f"no GOLD SCORE for sentence {index + 1}"
+        if len(hyps[index].split()) >= MAX_LENGTH:  # cut at max_length: no EOS in PRED
+            continue
+        assert abs(pred - float(gold.group(1))) < 1e-3, f"sentence {index + 1}: PRED {pred} != GOLD {gold.group(1)}"
+        compared += 1
+    assert compared >= 10, f"only {compared} sentences compared"
+
+
+def test_translation_independent_of_batch_size(trained_model, encoded_test_source, tmp_path):
+    model = trained_model
+    outputs = []
+    for batch_size in (1, 16):
+        out = tmp_path / f"hyp.{batch_size}.txt"
+        _translate(model, encoded_test_source, out, "-beam_size", 4, "-batch_size", batch_size)
+        outputs.append(out.read_text(encoding="utf-8"))
+    assert outputs[0] == outputs[1]
+    assert len(outputs[0].splitlines()) == 40

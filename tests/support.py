@@ -1,0 +1,158 @@
+"""Shared helpers of the test tiers: paths, CLI runs, models built from YAML configs.
+
+Models are built through OpenNMT-py's own option parser and model builder,
+from the same YAML files users train with, so that the tests exercise the
+real option path (strict parsing, onmt-ext options, registration).
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+TATOEBA = REPO / "build" / "tatoeba"
+SMOKE_DIR = REPO / "yaml_configs" / "smoke"
+
+
+def smoke_configs():
+    """Every config under yaml_configs/smoke/, as paths relative to the repository."""
+    return sorted(p.relative_to(REPO) for p in SMOKE_DIR.rglob("*.yaml"))
+
+
+def ensure_sample_data():
+    """Prepare the shipped Tatoeba sample and its vocabularies (``make data``) if missing."""
+    if not (TATOEBA / "vocab.en").exists():
+        subprocess.run(["make", "-s", "data"], cwd=REPO, check=True)
+
+
+def cli_env(**extra):
+    """Environment for running the stock console scripts in a subprocess."""
+    env = dict(os.environ)
+    env.pop("ONMT_EXT_DISABLE", None)
+    env.update(extra)
+    return env
+
+
+def run_cli(command, *args, check=True, timeout=600, env=None):
+    """Run ``command`` (a console script of this venv, e.g. ``onmt_train``) from the repo root.
+
+    Returns the CompletedProcess (text output).  With ``check`` a non-zero exit
+    fails with the command's stderr in the message.
+    """
+    argv = [str(BIN / command), *map(str, args)]
+    result = subprocess.run(
+        argv, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env or cli_env()
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(argv)} exited {result.returncode}\n--- stderr ---\n{result.stderr[-4000:]}"
+        )
+    return result
+
+
+def train_parser():
+    """OpenNMT-py's ``onmt_train`` parser (with onmt-ext's options when active)."""
+    import onmt.opts
+    from onmt.utils.parse import ArgumentParser
+
+    parser = ArgumentParser(description="train.py")
+    onmt.opts.train_opts(parser)
+    return parser
+
+
+def load_train_opts(config, *overrides):
+    """Parse a YAML config (plus command-line style overrides) as ``onmt_train`` does."""
+    from onmt.utils.parse import ArgumentParser
+
+    opt, _ = train_parser().parse_known_args(["-config", str(REPO / config), *map(str, overrides)])
+    ArgumentParser.update_model_opts(opt)
+    ArgumentParser.validate_model_opts(opt)
+    return opt
+
+
+def load_vocabs(opt):
+    """The vocabularies named by ``opt`` (built by ``make data``)."""
+    from onmt.constants import ModelTask
+    from onmt.inputters.inputter import build_vocab
+
+    if not hasattr(opt, "data_task"):  # set by OpenNMT-py's corpus validation
+        opt.data_task = ModelTask.SEQ2SEQ
+    old = os.getcwd()
+    os.chdir(REPO)  # configs use repository-relative paths
+    try:
+        return build_vocab(opt, {"src": [], "tgt": []})
+    finally:
+        os.chdir(old)
+
+
+def build_model(opt, vocabs, seed=0):
+    """Build the model of ``opt`` with Glorot init from ``seed``, in eval mode, dropout off."""
+    from onmt.model_builder import build_base_model
+    from torch.nn.init import xavier_uniform_
+
+    torch.manual_seed(seed)
+    model = build_base_model(opt, vocabs)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() > 1:
+                xavier_uniform_(param)
+            elif name.endswith("bias"):  # (the generator's bias is created uninitialised)
+                param.uniform_(-0.1, 0.1)
+            else:  # norm gains near 1, perturbed so that nothing is trivially symmetric
+                param.uniform_(0.9, 1.1)
+    model.eval()
+    for module in model.modules():
+        if hasattr(module, "dropout_p"):
+            module.dropout_p = 0.0
+    return model
+
+
+def random_batch(vocabs, src_lens, tgt_lens, seed=0, pad_to=None):
+    """A padded batch of random non-special tokens.
+
+    Returns ``src`` ``(batch, src_len, 1)``, ``src_len`` ``(batch,)`` and ``tgt``
+    ``(batch, tgt_len, 1)`` (starting with BOS); padding uses each vocab's pad id.
+    """
+    from onmt.constants import DefaultTokens
+
+    gen = torch.Generator().manual_seed(seed)
+    src_pad = vocabs["src"][DefaultTokens.PAD]
+    tgt_pad = vocabs["tgt"][DefaultTokens.PAD]
+    bos = vocabs["tgt"][DefaultTokens.BOS]
+    s_max = pad_to[0] if pad_to else max(src_lens)
+    t_max = pad_to[1] if pad_to else max(tgt_lens)
+    src = torch.full((len(src_lens), s_max, 1), src_pad, dtype=torch.long)
+    tgt = torch.full((len(tgt_lens), t_max, 1), tgt_pad, dtype=torch.long)
+    for i, (s, t) in enumerate(zip(src_lens, tgt_lens)):
+        src[i, :s, 0] = torch.randint(10, len(vocabs["src"]), (s,), generator=gen)
+        tgt[i, :t, 0] = torch.randint(10, len(vocabs["tgt"]), (t,), generator=gen)
+        tgt[i, 0, 0] = bos
+    return src, torch.tensor(src_lens), tgt
+
+
+def full_forward(model, src, src_len, tgt):
+    """Teacher-forced pass: encoder output ``(B, S, D)`` and decoder output ``(B, T, D)``."""
+    enc_out, enc_final_hs, src_len = model.encoder(src, src_len)
+    model.decoder.init_state(src, enc_out, enc_final_hs)
+    dec_out, _ = model.decoder(tgt, enc_out, src_len=src_len)
+    return enc_out, dec_out
+
+
+def start_decoding(model, src, src_len):
+    """Run the encoder and initialise the decoder state; returns ``(enc_out, src_len)``."""
+    enc_out, enc_final_hs, src_len = model.encoder(src, src_len)
+    model.decoder.init_state(src, enc_out, enc_final_hs)
+    return enc_out, src_len
+
+
+def decode_steps(model, tgt, enc_out, src_len, start, stop):
+    """Feed ``tgt[:, start:stop]`` one token at a time with the cache; returns ``(B, stop-start, D)``."""
+    outs = []
+    for step in range(start, stop):
+        out, _ = model.decoder(tgt[:, step : step + 1], enc_out, step=step, src_len=src_len)
+        outs.append(out)
+    return torch.cat(outs, dim=1)

@@ -1,0 +1,122 @@
+"""onmt-ext's option registry: parser, checks, checkpoint defaults, typed config.
+
+The foundation declares no mechanism options yet, so each test registers a
+throw-away spec (as a mechanism module does at import time) and removes it.
+"""
+
+import argparse
+
+import pytest
+
+import support
+from onmt_ext import options
+from onmt_ext.options import EXT_TYPE, ExtConfig, OptionError, OptionSpec
+
+
+def _layer_check(value, opt):
+    bad = [i for i in value if not 0 <= i < opt.enc_layers]
+    return f"layer indices {bad} outside 0..{opt.enc_layers - 1}" if bad else None
+
+
+def _no_two(opt):
+    if getattr(opt, "toy_iters", 0) > 5 and getattr(opt, "toy_layers", []):
+        return ["-toy_iters above 5 cannot be combined with -toy_layers"]
+    return []
+
+
+SPECS = [
+    OptionSpec("toy_iters", int, 0, "toy mechanism iterations (0: off)", side="encoder",
+               check=lambda v, opt: None if v >= 0 else "must be >= 0"),
+    OptionSpec("toy_layers", int, [], "toy mechanism layers", side="encoder", nargs="*", check=_layer_check),
+    OptionSpec("toy_mode", str, "off", "toy mode", side="decoder", choices=("off", "a", "b")),
+    OptionSpec("toy_flag", bool, False, "toy boolean", side="model"),
+]
+
+
+@pytest.fixture
+def toy_options(monkeypatch, onmt_active):
+    monkeypatch.setattr(options, "OPTION_SPECS", list(options.OPTION_SPECS))
+    monkeypatch.setattr(options, "COMBINATION_CHECKS", list(options.COMBINATION_CHECKS))
+    options.register_options(SPECS, combination_check=_no_two)
+    return SPECS
+
+
+SMOKE = "yaml_configs/smoke/foundation/ext_transformer.yaml"
+
+
+def test_options_reach_the_train_parser_with_defaults(toy_options, sample_data):
+    opt = support.load_train_opts(SMOKE)
+    assert (opt.toy_iters, opt.toy_layers, opt.toy_mode, opt.toy_flag) == (0, [], "off", False)
+    opt = support.load_train_opts(SMOKE, "-toy_iters", "3", "-toy_layers", "0", "1", "-toy_mode", "b",
+                                  "-toy_flag", "true")
+    assert (opt.toy_iters, opt.toy_layers, opt.toy_mode, opt.toy_flag) == (3, [0, 1], "b", True)
+    config = ExtConfig.from_opt(opt)
+    assert config.option("toy_layers") == [0, 1] and config.encoder_ext and config.decoder_ext
+    assert (config.d_model, config.heads, config.enc_layers) == (opt.enc_hid_size, opt.heads, opt.enc_layers)
+
+
+def _opt(**kw):
+    base = dict(encoder_type=EXT_TYPE, decoder_type=EXT_TYPE, enc_layers=2, toy_iters=0, toy_layers=[],
+                toy_mode="off", toy_flag=False)
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+def test_value_checks_name_the_option(toy_options):
+    assert options.check_options(_opt()) == []
+    assert options.check_options(_opt(toy_iters=-1)) == ["-toy_iters -1: must be >= 0"]
+    assert options.check_options(_opt(toy_layers=[0, 5])) == ["-toy_layers [0, 5]: layer indices [5] outside 0..1"]
+
+
+def test_option_on_a_stock_side_is_rejected_not_ignored(toy_options):
+    problems = options.check_options(_opt(encoder_type="transformer", toy_iters=2))
+    assert problems == [
+        "-toy_iters 2 has no effect with -encoder_type 'transformer'; set -encoder_type ext_transformer"
+    ]
+    # the decoder-side option is fine with a stock encoder
+    assert options.check_options(_opt(encoder_type="transformer", toy_mode="a")) == []
+
+
+def test_combination_check(toy_options):
+    assert options.check_options(_opt(toy_iters=6, toy_layers=[1])) == [
+        "-toy_iters above 5 cannot be combined with -toy_layers"
+    ]
+    with pytest.raises(OptionError, match="cannot be combined"):
+        options.validate(_opt(toy_iters=6, toy_layers=[1]))
+
+
+def test_cli_reports_invalid_values_cleanly(toy_options, sample_data, capsys):
+    parser = support.train_parser()
+    with pytest.raises(SystemExit) as exit_info:
+        parser.parse_known_args(["-config", str(support.REPO / SMOKE), "-toy_layers", "7"])
+    assert exit_info.value.code == 2
+    assert "error: -toy_layers [7]: layer indices [7] outside 0..1" in capsys.readouterr().err
+
+
+def test_bad_choice_is_an_argparse_error(toy_options, sample_data, capsys):
+    with pytest.raises(SystemExit):
+        support.train_parser().parse_known_args(["-config", str(support.REPO / SMOKE), "-toy_mode", "c"])
+    assert "invalid choice: 'c'" in capsys.readouterr().err
+
+
+def test_older_checkpoint_gets_defaults(toy_options):
+    from onmt.utils.parse import ArgumentParser
+
+    old = argparse.Namespace(encoder_type="transformer", enc_layers=6)
+    restored = ArgumentParser.ckpt_model_opts(old)
+    assert (restored.toy_iters, restored.toy_mode) == (0, "off")
+    assert restored.enc_layers == 6
+
+
+def test_checkpoint_with_invalid_options_fails_on_load(toy_options, sample_data):
+    from onmt.utils.parse import ArgumentParser
+
+    opt = support.load_train_opts(SMOKE)
+    opt.toy_layers = [9]
+    with pytest.raises(OptionError, match="-toy_layers"):
+        ArgumentParser.validate_model_opts(opt)
+
+
+def test_duplicate_declaration_is_refused(toy_options):
+    with pytest.raises(ValueError, match="declared twice"):
+        options.register_options([OptionSpec("toy_iters", int, 0, "again")])

@@ -1,0 +1,180 @@
+"""The start-up hook, registration, strict option parsing and the torch fixes."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import support
+
+
+def _python(code, **env):
+    """Run ``code`` in a fresh interpreter of this venv (so the .pth hook runs)."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True, text=True, cwd=support.REPO, env=support.cli_env(**env), timeout=120,
+    )
+
+
+def test_hook_registers_types_on_first_onmt_import():
+    result = _python(
+        """
+        import sys
+        assert "torch" not in sys.modules, "the start-up hook must stay cheap"
+        import onmt
+        from onmt.encoders import str2enc
+        from onmt.decoders import str2dec
+        import onmt.opts
+        print(str2enc["ext_transformer"].__name__, str2dec["ext_transformer"].__name__)
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["ExtTransformerEncoder", "ExtTransformerDecoder"]
+
+
+def test_hook_can_be_switched_off():
+    result = _python(
+        "import onmt; from onmt.encoders import str2enc; print('ext_transformer' in str2enc)",
+        ONMT_EXT_DISABLE="1",
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
+
+
+def test_failing_registration_leaves_plain_onmt_working():
+    result = _python(
+        """
+        import onmt_ext.plugin
+        def broken():
+            raise RuntimeError("simulated bug")
+        onmt_ext.plugin.activate = broken
+        import onmt
+        from onmt.encoders import str2enc
+        print("transformer" in str2enc, "ext_transformer" in str2enc)
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "False"]
+    assert "onmt-ext: could not register with OpenNMT-py (RuntimeError: simulated bug)" in result.stderr
+    assert "ONMT_EXT_DISABLE=1" in result.stderr
+
+
+def test_no_torch_amp_deprecation_noise():
+    result = subprocess.run(
+        [sys.executable, "-W", "always", "-c", "import onmt, onmt.bin.train, onmt.bin.translate"],
+        capture_output=True, text=True, env=support.cli_env(), timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "torch.cuda.amp" not in result.stderr
+
+
+def test_hook_install_is_idempotent(tmp_path, monkeypatch):
+    from onmt_ext import hook
+
+    monkeypatch.setattr(hook, "pth_path", lambda: str(tmp_path / "onmt_ext.pth"))
+    assert hook.install() is True
+    assert hook.install() is False
+    assert (tmp_path / "onmt_ext.pth").read_text() == hook.PTH_LINE
+    assert hook.uninstall() is True
+    assert hook.uninstall() is False
+
+
+# ---------------------------------------------------------------------------
+# strict options
+
+
+def _write(path, text):
+    path.write_text(textwrap.dedent(text).lstrip(), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def bad_config(tmp_path):
+    return _write(
+        tmp_path / "bad.yaml",
+        """
+        save_data: build/x
+        src_vocab: build/tatoeba/vocab.zh
+        data:
+          corpus_1:
+            path_src: build/tatoeba/train.zh
+            path_tgt: build/tatoeba/train.en
+        enc_layer: 2
+        heads: 4
+        trian_steps: 10
+        """,
+    )
+
+
+def test_train_rejects_misspelled_yaml_keys_with_line_and_suggestion(bad_config):
+    result = support.run_cli("onmt_train", "-config", bad_config, check=False)
+    assert result.returncode == 2
+    assert f"unknown option 'enc_layer' in {bad_config}, line 7; did you mean 'enc_layers'?" in result.stderr
+    assert f"unknown option 'trian_steps' in {bad_config}, line 9; did you mean 'train_steps'?" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_build_vocab_rejects_unknown_command_line_option(bad_config):
+    result = support.run_cli("onmt_build_vocab", "-config", bad_config, "-n_sampel", "5", check=False)
+    assert result.returncode == 2
+    assert "unknown option 'n_sampel' on the command line; did you mean 'n_sample'?" in result.stderr
+
+
+def test_translate_rejects_unknown_option():
+    result = support.run_cli("onmt_translate", "-model", "m.pt", "-src", "x", "-beam_sise", "4", check=False)
+    assert result.returncode == 2
+    assert "unknown option 'beam_sise' on the command line; did you mean 'beam_size'?" in result.stderr
+
+
+def test_shared_yaml_with_train_keys_is_accepted_by_build_vocab(onmt_active):
+    """One YAML for onmt_build_vocab and onmt_train (OpenNMT-py's documented practice)."""
+    from onmt.opts import data_prepare_opts
+    from onmt.utils.parse import ArgumentParser
+
+    parser = ArgumentParser(description="build_vocab.py")
+    data_prepare_opts(parser, build_vocab_only=True)
+    opt, _ = parser.parse_known_args(["-config", str(support.REPO / "yaml_configs/demo/tatoeba_zhen.yaml")])
+    assert opt.src_vocab == "build/tatoeba/vocab.zh"
+
+
+def test_unknown_option_messages_unit():
+    from onmt_ext.plugin import unknown_option_messages
+
+    messages = unknown_option_messages(["--bogus", "3", "stray"], {"bogus_x", "beam_size"}, ["--bogus", "3"])
+    assert messages == [
+        "unknown option 'bogus' on the command line; did you mean 'bogus_x'?",
+        "unexpected value 'stray' (no option takes it)",
+    ]
+
+
+# ---------------------------------------------------------------------------
+# torch.load on current torch
+
+
+def test_checkpoint_namespace_loads_with_weights_only(tmp_path, onmt_active):
+    import argparse
+
+    import torch
+
+    from onmt.models.model_saver import load_checkpoint
+
+    path = tmp_path / "ckpt.pt"
+    torch.save({"model": {}, "generator": {}, "opt": argparse.Namespace(num_kv=0), "vocab": {}}, path)
+    checkpoint = load_checkpoint(str(path))
+    assert isinstance(checkpoint["opt"], argparse.Namespace)
+
+
+class _NotAllowed:
+    pass
+
+
+def test_weights_only_is_still_enforced(tmp_path, onmt_active):
+    import pickle
+
+    import torch
+
+    path = tmp_path / "evil.pt"
+    torch.save({"opt": _NotAllowed()}, path)
+    with pytest.raises(pickle.UnpicklingError):
+        torch.load(path)

@@ -1,0 +1,70 @@
+"""onmt-ext's encoder/decoder with every mechanism off are the stock Transformer."""
+
+import torch
+
+import support
+from onmt_ext.state import DecodingStateModule, stateful_modules
+
+STOCK = "yaml_configs/smoke/baseline/transformer_base_wmt14_ende.yaml"
+EXT = ("-encoder_type", "ext_transformer", "-decoder_type", "ext_transformer")
+
+
+def _models(sample_data):
+    stock_opt = support.load_train_opts(STOCK)
+    ext_opt = support.load_train_opts(STOCK, *EXT)
+    vocabs = support.load_vocabs(stock_opt)
+    stock = support.build_model(stock_opt, vocabs, seed=3)
+    ext = support.build_model(ext_opt, vocabs, seed=4)
+    return stock, ext, vocabs
+
+
+def test_same_parameters_and_bitwise_same_outputs(sample_data, onmt_active):
+    stock, ext, vocabs = _models(sample_data)
+    from onmt_ext.transformer import ExtTransformerDecoder, ExtTransformerEncoder
+
+    assert isinstance(ext.encoder, ExtTransformerEncoder) and isinstance(ext.decoder, ExtTransformerDecoder)
+    stock_state = stock.state_dict()
+    assert list(stock_state) == list(ext.state_dict())
+    torch.nn.Module.load_state_dict(ext, stock_state)
+
+    src, src_len, tgt = support.random_batch(vocabs, [9, 5, 2], [7, 3, 8], seed=11)
+    with torch.no_grad():
+        enc_s, dec_s = support.full_forward(stock, src, src_len, tgt)
+        enc_e, dec_e = support.full_forward(ext, src, src_len, tgt)
+        assert torch.equal(enc_s, enc_e) and torch.equal(dec_s, dec_e)
+        # stepwise decoding too
+        outs = []
+        for model in (stock, ext):
+            enc, lens = support.start_decoding(model, src, src_len)
+            outs.append(support.decode_steps(model, tgt, enc, lens, 0, tgt.size(1)))
+        assert torch.equal(outs[0], outs[1])
+
+
+class _SourceSummary(DecodingStateModule):
+    """Toy stateful module: keeps each sentence's mean encoder state, ``(batch, dim)``."""
+
+    def init_decoding_state(self, src, enc_out, enc_final_hs):
+        self.decoding_state = {"summary": enc_out.mean(dim=1), "note": "not a tensor"}
+
+
+def test_decoder_reorders_state_of_its_modules(sample_data, onmt_active):
+    from onmt.utils.misc import tile
+
+    _, ext, vocabs = _models(sample_data)
+    ext.decoder.toy = _SourceSummary()
+    assert stateful_modules(ext.decoder) == [ext.decoder.toy]
+
+    src, src_len, _ = support.random_batch(vocabs, [4, 6, 3], [2, 2, 2], seed=12)
+    with torch.no_grad():
+        enc_out, _ = support.start_decoding(ext, src, src_len)
+    summary = enc_out.mean(dim=1)
+    ext.decoder.map_state(lambda state, dim: tile(state, 2, dim=dim))  # beam tiling
+    torch.testing.assert_close(ext.decoder.toy.decoding_state["summary"], tile(summary, 2, 0))
+    select = torch.tensor([5, 0, 3])
+    ext.decoder.map_state(lambda state, dim: state[select])  # beam search's reordering
+    torch.testing.assert_close(ext.decoder.toy.decoding_state["summary"], tile(summary, 2, 0)[select])
+    assert ext.decoder.toy.decoding_state["note"] == "not a tensor"
+
+    ext.decoder.toy.decoding_state["summary"].requires_grad_(True)
+    ext.decoder.detach_state()
+    assert not ext.decoder.toy.decoding_state["summary"].requires_grad

@@ -1,0 +1,196 @@
+#!/usr/bin/env python
+"""Score a system output with sacreBLEU: BLEU, chrF, paired bootstrap, BLEU by source length.
+
+Usage::
+
+    python tools/evaluate.py --hyp out.txt --refs ref1.txt [ref2.txt ...]
+    python tools/evaluate.py --hyp out.txt --ref-tsv test.en.refs.tsv
+        [--metrics bleu chrf tok-bleu] [--baseline base_out.txt]
+        [--bootstrap-samples 1000] [--seed 12345]
+        [--by-length [--src src.txt]] [--json]
+
+References come either from plain files (``--refs``, one reference per line,
+file *k* holding reference *k* of every segment) or from a TSV file
+(``--ref-tsv``, ``source<TAB>ref1<TAB>ref2...`` with a variable number of
+references per line).  Metrics (all computed by sacreBLEU, see
+``onmt_ext.evaluation``):
+
+* ``bleu``: case-sensitive BLEU, 13a tokenizer (NIST-style, as in papers);
+* ``tok-bleu``: ``multi-bleu.perl``-equivalent BLEU on already tokenized text;
+* ``chrf``: chrF2.
+
+``--baseline`` adds a paired bootstrap test of the system against the
+baseline output for every selected metric (``†`` p < 0.05, ``‡`` p < 0.01).
+``--by-length`` reports BLEU per bucket of source length (whitespace tokens:
+0-10, 11-20, ..., 41-50, 51+), taking the sources from ``--src`` or else from
+column 0 of ``--ref-tsv``; give ``--src`` with word-segmented sources (e.g.
+``test.zh``) when the TSV holds unsegmented Chinese.
+
+The human output prints every score with its sacreBLEU signature; ``--json``
+prints one JSON object instead.  Exit status: 0 on success, 2 on a usage
+error or unreadable/invalid input (``evaluate.py: error: ...`` on stderr, the
+message names the file and line).
+"""
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+if importlib.util.find_spec("onmt_ext") is None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from onmt_ext import evaluation as ev  # noqa: E402
+
+PROG = "evaluate.py"
+
+
+def _positive_int(text):
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def build_parser():
+    """Return the command-line parser."""
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Score a system output with sacreBLEU (BLEU, chrF, paired bootstrap, BLEU by length).",
+    )
+    parser.add_argument("--hyp", required=True, metavar="FILE", help="system output, one segment per line")
+    refs = parser.add_mutually_exclusive_group(required=True)
+    refs.add_argument("--refs", nargs="+", metavar="FILE",
+                      help="plain reference files, one reference per line (file k = reference k)")
+    refs.add_argument("--ref-tsv", metavar="FILE",
+                      help="TSV file source<TAB>ref1<TAB>ref2..., variable number of references per line")
+    parser.add_argument("--metrics", nargs="+", choices=ev.METRIC_NAMES, default=["bleu", "chrf"],
+                        help="metrics to compute (default: bleu chrf)")
+    parser.add_argument("--baseline", metavar="FILE",
+                        help="baseline output: adds a paired bootstrap test for every selected metric")
+    parser.add_argument("--bootstrap-samples", type=_positive_int, default=1000, metavar="N",
+                        help="bootstrap resamples for --baseline (default: 1000)")
+    parser.add_argument("--seed", type=_positive_int, default=12345,
+                        help="random seed of the bootstrap resampling (default: 12345)")
+    parser.add_argument("--by-length", action="store_true",
+                        help="also report BLEU per bucket of source length")
+    parser.add_argument("--src", metavar="FILE",
+                        help="sources for --by-length (default: column 0 of --ref-tsv)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    return parser
+
+
+def evaluate(args):
+    """Read the files named in ``args``, compute everything asked for and return the report dict."""
+    hyps = ev.read_hypotheses(args.hyp)
+    hyp_name = f"hypothesis file {args.hyp}"
+    if args.ref_tsv:
+        refs = ev.read_reference_tsv(args.ref_tsv)
+        ref_name = f"reference TSV {args.ref_tsv}"
+        ref_report = {"tsv": args.ref_tsv}
+    else:
+        refs = ev.read_references(args.refs)
+        ref_name = f"reference file(s) {', '.join(args.refs)}"
+        ref_report = {"files": args.refs}
+    ev.validate_inputs(hyps, refs, hyp_name, ref_name)
+    ref_report["refs_per_segment"] = ev.references_per_segment(refs)
+
+    metrics = list(dict.fromkeys(args.metrics))
+    report = {
+        "hypotheses": {"file": args.hyp, "segments": len(hyps)},
+        "references": ref_report,
+        "scores": {m: dataclasses.asdict(ev.compute_metric(m, hyps, refs)) for m in metrics},
+    }
+
+    if args.baseline:
+        baseline = ev.read_hypotheses(args.baseline, "baseline file")
+        ev.validate_inputs(baseline, refs, f"baseline file {args.baseline}", ref_name)
+        report["bootstrap"] = {
+            "baseline": args.baseline,
+            "n_samples": args.bootstrap_samples,
+            "seed": args.seed,
+            "results": {
+                m: dataclasses.asdict(ev.paired_bootstrap(
+                    baseline, hyps, refs, metric=m, n_samples=args.bootstrap_samples, seed=args.seed))
+                for m in metrics
+            },
+        }
+
+    if args.by_length:
+        if args.src:
+            sources, src_name = ev.read_hypotheses(args.src, "source file"), f"source file {args.src}"
+        else:
+            sources, src_name = ev.read_sources_from_tsv(args.ref_tsv), f"column 0 of {args.ref_tsv}"
+        ev.check_same_length(sources, hyps, src_name, hyp_name)
+        report["by_length"] = {
+            "sources": src_name,
+            "buckets": [dataclasses.asdict(b) for b in ev.bleu_by_length(hyps, refs, sources)],
+        }
+    return report
+
+
+def format_report(report):
+    """Render the report dict of :func:`evaluate` as human-readable text."""
+    refs = report["references"]
+    per_segment = refs["refs_per_segment"]
+    count = (str(per_segment["min"]) if per_segment["min"] == per_segment["max"]
+             else f"{per_segment['min']}-{per_segment['max']}")
+    ref_files = refs["tsv"] if "tsv" in refs else " ".join(refs["files"])
+    lines = [
+        f"hypotheses: {report['hypotheses']['file']} ({report['hypotheses']['segments']} segments)",
+        f"references: {ref_files} ({count} per segment)",
+        "",
+    ]
+    lines += [f"{key:<9}{result['formatted']}" for key, result in report["scores"].items()]
+
+    if "bootstrap" in report:
+        boot = report["bootstrap"]
+        lines += [
+            "",
+            f"paired bootstrap vs baseline {boot['baseline']} "
+            f"({boot['n_samples']} resamples, seed {boot['seed']}; † p < 0.05, ‡ p < 0.01)",
+            f"  {'metric':<8} {'baseline':>9} {'system':>9} {'(mean ± 95% CI)':>19} {'delta':>8} {'p-value':>8}",
+        ]
+        for r in boot["results"].values():
+            interval = f"({r['system_mean']:.2f} ± {r['system_ci']:.2f})"
+            lines.append(f"  {r['metric']:<8} {r['baseline_score']:>9.2f} {r['system_score']:>9.2f} "
+                         f"{interval:>19} {r['delta']:>+8.2f} {r['p_value']:>8.4f} {r['marker']}".rstrip())
+        lines += [f"  {r['metric']} signature: {r['name']}|{r['signature']}" for r in boot["results"].values()]
+
+    if "by_length" in report:
+        by_length = report["by_length"]
+        lines += ["", f"BLEU by source length (whitespace tokens of {by_length['sources']})",
+                  f"  {'length':<8} {'segments':>8} {'BLEU':>8}"]
+        for b in by_length["buckets"]:
+            score = "-" if b["score"] is None else f"{b['score']:.2f}"
+            lines.append(f"  {b['label']:<8} {b['count']:>8} {score:>8}")
+        signatures = {b["signature"] for b in by_length["buckets"] if b["signature"]}
+        lines += [f"  signature: BLEU|{s}" for s in sorted(signatures)]
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    """Run the command line; return the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.src and not args.by_length:
+        parser.error("--src is only used with --by-length")
+    if args.by_length and not (args.src or args.ref_tsv):
+        parser.error("--by-length needs the sources: give --src (or use --ref-tsv, whose column 0 is the source)")
+    try:
+        report = evaluate(args)
+    except ev.EvaluationError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(report, ensure_ascii=False, indent=2) if args.json else format_report(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,496 @@
+#!/usr/bin/env python
+"""Prepare the shipped Tatoeba Chinese-English sample for OpenNMT-py.
+
+Usage::
+
+    python tools/prepare_tatoeba.py --data-dir data/tatoeba-zh-en --out-dir OUT \\
+        [--valid-size 1000] [--zh-vocab 8000] [--en-vocab 8000] [--spm-type bpe]
+
+Inputs (in ``--data-dir``):
+
+* ``cmn.txt``: ``English<TAB>Chinese<TAB>attribution`` per line (UTF-8, the
+  first line may start with a byte-order mark, CRLF line ends are accepted).
+  Empty lines and lines with fewer than two columns are skipped and counted.
+* ``zh2en.multiref.tsv``: ``Chinese<TAB>ref1<TAB>ref2...``, the
+  multi-reference test set.
+
+Outputs (in ``--out-dir``; a rerun overwrites them with identical bytes):
+
+* ``train.zh train.en valid.zh valid.en test.zh``: Chinese segmented into
+  words by jieba (space-joined), English as raw text.  Subword segmentation
+  is left to OpenNMT-py's ``sentencepiece`` transform.
+* ``test.en.refs.tsv``: per test sentence, the original (unsegmented) Chinese
+  source followed by all its references, tab-separated, in ``test.zh`` order.
+* ``test.en.ref0``: the first reference of each test sentence.
+* ``spm.zh.model/.vocab`` (trained on the segmented Chinese of the train
+  split) and ``spm.en.model/.vocab`` (trained on the raw English of the train
+  split).
+* ``stats.json``: split sizes, removed pairs, skipped lines, histogram of the
+  number of references per test sentence.
+
+Every pair of ``cmn.txt`` whose Chinese side (surrounding whitespace stripped)
+is a test sentence is removed before the train/valid split.  The validation
+set is chosen by an MD5 hash of the pair text, so it does not depend on the
+order of the input lines nor on Python's per-process hash randomisation.
+
+Determinism: the SentencePiece models are trained from an in-memory sentence
+iterator and serialised through ``model_writer``, so the model files do not
+embed the input or output paths (a model trained with ``input=``/
+``model_prefix=`` records both, which would make two output directories
+differ); the ``.vocab`` files are written here in SentencePiece's own format
+(``piece<TAB>score`` with the score printed as ``%g``).  Thread count and
+random seed are fixed, so two runs give byte-identical outputs.
+
+Exit status: 0 on success, 2 on unreadable or invalid input (the message names
+the file and line; no traceback).
+"""
+
+import argparse
+import collections
+import hashlib
+import io
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+LOG = logging.getLogger("prepare_tatoeba")
+
+BOM = "\ufeff"
+CMN_FILE = "cmn.txt"
+MULTIREF_FILE = "zh2en.multiref.tsv"
+SPM_TYPES = ("bpe", "unigram", "char", "word")
+SPM_SEED = 1234
+SPM_THREADS = 2
+ZH_CHARACTER_COVERAGE = 0.9995
+EN_CHARACTER_COVERAGE = 1.0
+
+Pair = collections.namedtuple("Pair", "en zh attribution lineno")
+Pair.__doc__ = "One sentence pair of cmn.txt (fields stripped; lineno is 1-based)."
+
+
+class DataError(Exception):
+    """Invalid input data or options; the message is meant for the user as is."""
+
+
+# --------------------------------------------------------------------- reading
+def _read_lines(path):
+    """Yield ``(lineno, text)`` for each line of a UTF-8 file.
+
+    A byte-order mark at the start of the file and a CR before each LF are
+    removed.  Invalid UTF-8 raises :class:`DataError` naming the file and line.
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if data.startswith(BOM.encode("utf-8")):
+        data = data[len(BOM.encode("utf-8")):]
+    raw_lines = data.split(b"\n")
+    if raw_lines and raw_lines[-1] == b"":
+        raw_lines.pop()  # the file ends with a newline: no extra (empty) line
+    for lineno, raw in enumerate(raw_lines, start=1):
+        if raw.endswith(b"\r"):
+            raw = raw[:-1]
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DataError(
+                f"{path}: line {lineno}: invalid UTF-8 (byte 0x{raw[exc.start]:02x} "
+                f"at byte {exc.start + 1} of the line): {exc.reason}"
+            ) from None
+        yield lineno, text
+
+
+def read_pairs(path):
+    """Read ``cmn.txt`` (``English<TAB>Chinese[<TAB>attribution]``).
+
+    Returns ``(pairs, counts)``: ``pairs`` is a list of :class:`Pair` in file
+    order with surrounding whitespace stripped from every field; ``counts`` is
+    a dict with ``lines`` (lines in the file), ``pairs``, ``skipped_empty``
+    (blank lines) and ``skipped_malformed`` (fewer than two columns, or an
+    empty English or Chinese side).  Skipped lines are logged.  Raises
+    :class:`DataError` on invalid UTF-8 (naming file and line) or when the
+    file cannot be read.
+    """
+    pairs = []
+    counts = {"lines": 0, "pairs": 0, "skipped_empty": 0, "skipped_malformed": 0}
+    malformed_examples = []
+    for lineno, text in _read_lines(path):
+        counts["lines"] += 1
+        if not text.strip():
+            counts["skipped_empty"] += 1
+            continue
+        cols = text.split("\t")
+        en = cols[0].strip()
+        zh = cols[1].strip() if len(cols) > 1 else ""
+        if len(cols) < 2 or not en or not zh:
+            counts["skipped_malformed"] += 1
+            if len(malformed_examples) < 5:
+                malformed_examples.append(lineno)
+            continue
+        attribution = cols[2].strip() if len(cols) > 2 else ""
+        pairs.append(Pair(en, zh, attribution, lineno))
+    counts["pairs"] = len(pairs)
+    if counts["skipped_empty"]:
+        LOG.info("%s: skipped %d empty line(s)", path, counts["skipped_empty"])
+    if counts["skipped_malformed"]:
+        LOG.warning(
+            "%s: skipped %d malformed line(s) (fewer than 2 columns or an empty side), e.g. line(s) %s",
+            path, counts["skipped_malformed"], ", ".join(map(str, malformed_examples)),
+        )
+    return pairs, counts
+
+
+def read_multiref(path):
+    """Read the multi-reference test set (``Chinese<TAB>ref1<TAB>ref2...``).
+
+    Returns a list of ``(chinese, [references])`` in file order, fields
+    stripped, empty reference fields dropped, blank lines skipped.  A line
+    without any reference, an empty Chinese side or a Chinese sentence listed
+    twice raises :class:`DataError` naming the file and line, since silently
+    changing a test set would make scores incomparable.
+    """
+    items = []
+    seen = {}
+    for lineno, text in _read_lines(path):
+        if not text.strip():
+            continue
+        cols = [c.strip() for c in text.split("\t")]
+        zh, refs = cols[0], [c for c in cols[1:] if c]
+        if not zh or not refs:
+            raise DataError(f"{path}: line {lineno}: expected Chinese<TAB>ref1[<TAB>ref2...], "
+                            f"got {len(cols)} column(s) with {len(refs)} non-empty reference(s)")
+        if zh in seen:
+            raise DataError(f"{path}: line {lineno}: Chinese sentence already listed on line {seen[zh]}")
+        seen[zh] = lineno
+        items.append((zh, refs))
+    if not items:
+        raise DataError(f"{path}: no test sentences")
+    return items
+
+
+# ------------------------------------------------------------------- splitting
+def pair_hash(pair):
+    """Stable MD5 hex digest of a pair's text (English and Chinese), independent of the process."""
+    return hashlib.md5(f"{pair.en}\t{pair.zh}".encode("utf-8")).hexdigest()
+
+
+def split_pairs(pairs, test_zh, valid_size):
+    """Remove test sentences and split the remaining pairs into train and valid.
+
+    ``test_zh`` is an iterable of test-set Chinese sentences; every pair whose
+    Chinese side (whitespace stripped) is one of them is removed.  Of the
+    remaining pairs, the ``valid_size`` distinct pairs (English and Chinese
+    text) with the smallest MD5 hash form the validation set; the rest form
+    the training set, except further copies of validation pairs, which are
+    dropped so that no validation pair is also a training pair.  Exact
+    duplicates inside train stay.  Both splits keep the input order.
+
+    Returns ``(train, valid, counts)`` with ``counts`` holding
+    ``removed_test_pairs``, ``remaining_pairs``, ``train``, ``valid`` and
+    ``dropped_valid_copies``.  Raises :class:`DataError` if ``valid_size``
+    leaves no training pair.
+    """
+    if valid_size < 0:
+        raise DataError(f"--valid-size must be >= 0, got {valid_size}")
+    test_set = {zh.strip() for zh in test_zh}
+    remaining = [p for p in pairs if p.zh.strip() not in test_set]
+    removed = len(pairs) - len(remaining)
+
+    keys = {}
+    for p in remaining:
+        keys.setdefault((p.en, p.zh), pair_hash(p))
+    if valid_size >= len(keys):
+        raise DataError(f"--valid-size {valid_size} leaves no training data "
+                        f"({len(keys)} distinct pairs remain after removing the test sentences)")
+    valid_keys = set(sorted(keys, key=lambda k: (keys[k], k))[:valid_size])
+
+    train, valid, dropped = [], [], 0
+    taken = set()
+    for p in remaining:
+        k = (p.en, p.zh)
+        if k in valid_keys:
+            if k in taken:
+                dropped += 1
+            else:
+                taken.add(k)
+                valid.append(p)
+        else:
+            train.append(p)
+    counts = {
+        "removed_test_pairs": removed,
+        "remaining_pairs": len(remaining),
+        "train": len(train),
+        "valid": len(valid),
+        "dropped_valid_copies": dropped,
+    }
+    return train, valid, counts
+
+
+# ---------------------------------------------------------------- segmentation
+_JIEBA = None
+
+
+def _jieba_tokenizer():
+    """A jieba tokenizer (default dictionary) initialised once per process.
+
+    jieba's logging is set to WARNING, and its prefix-dictionary cache is
+    written to a temporary directory that is removed right away, so nothing is
+    left in the working directory or in the system temp directory.
+    """
+    global _JIEBA
+    if _JIEBA is None:
+        import jieba
+
+        jieba.setLogLevel(logging.WARNING)
+        tok = jieba.Tokenizer()
+        with tempfile.TemporaryDirectory(prefix="prepare_tatoeba_jieba_") as tmp:
+            tok.tmp_dir = tmp
+            tok.cache_file = "jieba.cache"
+            tok.initialize()
+        _JIEBA = tok
+    return _JIEBA
+
+
+def segment_zh(sentences):
+    """Segment Chinese sentences into words with jieba (``lcut``, HMM on).
+
+    Returns one string per sentence, words joined by single spaces; the
+    whitespace tokens jieba returns for spaces in the input are dropped, so
+    removing the spaces of a result gives the input minus its whitespace.
+    Repeated sentences are segmented once.
+    """
+    tok = _jieba_tokenizer()
+    cache = {}
+    out = []
+    for s in sentences:
+        seg = cache.get(s)
+        if seg is None:
+            words = []
+            for w in tok.lcut(s, HMM=True):
+                words.extend(w.split())
+            seg = cache[s] = " ".join(words)
+        out.append(seg)
+    return out
+
+
+# ----------------------------------------------------------------- sentencepiece
+def _vocab_text(model_bytes):
+    """The ``.vocab`` text SentencePiece writes for a model: ``piece<TAB>score`` (``%g``) per line."""
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_proto=model_bytes)
+    return "".join(f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.get_piece_size()))
+
+
+def train_spm(sentences, model_prefix, vocab_size, model_type="bpe", character_coverage=1.0):
+    """Train a SentencePiece model on ``sentences`` and write ``PREFIX.model`` and ``PREFIX.vocab``.
+
+    Uses the sentencepiece Python API with every sentence (no sampling), a
+    fixed seed and thread count, and an in-memory model writer so that the
+    model does not embed file paths: the same sentences give byte-identical
+    files.  Returns the two paths.  Raises :class:`DataError` if
+    SentencePiece refuses the settings (e.g. a vocabulary too large for the
+    data).
+    """
+    import sentencepiece as spm
+
+    if model_type not in SPM_TYPES:
+        raise DataError(f"unknown SentencePiece model type {model_type!r} (choose from {', '.join(SPM_TYPES)})")
+    model_prefix = Path(model_prefix)
+    spm.set_random_generator_seed(SPM_SEED)
+    writer = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences),
+            model_writer=writer,
+            vocab_size=vocab_size,
+            model_type=model_type,
+            character_coverage=character_coverage,
+            input_sentence_size=0,
+            shuffle_input_sentence=False,
+            num_threads=SPM_THREADS,
+            minloglevel=2,
+        )
+    except RuntimeError as exc:
+        raise DataError(f"SentencePiece training of {model_prefix.name} failed: {exc}") from None
+    model_bytes = writer.getvalue()
+    model_path = model_prefix.with_name(model_prefix.name + ".model")
+    vocab_path = model_prefix.with_name(model_prefix.name + ".vocab")
+    _write_bytes(model_path, model_bytes)
+    _write_bytes(vocab_path, _vocab_text(model_bytes).encode("utf-8"))
+    return model_path, vocab_path
+
+
+# ----------------------------------------------------------------------- output
+def _write_bytes(path, data):
+    """Write ``data`` to ``path`` atomically (temporary file in the same directory, then rename)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _write_lines(path, lines):
+    """Write one line per item (UTF-8, LF line ends); an item containing a line break is an error."""
+    for line in lines:
+        if "\n" in line or "\r" in line:
+            raise DataError(f"internal error: line break inside a line for {path}: {line!r}")
+    _write_bytes(path, "".join(f"{line}\n" for line in lines).encode("utf-8"))
+
+
+def _histogram(values):
+    """Counter of integer values as a dict with string keys in increasing numeric order."""
+    c = collections.Counter(values)
+    return {str(k): c[k] for k in sorted(c)}
+
+
+def _md5_file(path):
+    return hashlib.md5(Path(path).read_bytes()).hexdigest()
+
+
+# ------------------------------------------------------------------------- main
+def build_parser():
+    """The command-line parser."""
+    p = argparse.ArgumentParser(
+        prog="prepare_tatoeba.py",
+        description="Split, segment and build SentencePiece models for the Tatoeba zh-en sample.",
+    )
+    p.add_argument("--data-dir", required=True, type=Path,
+                   help=f"directory holding {CMN_FILE} and {MULTIREF_FILE}")
+    p.add_argument("--out-dir", required=True, type=Path, help="output directory (created if missing)")
+    p.add_argument("--valid-size", type=int, default=1000, help="validation pairs (default: 1000)")
+    p.add_argument("--zh-vocab", type=int, default=8000, help="Chinese SentencePiece vocabulary size (default: 8000)")
+    p.add_argument("--en-vocab", type=int, default=8000, help="English SentencePiece vocabulary size (default: 8000)")
+    p.add_argument("--spm-type", choices=SPM_TYPES, default="bpe", help="SentencePiece model type (default: bpe)")
+    return p
+
+
+def _setup_logging():
+    """Progress messages go to stdout as plain lines (once, even if main() runs several times)."""
+    LOG.setLevel(logging.INFO)
+    if not any(getattr(h, "_prepare_tatoeba", False) for h in LOG.handlers):
+        h = logging.StreamHandler(sys.stdout)
+        h.setFormatter(logging.Formatter("[prepare_tatoeba] %(message)s"))
+        h._prepare_tatoeba = True
+        LOG.addHandler(h)
+
+
+def prepare(data_dir, out_dir, valid_size=1000, zh_vocab=8000, en_vocab=8000, spm_type="bpe"):
+    """Run the whole preparation; returns the statistics written to ``stats.json``."""
+    t0 = time.monotonic()
+    data_dir, out_dir = Path(data_dir), Path(out_dir)
+    for name, v in (("--zh-vocab", zh_vocab), ("--en-vocab", en_vocab)):
+        if v < 1:
+            raise DataError(f"{name} must be positive, got {v}")
+    cmn_path, ref_path = data_dir / CMN_FILE, data_dir / MULTIREF_FILE
+
+    LOG.info("reading %s", cmn_path)
+    pairs, read_counts = read_pairs(cmn_path)
+    LOG.info("  %d pairs from %d lines (%d empty, %d malformed skipped)", read_counts["pairs"],
+             read_counts["lines"], read_counts["skipped_empty"], read_counts["skipped_malformed"])
+    LOG.info("reading %s", ref_path)
+    test = read_multiref(ref_path)
+    n_refs = [len(refs) for _, refs in test]
+    LOG.info("  %d test sentences, %d references (%d to %d per sentence)",
+             len(test), sum(n_refs), min(n_refs), max(n_refs))
+    zh_in_pairs = {p.zh for p in pairs}
+    unmatched = sum(1 for zh, _ in test if zh not in zh_in_pairs)
+    if unmatched:
+        LOG.warning("  %d test sentence(s) do not occur in %s", unmatched, CMN_FILE)
+
+    train, valid, split_counts = split_pairs(pairs, [zh for zh, _ in test], valid_size)
+    LOG.info("removed %d pairs whose Chinese is a test sentence, %d remain",
+             split_counts["removed_test_pairs"], split_counts["remaining_pairs"])
+    LOG.info("split: %d train, %d valid (%d further copies of valid pairs dropped from train)",
+             split_counts["train"], split_counts["valid"], split_counts["dropped_valid_copies"])
+    # Invariant, cheap to check: no test source in train or valid.
+    test_set = {zh for zh, _ in test}
+    leaked = [p.lineno for p in train + valid if p.zh.strip() in test_set]
+    if leaked:
+        raise RuntimeError(f"test sentences leaked into train/valid (lines {leaked[:5]})")
+
+    LOG.info("segmenting Chinese with jieba")
+    t = time.monotonic()
+    train_zh = segment_zh([p.zh for p in train])
+    valid_zh = segment_zh([p.zh for p in valid])
+    test_zh = segment_zh([zh for zh, _ in test])
+    LOG.info("  done in %.1f s", time.monotonic() - t)
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    LOG.info("writing the splits to %s", out_dir)
+    _write_lines(out_dir / "train.zh", train_zh)
+    _write_lines(out_dir / "train.en", [p.en for p in train])
+    _write_lines(out_dir / "valid.zh", valid_zh)
+    _write_lines(out_dir / "valid.en", [p.en for p in valid])
+    _write_lines(out_dir / "test.zh", test_zh)
+    _write_lines(out_dir / "test.en.refs.tsv", ["\t".join([zh] + refs) for zh, refs in test])
+    _write_lines(out_dir / "test.en.ref0", [refs[0] for _, refs in test])
+
+    spm_stats = {}
+    for lang, sents, size, coverage in (("zh", train_zh, zh_vocab, ZH_CHARACTER_COVERAGE),
+                                        ("en", [p.en for p in train], en_vocab, EN_CHARACTER_COVERAGE)):
+        LOG.info("training spm.%s (%s, vocabulary %d, character coverage %g) on the train split",
+                 lang, spm_type, size, coverage)
+        t = time.monotonic()
+        try:
+            train_spm(sents, out_dir / f"spm.{lang}", size, spm_type, coverage)
+        except DataError as exc:
+            raise DataError(f"{exc} (adjust --{lang}-vocab or --spm-type)") from None
+        LOG.info("  done in %.1f s", time.monotonic() - t)
+        spm_stats[lang] = {"model_type": spm_type, "vocab_size": size, "character_coverage": coverage,
+                           "seed": SPM_SEED, "num_threads": SPM_THREADS}
+
+    stats = {
+        "inputs": {CMN_FILE: {"md5": _md5_file(cmn_path), **read_counts},
+                   MULTIREF_FILE: {"md5": _md5_file(ref_path), "sentences": len(test)}},
+        "removed_test_pairs": split_counts["removed_test_pairs"],
+        "remaining_pairs": split_counts["remaining_pairs"],
+        "dropped_valid_copies": split_counts["dropped_valid_copies"],
+        "splits": {"train": len(train), "valid": len(valid), "test": len(test)},
+        "test_references": {"total": sum(n_refs), "per_sentence_histogram": _histogram(n_refs)},
+        "valid_size_requested": valid_size,
+        "segmentation": {"zh": "jieba.lcut HMM=True, space-joined", "en": "raw text"},
+        "sentencepiece": spm_stats,
+    }
+    _write_bytes(out_dir / "stats.json",
+                 (json.dumps(stats, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
+
+    LOG.info("summary: %d pairs read, %d skipped lines, %d removed (test Chinese), "
+             "train %d / valid %d / test %d (%d refs); outputs in %s; %.1f s",
+             read_counts["pairs"], read_counts["skipped_empty"] + read_counts["skipped_malformed"],
+             split_counts["removed_test_pairs"], len(train), len(valid), len(test), sum(n_refs),
+             out_dir, time.monotonic() - t0)
+    return stats
+
+
+def main(argv=None):
+    """Command-line entry point; returns the exit status (0 ok, 2 invalid input)."""
+    args = build_parser().parse_args(argv)
+    _setup_logging()
+    try:
+        prepare(args.data_dir, args.out_dir, valid_size=args.valid_size, zh_vocab=args.zh_vocab,
+                en_vocab=args.en_vocab, spm_type=args.spm_type)
+    except DataError as exc:
+        print(f"prepare_tatoeba.py: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # e.g. the output directory is not writable
+        print(f"prepare_tatoeba.py: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
