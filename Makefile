@@ -56,14 +56,14 @@ $(SETUP_STAMP): requirements.txt pyproject.toml
 # ---------------------------------------------------------------- data
 data: $(TATOEBA)/vocab.en
 
-$(TATOEBA)/stats.json: tools/prepare_tatoeba.py $(TATOEBA_SRC)/cmn.txt $(TATOEBA_SRC)/zh2en.multiref.tsv | $(SETUP_STAMP)
+$(TATOEBA)/stats.json: Makefile tools/prepare_tatoeba.py $(TATOEBA_SRC)/cmn.txt $(TATOEBA_SRC)/zh2en.multiref.tsv | $(SETUP_STAMP)
 	@echo "== data: splitting and segmenting the Tatoeba zh-en sample into $(TATOEBA)"
-	$(PY) tools/prepare_tatoeba.py --data-dir $(TATOEBA_SRC) --out-dir $(TATOEBA)
+	$(PY) tools/prepare_tatoeba.py --data-dir $(TATOEBA_SRC) --out-dir $(TATOEBA) --zh-vocab 4000 --en-vocab 4000
 
 # One vocabulary for the demo and every smoke config (they share the data section).
 $(TATOEBA)/vocab.en: $(TATOEBA)/stats.json $(DEMO_CONFIG) | $(SETUP_STAMP)
 	@echo "== data: building the vocabularies with onmt_build_vocab"
-	$(BIN)/onmt_build_vocab -config $(DEMO_CONFIG) -n_sample -1 -overwrite -num_threads 2 -log_file_level WARNING
+	$(BIN)/onmt_build_vocab -config $(DEMO_CONFIG) -n_sample -1 -overwrite -num_threads 2
 
 # ---------------------------------------------------------------- demo
 demo: $(DEMO)/report.txt

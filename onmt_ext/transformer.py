@@ -20,17 +20,28 @@ from onmt_ext.options import ExtConfig
 from onmt_ext.state import stateful_modules
 
 
-def _build(stock_cls, cls, opt, embeddings):
-    """Run the stock ``from_opt`` of ``stock_cls`` but construct ``cls`` with our config.
+class _ExtConfigured:
+    """Mixin: the stock constructor plus ``ext_config``, and the stock ``from_opt``.
 
     The stock ``from_opt`` maps ``opt`` to the (long) constructor argument
     list; reusing it keeps us in step with OpenNMT-py instead of copying it.
+    ``_stock`` names the OpenNMT-py class whose ``from_opt`` is reused.
     """
-    config = ExtConfig.from_opt(opt)
-    return stock_cls.from_opt.__func__(partial(cls, ext_config=config), opt, embeddings)
+
+    _stock = None
+
+    def __init__(self, *args, ext_config, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.ext_config = ext_config
+
+    @classmethod
+    def from_opt(cls, opt, embeddings):
+        """Build from OpenNMT-py options (validates the onmt-ext options)."""
+        config = ExtConfig.from_opt(opt)
+        return cls._stock.from_opt.__func__(partial(cls, ext_config=config), opt, embeddings)
 
 
-class ExtTransformerEncoder(TransformerEncoder):
+class ExtTransformerEncoder(_ExtConfigured, TransformerEncoder):
     """OpenNMT-py's Transformer encoder plus onmt-ext's configuration.
 
     Args:
@@ -41,17 +52,10 @@ class ExtTransformerEncoder(TransformerEncoder):
     ``enc_out`` ``(batch, src_len, d_model)``, ``None``, ``src_len``.
     """
 
-    def __init__(self, *args, ext_config, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.ext_config = ext_config
-
-    @classmethod
-    def from_opt(cls, opt, embeddings):
-        """Build from OpenNMT-py options (validates the onmt-ext options)."""
-        return _build(TransformerEncoder, cls, opt, embeddings)
+    _stock = TransformerEncoder
 
 
-class ExtTransformerDecoder(TransformerDecoder):
+class ExtTransformerDecoder(_ExtConfigured, TransformerDecoder):
     """OpenNMT-py's Transformer decoder plus onmt-ext's configuration and state.
 
     Besides the stock self/context-attention caches, any sub-module deriving
@@ -65,14 +69,7 @@ class ExtTransformerDecoder(TransformerDecoder):
     and the attention dict, as the stock decoder does.
     """
 
-    def __init__(self, *args, ext_config, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.ext_config = ext_config
-
-    @classmethod
-    def from_opt(cls, opt, embeddings):
-        """Build from OpenNMT-py options (validates the onmt-ext options)."""
-        return _build(TransformerDecoder, cls, opt, embeddings)
+    _stock = TransformerDecoder
 
     def init_state(self, src, enc_out, enc_final_hs):
         """Start decoding a batch: stock state plus every stateful sub-module."""

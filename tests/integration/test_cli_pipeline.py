@@ -41,7 +41,7 @@ def _pipeline(config, out, train_env=None):
     return out / "avg.pt", (out / "hyp.en").read_text(encoding="utf-8").splitlines()
 
 
-def test_extension_model_through_stock_commands(sample_data, tmp_path):
+def test_extension_model_through_stock_commands(sample_data, onmt_active, tmp_path):
     checkpoint, hyps = _pipeline(EXT, tmp_path)
     assert len(hyps) == 12
     assert all("▁" not in h for h in hyps), "translations must come out detokenized"
@@ -49,7 +49,7 @@ def test_extension_model_through_stock_commands(sample_data, tmp_path):
     assert saved["opt"].encoder_type == saved["opt"].decoder_type == "ext_transformer"
 
 
-def test_stock_model_trained_without_extension_works_with_it(sample_data, tmp_path):
+def test_stock_model_trained_without_extension_works_with_it(sample_data, onmt_active, tmp_path):
     checkpoint, hyps = _pipeline(STOCK, tmp_path, train_env=support.cli_env(ONMT_EXT_DISABLE="1"))
     assert len(hyps) == 12
     assert torch.load(checkpoint)["opt"].encoder_type == "transformer"
@@ -70,3 +70,5 @@ def test_python_dash_m_entry_points_load_the_extension(sample_data, tmp_path):
 def test_console_scripts_start(command):
     result = support.run_cli(command, "-h")
     assert "usage" in result.stdout
+    if command == "onmt_train":  # our options are part of the stock help
+        assert "onmt-ext:" in result.stdout and "ext_transformer" in result.stdout
