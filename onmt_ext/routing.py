@@ -1,0 +1,223 @@
+"""Routing by agreement between capsules: the one routing core of onmt-ext.
+
+Pure tensor functions (no OpenNMT-py, no options object), shared by the three
+capsule papers: head aggregation (Li et al. 2019, "li2019"), cross
+aggregation of attention logits (Cao et al. 2019, "cao2019") and GRET's
+sentence capsules (Weng et al. 2020).
+
+Shapes: ``votes`` is ``(..., I, O, D)``, the vote of input capsule ``i`` for
+output capsule ``o``; any leading dimensions (batch, positions, ...) are
+routed independently and in one vectorised pass (only the iterations loop).
+``mask`` is ``(..., I)`` bool, True where input ``i`` takes part.
+
+Numerics: the routing runs in at least float32 whatever the input dtype
+(fp16/bf16 votes are up-cast, capsule outputs cast back), masked votes are zeroed before use (so
+NaN/Inf there cannot leak), norms and variances are floored, and the EM
+densities are computed in log space.  Tests check finite outputs and
+gradients for all-zero votes, votes of magnitude 1e4 and half precision.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+_NORM_EPS = 1e-12  # inside the square root of squash()
+_MIN_TOTAL = 1e-6  # floor of coupling totals used as denominators
+_LOG_2PI = math.log(2.0 * math.pi)
+
+
+def squash(s, dim=-1):
+    """Squashing non-linearity, li2019 eq. 8 (Sabour et al. 2017).
+
+    ``squash(s) = |s|^2 / (1 + |s|^2) * s / |s|`` along ``dim``; any shape.
+    Written as ``s * n / (1 + n^2)`` with ``n = sqrt(|s|^2 + eps)``, which is
+    0 at ``s = 0`` with a finite gradient.
+    """
+    norm = torch.sqrt((s * s).sum(dim=dim, keepdim=True) + _NORM_EPS)
+    return s * (norm / (1.0 + norm * norm))
+
+
+def _prepare(votes, mask):
+    """Up-cast votes to at least float32 and zero masked inputs; returns (votes, mask as float (..., I, 1))."""
+    if votes.dim() < 3:
+        raise ValueError(f"votes must be (..., I, O, D), got shape {tuple(votes.shape)}")
+    v = votes.to(torch.promote_types(votes.dtype, torch.float32))  # at least float32
+    if mask is None:
+        return v, None
+    if mask.shape != votes.shape[:-2]:
+        raise ValueError(f"mask must be (..., I) = {tuple(votes.shape[:-2])}, got {tuple(mask.shape)}")
+    keep = mask.bool()
+    v = v.masked_fill(~keep[..., None, None], 0.0)
+    return v, keep[..., None].float()
+
+
+def _positive(total):
+    """A coupling total as a denominator, floored at ``_MIN_TOTAL``.
+
+    Exact for every output that receives any real coupling; an output with
+    (almost) none gets a zero mean instead of 0/0, and finite gradients (a
+    floor near the float32 ``tiny`` would square to 0 in the backward pass).
+    """
+    return total.clamp_min(_MIN_TOTAL)
+
+
+def _check_iterations(iterations):
+    if int(iterations) != iterations or iterations < 1:
+        raise ValueError(f"routing iterations must be an integer >= 1, got {iterations!r}")
+
+
+def simple_routing(votes, iterations=3, *, normalize="outputs", weighted_mean=False, init_logits=None, mask=None):
+    """Iterative dynamic routing (li2019 Alg. 1, eq. 7-8; cao2019 Alg. 1; GRET).
+
+    One iteration, with routing logits ``B`` ``(..., I, O)``:
+
+    1. coupling ``C = softmax(B)`` over the outputs of each input
+       (``normalize="outputs"``: Sabour et al. 2017, li2019) or over the
+       unmasked inputs of each output (``normalize="inputs"``: cao2019,
+       GRET); masked inputs get ``C = 0``;
+    2. ``S_o = sum_i C_io V_io``, divided by ``sum_i C_io`` when
+       ``weighted_mean`` (li2019 eq. 7);
+    3. ``out_o = squash(S_o)`` (eq. 8);
+    4. ``B += <V_io, out_o>`` (agreement, Alg. 1 line 6).
+
+    Args:
+        votes: ``(..., I, O, D)``.
+        iterations: number of iterations T >= 1.
+        normalize: ``"outputs"`` or ``"inputs"`` (see above).
+        weighted_mean: divide by the total coupling of each output (eq. 7).
+        init_logits: ``(..., I, O)`` starting logits (zeros when None), e.g.
+            cao2019's self-initialisation (eq. 15).
+        mask: ``(..., I)`` bool, True where the input takes part.
+
+    Returns:
+        ``outputs`` ``(..., O, D)`` of the last iteration, in ``votes.dtype``,
+        and ``logits`` ``(..., I, O)`` after the last update, in at least
+        float32 (agreements of large votes exceed the half-precision range).
+    """
+    _check_iterations(iterations)
+    if normalize not in ("outputs", "inputs"):
+        raise ValueError(f"normalize must be 'outputs' or 'inputs', got {normalize!r}")
+    v, keep = _prepare(votes, mask)
+    logits = torch.zeros(v.shape[:-1], dtype=v.dtype, device=v.device)
+    if init_logits is not None:
+        if init_logits.shape != logits.shape:
+            raise ValueError(f"init_logits must be (..., I, O) = {tuple(logits.shape)}, got {tuple(init_logits.shape)}")
+        logits = logits + init_logits.to(v.dtype)
+        if keep is not None:
+            logits = logits.masked_fill(keep == 0, 0.0)
+    for _ in range(int(iterations)):
+        if normalize == "outputs":
+            coupling = torch.softmax(logits, dim=-1)
+        else:
+            scores = logits if keep is None else logits.masked_fill(keep == 0, torch.finfo(v.dtype).min)
+            coupling = torch.softmax(scores, dim=-2)
+        if keep is not None:
+            coupling = coupling * keep
+        total = torch.einsum("...io,...iod->...od", coupling, v)
+        if weighted_mean:
+            total = total / _positive(coupling.sum(dim=-2)[..., None])
+        outputs = squash(total)
+        logits = logits + torch.einsum("...iod,...od->...io", v, outputs)
+    return outputs.to(votes.dtype), logits
+
+
+def linear_inverse_temperature(start=1.0, end=1.0):
+    """EM schedule: lambda rises linearly from ``start`` (first iteration) to ``end`` (last)."""
+
+    def schedule(iteration, iterations):
+        if iterations == 1:
+            return end
+        return start + (end - start) * iteration / (iterations - 1)
+
+    return schedule
+
+
+def em_routing(
+    votes,
+    iterations=3,
+    *,
+    mask=None,
+    beta_a=None,
+    beta_u=None,
+    inverse_temperature=None,
+    min_var=1e-4,
+    density="product",
+):
+    """EM routing (li2019 Alg. 2, eq. 9-12; Hinton et al. 2018).
+
+    Output capsules are Gaussians fitted to the votes.  Coupling ``C`` starts
+    at ``1/O`` for every unmasked input; each iteration runs
+
+    * M-step (eq. 10-11 and the activation): with ``S_o = sum_i C_io``,
+      ``mu_o = sum_i C_io V_io / S_o``,
+      ``var_o = sum_i C_io (V_io - mu_o)^2 / S_o + min_var``,
+      ``chi_o = sum_d (log sigma_od + (1 + log 2 pi) / 2) * S_o``,
+      ``A_o = logistic(lambda_t (beta_a - beta_u * S_o - chi_o))``;
+    * E-step (eq. 12, skipped after the last M-step): ``C_io`` proportional
+      to ``A_o P_io`` over the outputs ``o``, with ``P_io`` the Gaussian
+      density of ``V_io`` under output ``o``.
+
+    The output is ``A_o * mu_o`` (eq. 9).
+
+    Choices (see NOTES.md), each an argument:
+
+    * ``density="product"``: ``P`` is the product of the per-dimension
+      densities (a diagonal Gaussian, Hinton et al.), i.e. a sum of
+      log-densities.  ``"sum"`` takes eq. 12's text literally (a sum of
+      per-dimension densities, computed as a log-sum-exp).  Everything is
+      in log space: ``log C = log A + log P - logsumexp``.
+    * ``min_var``: floor added to every variance, so that a collapsed
+      Gaussian (all votes equal) keeps finite densities and gradients.
+    * ``inverse_temperature``: ``schedule(t, T) -> lambda_t``; the default
+      :func:`linear_inverse_temperature` keeps ``lambda = 1``.  A rising
+      schedule (``linear_inverse_temperature(1, 3)``) follows Hinton's
+      suggestion.
+    * ``beta_a``, ``beta_u``: tensors broadcastable to ``(..., O)`` (e.g.
+      learnable ``(O,)`` parameters); zeros when None.
+
+    Args:
+        votes: ``(..., I, O, D)``.
+        iterations: number of EM iterations T >= 1.
+        mask: ``(..., I)`` bool, True where the input takes part.
+
+    Returns:
+        ``outputs`` ``(..., O, D)`` and ``activations`` ``(..., O)``, in
+        ``votes.dtype``.
+    """
+    _check_iterations(iterations)
+    if density not in ("product", "sum"):
+        raise ValueError(f"density must be 'product' or 'sum', got {density!r}")
+    if not min_var > 0:
+        raise ValueError(f"min_var must be > 0, got {min_var!r}")
+    schedule = inverse_temperature or linear_inverse_temperature()
+    v, keep = _prepare(votes, mask)
+    n_out = v.shape[-2]
+    zero = v.new_zeros(())
+    beta_a = zero if beta_a is None else beta_a.to(v.dtype)
+    beta_u = zero if beta_u is None else beta_u.to(v.dtype)
+
+    coupling = v.new_full(v.shape[:-1], 1.0 / n_out)
+    if keep is not None:
+        coupling = coupling * keep
+    for t in range(int(iterations)):
+        # M-step
+        weight = coupling.sum(dim=-2)  # (..., O)
+        denom = _positive(weight[..., None])
+        mean = torch.einsum("...io,...iod->...od", coupling, v) / denom
+        dev2 = (v - mean.unsqueeze(-3)) ** 2  # (..., I, O, D)
+        var = torch.einsum("...io,...iod->...od", coupling, dev2) / denom + min_var
+        log_var = torch.log(var)
+        chi = (0.5 * log_var + 0.5 * (1.0 + _LOG_2PI)).sum(dim=-1) * weight
+        logit_a = schedule(t, int(iterations)) * (beta_a - beta_u * weight - chi)
+        if t == int(iterations) - 1:
+            break
+        # E-step
+        log_dens = -0.5 * (_LOG_2PI + log_var.unsqueeze(-3) + dev2 / var.unsqueeze(-3))  # (..., I, O, D)
+        log_p = log_dens.sum(dim=-1) if density == "product" else torch.logsumexp(log_dens, dim=-1)
+        coupling = torch.softmax(F.logsigmoid(logit_a).unsqueeze(-2) + log_p, dim=-1)
+        if keep is not None:
+            coupling = coupling * keep
+    activations = torch.sigmoid(logit_a)
+    outputs = activations[..., None] * mean
+    return outputs.to(votes.dtype), activations.to(votes.dtype)
