@@ -78,6 +78,18 @@ def register_options(specs, combination_check=None):
         COMBINATION_CHECKS.append(combination_check)
 
 
+def model_size(opt):
+    """d_model as OpenNMT-py will use it (``-hidden_size`` overrides ``-enc_hid_size``)."""
+    hidden = getattr(opt, "hidden_size", -1)
+    return hidden if hidden and hidden > 0 else opt.enc_hid_size
+
+
+def layer_count(opt, side):
+    """Number of layers of ``side`` ("enc"/"dec"); ``-layers`` overrides both."""
+    layers = getattr(opt, "layers", -1)
+    return layers if layers and layers > 0 else getattr(opt, f"{side}_layers")
+
+
 def _str2bool(text):
     if isinstance(text, bool):
         return text

@@ -16,6 +16,7 @@ from functools import partial
 from onmt.decoders.transformer import TransformerDecoder
 from onmt.encoders.transformer import TransformerEncoder
 
+from onmt_ext import aggregation
 from onmt_ext.options import ExtConfig
 from onmt_ext.state import stateful_modules
 
@@ -25,14 +26,20 @@ class _ExtConfigured:
 
     The stock ``from_opt`` maps ``opt`` to the (long) constructor argument
     list; reusing it keeps us in step with OpenNMT-py instead of copying it.
-    ``_stock`` names the OpenNMT-py class whose ``from_opt`` is reused.
+    ``_stock`` names the OpenNMT-py class whose ``from_opt`` is reused;
+    ``_mechanisms`` lists ``attach(module, config)`` functions that put each
+    enabled mechanism into the freshly built stock module (a mechanism that
+    is off attaches nothing, so the module stays exactly the stock one).
     """
 
     _stock = None
+    _mechanisms = ()
 
     def __init__(self, *args, ext_config, **kwargs):
         super().__init__(*args, **kwargs)
         self.ext_config = ext_config
+        for attach in self._mechanisms:
+            attach(self, ext_config)
 
     @classmethod
     def from_opt(cls, opt, embeddings):
@@ -53,6 +60,7 @@ class ExtTransformerEncoder(_ExtConfigured, TransformerEncoder):
     """
 
     _stock = TransformerEncoder
+    _mechanisms = (aggregation.attach_encoder,)
 
 
 class ExtTransformerDecoder(_ExtConfigured, TransformerDecoder):
@@ -70,6 +78,7 @@ class ExtTransformerDecoder(_ExtConfigured, TransformerDecoder):
     """
 
     _stock = TransformerDecoder
+    _mechanisms = (aggregation.attach_decoder,)
 
     def init_state(self, src, enc_out, enc_final_hs):
         """Start decoding a batch: stock state plus every stateful sub-module."""

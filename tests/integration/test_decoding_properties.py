@@ -12,11 +12,11 @@ change.  With dropout 0 (the models are in eval mode):
 5. ``onmt_translate`` with beam 1: PRED score == GOLD score of its own output;
 6. ``onmt_translate`` gives identical output for -batch_size 1 and 16.
 
-1-4 run in-process on randomly initialised models, for every config.  5-6 run
-the real console scripts on a checkpoint trained for 100 steps, once per
-distinct model: configs whose options differ only in output paths (e.g. the
-Base and Big smoke twins, identical at toy size) share one run, and the test
-id names all of them.
+1-4 run in-process on randomly initialised models; 5-6 run the real console
+scripts on a checkpoint trained for 100 steps.  Each runs once per distinct
+model: configs whose options differ only in output paths (e.g. the Base and
+Big smoke twins of one paper row, identical at toy size) share one run, and
+the test id names all of them.
 """
 
 import hashlib
@@ -35,7 +35,30 @@ def _ids(paths):
     return [str(p.relative_to("yaml_configs/smoke")) for p in paths]
 
 
-@pytest.fixture(scope="module", params=CONFIGS, ids=_ids(CONFIGS))
+def _model_signature(config):
+    """Configs with identical options (paths aside) train identical models."""
+    opt = support.load_train_opts(config)
+    ignore = {"save_data", "save_model", "config", "log_file"}
+    text = repr(sorted((k, repr(v)) for k, v in vars(opt).items() if k not in ignore))
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def _distinct_models():
+    """One representative config per distinct model, with an id naming every config it covers."""
+    import onmt  # noqa: F401  (activates onmt-ext for the option parser)
+
+    groups = {}
+    for config in CONFIGS:
+        groups.setdefault(_model_signature(config), []).append(config)
+    reps = [paths[0] for paths in groups.values()]
+    ids = ["+".join(_ids(paths)) for paths in groups.values()]
+    return reps, ids
+
+
+DISTINCT, DISTINCT_IDS = _distinct_models()
+
+
+@pytest.fixture(scope="module", params=DISTINCT, ids=DISTINCT_IDS)
 def model_and_vocabs(request, sample_data, onmt_active):
     opt = support.load_train_opts(request.param, "-dropout", "0", "-attention_dropout", "0")
     vocabs = support.load_vocabs(opt)
@@ -126,29 +149,6 @@ def test_map_state_beam_tiling(model_and_vocabs):
 
 # ---------------------------------------------------------------------------
 # 5-6: through the console scripts
-
-
-def _model_signature(config):
-    """Configs with identical options (paths aside) train identical models."""
-    opt = support.load_train_opts(config)
-    ignore = {"save_data", "save_model", "config", "log_file"}
-    text = repr(sorted((k, repr(v)) for k, v in vars(opt).items() if k not in ignore))
-    return hashlib.sha1(text.encode()).hexdigest()[:12]
-
-
-def _distinct_models():
-    """One representative config per distinct model, with an id naming every config it covers."""
-    import onmt  # noqa: F401  (activates onmt-ext for the option parser)
-
-    groups = {}
-    for config in CONFIGS:
-        groups.setdefault(_model_signature(config), []).append(config)
-    reps = [paths[0] for paths in groups.values()]
-    ids = ["+".join(_ids(paths)) for paths in groups.values()]
-    return reps, ids
-
-
-DISTINCT, DISTINCT_IDS = _distinct_models()
 
 
 @pytest.fixture(scope="module", params=DISTINCT, ids=DISTINCT_IDS)

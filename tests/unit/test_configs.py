@@ -20,7 +20,7 @@ SIZE_AND_RUN_KEYS = {
     "word_vec_size", "transformer_ff", "heads", "enc_layers", "dec_layers", "layers", "dropout",
     "attention_dropout", "warmup_steps", "train_steps", "valid_steps", "save_checkpoint_steps",
     "keep_checkpoint", "report_every", "learning_rate", "batch_size", "valid_batch_size", "accum_count", "accum_steps",
-    "world_size", "gpu_ranks", "model_dtype", "bucket_size", "num_workers",
+    "world_size", "gpu_ranks", "model_dtype", "bucket_size", "num_workers", "src_seq_length", "tgt_seq_length",
 }
 
 

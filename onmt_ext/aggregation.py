@@ -1,0 +1,166 @@
+"""Routing-by-agreement aggregation of multi-head attention (li2019).
+
+Li et al. (NAACL 2019) replace the concatenation + linear map that combines
+the H heads of multi-head attention (eq. 3-4) with routing between capsules:
+
+* input capsules ``Omega_in_h = f_h(O_h)`` (eq. 5), ``O_h`` ``(dim_per_head,)``
+  the output of head h.  The paper only says "a distinct non-linear
+  transformation"; here ``f_h(x) = tanh(x W_h + b_h)`` maps each head to
+  ``d_model`` dimensions (choice documented in the README's parameter table:
+  with this f_h the parameter delta matches the paper's +2.1M per layer);
+* votes ``V_{h->n} = Omega_in_h W_{h->n}`` (eq. 6), N output capsules of
+  size ``d_model / N`` (N = d_model in the paper);
+* simple routing (Alg. 1, eq. 7-8, weighted mean and squash) or EM routing
+  (Alg. 2, eq. 9-12) from :mod:`onmt_ext.routing`;
+* the N output capsules are concatenated back to ``d_model``.
+
+Where it goes is OpenNMT-py's narrowest hook: the ``final_linear`` of a
+``MultiHeadedAttention`` (applied to the concatenated heads after the
+attention, on every attention path, including the fused one on GPU and the
+key/value cache of step-by-step decoding).  The aggregation works on each
+position independently, so it carries no decoding state.
+
+Options (all "off" by default, which leaves OpenNMT-py's model unchanged):
+``li2019_enc_self``, ``li2019_dec_self``, ``li2019_enc_dec`` choose
+``concat`` (stock), ``simple`` or ``em`` per attention component;
+``li2019_enc_layers`` / ``li2019_dec_layers`` restrict it to layers (1-based,
+as the paper's tables; empty: all layers); ``li2019_capsules`` is N (0:
+d_model); ``li2019_iterations`` is T.
+"""
+
+import torch
+import torch.nn as nn
+
+from onmt_ext.options import OptionSpec, layer_count, model_size, register_options
+from onmt_ext.routing import em_routing, simple_routing
+
+METHODS = ("concat", "simple", "em")
+
+
+class RoutingAggregation(nn.Module):
+    """Combines H attention heads by routing (li2019 eq. 5-12); replaces ``final_linear``.
+
+    Args:
+        heads: H.
+        d_model: model size d (= H * dim_per_head).
+        capsules: N output capsules of size d / N.
+        method: ``"simple"`` or ``"em"``.
+        iterations: routing iterations T.
+
+    ``forward(context)`` maps the concatenated heads ``(batch, len, d)`` to
+    ``(batch, len, d)``.
+    """
+
+    def __init__(self, heads, d_model, capsules, method, iterations=3):
+        super().__init__()
+        if method not in ("simple", "em"):
+            raise ValueError(f"routing method must be 'simple' or 'em', got {method!r}")
+        if d_model % heads or d_model % capsules:
+            raise ValueError(f"d_model {d_model} must be divisible by heads {heads} and capsules {capsules}")
+        self.heads, self.d_model, self.capsules = heads, d_model, capsules
+        self.method, self.iterations = method, iterations
+        dim_per_head = d_model // heads
+        # f_h (eq. 5): one (dim_per_head -> d_model) map per head
+        self.input_weight = nn.Parameter(torch.empty(heads, dim_per_head, d_model))
+        self.input_bias = nn.Parameter(torch.zeros(heads, d_model))
+        # W_{h->n} (eq. 6): per head, d_model -> N capsules of d_model / N
+        self.vote_weight = nn.Parameter(torch.empty(heads, d_model, d_model))
+        if method == "em":
+            self.beta_a = nn.Parameter(torch.zeros(capsules))
+            self.beta_u = nn.Parameter(torch.zeros(capsules))
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """Glorot-style initialisation of the per-head maps."""
+        for weight in (self.input_weight, self.vote_weight):
+            fan_in, fan_out = weight.shape[1], weight.shape[2]
+            bound = (6.0 / (fan_in + fan_out)) ** 0.5
+            nn.init.uniform_(weight, -bound, bound)
+
+    def forward(self, context):
+        batch, length, _ = context.shape
+        heads = context.view(batch, length, self.heads, -1)  # (B, L, H, d/H)
+        capsules_in = torch.tanh(torch.einsum("blhk,hkd->blhd", heads, self.input_weight) + self.input_bias)
+        votes = torch.einsum("blhd,hde->blhe", capsules_in, self.vote_weight)
+        votes = votes.view(batch, length, self.heads, self.capsules, -1)  # (B, L, H, N, d/N)
+        if self.method == "simple":
+            out, _ = simple_routing(votes, self.iterations, normalize="outputs", weighted_mean=True)
+        else:
+            out, _ = em_routing(votes, self.iterations, beta_a=self.beta_a, beta_u=self.beta_u)
+        return out.reshape(batch, length, self.d_model)
+
+
+def _layers_check(side):
+    def check(value, opt):
+        count = layer_count(opt, side)
+        bad = [i for i in value if not 1 <= i <= count]
+        return f"layers are numbered 1..{count} (-{side}_layers); got {bad}" if bad else None
+
+    return check
+
+
+def _capsules_check(value, opt):
+    if value < 0:
+        return "must be >= 0 (0 means d_model)"
+    if value and model_size(opt) % value:
+        return f"must divide the model size {model_size(opt)}"
+    return None
+
+
+def _combination_check(opt):
+    problems = []
+    used = any(getattr(opt, name, "concat") != "concat" for name in ("li2019_enc_self", "li2019_dec_self", "li2019_enc_dec"))
+    if used and getattr(opt, "parallel_mode", "") == "tensor_parallel" and getattr(opt, "world_size", 1) > 1:
+        problems.append("-li2019_* routing aggregation does not support -parallel_mode tensor_parallel")
+    if getattr(opt, "li2019_dec_self", "concat") != "concat" and getattr(opt, "self_attn_type", "") == "average":
+        problems.append("-li2019_dec_self needs multi-head decoder self-attention, not -self_attn_type average")
+    return problems
+
+
+register_options(
+    [
+        OptionSpec("li2019_enc_self", str, "concat", "li2019: head aggregation of encoder self-attention",
+                   side="encoder", choices=METHODS),
+        OptionSpec("li2019_dec_self", str, "concat", "li2019: head aggregation of decoder self-attention",
+                   side="decoder", choices=METHODS),
+        OptionSpec("li2019_enc_dec", str, "concat", "li2019: head aggregation of encoder-decoder attention",
+                   side="decoder", choices=METHODS),
+        OptionSpec("li2019_enc_layers", int, [], "li2019: encoder layers (1-based) to aggregate by routing; "
+                   "empty: all", side="encoder", nargs="*", check=_layers_check("enc")),
+        OptionSpec("li2019_dec_layers", int, [], "li2019: decoder layers (1-based) to aggregate by routing; "
+                   "empty: all", side="decoder", nargs="*", check=_layers_check("dec")),
+        OptionSpec("li2019_capsules", int, 0, "li2019: number N of output capsules (0: d_model, the paper's "
+                   "setting)", check=_capsules_check),
+        OptionSpec("li2019_iterations", int, 3, "li2019: routing iterations T",
+                   check=lambda v, opt: None if v >= 1 else "must be >= 1"),
+    ],
+    combination_check=_combination_check,
+)
+
+
+def _layers(selected, count):
+    return [i - 1 for i in selected] if selected else list(range(count))
+
+
+def _aggregator(config, method):
+    capsules = config.option("li2019_capsules") or config.d_model
+    return RoutingAggregation(config.heads, config.d_model, capsules, method, config.option("li2019_iterations"))
+
+
+def attach_encoder(encoder, config):
+    """Replace ``final_linear`` of the selected encoder self-attentions."""
+    method = config.option("li2019_enc_self")
+    if method == "concat":
+        return
+    for i in _layers(config.option("li2019_enc_layers"), config.enc_layers):
+        encoder.transformer[i].self_attn.final_linear = _aggregator(config, method)
+
+
+def attach_decoder(decoder, config):
+    """Replace ``final_linear`` of the selected decoder self- and context attentions."""
+    for option, attribute in (("li2019_dec_self", "self_attn"), ("li2019_enc_dec", "context_attn")):
+        method = config.option(option)
+        if method == "concat":
+            continue
+        for i in _layers(config.option("li2019_dec_layers"), config.dec_layers):
+            setattr(getattr(decoder.transformer_layers[i], attribute), "final_linear", _aggregator(config, method))
