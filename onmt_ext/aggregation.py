@@ -110,6 +110,12 @@ def _capsules_check(value, opt):
 def _combination_check(opt):
     problems = []
     used = any(getattr(opt, name, "concat") != "concat" for name in ("li2019_enc_self", "li2019_dec_self", "li2019_enc_dec"))
+    if not used:
+        for name, default in (("li2019_capsules", 0), ("li2019_iterations", 3),
+                              ("li2019_enc_layers", []), ("li2019_dec_layers", [])):
+            if getattr(opt, name, default) != default:
+                problems.append(f"-{name} has no effect while -li2019_enc_self, -li2019_dec_self and "
+                                "-li2019_enc_dec are all 'concat'")
     if used and getattr(opt, "parallel_mode", "") == "tensor_parallel" and getattr(opt, "world_size", 1) > 1:
         problems.append("-li2019_* routing aggregation does not support -parallel_mode tensor_parallel")
     if getattr(opt, "li2019_dec_self", "concat") != "concat" and getattr(opt, "self_attn_type", "") == "average":
