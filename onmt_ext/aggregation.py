@@ -109,12 +109,11 @@ def _capsules_check(value, opt):
 
 def _combination_check(opt):
     problems = []
-    used = any(getattr(opt, name, "concat") != "concat" for name in ("li2019_enc_self", "li2019_dec_self", "li2019_enc_dec"))
+    used = any(getattr(opt, name, "concat") != "concat" for name in _COMPONENTS)
     if not used:
-        for name, default in (("li2019_capsules", 0), ("li2019_iterations", 3),
-                              ("li2019_enc_layers", []), ("li2019_dec_layers", [])):
-            if getattr(opt, name, default) != default:
-                problems.append(f"-{name} has no effect while -li2019_enc_self, -li2019_dec_self and "
+        for spec in _SPECS:
+            if spec.name not in _COMPONENTS and getattr(opt, spec.name, spec.default) != spec.default:
+                problems.append(f"-{spec.name} has no effect while -li2019_enc_self, -li2019_dec_self and "
                                 "-li2019_enc_dec are all 'concat'")
     if used and getattr(opt, "parallel_mode", "") == "tensor_parallel" and getattr(opt, "world_size", 1) > 1:
         problems.append("-li2019_* routing aggregation does not support -parallel_mode tensor_parallel")
@@ -123,25 +122,26 @@ def _combination_check(opt):
     return problems
 
 
-register_options(
-    [
-        OptionSpec("li2019_enc_self", str, "concat", "li2019: head aggregation of encoder self-attention",
-                   side="encoder", choices=METHODS),
-        OptionSpec("li2019_dec_self", str, "concat", "li2019: head aggregation of decoder self-attention",
-                   side="decoder", choices=METHODS),
-        OptionSpec("li2019_enc_dec", str, "concat", "li2019: head aggregation of encoder-decoder attention",
-                   side="decoder", choices=METHODS),
-        OptionSpec("li2019_enc_layers", int, [], "li2019: encoder layers (1-based) to aggregate by routing; "
-                   "empty: all", side="encoder", nargs="*", check=_layers_check("enc")),
-        OptionSpec("li2019_dec_layers", int, [], "li2019: decoder layers (1-based) to aggregate by routing; "
-                   "empty: all", side="decoder", nargs="*", check=_layers_check("dec")),
-        OptionSpec("li2019_capsules", int, 0, "li2019: number N of output capsules (0: d_model, the paper's "
-                   "setting)", check=_capsules_check),
-        OptionSpec("li2019_iterations", int, 3, "li2019: routing iterations T",
-                   check=lambda v, opt: None if v >= 1 else "must be >= 1"),
-    ],
-    combination_check=_combination_check,
-)
+_COMPONENTS = ("li2019_enc_self", "li2019_dec_self", "li2019_enc_dec")
+
+_SPECS = [
+    OptionSpec("li2019_enc_self", str, "concat", "li2019: head aggregation of encoder self-attention",
+               side="encoder", choices=METHODS),
+    OptionSpec("li2019_dec_self", str, "concat", "li2019: head aggregation of decoder self-attention",
+               side="decoder", choices=METHODS),
+    OptionSpec("li2019_enc_dec", str, "concat", "li2019: head aggregation of encoder-decoder attention",
+               side="decoder", choices=METHODS),
+    OptionSpec("li2019_enc_layers", int, [], "li2019: encoder layers (1-based) to aggregate by routing; "
+               "empty: all", side="encoder", nargs="*", check=_layers_check("enc")),
+    OptionSpec("li2019_dec_layers", int, [], "li2019: decoder layers (1-based) to aggregate by routing; "
+               "empty: all", side="decoder", nargs="*", check=_layers_check("dec")),
+    OptionSpec("li2019_capsules", int, 0, "li2019: number N of output capsules (0: d_model, the paper's "
+               "setting)", check=_capsules_check),
+    OptionSpec("li2019_iterations", int, 3, "li2019: routing iterations T",
+               check=lambda v, opt: None if v >= 1 else "must be >= 1"),
+]
+
+register_options(_SPECS, combination_check=_combination_check)
 
 
 def _layers(selected, count):

@@ -197,6 +197,31 @@ def _check_on_model_validation():
     ArgumentParser.validate_model_opts = classmethod(validate_model_opts)
 
 
+def train_parser():
+    """OpenNMT-py's ``onmt_train`` parser (with onmt-ext's options once active)."""
+    import onmt.opts
+    from onmt.utils.parse import ArgumentParser
+
+    parser = ArgumentParser(description="train.py")
+    onmt.opts.train_opts(parser)
+    return parser
+
+
+def parse_train_config(config, *overrides):
+    """Parse a YAML config (plus command-line style ``overrides``) as ``onmt_train`` does.
+
+    Strict parsing applies (a bad option exits with a message naming it);
+    the model options are then updated and validated like OpenNMT-py's
+    training does.  Returns the ``opt`` namespace.
+    """
+    from onmt.utils.parse import ArgumentParser
+
+    opt, _ = train_parser().parse_known_args(["-config", str(config), *map(str, overrides)])
+    ArgumentParser.update_model_opts(opt)
+    ArgumentParser.validate_model_opts(opt)
+    return opt
+
+
 def activate():
     """Register onmt-ext with the already-imported ``onmt`` package (idempotent)."""
     global _active

@@ -56,22 +56,16 @@ def run_cli(command, *args, check=True, timeout=600, env=None):
 
 def train_parser():
     """OpenNMT-py's ``onmt_train`` parser (with onmt-ext's options when active)."""
-    import onmt.opts
-    from onmt.utils.parse import ArgumentParser
+    from onmt_ext.plugin import train_parser as parser
 
-    parser = ArgumentParser(description="train.py")
-    onmt.opts.train_opts(parser)
-    return parser
+    return parser()
 
 
 def load_train_opts(config, *overrides):
-    """Parse a YAML config (plus command-line style overrides) as ``onmt_train`` does."""
-    from onmt.utils.parse import ArgumentParser
+    """Parse a repository-relative YAML config (plus overrides) as ``onmt_train`` does."""
+    from onmt_ext.plugin import parse_train_config
 
-    opt, _ = train_parser().parse_known_args(["-config", str(REPO / config), *map(str, overrides)])
-    ArgumentParser.update_model_opts(opt)
-    ArgumentParser.validate_model_opts(opt)
-    return opt
+    return parse_train_config(REPO / config, *overrides)
 
 
 def load_vocabs(opt):

@@ -18,7 +18,6 @@ import argparse
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _vocabs(size, shared):
@@ -56,24 +55,13 @@ def baseline_of(opt):
     return base
 
 
-def load_opts(config, overrides=()):
-    """Parse a YAML config (plus command-line style ``overrides``) like ``onmt_train``."""
-    import onmt.opts
-    from onmt.utils.parse import ArgumentParser
-
-    parser = ArgumentParser(description="train.py")
-    onmt.opts.train_opts(parser)
-    opt, _ = parser.parse_known_args(["-config", str(config), *overrides])
-    ArgumentParser.update_model_opts(opt)
-    ArgumentParser.validate_model_opts(opt)
-    return opt
-
-
 def report(configs, vocab_size, overrides=()):
     """Rows ``(config, parameters, baseline parameters, delta)``; ``overrides`` apply to every config."""
+    from onmt_ext.plugin import parse_train_config
+
     rows = []
     for config in configs:
-        opt = load_opts(config, overrides)
+        opt = parse_train_config(config, *overrides)
         total = count_parameters(opt, vocab_size)
         base = count_parameters(baseline_of(opt), vocab_size)
         rows.append((str(config), total, base, total - base))
