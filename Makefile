@@ -5,10 +5,18 @@
 #   make test     unit + integration tests (runs setup and data preparation first)
 #   make smoke    train every config of yaml_configs/smoke/ for a few steps
 #   make setup    create .venv with pinned packages (done by the two above)
+#   make bench    speed/memory of the mechanisms against the baseline (CPU, smoke
+#                 size; BENCH_ARGS="--size paper --gpu 0" for the paper size)
+#   make reproduce-li2019-table2 (-table3, -table4-wmt14_ende, -table4-wmt17_zhen),
+#        reproduce-cao2019-table1 (-table2-wmt17_zhen, -table2-wmt14_ende)
+#                 train, translate and score a paper table on GPUS GPUs (default 1;
+#                 gradient accumulation keeps the paper's batch); reproduce-li2019,
+#                 reproduce-cao2019: all tables of a paper
+#   make paper-configs  rewrite yaml_configs/<paper>/ from tools/paper_configs.py
 #
 # Variables: PYTHON (interpreter used to create the venv), VENV, TORCH (pip
 # requirement for torch; pick your CUDA build here, e.g.
-# TORCH="torch==2.13.0 --index-url <your torch index>").
+# TORCH="torch==2.13.0 --index-url <your torch index>"), GPUS, BENCH_ARGS.
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -31,10 +39,16 @@ DEMO_STEPS := $(shell sed -n 's/^train_steps: *\([0-9]*\).*/\1/p' $(DEMO_CONFIG)
 DEMO_MODEL := $(DEMO)/model_step_$(DEMO_STEPS).pt
 SMOKE_CONFIGS := $(shell find yaml_configs/smoke -name '*.yaml' | sort)
 
-.PHONY: help setup data demo test test-unit smoke clean distclean
+GPUS ?= 1
+BENCH_ARGS ?=
+REPRODUCE_TABLES := li2019-table2 li2019-table3 li2019-table4-wmt14_ende li2019-table4-wmt17_zhen \
+	cao2019-table1 cao2019-table2-wmt17_zhen cao2019-table2-wmt14_ende
+
+.PHONY: help setup data demo test test-unit smoke bench paper-configs clean distclean \
+	reproduce-li2019 reproduce-cao2019 $(addprefix reproduce-,$(REPRODUCE_TABLES))
 
 help:
-	@sed -n '2,12p' Makefile | sed 's/^# \{0,1\}//'
+	@awk 'NR > 1 && !/^#/ {exit} NR > 1' Makefile | sed 's/^# \{0,1\}//'
 
 # ---------------------------------------------------------------- setup
 setup: $(SETUP_STAMP)
@@ -100,6 +114,27 @@ smoke: $(TATOEBA)/vocab.en | $(SETUP_STAMP)
 	  echo "== smoke: $$c"; \
 	  $(BIN)/onmt_train -config $$c -log_file_level WARNING || exit 1; \
 	done
+
+# ---------------------------------------------------------------- benchmark
+BENCH_SUITES ?= li2019 cao2019
+
+# the cost of cao2019's horizontal routing as the length grows, then every
+# suite (each runs and reports even when an earlier one misses a target)
+bench: $(TATOEBA)/vocab.en | $(SETUP_STAMP)
+	$(PY) tools/layer_cost.py
+	@status=0; for suite in $(BENCH_SUITES); do \
+	  $(PY) tools/bench.py --suite $$suite $(BENCH_ARGS) || status=1; \
+	done; exit $$status
+
+# ---------------------------------------------------------------- paper tables
+paper-configs:
+	$(PYTHON) tools/paper_configs.py
+
+reproduce-li2019: $(addprefix reproduce-,$(filter li2019-%,$(REPRODUCE_TABLES)))
+reproduce-cao2019: $(addprefix reproduce-,$(filter cao2019-%,$(REPRODUCE_TABLES)))
+
+$(addprefix reproduce-,$(REPRODUCE_TABLES)): reproduce-%: | $(SETUP_STAMP)
+	$(PY) tools/reproduce.py $* --gpus $(GPUS)
 
 # ---------------------------------------------------------------- cleaning
 clean:

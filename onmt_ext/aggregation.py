@@ -28,11 +28,13 @@ as the paper's tables; empty: all layers); ``li2019_capsules`` is N (0:
 d_model); ``li2019_iterations`` is T.
 """
 
+from functools import partial
+
 import torch
 import torch.nn as nn
 
 from onmt_ext.options import OptionSpec, layer_count, model_size, register_options
-from onmt_ext.routing import em_routing, simple_routing
+from onmt_ext.routing import call_compiled, em_routing, simple_routing
 
 METHODS = ("concat", "simple", "em")
 
@@ -46,19 +48,22 @@ class RoutingAggregation(nn.Module):
         capsules: N output capsules of size d / N.
         method: ``"simple"`` or ``"em"``.
         iterations: routing iterations T.
+        compile_routing: in training, run the routing through
+            :func:`onmt_ext.routing.compiled` (``torch.compile``); the
+            evaluation/translation path stays eager.
 
     ``forward(context)`` maps the concatenated heads ``(batch, len, d)`` to
     ``(batch, len, d)``.
     """
 
-    def __init__(self, heads, d_model, capsules, method, iterations=3):
+    def __init__(self, heads, d_model, capsules, method, iterations=3, compile_routing=False):
         super().__init__()
         if method not in ("simple", "em"):
             raise ValueError(f"routing method must be 'simple' or 'em', got {method!r}")
         if d_model % heads or d_model % capsules:
             raise ValueError(f"d_model {d_model} must be divisible by heads {heads} and capsules {capsules}")
         self.heads, self.d_model, self.capsules = heads, d_model, capsules
-        self.method, self.iterations = method, iterations
+        self.method, self.iterations, self.compile_routing = method, iterations, compile_routing
         dim_per_head = d_model // heads
         # f_h (eq. 5): one (dim_per_head -> d_model) map per head
         self.input_weight = nn.Parameter(torch.empty(heads, dim_per_head, d_model))
@@ -83,10 +88,13 @@ class RoutingAggregation(nn.Module):
         capsules_in = torch.tanh(torch.einsum("blhk,hkd->blhd", heads, self.input_weight) + self.input_bias)
         votes = torch.einsum("blhd,hde->blhe", capsules_in, self.vote_weight)
         votes = votes.view(batch, length, self.heads, self.capsules, -1)  # (B, L, H, N, d/N)
+        fast = self.compile_routing and self.training and torch.is_grad_enabled()
+        route = em_routing if self.method == "em" else simple_routing
+        call = partial(call_compiled, route) if fast else route
         if self.method == "simple":
-            out, _ = simple_routing(votes, self.iterations, normalize="outputs", weighted_mean=True)
+            out, _ = call(votes, self.iterations, normalize="outputs", weighted_mean=True)
         else:
-            out, _ = em_routing(votes, self.iterations, beta_a=self.beta_a, beta_u=self.beta_u)
+            out, _ = call(votes, self.iterations, beta_a=self.beta_a, beta_u=self.beta_u)
         return out.reshape(batch, length, self.d_model)
 
 
@@ -144,13 +152,27 @@ _SPECS = [
 register_options(_SPECS, combination_check=_combination_check)
 
 
+def _uses_routing(opt):
+    li2019 = any(getattr(opt, name, "concat") != "concat" for name in _COMPONENTS)
+    return li2019 or getattr(opt, "cao2019_vertical", False) or getattr(opt, "cao2019_horizontal", False)
+
+
+register_options(
+    [OptionSpec("routing_compile", bool, False, "compile the routing of li2019/cao2019 with torch.compile in "
+                "training (fused kernels; the first step compiles for tens of seconds; translation stays eager)")],
+    combination_check=lambda opt: [] if not getattr(opt, "routing_compile", False) or _uses_routing(opt) else
+    ["-routing_compile has no effect without a routing mechanism (-li2019_* or -cao2019_*)"],
+)
+
+
 def _layers(selected, count):
     return [i - 1 for i in selected] if selected else list(range(count))
 
 
 def _aggregator(config, method):
     capsules = config.option("li2019_capsules") or config.d_model
-    return RoutingAggregation(config.heads, config.d_model, capsules, method, config.option("li2019_iterations"))
+    return RoutingAggregation(config.heads, config.d_model, capsules, method, config.option("li2019_iterations"),
+                              compile_routing=config.option("routing_compile"))
 
 
 def attach_encoder(encoder, config):

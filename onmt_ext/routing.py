@@ -39,17 +39,34 @@ def squash(s, dim=-1):
 
 
 def _prepare(votes, mask):
-    """Up-cast votes to at least float32 and zero masked inputs; returns (votes, mask as float (..., I, 1))."""
+    """Up-cast votes to at least float32 and zero masked inputs.
+
+    Returns ``(votes, keep, lead)``: ``keep`` is the mask as float
+    ``(..., I, 1)`` (None without a mask) and ``lead`` the leading shape of
+    the routing problems.  ``votes`` may broadcast against ``mask``: votes
+    ``(B, 1, I, O, D)`` with a mask ``(B, L, I)`` route L problems over the
+    same votes (cao2019's horizontal routing) without copying them L times.
+    Such shared votes are zeroed where their input is masked in *every*
+    problem; elsewhere the zero coupling keeps them out, so they must be finite.
+    """
     if votes.dim() < 3:
         raise ValueError(f"votes must be (..., I, O, D), got shape {tuple(votes.shape)}")
     v = votes.to(torch.promote_types(votes.dtype, torch.float32))  # at least float32
     if mask is None:
-        return v, None
-    if mask.shape != votes.shape[:-2]:
-        raise ValueError(f"mask must be (..., I) = {tuple(votes.shape[:-2])}, got {tuple(mask.shape)}")
+        return v, None, tuple(v.shape[:-2])
+    lead = tuple(votes.shape[:-2])
+    try:
+        broadcast = torch.broadcast_shapes(lead, tuple(mask.shape))
+    except RuntimeError:
+        broadcast = None
+    if broadcast != tuple(mask.shape) or len(lead) != mask.dim():
+        raise ValueError(f"mask must be (..., I) = {lead} (or a shape the votes broadcast to), "
+                         f"got {tuple(mask.shape)}")
     keep = mask.bool()
-    v = v.masked_fill(~keep[..., None, None], 0.0)
-    return v, keep[..., None].float()
+    shared = [dim for dim, size in enumerate(lead) if size == 1 and mask.shape[dim] > 1]
+    keep_votes = keep.any(dim=shared, keepdim=True) if shared else keep
+    v = v.masked_fill(~keep_votes[..., None, None], 0.0)
+    return v, keep[..., None].float(), tuple(mask.shape)
 
 
 def _positive(total):
@@ -60,6 +77,25 @@ def _positive(total):
     floor near the float32 ``tiny`` would square to 0 in the backward pass).
     """
     return total.clamp_min(_MIN_TOTAL)
+
+
+def _weighted_sum(coupling, v):
+    """``sum_i C_io V_iod`` -> ``(..., O, D)``.
+
+    For the short capsules of li2019 (D = d_model / N, 1 in the paper) a
+    broadcast product and sum is several times faster, forward and backward,
+    than the batched matrix products ``einsum`` turns this into.
+    """
+    if v.shape[-1] <= 8:
+        return (coupling.unsqueeze(-1) * v).sum(dim=-3)
+    return torch.einsum("...io,...iod->...od", coupling, v)
+
+
+def _agreement(v, outputs):
+    """``<V_io, out_o>`` -> ``(..., I, O)`` (Alg. 1 line 6)."""
+    if v.shape[-1] == 1:
+        return (v * outputs.unsqueeze(-3)).squeeze(-1)
+    return torch.einsum("...iod,...od->...io", v, outputs)
 
 
 def _check_iterations(iterations):
@@ -98,8 +134,8 @@ def simple_routing(votes, iterations=3, *, normalize="outputs", weighted_mean=Fa
     _check_iterations(iterations)
     if normalize not in ("outputs", "inputs"):
         raise ValueError(f"normalize must be 'outputs' or 'inputs', got {normalize!r}")
-    v, keep = _prepare(votes, mask)
-    logits = torch.zeros(v.shape[:-1], dtype=v.dtype, device=v.device)
+    v, keep, lead = _prepare(votes, mask)
+    logits = torch.zeros(lead + (v.shape[-2],), dtype=v.dtype, device=v.device)
     if init_logits is not None:
         if init_logits.shape != logits.shape:
             raise ValueError(f"init_logits must be (..., I, O) = {tuple(logits.shape)}, got {tuple(init_logits.shape)}")
@@ -114,11 +150,11 @@ def simple_routing(votes, iterations=3, *, normalize="outputs", weighted_mean=Fa
             coupling = torch.softmax(scores, dim=-2)
         if keep is not None:
             coupling = coupling * keep
-        total = torch.einsum("...io,...iod->...od", coupling, v)
+        total = _weighted_sum(coupling, v)
         if weighted_mean:
             total = total / _positive(coupling.sum(dim=-2)[..., None])
         outputs = squash(total)
-        logits = logits + torch.einsum("...iod,...od->...io", v, outputs)
+        logits = logits + _agreement(v, outputs)
     return outputs.to(votes.dtype), logits
 
 
@@ -191,33 +227,68 @@ def em_routing(
     if not min_var > 0:
         raise ValueError(f"min_var must be > 0, got {min_var!r}")
     schedule = inverse_temperature or linear_inverse_temperature()
-    v, keep = _prepare(votes, mask)
-    n_out = v.shape[-2]
+    v, keep, lead = _prepare(votes, mask)
+    n_out, n_dim = v.shape[-2], v.shape[-1]
     zero = v.new_zeros(())
     beta_a = zero if beta_a is None else beta_a.to(v.dtype)
     beta_u = zero if beta_u is None else beta_u.to(v.dtype)
 
-    coupling = v.new_full(v.shape[:-1], 1.0 / n_out)
+    coupling = v.new_full(lead + (n_out,), 1.0 / n_out)
     if keep is not None:
         coupling = coupling * keep
     for t in range(int(iterations)):
         # M-step
         weight = coupling.sum(dim=-2)  # (..., O)
         denom = _positive(weight[..., None])
-        mean = torch.einsum("...io,...iod->...od", coupling, v) / denom
-        dev2 = (v - mean.unsqueeze(-3)) ** 2  # (..., I, O, D)
-        var = torch.einsum("...io,...iod->...od", coupling, dev2) / denom + min_var
+        mean = _weighted_sum(coupling, v) / denom  # (..., O, D)
+        dev2 = (v - mean.unsqueeze(-3)).square()  # (..., I, O, D)
+        var = _weighted_sum(coupling, dev2) / denom + min_var
         log_var = torch.log(var)
         chi = (0.5 * log_var + 0.5 * (1.0 + _LOG_2PI)).sum(dim=-1) * weight
         logit_a = schedule(t, int(iterations)) * (beta_a - beta_u * weight - chi)
         if t == int(iterations) - 1:
             break
-        # E-step
-        log_dens = -0.5 * (_LOG_2PI + log_var.unsqueeze(-3) + dev2 / var.unsqueeze(-3))  # (..., I, O, D)
-        log_p = log_dens.sum(dim=-1) if density == "product" else torch.logsumexp(log_dens, dim=-1)
+        # E-step: log C_io = log A_o + log P_io - logsumexp_o(...)
+        if density == "product":
+            # sum_d of the per-dimension log-densities; the parts that do not
+            # depend on i are summed on the small (..., O) tensor
+            log_norm = -0.5 * (n_dim * _LOG_2PI + log_var.sum(dim=-1))  # (..., O)
+            log_p = -0.5 * (dev2 / var.unsqueeze(-3)).sum(dim=-1) + log_norm.unsqueeze(-2)
+        else:
+            log_dens = -0.5 * (_LOG_2PI + log_var.unsqueeze(-3) + dev2 / var.unsqueeze(-3))  # (..., I, O, D)
+            log_p = torch.logsumexp(log_dens, dim=-1)
         coupling = torch.softmax(F.logsigmoid(logit_a).unsqueeze(-2) + log_p, dim=-1)
         if keep is not None:
             coupling = coupling * keep
     activations = torch.sigmoid(logit_a)
     outputs = activations[..., None] * mean
     return outputs.to(votes.dtype), activations.to(votes.dtype)
+
+
+_COMPILED = {}
+
+
+def compiled(fn):
+    """``torch.compile(fn, dynamic=True)``, built once per process and routing function.
+
+    The routing iterations are chains of element-wise operations and
+    reductions over the vote tensor; compiled, each chain runs as a few fused
+    kernels, forward and backward (about 5x faster for li2019's EM routing on
+    CPU at Transformer-Base size).  The first call compiles (tens of seconds);
+    later calls with other batch shapes reuse the dynamic-shape graph.
+    """
+    if fn not in _COMPILED:
+        _COMPILED[fn] = torch.compile(fn, dynamic=True)
+    return _COMPILED[fn]
+
+
+def call_compiled(fn, *args, **kwargs):
+    """``compiled(fn)(*args, **kwargs)``; a torch.compile failure becomes an error naming ``-routing_compile``."""
+    try:
+        return compiled(fn)(*args, **kwargs)
+    except Exception as error:  # torch.compile's backend failures are many exception types
+        if "dynamo" not in type(error).__module__ and "inductor" not in type(error).__module__:
+            raise
+        first_line = str(error).splitlines()[0] if str(error) else ""
+        raise RuntimeError(f"-routing_compile: torch.compile could not compile the routing "
+                           f"({type(error).__name__}: {first_line}); train with -routing_compile false") from error

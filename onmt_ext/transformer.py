@@ -16,7 +16,7 @@ from functools import partial
 from onmt.decoders.transformer import TransformerDecoder
 from onmt.encoders.transformer import TransformerEncoder
 
-from onmt_ext import aggregation
+from onmt_ext import aggregation, cross_aggregation
 from onmt_ext.options import ExtConfig
 from onmt_ext.state import stateful_modules
 
@@ -60,7 +60,7 @@ class ExtTransformerEncoder(_ExtConfigured, TransformerEncoder):
     """
 
     _stock = TransformerEncoder
-    _mechanisms = (aggregation.attach_encoder,)
+    _mechanisms = (aggregation.attach_encoder, cross_aggregation.attach_encoder)
 
 
 class ExtTransformerDecoder(_ExtConfigured, TransformerDecoder):

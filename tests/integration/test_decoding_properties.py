@@ -9,14 +9,17 @@ change.  With dropout 0 (the models are in eval mode):
 4. ``map_state`` with a permutation (or beam tiling) mid-decoding equals
    decoding the permuted (tiled) batch from scratch, with both of the
    reordering functions OpenNMT-py uses;
-5. ``onmt_translate`` with beam 1: PRED score == GOLD score of its own output;
+5. ``onmt_translate`` (beam 4, no length penalty): PRED score == GOLD score
+   of its own output;
 6. ``onmt_translate`` gives identical output for -batch_size 1 and 16.
 
-1-4 run in-process on randomly initialised models; 5-6 run the real console
-scripts on a checkpoint trained for 100 steps.  Each runs once per distinct
-model: configs whose options differ only in output paths (e.g. the Base and
-Big smoke twins of one paper row, identical at toy size) share one run, and
-the test id names all of them.
+1-4 run in-process on randomly initialised models, once per distinct model:
+configs whose options differ only in output paths (e.g. the Base and Big smoke
+twins of one paper row, identical at toy size) share one run, and the test id
+names all of them.  5-6 run the real console scripts on a checkpoint trained
+for 300 steps, once per distinct code path: configs that differ only in which
+layers a mechanism is applied to, or in the number of layers (every
+``*_layers`` option), share one run.
 """
 
 import hashlib
@@ -35,27 +38,37 @@ def _ids(paths):
     return [str(p.relative_to("yaml_configs/smoke")) for p in paths]
 
 
-def _model_signature(config):
-    """Configs with identical options (paths aside) train identical models."""
+PATHS = {"save_data", "save_model", "config", "log_file"}
+
+
+def _model_signature(config, ignore):
+    """Configs with identical options (``ignore`` aside) share a signature."""
     opt = support.load_train_opts(config)
-    ignore = {"save_data", "save_model", "config", "log_file"}
     text = repr(sorted((k, repr(v)) for k, v in vars(opt).items() if k not in ignore))
     return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
-def _distinct_models():
-    """One representative config per distinct model, with an id naming every config it covers."""
+def _layer_options():
+    """Every option that only chooses layers or their number (``enc_layers``, ``li2019_enc_layers``...)."""
+    from onmt_ext.options import OPTION_SPECS
+
+    return {"enc_layers", "dec_layers", "layers"} | {spec.name for spec in OPTION_SPECS if spec.name.endswith("_layers")}
+
+
+def _distinct(ignore):
+    """One representative config per signature, with an id naming every config it covers."""
     import onmt  # noqa: F401  (activates onmt-ext for the option parser)
 
     groups = {}
     for config in CONFIGS:
-        groups.setdefault(_model_signature(config), []).append(config)
+        groups.setdefault(_model_signature(config, ignore), []).append(config)
     reps = [paths[0] for paths in groups.values()]
     ids = ["+".join(_ids(paths)) for paths in groups.values()]
     return reps, ids
 
 
-DISTINCT, DISTINCT_IDS = _distinct_models()
+DISTINCT, DISTINCT_IDS = _distinct(PATHS)
+CODE_PATHS, CODE_PATH_IDS = _distinct(PATHS | _layer_options())
 
 
 @pytest.fixture(scope="module", params=DISTINCT, ids=DISTINCT_IDS)
@@ -151,24 +164,29 @@ def test_map_state_beam_tiling(model_and_vocabs):
 # 5-6: through the console scripts
 
 
-@pytest.fixture(scope="module", params=DISTINCT, ids=DISTINCT_IDS)
+TRAIN_STEPS = 300  # at 200, toy models with EM routing in decoder self-attention mostly loop without EOS
+SENTENCES = 60
+
+
+@pytest.fixture(scope="module", params=CODE_PATHS, ids=CODE_PATH_IDS)
 def trained_model(request, sample_data, onmt_active, tmp_path_factory):
-    """A checkpoint of the config trained for 100 steps through onmt_train."""
+    """A checkpoint of the config trained for TRAIN_STEPS steps through onmt_train."""
     out = tmp_path_factory.mktemp("model")
     support.run_cli(
         "onmt_train", "-config", request.param, "-save_model", out / "model", "-save_data", out / "samples",
-        "-train_steps", 100, "-save_checkpoint_steps", 100, "-valid_steps", 1000, "-log_file_level", "WARNING",
+        "-train_steps", TRAIN_STEPS, "-save_checkpoint_steps", TRAIN_STEPS, "-valid_steps", 10 * TRAIN_STEPS,
+        "-log_file_level", "WARNING",
     )
-    return out / "model_step_100.pt"
+    return out / f"model_step_{TRAIN_STEPS}.pt"
 
 
 @pytest.fixture(scope="module")
 def encoded_test_source(sample_data, tmp_path_factory):
-    """The first 40 test sentences, SentencePiece-encoded (so outputs are pieces too)."""
+    """The first SENTENCES test sentences, SentencePiece-encoded (so outputs are pieces too)."""
     import sentencepiece as spm
 
     processor = spm.SentencePieceProcessor(model_file=str(sample_data / "spm.zh.model"))
-    lines = (sample_data / "test.zh").read_text(encoding="utf-8").splitlines()[:40]
+    lines = (sample_data / "test.zh").read_text(encoding="utf-8").splitlines()[:SENTENCES]
     path = tmp_path_factory.mktemp("src") / "test.sp.zh"
     path.write_text("".join(" ".join(processor.encode(l, out_type=str)) + "\n" for l in lines), encoding="utf-8")
     return path
@@ -185,38 +203,48 @@ def _translate(model, src, out, *args):
     # depend on the batch composition and can cut a hypothesis before its EOS
     # (its PRED score then lacks the EOS term that GOLD has).  Only the fixed
     # -max_length cap is kept, and capped hypotheses are skipped below.
+    # -min_length 1: without a length penalty beam search may prefer the empty
+    # output, and OpenNMT-py cannot score an empty -tgt line as GOLD.
     return support.run_cli(
         "onmt_translate", "-model", model, "-src", src, "-output", out, "-max_length", MAX_LENGTH,
-        "-max_length_ratio", 0, *args
+        "-max_length_ratio", 0, "-min_length", 1, *args
     )
 
 
-def test_greedy_pred_score_equals_gold_score(trained_model, encoded_test_source, tmp_path):
-    model = trained_model
-    hyp = tmp_path / "hyp.txt"
-    _translate(model, encoded_test_source, hyp, "-beam_size", 1, "-batch_size", 8, "-length_penalty", "none")
-    result = _translate(model, encoded_test_source, tmp_path / "again.txt", "-beam_size", 1, "-batch_size", 8, "-length_penalty", "none",
-                        "-tgt", hyp, "-verbose")
-    log = result.stdout + result.stderr
+@pytest.fixture(scope="module")
+def beam_translations(trained_model, encoded_test_source, tmp_path_factory):
+    """Beam-4 translations of the test source with -batch_size 16 (verbose log) and -batch_size 1."""
+    out = tmp_path_factory.mktemp("translations")
+    runs = {}
+    for batch_size in (16, 1):
+        hyp = out / f"hyp.{batch_size}.txt"
+        result = _translate(trained_model, encoded_test_source, hyp, "-beam_size", 4, "-batch_size", batch_size,
+                            "-length_penalty", "none", *(["-verbose"] if batch_size == 16 else []))
+        runs[batch_size] = (hyp, result.stdout + result.stderr)
+    return runs
+
+
+def test_pred_score_equals_gold_score(trained_model, encoded_test_source, beam_translations, tmp_path):
+    """The score beam search reports for its output is the model's own score of that output."""
+    hyp, log = beam_translations[16]
+    result = _translate(trained_model, encoded_test_source, tmp_path / "again.txt", "-beam_size", 4,
+                        "-batch_size", 16, "-length_penalty", "none", "-tgt", hyp, "-verbose")
+    gold_log = result.stdout + result.stderr
     hyps = hyp.read_text(encoding="utf-8").splitlines()
+    golds = {int(m.group(1)): m.group(0) for m in _SENT.finditer(gold_log)}
     compared = 0
     for match in _SENT.finditer(log):
-        index, pred = int(match.group(1)) - 1, float(match.group(2))
-        gold = _GOLD.search(match.group(0))
-        assert gold, f"no GOLD SCORE for sentence {index + 1}"
-        if len(hyps[index].split()) >= MAX_LENGTH:  # cut at max_length: no EOS in PRED
+        index, pred = int(match.group(1)), float(match.group(2))
+        gold = _GOLD.search(golds.get(index, ""))
+        assert gold, f"no GOLD SCORE for sentence {index}"
+        if len(hyps[index - 1].split()) >= MAX_LENGTH:  # cut at max_length: no EOS in PRED
             continue
-        assert abs(pred - float(gold.group(1))) < 1e-3, f"sentence {index + 1}: PRED {pred} != GOLD {gold.group(1)}"
+        assert abs(pred - float(gold.group(1))) < 1e-3, f"sentence {index}: PRED {pred} != GOLD {gold.group(1)}"
         compared += 1
     assert compared >= 10, f"only {compared} sentences compared"
 
 
-def test_translation_independent_of_batch_size(trained_model, encoded_test_source, tmp_path):
-    model = trained_model
-    outputs = []
-    for batch_size in (1, 16):
-        out = tmp_path / f"hyp.{batch_size}.txt"
-        _translate(model, encoded_test_source, out, "-beam_size", 4, "-batch_size", batch_size)
-        outputs.append(out.read_text(encoding="utf-8"))
+def test_translation_independent_of_batch_size(beam_translations):
+    outputs = [beam_translations[b][0].read_text(encoding="utf-8") for b in (16, 1)]
     assert outputs[0] == outputs[1]
-    assert len(outputs[0].splitlines()) == 40
+    assert len(outputs[0].splitlines()) == SENTENCES

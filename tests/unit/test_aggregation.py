@@ -24,6 +24,44 @@ def test_module_shapes_and_padding_independence(method):
     torch.testing.assert_close(module(context[:, :2]), out[:, :2])
 
 
+def test_compiled_routing_matches_eager_in_training_and_is_off_in_evaluation(monkeypatch):
+    """``routing_compile``: the same function, compiled (fused kernels), forward and backward."""
+    from onmt_ext import routing
+
+    torch.manual_seed(0)
+    eager = RoutingAggregation(heads=2, d_model=8, capsules=8, method="em")
+    fast = RoutingAggregation(heads=2, d_model=8, capsules=8, method="em", compile_routing=True)
+    fast.load_state_dict(eager.state_dict())
+    context = torch.randn(2, 3, 8)
+    out_e, out_f = eager(context), fast(context)
+    out_e.square().sum().backward()
+    out_f.square().sum().backward()
+    torch.testing.assert_close(out_f, out_e, atol=1e-5, rtol=1e-4)
+    for p_e, p_f in zip(eager.parameters(), fast.parameters()):
+        torch.testing.assert_close(p_f.grad, p_e.grad, atol=1e-5, rtol=1e-4)
+    assert routing.compiled(routing.em_routing) is routing.compiled(routing.em_routing)  # built once
+    # evaluation and translation stay eager: compiling is never reached
+    monkeypatch.setattr(routing, "compiled", lambda fn: pytest.fail("compiled in evaluation"))
+    fast.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(fast(context), eager.eval()(context), atol=1e-5, rtol=1e-4)
+
+
+def test_a_compile_failure_names_the_option(monkeypatch):
+    from onmt_ext import routing
+
+    class FakeBackendError(Exception):
+        __module__ = "torch._dynamo.exc"
+
+    def broken(*args, **kwargs):
+        raise FakeBackendError("no C++ compiler found")
+
+    monkeypatch.setattr(routing, "compiled", lambda fn: broken)
+    module = RoutingAggregation(heads=2, d_model=8, capsules=8, method="simple", compile_routing=True)
+    with pytest.raises(RuntimeError, match="-routing_compile.*no C.. compiler found.*-routing_compile false"):
+        module(torch.randn(1, 2, 8))
+
+
 def test_attached_only_where_selected(sample_data, onmt_active):
     opt = support.load_train_opts(SMOKE, *EXT, "-li2019_enc_self", "em", "-li2019_enc_layers", "2",
                                   "-li2019_enc_dec", "simple")
@@ -38,7 +76,7 @@ def _opt(**kw):
     base = dict(encoder_type="ext_transformer", decoder_type="ext_transformer", enc_layers=2, dec_layers=2, layers=-1,
                 hidden_size=32, enc_hid_size=32, li2019_enc_self="concat", li2019_dec_self="concat",
                 li2019_enc_dec="concat", li2019_enc_layers=[], li2019_dec_layers=[], li2019_capsules=0,
-                li2019_iterations=3, self_attn_type="scaled-dot", parallel_mode="data_parallel", world_size=1)
+                li2019_iterations=3, routing_compile=False, self_attn_type="scaled-dot", parallel_mode="data_parallel", world_size=1)
     base.update(kw)
     return argparse.Namespace(**base)
 
@@ -48,6 +86,7 @@ def _opt(**kw):
     (dict(li2019_enc_self="em", li2019_capsules=5), "-li2019_capsules 5: must divide the model size 32"),
     (dict(li2019_enc_self="em", li2019_iterations=0), "-li2019_iterations 0: must be >= 1"),
     (dict(li2019_iterations=5), "-li2019_iterations has no effect while"),
+    (dict(routing_compile=True), "-routing_compile has no effect without a routing mechanism"),
     (dict(li2019_dec_self="simple", self_attn_type="average"), "needs multi-head decoder self-attention"),
     (dict(encoder_type="transformer", li2019_enc_self="em"), "-li2019_enc_self 'em' has no effect with -encoder_type"),
 ])

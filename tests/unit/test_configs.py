@@ -21,6 +21,7 @@ SIZE_AND_RUN_KEYS = {
     "attention_dropout", "warmup_steps", "train_steps", "valid_steps", "save_checkpoint_steps",
     "keep_checkpoint", "report_every", "learning_rate", "batch_size", "valid_batch_size", "accum_count", "accum_steps",
     "world_size", "gpu_ranks", "model_dtype", "bucket_size", "num_workers", "src_seq_length", "tgt_seq_length",
+    "routing_compile",  # torch.compile of the routing: speed only, same model
 }
 
 

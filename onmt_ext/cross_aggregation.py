@@ -1,0 +1,187 @@
+"""Cross aggregation of multi-head attention logits (Cao, Zhao and Yu, "cao2019").
+
+Each attention vector ``e_{l,h}`` (the logits of query position l on head h
+over the M keys, eq. 4-5) belongs to two capsules: the vertical capsule of
+head h (all positions) and the horizontal capsule of position l (all heads).
+Cross aggregation routes over both and adds the results to the logits before
+the softmax (eq. 9)::
+
+    E_hat = E + Omega_vertical + Omega_horizontal,  ATT = softmax(E_hat)
+
+* **Vertical** (eq. 10-13): inputs are the H heads, outputs the L query
+  positions, the votes the logit vectors themselves (``V_{h->l} = e_{l,h}``,
+  no learned vote map).  Simple routing normalised over the inputs (cao2019
+  Alg. 1) gives one ``(L, M)`` output, which each head h receives scaled by
+  ``lambda_h``: ``Lambda = softmax(W [sum_l B_{1->l}, ..., sum_l B_{H->l}])``
+  from the final routing logits B, with a learned ``(H, H)`` matrix W per
+  layer (eq. 13 leaves its shape open; it starts at zero, i.e. equal weights
+  1/H).
+* **Horizontal, positional** (eq. 14): for every query position l the inputs
+  are the positions t <= l, the outputs the heads (``V_{t->h} = e_{t,h}``).
+  All L routings run at once: the votes are shared and broadcast against a
+  ``(batch, L, L)`` prefix mask, so the cost is O(L * L * H * M) per
+  iteration but the votes are never copied L times.  The routing logits start
+  at zero, or at the raw logits ``alpha^h_{l,t}`` (self-initialisation,
+  eq. 15).
+
+Padding plays no part: padded keys are zeroed in every vote (so they change
+no norm or agreement) and stay masked in the softmax; padded positions are
+never routing inputs, and padded queries are left out of the sums of eq. 13.
+
+Where it goes: the ``softmax`` module of OpenNMT-py's ``MultiHeadedAttention``
+in the selected encoder self-attention layers, the one place that sees the
+score tensor.  OpenNMT-py's fused attention on GPU (SDPA / flash) never builds
+that tensor, so the attention of those layers is switched to the explicit
+``scaled-dot`` path when the module is attached.  Only encoder
+self-attention is covered; the paper applies it there.
+"""
+
+import torch
+import torch.nn as nn
+
+from onmt_ext.options import OptionSpec, layer_count, register_options
+from onmt_ext.routing import call_compiled, simple_routing
+
+# OpenNMT-py fills masked scores with -1e18 before the softmax.
+_MASKED_BELOW = -1e17
+INITS = ("zero", "self")
+
+
+class CrossAggregation(nn.Module):
+    """``softmax(E + Omega_vertical + Omega_horizontal)`` over the keys (cao2019 eq. 9-15).
+
+    Args:
+        heads: H.
+        vertical: add the vertical routing output (eq. 10-13).
+        horizontal: add the positional horizontal routing output (eq. 14).
+        init: ``"zero"`` or ``"self"`` (eq. 15) routing logits of the horizontal routing.
+        iterations: routing iterations T.
+        compile_routing: in training, run through ``torch.compile`` (the
+            ``routing_compile`` option; evaluation stays eager).
+
+    ``forward(scores)`` takes the masked scores ``(batch, H, L, L)`` of a
+    self-attention (masked entries at OpenNMT-py's -1e18) and returns the
+    attention probabilities ``(batch, H, L, L)``; it replaces
+    ``MultiHeadedAttention.softmax``.
+    """
+
+    def __init__(self, heads, vertical, horizontal, init="zero", iterations=3, compile_routing=False):
+        super().__init__()
+        if not (vertical or horizontal):
+            raise ValueError("cross aggregation needs the vertical or the horizontal routing (or both)")
+        if init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {init!r}")
+        self.heads, self.vertical, self.horizontal = heads, vertical, horizontal
+        self.init, self.iterations, self.compile_routing = init, iterations, compile_routing
+        if vertical:
+            self.head_weight = nn.Parameter(torch.zeros(heads, heads))  # W of eq. 13
+
+    def forward(self, scores):
+        if self.compile_routing and self.training and torch.is_grad_enabled():
+            return call_compiled(cross_aggregate, scores, self.head_weight if self.vertical else None,
+                                 self.horizontal, self.init, self.iterations)
+        return cross_aggregate(scores, self.head_weight if self.vertical else None, self.horizontal, self.init,
+                               self.iterations)
+
+
+def cross_aggregate(scores, head_weight, horizontal, init, iterations):
+    """``softmax(E + Omega_vertical + Omega_horizontal)`` (eq. 9); see :class:`CrossAggregation`.
+
+    Args:
+        scores: masked self-attention scores ``(batch, H, L, L)``.
+        head_weight: W of eq. 13 ``(H, H)``; None: no vertical routing.
+        horizontal: add the positional horizontal routing (eq. 14).
+        init: ``"zero"`` or ``"self"`` (eq. 15).
+        iterations: T.
+
+    Returns:
+        attention probabilities ``(batch, H, L, L)``.
+    """
+    batch, heads, length, keys = scores.shape
+    if length != keys or (head_weight is not None and head_weight.size(0) != heads):
+        raise ValueError(f"cross aggregation expects self-attention scores (batch, heads, L, L), "
+                         f"got {tuple(scores.shape)}")
+    masked = scores <= _MASKED_BELOW
+    valid = ~masked.all(dim=2).all(dim=1)  # (B, L): positions that are not padding
+    logits = scores.masked_fill(masked, 0.0)  # E with padded keys zeroed: the votes
+    total = scores
+    if head_weight is not None:
+        total = total + vertical_output(logits, valid, head_weight, iterations)
+    if horizontal:
+        total = total + horizontal_output(logits, valid, init, iterations)
+    return torch.softmax(total, dim=-1)
+
+
+def vertical_output(logits, valid, head_weight, iterations):
+    """Omega_vertical ``(B, H, L, L)``: heads -> positions routing (eq. 10-11), scaled per head (eq. 12-13)."""
+    out, routing_logits = simple_routing(logits, iterations, normalize="inputs")  # (B, L, M), (B, H, L)
+    summed = (routing_logits * valid[:, None, :]).sum(dim=-1)  # (B, H)
+    lam = torch.softmax(summed @ head_weight.t(), dim=-1)  # (B, H)
+    return lam[:, :, None, None] * out[:, None]
+
+
+def horizontal_output(logits, valid, init, iterations):
+    """Omega_horizontal ``(B, H, L, L)``: for each l, positions t <= l -> heads routing (eq. 14-15)."""
+    length = logits.size(-2)
+    votes = logits.permute(0, 2, 1, 3).unsqueeze(1)  # (B, 1, L_t, H, M): shared by every query l
+    prefix = torch.ones(length, length, dtype=torch.bool, device=logits.device).tril()
+    mask = prefix[None] & valid[:, None, :]  # (B, L_l, L_t)
+    init_logits = logits.permute(0, 2, 3, 1) if init == "self" else None  # alpha^h_{l,t}: (B, L_l, L_t, H)
+    out, _ = simple_routing(votes, iterations, normalize="inputs", init_logits=init_logits, mask=mask)
+    return out.permute(0, 2, 1, 3)  # (B, L_l, H, M) -> (B, H, L_l, M)
+
+
+def _combination_check(opt):
+    problems = []
+    used = getattr(opt, "cao2019_vertical", False) or getattr(opt, "cao2019_horizontal", False)
+    if not used:
+        for spec in _SPECS:
+            if spec.name not in ("cao2019_vertical", "cao2019_horizontal") and \
+                    getattr(opt, spec.name, spec.default) != spec.default:
+                problems.append(f"-{spec.name} has no effect while -cao2019_vertical and -cao2019_horizontal "
+                                "are both false")
+        return problems
+    if getattr(opt, "cao2019_init", "zero") != "zero" and not getattr(opt, "cao2019_horizontal", False):
+        problems.append("-cao2019_init applies to the horizontal routing; it has no effect without "
+                        "-cao2019_horizontal true")
+    if getattr(opt, "parallel_mode", "") == "tensor_parallel" and getattr(opt, "world_size", 1) > 1:
+        problems.append("-cao2019_* cross aggregation routes across all heads and does not support "
+                        "-parallel_mode tensor_parallel")
+    return problems
+
+
+def _layers_check(value, opt):
+    count = layer_count(opt, "enc")
+    bad = [i for i in value if not 1 <= i <= count]
+    return f"layers are numbered 1..{count} (-enc_layers); got {bad}" if bad else None
+
+
+_SPECS = [
+    OptionSpec("cao2019_vertical", bool, False, "cao2019: vertical routing (heads -> positions) of the "
+               "encoder self-attention logits", side="encoder"),
+    OptionSpec("cao2019_horizontal", bool, False, "cao2019: positional horizontal routing (positions t <= l "
+               "-> heads) of the encoder self-attention logits", side="encoder"),
+    OptionSpec("cao2019_init", str, "zero", "cao2019: initial logits of the horizontal routing: zero, or "
+               "self (the raw attention logits, eq. 15)", side="encoder", choices=INITS),
+    OptionSpec("cao2019_iterations", int, 3, "cao2019: routing iterations T", side="encoder",
+               check=lambda v, opt: None if v >= 1 else "must be >= 1"),
+    OptionSpec("cao2019_enc_layers", int, [], "cao2019: encoder layers (1-based) with cross aggregation; "
+               "empty: all", side="encoder", nargs="*", check=_layers_check),
+]
+
+register_options(_SPECS, combination_check=_combination_check)
+
+
+def attach_encoder(encoder, config):
+    """Replace the softmax of the selected encoder self-attentions and force their explicit path."""
+    vertical, horizontal = config.option("cao2019_vertical"), config.option("cao2019_horizontal")
+    if not (vertical or horizontal):
+        return
+    selected = config.option("cao2019_enc_layers")
+    for i in [i - 1 for i in selected] if selected else range(config.enc_layers):
+        attention = encoder.transformer[i].self_attn
+        attention.softmax = CrossAggregation(config.heads, vertical, horizontal, config.option("cao2019_init"),
+                                             config.option("cao2019_iterations"),
+                                             compile_routing=config.option("routing_compile"))
+        # the fused SDPA/flash path on GPU never forms the scores: take the explicit one
+        attention.self_attn_type = "scaled-dot"

@@ -1,0 +1,124 @@
+"""cao2019 cross aggregation: the module against per-position references, padding, attachment, options."""
+
+import argparse
+
+import pytest
+import torch
+
+import support
+from onmt_ext import options
+from onmt_ext.cross_aggregation import CrossAggregation
+from onmt_ext.routing import simple_routing
+
+SMOKE = "yaml_configs/smoke/baseline/transformer_base_wmt17_zhen.yaml"
+EXT = ["-encoder_type", "ext_transformer", "-decoder_type", "ext_transformer"]
+
+
+def _scores(lengths, heads=3, seed=0):
+    torch.manual_seed(seed)
+    length = max(lengths)
+    scores = torch.randn(len(lengths), heads, length, length) * 2
+    for b, n in enumerate(lengths):
+        scores[b, :, :, n:] = -1e18  # OpenNMT-py's key padding
+    return scores
+
+
+def _reference(module, scores, n):
+    """E_hat for one unpadded sentence of length n, one query position at a time (eq. 9-15)."""
+    e = scores[:, :, :n, :n]  # (1, H, n, n)
+    total = e.clone()
+    if module.vertical:
+        out, b = simple_routing(e, module.iterations, normalize="inputs")  # heads -> positions
+        lam = torch.softmax(b.sum(-1) @ module.head_weight.t(), dim=-1)
+        total = total + lam[:, :, None, None] * out[:, None]
+    if module.horizontal:
+        for l in range(n):  # positions t <= l -> heads
+            votes = e[:, :, : l + 1, :].permute(0, 2, 1, 3)  # (1, t, H, M)
+            init = e[:, :, l, : l + 1].permute(0, 2, 1) if module.init == "self" else None  # (1, t, H)
+            out, _ = simple_routing(votes, module.iterations, normalize="inputs", init_logits=init)
+            total[:, :, l, :] = total[:, :, l, :] + out
+    return torch.softmax(total, dim=-1)
+
+
+@pytest.mark.parametrize("vertical, horizontal, init", [
+    (True, False, "zero"), (False, True, "zero"), (False, True, "self"), (True, True, "zero"), (True, True, "self"),
+])
+def test_matches_the_per_position_reference_with_padding(vertical, horizontal, init):
+    lengths = [6, 4, 1]
+    scores = _scores(lengths)
+    module = CrossAggregation(3, vertical, horizontal, init)
+    if vertical:
+        torch.nn.init.normal_(module.head_weight)
+    probs = module(scores)
+    assert torch.isfinite(probs).all()
+    for b, n in enumerate(lengths):
+        expected = _reference(module, scores[b : b + 1], n)
+        torch.testing.assert_close(probs[b : b + 1, :, :n, :n], expected, atol=1e-5, rtol=1e-5)
+        assert probs[b, :, :n, n:].abs().sum() == 0  # padded keys get no attention
+
+
+def test_starts_from_equal_head_weights_and_is_not_the_plain_softmax():
+    scores = _scores([5])
+    module = CrossAggregation(3, True, True)
+    assert torch.equal(module.head_weight, torch.zeros(3, 3))  # Lambda = 1/H at the start
+    assert not torch.allclose(module(scores), torch.softmax(scores, -1))
+
+
+def test_gradients_are_finite_for_large_and_zero_logits():
+    for scale in (0.0, 1e4):
+        scores = (_scores([5, 3]) * scale).masked_fill(_scores([5, 3]) < -1e17, -1e18).requires_grad_()
+        module = CrossAggregation(3, True, True, "self")
+        module(scores).square().sum().backward()
+        assert torch.isfinite(scores.grad).all() and torch.isfinite(module.head_weight.grad).all()
+
+
+def test_compiled_training_path_matches_eager():
+    scores = _scores([5, 3]).requires_grad_()
+    eager = CrossAggregation(3, True, True, "self")
+    fast = CrossAggregation(3, True, True, "self", compile_routing=True)
+    torch.nn.init.normal_(eager.head_weight)
+    fast.load_state_dict(eager.state_dict())
+    out_e = eager(scores)
+    (grad_e,) = torch.autograd.grad(out_e.square().sum(), scores)
+    out_f = fast(scores)
+    (grad_f,) = torch.autograd.grad(out_f.square().sum(), scores)
+    torch.testing.assert_close(out_f, out_e, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(grad_f, grad_e, atol=1e-5, rtol=1e-4)
+
+
+def test_rejects_cross_attention_scores():
+    with pytest.raises(ValueError, match="self-attention scores"):
+        CrossAggregation(3, True, False)(torch.randn(1, 3, 4, 5))
+
+
+def test_attached_to_the_selected_layers_on_the_explicit_path(sample_data, onmt_active):
+    opt = support.load_train_opts(SMOKE, *EXT, "-cao2019_vertical", "true", "-cao2019_horizontal", "true",
+                                  "-cao2019_enc_layers", "2")
+    model = support.build_model(opt, support.load_vocabs(opt))
+    stock = support.build_model(support.load_train_opts(SMOKE), support.load_vocabs(opt))
+    first, second = (layer.self_attn for layer in model.encoder.transformer)
+    assert type(first.softmax).__name__ == "Softmax"
+    assert first.self_attn_type == stock.encoder.transformer[0].self_attn.self_attn_type
+    assert isinstance(second.softmax, CrossAggregation) and second.self_attn_type == "scaled-dot"
+    assert sum(p.numel() for p in second.softmax.parameters()) == opt.heads ** 2
+
+
+def _opt(**kw):
+    base = dict(encoder_type="ext_transformer", decoder_type="ext_transformer", enc_layers=2, dec_layers=2, layers=-1,
+                cao2019_vertical=False, cao2019_horizontal=False, cao2019_init="zero", cao2019_iterations=3,
+                cao2019_enc_layers=[], parallel_mode="data_parallel", world_size=1, hidden_size=32)
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(cao2019_init="self"), "-cao2019_init has no effect while -cao2019_vertical and -cao2019_horizontal"),
+    (dict(cao2019_vertical=True, cao2019_init="self"), "-cao2019_init applies to the horizontal routing"),
+    (dict(cao2019_horizontal=True, cao2019_enc_layers=[3]), "-cao2019_enc_layers [3]: layers are numbered 1..2"),
+    (dict(cao2019_horizontal=True, cao2019_iterations=0), "-cao2019_iterations 0: must be >= 1"),
+    (dict(cao2019_horizontal=True, parallel_mode="tensor_parallel", world_size=2), "tensor_parallel"),
+    (dict(encoder_type="transformer", cao2019_vertical=True), "-cao2019_vertical True has no effect with"),
+])
+def test_option_checks(kw, message, onmt_active):
+    problems = options.check_options(_opt(**kw))
+    assert any(message in p for p in problems), problems

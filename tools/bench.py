@@ -1,0 +1,324 @@
+#!/usr/bin/env python
+"""Speed and memory of each mechanism against the baseline Transformer, in one run.
+
+Usage::
+
+    python tools/bench.py [--suite li2019] [--size smoke|paper] [--steps 100]
+        [--warmup-steps 20] [--repeats 3] [--gpu -1] [--threads 1] [--out build/bench]
+
+For every case of a suite (a paper config, see ``SUITES``) and its baseline,
+this trains through the real ``onmt_train`` for ``warmup + steps`` steps and
+translates a fixed test set through the real ``onmt_translate`` with the
+checkpoint, in child processes, repeating the whole round ``--repeats`` times
+in interleaved order (so that drifts of the machine hit every case alike).
+It reports, per case and as ratios to the baseline of the same run:
+
+* training target tokens/s over the steps after the warm-up (OpenNMT-py's own
+  per-report token counts and timers; the warm-up also absorbs
+  ``routing_compile``'s compilation);
+* translation sentences/s over the first ``--test-sentences`` Tatoeba test
+  sentences, beam 4, with every hypothesis forced to exactly
+  ``--output-length`` tokens (``-min_length = -max_length``), so that the
+  decoding work is the same for every model and the ratio measures the
+  mechanism, not how long an undertrained model's outputs happen to be;
+* peak memory: ``torch.cuda.max_memory_allocated`` on GPU, the process's
+  peak resident set size on CPU.
+
+Sizes: ``smoke`` runs the configs' smoke twins with the paper's 6+6 layers
+(toy width) and the paper config's ``routing_compile`` setting; ``paper`` runs the paper configs themselves (Base) on the same
+Tatoeba data and vocabularies, fp32, ``--batch-size`` tokens per step on one
+device.  Data are the shipped Tatoeba sample (``make data``).
+
+The medians over repeats are compared with each case's target; the exit
+status is 1 when any measured ratio is below its target, so that ``make
+bench`` fails visibly.  Results go to ``<out>/<suite>-<size>.{json,md}``.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIGS = REPO / "yaml_configs"
+
+
+@dataclass(frozen=True)
+class Case:
+    """A config to measure; ``train_target``/``translate_target`` are minimum ratios to the baseline."""
+
+    label: str
+    config: str
+    train_target: float = None
+    translate_target: float = None
+    paper_train: float = None
+    paper_translate: float = None
+
+
+SUITES = {
+    # li2019 Tables 2-3 (Transformer-Base, steps/s and sentences/s against 1.92 and 1.67)
+    "li2019": (
+        Case("baseline", "baseline/transformer_base_wmt17_zhen.yaml"),
+        Case("simple routing, enc-self [1-6]", "li2019/transformer_base_wmt17_zhen_simple_enc_self.yaml",
+             paper_train=1.23 / 1.92, paper_translate=1.66 / 1.67),
+        Case("EM routing, enc-self [1-6]", "li2019/transformer_base_wmt17_zhen_em_enc_self.yaml",
+             train_target=0.75, translate_target=0.97, paper_train=1.20 / 1.92, paper_translate=1.65 / 1.67),
+        Case("Effective Aggregation (EM, enc-self [1,2])",
+             "li2019/transformer_base_wmt17_zhen_em_enc_self_layers_1-2.yaml",
+             train_target=0.90, paper_train=1.67 / 1.92),
+    ),
+    # cao2019 gives no speed figures
+    "cao2019": (
+        Case("baseline", "cao2019/transformer_base_wmt17_zhen_baseline.yaml"),
+        Case("cross aggregation (vertical + horizontal, zero init.), enc [1-6]",
+             "cao2019/transformer_base_wmt17_zhen_cross_zero.yaml", train_target=0.80),
+    ),
+}
+
+# keys taken from the smoke twin when a paper config runs on the Tatoeba sample
+DATA_KEYS = ("data", "src_vocab", "tgt_vocab", "src_vocab_size", "tgt_vocab_size", "share_vocab",
+             "share_embeddings", "transforms", "src_subword_model", "tgt_subword_model",
+             "src_seq_length", "tgt_seq_length")
+
+
+def bench_config(case, size, args, workdir):
+    """Writes the YAML that is trained for ``case`` and returns its path."""
+    paper = yaml.safe_load((CONFIGS / case.config).read_text(encoding="utf-8"))
+    twin = yaml.safe_load((CONFIGS / "smoke" / case.config).read_text(encoding="utf-8"))
+    if size == "smoke":
+        config = dict(twin, enc_layers=paper["enc_layers"], dec_layers=paper["dec_layers"])
+        if "routing_compile" in paper:  # a speed setting of the paper config: measured as shipped
+            config["routing_compile"] = paper["routing_compile"]
+    else:
+        config = dict(paper)
+        for key in DATA_KEYS:
+            config.pop(key, None)
+            if key in twin:
+                config[key] = twin[key]
+        config.update(model_dtype="fp32", batch_size=args.batch_size, valid_batch_size=args.batch_size,
+                      accum_count=[1], accum_steps=[0], bucket_size=args.batch_size * 16, num_workers=0)
+    name = Path(case.config).stem
+    total = args.warmup_steps + args.steps
+    config.update(
+        save_data=str(workdir / name / "samples"), save_model=str(workdir / name / "model"),
+        train_steps=total, report_every=args.warmup_steps, valid_steps=10 * total,
+        save_checkpoint_steps=total, keep_checkpoint=1, world_size=1,
+        gpu_ranks=[0] if args.gpu >= 0 else [], seed=1234,
+    )
+    if args.steps % args.warmup_steps:
+        raise SystemExit(f"bench.py: --steps {args.steps} must be a multiple of --warmup-steps {args.warmup_steps}")
+    path = workdir / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return path, workdir / name / f"model_step_{total}.pt"
+
+
+# ---------------------------------------------------------------- child processes
+
+
+def _peak_memory_mb(use_cuda):
+    import resource
+
+    import torch
+
+    if use_cuda and torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def child_train(result_file, argv):
+    """``onmt_train`` with OpenNMT-py's per-report statistics recorded."""
+    from onmt.bin import train
+    from onmt.utils import statistics as stats
+
+    reports = []
+    output = stats.Statistics.output
+
+    def recording_output(self, step, num_steps, learning_rate, start):
+        reports.append({"step": step, "tgt_tokens": self.n_words, "src_tokens": self.n_src_words,
+                        "seconds": self.elapsed_time()})
+        return output(self, step, num_steps, learning_rate, start)
+
+    stats.Statistics.output = recording_output
+    sys.argv = ["onmt_train", *argv]
+    train.main()
+    result = {"reports": reports, "peak_memory_mb": _peak_memory_mb("-gpu_ranks" in argv)}
+    Path(result_file).write_text(json.dumps(result), encoding="utf-8")
+
+
+def child_translate(result_file, argv):
+    """``onmt_translate`` with the time spent in translation (model loading excluded) recorded."""
+    from onmt.bin import translate
+    from onmt.translate import translator
+
+    timing = {}
+    inner = translator.Inference._translate
+
+    def timed(self, *args, **kwargs):
+        start = time.perf_counter()
+        out = inner(self, *args, **kwargs)
+        timing["seconds"] = timing.get("seconds", 0.0) + time.perf_counter() - start
+        timing["sentences"] = timing.get("sentences", 0) + len(out[1])
+        return out
+
+    translator.Inference._translate = timed
+    sys.argv = ["onmt_translate", *argv]
+    translate.main()
+    timing["peak_memory_mb"] = _peak_memory_mb("-gpu" in argv and "-1" not in argv)
+    Path(result_file).write_text(json.dumps(timing), encoding="utf-8")
+
+
+def _run_child(kind, argv, log, threads):
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as handle:
+        result_file = handle.name
+    command = [sys.executable, str(Path(__file__).resolve()), "--child", kind, result_file, "--", *map(str, argv)]
+    with open(log, "w", encoding="utf-8") as out:
+        env = dict(os.environ, **({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {}))
+        done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, check=False, env=env)
+    if done.returncode:
+        raise SystemExit(f"bench.py: {kind} failed (exit {done.returncode}); see {log}")
+    result = json.loads(Path(result_file).read_text(encoding="utf-8"))
+    os.unlink(result_file)
+    return result
+
+
+# ---------------------------------------------------------------- measurement
+
+
+def measure(case, size, args, workdir, test_source):
+    """One training and one translation run of ``case``; returns its figures."""
+    config, checkpoint = bench_config(case, size, args, workdir)
+    name = config.stem
+    train = _run_child("train", ["-config", config, "-log_file_level", "WARNING"], workdir / f"{name}.train.log",
+                       args.threads)
+    measured = train["reports"][1:]  # the first report covers the warm-up
+    if not measured:
+        raise SystemExit(f"bench.py: no training reports after the warm-up for {case.config}")
+    tokens = sum(r["tgt_tokens"] for r in measured)
+    seconds = sum(r["seconds"] for r in measured)
+    translate = _run_child("translate", [
+        "-model", checkpoint, "-src", test_source, "-output", workdir / f"{name}.hyp",
+        "-beam_size", 4, "-batch_size", 32, "-batch_type", "sents", "-min_length", args.output_length,
+        "-max_length", args.output_length, "-max_length_ratio", 0, "-gpu", args.gpu,
+    ], workdir / f"{name}.translate.log", args.threads)
+    return {
+        "train_tokens_per_s": tokens / seconds,
+        "train_peak_memory_mb": train["peak_memory_mb"],
+        "translate_sentences_per_s": translate["sentences"] / translate["seconds"],
+        "translate_peak_memory_mb": translate["peak_memory_mb"],
+    }
+
+
+def _test_source(workdir, sentences):
+    """The first ``sentences`` Tatoeba test sentences, SentencePiece-encoded."""
+    import sentencepiece as spm
+
+    data = REPO / "build/tatoeba"
+    if not (data / "spm.zh.model").exists():
+        raise SystemExit("bench.py: build/tatoeba is missing; run `make data` first")
+    processor = spm.SentencePieceProcessor(model_file=str(data / "spm.zh.model"))
+    lines = (data / "test.zh").read_text(encoding="utf-8").splitlines()[:sentences]
+    path = workdir / "test.sp.zh"
+    path.write_text("".join(" ".join(processor.encode(line, out_type=str)) + "\n" for line in lines),
+                    encoding="utf-8")
+    return path
+
+
+def _ratio_cell(ratio, target, paper):
+    cell = f"{ratio:.2f}"
+    if target is not None:
+        cell += f" ({'meets' if ratio >= target else 'BELOW'} >= {target:.2f})"
+    return cell + (f" | {paper:.2f}" if paper is not None else " | n/a")
+
+
+def _device(args):
+    if args.gpu >= 0:
+        return f"GPU {args.gpu}"
+    return f"CPU, {args.threads} thread(s)" if args.threads else "CPU, torch's default threads"
+
+
+def report(suite, size, results, args):
+    """Markdown table of medians and ratios; returns (text, list of missed targets)."""
+    base = results[0][1]
+    lines = [
+        f"Benchmark `{suite}` at `{size}` size: {args.steps} measured training steps after {args.warmup_steps} "
+        f"warm-up steps, {args.test_sentences} test sentences translated (beam 4, {args.output_length} tokens "
+        f"each); medians of {args.repeats} interleaved repeat(s); device: {_device(args)}.",
+        "",
+        "| case | train tok/s | train ratio (target) | paper | translate sent/s | translate ratio (target) | paper "
+        "| train peak MB | translate peak MB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    missed = []
+    for case, figures in results:
+        train_ratio = figures["train_tokens_per_s"] / base["train_tokens_per_s"]
+        translate_ratio = figures["translate_sentences_per_s"] / base["translate_sentences_per_s"]
+        for ratio, target, what in ((train_ratio, case.train_target, "training"),
+                                    (translate_ratio, case.translate_target, "translation")):
+            if target is not None and ratio < target:
+                missed.append(f"{case.label}: {what} speed ratio {ratio:.2f} < target {target:.2f}")
+        lines.append(
+            f"| {case.label} | {figures['train_tokens_per_s']:.0f} | "
+            f"{_ratio_cell(train_ratio, case.train_target, case.paper_train)} | "
+            f"{figures['translate_sentences_per_s']:.1f} | "
+            f"{_ratio_cell(translate_ratio, case.translate_target, case.paper_translate)} | "
+            f"{figures['train_peak_memory_mb']:.0f} | {figures['translate_peak_memory_mb']:.0f} |")
+    return "\n".join(lines) + "\n", missed
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child"]:
+        kind, result_file, rest = argv[1], argv[2], argv[4:]
+        import onmt  # noqa: F401  (onmt-ext's start-up hook)
+
+        return (child_train if kind == "train" else child_translate)(result_file, rest)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--suite", choices=sorted(SUITES), default="li2019")
+    parser.add_argument("--size", choices=("smoke", "paper"), default="smoke")
+    parser.add_argument("--steps", type=int, default=100, help="measured training steps")
+    parser.add_argument("--warmup-steps", type=int, default=20, help="unmeasured first steps")
+    parser.add_argument("--batch-size", type=int, default=1024, help="tokens per step at --size paper")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--test-sentences", type=int, default=1000)
+    parser.add_argument("--output-length", type=int, default=20)
+    parser.add_argument("--gpu", type=int, default=-1, help="GPU id; -1: CPU")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="CPU threads per run (OMP_NUM_THREADS; 0: torch's default). One thread gives "
+                             "steadier ratios on a small shared machine")
+    parser.add_argument("--out", type=Path, default=REPO / "build/bench")
+    args = parser.parse_args(argv)
+    if min(args.steps, args.warmup_steps, args.repeats, args.test_sentences, args.output_length) < 1:
+        parser.error("--steps, --warmup-steps, --repeats, --test-sentences and --output-length must be >= 1")
+    workdir = args.out / f"{args.suite}-{args.size}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    test_source = _test_source(workdir, args.test_sentences)
+    cases = SUITES[args.suite]
+    runs = {case: [] for case in cases}
+    for repeat in range(args.repeats):
+        order = cases if repeat % 2 == 0 else tuple(reversed(cases))
+        for case in order:
+            print(f"== bench {args.suite}/{args.size} repeat {repeat + 1}/{args.repeats}: {case.label}", flush=True)
+            runs[case].append(measure(case, args.size, args, workdir, test_source))
+    results = [(case, {key: statistics.median(run[key] for run in runs[case]) for key in runs[case][0]})
+               for case in cases]
+    text, missed = report(args.suite, args.size, results, args)
+    (args.out / f"{args.suite}-{args.size}.md").write_text(text, encoding="utf-8")
+    (args.out / f"{args.suite}-{args.size}.json").write_text(json.dumps(
+        {"args": {k: str(v) for k, v in vars(args).items()},
+         "runs": {case.label: runs[case] for case in cases}}, indent=1), encoding="utf-8")
+    print(text)
+    for line in missed:
+        print(f"bench.py: target missed: {line}", file=sys.stderr)
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

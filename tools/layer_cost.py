@@ -1,0 +1,116 @@
+#!/usr/bin/env python
+"""Time and peak memory of one encoder layer's forward+backward pass as the sentence length grows.
+
+Usage::
+
+    python tools/layer_cost.py [--lengths 25 50 100 200] [--batch 8] [--d-model 512] [--heads 8]
+        [--variants baseline cao2019] [--repeats 3] [--threads 1] [--gpu -1]
+
+Each (variant, length) runs in a fresh child process, which builds one
+OpenNMT-py ``TransformerEncoderLayer`` (Transformer-Base sizes by default),
+with cross aggregation (vertical + horizontal routing, T = 3, cao2019) put in
+place of its attention softmax for the ``cao2019`` variant, and runs a
+forward+backward pass on ``(batch, L, d)`` inputs: one warm-up, then the
+median time of ``--repeats`` passes.  Peak memory is the child's peak
+resident set size minus its size before the first pass (CPU), or
+``torch.cuda.max_memory_allocated`` (``--gpu``).  The growth exponent is the
+slope of log(cost) against log(L) between successive lengths.
+"""
+
+import argparse
+import json
+import math
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def child(args):
+    import torch
+    from onmt.encoders.transformer import TransformerEncoderLayer
+
+    from onmt_ext.cross_aggregation import CrossAggregation
+
+    device = torch.device(f"cuda:{args.gpu}" if args.gpu >= 0 else "cpu")
+    torch.manual_seed(0)
+    layer = TransformerEncoderLayer(args.d_model, args.heads, 4 * args.d_model, 0.0, 0.0).to(device)
+    if args.variant == "cao2019":
+        layer.self_attn.softmax = CrossAggregation(args.heads, True, True, "zero", 3).to(device)
+        layer.self_attn.self_attn_type = "scaled-dot"
+    x = torch.randn(args.batch, args.length, args.d_model, device=device, requires_grad=True)
+    mask = torch.zeros(args.batch, 1, 1, args.length, dtype=torch.bool, device=device)
+
+    def run():
+        layer(x, mask).sum().backward()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    run()
+    times = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device) / 2**20
+    else:
+        peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    print(json.dumps({"seconds": statistics.median(times), "peak_mb": peak}))
+
+
+def _exponents(lengths, values):
+    return [math.log(values[i + 1] / values[i]) / math.log(lengths[i + 1] / lengths[i])
+            if values[i] > 0 and values[i + 1] > 0 else float("nan") for i in range(len(lengths) - 1)]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[25, 50, 100, 200])
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--d-model", type=int, default=512)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--variants", nargs="+", choices=("baseline", "cao2019"), default=["baseline", "cao2019"])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads (0: torch's default)")
+    parser.add_argument("--gpu", type=int, default=-1)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--variant", help=argparse.SUPPRESS)
+    parser.add_argument("--length", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        import onmt  # noqa: F401  (onmt-ext's start-up hook)
+
+        return child(args)
+    env = dict(os.environ, **({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {}))
+    results = {}
+    for variant in args.variants:
+        for length in args.lengths:
+            command = [sys.executable, str(Path(__file__).resolve()), "--child", "--variant", variant,
+                       "--length", str(length), "--batch", str(args.batch), "--d-model", str(args.d_model),
+                       "--heads", str(args.heads), "--repeats", str(args.repeats), "--gpu", str(args.gpu)]
+            done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+            if done.returncode:
+                raise SystemExit(f"layer_cost.py: {variant} at L={length} failed:\n{done.stderr[-2000:]}")
+            results[variant, length] = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"One encoder layer, d={args.d_model}, H={args.heads}, batch {args.batch}, forward+backward, "
+          f"median of {args.repeats}; device {'GPU ' + str(args.gpu) if args.gpu >= 0 else 'CPU'}"
+          f"{'' if args.gpu >= 0 else f', {args.threads or chr(0x2013)} thread(s)'}.\n")
+    print("| variant | L | time (ms) | peak memory (MB) |\n|---|---:|---:|---:|")
+    for (variant, length), r in results.items():
+        print(f"| {variant} | {length} | {1000 * r['seconds']:.1f} | {r['peak_mb']:.0f} |")
+    print("\nGrowth exponents (slope of log cost against log L between successive lengths):\n")
+    for variant in args.variants:
+        times = [results[variant, length]["seconds"] for length in args.lengths]
+        peaks = [results[variant, length]["peak_mb"] for length in args.lengths]
+        print(f"- {variant}: time " + ", ".join(f"{e:.2f}" for e in _exponents(args.lengths, times))
+              + "; memory " + ", ".join(f"{e:.2f}" for e in _exponents(args.lengths, peaks)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
