@@ -153,15 +153,15 @@ register_options(_SPECS, combination_check=_combination_check)
 
 
 def _uses_routing(opt):
-    li2019 = any(getattr(opt, name, "concat") != "concat" for name in _COMPONENTS)
-    return li2019 or getattr(opt, "cao2019_vertical", False) or getattr(opt, "cao2019_horizontal", False)
+    return any(getattr(opt, name, "concat") != "concat" for name in _COMPONENTS)
 
 
 register_options(
-    [OptionSpec("routing_compile", bool, False, "compile the routing of li2019/cao2019 with torch.compile in "
-                "training (fused kernels; the first step compiles for tens of seconds; translation stays eager)")],
+    [OptionSpec("routing_compile", bool, False, "compile li2019's routing with torch.compile in training "
+                "(fused kernels; the first step compiles for tens of seconds; translation stays eager)")],
     combination_check=lambda opt: [] if not getattr(opt, "routing_compile", False) or _uses_routing(opt) else
-    ["-routing_compile has no effect without a routing mechanism (-li2019_* or -cao2019_*)"],
+    ["-routing_compile has no effect without li2019 routing aggregation (-li2019_enc_self, -li2019_dec_self "
+     "or -li2019_enc_dec)"],
 )
 
 

@@ -32,15 +32,29 @@ Where it goes: the ``softmax`` module of OpenNMT-py's ``MultiHeadedAttention``
 in the selected encoder self-attention layers, the one place that sees the
 score tensor.  OpenNMT-py's fused attention on GPU (SDPA / flash) never builds
 that tensor, so the attention of those layers is switched to the explicit
-``scaled-dot`` path when the module is attached.  Only encoder
-self-attention is covered; the paper applies it there.
+``scaled-dot`` path when the module is attached.
+
+It runs eager: compiled with ``torch.compile`` (torch 2.13, inductor on CPU),
+the backward pass of training failed on a stride assertion about the
+incoming gradient, so ``routing_compile`` applies to li2019 only.
+
+The paper applies it to encoder self-attention.  ``cao2019_dec_self`` adds a
+causal variant to decoder self-attention (:class:`CausalCrossAggregation`):
+the horizontal routing is causal as it stands (query l routes over t <= l,
+whose logits only cover keys <= t), the vertical routing is per position,
+and eq. 13's sum over positions becomes a running sum over l' <= l.  In
+step-by-step decoding the module keeps the logit rows of the earlier steps
+and that running sum as decoding state, reordered with the beam.
 """
 
 import torch
 import torch.nn as nn
 
-from onmt_ext.options import OptionSpec, layer_count, register_options
-from onmt_ext.routing import call_compiled, simple_routing
+import torch.nn.functional as F
+
+from onmt_ext.options import EXT_TYPE, OptionSpec, layer_count, register_options
+from onmt_ext.routing import simple_routing
+from onmt_ext.state import DecodingStateModule
 
 # OpenNMT-py fills masked scores with -1e18 before the softmax.
 _MASKED_BELOW = -1e17
@@ -56,8 +70,6 @@ class CrossAggregation(nn.Module):
         horizontal: add the positional horizontal routing output (eq. 14).
         init: ``"zero"`` or ``"self"`` (eq. 15) routing logits of the horizontal routing.
         iterations: routing iterations T.
-        compile_routing: in training, run through ``torch.compile`` (the
-            ``routing_compile`` option; evaluation stays eager).
 
     ``forward(scores)`` takes the masked scores ``(batch, H, L, L)`` of a
     self-attention (masked entries at OpenNMT-py's -1e18) and returns the
@@ -65,26 +77,23 @@ class CrossAggregation(nn.Module):
     ``MultiHeadedAttention.softmax``.
     """
 
-    def __init__(self, heads, vertical, horizontal, init="zero", iterations=3, compile_routing=False):
+    def __init__(self, heads, vertical, horizontal, init="zero", iterations=3):
         super().__init__()
         if not (vertical or horizontal):
             raise ValueError("cross aggregation needs the vertical or the horizontal routing (or both)")
         if init not in INITS:
             raise ValueError(f"init must be one of {INITS}, got {init!r}")
         self.heads, self.vertical, self.horizontal = heads, vertical, horizontal
-        self.init, self.iterations, self.compile_routing = init, iterations, compile_routing
+        self.init, self.iterations = init, iterations
         if vertical:
             self.head_weight = nn.Parameter(torch.zeros(heads, heads))  # W of eq. 13
 
     def forward(self, scores):
-        if self.compile_routing and self.training and torch.is_grad_enabled():
-            return call_compiled(cross_aggregate, scores, self.head_weight if self.vertical else None,
-                                 self.horizontal, self.init, self.iterations)
         return cross_aggregate(scores, self.head_weight if self.vertical else None, self.horizontal, self.init,
                                self.iterations)
 
 
-def cross_aggregate(scores, head_weight, horizontal, init, iterations):
+def cross_aggregate(scores, head_weight, horizontal, init, iterations, causal=False):
     """``softmax(E + Omega_vertical + Omega_horizontal)`` (eq. 9); see :class:`CrossAggregation`.
 
     Args:
@@ -93,6 +102,8 @@ def cross_aggregate(scores, head_weight, horizontal, init, iterations):
         horizontal: add the positional horizontal routing (eq. 14).
         init: ``"zero"`` or ``"self"`` (eq. 15).
         iterations: T.
+        causal: eq. 13's sum over positions runs over l' <= l (decoder
+            self-attention; the scores then carry OpenNMT-py's future mask).
 
     Returns:
         attention probabilities ``(batch, H, L, L)``.
@@ -106,17 +117,24 @@ def cross_aggregate(scores, head_weight, horizontal, init, iterations):
     logits = scores.masked_fill(masked, 0.0)  # E with padded keys zeroed: the votes
     total = scores
     if head_weight is not None:
-        total = total + vertical_output(logits, valid, head_weight, iterations)
+        total = total + vertical_output(logits, valid, head_weight, iterations, causal)
     if horizontal:
         total = total + horizontal_output(logits, valid, init, iterations)
     return torch.softmax(total, dim=-1)
 
 
-def vertical_output(logits, valid, head_weight, iterations):
-    """Omega_vertical ``(B, H, L, L)``: heads -> positions routing (eq. 10-11), scaled per head (eq. 12-13)."""
+def vertical_output(logits, valid, head_weight, iterations, causal=False):
+    """Omega_vertical ``(B, H, L, L)``: heads -> positions routing (eq. 10-11), scaled per head (eq. 12-13).
+
+    With ``causal`` the head weights of position l use the routing logits of
+    positions l' <= l only: ``Lambda`` is then ``(B, L, H)``.
+    """
     out, routing_logits = simple_routing(logits, iterations, normalize="inputs")  # (B, L, M), (B, H, L)
-    summed = (routing_logits * valid[:, None, :]).sum(dim=-1)  # (B, H)
-    lam = torch.softmax(summed @ head_weight.t(), dim=-1)  # (B, H)
+    routing_logits = routing_logits * valid[:, None, :]
+    if causal:
+        lam = torch.softmax(routing_logits.cumsum(dim=-1).transpose(1, 2) @ head_weight.t(), dim=-1)  # (B, L, H)
+        return lam.transpose(1, 2)[..., None] * out[:, None]
+    lam = torch.softmax(routing_logits.sum(dim=-1) @ head_weight.t(), dim=-1)  # (B, H)
     return lam[:, :, None, None] * out[:, None]
 
 
@@ -131,9 +149,72 @@ def horizontal_output(logits, valid, init, iterations):
     return out.permute(0, 2, 1, 3)  # (B, L_l, H, M) -> (B, H, L_l, M)
 
 
+class CausalCrossAggregation(DecodingStateModule):
+    """Cross aggregation in decoder self-attention (the causal variant; see the module docstring).
+
+    Same arguments as :class:`CrossAggregation`.  ``forward(scores)`` takes
+    the masked scores ``(batch, H, L, L)`` of a full (teacher-forced) pass, or
+    ``(batch, H, 1, l + 1)`` for decoding step l when ``stepwise`` is set by
+    the decoder; it returns the attention probabilities of the same shape.
+    Decoding state: ``rows`` ``(batch, H, l, l)``, the masked logits of the
+    earlier steps (zero where masked), and ``routing_sum`` ``(batch, H)``, the
+    running sum of eq. 13.
+    """
+
+    def __init__(self, heads, vertical, horizontal, init="zero", iterations=3):
+        super().__init__()
+        if not (vertical or horizontal):
+            raise ValueError("cross aggregation needs the vertical or the horizontal routing (or both)")
+        if init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {init!r}")
+        self.heads, self.vertical, self.horizontal = heads, vertical, horizontal
+        self.init, self.iterations = init, iterations
+        self.stepwise = False
+        if vertical:
+            self.head_weight = nn.Parameter(torch.zeros(heads, heads))  # W of eq. 13
+
+    def forward(self, scores):
+        head_weight = self.head_weight if self.vertical else None
+        if self.stepwise:
+            return self._step(scores, head_weight)
+        return cross_aggregate(scores, head_weight, self.horizontal, self.init, self.iterations, causal=True)
+
+    def _step(self, scores, head_weight):
+        """One decoding step: the last row of the full pass, from the cached rows."""
+        if scores.size(2) != 1:
+            raise ValueError(f"step-by-step cross aggregation expects one query, got scores {tuple(scores.shape)}")
+        masked = scores <= _MASKED_BELOW
+        row = scores.masked_fill(masked, 0.0)  # (B, H, 1, M)
+        keys = row.size(-1)
+        previous = self.decoding_state.get("rows")
+        if previous is None:
+            previous = row.new_zeros(row.size(0), row.size(1), 0, keys)
+        rows = torch.cat([F.pad(previous, (0, keys - previous.size(-1))), row], dim=2)  # (B, H, l + 1, M)
+        self.decoding_state["rows"] = rows
+        total = scores
+        if head_weight is not None:
+            out, routing_logits = simple_routing(row, self.iterations, normalize="inputs")  # (B, 1, M), (B, H, 1)
+            running = routing_logits[..., 0] + self.decoding_state.get("routing_sum", 0.0)
+            self.decoding_state["routing_sum"] = running
+            lam = torch.softmax(running @ head_weight.t(), dim=-1)  # (B, H)
+            total = total + lam[:, :, None, None] * out[:, None]
+        if self.horizontal:
+            votes = rows.permute(0, 2, 1, 3)  # (B, t = l + 1, H, M)
+            init = row[:, :, 0, :].permute(0, 2, 1) if self.init == "self" else None  # alpha^h_{l,t}: (B, t, H)
+            out, _ = simple_routing(votes, self.iterations, normalize="inputs", init_logits=init)  # (B, H, M)
+            total = total + out[:, :, None, :]
+        return torch.softmax(total, dim=-1)
+
+
 def _combination_check(opt):
     problems = []
     used = getattr(opt, "cao2019_vertical", False) or getattr(opt, "cao2019_horizontal", False)
+    if used and getattr(opt, "encoder_type", None) != EXT_TYPE and not getattr(opt, "cao2019_dec_self", False):
+        problems.append(f"-cao2019_vertical/-cao2019_horizontal have no effect with -encoder_type "
+                        f"{getattr(opt, 'encoder_type', None)!r} and -cao2019_dec_self false; set -encoder_type "
+                        f"{EXT_TYPE}")
+    if getattr(opt, "cao2019_dec_self", False) and getattr(opt, "self_attn_type", "") == "average":
+        problems.append("-cao2019_dec_self needs multi-head decoder self-attention, not -self_attn_type average")
     if not used:
         for spec in _SPECS:
             if spec.name not in ("cao2019_vertical", "cao2019_horizontal") and \
@@ -150,38 +231,59 @@ def _combination_check(opt):
     return problems
 
 
-def _layers_check(value, opt):
-    count = layer_count(opt, "enc")
-    bad = [i for i in value if not 1 <= i <= count]
-    return f"layers are numbered 1..{count} (-enc_layers); got {bad}" if bad else None
+def _layers_check(side):
+    def check(value, opt):
+        count = layer_count(opt, side)
+        bad = [i for i in value if not 1 <= i <= count]
+        return f"layers are numbered 1..{count} (-{side}_layers); got {bad}" if bad else None
+
+    return check
 
 
 _SPECS = [
     OptionSpec("cao2019_vertical", bool, False, "cao2019: vertical routing (heads -> positions) of the "
-               "encoder self-attention logits", side="encoder"),
+               "encoder self-attention logits (and decoder self-attention with -cao2019_dec_self)"),
     OptionSpec("cao2019_horizontal", bool, False, "cao2019: positional horizontal routing (positions t <= l "
-               "-> heads) of the encoder self-attention logits", side="encoder"),
+               "-> heads) of the encoder self-attention logits (and decoder self-attention with "
+               "-cao2019_dec_self)"),
     OptionSpec("cao2019_init", str, "zero", "cao2019: initial logits of the horizontal routing: zero, or "
-               "self (the raw attention logits, eq. 15)", side="encoder", choices=INITS),
-    OptionSpec("cao2019_iterations", int, 3, "cao2019: routing iterations T", side="encoder",
+               "self (the raw attention logits, eq. 15)", choices=INITS),
+    OptionSpec("cao2019_iterations", int, 3, "cao2019: routing iterations T",
                check=lambda v, opt: None if v >= 1 else "must be >= 1"),
     OptionSpec("cao2019_enc_layers", int, [], "cao2019: encoder layers (1-based) with cross aggregation; "
-               "empty: all", side="encoder", nargs="*", check=_layers_check),
+               "empty: all", side="encoder", nargs="*", check=_layers_check("enc")),
+    OptionSpec("cao2019_dec_self", bool, False, "cao2019: also in decoder self-attention (a causal variant; "
+               "not in the paper)", side="decoder"),
+    OptionSpec("cao2019_dec_layers", int, [], "cao2019: decoder layers (1-based) with -cao2019_dec_self; "
+               "empty: all", side="decoder", nargs="*", check=_layers_check("dec")),
 ]
 
 register_options(_SPECS, combination_check=_combination_check)
 
 
-def attach_encoder(encoder, config):
-    """Replace the softmax of the selected encoder self-attentions and force their explicit path."""
+def _attach(attentions, selected, module_class, config):
     vertical, horizontal = config.option("cao2019_vertical"), config.option("cao2019_horizontal")
-    if not (vertical or horizontal):
-        return
-    selected = config.option("cao2019_enc_layers")
-    for i in [i - 1 for i in selected] if selected else range(config.enc_layers):
-        attention = encoder.transformer[i].self_attn
-        attention.softmax = CrossAggregation(config.heads, vertical, horizontal, config.option("cao2019_init"),
-                                             config.option("cao2019_iterations"),
-                                             compile_routing=config.option("routing_compile"))
+    for i in [i - 1 for i in selected] if selected else range(len(attentions)):
+        attention = attentions[i]
+        attention.softmax = module_class(config.heads, vertical, horizontal, config.option("cao2019_init"),
+                                         config.option("cao2019_iterations"))
         # the fused SDPA/flash path on GPU never forms the scores: take the explicit one
         attention.self_attn_type = "scaled-dot"
+
+
+def _used(config):
+    return config.option("cao2019_vertical") or config.option("cao2019_horizontal")
+
+
+def attach_encoder(encoder, config):
+    """Replace the softmax of the selected encoder self-attentions and force their explicit path."""
+    if _used(config):
+        _attach([layer.self_attn for layer in encoder.transformer], config.option("cao2019_enc_layers"),
+                CrossAggregation, config)
+
+
+def attach_decoder(decoder, config):
+    """With ``cao2019_dec_self``: the causal variant in the selected decoder self-attentions."""
+    if _used(config) and config.option("cao2019_dec_self"):
+        _attach([layer.self_attn for layer in decoder.transformer_layers], config.option("cao2019_dec_layers"),
+                CausalCrossAggregation, config)

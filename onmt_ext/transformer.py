@@ -78,7 +78,13 @@ class ExtTransformerDecoder(_ExtConfigured, TransformerDecoder):
     """
 
     _stock = TransformerDecoder
-    _mechanisms = (aggregation.attach_decoder,)
+    _mechanisms = (aggregation.attach_decoder, cross_aggregation.attach_decoder)
+
+    def forward(self, tgt, enc_out=None, step=None, **kwargs):
+        """The stock forward; stateful sub-modules are told whether this is a decoding step."""
+        for module in stateful_modules(self):
+            module.stepwise = step is not None
+        return super().forward(tgt, enc_out, step=step, **kwargs)
 
     def init_state(self, src, enc_out, enc_final_hs):
         """Start decoding a batch: stock state plus every stateful sub-module."""

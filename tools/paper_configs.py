@@ -107,8 +107,7 @@ PAPERS = (
     # sec. 4.1: 2048 tokens per batch, gradients accumulated 12 times, on 2 GPUs (one GPU: 24 times)
     Paper("cao2019", "Cao, Zhao and Yu 2019, cross aggregation of multi-head attention",
           ("wmt14_ende", "wmt17_zhen"), _cao2019_rows(),
-          {"batch_size": 2048, "valid_batch_size": 2048, "accum_count": [24]},
-          speed_options={"routing_compile": True}, sizes=("base",),
+          {"batch_size": 2048, "valid_batch_size": 2048, "accum_count": [24]}, sizes=("base",),
           batch_note="cao2019 sec. 4.1: 2048 tokens per batch, 12 accumulations, 2 GPUs; accum_count is the "
                      "one-GPU equivalent (make reproduce-* divides it by GPUS)"),
 )

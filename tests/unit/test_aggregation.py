@@ -86,7 +86,7 @@ def _opt(**kw):
     (dict(li2019_enc_self="em", li2019_capsules=5), "-li2019_capsules 5: must divide the model size 32"),
     (dict(li2019_enc_self="em", li2019_iterations=0), "-li2019_iterations 0: must be >= 1"),
     (dict(li2019_iterations=5), "-li2019_iterations has no effect while"),
-    (dict(routing_compile=True), "-routing_compile has no effect without a routing mechanism"),
+    (dict(routing_compile=True), "-routing_compile has no effect without li2019"),
     (dict(li2019_dec_self="simple", self_attn_type="average"), "needs multi-head decoder self-attention"),
     (dict(encoder_type="transformer", li2019_enc_self="em"), "-li2019_enc_self 'em' has no effect with -encoder_type"),
 ])

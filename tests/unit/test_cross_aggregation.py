@@ -7,7 +7,7 @@ import torch
 
 import support
 from onmt_ext import options
-from onmt_ext.cross_aggregation import CrossAggregation
+from onmt_ext.cross_aggregation import CausalCrossAggregation, CrossAggregation
 from onmt_ext.routing import simple_routing
 
 SMOKE = "yaml_configs/smoke/baseline/transformer_base_wmt17_zhen.yaml"
@@ -72,18 +72,49 @@ def test_gradients_are_finite_for_large_and_zero_logits():
         assert torch.isfinite(scores.grad).all() and torch.isfinite(module.head_weight.grad).all()
 
 
-def test_compiled_training_path_matches_eager():
-    scores = _scores([5, 3]).requires_grad_()
-    eager = CrossAggregation(3, True, True, "self")
-    fast = CrossAggregation(3, True, True, "self", compile_routing=True)
-    torch.nn.init.normal_(eager.head_weight)
-    fast.load_state_dict(eager.state_dict())
-    out_e = eager(scores)
-    (grad_e,) = torch.autograd.grad(out_e.square().sum(), scores)
-    out_f = fast(scores)
-    (grad_f,) = torch.autograd.grad(out_f.square().sum(), scores)
-    torch.testing.assert_close(out_f, out_e, atol=1e-5, rtol=1e-4)
-    torch.testing.assert_close(grad_f, grad_e, atol=1e-5, rtol=1e-4)
+def _causal_scores(length, heads=3, seed=1):
+    torch.manual_seed(seed)
+    scores = torch.randn(2, heads, length, length) * 2
+    future = torch.ones(length, length, dtype=torch.bool).triu(1)
+    return scores.masked_fill(future, -1e18)
+
+
+@pytest.mark.parametrize("vertical, horizontal, init", [(True, False, "zero"), (False, True, "self"),
+                                                       (True, True, "self")])
+def test_causal_variant_step_by_step_equals_full_pass_and_ignores_the_future(vertical, horizontal, init):
+    length = 6
+    scores = _causal_scores(length)
+    module = CausalCrossAggregation(3, vertical, horizontal, init)
+    if vertical:
+        torch.nn.init.normal_(module.head_weight)
+    full = module(scores)
+    module.init_decoding_state(None, None, None)
+    module.stepwise = True
+    steps = torch.cat([torch.nn.functional.pad(module(scores[:, :, l : l + 1, : l + 1]), (0, length - l - 1))
+                       for l in range(length)], dim=2)
+    torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
+    # rows after l do not change row l
+    module.stepwise = False
+    changed = scores.clone()
+    changed[:, :, 4:, :] = torch.randn_like(changed[:, :, 4:, :]).masked_fill(changed[:, :, 4:, :] < -1e17, -1e18)
+    torch.testing.assert_close(module(changed)[:, :, :4], full[:, :, :4], atol=1e-6, rtol=1e-6)
+
+
+def test_causal_variant_reorders_its_state_with_the_beam():
+    scores = _causal_scores(4)
+    module = CausalCrossAggregation(3, True, True, "self")
+    torch.nn.init.normal_(module.head_weight)
+    module.init_decoding_state(None, None, None)
+    module.stepwise = True
+    for l in range(2):
+        module(scores[:, :, l : l + 1, : l + 1])
+    module.reorder_decoding_state(lambda state, dim: state.index_select(dim, torch.tensor([1, 0])))
+    flipped = scores[[1, 0]]
+    after = module(flipped[:, :, 2:3, :3])
+    module.init_decoding_state(None, None, None)
+    for l in range(2):
+        module(flipped[:, :, l : l + 1, : l + 1])
+    torch.testing.assert_close(after, module(flipped[:, :, 2:3, :3]))
 
 
 def test_rejects_cross_attention_scores():
@@ -106,7 +137,8 @@ def test_attached_to_the_selected_layers_on_the_explicit_path(sample_data, onmt_
 def _opt(**kw):
     base = dict(encoder_type="ext_transformer", decoder_type="ext_transformer", enc_layers=2, dec_layers=2, layers=-1,
                 cao2019_vertical=False, cao2019_horizontal=False, cao2019_init="zero", cao2019_iterations=3,
-                cao2019_enc_layers=[], parallel_mode="data_parallel", world_size=1, hidden_size=32)
+                cao2019_enc_layers=[], cao2019_dec_self=False, cao2019_dec_layers=[], routing_compile=False,
+                self_attn_type="scaled-dot", parallel_mode="data_parallel", world_size=1, hidden_size=32)
     base.update(kw)
     return argparse.Namespace(**base)
 
@@ -117,7 +149,12 @@ def _opt(**kw):
     (dict(cao2019_horizontal=True, cao2019_enc_layers=[3]), "-cao2019_enc_layers [3]: layers are numbered 1..2"),
     (dict(cao2019_horizontal=True, cao2019_iterations=0), "-cao2019_iterations 0: must be >= 1"),
     (dict(cao2019_horizontal=True, parallel_mode="tensor_parallel", world_size=2), "tensor_parallel"),
-    (dict(encoder_type="transformer", cao2019_vertical=True), "-cao2019_vertical True has no effect with"),
+    (dict(encoder_type="transformer", cao2019_vertical=True), "have no effect with -encoder_type 'transformer'"),
+    (dict(cao2019_vertical=True, cao2019_dec_self=True, self_attn_type="average"), "-self_attn_type average"),
+    (dict(cao2019_dec_self=True), "-cao2019_dec_self has no effect while"),
+    (dict(cao2019_vertical=True, routing_compile=True), "-routing_compile has no effect without li2019"),
+    (dict(decoder_type="transformer", cao2019_vertical=True, cao2019_dec_self=True),
+     "-cao2019_dec_self True has no effect with -decoder_type"),
 ])
 def test_option_checks(kw, message, onmt_active):
     problems = options.check_options(_opt(**kw))
