@@ -13,13 +13,14 @@ import support
 
 STEPS = 600
 BASELINE = "yaml_configs/smoke/baseline/transformer_base_wmt17_zhen.yaml"
+# EM, the paper's default aggregation (simple routing measured 89.4 under the same settings;
+# left out to keep `make test` within its time budget)
 ROUTING = {
     "em_enc_self": "yaml_configs/smoke/li2019/transformer_base_wmt17_zhen_em_enc_self.yaml",
-    "simple_enc_self": "yaml_configs/smoke/li2019/transformer_base_wmt17_zhen_simple_enc_self.yaml",
 }
 # learning at all: the English vocabulary has 4,000 entries (measured: 94.5 after 600 steps)
 BASELINE_MAX_PPL = 120.0
-TOLERANCE = 1.02  # "at least as well", up to 2% of noise (measured: EM 90.4, simple 89.4)
+TOLERANCE = 1.02  # "at least as well", up to 2% of noise (measured: EM 90.4)
 
 
 def _validation_ppl(config, out):
