@@ -33,7 +33,7 @@ from functools import partial
 import torch
 import torch.nn as nn
 
-from onmt_ext.options import OptionSpec, layer_count, model_size, register_options
+from onmt_ext.options import OptionSpec, layers_check, model_size, register_options, selected_layers
 from onmt_ext.routing import call_compiled, em_routing, simple_routing
 
 METHODS = ("concat", "simple", "em")
@@ -98,15 +98,6 @@ class RoutingAggregation(nn.Module):
         return out.reshape(batch, length, self.d_model)
 
 
-def _layers_check(side):
-    def check(value, opt):
-        count = layer_count(opt, side)
-        bad = [i for i in value if not 1 <= i <= count]
-        return f"layers are numbered 1..{count} (-{side}_layers); got {bad}" if bad else None
-
-    return check
-
-
 def _capsules_check(value, opt):
     if value < 0:
         return "must be >= 0 (0 means d_model)"
@@ -140,9 +131,9 @@ _SPECS = [
     OptionSpec("li2019_enc_dec", str, "concat", "li2019: head aggregation of encoder-decoder attention",
                side="decoder", choices=METHODS),
     OptionSpec("li2019_enc_layers", int, [], "li2019: encoder layers (1-based) to aggregate by routing; "
-               "empty: all", side="encoder", nargs="*", check=_layers_check("enc")),
+               "empty: all", side="encoder", nargs="*", check=layers_check("enc")),
     OptionSpec("li2019_dec_layers", int, [], "li2019: decoder layers (1-based) to aggregate by routing; "
-               "empty: all", side="decoder", nargs="*", check=_layers_check("dec")),
+               "empty: all", side="decoder", nargs="*", check=layers_check("dec")),
     OptionSpec("li2019_capsules", int, 0, "li2019: number N of output capsules (0: d_model, the paper's "
                "setting)", check=_capsules_check),
     OptionSpec("li2019_iterations", int, 3, "li2019: routing iterations T",
@@ -165,10 +156,6 @@ register_options(
 )
 
 
-def _layers(selected, count):
-    return [i - 1 for i in selected] if selected else list(range(count))
-
-
 def _aggregator(config, method):
     capsules = config.option("li2019_capsules") or config.d_model
     return RoutingAggregation(config.heads, config.d_model, capsules, method, config.option("li2019_iterations"),
@@ -180,7 +167,7 @@ def attach_encoder(encoder, config):
     method = config.option("li2019_enc_self")
     if method == "concat":
         return
-    for i in _layers(config.option("li2019_enc_layers"), config.enc_layers):
+    for i in selected_layers(config.option("li2019_enc_layers"), config.enc_layers):
         encoder.transformer[i].self_attn.final_linear = _aggregator(config, method)
 
 
@@ -190,5 +177,5 @@ def attach_decoder(decoder, config):
         method = config.option(option)
         if method == "concat":
             continue
-        for i in _layers(config.option("li2019_dec_layers"), config.dec_layers):
+        for i in selected_layers(config.option("li2019_dec_layers"), config.dec_layers):
             setattr(getattr(decoder.transformer_layers[i], attribute), "final_linear", _aggregator(config, method))

@@ -52,7 +52,7 @@ import torch.nn as nn
 
 import torch.nn.functional as F
 
-from onmt_ext.options import EXT_TYPE, OptionSpec, layer_count, register_options
+from onmt_ext.options import EXT_TYPE, OptionSpec, layers_check, register_options, selected_layers
 from onmt_ext.routing import simple_routing
 from onmt_ext.state import DecodingStateModule
 
@@ -149,7 +149,7 @@ def horizontal_output(logits, valid, init, iterations):
     return out.permute(0, 2, 1, 3)  # (B, L_l, H, M) -> (B, H, L_l, M)
 
 
-class CausalCrossAggregation(DecodingStateModule):
+class CausalCrossAggregation(CrossAggregation, DecodingStateModule):
     """Cross aggregation in decoder self-attention (the causal variant; see the module docstring).
 
     Same arguments as :class:`CrossAggregation`.  ``forward(scores)`` takes
@@ -161,17 +161,9 @@ class CausalCrossAggregation(DecodingStateModule):
     running sum of eq. 13.
     """
 
-    def __init__(self, heads, vertical, horizontal, init="zero", iterations=3):
-        super().__init__()
-        if not (vertical or horizontal):
-            raise ValueError("cross aggregation needs the vertical or the horizontal routing (or both)")
-        if init not in INITS:
-            raise ValueError(f"init must be one of {INITS}, got {init!r}")
-        self.heads, self.vertical, self.horizontal = heads, vertical, horizontal
-        self.init, self.iterations = init, iterations
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)  # CrossAggregation's; the MRO also runs DecodingStateModule's
         self.stepwise = False
-        if vertical:
-            self.head_weight = nn.Parameter(torch.zeros(heads, heads))  # W of eq. 13
 
     def forward(self, scores):
         head_weight = self.head_weight if self.vertical else None
@@ -231,15 +223,6 @@ def _combination_check(opt):
     return problems
 
 
-def _layers_check(side):
-    def check(value, opt):
-        count = layer_count(opt, side)
-        bad = [i for i in value if not 1 <= i <= count]
-        return f"layers are numbered 1..{count} (-{side}_layers); got {bad}" if bad else None
-
-    return check
-
-
 _SPECS = [
     OptionSpec("cao2019_vertical", bool, False, "cao2019: vertical routing (heads -> positions) of the "
                "encoder self-attention logits (and decoder self-attention with -cao2019_dec_self)"),
@@ -251,11 +234,11 @@ _SPECS = [
     OptionSpec("cao2019_iterations", int, 3, "cao2019: routing iterations T",
                check=lambda v, opt: None if v >= 1 else "must be >= 1"),
     OptionSpec("cao2019_enc_layers", int, [], "cao2019: encoder layers (1-based) with cross aggregation; "
-               "empty: all", side="encoder", nargs="*", check=_layers_check("enc")),
+               "empty: all", side="encoder", nargs="*", check=layers_check("enc")),
     OptionSpec("cao2019_dec_self", bool, False, "cao2019: also in decoder self-attention (a causal variant; "
                "not in the paper)", side="decoder"),
     OptionSpec("cao2019_dec_layers", int, [], "cao2019: decoder layers (1-based) with -cao2019_dec_self; "
-               "empty: all", side="decoder", nargs="*", check=_layers_check("dec")),
+               "empty: all", side="decoder", nargs="*", check=layers_check("dec")),
 ]
 
 register_options(_SPECS, combination_check=_combination_check)
@@ -263,7 +246,7 @@ register_options(_SPECS, combination_check=_combination_check)
 
 def _attach(attentions, selected, module_class, config):
     vertical, horizontal = config.option("cao2019_vertical"), config.option("cao2019_horizontal")
-    for i in [i - 1 for i in selected] if selected else range(len(attentions)):
+    for i in selected_layers(selected, len(attentions)):
         attention = attentions[i]
         attention.softmax = module_class(config.heads, vertical, horizontal, config.option("cao2019_init"),
                                          config.option("cao2019_iterations"))

@@ -90,6 +90,22 @@ def layer_count(opt, side):
     return layers if layers and layers > 0 else getattr(opt, f"{side}_layers")
 
 
+def layers_check(side):
+    """``OptionSpec.check`` for a 1-based list of ``side``'s layers ("enc"/"dec")."""
+
+    def check(value, opt):
+        count = layer_count(opt, side)
+        bad = [i for i in value if not 1 <= i <= count]
+        return f"layers are numbered 1..{count} (-{side}_layers); got {bad}" if bad else None
+
+    return check
+
+
+def selected_layers(selected, count):
+    """0-based indices of a 1-based layer-list option; empty selects all ``count`` layers."""
+    return [i - 1 for i in selected] if selected else list(range(count))
+
+
 def _str2bool(text):
     if isinstance(text, bool):
         return text

@@ -113,8 +113,6 @@ def bench_config(case, size, args, workdir):
         save_checkpoint_steps=total, keep_checkpoint=1, world_size=1,
         gpu_ranks=[0] if args.gpu >= 0 else [], seed=1234,
     )
-    if args.steps % args.warmup_steps:
-        raise SystemExit(f"bench.py: --steps {args.steps} must be a multiple of --warmup-steps {args.warmup_steps}")
     path = workdir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     return path, workdir / name / f"model_step_{total}.pt"
@@ -297,6 +295,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if min(args.steps, args.warmup_steps, args.repeats, args.test_sentences, args.output_length) < 1:
         parser.error("--steps, --warmup-steps, --repeats, --test-sentences and --output-length must be >= 1")
+    if args.steps % args.warmup_steps:  # training reports come every --warmup-steps steps
+        parser.error(f"--steps {args.steps} must be a multiple of --warmup-steps {args.warmup_steps}")
     workdir = args.out / f"{args.suite}-{args.size}"
     workdir.mkdir(parents=True, exist_ok=True)
     test_source = _test_source(workdir, args.test_sentences)
