@@ -2,16 +2,22 @@
 #
 #   make demo     prepare the shipped Tatoeba zh-en sample, train a small
 #                 Transformer on the CPU, translate the test set, score it
+#   make length-demo  clause attention vs. baseline on the shipped WMT14 En-De sample, BLEU by
+#                 source length with per-bucket significance and a plot (CPU, about 20 minutes)
 #   make test     unit + integration tests (runs setup and data preparation first)
 #   make smoke    train every config of yaml_configs/smoke/ for a few steps
 #   make setup    create .venv with pinned packages (done by the two above)
 #   make bench    speed/memory of the mechanisms against the baseline (CPU, smoke
 #                 size; BENCH_ARGS="--size paper --gpu 0" for the paper size)
 #   make reproduce-li2019-table2 (-table3, -table4-wmt14_ende, -table4-wmt17_zhen),
-#        reproduce-cao2019-table1 (-table2-wmt17_zhen, -table2-wmt14_ende)
+#        reproduce-cao2019-table1 (-table2-wmt17_zhen, -table2-wmt14_ende),
+#        reproduce-chen2019-table1 (-table2-nist_zhen, -table3), sweep-chen2019-dr (Figure 2),
+#        reproduce-gret-main-wmt14_ende (-wmt14_deen, -wmt17_zhen, -wmt16_roen), -gret-ablation, -gret-big
+#                 (GRET rows fine-tune from the table's baseline checkpoint, trained first),
+#        reproduce-clause-table5 (-table10, -table11)  (+ BLEU by source length, with plots)
 #                 train, translate and score a paper table on GPUS GPUs (default 1;
 #                 gradient accumulation keeps the paper's batch); reproduce-li2019,
-#                 reproduce-cao2019: all tables of a paper
+#                 reproduce-cao2019, reproduce-chen2019, reproduce-gret, reproduce-clause: all tables of a paper
 #   make paper-configs  rewrite yaml_configs/<paper>/ from tools/paper_configs.py
 #
 # Variables: PYTHON (interpreter used to create the venv), VENV, TORCH (pip
@@ -42,10 +48,13 @@ SMOKE_CONFIGS := $(shell find yaml_configs/smoke -name '*.yaml' | sort)
 GPUS ?= 1
 BENCH_ARGS ?=
 REPRODUCE_TABLES := li2019-table2 li2019-table3 li2019-table4-wmt14_ende li2019-table4-wmt17_zhen \
-	cao2019-table1 cao2019-table2-wmt17_zhen cao2019-table2-wmt14_ende
+	cao2019-table1 cao2019-table2-wmt17_zhen cao2019-table2-wmt14_ende \
+	chen2019-table1 chen2019-table2-nist_zhen chen2019-table3 chen2019-figure2-rpehead chen2019-figure2-mprhead \
+	gret-main-wmt14_ende gret-main-wmt14_deen gret-main-wmt17_zhen gret-main-wmt16_roen gret-ablation gret-big \
+	clause-table5 clause-table10 clause-table11
 
-.PHONY: help setup data demo test test-unit smoke bench paper-configs clean distclean \
-	reproduce-li2019 reproduce-cao2019 $(addprefix reproduce-,$(REPRODUCE_TABLES))
+.PHONY: help setup data demo length-demo test test-unit smoke bench paper-configs clean distclean \
+	reproduce-li2019 reproduce-cao2019 reproduce-chen2019 reproduce-gret reproduce-clause sweep-chen2019-dr $(addprefix reproduce-,$(REPRODUCE_TABLES))
 
 help:
 	@awk 'NR > 1 && !/^#/ {exit} NR > 1' Makefile | sed 's/^# \{0,1\}//'
@@ -68,7 +77,7 @@ $(SETUP_STAMP): requirements.txt pyproject.toml
 	touch $@
 
 # ---------------------------------------------------------------- data
-data: $(TATOEBA)/vocab.en
+data: $(TATOEBA)/vocab.en $(TATOEBA)/signal_tagger.zh.pt
 
 $(TATOEBA)/stats.json: Makefile tools/prepare_tatoeba.py $(TATOEBA_SRC)/cmn.txt $(TATOEBA_SRC)/zh2en.multiref.tsv | $(SETUP_STAMP)
 	@echo "== data: splitting and segmenting the Tatoeba zh-en sample into $(TATOEBA)"
@@ -78,6 +87,11 @@ $(TATOEBA)/stats.json: Makefile tools/prepare_tatoeba.py $(TATOEBA_SRC)/cmn.txt 
 $(TATOEBA)/vocab.en: $(TATOEBA)/stats.json $(DEMO_CONFIG) | $(SETUP_STAMP)
 	@echo "== data: building the vocabularies with onmt_build_vocab"
 	$(BIN)/onmt_build_vocab -config $(DEMO_CONFIG) -n_sample -1 -overwrite -num_threads 2
+
+# The "CA with study" smoke configs split the Chinese sample with a tagger trained on the rules' labels.
+$(TATOEBA)/signal_tagger.zh.pt: $(TATOEBA)/stats.json tools/train_signal_tagger.py | $(SETUP_STAMP)
+	@echo "== data: training the Chinese signal-word tagger (CA with study) on $(TATOEBA)/train.zh"
+	$(PY) tools/train_signal_tagger.py --lang zh --input $(TATOEBA)/train.zh --output $@
 
 # ---------------------------------------------------------------- demo
 demo: $(DEMO)/report.txt
@@ -102,6 +116,43 @@ $(DEMO)/test.hyp.en: $(DEMO_MODEL)
 $(DEMO)/report.txt: $(DEMO)/test.hyp.en tools/demo_report.py
 	$(PY) tools/demo_report.py --demo-dir $(DEMO) --data-dir $(TATOEBA) > $@
 
+# ---------------------------------------------------------------- length demo (clause attention)
+# A baseline and a CA-with-rule model, 3+3 layers, trained on the CPU on the shipped WMT14 En-De sample, compared
+# per source-length bucket with a paired bootstrap in each bucket and a plot (about 20 minutes on 2 cores).
+WMT14_SRC := data/wmt14-ende-sample
+WMT14 := build/wmt14_sample
+LENGTH_DEMO := build/length_demo
+LENGTH_STEPS := $(shell sed -n 's/^train_steps: *\([0-9]*\).*/\1/p' yaml_configs/demo/wmt14_sample_baseline.yaml)
+WMT14_SPM := -src_subword_model $(WMT14)/spm.en.model -tgt_subword_model $(WMT14)/spm.de.model
+
+length-demo: $(LENGTH_DEMO)/report.txt
+	@cat $<
+
+$(WMT14)/spm.de.model: tools/prepare_wmt14_sample.py $(WMT14_SRC)/train.en $(WMT14_SRC)/train.de | $(SETUP_STAMP)
+	$(PY) tools/prepare_wmt14_sample.py --data-dir $(WMT14_SRC) --out-dir $(WMT14)
+
+$(WMT14)/vocab.de: $(WMT14)/spm.de.model yaml_configs/demo/wmt14_sample_baseline.yaml
+	$(BIN)/onmt_build_vocab -config yaml_configs/demo/wmt14_sample_baseline.yaml -n_sample -1 -overwrite \
+	  -src_vocab $(WMT14)/vocab.en -tgt_vocab $@
+
+$(LENGTH_DEMO)/%/model_step_$(LENGTH_STEPS).pt: yaml_configs/demo/wmt14_sample_%.yaml $(WMT14)/vocab.de
+	mkdir -p $(@D)
+	$(BIN)/onmt_train -config $< -log_file $(@D)/train.log
+
+$(LENGTH_DEMO)/baseline/test.hyp.de: $(LENGTH_DEMO)/baseline/model_step_$(LENGTH_STEPS).pt
+	$(BIN)/onmt_translate -model $< -src $(WMT14)/test.en -output $@ -beam_size 4 -batch_size 32 \
+	  -batch_type sents -max_length 200 -transforms sentencepiece $(WMT14_SPM) -log_file $(@D)/translate.log
+
+$(LENGTH_DEMO)/ca_rule/test.hyp.de: $(LENGTH_DEMO)/ca_rule/model_step_$(LENGTH_STEPS).pt
+	$(BIN)/onmt_translate -model $< -src $(WMT14)/test.en -output $@ -beam_size 4 -batch_size 32 \
+	  -batch_type sents -max_length 200 -transforms sentencepiece clause_split $(WMT14_SPM) \
+	  -clause_lang en -clause_levels 6 -log_file $(@D)/translate.log
+
+$(LENGTH_DEMO)/report.txt: $(LENGTH_DEMO)/baseline/test.hyp.de $(LENGTH_DEMO)/ca_rule/test.hyp.de tools/evaluate.py
+	$(PY) tools/evaluate.py --hyp $(LENGTH_DEMO)/ca_rule/test.hyp.de --baseline $(LENGTH_DEMO)/baseline/test.hyp.de \
+	  --refs $(WMT14)/test.de --src $(WMT14)/test.en --metrics bleu tok-bleu --by-length --buckets 10 20 30 40 \
+	  --names baseline "CA with rule" --plot $(LENGTH_DEMO)/by_length.png > $@
+
 # ---------------------------------------------------------------- tests
 test: $(TATOEBA)/vocab.en | $(SETUP_STAMP)
 	$(PY) -m pytest -q tests
@@ -116,7 +167,7 @@ smoke: $(TATOEBA)/vocab.en | $(SETUP_STAMP)
 	done
 
 # ---------------------------------------------------------------- benchmark
-BENCH_SUITES ?= li2019 cao2019
+BENCH_SUITES ?= li2019 cao2019 chen2019 gret clause
 
 # the cost of cao2019's horizontal routing as the length grows, then every
 # suite (each runs and reports even when an earlier one misses a target)
@@ -132,6 +183,11 @@ paper-configs:
 
 reproduce-li2019: $(addprefix reproduce-,$(filter li2019-%,$(REPRODUCE_TABLES)))
 reproduce-cao2019: $(addprefix reproduce-,$(filter cao2019-%,$(REPRODUCE_TABLES)))
+reproduce-chen2019: $(addprefix reproduce-,$(filter chen2019-table%,$(REPRODUCE_TABLES)))
+reproduce-gret: $(addprefix reproduce-,$(filter gret-%,$(REPRODUCE_TABLES)))
+reproduce-clause: $(addprefix reproduce-,$(filter clause-%,$(REPRODUCE_TABLES)))
+# chen2019 Figure 2: BLEU against d_r for RPEHead and MPRHead (d_r = 64 ... 448)
+sweep-chen2019-dr: reproduce-chen2019-figure2-rpehead reproduce-chen2019-figure2-mprhead
 
 $(addprefix reproduce-,$(REPRODUCE_TABLES)): reproduce-%: | $(SETUP_STAMP)
 	$(PY) tools/reproduce.py $* --gpus $(GPUS)

@@ -33,7 +33,8 @@ from functools import partial
 import torch
 import torch.nn as nn
 
-from onmt_ext.options import OptionSpec, layers_check, model_size, register_options, selected_layers
+from onmt_ext.options import (OptionSpec, layers_check, model_size, options_without_effect, register_options,
+                              selected_layers, tensor_parallel_problems)
 from onmt_ext.routing import call_compiled, em_routing, simple_routing
 
 METHODS = ("concat", "simple", "em")
@@ -110,12 +111,10 @@ def _combination_check(opt):
     problems = []
     used = any(getattr(opt, name, "concat") != "concat" for name in _COMPONENTS)
     if not used:
-        for spec in _SPECS:
-            if spec.name not in _COMPONENTS and getattr(opt, spec.name, spec.default) != spec.default:
-                problems.append(f"-{spec.name} has no effect while -li2019_enc_self, -li2019_dec_self and "
-                                "-li2019_enc_dec are all 'concat'")
-    if used and getattr(opt, "parallel_mode", "") == "tensor_parallel" and getattr(opt, "world_size", 1) > 1:
-        problems.append("-li2019_* routing aggregation does not support -parallel_mode tensor_parallel")
+        problems += options_without_effect(opt, [s for s in _SPECS if s.name not in _COMPONENTS],
+                                           "-li2019_enc_self, -li2019_dec_self and -li2019_enc_dec are all 'concat'")
+    if used:
+        problems += tensor_parallel_problems(opt, "-li2019_* routing aggregation")
     if getattr(opt, "li2019_dec_self", "concat") != "concat" and getattr(opt, "self_attn_type", "") == "average":
         problems.append("-li2019_dec_self needs multi-head decoder self-attention, not -self_attn_type average")
     return problems

@@ -52,7 +52,8 @@ import torch.nn as nn
 
 import torch.nn.functional as F
 
-from onmt_ext.options import EXT_TYPE, OptionSpec, layers_check, register_options, selected_layers
+from onmt_ext.options import (EXT_TYPE, OptionSpec, layers_check, options_without_effect, register_options,
+                              selected_layers, tensor_parallel_problems)
 from onmt_ext.routing import simple_routing
 from onmt_ext.state import DecodingStateModule
 
@@ -208,19 +209,12 @@ def _combination_check(opt):
     if getattr(opt, "cao2019_dec_self", False) and getattr(opt, "self_attn_type", "") == "average":
         problems.append("-cao2019_dec_self needs multi-head decoder self-attention, not -self_attn_type average")
     if not used:
-        for spec in _SPECS:
-            if spec.name not in ("cao2019_vertical", "cao2019_horizontal") and \
-                    getattr(opt, spec.name, spec.default) != spec.default:
-                problems.append(f"-{spec.name} has no effect while -cao2019_vertical and -cao2019_horizontal "
-                                "are both false")
-        return problems
+        return problems + options_without_effect(opt, _SPECS[2:], "-cao2019_vertical and -cao2019_horizontal are "
+                                                 "both false")
     if getattr(opt, "cao2019_init", "zero") != "zero" and not getattr(opt, "cao2019_horizontal", False):
         problems.append("-cao2019_init applies to the horizontal routing; it has no effect without "
                         "-cao2019_horizontal true")
-    if getattr(opt, "parallel_mode", "") == "tensor_parallel" and getattr(opt, "world_size", 1) > 1:
-        problems.append("-cao2019_* cross aggregation routes across all heads and does not support "
-                        "-parallel_mode tensor_parallel")
-    return problems
+    return problems + tensor_parallel_problems(opt, "-cao2019_* cross aggregation (it routes across all heads)")
 
 
 _SPECS = [

@@ -50,7 +50,7 @@ PathLike = Union[str, "os.PathLike[str]"]
 References = List[List[Optional[str]]]
 
 #: Metric keys accepted by :func:`compute_metric` and :func:`paired_bootstrap`.
-METRIC_NAMES = ("bleu", "tok-bleu", "chrf")
+METRIC_NAMES = ("bleu", "bleu-zh", "tok-bleu", "chrf")
 
 #: Environment variable through which sacreBLEU's ``PairedTest`` takes its seed.
 _SEED_VARIABLE = "SACREBLEU_SEED"
@@ -285,6 +285,8 @@ def _make_metric(metric: str) -> Metric:
     """Return a new sacreBLEU metric object for one of :data:`METRIC_NAMES`."""
     if metric == "bleu":
         return BLEU(tokenize="13a", lowercase=False)
+    if metric == "bleu-zh":  # Chinese output: sacreBLEU's zh tokenizer (characters), as WMT scores it
+        return BLEU(tokenize="zh", lowercase=False)
     if metric == "tok-bleu":
         return BLEU(tokenize="none", smooth_method="none", force=True, lowercase=False)
     if metric == "chrf":
@@ -454,9 +456,23 @@ def _length_ranges(buckets: Sequence[int]) -> List[Tuple[int, Optional[int]]]:
     return list(zip(lows, bounds + [None]))
 
 
+def _bucket_members(sources: Sequence[str], buckets: Sequence[int]):
+    """``(ranges, members)``: the inclusive length ranges and the segment indices in each."""
+    ranges = _length_ranges(buckets)
+    members: List[List[int]] = [[] for _ in ranges]
+    bounds = [high for _, high in ranges[:-1]]
+    for i, source in enumerate(sources):
+        members[bisect.bisect_left(bounds, len(source.split()))].append(i)
+    return ranges, members
+
+
+def _bucket_label(low: int, high: Optional[int]) -> str:
+    return f"{low}-{high}" if high is not None else f"{low}+"
+
+
 def bleu_by_length(hyps: Sequence[str], refs: References, sources: Sequence[str],
-                   buckets: Sequence[int] = (10, 20, 30, 40, 50)) -> List[LengthBucket]:
-    """Corpus BLEU (as :func:`nist_bleu`) per bucket of source length.
+                   buckets: Sequence[int] = (10, 20, 30, 40, 50), metric: str = "bleu") -> List[LengthBucket]:
+    """Corpus BLEU (as :func:`nist_bleu`, or ``metric``) per bucket of source length.
 
     The length of a segment is the number of whitespace-separated tokens of
     its source ``sources[i]``.  ``buckets`` are the inclusive upper bounds of
@@ -468,20 +484,100 @@ def bleu_by_length(hyps: Sequence[str], refs: References, sources: Sequence[str]
     """
     validate_inputs(hyps, refs)
     check_same_length(sources, hyps, "sources", "hypotheses")
-    ranges = _length_ranges(buckets)
-    members: List[List[int]] = [[] for _ in ranges]
-    bounds = [high for _, high in ranges[:-1]]
-    for i, source in enumerate(sources):
-        members[bisect.bisect_left(bounds, len(source.split()))].append(i)
+    ranges, members = _bucket_members(sources, buckets)
     result = []
     for (low, high), indices in zip(ranges, members):
-        label = f"{low}-{high}" if high is not None else f"{low}+"
+        label = _bucket_label(low, high)
         if not indices:
             result.append(LengthBucket(label, low, high, 0, None, None))
             continue
-        bleu = nist_bleu([hyps[i] for i in indices], [[stream[i] for i in indices] for stream in refs])
+        bleu = compute_metric(metric, [hyps[i] for i in indices], [[stream[i] for i in indices] for stream in refs])
         result.append(LengthBucket(label, low, high, len(indices), bleu.score, bleu.signature))
     return result
+
+
+@dataclass(frozen=True)
+class LengthComparison:
+    """A system against a baseline on the segments of one source-length bucket.
+
+    ``label``, ``min_length``, ``max_length`` and ``count`` as in
+    :class:`LengthBucket`; ``bootstrap`` is the :class:`BootstrapResult` of
+    the paired bootstrap test on the bucket's segments (its
+    ``baseline_score``, ``system_score``, ``delta``, ``p_value`` and
+    ``marker``), ``None`` for an empty bucket.
+    """
+
+    label: str
+    min_length: int
+    max_length: Optional[int]
+    count: int
+    bootstrap: Optional[BootstrapResult]
+
+
+def compare_by_length(baseline_hyps: Sequence[str], system_hyps: Sequence[str], refs: References,
+                      sources: Sequence[str], buckets: Sequence[int] = (10, 20, 30, 40, 50),
+                      metric: str = "bleu", n_samples: int = 1000, seed: int = 12345) -> List[LengthComparison]:
+    """Per bucket of source length: both systems' scores, the difference and its paired-bootstrap p-value.
+
+    The claim of the clause-attention paper (its Tables 6-9) is about long
+    sentences; this splits the test set by source length (buckets as in
+    :func:`bleu_by_length`) and runs :func:`paired_bootstrap` on each bucket
+    separately (the same ``seed`` in every bucket).
+    """
+    validate_inputs(baseline_hyps, refs, hyps_name="baseline hypotheses")
+    validate_inputs(system_hyps, refs, hyps_name="system hypotheses")
+    check_same_length(sources, system_hyps, "sources", "hypotheses")
+    ranges, members = _bucket_members(sources, buckets)
+    result = []
+    for (low, high), indices in zip(ranges, members):
+        test = None
+        if indices:
+            test = paired_bootstrap([baseline_hyps[i] for i in indices], [system_hyps[i] for i in indices],
+                                    [[stream[i] for i in indices] for stream in refs], metric=metric,
+                                    n_samples=n_samples, seed=seed)
+        result.append(LengthComparison(_bucket_label(low, high), low, high, len(indices), test))
+    return result
+
+
+def plot_by_length(comparisons: Sequence[LengthComparison], path: PathLike, title: str = "",
+                   names: Tuple[str, str] = ("baseline", "system")) -> None:
+    """Write a figure of :func:`compare_by_length`'s result to ``path`` (PNG, PDF or SVG by its suffix).
+
+    Top: the two systems' scores per bucket; bottom: the difference with its
+    significance marker; the x axis names each bucket and its segment count.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [c for c in comparisons if c.bootstrap is not None]
+    if not shown:
+        raise EvaluationError("no bucket has any segment: nothing to plot")
+    x = list(range(len(shown)))
+    labels = [f"{c.label}\n({c.count})" for c in shown]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(5.0, 1.1 * len(shown) + 2), 5.5), sharex=True,
+                                      gridspec_kw={"height_ratios": [2, 1]})
+    metric = shown[0].bootstrap.metric
+    for offset, (name, key) in zip((-0.2, 0.2), zip(names, ("baseline_score", "system_score"))):
+        top.bar([i + offset for i in x], [getattr(c.bootstrap, key) for c in shown], width=0.4, label=name)
+    top.set_ylabel(metric)
+    top.legend()
+    deltas = [c.bootstrap.delta for c in shown]
+    bottom.bar(x, deltas, color=["tab:green" if d >= 0 else "tab:red" for d in deltas])
+    for i, c in zip(x, shown):
+        if c.bootstrap.marker:
+            bottom.annotate(c.bootstrap.marker, (i, c.bootstrap.delta), ha="center",
+                            va="bottom" if c.bootstrap.delta >= 0 else "top")
+    bottom.axhline(0, color="black", linewidth=0.8)
+    bottom.set_ylabel(f"{names[1]} - {names[0]}")
+    bottom.set_xticks(x, labels)
+    bottom.set_xlabel("source length (tokens), segments in parentheses; \u2020 p < 0.05, \u2021 p < 0.01")
+    if title:
+        top.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
 
 
 def references_per_segment(refs: References) -> Dict[str, int]:

@@ -106,6 +106,19 @@ def selected_layers(selected, count):
     return [i - 1 for i in selected] if selected else list(range(count))
 
 
+def options_without_effect(opt, specs, reason):
+    """``-name has no effect while <reason>`` for each of ``specs`` that ``opt`` sets away from its default."""
+    return [f"-{spec.name} has no effect while {reason}" for spec in specs
+            if getattr(opt, spec.name, spec.default) != spec.default]
+
+
+def tensor_parallel_problems(opt, what):
+    """A message when ``opt`` shards the heads over GPUs (``-parallel_mode tensor_parallel``), which ``what`` cannot do."""
+    if getattr(opt, "parallel_mode", "") == "tensor_parallel" and getattr(opt, "world_size", 1) > 1:
+        return [f"{what} does not support -parallel_mode tensor_parallel"]
+    return []
+
+
 def _str2bool(text):
     if isinstance(text, bool):
         return text
@@ -194,6 +207,8 @@ class ExtConfig:
     encoder_ext: bool
     decoder_ext: bool
     mechanisms: dict = field(default_factory=dict)
+    position_encoding_type: str = "SinusoidalInterleaved"
+    clause_levels: int = 6
 
     @classmethod
     def from_opt(cls, opt):
@@ -210,6 +225,8 @@ class ExtConfig:
             encoder_ext=getattr(opt, "encoder_type", None) == EXT_TYPE,
             decoder_ext=getattr(opt, "decoder_type", None) == EXT_TYPE,
             mechanisms={spec.name: getattr(opt, spec.name, spec.default) for spec in OPTION_SPECS},
+            position_encoding_type=getattr(opt, "position_encoding_type", "SinusoidalInterleaved"),
+            clause_levels=getattr(opt, "clause_levels", 6),  # an option of the clause_split transform
         )
 
     def option(self, name):

@@ -150,6 +150,26 @@ def unknown_option_messages(unknown, valid_names, args):
     return messages
 
 
+def _misspelt_dashes(parser, unknown):
+    """Leftover tokens that name one of this parser's options with the wrong dashes.
+
+    argparse consumes every option string it knows, so a leftover such as
+    ``-override_opts`` (OpenNMT-py spells it ``--override_opts`` or
+    ``-override-opts``) would otherwise pass as a known name and be dropped.
+    """
+    messages = []
+    for token in unknown:
+        name = token.split("=", 1)[0]
+        if not name.startswith("-"):
+            continue
+        action = next((a for s, a in parser._option_string_actions.items() if s.lstrip("-") == name.lstrip("-")),
+                      None)
+        if action is not None and name not in parser._option_string_actions:
+            spellings = " or ".join(action.option_strings)
+            messages.append(f"'{name}' is not an option; write {spellings}")
+    return messages
+
+
 def _strict_parse_known_args(stock):
     def parse_known_args(self, args=None, namespace=None, **kwargs):
         # Abbreviations make a misspelled YAML key silently set another option.
@@ -159,7 +179,7 @@ def _strict_parse_known_args(stock):
         names = _option_names(self)
         if names & {"train_steps", "n_sample"}:  # onmt_train / onmt_build_vocab
             names = names | _shared_config_names()
-        problems = unknown_option_messages(unknown, names, argv)
+        problems = unknown_option_messages(unknown, names, argv) + _misspelt_dashes(self, unknown)
         if hasattr(opt, "encoder_type") and argv:
             from onmt_ext.options import check_options
 
@@ -197,6 +217,17 @@ def _check_on_model_validation():
     ArgumentParser.validate_model_opts = classmethod(validate_model_opts)
 
 
+def _load_checkpoints_with_new_parameters():
+    """Let ``-train_from`` a baseline checkpoint initialise the new tensors of mechanisms (see onmt_ext.gret)."""
+    from onmt.models.model import BaseModel
+
+    from onmt_ext.gret import load_with_new_parameters
+
+    if not getattr(BaseModel.load_state_dict, "_onmt_ext", False):
+        BaseModel.load_state_dict = load_with_new_parameters(BaseModel.load_state_dict)
+        BaseModel.load_state_dict._onmt_ext = True
+
+
 def train_parser():
     """OpenNMT-py's ``onmt_train`` parser (with onmt-ext's options once active)."""
     import onmt.opts
@@ -222,6 +253,70 @@ def parse_train_config(config, *overrides):
     return opt
 
 
+def _tell_builders_the_vocabs():
+    """Wrap ``build_base_model`` so that mechanisms can read the vocabularies (clause markers' ids)."""
+    import onmt.model_builder as builder
+
+    stock = builder.build_base_model
+    if getattr(stock, "_onmt_ext", False):
+        return
+
+    def build_base_model(model_opt, vocabs):
+        from onmt_ext.clause_attention import building_with
+
+        with building_with(vocabs):
+            return stock(model_opt, vocabs)
+
+    build_base_model._onmt_ext = True
+    builder.build_base_model = build_base_model
+
+
+#: clause_split options that must be the same at translation as in training.
+_SPLIT_OPTIONS = ("clause_lang", "clause_levels")
+
+
+def translation_split_problems(opt, model_opt):
+    """Messages when ``opt`` (onmt_translate) would not split the source as ``model_opt`` (training) did."""
+    from onmt_ext.clause_split import TRANSFORM_NAME
+
+    if not getattr(model_opt, "clause_attention", False):
+        return []
+    if TRANSFORM_NAME not in (getattr(opt, "transforms", None) or []):
+        trained = getattr(model_opt, "transforms", None) or []
+        return [f"this model has clause attention: translate with the transforms it was trained with "
+                f"(-transforms {' '.join(trained)}) and the same -clause_* options"]
+    problems = [f"-{name} {getattr(opt, name, None)!r} differs from training ({getattr(model_opt, name, None)!r})"
+                for name in _SPLIT_OPTIONS if getattr(opt, name, None) != getattr(model_opt, name, None)]
+    if bool(getattr(opt, "clause_tagger_model", "")) != bool(getattr(model_opt, "clause_tagger_model", "")):
+        problems.append(f"-clause_tagger_model {getattr(opt, 'clause_tagger_model', '')!r}: training used "
+                        f"{getattr(model_opt, 'clause_tagger_model', '') or 'the rules (no tagger)'!r}")
+    return problems
+
+
+def _check_translation_split():
+    """Refuse to translate with clause attention unless the source is split as in training."""
+    import onmt.model_builder as builder
+
+    stock = builder.load_test_model
+    if getattr(stock, "_onmt_ext", False):
+        return
+
+    def load_test_model(opt, device_id=0, model_path=None):
+        vocabs, model, model_opt = stock(opt, device_id, model_path)
+        problems = translation_split_problems(opt, model_opt)
+        if problems:
+            raise SystemExit("".join(f"onmt_translate: error: {p}\n" for p in problems).rstrip("\n"))
+        return vocabs, model, model_opt
+
+    load_test_model._onmt_ext = True
+    builder.load_test_model = load_test_model
+
+
+def _register_transforms():
+    """Add onmt-ext's data transforms (``clause_split``) to OpenNMT-py's registry."""
+    import onmt_ext.clause_split  # noqa: F401  (registers on import)
+
+
 def activate():
     """Register onmt-ext with the already-imported ``onmt`` package (idempotent)."""
     global _active
@@ -234,6 +329,10 @@ def activate():
     _extend_model_options()
     _make_parsing_strict()
     _check_on_model_validation()
+    _load_checkpoints_with_new_parameters()
+    _register_transforms()
+    _tell_builders_the_vocabs()
+    _check_translation_split()
     _active = True
 
 

@@ -15,8 +15,9 @@ from functools import partial
 
 from onmt.decoders.transformer import TransformerDecoder
 from onmt.encoders.transformer import TransformerEncoder
+from onmt.utils.misc import sequence_mask
 
-from onmt_ext import aggregation, cross_aggregation
+from onmt_ext import aggregation, clause_attention, cross_aggregation, directional, gret, recurrent_embedding
 from onmt_ext.options import ExtConfig
 from onmt_ext.state import stateful_modules
 
@@ -56,11 +57,25 @@ class ExtTransformerEncoder(_ExtConfigured, TransformerEncoder):
         ext_config (ExtConfig): onmt-ext's typed configuration.
 
     ``forward(src, src_len)`` maps ``src`` ``(batch, src_len, feats)`` to
-    ``enc_out`` ``(batch, src_len, d_model)``, ``None``, ``src_len``.
+    ``enc_out`` ``(batch, src_len, d_model)``, the final state (``None``, or
+    GRET's global state ``(batch, d_model)``) and ``src_len``.
     """
 
     _stock = TransformerEncoder
-    _mechanisms = (aggregation.attach_encoder, cross_aggregation.attach_encoder)
+    _mechanisms = (aggregation.attach_encoder, cross_aggregation.attach_encoder, directional.attach_encoder,
+                   recurrent_embedding.attach_encoder, clause_attention.attach_encoder, gret.attach_encoder)
+
+    def forward(self, src, src_len=None):
+        """The stock forward; with GRET the final state is the global state ``(batch, d_model)``."""
+        clauses = getattr(self, "clause", None)
+        if clauses is not None:  # clause ids of this batch, read by the clause attentions
+            clauses.start(src, sequence_mask(src_len, src.size(1)))  # (OpenNMT-py's mask: True at padding)
+        summary = getattr(self, "gret", None)
+        if summary is None:
+            return super().forward(src, src_len)
+        summary.start()
+        enc_out, _, src_len = super().forward(src, src_len)
+        return enc_out, summary.summarise(~sequence_mask(src_len, src.size(1))), src_len  # (True: padding)
 
 
 class ExtTransformerDecoder(_ExtConfigured, TransformerDecoder):
@@ -78,13 +93,16 @@ class ExtTransformerDecoder(_ExtConfigured, TransformerDecoder):
     """
 
     _stock = TransformerDecoder
-    _mechanisms = (aggregation.attach_decoder, cross_aggregation.attach_decoder)
+    _mechanisms = (aggregation.attach_decoder, cross_aggregation.attach_decoder, recurrent_embedding.attach_decoder,
+                   gret.attach_decoder)
 
     def forward(self, tgt, enc_out=None, step=None, **kwargs):
         """The stock forward; stateful sub-modules are told whether this is a decoding step."""
         for module in stateful_modules(self):
             module.stepwise = step is not None
-        return super().forward(tgt, enc_out, step=step, **kwargs)
+        dec_out, attns = super().forward(tgt, enc_out, step=step, **kwargs)
+        fusion = getattr(self, "gret", None)
+        return (dec_out if fusion is None else fusion(dec_out)), attns
 
     def init_state(self, src, enc_out, enc_final_hs):
         """Start decoding a batch: stock state plus every stateful sub-module."""

@@ -25,7 +25,7 @@ def smoke_configs():
 
 def ensure_sample_data():
     """Prepare the shipped Tatoeba sample and its vocabularies (``make data``) if missing."""
-    if not (TATOEBA / "vocab.en").exists():
+    if not all((TATOEBA / name).exists() for name in ("vocab.en", "signal_tagger.zh.pt")):
         subprocess.run(["make", "-s", "data"], cwd=REPO, check=True)
 
 
@@ -77,8 +77,10 @@ def load_vocabs(opt):
         opt.data_task = ModelTask.SEQ2SEQ
     old = os.getcwd()
     os.chdir(REPO)  # configs use repository-relative paths
-    try:
-        return build_vocab(opt, {"src": [], "tgt": []})
+    from onmt.transforms import get_specials, get_transforms_cls
+
+    try:  # with the transforms' specials, as onmt_train builds them (e.g. clause_split's markers)
+        return build_vocab(opt, get_specials(opt, get_transforms_cls(list(opt.transforms or []))))
     finally:
         os.chdir(old)
 
@@ -121,11 +123,23 @@ def random_batch(vocabs, src_lens, tgt_lens, seed=0, pad_to=None):
     t_max = pad_to[1] if pad_to else max(tgt_lens)
     src = torch.full((len(src_lens), s_max, 1), src_pad, dtype=torch.long)
     tgt = torch.full((len(tgt_lens), t_max, 1), tgt_pad, dtype=torch.long)
+    markers = _marker_ids(vocabs["src"])
     for i, (s, t) in enumerate(zip(src_lens, tgt_lens)):
         src[i, :s, 0] = torch.randint(10, len(vocabs["src"]), (s,), generator=gen)
+        if markers:  # clause markers in about a quarter of the positions, so that sentences have clauses
+            where = torch.rand(s, generator=gen) < 0.25
+            picks = torch.tensor(markers)[torch.randint(len(markers), (s,), generator=gen)]
+            src[i, :s, 0] = torch.where(where, picks, src[i, :s, 0])
         tgt[i, :t, 0] = torch.randint(10, len(vocabs["tgt"]), (t,), generator=gen)
         tgt[i, 0, 0] = bos
     return src, torch.tensor(src_lens), tgt
+
+
+def _marker_ids(vocab):
+    """Ids of the clause_split markers in ``vocab`` (none unless the config lists the transform)."""
+    from onmt_ext.clause_split import marker_tokens
+
+    return [vocab[token] for token in marker_tokens() if token in vocab.ids_to_tokens]
 
 
 def full_forward(model, src, src_len, tgt):

@@ -21,10 +21,15 @@ references per line).  Metrics (all computed by sacreBLEU, see
 
 ``--baseline`` adds a paired bootstrap test of the system against the
 baseline output for every selected metric (``†`` p < 0.05, ``‡`` p < 0.01).
-``--by-length`` reports BLEU per bucket of source length (whitespace tokens:
-0-10, 11-20, ..., 41-50, 51+), taking the sources from ``--src`` or else from
-column 0 of ``--ref-tsv``; give ``--src`` with word-segmented sources (e.g.
-``test.zh``) when the TSV holds unsegmented Chinese.
+``--by-length`` reports BLEU per bucket of source length (whitespace tokens;
+``--buckets`` gives the upper bounds, default 10 20 30 40 50: 0-10, 11-20,
+..., 41-50, 51+), taking the sources from ``--src`` or else from column 0 of
+``--ref-tsv``; give ``--src`` with word-segmented sources (e.g. ``test.zh``)
+when the TSV holds unsegmented Chinese.  With ``--baseline`` it also reports,
+per bucket, the baseline's BLEU, the difference and a paired bootstrap test
+on that bucket's segments; ``--plot FILE`` draws it (PNG/PDF/SVG).  The
+by-length BLEU is ``bleu-zh`` when that metric is selected (Chinese output),
+else ``bleu``.
 
 The human output prints every score with its sacreBLEU signature; ``--json``
 prints one JSON object instead.  Exit status: 0 on success, 2 on a usage
@@ -82,6 +87,13 @@ def build_parser():
                         help="also report BLEU per bucket of source length")
     parser.add_argument("--src", metavar="FILE",
                         help="sources for --by-length (default: column 0 of --ref-tsv)")
+    parser.add_argument("--buckets", nargs="+", type=_positive_int, default=[10, 20, 30, 40, 50], metavar="N",
+                        help="--by-length: inclusive upper bounds of the length buckets, increasing "
+                             "(default: 10 20 30 40 50; the last bucket is open)")
+    parser.add_argument("--plot", metavar="FILE",
+                        help="--by-length with --baseline: draw both systems and the difference per bucket")
+    parser.add_argument("--names", nargs=2, default=["baseline", "system"], metavar=("BASELINE", "SYSTEM"),
+                        help="names of the two systems in the plot and report (default: baseline system)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     return parser
 
@@ -128,10 +140,20 @@ def evaluate(args):
         else:
             sources, src_name = ev.read_sources_from_tsv(args.ref_tsv), f"column 0 of {args.ref_tsv}"
         ev.check_same_length(sources, hyps, src_name, hyp_name)
+        metric = "bleu-zh" if "bleu-zh" in metrics else "bleu"
         report["by_length"] = {
             "sources": src_name,
-            "buckets": [dataclasses.asdict(b) for b in ev.bleu_by_length(hyps, refs, sources)],
+            "metric": metric,
+            "buckets": [dataclasses.asdict(b) for b in ev.bleu_by_length(hyps, refs, sources, args.buckets, metric)],
         }
+        if args.baseline:
+            comparisons = ev.compare_by_length(baseline, hyps, refs, sources, args.buckets, metric,
+                                               args.bootstrap_samples, args.seed)
+            report["by_length"]["versus_baseline"] = [dataclasses.asdict(c) for c in comparisons]
+            report["by_length"]["names"] = list(args.names)
+            if args.plot:
+                ev.plot_by_length(comparisons, args.plot, f"{metric} by source length", tuple(args.names))
+                report["by_length"]["plot"] = args.plot
     return report
 
 
@@ -172,6 +194,21 @@ def format_report(report):
             lines.append(f"  {b['label']:<8} {b['count']:>8} {score:>8}")
         signatures = {b["signature"] for b in by_length["buckets"] if b["signature"]}
         lines += [f"  signature: BLEU|{s}" for s in sorted(signatures)]
+        if "versus_baseline" in by_length:
+            base, system = by_length["names"]
+            lines += ["", f"{by_length['metric']} by source length, {system} vs {base} (paired bootstrap per "
+                          "bucket; † p < 0.05, ‡ p < 0.01)",
+                      f"  {'length':<8} {'segments':>8} {base[:10]:>10} {system[:10]:>10} {'delta':>8} {'p-value':>8}"]
+            for c in by_length["versus_baseline"]:
+                test = c["bootstrap"]
+                if test is None:
+                    lines.append(f"  {c['label']:<8} {0:>8} {'-':>10} {'-':>10} {'-':>8} {'-':>8}")
+                    continue
+                lines.append(f"  {c['label']:<8} {c['count']:>8} {test['baseline_score']:>10.2f} "
+                             f"{test['system_score']:>10.2f} {test['delta']:>+8.2f} {test['p_value']:>8.4f} "
+                             f"{test['marker']}".rstrip())
+            if "plot" in by_length:
+                lines.append(f"  plot: {by_length['plot']}")
     return "\n".join(lines)
 
 
@@ -181,6 +218,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.src and not args.by_length:
         parser.error("--src is only used with --by-length")
+    if args.plot and not (args.by_length and args.baseline):
+        parser.error("--plot draws the by-length comparison: it needs --by-length and --baseline")
     if args.by_length and not (args.src or args.ref_tsv):
         parser.error("--by-length needs the sources: give --src (or use --ref-tsv, whose column 0 is the source)")
     try:

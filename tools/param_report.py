@@ -24,7 +24,10 @@ def _vocabs(size, shared):
     import pyonmttok
     from onmt.constants import DefaultTokens
 
-    specials = [DefaultTokens.UNK, DefaultTokens.PAD, DefaultTokens.BOS, DefaultTokens.EOS]
+    from onmt_ext.clause_split import marker_tokens
+
+    # the clause markers are source specials of the clause_split transform (clause attention looks them up)
+    specials = [DefaultTokens.UNK, DefaultTokens.PAD, DefaultTokens.BOS, DefaultTokens.EOS, *marker_tokens()]
     src = pyonmttok.build_vocab_from_tokens([f"w{i}" for i in range(size - len(specials))], special_tokens=specials)
     tgt = src if shared else pyonmttok.build_vocab_from_tokens(
         [f"w{i}" for i in range(size - len(specials))], special_tokens=specials)

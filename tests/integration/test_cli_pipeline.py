@@ -5,6 +5,7 @@ trained while the extension is switched off (a stock model and checkpoint
 must keep working unchanged when the extension is loaded).
 """
 
+import json
 import sys
 
 import pytest
@@ -72,3 +73,43 @@ def test_console_scripts_start(command):
     assert "usage" in result.stdout
     if command == "onmt_train":  # our options are part of the stock help
         assert "onmt-ext:" in result.stdout and "ext_transformer" in result.stdout
+
+
+def test_gret_fine_tunes_from_a_baseline_checkpoint(sample_data, onmt_active, tmp_path):
+    """As the paper trains GRET and as yaml_configs/gret/*_gret.yaml do: -train_from the baseline's checkpoint."""
+    support.run_cli("onmt_train", "-config", STOCK, "-save_model", tmp_path / "base", "-save_data", tmp_path / "s",
+                    "-train_steps", 4, "-save_checkpoint_steps", 4, "-valid_steps", 100)
+    result = support.run_cli(
+        "onmt_train", "-config", "yaml_configs/smoke/gret/transformer_base_wmt14_ende_gret.yaml",
+        "-save_model", tmp_path / "gret", "-save_data", tmp_path / "s", "-train_from", tmp_path / "base_step_4.pt",
+        "--override_opts", "-reset_optim", "all", "-train_steps", 3, "-save_checkpoint_steps", 3, "-valid_steps", 100)
+    log = result.stdout + result.stderr
+    assert "new tensors of onmt-ext mechanisms initialised" in log and "encoder.gret.vote_maps" in log
+    base, tuned = torch.load(tmp_path / "base_step_4.pt"), torch.load(tmp_path / "gret_step_3.pt")
+    assert tuned["opt"].gret and not hasattr(base["opt"], "gret") or not base["opt"].gret
+    assert set(tuned["model"]) - set(base["model"]) == {k for k in tuned["model"] if ".gret." in k}
+    src = tmp_path / "src.txt"
+    src.write_text("▁我 ▁很 ▁好 。\n", encoding="utf-8")
+    support.run_cli("onmt_translate", "-model", tmp_path / "gret_step_3.pt", "-src", src,
+                    "-output", tmp_path / "hyp.txt", "-max_length", 5)
+    assert len((tmp_path / "hyp.txt").read_text(encoding="utf-8").splitlines()) == 1
+    # the bag-of-words probe (tools/gret_probe.py) on that tiny checkpoint and on the baseline's
+    pairs = {}
+    for name, source in (("train", "train"), ("test", "valid")):
+        for lang in ("zh", "en"):
+            path = tmp_path / f"{name}.{lang}"
+            lines = (support.TATOEBA / f"{source}.{lang}").read_text(encoding="utf-8").splitlines()[:150]
+            path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+            pairs[name, lang] = path
+    probe = ["python", support.REPO / "tools/gret_probe.py", "-src", pairs["train", "zh"],
+             "-tgt", pairs["train", "en"], "-test_src", pairs["test", "zh"], "-test_tgt", pairs["test", "en"],
+             "--src-subword-model", support.TATOEBA / "spm.zh.model",
+             "--tgt-subword-model", support.TATOEBA / "spm.en.model", "--epochs", 2]
+    support.run_cli(*probe, "-model", tmp_path / "gret_step_3.pt", "--out", tmp_path / "probe.json")
+    report = json.loads((tmp_path / "probe.json").read_text(encoding="utf-8"))
+    assert report["kind"] == "global" and report["train_pairs"] == report["test_pairs"] == 150
+    assert set(report["precision"]) == {"1", "5", "10"}
+    assert all(0.0 <= value <= 1.0 for value in report["precision"].values())
+    failed = support.run_cli(*probe, "-model", tmp_path / "base_step_4.pt", check=False)
+    assert failed.returncode != 0 and "--kind global needs a GRET checkpoint" in failed.stderr
+    support.run_cli(*probe, "-model", tmp_path / "base_step_4.pt", "--kind", "average")

@@ -17,9 +17,9 @@ change.  With dropout 0 (the models are in eval mode):
 configs whose options differ only in output paths (e.g. the Base and Big smoke
 twins of one paper row, identical at toy size) share one run, and the test id
 names all of them.  5-6 run the real console scripts on a checkpoint trained
-for 100 steps (300 with a decoder-side mechanism), once per distinct code
-path: configs that differ only in which layers a mechanism is applied to, or
-in the number of layers (every ``*_layers`` option), share one run.
+for 100 steps (300 with a decoder-side mechanism), once per representative
+config: a config is covered by one with the same stock options that switches
+on everything it switches on (see ``_code_paths``).
 """
 
 import hashlib
@@ -55,20 +55,82 @@ def _layer_options():
     return {"enc_layers", "dec_layers", "layers"} | {spec.name for spec in OPTION_SPECS if spec.name.endswith("_layers")}
 
 
+def _groups(configs, ignore):
+    """Configs grouped by the signature of their options (``ignore`` aside), in order of first appearance."""
+    groups = {}
+    for config in configs:
+        groups.setdefault(_model_signature(config, ignore), []).append(config)
+    return list(groups.values())
+
+
 def _distinct(ignore):
     """One representative config per signature, with an id naming every config it covers."""
     import onmt  # noqa: F401  (activates onmt-ext for the option parser)
 
-    groups = {}
-    for config in CONFIGS:
-        groups.setdefault(_model_signature(config, ignore), []).append(config)
-    reps = [paths[0] for paths in groups.values()]
-    ids = ["+".join(_ids(paths)) for paths in groups.values()]
+    groups = _groups(CONFIGS, ignore)
+    return [paths[0] for paths in groups], ["+".join(_ids(paths)) for paths in groups]
+
+
+def _mechanism_features(config):
+    """What a config switches on: ``(option, value)`` for every onmt-ext option away from its default.
+
+    List options give one pair per element; options that are sizes or counts
+    (not a choice, not a switch) give ``(option,)``, since every value runs
+    the same code; layer selections are left out (see ``_layer_options``).
+    """
+    from onmt_ext.options import OPTION_SPECS
+
+    opt = support.load_train_opts(config)
+    defaults = support.train_parser()
+    features = {(name, str(getattr(opt, name))) for name in _TRANSFORM_FEATURES
+                if getattr(opt, name, None) != defaults.get_default(name)}
+    for spec in OPTION_SPECS:
+        value = getattr(opt, spec.name, spec.default)
+        if value == spec.default or spec.name in _layer_options():
+            continue
+        if spec.nargs:
+            features.update((spec.name, item) for item in value)
+        elif spec.choices or spec.type is bool:
+            features.add((spec.name, value))
+        else:
+            features.add((spec.name,))
+    return frozenset(features)
+
+
+# Options of onmt-ext's data transforms that choose a code path (the clause splitter's tagger, language,
+# levels): compared like mechanism options, so that one console-script run covers a config whose splitter
+# settings are a subset of the representative's.
+_TRANSFORM_FEATURES = ("clause_lang", "clause_levels", "clause_tagger_model", "clause_presplit")
+
+
+def _code_paths():
+    """Representatives for the console-script checks, each with an id naming the configs it covers.
+
+    Configs with the same stock options (paths and layer counts aside) are
+    covered by a representative that switches on everything they switch on
+    (a superset of their ``_mechanism_features``): that run takes every one
+    of their mechanism settings through ``onmt_train`` and ``onmt_translate``.
+    The representatives are chosen greedily, largest feature set first.
+    """
+    from onmt_ext.options import OPTION_SPECS
+
+    stock_ignore = PATHS | _layer_options() | {spec.name for spec in OPTION_SPECS} | set(_TRANSFORM_FEATURES)
+    reps, ids = [], []
+    for group in _groups(CONFIGS, stock_ignore):
+        features = {config: _mechanism_features(config) for config in group}
+        ordered = sorted(group, key=lambda c: (-len(features[c]), str(c)))
+        chosen = {}
+        for config in ordered:
+            cover = next((rep for rep in chosen if features[config] <= features[rep]), None)
+            chosen.setdefault(cover or config, []).append(config)
+        for rep, covered in chosen.items():
+            reps.append(rep)
+            ids.append("+".join(_ids(covered)))
     return reps, ids
 
 
 DISTINCT, DISTINCT_IDS = _distinct(PATHS)
-CODE_PATHS, CODE_PATH_IDS = _distinct(PATHS | _layer_options())
+CODE_PATHS, CODE_PATH_IDS = _code_paths()
 
 
 @pytest.fixture(scope="module", params=DISTINCT, ids=DISTINCT_IDS)
@@ -191,7 +253,20 @@ def trained_model(request, sample_data, onmt_active, tmp_path_factory):
         "-train_steps", steps, "-save_checkpoint_steps", steps, "-valid_steps", 10 * steps,
         "-log_file_level", "WARNING",
     )
-    return out / f"model_step_{steps}.pt"
+    model = out / f"model_step_{steps}.pt"
+    _SPLIT_ARGS[model] = _split_args(request.param)
+    return model
+
+
+# onmt_translate needs the source split as in training: checkpoint -> the transform options to pass.
+_SPLIT_ARGS = {}
+
+
+def _split_args(config):
+    """``-transforms clause_split -clause_*`` for a clause-attention config (the test source is SentencePiece'd)."""
+    from onmt_ext.clause_split import translate_options
+
+    return translate_options(vars(support.load_train_opts(config)))
 
 
 @pytest.fixture(scope="module")
@@ -221,7 +296,7 @@ def _translate(model, src, out, *args):
     # output, and OpenNMT-py cannot score an empty -tgt line as GOLD.
     return support.run_cli(
         "onmt_translate", "-model", model, "-src", src, "-output", out, "-max_length", MAX_LENGTH,
-        "-max_length_ratio", 0, "-min_length", 1, *args
+        "-max_length_ratio", 0, "-min_length", 1, *_SPLIT_ARGS.get(model, []), *args
     )
 
 

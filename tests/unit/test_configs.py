@@ -22,6 +22,12 @@ SIZE_AND_RUN_KEYS = {
     "keep_checkpoint", "report_every", "learning_rate", "batch_size", "valid_batch_size", "accum_count", "accum_steps",
     "world_size", "gpu_ranks", "model_dtype", "bucket_size", "num_workers", "src_seq_length", "tgt_seq_length",
     "routing_compile",  # torch.compile of the routing: speed only, same model
+    "chen2019_dim",  # d_r scales with the model width (two of the four toy heads)
+    "train_from", "override_opts", "reset_optim",  # GRET's fine-tuning start (the twins train from scratch)
+    "batch_type",  # the clause paper counts its batches in sentences
+    # the clause twins split the sample's Chinese source on the fly (jieba, a tagger trained on it); the paper
+    # configs read English sources split beforehand
+    "clause_lang", "clause_tagger_model", "clause_presplit",
 }
 
 

@@ -43,18 +43,55 @@ def test_li2019_has_every_table_row_at_both_sizes_and_tasks():
             assert f"transformer_{size}_{task}_simple_enc_self" in names
 
 
+def test_chen2019_has_every_row_of_tables_1_to_3_at_both_sizes_and_tasks():
+    names = {p.stem for p in (support.REPO / "yaml_configs/chen2019").glob("*.yaml")}
+    rows = ("baseline", "relative_pe", "disan", "rpehead", "mprhead", "rpehead_restricted", "mprhead_restricted",
+            "no_pe_dec", "no_pe_enc", "no_pe_enc_dec", "rpehead_no_dec", "rpehead_no_enc", "mprhead_no_dec",
+            "mprhead_no_enc")
+    assert names == {f"transformer_{size}_{task}_{row}" for size in ("base", "big")
+                     for task in ("wmt14_ende", "nist_zhen") for row in rows}
+    rpe = yaml.safe_load((support.REPO / "yaml_configs/chen2019/transformer_big_nist_zhen_rpehead.yaml").read_text())
+    assert rpe["chen2019_dim"] == 320 and rpe["chen2019_enc"] == rpe["chen2019_dec"] == "rpehead"
+
+
+def test_gret_rows_fine_tune_from_their_baseline_checkpoint():
+    configs = support.REPO / "yaml_configs/gret"
+    tuned = [p for p in configs.glob("*.yaml") if "_gret" in p.stem]
+    assert len(tuned) == 2 * 4 + 3  # main results at Base and Big on four tasks; three ablations
+    for path in tuned:
+        config = yaml.safe_load(path.read_text(encoding="utf-8"))
+        baseline = yaml.safe_load((configs / (path.stem.split("_gret")[0] + "_baseline.yaml")).read_text())
+        assert config["train_from"] == f"{baseline['save_model']}_step_{baseline['train_steps']}.pt"
+        assert config["override_opts"] is True and config["reset_optim"] == "all" and config["gret"] is True
+        twin = yaml.safe_load((support.REPO / "yaml_configs/smoke/gret" / path.name).read_text(encoding="utf-8"))
+        assert "train_from" not in twin  # the smoke twins train from scratch (the fine-tuning is tested apart)
+
+
+def test_sweep_rows_train_into_their_own_directories():
+    plans = [reproduce.plan(row, 1) for row in reproduce.TABLES["chen2019-figure2-mprhead"]]
+    run_dirs = [run_dir for run_dir, _, _, _ in plans]
+    assert len(set(run_dirs)) == len(run_dirs) == 8
+    assert plans[-1][3][0][-2:] == ["-chen2019_dim", "448"]
+    assert f"-save_model {run_dirs[-1]}/model" in " ".join(plans[-1][3][0])
+
+
 @pytest.mark.parametrize("table", sorted(reproduce.TABLES))
 def test_reproduction_plan_uses_existing_configs_and_the_papers_batch(table, capsys):
-    assert reproduce.main([table, "--dry-run", "--gpus", "2"]) == 0
-    lines = capsys.readouterr().out.splitlines()
     rows = reproduce.TABLES[table]
+    configs = [yaml.safe_load((support.REPO / "yaml_configs" / row.config).read_text(encoding="utf-8"))
+               for row in rows]
+    gpus = 2 if all(config["accum_count"][0] % 2 == 0 for config in configs) else 1  # (clause paper: one GPU)
+    assert reproduce.main([table, "--dry-run", "--gpus", str(gpus)]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("onmt_")]
     assert len(lines) == 2 * len(rows)
-    for row, train, translate in zip(rows, lines[0::2], lines[1::2]):
-        config = yaml.safe_load((support.REPO / "yaml_configs" / row.config).read_text(encoding="utf-8"))
+    for row, config, train, translate in zip(rows, configs, lines[0::2], lines[1::2]):
         assert train.startswith(f"onmt_train -config yaml_configs/{row.config} ")
-        # two GPUs with half the accumulation: the paper's tokens per update
-        assert f"-world_size 2 -gpu_ranks 0 1 -accum_count {config['accum_count'][0] // 2} " in train
+        # with two GPUs half the accumulation: the paper's tokens per update
+        ranks = " ".join(map(str, range(gpus)))
+        assert f"-world_size {gpus} -gpu_ranks {ranks} -accum_count {config['accum_count'][0] // gpus} " in train
         assert translate.startswith("onmt_translate -model build/runs/")
+        if config.get("clause_attention"):  # the test source is split as in training
+            assert f"-transforms clause_split -clause_lang {config['clause_lang']}" in translate
     first = yaml.safe_load((support.REPO / "yaml_configs" / rows[0].config).read_text(encoding="utf-8"))
     assert first["encoder_type"] == "transformer", "the first row is the baseline the others are tested against"
 
@@ -80,3 +117,16 @@ def test_bench_configs_parse_strictly_and_keep_the_mechanism(size, tmp_path, onm
         assert opt.train_steps == 30 and checkpoint.name == "model_step_30.pt"
         if size == "paper":
             assert opt.hidden_size == paper["hidden_size"] and opt.model_dtype == "fp32"
+
+
+@pytest.mark.parametrize("suite", sorted(bench.SUITES))
+def test_every_bench_suite_has_a_stock_baseline_and_parses_strictly(suite, tmp_path, onmt_active):
+    from onmt_ext.plugin import parse_train_config
+
+    args = argparse.Namespace(warmup_steps=10, steps=20, batch_size=512, gpu=-1)
+    cases = bench.SUITES[suite]
+    for size in ("smoke", "paper"):
+        for case in cases:
+            opt = parse_train_config(bench.bench_config(case, size, args, tmp_path)[0])
+            assert not opt.train_from  # speed is measured from scratch, also for fine-tuned rows
+            assert (opt.encoder_type == "transformer") == (case is cases[0])

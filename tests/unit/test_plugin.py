@@ -121,6 +121,25 @@ def test_build_vocab_rejects_unknown_command_line_option(bad_config):
     assert "unknown option 'n_sampel' on the command line; did you mean 'n_sample'?" in result.stderr
 
 
+def test_option_with_the_wrong_dashes_is_an_error_not_silently_dropped(onmt_active):
+    from onmt_ext.plugin import parse_train_config
+
+    # OpenNMT-py writes this flag --override_opts or -override-opts; argparse leaves -override_opts over
+    with pytest.raises(SystemExit):
+        parse_train_config(support.REPO / "yaml_configs/smoke/baseline/transformer_base_wmt14_ende.yaml",
+                           "-override_opts")
+    import onmt.opts
+    from onmt.utils.parse import ArgumentParser
+
+    parser = ArgumentParser()
+    onmt.opts.train_opts(parser)
+    from onmt_ext.plugin import _misspelt_dashes
+
+    assert _misspelt_dashes(parser, ["-override_opts"]) == [
+        "'-override_opts' is not an option; write --override_opts or -override-opts"]
+    assert _misspelt_dashes(parser, ["--no_such_option"]) == []
+
+
 def test_translate_rejects_unknown_option():
     result = support.run_cli("onmt_translate", "-model", "m.pt", "-src", "x", "-beam_sise", "4", check=False)
     assert result.returncode == 2

@@ -1,0 +1,264 @@
+"""Clause attention in the encoder ("Clause Attention based on Signal Words Division", sec. 3.2, eq. 4-5).
+
+The ``clause_split`` transform (:mod:`onmt_ext.clause_split`) inserts a
+marker token before each signal word; the marker names the split level
+(1 punctuation, 2 conjunctions, 3 relative words, 4 prepositions, 5
+infinitive "to", 6 participles).  This module turns those markers into
+clause blocks and mixes block-local self-attention into the encoder.
+
+**Markers stay in the encoder input** (decision).  They are ordinary
+source tokens with their own embeddings, so the kind of signal word that
+opens a clause is visible to the model (the paper writes "split level flag +
+signal word" into the text it encodes), and no second input stream is needed.
+They exist on the source side only; translations never contain them.
+
+**Clauses** (eq. 3).  At level l a marker of level <= l opens a new clause,
+to which it belongs; the tokens before the first marker form the first
+clause (a marker in first position opens nothing).  Clauses of level l + 1
+therefore refine those of level l.  :func:`clause_ids` computes the ids
+``(batch, L, len)`` from the token ids, exactly as the pure-Python
+:func:`onmt_ext.clause_split.clause_ids` does from tokens; padding gets the
+id -1.  L is the transform's ``-clause_levels`` (one option for both, so the
+encoder uses exactly the levels the transform writes).
+
+**Attention** (eq. 4-5).  In each selected encoder self-attention layer the
+masked scores ``E`` ``(batch, heads, len, len)`` give the global attention
+``g = softmax(E)`` and, for each level, the block-local attention
+``b^l = softmax(E restricted to the keys in the query's clause of level l)``.
+They are combined from local to global with ``a (+) b = (1 - p) a + p b``::
+
+    A_L = b^L,   A_l = (1 - p_{l+1}) b^l + p_{l+1} A_{l+1},   Y = (1 - p_1) g + p_1 A_1
+
+Mixing the probabilities equals mixing the attended values (the context is
+linear in them), so one product with the values serves all levels, and the
+result is still a distribution over the keys.  A single-token clause gives
+its token ``b^l = 1`` on itself; padded keys get no weight at any level.
+
+**p_l** (``-clause_mixing``, decision; the paper only calls p_l "a computed
+probability"): ``scalar`` (default): a learned logit per level and head,
+``p_{l,h} = sigmoid(theta_{l,h})``; ``gate``: ``p_{l,h} = sigmoid(w_{l,h}
+. x_q + c_{l,h})`` from the layer's normalised input at the query, so each
+token chooses how local to be.  Both start at p = 1/2 (zero logits).
+
+Hook: the ``softmax`` of OpenNMT-py's ``MultiHeadedAttention`` (the one place
+that sees the score tensor, already masked at padded keys), with the layer
+forced onto the explicit ``scaled-dot`` path (the fused SDPA/flash kernels
+never build the scores).  With ``-clause_attention false`` nothing is
+attached and the encoder is OpenNMT-py's.
+"""
+
+import contextlib
+
+import torch
+import torch.nn as nn
+
+from onmt_ext.options import (EXT_TYPE, OptionSpec, layers_check, options_without_effect, register_options,
+                              selected_layers, tensor_parallel_problems)
+
+MIXINGS = ("scalar", "gate")
+TRANSFORM = "clause_split"
+_MASKED = -1e18  # the fill OpenNMT-py uses for masked scores (scores are float32 there)
+
+# ---------------------------------------------------------------------------
+# The vocabularies of the model being built.  The encoder's ``from_opt`` gets
+# no vocabulary, but it needs the ids of the markers; the plugin wraps
+# ``onmt.model_builder.build_base_model`` in :func:`building_with`.
+
+_VOCABS = []
+
+
+@contextlib.contextmanager
+def building_with(vocabs):
+    """Make ``vocabs`` (OpenNMT-py's vocab dict) visible to modules built inside the block."""
+    _VOCABS.append(vocabs)
+    try:
+        yield
+    finally:
+        _VOCABS.pop()
+
+
+def marker_level_table(src_vocab, levels):
+    """``(vocab_size,)`` long tensor: the split level of each marker id (<= ``levels``), 0 elsewhere.
+
+    Raises :class:`ValueError` if the vocabulary holds none of the markers.
+    """
+    from onmt_ext.clause_split import marker_tokens
+
+    ids_to_tokens = src_vocab.ids_to_tokens
+    table = torch.zeros(len(ids_to_tokens), dtype=torch.long)
+    found = 0
+    for level, token in enumerate(marker_tokens(levels), start=1):
+        index = src_vocab.lookup_token(token)
+        if 0 <= index < len(ids_to_tokens) and ids_to_tokens[index] == token:
+            table[index] = level
+            found += 1
+    if not found:
+        raise ValueError(f"-clause_attention: the source vocabulary has no clause marker "
+                         f"({', '.join(marker_tokens(levels))}); build it with -transforms listing {TRANSFORM}")
+    return table
+
+
+def clause_ids(token_levels, levels, pad_mask=None):
+    """Clause id of every token at every level, ``(batch, levels, len)`` (eq. 3).
+
+    Args:
+        token_levels: ``(batch, len)`` split level of each token (0: not a marker).
+        levels: L, the number of levels used.
+        pad_mask: ``(batch, len)`` True at padding; padded positions get the id -1.
+    """
+    opens = torch.stack([(token_levels > 0) & (token_levels <= level) for level in range(1, levels + 1)], dim=1)
+    opens[..., 0] = False  # a marker in first position opens no new clause
+    ids = opens.long().cumsum(dim=-1)
+    if pad_mask is not None:
+        ids = ids.masked_fill(pad_mask.unsqueeze(1), -1)
+    return ids
+
+
+class ClauseStructure(nn.Module):
+    """The clause ids of the current source batch, shared by the encoder's clause attentions.
+
+    Args:
+        level_table: ``(vocab_size,)`` split level of each source id (:func:`marker_level_table`).
+        levels: L.
+
+    ``start(src, pad_mask)`` computes, for the batch the encoder is about to
+    read, ``ids`` ``(batch, L, len)``, the masks ``outside`` ``(batch, L,
+    len, len)`` (True where the key lies outside the query's clause), which
+    every layer shares, and ``same_as``: for each level, the first level
+    with the same clauses in every sentence of the batch (the clause
+    attentions compute one local softmax per distinct partition; levels
+    without markers in the batch repeat the coarser one).  The table is a
+    non-persistent buffer, rebuilt from the vocabulary whenever the model is
+    built.
+    """
+
+    def __init__(self, level_table, levels):
+        super().__init__()
+        self.levels = levels
+        self.register_buffer("level_table", level_table, persistent=False)
+        self.ids = self.outside = self.same_as = None
+
+    def start(self, src, pad_mask):
+        """Set the clause structure from ``src`` ``(batch, len, feats)`` and ``pad_mask`` ``(batch, len)``."""
+        ids = clause_ids(self.level_table[src[:, :, 0]], self.levels, pad_mask)
+        self.ids = ids
+        self.outside = ids[:, :, :, None] != ids[:, :, None, :]
+        # level l + 1 refines level l: equal ids mean the same clauses (one device sync per batch)
+        repeats = (ids[:, 1:] == ids[:, :-1]).all(dim=-1).all(dim=0).tolist()
+        self.same_as = [0]
+        for level, repeat in enumerate(repeats, start=1):
+            self.same_as.append(self.same_as[-1] if repeat else level)
+
+
+class ClauseAttention(nn.Module):
+    """Replacement of an attention's softmax: global and clause-local attention mixed (eq. 4-5).
+
+    Args:
+        structure (ClauseStructure): where the batch's clause ids are read.
+        heads: H.
+        mixing: ``"scalar"`` or ``"gate"`` (module docstring).
+        d_model: size of the layer input (for ``gate``).
+
+    ``forward(scores)`` maps the masked scores ``(batch, H, len, len)`` to
+    the mixed attention probabilities, same shape.  With ``gate``, a forward
+    pre-hook on the attention (:meth:`remember_query`) keeps the query input.
+    """
+
+    def __init__(self, structure, heads, mixing="scalar", d_model=None):
+        super().__init__()
+        if mixing not in MIXINGS:
+            raise ValueError(f"mixing must be one of {MIXINGS}, got {mixing!r}")
+        levels = structure.levels
+        self._structure = [structure]  # shared, not a sub-module (it is registered on the encoder)
+        self.heads, self.levels, self.mixing = heads, levels, mixing
+        if mixing == "scalar":
+            self.mix_logits = nn.Parameter(torch.zeros(levels, heads))
+        else:
+            self.mix_gate = nn.Linear(d_model, levels * heads)
+            nn.init.zeros_(self.mix_gate.weight)
+            nn.init.zeros_(self.mix_gate.bias)
+        self.query = None
+
+    def remember_query(self, attention, args, kwargs):
+        """Forward pre-hook of the attention: keep its query input ``(batch, len, d_model)``."""
+        self.query = kwargs["query"] if "query" in kwargs else args[2]
+
+    def mixing_weights(self):
+        """p as ``(L, 1, H, 1, 1)`` (scalar) or ``(L, batch, H, len, 1)`` (gate)."""
+        if self.mixing == "scalar":
+            return torch.sigmoid(self.mix_logits.float())[:, None, :, None, None]
+        batch, length, _ = self.query.shape
+        logits = self.mix_gate(self.query).float().view(batch, length, self.levels, self.heads)
+        return torch.sigmoid(logits).permute(2, 0, 3, 1).unsqueeze(-1)
+
+    def forward(self, scores):
+        structure = self._structure[0]
+        ids = structure.ids
+        if ids is None or ids.shape[0] != scores.shape[0] or ids.shape[-1] != scores.shape[-1]:
+            raise RuntimeError("clause attention: no clause ids for this batch (the encoder sets them; "
+                               "this attention runs only inside ExtTransformerEncoder)")
+        scores = scores.float()
+        p = self.mixing_weights()
+        local = {}
+        mixed = None
+        for level in reversed(range(self.levels)):
+            first = structure.same_as[level]
+            if first not in local:  # b^l: softmax over the keys in the query's clause
+                outside = structure.outside[:, first].unsqueeze(1)  # (B, 1, len, len)
+                local[first] = torch.softmax(scores.masked_fill(outside, _MASKED), dim=-1)
+            mixed = local[first] if mixed is None else torch.lerp(local[first], mixed, p[level + 1])
+        return torch.lerp(torch.softmax(scores, dim=-1), mixed, p[0])
+
+
+def _combination_check(opt):
+    if not getattr(opt, "clause_attention", False):
+        return options_without_effect(opt, _SPECS[1:], "-clause_attention is false")
+    problems = []
+    transforms = list(getattr(opt, "transforms", None) or [])
+    data = getattr(opt, "data", None)
+    if isinstance(data, dict):
+        for corpus in data.values():
+            if isinstance(corpus, dict):
+                transforms += list(corpus.get("transforms") or [])
+    if TRANSFORM not in transforms:
+        problems.append(f"-clause_attention reads the markers of the {TRANSFORM} transform: list {TRANSFORM} in "
+                        f"-transforms (after the subword transform)")
+    for switch, what in (("cao2019_vertical", "cao2019's cross aggregation"),
+                         ("cao2019_horizontal", "cao2019's cross aggregation"), ("disan_enc", "-disan_enc")):
+        if getattr(opt, switch, False):
+            problems.append(f"-clause_attention cannot be combined with {what}: both replace the softmax of the "
+                            f"encoder self-attention")
+            break
+    return problems + tensor_parallel_problems(opt, "-clause_attention")
+
+
+_SPECS = [
+    OptionSpec("clause_attention", bool, False, "clause attention (eq. 4-5): global and clause-local self-attention "
+               "mixed from local to global in the encoder; levels: -clause_levels of the clause_split transform",
+               side="encoder"),
+    OptionSpec("clause_mixing", str, "scalar", "clause attention: p_l of eq. 5: a learned scalar per level and head "
+               "(scalar), or a gate from the query's hidden state (gate)", side="encoder", choices=MIXINGS),
+    OptionSpec("clause_attention_layers", int, [], "clause attention: encoder layers (1-based); empty: all",
+               side="encoder", nargs="*", check=layers_check("enc")),
+]
+
+register_options(_SPECS, combination_check=_combination_check)
+
+
+def attach_encoder(encoder, config):
+    """Give the encoder a :class:`ClauseStructure` and clause attention in the selected layers."""
+    if not config.option("clause_attention"):
+        return
+    if not _VOCABS:
+        raise RuntimeError("-clause_attention: the encoder must be built by onmt.model_builder.build_base_model "
+                           "(with onmt-ext active), which tells it the source vocabulary")
+    levels = config.clause_levels
+    encoder.clause = ClauseStructure(marker_level_table(_VOCABS[-1]["src"], levels), levels)
+    attentions = [layer.self_attn for layer in encoder.transformer]
+    for i in selected_layers(config.option("clause_attention_layers"), len(attentions)):
+        attention = attentions[i]
+        softmax = ClauseAttention(encoder.clause, config.heads, config.option("clause_mixing"), config.d_model)
+        if softmax.mixing == "gate":
+            attention.register_forward_pre_hook(softmax.remember_query, with_kwargs=True)
+        attention.softmax = softmax
+        attention.self_attn_type = "scaled-dot"  # the fused SDPA/flash path never forms the scores

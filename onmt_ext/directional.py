@@ -1,0 +1,141 @@
+"""DiSAN-style directional self-attention: the "+DiSAN" baseline of chen2019's Table 1 (after Shen et al. 2018).
+
+chen2019 compares against DiSAN (Shen et al. 2018, "directional
+self-attention network"), reimplemented in OpenNMT.  OpenNMT-py has none,
+so this module adds what we take to be its core to the encoder's
+self-attention:
+
+* **Directional masks.**  In each selected encoder layer the first H/2 heads
+  use DiSAN's *forward* mask, the others its *backward* mask: query position
+  l may attend key t only if t < l (forward) or t > l (backward).  The
+  diagonal is disabled, as in DiSAN.  The masks are combined with the padding
+  mask already in the scores.  A query with no allowed key (the first
+  position of a forward head, the last real position of a backward head)
+  gets an all-zero attention row: that head contributes nothing there, never
+  a uniform average of masked keys.
+* **Fusion gate.**  With ``s`` the attention sublayer's output (after
+  OpenNMT-py's W^O) and ``h`` its input (the layer-normalised layer input),
+  ``F = sigmoid(W_1 s + W_2 h + b)`` and the sublayer returns
+  ``F * h + (1 - F) * s`` (``disan_fusion_gate``; off: the masks only).
+
+Not implemented, and why: DiSAN's multi-dimensional (feature-wise) attention
+scores, which need ``(batch, len, len, d)`` memory, are replaced by the
+Transformer's scaled dot-product scores per head; DiSAN's input FC layer is
+the Transformer's own embedding and projections; its source2token pooling
+layer, which makes a sentence vector for classification, has no role in a
+translation encoder.
+
+Parameters: the gate adds ``2 d^2 + d`` per selected layer (Transformer-Base,
+6 layers: +3.15M); chen2019's Table 1 lists +0.04M for its DiSAN, which we
+cannot reconstruct (the paper does not say what it parameterised).
+
+Hook: the attention's ``softmax`` (the only place that sees the scores; the
+layer is switched to OpenNMT-py's explicit ``scaled-dot`` path, since the
+fused SDPA/flash path never forms them) and a wrapper around the layer's
+``self_attn`` for the gate.
+"""
+
+import torch
+import torch.nn as nn
+
+from onmt_ext.options import (OptionSpec, layers_check, options_without_effect, register_options, selected_layers,
+                              tensor_parallel_problems)
+
+_MASKED_BELOW = -1e17  # OpenNMT-py fills masked scores with -1e18
+
+
+def directional_mask(length, heads, device=None):
+    """``(heads, len, len)`` bool, True where query l may attend key t: t < l for the first H/2 heads, t > l after."""
+    positions = torch.arange(length, device=device)
+    forward = positions[None, :] < positions[:, None]  # key before query
+    backward = positions[None, :] > positions[:, None]
+    half = heads // 2
+    return torch.cat([forward.expand(half, -1, -1), backward.expand(heads - half, -1, -1)])
+
+
+class DirectionalSoftmax(nn.Module):
+    """Softmax over the keys allowed by the directional masks; rows without any allowed key are zero.
+
+    ``forward(scores)`` maps the masked scores ``(batch, H, len, len)`` to
+    attention probabilities of the same shape.
+    """
+
+    def __init__(self, heads):
+        super().__init__()
+        self.heads = heads
+
+    def forward(self, scores):
+        allowed = directional_mask(scores.size(-1), self.heads, scores.device) & (scores > _MASKED_BELOW)
+        probs = torch.softmax(scores.masked_fill(~allowed, -1e18), dim=-1)
+        return probs * allowed.any(dim=-1, keepdim=True)
+
+
+class FusionGate(nn.Module):
+    """Wraps a layer's ``self_attn``: ``F * h + (1 - F) * s`` with ``F = sigmoid(W_1 s + W_2 h + b)``.
+
+    Args:
+        attention: the layer's ``MultiHeadedAttention``.
+        d_model: d.
+
+    ``forward`` takes the arguments of ``MultiHeadedAttention.forward``
+    (``key, value, query, ...``) and returns ``(gated output (batch, len, d),
+    attention)``; ``h`` is the query input.
+    """
+
+    def __init__(self, attention, d_model):
+        super().__init__()
+        self.attention = attention
+        self.gate_s = nn.Linear(d_model, d_model)  # W_1, b
+        self.gate_h = nn.Linear(d_model, d_model, bias=False)  # W_2
+
+    def forward(self, key, value, query, *args, **kwargs):
+        s, attn = self.attention(key, value, query, *args, **kwargs)
+        h = query.to(s.dtype)
+        gate = torch.sigmoid(self.gate_s(s) + self.gate_h(h))
+        return torch.lerp(s, h, gate), attn
+
+    def update_dropout(self, dropout):
+        self.attention.update_dropout(dropout)
+
+    def __getattr__(self, name):  # attributes OpenNMT-py reads on self_attn (e.g. self_attn_type)
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(super().__getattr__("attention"), name)
+
+
+def _combination_check(opt):
+    problems = []
+    if not getattr(opt, "disan_enc", False):
+        return options_without_effect(opt, _SPECS[1:], "-disan_enc is false")
+    if getattr(opt, "cao2019_vertical", False) or getattr(opt, "cao2019_horizontal", False):
+        problems.append("-disan_enc cannot be combined with cao2019's cross aggregation: both replace the encoder "
+                        "self-attention's softmax")
+    if getattr(opt, "heads", 2) % 2:
+        problems.append(f"-disan_enc splits the heads into forward and backward halves: -heads {opt.heads} is odd")
+    return problems + tensor_parallel_problems(opt, "-disan_enc (it assigns a direction to every head)")
+
+
+_SPECS = [
+    OptionSpec("disan_enc", bool, False, "DiSAN-style directional self-attention in the encoder (chen2019's "
+               "'+DiSAN' baseline): forward- and backward-masked heads", side="encoder"),
+    OptionSpec("disan_enc_layers", int, [], "DiSAN: encoder layers (1-based); empty: all", side="encoder",
+               nargs="*", check=layers_check("enc")),
+    OptionSpec("disan_fusion_gate", bool, True, "DiSAN: the fusion gate F * h + (1 - F) * s on the attention "
+               "sublayer", side="encoder"),
+]
+
+register_options(_SPECS, combination_check=_combination_check)
+
+
+def attach_encoder(encoder, config):
+    """With ``disan_enc``: directional masks (and the fusion gate) in the selected encoder self-attentions."""
+    if not config.option("disan_enc"):
+        return
+    layers = encoder.transformer
+    for i in selected_layers(config.option("disan_enc_layers"), len(layers)):
+        attention = layers[i].self_attn
+        attention.softmax = DirectionalSoftmax(config.heads)
+        attention.self_attn_type = "scaled-dot"  # the fused SDPA/flash path never forms the scores
+        if config.option("disan_fusion_gate"):
+            layers[i].self_attn = FusionGate(attention, config.d_model)

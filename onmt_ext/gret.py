@@ -1,0 +1,309 @@
+"""GRET: a global sentence representation from capsules over every encoder layer (Weng et al. 2020, "weng2020").
+
+Our copy of the paper lost its equations and numbers; what follows is what
+its text and NOTES.md make legible, with every missing detail chosen here,
+made an option where it matters, and marked "(choice)".
+
+**Encoder: the global state** (:class:`GlobalRepresentation`).  For each
+encoder layer m = 1..M, with its hidden states ``h^m_i`` ``(batch, len, d)``:
+
+1. Intra-layer capsules (sec. "intra-layer representation generation",
+   Alg. 1): K capsules ``u^m_k = squash(sum_i c_ki W_k h^m_i)`` by dynamic
+   routing over the unmasked positions i.  The routing logits b (K rows by I
+   columns) start at zero and are updated after all capsules are produced;
+   ``c_k = softmax(b_k)`` over the positions i.  This is
+   ``onmt_ext.routing.simple_routing(normalize="inputs", mask=...)``, T
+   iterations.  ``W_k`` ``(d, d_c)`` carries no layer index in the text, so
+   one set of K maps serves every layer (choice).  ``h^m`` is the layer's
+   output passed through a layer norm of its own: the paper's post-norm
+   Transformer hands normalised states to the next layer, OpenNMT-py's
+   pre-norm residual stream is not normalised (choice).
+2. Attentive pooling (ATP): ``a = softmax_k(FFN(u^m_k))``,
+   ``ATP(u^m) = sum_k a_k u^m_k`` ``(batch, d_c)``; one FFN
+   (``d_c -> d_c -> 1``, ReLU) for every layer (choice).
+3. Layer-wise recurrence: ``s^m = GRU(ATP(u^m), s^{m-1})``, ``s^0 = 0``, one
+   GRU with a ``d``-wide state, run over the layers.  ``s^M`` ``(batch, d)`` is the global
+   state.
+
+The encoder returns ``s^M`` as its final state, which OpenNMT-py hands to
+``decoder.init_state`` (in training, in translation and in gold scoring).
+
+**Decoder: the context gate** (:class:`GlobalFusion`).  With ``r_j`` the
+decoder output at step j (after OpenNMT-py's final layer norm),
+``g_j = sigmoid(W_g [r_j; s^M] + b_g)`` and ``r'_j = r_j + g_j * s^M``
+(elementwise) goes to the generator.  ``s^M`` is decoding state of the
+module, so beam search tiles and reorders it.
+
+**Defaults and ablations** (the paper's ablation table):
+
+* K (``gret_capsules``) = 4 (choice): the paper found that more capsules give
+  no gain because most sentences are short; its own value is not legible.
+  T (``gret_iterations``) = 3: results stabilise after three iterations.
+* ``d_c`` (``gret_capsule_dim``) = d / K (choice): the K votes of a position
+  together are d wide, so the capsules cost one d x d projection per layer
+  and token, which keeps GRET within a few per cent of the baseline's speed.
+* ``gret_pooling: mean`` ("no capsules"): ``ATP(u^m)`` is replaced by the
+  mean of the layer's normalised states over the unmasked positions.
+* ``gret_layers: last`` ("no layer aggregation"): only the last layer is
+  summarised; the GRU runs one step, from ``s^0 = 0``, so that the state keeps
+  its size and range.
+* ``gret_gate: false`` ("no gate"): ``r'_j = r_j + s^M``.
+
+**Padding** plays no part: padded positions are masked out of the routing
+(zero coupling, zeroed votes) and out of the mean.
+
+**Fine-tuning from a baseline.**  The paper trains GRET from a trained
+Transformer.  :func:`load_with_new_parameters` lets ``onmt_train -train_from
+<baseline checkpoint> -override_opts -reset_optim all`` load the baseline's
+tensors into a model with mechanisms and initialise the rest, logging which
+is which (installed by the plug-in on OpenNMT-py's model loading).
+"""
+
+import torch
+import torch.nn as nn
+
+from onmt_ext.options import EXT_TYPE, OptionSpec, options_without_effect, register_options
+from onmt_ext.routing import simple_routing
+from onmt_ext.state import DecodingStateModule
+
+POOLINGS = ("capsules", "mean")
+LAYER_CHOICES = ("all", "last")
+
+
+class GlobalRepresentation(nn.Module):
+    """The global state ``s^M`` from the encoder's layer outputs (capsules, ATP, layer-wise GRU).
+
+    Args:
+        d_model: d.
+        layers: M, the number of encoder layers.
+        capsules: K.
+        capsule_dim: d_c.
+        iterations: routing iterations T.
+        pooling: ``"capsules"`` or ``"mean"`` (the "no capsules" ablation).
+        aggregate: ``"all"`` layers through the GRU, or the ``"last"`` only.
+        eps: epsilon of the per-layer layer norms.
+
+    Usage: :meth:`observe` is registered as a forward hook on every encoder
+    layer; :meth:`summarise` then maps the observed outputs and the
+    ``(batch, len)`` mask to ``s^M`` ``(batch, d)``.
+    """
+
+    def __init__(self, d_model, layers, capsules=4, capsule_dim=None, iterations=3, pooling="capsules",
+                 aggregate="all", eps=1e-6):
+        super().__init__()
+        if pooling not in POOLINGS or aggregate not in LAYER_CHOICES:
+            raise ValueError(f"pooling must be one of {POOLINGS} and aggregate one of {LAYER_CHOICES}")
+        self.capsules, self.iterations, self.pooling, self.aggregate = capsules, iterations, pooling, aggregate
+        self.capsule_dim = capsule_dim or d_model // capsules
+        self.used = list(range(layers)) if aggregate == "all" else [layers - 1]
+        self.eps = eps
+        # one layer norm per summarised layer, applied to all of them at once
+        self.norm_weight = nn.Parameter(torch.ones(len(self.used), d_model))
+        self.norm_bias = nn.Parameter(torch.zeros(len(self.used), d_model))
+        pooled = d_model
+        if pooling == "capsules":
+            self.vote_maps = nn.Parameter(torch.empty(capsules, d_model, self.capsule_dim))  # W_k
+            nn.init.xavier_uniform_(self.vote_maps.view(capsules * d_model, self.capsule_dim))
+            self.pool_scorer = nn.Sequential(nn.Linear(self.capsule_dim, self.capsule_dim), nn.ReLU(),
+                                             nn.Linear(self.capsule_dim, 1))
+            pooled = self.capsule_dim
+        self.gru = nn.GRU(pooled, d_model, batch_first=True)  # runs over the layers, s^0 = 0
+        self._seen = []
+
+    def observe(self, layer, args, output):
+        """Forward hook of an encoder layer: remember its output ``(batch, len, d)``."""
+        self._seen.append(output)
+
+    def start(self):
+        """Forget the layer outputs of the previous batch."""
+        self._seen = []
+
+    def summarise(self, keep):
+        """``s^M`` ``(batch, d)`` from the observed layer outputs; ``keep`` ``(batch, len)`` marks real tokens.
+
+        Every layer is normalised, routed and pooled in one batched pass over
+        ``(M, batch, len, d)``; only the GRU steps from layer to layer.
+        """
+        seen, self._seen = self._seen, []
+        if len(seen) <= self.used[-1]:
+            raise RuntimeError(f"GRET saw {len(seen)} encoder layer outputs, expected {self.used[-1] + 1}")
+        hidden = torch.stack([seen[index] for index in self.used])  # (M, B, L, d)
+        hidden = torch.nn.functional.layer_norm(hidden, hidden.shape[-1:], eps=self.eps)
+        hidden = torch.addcmul(self.norm_bias[:, None, None].to(hidden.dtype), hidden,
+                               self.norm_weight[:, None, None].to(hidden.dtype))
+        pooled = self.pool(hidden, keep)  # (M, B, d_c or d)
+        _, final = self.gru(pooled.transpose(0, 1))  # over the M layers: (1, B, d)
+        return final[0]
+
+    def pool(self, hidden, keep):
+        """Pooled summaries ``(M, batch, d_c)`` (ATP over K capsules) or ``(M, batch, d)`` (masked mean).
+
+        ``hidden`` is ``(M, batch, len, d)``, ``keep`` ``(batch, len)``.
+        """
+        if self.pooling == "mean":
+            weights = keep.to(hidden.dtype).unsqueeze(-1)
+            return (hidden * weights).sum(dim=2) / weights.sum(dim=1).clamp(min=1.0)
+        maps = self.vote_maps.to(hidden.dtype).transpose(0, 1).reshape(hidden.size(-1), -1)  # (d, K * d_c)
+        votes = (hidden @ maps).unflatten(-1, (self.capsules, self.capsule_dim))  # W_k h_i: (M, B, I, K, d_c)
+        mask = keep.expand(hidden.size(0), *keep.shape)
+        capsules, _ = simple_routing(votes, self.iterations, normalize="inputs", mask=mask)  # (M, B, K, d_c)
+        attention = torch.softmax(self.pool_scorer(capsules).squeeze(-1).float(), dim=-1).to(capsules.dtype)
+        return (attention.unsqueeze(-1) * capsules).sum(dim=2)
+
+
+class GlobalFusion(DecodingStateModule):
+    """Fuses the global state into the decoder output: ``r' = r + g * s`` with a context gate (or ``r + s``).
+
+    Args:
+        d_model: d.
+        gate: use the context gate ``g = sigmoid(W_g [r; s] + b_g)``.
+
+    ``forward(dec_out)`` maps ``(batch, len, d)`` to ``(batch, len, d)``; the
+    global state ``(batch, d)`` is the decoding state ``"global"``, set from
+    the encoder's final state by :meth:`init_decoding_state`.
+    """
+
+    def __init__(self, d_model, gate=True):
+        super().__init__()
+        self.gate = nn.Linear(2 * d_model, d_model) if gate else None
+
+    def init_decoding_state(self, src, enc_out, enc_final_hs):
+        if not torch.is_tensor(enc_final_hs) or enc_final_hs.dim() != 2:
+            raise RuntimeError("GRET's decoder needs the global state from a GRET encoder (-gret true on "
+                               f"-encoder_type {EXT_TYPE}); the encoder returned {type(enc_final_hs).__name__}")
+        self.decoding_state = {"global": enc_final_hs}
+        if self.gate is not None:  # the global state's part of the gate, W_g[:, d:] s + b_g, once per sentence
+            d = enc_final_hs.size(-1)
+            self.decoding_state["gate_bias"] = torch.nn.functional.linear(
+                enc_final_hs, self.gate.weight[:, d:], self.gate.bias)
+
+    def forward(self, dec_out):
+        state = self.decoding_state.get("global")
+        if state is None:
+            raise RuntimeError("GRET's decoder state is missing: decoder.init_state was not called")
+        state = state.to(dec_out.dtype).unsqueeze(1).expand_as(dec_out)  # (B, T, d)
+        if self.gate is None:
+            return dec_out + state
+        d = dec_out.size(-1)
+        # sigmoid(W_g[:, :d] r + (W_g[:, d:] s + b_g)): one matrix product per step (the s part is per sentence)
+        bias = self.decoding_state["gate_bias"].to(dec_out.dtype).unsqueeze(1)
+        gate = torch.sigmoid(torch.nn.functional.linear(dec_out, self.gate.weight[:, :d].to(dec_out.dtype)) + bias)
+        return torch.addcmul(dec_out, gate, state)
+
+
+# ----------------------------------------------------------------------------- options
+
+def _combination_check(opt):
+    problems = []
+    if not getattr(opt, "gret", False):
+        return options_without_effect(opt, _SPECS[1:], "-gret is false")
+    for side in ("encoder", "decoder"):
+        if getattr(opt, f"{side}_type", None) != EXT_TYPE:
+            problems.append(f"-gret needs -{side}_type {EXT_TYPE} (the encoder builds the global state, the "
+                            "decoder fuses it)")
+    if getattr(opt, "gret_pooling", "capsules") == "mean" and getattr(opt, "gret_capsule_dim", 0):
+        problems.append("-gret_capsule_dim has no effect with -gret_pooling mean")
+    return problems
+
+
+def _positive(v, opt):
+    return None if v >= 1 else "must be >= 1"
+
+
+_SPECS = [
+    OptionSpec("gret", bool, False, "weng2020 GRET: global state from capsules over every encoder layer, fused "
+               "into the decoder output by a context gate"),
+    OptionSpec("gret_capsules", int, 4, "GRET: capsules K per encoder layer", check=_positive),
+    OptionSpec("gret_iterations", int, 3, "GRET: dynamic routing iterations T", check=_positive),
+    OptionSpec("gret_capsule_dim", int, 0, "GRET: capsule size d_c (0: d_model / K)",
+               check=lambda v, opt: None if v >= 0 else "must be >= 0 (0: d_model / K)"),
+    OptionSpec("gret_pooling", str, "capsules", "GRET: capsules with attentive pooling, or mean (the 'no "
+               "capsules' ablation)", choices=POOLINGS),
+    OptionSpec("gret_layers", str, "all", "GRET: all encoder layers through the layer-wise GRU, or the last only "
+               "(the 'no layer aggregation' ablation)", choices=LAYER_CHOICES),
+    OptionSpec("gret_gate", bool, True, "GRET: context gate on the fused global state (false: plain addition, "
+               "the 'no gate' ablation)"),
+]
+
+register_options(_SPECS, combination_check=_combination_check)
+
+
+def attach_encoder(encoder, config):
+    """With ``gret``: build the global representation and let it observe every encoder layer."""
+    if not config.option("gret"):
+        return
+    if config.d_model % config.option("gret_capsules") and not config.option("gret_capsule_dim"):
+        raise ValueError(f"-gret_capsules {config.option('gret_capsules')} does not divide d_model "
+                         f"{config.d_model}; set -gret_capsule_dim")
+    encoder.gret = GlobalRepresentation(
+        config.d_model, len(encoder.transformer), config.option("gret_capsules"),
+        config.option("gret_capsule_dim") or None, config.option("gret_iterations"), config.option("gret_pooling"),
+        config.option("gret_layers"))
+    for layer in encoder.transformer:
+        layer.register_forward_hook(encoder.gret.observe)
+
+
+def attach_decoder(decoder, config):
+    """With ``gret``: the context-gated fusion of the global state into the decoder output."""
+    if config.option("gret"):
+        decoder.gret = GlobalFusion(config.d_model, config.option("gret_gate"))
+
+
+def load_with_new_parameters(stock_load):
+    """Wrap OpenNMT-py's ``BaseModel.load_state_dict`` to accept checkpoints that lack onmt-ext's new parameters.
+
+    When a strict load would fail only because tensors of onmt-ext mechanism
+    modules are missing from the checkpoint (fine-tuning a mechanism from a
+    baseline, as GRET is trained), the checkpoint's tensors are loaded, the
+    missing ones keep the initialisation they were built with (Glorot for
+    matrices, as ``-param_init_glorot``, zero biases), and both lists are
+    logged.  Any other missing tensor still fails as in stock OpenNMT-py.
+    """
+
+    def load_state_dict(self, checkpoint, *args, strict=True, **kwargs):
+        if not strict or "model" not in checkpoint:
+            return stock_load(self, checkpoint, *args, strict=strict, **kwargs)
+        names = set(checkpoint["model"]) | {f"generator.{k}" for k in (checkpoint.get("generator") or {})}
+        missing = [name for name, _ in _tensors(self) if name not in names]
+        new = [name for name in missing if _owned_by_extension(self, name)]
+        if not missing or len(new) != len(missing):
+            return stock_load(self, checkpoint, *args, strict=strict, **kwargs)
+        _initialise(self, new)
+        from onmt.utils.logging import logger
+
+        loaded = len(list(_tensors(self))) - len(new)
+        logger.info("onmt-ext: %d tensors loaded from the checkpoint; %d new tensors of onmt-ext mechanisms "
+                    "initialised: %s", loaded, len(new), ", ".join(new))
+        return stock_load(self, checkpoint, *args, strict=False, **kwargs)
+
+    return load_state_dict
+
+
+def _tensors(model):
+    yield from model.named_parameters()
+    yield from model.named_buffers()
+
+
+def _owned_by_extension(model, name):
+    """True when the tensor ``name`` lies inside a mechanism module of onmt-ext.
+
+    onmt-ext's encoder and decoder classes (``onmt_ext.transformer``) hold the
+    stock sub-modules too, so they do not count.
+    """
+    parts = name.split(".")[:-1]
+    for end in range(len(parts), 0, -1):
+        owner = type(model.get_submodule(".".join(parts[:end]))).__module__
+        if owner.startswith("onmt_ext.") and owner != "onmt_ext.transformer":
+            return True
+    return False
+
+
+def _initialise(model, names):
+    tensors = dict(_tensors(model))
+    with torch.no_grad():
+        for name in names:
+            tensor = tensors[name]
+            if tensor.dim() > 1:
+                nn.init.xavier_uniform_(tensor)
+            elif name.endswith("bias"):
+                tensor.zero_()

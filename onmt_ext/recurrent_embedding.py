@@ -1,0 +1,426 @@
+"""Recurrent positional embeddings, RPEHead and MPRHead (Chen, Wang, Utiyama and Sumita, "chen2019").
+
+Each word embedding ``x_j`` (``d_model``) is split into ``x^p_j`` (the first
+``d_p`` dimensions) and ``x^r_j`` (the last ``d_r``), ``d_model = d_p + d_r``
+(sec. 3):
+
+* ``R``: ``r_j = tanh(RNN(x^r_j, r_{j-1}) W^r + b^r)`` (eq. 6), ``W^r`` of
+  ``(d_r, d_r)``.  The source side reads the sentence with a bidirectional RNN
+  of ``d_r / 2`` units per direction (so ``W^r`` sees ``d_r`` features), the
+  target side with a forward RNN of ``d_r`` units.  The cell is an option:
+  ``rnn`` (Elman, tanh; the paper's "RNN (Bahdanau et al., 2015)"), ``gru``,
+  ``lstm`` or ``sru`` (:class:`SRU`, plain PyTorch); one layer, zero initial
+  state (footnote 1).
+* ``P``: the sinusoidal input representation of sec. 2.1 at size ``d_p``:
+  exactly what OpenNMT-py computes for a ``d_p``-dimensional model,
+  ``sqrt(d_p) x^p_j + pe_j`` (its ``PositionalEncoding``, with the configured
+  ``position_encoding_type``).  Where the side has no position encoding
+  (``-position_encoding false``, or the side listed in ``chen2019_pe_off``:
+  the ablations of Table 3), ``P = x^p`` as in stock OpenNMT-py.
+* **RPEHead** (sec. 4.1, eq. 7-8): the layer input is ``[P; R]``.  With
+  ``d_r = t * d_model / H`` the last t heads read only R and the first H - t
+  only P.
+* **MPRHead** (sec. 4.2, eq. 9-11): P and R are cut into H pieces each and
+  interleaved, ``m_j = [p^1_j : r^1_j, ..., p^H_j : r^H_j]``, so every head
+  reads ``d_p / H`` dimensions of P and ``d_r / H`` of R.
+
+**Head projections** (the question NOTES.md raises).  With OpenNMT-py's
+full-width Q/K/V projections every head reads the whole input, so [P; R] and
+its per-head interleaving are the same model up to a fixed permutation of the
+input dimensions, and RPEHead's "two types of heads" do not exist.
+``chen2019_heads`` chooses:
+
+* ``full`` (default): stock projections.  The mechanism then adds the RNNs
+  and ``W^r`` only; this is the variant whose parameter count matches the
+  paper's Table 1 (measured by ``tools/param_report.py``: see the README).
+* ``restricted``: in the first layer's self-attention of each side with RPE,
+  head h reads only its own ``d_model / H`` slice of the input: the Q/K/V
+  projections are block-diagonal (:class:`BlockDiagonalLinear`) and the
+  layer norm in front of them normalises each slice on its own
+  (:class:`HeadwiseNorm`; a norm over all of ``d_model`` would let R move
+  every head through the mean and variance).  With RPEHead the P-heads of
+  that layer are then independent of R, which is what sec. 4.1 describes;
+  the layers above, and the output projection W^O, mix as usual.  This
+  variant has *fewer* parameters than the stock model.
+
+**Padding.**  The source BiRNN never reads padding: the backward direction
+runs a forward RNN over each sentence reversed within its own length
+(padding stays at the end), so a sentence gives the same R alone and in a
+padded batch.  OpenNMT-py pads on the right; the forward direction reads
+padding only after the last real token.
+
+**Decoding.**  On the target side the forward RNN runs one step per decoding
+step; its hidden state (``(batch, 1, units)``, and the cell state for
+``lstm``) is decoding state owned by the module (:mod:`onmt_ext.state`), so
+beam search tiles and reorders it.  Decoding from step 0 equals the full
+teacher-forced pass.
+
+Where it goes: the module replaces the encoder's (decoder's) ``embeddings``.
+It keeps the stock ``make_embedding`` look-up (same parameter names; the
+tied generator and shared embeddings still see ``word_lut``) and the stock
+embedding dropout, applied to the combined input as before.
+"""
+
+import math
+
+import torch
+import torch.nn as nn
+
+from onmt_ext.options import (EXT_TYPE, OptionSpec, model_size, options_without_effect, register_options,
+                              tensor_parallel_problems)
+from onmt_ext.state import DecodingStateModule
+
+LAYOUTS = ("none", "rpehead", "mprhead")
+
+
+class SRU(nn.Module):
+    """A one-layer simple recurrent unit (Lei et al. 2018) in plain PyTorch, with ``nn.RNN``'s batch-first interface.
+
+    For input ``x_t`` ``(input_size,)`` and cell state ``c_t`` ``(hidden_size,)``::
+
+        x~_t = W x_t,   f_t = sigmoid(W_f x_t + v_f * c_{t-1} + b_f),   r_t = sigmoid(W_r x_t + v_r * c_{t-1} + b_r)
+        c_t  = f_t * c_{t-1} + (1 - f_t) * x~_t
+        h_t  = r_t * c_t + (1 - r_t) * W_h x_t      (W_h only when input_size != hidden_size; else x_t)
+
+    The four matrix products run for all steps at once; only the elementwise
+    recurrence loops over time.  ``forward(x, c0=None)`` maps ``(batch, len,
+    input_size)`` to the outputs ``h`` ``(batch, len, hidden_size)`` and the
+    final cell state ``(1, batch, hidden_size)``, which continues the sequence
+    when passed back as ``c0``.
+    """
+
+    def __init__(self, input_size, hidden_size, batch_first=True):
+        super().__init__()
+        if not batch_first:
+            raise ValueError("SRU is batch-first only")
+        self.hidden_size = hidden_size
+        self.project = input_size != hidden_size
+        self.weight = nn.Linear(input_size, (4 if self.project else 3) * hidden_size, bias=False)
+        self.recurrent = nn.Parameter(torch.zeros(2, hidden_size))  # v_f, v_r
+        self.bias = nn.Parameter(torch.zeros(2, hidden_size))  # b_f, b_r
+
+    def forward(self, x, c0=None):
+        parts = self.weight(x).split(self.hidden_size, dim=-1)
+        candidate, forget_in, reset_in = parts[:3]
+        highway = parts[3] if self.project else x
+        c = x.new_zeros(x.size(0), self.hidden_size) if c0 is None else c0[0]
+        outputs = []
+        for t in range(x.size(1)):
+            f = torch.sigmoid(forget_in[:, t] + self.recurrent[0] * c + self.bias[0])
+            r = torch.sigmoid(reset_in[:, t] + self.recurrent[1] * c + self.bias[1])
+            c = f * c + (1 - f) * candidate[:, t]
+            outputs.append(r * c + (1 - r) * highway[:, t])
+        return torch.stack(outputs, dim=1), c.unsqueeze(0)
+
+
+CELLS = {"rnn": nn.RNN, "gru": nn.GRU, "lstm": nn.LSTM, "sru": SRU}
+HEAD_PROJECTIONS = ("full", "restricted")
+SIDES = ("enc", "dec")
+
+
+class RecurrentPositionalEmbeddings(DecodingStateModule):
+    """Word embeddings to the RPEHead/MPRHead layer input (eq. 6, 7-11); replaces OpenNMT-py's ``Embeddings``.
+
+    Args:
+        embeddings: the stock ``onmt.modules.Embeddings`` of the side (its
+            word look-up and dropout are reused; its position encoding, if
+            any, is not).
+        heads: H.
+        d_r: the RPE size ``d_r``.
+        layout: ``"rpehead"`` or ``"mprhead"``.
+        cell: ``"rnn"``, ``"gru"`` or ``"lstm"``.
+        bidirectional: True on the source side (``d_r / 2`` units per
+            direction), False on the target side (``d_r`` units).
+        position_encoding: add the sinusoidal encoding of size ``d_p`` to P.
+        position_encoding_type: OpenNMT-py's ``-position_encoding_type``.
+
+    ``forward(source, step=None)`` maps token ids ``(batch, len, 1)`` to the
+    layer input ``(batch, len, d_model)``.  ``step`` is the position of the
+    first token during step-by-step decoding (target side); None is a full
+    pass from position 0.
+    """
+
+    def __init__(self, embeddings, heads, d_r, layout, cell="rnn", bidirectional=False, position_encoding=True,
+                 position_encoding_type="SinusoidalInterleaved"):
+        super().__init__()
+        if len(embeddings.emb_luts) != 1:
+            raise ValueError("recurrent positional embeddings do not support word features (-n_src_feats)")
+        d_model = embeddings.embedding_size
+        problem = layout_problem(layout, d_model, heads, d_r, bidirectional)
+        if problem:
+            raise ValueError(problem)
+        if cell not in CELLS:
+            raise ValueError(f"cell must be one of {tuple(CELLS)}, got {cell!r}")
+        self.make_embedding = embeddings.make_embedding
+        if "pe" in self.make_embedding._modules:  # P gets its own encoding of size d_p
+            del self.make_embedding.pe
+        self.word_padding_idx = embeddings.word_padding_idx
+        self.word_vec_size = embeddings.word_vec_size
+        self.embedding_size = d_model
+        self.dropout, self.dropout_p = embeddings.dropout, embeddings.dropout_p
+        self.heads, self.d_r, self.d_p, self.layout = heads, d_r, d_model - d_r, layout
+        self.cell, self.bidirectional = cell, bidirectional
+        self.position_encoding = position_encoding
+        from onmt.modules.embeddings import PositionalEncoding
+
+        self.pe = PositionalEncoding(self.d_p, position_encoding_type) if position_encoding else None
+        units = d_r // 2 if bidirectional else d_r
+        self.rnn = CELLS[cell](d_r, units, batch_first=True)
+        self.rnn_backward = CELLS[cell](d_r, units, batch_first=True) if bidirectional else None
+        self.proj = nn.Linear(d_r, d_r)  # W^r, b^r of eq. 6
+
+    @property
+    def word_lut(self):
+        """The word look-up table (``nn.Embedding``), as on OpenNMT-py's ``Embeddings``."""
+        return self.make_embedding[0][0]
+
+    @property
+    def emb_luts(self):
+        return self.make_embedding[0]
+
+    def load_pretrained_vectors(self, emb_file):
+        """OpenNMT-py's ``Embeddings.load_pretrained_vectors`` (into the word look-up)."""
+        from onmt.modules.embeddings import Embeddings
+
+        Embeddings.load_pretrained_vectors(self, emb_file)
+
+    def update_dropout(self, dropout):
+        self.dropout.p = dropout
+        self.dropout_p = dropout
+
+    def forward(self, source, step=None):
+        x = self.make_embedding(source)  # (B, L, d_model)
+        x_p, x_r = x[..., : self.d_p], x[..., self.d_p:]
+        p = self.pe(x_p, step=step) if self.pe is not None else x_p
+        if self.bidirectional:
+            states = self._bidirectional(x_r, source[..., 0] != self.word_padding_idx)
+        else:
+            states = self._forward_rnn(x_r, step)
+        r = torch.tanh(self.proj(states))  # eq. 6: (B, L, d_r)
+        out = combine(p, r, self.heads, self.layout)
+        return self.dropout(out) if self.dropout_p > 0 else out
+
+    def _bidirectional(self, x_r, keep):
+        """BiRNN states ``(B, L, d_r)``; the backward direction reads each sentence reversed within its length."""
+        positions = torch.arange(x_r.size(1), device=x_r.device)
+        lengths = keep.sum(dim=1, keepdim=True)  # right padding: the first `length` tokens are real
+        reverse = lengths - 1 - positions[None]  # (B, L): an involution on the real tokens
+        reverse = torch.where(reverse >= 0, reverse, positions[None]).unsqueeze(-1)
+        forward_states, _ = self.rnn(x_r)
+        flipped = x_r.gather(1, reverse.expand_as(x_r))
+        backward_states, _ = self.rnn_backward(flipped)
+        backward_states = backward_states.gather(1, reverse.expand_as(backward_states))
+        return torch.cat([forward_states, backward_states], dim=-1)
+
+    def _forward_rnn(self, x_r, step):
+        """Forward RNN states ``(B, L, d_r)``; during decoding (``step`` set) it continues from the saved state."""
+        if step is None:
+            states, _ = self.rnn(x_r)
+            return states
+        saved = None if step == 0 else self.decoding_state.get("hidden")
+        if saved is not None:  # stored batch-first for the beam's reordering; the RNN wants (1, B, units)
+            saved = saved.transpose(0, 1).contiguous()
+            if self.cell == "lstm":
+                saved = (saved, self.decoding_state["cell"].transpose(0, 1).contiguous())
+        states, final = self.rnn(x_r, saved)
+        if self.cell == "lstm":
+            final, cell_state = final
+            self.decoding_state["cell"] = cell_state.transpose(0, 1)
+        self.decoding_state["hidden"] = final.transpose(0, 1)  # (B, 1, units)
+        return states
+
+
+def combine(p, r, heads, layout):
+    """The layer input from P ``(..., d_p)`` and R ``(..., d_r)``.
+
+    ``rpehead``: ``[P; R]`` (sec. 4.1).  ``mprhead``: per-head interleaving
+    ``[p^1 : r^1, ..., p^H : r^H]`` (eq. 9-10).  Returns ``(..., d_p + d_r)``.
+    """
+    if layout == "rpehead":
+        return torch.cat([p, r], dim=-1)
+    lead = p.shape[:-1]
+    mixed = torch.cat([p.reshape(*lead, heads, -1), r.reshape(*lead, heads, -1)], dim=-1)  # (..., H, d/H)
+    return mixed.reshape(*lead, -1)
+
+
+def layout_problem(layout, d_model, heads, d_r, bidirectional):
+    """Why ``d_r`` does not fit ``layout`` (a message), or None."""
+    if layout not in LAYOUTS[1:]:
+        return f"layout must be one of {LAYOUTS[1:]}, got {layout!r}"
+    if not 0 < d_r < d_model:
+        return f"d_r must be between 1 and d_model - 1 = {d_model - 1}, got {d_r}"
+    head_size = d_model // heads
+    if layout == "rpehead" and d_r % head_size:
+        return (f"RPEHead needs d_r = t * d_model / heads (whole heads of {head_size}, sec. 4.1), got {d_r}")
+    if layout == "mprhead" and (d_r % heads or (d_model - d_r) % heads):
+        return f"MPRHead splits P and R over the {heads} heads (eq. 9): d_r and d_model - d_r must divide by {heads}"
+    if bidirectional and d_r % 2:
+        return f"the source side's bidirectional RNN has d_r / 2 units per direction: d_r must be even, got {d_r}"
+    return None
+
+
+class BlockDiagonalLinear(nn.Module):
+    """``y = x W + b`` with W block-diagonal over H blocks: output slice h reads only input slice h.
+
+    Args:
+        dim: input and output size (``d_model``).
+        blocks: H.
+        bias: add a bias (OpenNMT-py's ``-add_qkvbias``).
+
+    ``forward(x)``: ``(..., dim)`` -> ``(..., dim)``.  Parameters: ``weight``
+    ``(H, dim / H, dim / H)`` (output by input, per block) and ``bias``.
+    """
+
+    def __init__(self, dim, blocks, bias=False):
+        super().__init__()
+        self.blocks = blocks
+        size = dim // blocks
+        self.weight = nn.Parameter(torch.empty(blocks, size, size))
+        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+        for block in self.weight.data:  # as nn.Linear initialises each (size x size) map
+            nn.init.kaiming_uniform_(block, a=math.sqrt(5))
+
+    def forward(self, x):
+        lead = x.shape[:-1]
+        weight = self.weight.to(x.dtype)  # (a no-op unless the input is half precision)
+        y = torch.einsum("...hi,hoi->...ho", x.reshape(*lead, self.blocks, -1), weight).reshape(*lead, -1)
+        return y + self.bias.to(y.dtype) if self.bias is not None else y
+
+
+class HeadwiseNorm(nn.Module):
+    """Layer (or RMS) normalisation of each of H slices on its own, with OpenNMT-py's per-dimension affine.
+
+    Args:
+        dim: ``d_model``.
+        blocks: H.
+        eps: ``-norm_eps``.
+        kind: ``"standard"`` (LayerNorm: weight and bias) or ``"rms"`` (RMSNorm: weight).
+
+    ``forward(x)``: ``(..., dim)`` -> ``(..., dim)``.
+    """
+
+    def __init__(self, dim, blocks, eps=1e-6, kind="standard"):
+        super().__init__()
+        self.blocks, self.eps, self.kind = blocks, eps, kind
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim)) if kind == "standard" else None
+
+    def forward(self, x):
+        lead = x.shape[:-1]
+        pieces = x.reshape(*lead, self.blocks, -1).float()
+        if self.kind == "standard":
+            pieces = pieces - pieces.mean(dim=-1, keepdim=True)
+        pieces = pieces * torch.rsqrt(pieces.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        y = pieces.reshape(*lead, -1).to(x.dtype) * self.weight
+        return y + self.bias if self.bias is not None else y
+
+
+def restrict_heads(layer_norm, attention, heads):
+    """Make the first layer's self-attention head-restricted (see the module docstring).
+
+    Returns the :class:`HeadwiseNorm` that replaces ``layer_norm``; the Q/K/V
+    projections of ``attention`` are replaced in place by
+    :class:`BlockDiagonalLinear` maps.
+    """
+    dim = attention.linear_query.in_features
+    for name in ("linear_query", "linear_keys", "linear_values"):
+        linear = getattr(attention, name)
+        if linear.in_features != linear.out_features:
+            raise ValueError("the head-restricted projections need d_model == heads * dim_per_head")
+        setattr(attention, name, BlockDiagonalLinear(dim, heads, bias=linear.bias is not None))
+    kind = "rms" if not isinstance(layer_norm, nn.LayerNorm) else "standard"
+    eps = layer_norm.eps if isinstance(layer_norm, nn.LayerNorm) else getattr(layer_norm, "eps", 1e-6)
+    return HeadwiseNorm(dim, heads, eps, kind)
+
+
+# ----------------------------------------------------------------------------- options
+
+def _used(opt):
+    return getattr(opt, "chen2019_enc", "none") != "none" or getattr(opt, "chen2019_dec", "none") != "none"
+
+
+def _combination_check(opt):
+    problems = []
+    dim = getattr(opt, "chen2019_dim", 0)
+    if not _used(opt):
+        problems += options_without_effect(opt, [_SPEC_BY_NAME[name] for name in ("chen2019_dim", "chen2019_rnn",
+                                                                                 "chen2019_heads")],
+                                           "-chen2019_enc and -chen2019_dec are both none")
+    for side, bidirectional in (("enc", True), ("dec", False)):
+        layout = getattr(opt, f"chen2019_{side}", "none")
+        if layout == "none":
+            continue
+        if dim <= 0:
+            problems.append(f"-chen2019_{side} {layout} needs the RPE size: set -chen2019_dim (d_r; the paper "
+                            "uses 320 for RPEHead and 256 for MPRHead at d_model 512)")
+            continue
+        d_model = model_size(opt)
+        problem = layout_problem(layout, d_model, opt.heads, dim, bidirectional)
+        if problem:
+            problems.append(f"-chen2019_dim {dim} with -chen2019_{side} {layout}: {problem}")
+        pe_on = getattr(opt, "position_encoding", False) and side not in getattr(opt, "chen2019_pe_off", [])
+        if pe_on and (d_model - dim) % 2:
+            problems.append(f"-chen2019_dim {dim}: the sinusoidal encoding of P needs an even d_p = d_model - d_r")
+    if getattr(opt, "n_src_feats", 0) and getattr(opt, "chen2019_enc", "none") != "none":
+        problems.append("-chen2019_enc does not support source word features (-n_src_feats)")
+    if getattr(opt, "chen2019_heads", "full") == "restricted":
+        if getattr(opt, "parallel_residual", False):
+            problems.append("-chen2019_heads restricted does not support -parallel_residual")
+        problems += tensor_parallel_problems(opt, "-chen2019_heads restricted")
+    pe_off = getattr(opt, "chen2019_pe_off", [])
+    if pe_off and not getattr(opt, "position_encoding", False):
+        problems.append(f"-chen2019_pe_off {pe_off} has no effect with -position_encoding false")
+    for side in pe_off:
+        kind = "encoder" if side == "enc" else "decoder"
+        if getattr(opt, f"{kind}_type", None) != EXT_TYPE:
+            problems.append(f"-chen2019_pe_off {side} needs -{kind}_type {EXT_TYPE}")
+    return problems
+
+
+_SPECS = [
+    OptionSpec("chen2019_enc", str, "none", "chen2019: recurrent positional embeddings on the source side "
+               "(bidirectional RNN): rpehead (sec. 4.1) or mprhead (sec. 4.2)", side="encoder", choices=LAYOUTS),
+    OptionSpec("chen2019_dec", str, "none", "chen2019: recurrent positional embeddings on the target side "
+               "(forward RNN, run step by step in decoding): rpehead or mprhead", side="decoder", choices=LAYOUTS),
+    OptionSpec("chen2019_dim", int, 0, "chen2019: d_r, the part of each word embedding read by the RNN "
+               "(eq. 6); the paper: 320 (RPEHead), 256 (MPRHead)"),
+    OptionSpec("chen2019_rnn", str, "rnn", "chen2019: the RNN cell of eq. 6", choices=tuple(CELLS)),
+    OptionSpec("chen2019_heads", str, "full", "chen2019: full Q/K/V projections (parameter count of the paper's "
+               "Table 1) or restricted (first-layer heads read only their own input slice)",
+               choices=HEAD_PROJECTIONS),
+    OptionSpec("chen2019_pe_off", str, [], "chen2019 Table 3 ablations: sides (enc, dec) without the sinusoidal "
+               "position encoding (stock OpenNMT-py embeddings without it)", nargs="*", choices=SIDES),
+]
+_SPEC_BY_NAME = {spec.name: spec for spec in _SPECS}
+
+register_options(_SPECS, combination_check=_combination_check)
+
+
+def _attach(module, config, side, layer_norm_name, layers):
+    """Replace ``module.embeddings`` (and restrict the first layer's heads) for ``side``."""
+    embeddings = module.embeddings
+    layout = config.option(f"chen2019_{side}")
+    pe_on = embeddings.position_encoding and side not in config.option("chen2019_pe_off")
+    if layout == "none":
+        if embeddings.position_encoding and not pe_on:  # Table 3 ablation: the stock embeddings without PE
+            del embeddings.make_embedding.pe
+            embeddings.position_encoding = False
+        return
+    module.embeddings = RecurrentPositionalEmbeddings(
+        embeddings, config.heads, config.option("chen2019_dim"), layout, config.option("chen2019_rnn"),
+        bidirectional=side == "enc", position_encoding=pe_on,
+        position_encoding_type=config.position_encoding_type)
+    if config.option("chen2019_heads") == "restricted":
+        first = layers[0]
+        setattr(first, layer_norm_name, restrict_heads(getattr(first, layer_norm_name), first.self_attn,
+                                                       config.heads))
+
+
+def attach_encoder(encoder, config):
+    """Source-side RPE (``chen2019_enc``) or, for the Table 3 ablation, the source embeddings without PE."""
+    _attach(encoder, config, "enc", "layer_norm", encoder.transformer)
+
+
+def attach_decoder(decoder, config):
+    """Target-side RPE (``chen2019_dec``) or, for the Table 3 ablation, the target embeddings without PE."""
+    _attach(decoder, config, "dec", "layer_norm_1", decoder.transformer_layers)

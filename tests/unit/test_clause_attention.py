@@ -1,0 +1,198 @@
+"""Clause attention in the encoder: clause ids from markers, the mixing of eq. 4-5, padding, options, translation."""
+
+import argparse
+
+import pytest
+import torch
+
+import support
+from onmt_ext import options
+from onmt_ext.clause_attention import ClauseAttention, ClauseStructure, clause_ids, marker_level_table
+from onmt_ext.clause_split import MARKERS, clause_ids as token_clause_ids
+
+RULE = "yaml_configs/smoke/clause/transformer_base_wmt16_ende_ca_rule.yaml"
+
+
+def _levels(tokens):
+    """Split level per token: the markers' levels, 0 for words."""
+    level_of = {marker: level for level, marker in MARKERS.items()}
+    return torch.tensor([[level_of.get(t, 0) for t in tokens]])
+
+
+def test_clause_ids_match_the_hand_worked_example_and_the_token_version():
+    m1, m2, m4 = MARKERS[1], MARKERS[2], MARKERS[4]
+    tokens = ["we", "left", m2, "because", "it", "rained", m4, "in", "May", m1, ";", "it", "snowed"]
+    expected = [[0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1],
+                [0, 0, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2],
+                [0, 0, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2],
+                [0, 0, 1, 1, 1, 1, 2, 2, 2, 3, 3, 3, 3]]
+    assert clause_ids(_levels(tokens), 4)[0].tolist() == expected
+    assert token_clause_ids(tokens, 4) == expected
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(50):  # random marker sequences, a marker in first position included
+        levels = torch.randint(0, 7, (1, 12), generator=gen) * (torch.rand(1, 12, generator=gen) < 0.4)
+        tokens = [MARKERS[v] if v else "w" for v in levels[0].tolist()]
+        assert clause_ids(levels, 6)[0].tolist() == token_clause_ids(tokens, 6)
+
+
+def test_padding_gets_its_own_id():
+    levels = torch.tensor([[0, 1, 0, 0], [0, 0, 0, 0]])
+    pad = torch.tensor([[False, False, False, True], [False, False, True, True]])
+    assert clause_ids(levels, 1, pad).tolist() == [[[0, 1, 1, -1]], [[0, 0, -1, -1]]]
+
+
+def _module(level_list, heads=2, mixing="scalar", pad=None, d_model=4):
+    levels = torch.tensor([level_list])
+    structure = ClauseStructure(torch.arange(7), 2)  # id i has level i (ids 1, 2 are markers of levels 1, 2)
+    structure.start(levels[..., None], pad if pad is not None else torch.zeros_like(levels, dtype=torch.bool))
+    return ClauseAttention(structure, heads, mixing, d_model), structure
+
+
+def test_mixing_from_local_to_global_by_hand():
+    # tokens: w w M1 w M2 w -> level 1 clauses {0,1} {2..5}; level 2 clauses {0,1} {2,3} {4,5}
+    attention, structure = _module([0, 0, 1, 0, 2, 0], heads=1)
+    p1, p2 = 0.3, 0.8
+    with torch.no_grad():
+        attention.mix_logits.copy_(torch.logit(torch.tensor([[p1], [p2]])))
+    scores = torch.zeros(1, 1, 6, 6)  # uniform attention inside every block
+    out = attention(scores)[0, 0]
+    g = torch.full((6,), 1 / 6)
+    # query 3: b^1 uniform over {2,3,4,5}, b^2 uniform over {2,3}
+    b1 = torch.tensor([0, 0, 1 / 4, 1 / 4, 1 / 4, 1 / 4])
+    b2 = torch.tensor([0, 0, 1 / 2, 1 / 2, 0, 0])
+    a1 = (1 - p2) * b1 + p2 * b2  # eq. 5, the finest level first
+    expected = (1 - p1) * g + p1 * a1  # then the global attention
+    torch.testing.assert_close(out[3], expected)
+    torch.testing.assert_close(out.sum(-1), torch.ones(6))
+
+
+def test_extreme_mixing_weights_give_global_or_finest_local_attention():
+    attention, structure = _module([0, 3, 1, 0, 2, 0, 1])
+    scores = torch.randn(1, 2, 7, 7)
+    with torch.no_grad():
+        attention.mix_logits.fill_(-60.0)  # p = 0: the global attention
+    torch.testing.assert_close(attention(scores), torch.softmax(scores, -1))
+    with torch.no_grad():
+        attention.mix_logits.fill_(60.0)  # p = 1: the finest level's clause attention
+    ids = structure.ids[0, -1]
+    local = torch.softmax(scores.masked_fill(ids[:, None] != ids[None, :], -1e18), -1)
+    torch.testing.assert_close(attention(scores), local)
+
+
+def test_single_token_clauses_and_padding():
+    pad = torch.tensor([[False] * 5 + [True] * 2])
+    attention, structure = _module([0, 1, 1, 0, 2, 0, 0], pad=pad)  # token 1 is a clause of its own
+    with torch.no_grad():
+        attention.mix_logits.fill_(60.0)
+    scores = torch.randn(1, 2, 7, 7).masked_fill(pad[:, None, None, :], -1e18)  # as OpenNMT-py masks them
+    out = attention(scores)
+    torch.testing.assert_close(out[0, :, 1, 1], torch.ones(2))  # all its weight on itself
+    assert torch.all(out[0, :, :5, 5:] == 0)  # no real token attends to padding
+    torch.testing.assert_close(out.sum(-1), torch.ones(1, 2, 7))
+    assert torch.isfinite(out).all()
+
+
+def test_gate_mixing_reads_the_query_and_starts_at_one_half():
+    torch.manual_seed(0)
+    gate, _ = _module([0, 1, 0, 2, 0], mixing="gate", d_model=4)
+    scalar, _ = _module([0, 1, 0, 2, 0])
+    attention = torch.nn.MultiheadAttention(4, 2)  # any module: the pre-hook only reads its query argument
+    query = torch.randn(1, 5, 4, requires_grad=True)
+    gate.remember_query(attention, (None, None, query), {})
+    scores = torch.randn(1, 2, 5, 5)
+    torch.testing.assert_close(gate(scores), scalar(scores))  # zero-initialised gate: p = 1/2, like the scalar
+    with torch.no_grad():
+        gate.mix_gate.weight.normal_()
+    gate(scores).pow(2).sum().backward()
+    assert query.grad is not None and query.grad.abs().sum() > 0
+    assert gate.mix_gate.weight.grad.abs().sum() > 0
+
+
+def test_missing_clause_ids_fail_clearly():
+    structure = ClauseStructure(torch.zeros(5, dtype=torch.long), 1)
+    with pytest.raises(RuntimeError, match="no clause ids"):
+        ClauseAttention(structure, 2)(torch.zeros(1, 2, 3, 3))
+
+
+def test_marker_table_from_the_vocabulary(sample_data, onmt_active):
+    opt = support.load_train_opts(RULE)
+    vocabs = support.load_vocabs(opt)
+    table = marker_level_table(vocabs["src"], 2)
+    assert {vocabs["src"].ids_to_tokens[i]: int(table[i]) for i in table.nonzero().flatten().tolist()} == {
+        MARKERS[1]: 1, MARKERS[2]: 2}
+    stock = support.load_vocabs(support.load_train_opts("yaml_configs/smoke/baseline/transformer_base_wmt14_ende.yaml"))
+    with pytest.raises(ValueError, match="no clause marker"):
+        marker_level_table(stock["src"], 6)
+
+
+def test_model_has_clause_attention_in_the_selected_layers_only(sample_data, onmt_active):
+    opt = support.load_train_opts(RULE, "-clause_attention_layers", "2", "-clause_mixing", "gate")
+    model = support.build_model(opt, support.load_vocabs(opt))
+    kinds = [type(layer.self_attn.softmax).__name__ for layer in model.encoder.transformer]
+    assert kinds == ["Softmax", "ClauseAttention"]
+    assert model.encoder.transformer[1].self_attn.self_attn_type == "scaled-dot"
+    names = [n for n, _ in model.named_parameters() if "mix" in n]
+    assert names == ["encoder.transformer.1.self_attn.softmax.mix_gate.weight",
+                     "encoder.transformer.1.self_attn.softmax.mix_gate.bias"]
+    assert not any("level_table" in key for key in model.state_dict())  # rebuilt from the vocabulary
+
+
+def _opt(**kw):
+    base = dict(encoder_type="ext_transformer", decoder_type="ext_transformer", clause_attention=False,
+                clause_mixing="scalar", clause_attention_layers=[], enc_layers=2, transforms=["clause_split"])
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(clause_mixing="gate"), "-clause_mixing has no effect while -clause_attention is false"),
+    (dict(clause_attention=True, encoder_type="transformer"), "has no effect with -encoder_type"),
+    (dict(clause_attention=True, transforms=["sentencepiece"]), "list clause_split in -transforms"),
+    (dict(clause_attention=True, clause_attention_layers=[3]), "-clause_attention_layers [3]"),
+    (dict(clause_attention=True, cao2019_horizontal=True), "cannot be combined with cao2019's cross aggregation"),
+    (dict(clause_attention=True, disan_enc=True), "cannot be combined with -disan_enc"),
+])
+def test_option_checks(kw, message, onmt_active):
+    problems = options.check_options(_opt(**kw))
+    assert any(message in p for p in problems), problems
+
+
+def test_translation_must_split_as_training(onmt_active):
+    from onmt_ext.plugin import translation_split_problems
+
+    trained = argparse.Namespace(clause_attention=True, transforms=["sentencepiece", "clause_split"],
+                                 clause_lang="zh", clause_levels=6, clause_tagger_model="")
+    same = argparse.Namespace(transforms=["clause_split"], clause_lang="zh", clause_levels=6, clause_tagger_model="")
+    assert translation_split_problems(same, trained) == []
+    missing = argparse.Namespace(**{**vars(same), "transforms": []})
+    assert "translate with the transforms it was trained with" in translation_split_problems(missing, trained)[0]
+    other = argparse.Namespace(**{**vars(same), "clause_levels": 2, "clause_tagger_model": "t.pt"})
+    problems = translation_split_problems(other, trained)
+    assert any("-clause_levels 2" in p for p in problems) and any("-clause_tagger_model" in p for p in problems)
+    stock = argparse.Namespace(clause_attention=False)
+    assert translation_split_problems(missing, stock) == []
+
+
+def _reference(scores, ids, p):
+    """Eq. 4-5 written out: one masked softmax per level, mixed from the finest level to the global one."""
+    mixed = None
+    for level in reversed(range(ids.shape[1])):
+        outside = (ids[:, level, :, None] != ids[:, level, None, :]).unsqueeze(1)
+        local = torch.softmax(scores.masked_fill(outside, -1e18), -1)
+        mixed = local if mixed is None else (1 - p[level + 1]) * local + p[level + 1] * mixed
+    return (1 - p[0]) * torch.softmax(scores, -1) + p[0] * mixed
+
+
+@pytest.mark.parametrize("tokens", [[0, 1, 0, 0, 1, 0], [0, 2, 0, 1, 0, 3], [0, 0, 0, 0, 0, 0]])
+def test_levels_with_the_same_clauses_share_one_softmax_and_match_the_reference(tokens):
+    structure = ClauseStructure(torch.arange(7), 3)
+    batch = torch.tensor([tokens, tokens[::-1]])
+    structure.start(batch[..., None], torch.zeros_like(batch, dtype=torch.bool))
+    attention = ClauseAttention(structure, 2)
+    with torch.no_grad():
+        attention.mix_logits.normal_()
+    scores = torch.randn(2, 2, 6, 6)
+    p = torch.sigmoid(attention.mix_logits)[:, None, :, None, None]
+    torch.testing.assert_close(attention(scores), _reference(scores, structure.ids, p))
+    expected = {(0, 1, 0, 0, 1, 0): [0, 0, 0], (0, 2, 0, 1, 0, 3): [0, 1, 2], (0,) * 6: [0, 0, 0]}
+    assert structure.same_as == expected[tuple(tokens)]

@@ -1,0 +1,157 @@
+"""weng2020 GRET: the global state (capsules, pooling, layer GRU), padding, the fusion gate, fine-tuning, options."""
+
+import argparse
+import logging
+
+import pytest
+import torch
+
+import support
+from onmt_ext import options
+from onmt_ext.gret import GlobalFusion, GlobalRepresentation
+from onmt_ext.routing import simple_routing, squash
+
+SMOKE = "yaml_configs/smoke/baseline/transformer_base_wmt14_ende.yaml"
+EXT = ["-encoder_type", "ext_transformer", "-decoder_type", "ext_transformer"]
+
+
+def _observed(module, outputs):
+    module.start()
+    for output in outputs:
+        module.observe(None, None, output)
+
+
+def test_global_state_follows_capsules_pooling_and_the_layer_gru():
+    torch.manual_seed(0)
+    module = GlobalRepresentation(8, layers=2, capsules=2, iterations=3)
+    hidden = [torch.randn(1, 5, 8) for _ in range(2)]
+    keep = torch.ones(1, 5, dtype=torch.bool)
+    _observed(module, hidden)
+    state = module.summarise(keep)
+    expected = torch.zeros(1, 8)
+    cell = torch.nn.GRUCell(2 * 2, 8)  # the GRU over the layers, one step at a time
+    cell.load_state_dict({k.removesuffix("_l0"): v for k, v in module.gru.state_dict().items()})
+    for m, h in enumerate(hidden):
+        x = torch.nn.functional.layer_norm(h, (8,), module.norm_weight[m], module.norm_bias[m], eps=1e-6)[0]
+        votes = torch.stack([x @ module.vote_maps[k] for k in range(2)], dim=1)  # (I, K, d_c)
+        b = torch.zeros(5, 2)
+        for _ in range(3):  # Alg. 1 written out: c_k = softmax over the positions, squash, agreement
+            c = torch.softmax(b, dim=0)
+            u = squash((c[..., None] * votes).sum(dim=0))  # (K, d_c)
+            b = b + (votes * u[None]).sum(-1)
+        a = torch.softmax(module.pool_scorer(u).squeeze(-1), dim=0)
+        expected = cell((a[:, None] * u).sum(0, keepdim=True), expected)
+    torch.testing.assert_close(state, expected, atol=1e-5, rtol=1e-5)
+    capsules, _ = simple_routing(votes[None], 3, normalize="inputs")
+    torch.testing.assert_close(capsules[0], u, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("pooling, aggregate", [("capsules", "all"), ("mean", "all"), ("capsules", "last")])
+def test_global_state_ignores_padding(pooling, aggregate):
+    torch.manual_seed(1)
+    module = GlobalRepresentation(8, layers=3, capsules=4, pooling=pooling, aggregate=aggregate)
+    lengths = [5, 2, 1]
+    hidden = [torch.randn(3, 5, 8) for _ in range(3)]
+    keep = torch.arange(5)[None] < torch.tensor(lengths)[:, None]
+    garbage = [h.masked_fill(~keep[..., None], 1e4) for h in hidden]  # huge values where padded
+    _observed(module, garbage)
+    batch = module.summarise(keep)
+    assert torch.isfinite(batch).all()
+    for b, n in enumerate(lengths):
+        _observed(module, [h[b : b + 1, :n] for h in hidden])
+        torch.testing.assert_close(batch[b : b + 1], module.summarise(keep[b : b + 1, :n]), atol=1e-5, rtol=0)
+
+
+def test_summarise_complains_when_layers_were_not_observed():
+    module = GlobalRepresentation(8, layers=2)
+    _observed(module, [torch.randn(1, 3, 8)])
+    with pytest.raises(RuntimeError, match="saw 1 encoder layer outputs, expected 2"):
+        module.summarise(torch.ones(1, 3, dtype=torch.bool))
+
+
+def test_fusion_gate_and_plain_addition():
+    torch.manual_seed(2)
+    dec_out, state = torch.randn(2, 3, 4), torch.randn(2, 4)
+    plain = GlobalFusion(4, gate=False)
+    plain.init_decoding_state(None, None, state)
+    torch.testing.assert_close(plain(dec_out), dec_out + state[:, None])
+    gated = GlobalFusion(4, gate=True)
+    gated.init_decoding_state(None, None, state)
+    gate = torch.sigmoid(gated.gate(torch.cat([dec_out, state[:, None].expand(-1, 3, -1)], dim=-1)))
+    torch.testing.assert_close(gated(dec_out), dec_out + gate * state[:, None])
+    with torch.no_grad():
+        gated.gate.weight.zero_()
+        gated.gate.bias.fill_(-50.0)  # gate shut: the decoder output passes unchanged
+    gated.init_decoding_state(None, None, state)  # (the global state's part of the gate is computed here)
+    assert torch.allclose(gated(dec_out), dec_out, atol=1e-12)
+    with pytest.raises(RuntimeError, match="needs the global state from a GRET encoder"):
+        gated.init_decoding_state(None, None, None)
+
+
+def test_model_global_state_alone_equals_in_padded_batch(sample_data, onmt_active):
+    opt = support.load_train_opts(SMOKE, *EXT, "-gret", "true")
+    vocabs = support.load_vocabs(opt)
+    model = support.build_model(opt, vocabs, seed=3)
+    src, src_len, _ = support.random_batch(vocabs, [7, 4, 9], [2, 2, 2], seed=1)
+    with torch.no_grad():
+        _, batch, _ = model.encoder(src, src_len)
+        for b, n in enumerate([7, 4, 9]):
+            _, alone, _ = model.encoder(src[b : b + 1, :n], src_len[b : b + 1])
+            torch.testing.assert_close(batch[b : b + 1], alone, atol=1e-5, rtol=0)
+    assert batch.shape == (3, opt.hidden_size)
+
+
+def _checkpoint_of(model):
+    """What OpenNMT-py's saver writes: the model without the generator, and the generator apart."""
+    state = {k: v.clone() for k, v in model.state_dict().items() if not k.startswith("generator.")}
+    return {"model": state, "generator": {k: v.clone() for k, v in model.generator.state_dict().items()}}
+
+
+def test_loading_a_baseline_checkpoint_initialises_only_the_new_tensors(sample_data, onmt_active, caplog):
+    vocabs = support.load_vocabs(support.load_train_opts(SMOKE))
+    baseline = support.build_model(support.load_train_opts(SMOKE), vocabs, seed=4)
+    checkpoint = _checkpoint_of(baseline)
+    gret = support.build_model(support.load_train_opts(SMOKE, *EXT, "-gret", "true"), vocabs, seed=9)
+    caplog.set_level(logging.INFO)
+    gret.load_state_dict(checkpoint)
+    new = {name for name, _ in gret.named_parameters() if ".gret." in name}
+    loaded = dict(baseline.named_parameters())
+    for name, param in gret.named_parameters():
+        if name in new:
+            assert name not in loaded
+        else:
+            assert torch.equal(param, loaded[name]), name
+    message = next(r.getMessage() for r in caplog.records if "onmt-ext:" in r.getMessage())
+    assert f"{len(new)} new tensors of onmt-ext mechanisms initialised" in message
+    assert "encoder.gret.vote_maps" in message and "decoder.gret.gate.weight" in message
+    assert torch.count_nonzero(gret.decoder.gret.gate.bias) == 0  # biases start at zero, as -param_init_glorot
+
+
+def test_a_checkpoint_missing_stock_tensors_still_fails(sample_data, onmt_active):
+    vocabs = support.load_vocabs(support.load_train_opts(SMOKE))
+    baseline = support.build_model(support.load_train_opts(SMOKE), vocabs)
+    checkpoint = _checkpoint_of(baseline)
+    del checkpoint["model"]["encoder.layer_norm.weight"]
+    gret = support.build_model(support.load_train_opts(SMOKE, *EXT, "-gret", "true"), vocabs)
+    with pytest.raises(ValueError, match="Missing key in checkpoint: encoder.layer_norm.weight"):
+        gret.load_state_dict(checkpoint)
+
+
+def _opt(**kw):
+    base = dict(encoder_type="ext_transformer", decoder_type="ext_transformer", gret=False, gret_capsules=4,
+                gret_iterations=3, gret_capsule_dim=0, gret_pooling="capsules", gret_layers="all", gret_gate=True)
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(gret_capsules=8), "-gret_capsules has no effect while -gret is false"),
+    (dict(gret_gate=False), "-gret_gate has no effect while -gret is false"),
+    (dict(gret=True, decoder_type="transformer"), "-gret needs -decoder_type ext_transformer"),
+    (dict(gret=True, gret_iterations=0), "-gret_iterations 0: must be >= 1"),
+    (dict(gret=True, gret_capsules=0), "-gret_capsules 0: must be >= 1"),
+    (dict(gret=True, gret_pooling="mean", gret_capsule_dim=16), "-gret_capsule_dim has no effect with"),
+])
+def test_option_checks(kw, message, onmt_active):
+    problems = options.check_options(_opt(**kw))
+    assert any(message in p for p in problems), problems

@@ -1,0 +1,252 @@
+"""chen2019 recurrent positional embeddings: layouts, the BiRNN and padding, decoding state, head isolation, options."""
+
+import argparse
+
+import pytest
+import torch
+
+import support
+from onmt_ext import options
+from onmt_ext.recurrent_embedding import BlockDiagonalLinear, HeadwiseNorm, RecurrentPositionalEmbeddings, combine
+
+SMOKE = "yaml_configs/smoke/baseline/transformer_base_wmt14_ende.yaml"
+EXT = ["-encoder_type", "ext_transformer", "-decoder_type", "ext_transformer"]
+
+
+def test_layouts_on_a_hand_example():
+    p = torch.tensor([[1.0, 2, 3, 4]])  # d_p = 4
+    r = torch.tensor([[10.0, 20, 30, 40]])  # d_r = 4
+    assert combine(p, r, 2, "rpehead").tolist() == [[1, 2, 3, 4, 10, 20, 30, 40]]
+    # eq. 9-10, two heads: [p^1 : r^1, p^2 : r^2]
+    assert combine(p, r, 2, "mprhead").tolist() == [[1, 2, 10, 20, 3, 4, 30, 40]]
+
+
+def _embeddings(vocab=30, dim=16, pad=1, pe=True):
+    from onmt.modules import Embeddings
+
+    torch.manual_seed(0)
+    emb = Embeddings(dim, vocab, pad, position_encoding=pe)
+    torch.nn.init.normal_(emb.word_lut.weight)
+    return emb
+
+
+@pytest.mark.parametrize("cell", ["rnn", "gru", "lstm"])
+def test_source_birnn_matches_a_per_sentence_bidirectional_rnn_and_ignores_padding(cell, onmt_active):
+    module = RecurrentPositionalEmbeddings(_embeddings(), 4, 8, "rpehead", cell, bidirectional=True)
+    module.eval()
+    lengths = [5, 2, 7]
+    src = torch.full((3, 7, 1), 1, dtype=torch.long)
+    for b, n in enumerate(lengths):
+        src[b, :n, 0] = torch.randint(4, 30, (n,))
+    out = module(src)
+    # reference: torch's own bidirectional RNN with the same weights, one unpadded sentence at a time
+    reference = {"rnn": torch.nn.RNN, "gru": torch.nn.GRU, "lstm": torch.nn.LSTM}[cell](
+        8, 4, batch_first=True, bidirectional=True)
+    with torch.no_grad():
+        for name, value in module.rnn.named_parameters():
+            getattr(reference, name).copy_(value)
+            getattr(reference, name + "_reverse").copy_(getattr(module.rnn_backward, name))
+    for b, n in enumerate(lengths):
+        x_r = module.make_embedding(src[b : b + 1, :n])[..., 8:]
+        states, _ = reference(x_r)
+        expected_r = torch.tanh(module.proj(states))
+        torch.testing.assert_close(out[b : b + 1, :n, 8:], expected_r, atol=1e-6, rtol=0)
+        torch.testing.assert_close(out[b : b + 1, :n], module(src[b : b + 1, :n]), atol=1e-6, rtol=0)
+
+
+def test_p_is_opennmt_sinusoidal_encoding_at_size_d_p(onmt_active):
+    from onmt.modules.embeddings import PositionalEncoding
+
+    module = RecurrentPositionalEmbeddings(_embeddings(), 4, 8, "rpehead", bidirectional=True)
+    src = torch.randint(4, 30, (2, 6, 1))
+    x_p = module.make_embedding(src)[..., :8]
+    torch.testing.assert_close(module(src)[..., :8], PositionalEncoding(8, "SinusoidalInterleaved")(x_p))
+    without = RecurrentPositionalEmbeddings(_embeddings(), 4, 8, "rpehead", bidirectional=True,
+                                            position_encoding=False)
+    assert torch.equal(without(src)[..., :8], x_p)  # no PE: stock OpenNMT-py embeddings (unscaled)
+
+
+@pytest.mark.parametrize("cell", ["rnn", "gru", "lstm", "sru"])
+def test_target_rnn_step_by_step_equals_full_pass_and_follows_beam_reordering(cell, onmt_active):
+    module = RecurrentPositionalEmbeddings(_embeddings(), 4, 8, "mprhead", cell, bidirectional=False)
+    module.eval()
+    tgt = torch.randint(4, 30, (3, 6, 1))
+    full = module(tgt)
+    steps = [module(tgt[:, j : j + 1], step=j) for j in range(3)]
+    perm = torch.tensor([2, 0, 1])
+    module.reorder_decoding_state(lambda state, dim: state.index_select(dim, perm))
+    steps = [s[perm] for s in steps] + [module(tgt[perm, j : j + 1], step=j) for j in range(3, 6)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full[perm], atol=1e-6, rtol=0)
+    assert set(module.decoding_state) == ({"hidden", "cell"} if cell == "lstm" else {"hidden"})
+    module(tgt[:, :1], step=0)  # a new sentence starts from the zero state whatever was saved
+    torch.testing.assert_close(module(tgt[:, 1:2], step=1), full[:, 1:2], atol=1e-6, rtol=0)
+
+
+def test_sru_follows_its_recurrence_and_ignores_padding_on_the_source_side(onmt_active):
+    from onmt_ext.recurrent_embedding import SRU
+
+    torch.manual_seed(0)
+    sru = SRU(4, 3)
+    torch.nn.init.normal_(sru.recurrent)
+    x = torch.randn(2, 5, 4)
+    out, final = sru(x)
+    w = sru.weight.weight
+    c = torch.zeros(2, 3)
+    for t in range(5):  # Lei et al. 2018, written out one step at a time
+        xt, f_in, r_in, hw = (x[:, t] @ w.t()).split(3, dim=-1)
+        f = torch.sigmoid(f_in + sru.recurrent[0] * c + sru.bias[0])
+        r = torch.sigmoid(r_in + sru.recurrent[1] * c + sru.bias[1])
+        c = f * c + (1 - f) * xt
+        torch.testing.assert_close(out[:, t], r * c + (1 - r) * hw)
+    torch.testing.assert_close(final[0], c)
+    module = RecurrentPositionalEmbeddings(_embeddings(), 4, 8, "rpehead", "sru", bidirectional=True).eval()
+    src = torch.full((2, 6, 1), 1, dtype=torch.long)
+    src[0, :6, 0], src[1, :3, 0] = torch.randint(4, 30, (6,)), torch.randint(4, 30, (3,))
+    torch.testing.assert_close(module(src)[1:, :3], module(src[1:, :3]), atol=1e-6, rtol=0)
+
+
+def test_block_diagonal_projection_and_headwise_norm_keep_heads_apart():
+    torch.manual_seed(0)
+    linear, norm = BlockDiagonalLinear(8, 4, bias=True), HeadwiseNorm(8, 4)
+    torch.nn.init.normal_(linear.bias)
+    x = torch.randn(2, 3, 8)
+    changed = x.clone()
+    changed[..., 6:] = torch.randn(2, 3, 2) * 5  # the last head's slice only
+    for module in (linear, norm):
+        a, b = module(x), module(changed)
+        assert torch.equal(a[..., :6], b[..., :6]) and not torch.allclose(a[..., 6:], b[..., 6:])
+    layer_norm = torch.nn.LayerNorm(2, eps=1e-6, elementwise_affine=False)
+    torch.testing.assert_close(norm(x), layer_norm(x.view(2, 3, 4, 2)).view(2, 3, 8))
+
+
+def _first_layer_heads(model, src, src_len, tgt):
+    """The per-head context (before W^O) of the first encoder and decoder self-attention layers."""
+    seen = {}
+    hooks = [attention.final_linear.register_forward_pre_hook(
+        lambda module, args, key=key: seen.__setitem__(key, args[0].detach().clone()))
+        for key, attention in (("enc", model.encoder.transformer[0].self_attn),
+                               ("dec", model.decoder.transformer_layers[0].self_attn))]
+    support.full_forward(model, src, src_len, tgt)
+    for hook in hooks:
+        hook.remove()
+    return seen
+
+
+@pytest.mark.parametrize("heads_option, isolated", [("restricted", True), ("full", False)])
+def test_restricted_rpehead_p_heads_do_not_see_r(heads_option, isolated, sample_data, onmt_active):
+    # d_model 32, 4 heads of 8: d_r 16 gives heads 1-2 on P and heads 3-4 on R
+    opt = support.load_train_opts(SMOKE, *EXT, "-chen2019_enc", "rpehead", "-chen2019_dec", "rpehead",
+                                  "-chen2019_dim", "16", "-chen2019_heads", heads_option)
+    model = support.build_model(opt, support.load_vocabs(opt), seed=3)
+    src, src_len, tgt = support.random_batch(support.load_vocabs(opt), [6, 4], [5, 5], seed=1)
+    with torch.no_grad():
+        before = _first_layer_heads(model, src, src_len, tgt)
+        for side in (model.encoder, model.decoder):
+            side.embeddings.proj.weight.normal_()  # a different R, the same P
+        after = _first_layer_heads(model, src, src_len, tgt)
+    for side in ("enc", "dec"):
+        p_heads_same = torch.allclose(before[side][..., :16], after[side][..., :16], atol=1e-6)
+        assert p_heads_same == isolated
+        assert not torch.allclose(before[side][..., 16:], after[side][..., 16:])  # the R heads do see R
+    if isolated:
+        assert isinstance(model.encoder.transformer[0].self_attn.linear_query, BlockDiagonalLinear)
+        assert isinstance(model.encoder.transformer[0].layer_norm, HeadwiseNorm)
+        assert isinstance(model.decoder.transformer_layers[0].layer_norm_1, HeadwiseNorm)
+        assert isinstance(model.encoder.transformer[1].self_attn.linear_query, torch.nn.Linear)
+
+
+def test_pe_off_on_both_sides_is_the_stock_model_without_position_encoding(sample_data, onmt_active):
+    opt = support.load_train_opts(SMOKE, *EXT, "-chen2019_pe_off", "enc", "dec")
+    vocabs = support.load_vocabs(opt)
+    model = support.build_model(opt, vocabs, seed=5)
+    stock_opt = support.load_train_opts(SMOKE)
+    stock_opt.position_encoding = False  # (a flag: the YAML's true cannot be switched off from the command line)
+    stock = support.build_model(stock_opt, vocabs, seed=5)
+    assert model.state_dict().keys() == stock.state_dict().keys()
+    src, src_len, tgt = support.random_batch(vocabs, [6, 3], [4, 6], seed=2)
+    with torch.no_grad():
+        for mine, theirs in zip(support.full_forward(model, src, src_len, tgt),
+                                support.full_forward(stock, src, src_len, tgt)):
+            assert torch.equal(mine, theirs)
+
+
+def test_only_the_listed_side_loses_its_position_encoding(sample_data, onmt_active):
+    opt = support.load_train_opts(SMOKE, *EXT, "-chen2019_pe_off", "dec")
+    model = support.build_model(opt, support.load_vocabs(opt))
+    assert model.encoder.embeddings.position_encoding and "pe" in model.encoder.embeddings.make_embedding._modules
+    assert not model.decoder.embeddings.position_encoding
+    assert "pe" not in model.decoder.embeddings.make_embedding._modules
+
+
+def _rnn_parameters(d_r, bidirectional):
+    units = d_r // 2 if bidirectional else d_r
+    per_direction = units * d_r + units * units + 2 * units  # W_ih, W_hh, two biases (Elman cell)
+    return per_direction * (2 if bidirectional else 1) + d_r * d_r + d_r  # + W^r, b^r of eq. 6
+
+
+def test_parameter_delta_is_the_rnns_and_w_r(sample_data, onmt_active):
+    """What tools/param_report.py reports for the paper configs: MPRHead at d_r 256 adds 0.362M (Table 1: 0.37M)."""
+    sys_path_tools = support.REPO / "tools"
+    import sys
+
+    sys.path.insert(0, str(sys_path_tools))
+    try:
+        import param_report
+    finally:
+        sys.path.remove(str(sys_path_tools))
+    for name, dim in (("mprhead", 256), ("rpehead", 320)):
+        opt = support.load_train_opts(f"yaml_configs/chen2019/transformer_base_wmt14_ende_{name}.yaml")
+        delta = param_report.count_parameters(opt, 1000) - param_report.count_parameters(
+            param_report.baseline_of(opt), 1000)
+        assert delta == _rnn_parameters(dim, True) + _rnn_parameters(dim, False)
+    assert _rnn_parameters(256, True) + _rnn_parameters(256, False) == 361984
+
+
+def _opt(**kw):
+    base = dict(encoder_type="ext_transformer", decoder_type="ext_transformer", enc_layers=2, dec_layers=2, layers=-1,
+                hidden_size=32, enc_hid_size=32, heads=4, position_encoding=True, chen2019_enc="none",
+                chen2019_dec="none", chen2019_dim=0, chen2019_rnn="rnn", chen2019_heads="full", chen2019_pe_off=[],
+                parallel_residual=False, parallel_mode="data_parallel", world_size=1, n_src_feats=0)
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(chen2019_enc="rpehead"), "-chen2019_enc rpehead needs the RPE size: set -chen2019_dim"),
+    (dict(chen2019_enc="rpehead", chen2019_dim=12), "RPEHead needs d_r = t * d_model / heads"),
+    (dict(chen2019_dec="mprhead", chen2019_dim=10), "MPRHead splits P and R over the 4 heads"),
+    (dict(chen2019_enc="mprhead", chen2019_dim=32), "d_r must be between 1 and d_model - 1"),
+    (dict(chen2019_dim=16), "-chen2019_dim has no effect while -chen2019_enc and -chen2019_dec are both none"),
+    (dict(chen2019_rnn="gru"), "-chen2019_rnn has no effect"),
+    (dict(chen2019_pe_off=["dec"], position_encoding=False), "has no effect with -position_encoding false"),
+    (dict(chen2019_pe_off=["enc"], encoder_type="transformer"), "-chen2019_pe_off enc needs -encoder_type"),
+    (dict(chen2019_enc="rpehead", chen2019_dim=16, n_src_feats=1), "does not support source word features"),
+    (dict(chen2019_enc="rpehead", chen2019_dim=16, chen2019_heads="restricted", parallel_residual=True),
+     "-parallel_residual"),
+    (dict(decoder_type="transformer", chen2019_dec="rpehead", chen2019_dim=16),
+     "-chen2019_dec 'rpehead' has no effect with -decoder_type 'transformer'"),
+])
+def test_option_checks(kw, message, onmt_active):
+    problems = options.check_options(_opt(**kw))
+    assert any(message in p for p in problems), problems
+
+
+def test_bad_option_value_is_a_clean_cli_error(sample_data, tmp_path):
+    result = support.run_cli("onmt_train", "-config", support.REPO / SMOKE, *EXT, "-chen2019_enc", "rpehead",
+                             "-chen2019_dim", "12", "-save_model", tmp_path / "m", "-train_steps", "1", check=False)
+    assert result.returncode != 0
+    assert "-chen2019_dim 12 with -chen2019_enc rpehead" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("config", ["rpehead_all_switches", "mprhead_all_switches"])
+def test_half_precision_model_and_autocast_give_finite_outputs(config, sample_data, onmt_active):
+    opt = support.load_train_opts(f"yaml_configs/smoke/chen2019/{config}.yaml")
+    vocabs = support.load_vocabs(opt)
+    model = support.build_model(opt, vocabs, seed=3)
+    src, src_len, tgt = support.random_batch(vocabs, [7, 4], [6, 5], seed=1)
+    with torch.no_grad():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            _, mixed = support.full_forward(model, src, src_len, tgt)
+        _, half = support.full_forward(model.to(torch.bfloat16), src, src_len, tgt)
+    assert torch.isfinite(mixed).all() and half.dtype == torch.bfloat16 and torch.isfinite(half).all()

@@ -1,0 +1,216 @@
+#!/usr/bin/env python
+"""Bag-of-words probe of a sentence representation (the probing experiment of GRET, weng2020).
+
+Usage::
+
+    python tools/gret_probe.py -model CHECKPOINT -src TRAIN.src -tgt TRAIN.tgt \\
+        -test_src TEST.src -test_tgt TEST.tgt [--kind global|last|average] \\
+        [--src-subword-model spm.model --tgt-subword-model spm.model] [--epochs 20] [--out probe.json]
+
+What it measures: how much a fixed-size representation of the source
+sentence knows about the words of its translation.  The encoder of the
+checkpoint is frozen; for every sentence pair it gives one vector
+``(d_model,)``:
+
+* ``global``: GRET's global state s^M (a checkpoint trained with ``-gret true``);
+* ``last``: the encoder output at the last source token;
+* ``average``: the mean of the encoder outputs over the source tokens.
+
+A predictor maps the vector to a distribution over the target vocabulary,
+``softmax(E W v)``, with ``W`` ``(d_model, d_model)`` learned and ``E`` the
+checkpoint's (frozen) target embedding matrix, as the paper describes "a
+simple feed-forward network which maps the global state to the target word
+embedding matrix".  It is trained to maximise ``sum_{w in bag(y)} log p(w)``
+over the training pairs (Adam), where ``bag(y)`` is the set of target tokens
+of the reference (subword pieces when the model uses them; special tokens
+left out).  On the test pairs it reports precision at k: the share of the k
+most probable tokens that are in the reference's bag, averaged over
+sentences, for k = 1, 5, 10 (or ``--top-k``).
+
+Prints a table and writes ``--out`` (JSON) when given.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+KINDS = ("global", "last", "average")
+
+
+def _fail(message):
+    raise SystemExit(f"gret_probe.py: {message}")
+
+
+def _read_lines(path, processor):
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        _fail(f"cannot read {path}: {error}")
+    if processor is None:
+        return [line.split() for line in lines]
+    return [processor.encode(line, out_type=str) for line in lines]
+
+
+def _subword(path):
+    if not path:
+        return None
+    import sentencepiece as spm
+
+    try:
+        return spm.SentencePieceProcessor(model_file=str(path))
+    except (OSError, RuntimeError) as error:
+        _fail(f"cannot load the SentencePiece model {path}: {error}")
+
+
+def load_model(checkpoint):
+    """The checkpoint's model (eval mode, CPU) and its vocabularies."""
+    import onmt  # noqa: F401  (loads onmt-ext through its start-up hook)
+    import torch
+    from onmt.model_builder import build_base_model
+    from onmt.inputters.inputter import dict_to_vocabs
+    from onmt.utils.parse import ArgumentParser
+
+    if not Path(checkpoint).is_file():
+        _fail(f"no checkpoint at {checkpoint}")
+    state = torch.load(checkpoint, map_location="cpu")
+    model_opt = ArgumentParser.ckpt_model_opts(state["opt"])
+    ArgumentParser.update_model_opts(model_opt)
+    ArgumentParser.validate_model_opts(model_opt)
+    vocabs = dict_to_vocabs(state["vocab"])
+    model = build_base_model(model_opt, vocabs)
+    model.load_state_dict(state, strict=True)
+    model.eval()
+    return model, vocabs, model_opt
+
+
+def features(model, vocabs, sentences, kind, batch_size=64):
+    """One vector per source sentence ``(n, d_model)`` (see the module docstring for ``kind``)."""
+    import torch
+    from onmt.constants import DefaultTokens
+
+    if kind == "global" and getattr(model.encoder, "gret", None) is None:
+        _fail("--kind global needs a GRET checkpoint (trained with -gret true); use last or average for others")
+    src_vocab = vocabs["src"]
+    pad = src_vocab[DefaultTokens.PAD]
+    out = []
+    with torch.no_grad():
+        for start in range(0, len(sentences), batch_size):
+            chunk = [s if s else [DefaultTokens.UNK] for s in sentences[start : start + batch_size]]
+            lengths = torch.tensor([len(s) for s in chunk])
+            src = torch.full((len(chunk), int(lengths.max()), 1), pad, dtype=torch.long)
+            for i, tokens in enumerate(chunk):
+                src[i, : len(tokens), 0] = torch.tensor(src_vocab(tokens))
+            enc_out, final, _ = model.encoder(src, lengths)
+            if kind == "global":
+                vectors = final
+            elif kind == "last":
+                vectors = enc_out[torch.arange(len(chunk)), lengths - 1]
+            else:
+                keep = (torch.arange(enc_out.size(1))[None] < lengths[:, None]).unsqueeze(-1).to(enc_out.dtype)
+                vectors = (enc_out * keep).sum(1) / lengths[:, None].to(enc_out.dtype)
+            out.append(vectors.float())
+    return torch.cat(out)
+
+
+def special_ids(vocabs):
+    """Target ids that are never words: padding, BOS, EOS, unknown."""
+    from onmt.constants import DefaultTokens
+
+    vocab = vocabs["tgt"]
+    return sorted({vocab[t] for t in (DefaultTokens.PAD, DefaultTokens.BOS, DefaultTokens.EOS, DefaultTokens.UNK)})
+
+
+def bags(vocabs, sentences):
+    """Target-token id sets (specials and unknown words left out)."""
+    specials = set(special_ids(vocabs))
+    return [sorted(set(vocabs["tgt"](tokens)) - specials) for tokens in sentences]
+
+
+def _scores(weight, vectors, embeddings, excluded):
+    """Token scores ``(n, V)``; the ``excluded`` (special) ids can never be predicted."""
+    scores = weight(vectors) @ embeddings.t()
+    scores[:, excluded] = float("-inf")
+    return scores
+
+
+def train_probe(vectors, targets, embeddings, excluded, epochs=20, lr=1e-3, seed=1234):
+    """The predictor ``W`` ``(d, d)`` trained on (vector, bag) pairs; ``embeddings`` ``(V, d)`` stays fixed."""
+    import torch
+
+    torch.manual_seed(seed)
+    dim = vectors.size(1)
+    weight = torch.nn.Linear(dim, embeddings.size(1))
+    optimiser = torch.optim.Adam(weight.parameters(), lr=lr)
+    usable = [i for i, bag in enumerate(targets) if bag]
+    if not usable:
+        _fail("no training pair has a target token in the model's vocabulary")
+    for _ in range(epochs):
+        order = torch.randperm(len(usable)).tolist()
+        for start in range(0, len(order), 64):
+            index = [usable[i] for i in order[start : start + 64]]
+            log_probs = torch.log_softmax(_scores(weight, vectors[index], embeddings, excluded), dim=-1)
+            loss = -sum(log_probs[row, targets[i]].mean() for row, i in enumerate(index)) / len(index)
+            optimiser.zero_grad()
+            loss.backward()
+            optimiser.step()
+    return weight
+
+
+def precision_at(weight, vectors, targets, embeddings, excluded, ks):
+    """Mean precision at each k over the sentences with a non-empty bag."""
+    import torch
+
+    with torch.no_grad():
+        scores = _scores(weight, vectors, embeddings, excluded)
+    result = {}
+    for k in ks:
+        top = scores.topk(k, dim=-1).indices.tolist()
+        hits = [len(set(row) & set(bag)) / k for row, bag in zip(top, targets) if bag]
+        result[k] = sum(hits) / len(hits) if hits else float("nan")
+    return result
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("-model", required=True, help="an OpenNMT-py checkpoint")
+    parser.add_argument("-src", required=True, help="probe training source text")
+    parser.add_argument("-tgt", required=True, help="probe training target text")
+    parser.add_argument("-test_src", required=True)
+    parser.add_argument("-test_tgt", required=True)
+    parser.add_argument("--kind", choices=KINDS, default="global")
+    parser.add_argument("--src-subword-model", help="SentencePiece model applied to the source text")
+    parser.add_argument("--tgt-subword-model", help="SentencePiece model applied to the target text")
+    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--limit", type=int, default=0, help="use only the first N training pairs (0: all)")
+    parser.add_argument("--top-k", type=int, nargs="+", default=[1, 5, 10])
+    parser.add_argument("--out", type=Path, help="write the result as JSON")
+    args = parser.parse_args(argv)
+    if args.epochs < 1 or any(k < 1 for k in args.top_k):
+        parser.error("--epochs and --top-k values must be >= 1")
+    src_sp, tgt_sp = _subword(args.src_subword_model), _subword(args.tgt_subword_model)
+    train_src, train_tgt = _read_lines(args.src, src_sp), _read_lines(args.tgt, tgt_sp)
+    test_src, test_tgt = _read_lines(args.test_src, src_sp), _read_lines(args.test_tgt, tgt_sp)
+    for a, b, name in ((train_src, train_tgt, "-src/-tgt"), (test_src, test_tgt, "-test_src/-test_tgt")):
+        if len(a) != len(b):
+            _fail(f"{name} have different line counts ({len(a)} and {len(b)})")
+    if args.limit:
+        train_src, train_tgt = train_src[: args.limit], train_tgt[: args.limit]
+    model, vocabs, _ = load_model(args.model)
+    embeddings = model.decoder.embeddings.word_lut.weight.detach().float()
+    excluded = special_ids(vocabs)
+    weight = train_probe(features(model, vocabs, train_src, args.kind), bags(vocabs, train_tgt), embeddings,
+                         excluded, epochs=args.epochs)
+    result = precision_at(weight, features(model, vocabs, test_src, args.kind), bags(vocabs, test_tgt), embeddings,
+                          excluded, sorted(set(args.top_k)))
+    report = {"model": str(args.model), "kind": args.kind, "train_pairs": len(train_src),
+              "test_pairs": len(test_src), "precision": {str(k): v for k, v in result.items()}}
+    print(f"bag-of-words probe of {args.model} ({args.kind}): " +
+          ", ".join(f"P@{k} = {v:.3f}" for k, v in result.items()))
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
