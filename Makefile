@@ -3,7 +3,7 @@
 #   make demo     prepare the shipped Tatoeba zh-en sample, train a small
 #                 Transformer on the CPU, translate the test set, score it
 #   make length-demo  clause attention vs. baseline on the shipped WMT14 En-De sample, BLEU by
-#                 source length with per-bucket significance and a plot (CPU, about 20 minutes)
+#                 source length with per-bucket significance and a plot (CPU)
 #   make test     unit + integration tests (runs setup and data preparation first)
 #   make smoke    train every config of yaml_configs/smoke/ for a few steps
 #   make setup    create .venv with pinned packages (done by the two above)
@@ -117,8 +117,8 @@ $(DEMO)/report.txt: $(DEMO)/test.hyp.en tools/demo_report.py
 	$(PY) tools/demo_report.py --demo-dir $(DEMO) --data-dir $(TATOEBA) > $@
 
 # ---------------------------------------------------------------- length demo (clause attention)
-# A baseline and a CA-with-rule model, 3+3 layers, trained on the CPU on the shipped WMT14 En-De sample, compared
-# per source-length bucket with a paired bootstrap in each bucket and a plot (about 20 minutes on 2 cores).
+# A baseline and a CA-with-rule model, 2+2 layers (d 128), trained on the CPU on the shipped WMT14 En-De sample, compared
+# per source-length bucket with a paired bootstrap in each bucket and a plot.
 WMT14_SRC := data/wmt14-ende-sample
 WMT14 := build/wmt14_sample
 LENGTH_DEMO := build/length_demo
@@ -129,7 +129,7 @@ length-demo: $(LENGTH_DEMO)/report.txt
 	@cat $<
 
 $(WMT14)/spm.de.model: tools/prepare_wmt14_sample.py $(WMT14_SRC)/train.en $(WMT14_SRC)/train.de | $(SETUP_STAMP)
-	$(PY) tools/prepare_wmt14_sample.py --data-dir $(WMT14_SRC) --out-dir $(WMT14)
+	$(PY) tools/prepare_wmt14_sample.py --data-dir $(WMT14_SRC) --out-dir $(WMT14) --test-size 500
 
 $(WMT14)/vocab.de: $(WMT14)/spm.de.model yaml_configs/demo/wmt14_sample_baseline.yaml
 	$(BIN)/onmt_build_vocab -config yaml_configs/demo/wmt14_sample_baseline.yaml -n_sample -1 -overwrite \

@@ -509,3 +509,37 @@ def test_cli_by_length_needs_sources(tmp_path, files):
     proc = _run_evaluate("--hyp", files["hyp_a"], "--refs", files["ref1"], "--by-length", cwd=tmp_path)
     assert proc.returncode == 2
     assert "evaluate.py: error: --by-length needs the sources" in proc.stderr
+
+
+def test_compare_by_length_is_a_paired_bootstrap_per_bucket(tmp_path):
+    refs = [REF1, REF2]
+    comparisons = ev.compare_by_length(HYP_B, HYP_A, refs, SOURCES, buckets=(10, 20), n_samples=100, seed=5)
+    assert [(c.label, c.count) for c in comparisons] == [("0-10", 7), ("11-20", 2), ("21+", 3)]
+    for comparison in comparisons:
+        members = [i for i, n in enumerate(SOURCE_LENGTHS)
+                   if comparison.min_length <= n and (comparison.max_length is None or n <= comparison.max_length)]
+        expected = ev.paired_bootstrap([HYP_B[i] for i in members], [HYP_A[i] for i in members],
+                                       [[s[i] for i in members] for s in refs], n_samples=100, seed=5)
+        assert comparison.bootstrap == expected
+    empty = ev.compare_by_length(HYP_B, HYP_A, refs, SOURCES, buckets=(40, 50), n_samples=50)
+    assert empty[1].count == 0 and empty[1].bootstrap is None
+    plot = tmp_path / "by_length.png"
+    ev.plot_by_length(comparisons, plot, "test", ("base", "sys"))
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_by_length_against_a_baseline_with_buckets_and_plot(tmp_path, files):
+    plot = tmp_path / "plot.png"
+    proc = _run_evaluate("--hyp", files["hyp_a"], "--refs", files["ref1"], "--baseline", files["hyp_b"],
+                         "--by-length", "--src", files["src"], "--buckets", "10", "20", "--plot", plot,
+                         "--bootstrap-samples", "50", "--names", "base", "sys", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "bleu by source length, sys vs base" in proc.stdout and "21+" in proc.stdout
+    assert plot.exists()
+    refused = _run_evaluate("--hyp", files["hyp_a"], "--refs", files["ref1"], "--plot", plot, cwd=tmp_path)
+    assert refused.returncode == 2 and "--plot" in refused.stderr
+
+
+def test_bleu_zh_uses_the_chinese_tokenizer():
+    result = ev.compute_metric("bleu-zh", ["我们走了。"], [["我们走了。"]])
+    assert result.score == pytest.approx(100.0) and "tok:zh" in result.signature
