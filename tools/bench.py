@@ -136,8 +136,9 @@ def bench_config(case, size, args, workdir):
             config.pop(key, None)
             if key in twin:
                 config[key] = twin[key]
-        config.update(model_dtype="fp32", batch_size=args.batch_size, valid_batch_size=args.batch_size,
-                      accum_count=[1], accum_steps=[0], bucket_size=args.batch_size * 16, num_workers=0)
+        config.update(model_dtype="fp32", batch_type="tokens", batch_size=args.batch_size,
+                      valid_batch_size=args.batch_size, accum_count=[1], accum_steps=[0],
+                      bucket_size=args.batch_size * 16, num_workers=0)
     name = Path(case.config).stem + ("_pre_encoded" if case.pre_encoded else "")
     if case.pre_encoded:
         _use_pre_encoded_data(config, workdir)
