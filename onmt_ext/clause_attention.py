@@ -213,14 +213,10 @@ class ClauseAttention(nn.Module):
 def _combination_check(opt):
     if not getattr(opt, "clause_attention", False):
         return options_without_effect(opt, _SPECS[1:], "-clause_attention is false")
+    from onmt_ext.clause_split import _transform_lists
+
     problems = []
-    transforms = list(getattr(opt, "transforms", None) or [])
-    data = getattr(opt, "data", None)
-    if isinstance(data, dict):
-        for corpus in data.values():
-            if isinstance(corpus, dict):
-                transforms += list(corpus.get("transforms") or [])
-    if TRANSFORM not in transforms:
+    if not any(TRANSFORM in names for _, names in _transform_lists(opt)):
         problems.append(f"-clause_attention reads the markers of the {TRANSFORM} transform: list {TRANSFORM} in "
                         f"-transforms (after the subword transform)")
     for switch, what in (("cao2019_vertical", "cao2019's cross aggregation"),

@@ -67,15 +67,17 @@ class ExtTransformerEncoder(_ExtConfigured, TransformerEncoder):
 
     def forward(self, src, src_len=None):
         """The stock forward; with GRET the final state is the global state ``(batch, d_model)``."""
-        clauses = getattr(self, "clause", None)
+        clauses, summary = getattr(self, "clause", None), getattr(self, "gret", None)
+        if clauses is None and summary is None:
+            return super().forward(src, src_len)
+        padding = sequence_mask(src_len, src.size(1))  # (OpenNMT-py's mask: True at padding)
         if clauses is not None:  # clause ids of this batch, read by the clause attentions
-            clauses.start(src, sequence_mask(src_len, src.size(1)))  # (OpenNMT-py's mask: True at padding)
-        summary = getattr(self, "gret", None)
+            clauses.start(src, padding)
         if summary is None:
             return super().forward(src, src_len)
         summary.start()
         enc_out, _, src_len = super().forward(src, src_len)
-        return enc_out, summary.summarise(~sequence_mask(src_len, src.size(1))), src_len  # (True: padding)
+        return enc_out, summary.summarise(~padding), src_len
 
 
 class ExtTransformerDecoder(_ExtConfigured, TransformerDecoder):
