@@ -6,6 +6,11 @@
 #                 source length with per-bucket significance and a plot (CPU)
 #   make test     unit + integration tests (runs setup and data preparation first)
 #   make smoke    train every config of yaml_configs/smoke/ for a few steps
+#   make compare  baseline vs one config per paper and a combination, 3 seeds, on the CPU
+#                 (about an hour; results/compare/)
+#   make data-<task>  download and prepare a paper corpus into build/data/<task>/ (wmt14_ende,
+#                 wmt14_deen, wmt16_ende, wmt16_roen, wmt17_zhen, wmt15_envi, nist_zhen (NIST_DIR=),
+#                 niutrans_enzh (NIUTRANS_DIR=), sample_ende)
 #   make setup    create .venv with pinned packages (done by the two above)
 #   make bench    speed/memory of the mechanisms against the baseline (CPU, smoke
 #                 size; BENCH_ARGS="--size paper --gpu 0" for the paper size)
@@ -15,14 +20,17 @@
 #        reproduce-gret-main-wmt14_ende (-wmt14_deen, -wmt17_zhen, -wmt16_roen), -gret-ablation, -gret-big
 #                 (GRET rows fine-tune from the table's baseline checkpoint, trained first),
 #        reproduce-clause-table5 (-table10, -table11)  (+ BLEU by source length, with plots)
-#                 train, translate and score a paper table on GPUS GPUs (default 1;
-#                 gradient accumulation keeps the paper's batch); reproduce-li2019,
+#                 prepare the data, train, average the last AVERAGE checkpoints (default 5),
+#                 translate and score a paper table on the CUDA devices GPUS (e.g. GPUS=0,1,2,3;
+#                 default 0; gradient accumulation keeps the paper's batch) into results/<paper>/<task>/;
+#                 DRY_RUN=1 prints every command; reproduce-sample runs the chain on the CPU; reproduce-li2019,
 #                 reproduce-cao2019, reproduce-chen2019, reproduce-gret, reproduce-clause: all tables of a paper
 #   make paper-configs  rewrite yaml_configs/<paper>/ from tools/paper_configs.py
 #
 # Variables: PYTHON (interpreter used to create the venv), VENV, TORCH (pip
 # requirement for torch; pick your CUDA build here, e.g.
-# TORCH="torch==2.13.0 --index-url <your torch index>"), GPUS, BENCH_ARGS.
+# TORCH="torch==2.13.0 --index-url <your torch index>"), GPUS, AVERAGE, DRY_RUN, RESULTS_DIR,
+# DATA_WORKERS, NIST_DIR, NIUTRANS_DIR, WMT17_EXTRA_DIR, BENCH_ARGS, COMPARE_ARGS.
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -45,16 +53,19 @@ DEMO_STEPS := $(shell sed -n 's/^train_steps: *\([0-9]*\).*/\1/p' $(DEMO_CONFIG)
 DEMO_MODEL := $(DEMO)/model_step_$(DEMO_STEPS).pt
 SMOKE_CONFIGS := $(shell find yaml_configs/smoke -name '*.yaml' | sort)
 
-GPUS ?= 1
+GPUS ?= 0
+AVERAGE ?= 5
+DRY_RUN ?=
+RESULTS_DIR ?=
 BENCH_ARGS ?=
 REPRODUCE_TABLES := li2019-table2 li2019-table3 li2019-table4-wmt14_ende li2019-table4-wmt17_zhen \
 	cao2019-table1 cao2019-table2-wmt17_zhen cao2019-table2-wmt14_ende \
 	chen2019-table1 chen2019-table2-nist_zhen chen2019-table3 chen2019-figure2-rpehead chen2019-figure2-mprhead \
 	gret-main-wmt14_ende gret-main-wmt14_deen gret-main-wmt17_zhen gret-main-wmt16_roen gret-ablation gret-big \
-	clause-table5 clause-table10 clause-table11
+	clause-table5 clause-table10 clause-table11 sample-li2019
 
-.PHONY: help setup data demo length-demo test test-unit smoke bench paper-configs clean distclean \
-	reproduce-li2019 reproduce-cao2019 reproduce-chen2019 reproduce-gret reproduce-clause sweep-chen2019-dr $(addprefix reproduce-,$(REPRODUCE_TABLES))
+.PHONY: help setup data demo compare length-demo test test-unit smoke bench paper-configs clean distclean \
+	reproduce-li2019 reproduce-cao2019 reproduce-chen2019 reproduce-gret reproduce-clause sweep-chen2019-dr $(addprefix reproduce-,$(REPRODUCE_TABLES)) $(addprefix report-,$(REPRODUCE_TABLES)) reproduce-sample
 
 help:
 	@awk 'NR > 1 && !/^#/ {exit} NR > 1' Makefile | sed 's/^# \{0,1\}//'
@@ -92,6 +103,46 @@ $(TATOEBA)/vocab.en: $(TATOEBA)/stats.json $(DEMO_CONFIG) | $(SETUP_STAMP)
 $(TATOEBA)/signal_tagger.zh.pt: $(TATOEBA)/stats.json tools/train_signal_tagger.py | $(SETUP_STAMP)
 	@echo "== data: training the Chinese signal-word tagger (CA with study) on $(TATOEBA)/train.zh"
 	$(PY) tools/train_signal_tagger.py --lang zh --input $(TATOEBA)/train.zh --output $@
+
+# ---------------------------------------------------------------- paper corpora
+# make data-<task>: download (resumable, checksummed), extract, tokenize (sacremoses / jieba), clean, BPE
+# (subword-nmt, 32K merges) and build the vocabularies into build/data/<task>/, the files the paper configs
+# and `make reproduce-...` read.  Each step leaves a stamp, so a rerun redoes only what is missing.
+# NIST_DIR=... (licensed LDC/NIST data) for nist_zhen, NIUTRANS_DIR=... for niutrans_enzh, optionally
+# WMT17_EXTRA_DIR=... (UN + CWMT pairs) for wmt17_zhen; see `python tools/prepare_data.py --help`.
+DATA_TASKS := wmt14_ende wmt14_deen wmt16_ende wmt16_roen wmt17_zhen wmt15_envi nist_zhen niutrans_enzh sample_ende
+DATA_WORKERS ?= $(shell nproc)
+PREPARE := $(PY) tools/prepare_data.py
+# the config whose vocabulary section builds the task's vocabularies
+vocab_config = $(firstword $(wildcard yaml_configs/baseline/transformer_base_$(1).yaml yaml_configs/sample/*_$(1)_baseline.yaml))
+
+.PHONY: $(addprefix data-,$(DATA_TASKS))
+.PRECIOUS: build/data/%/.fetch build/data/%/.raw build/data/%/.tok build/data/%/.clean build/data/%/.bpe build/data/%/.vocab
+$(addprefix data-,$(DATA_TASKS)): data-%: build/data/%/.vocab
+
+build/data/%/.fetch: | $(SETUP_STAMP)
+	$(PREPARE) fetch $*
+	mkdir -p $(@D) && touch $@
+
+build/data/%/.raw: build/data/%/.fetch
+	$(PREPARE) raw $*
+	touch $@
+
+build/data/%/.tok: build/data/%/.raw
+	$(PREPARE) tok $* --workers $(DATA_WORKERS)
+	touch $@
+
+build/data/%/.clean: build/data/%/.tok
+	$(PREPARE) clean $*
+	touch $@
+
+build/data/%/.bpe: build/data/%/.clean
+	$(PREPARE) bpe $* --workers $(DATA_WORKERS)
+	touch $@
+
+build/data/%/.vocab: build/data/%/.bpe
+	$(BIN)/onmt_build_vocab -config $(call vocab_config,$*) -n_sample -1 -overwrite -num_threads $(DATA_WORKERS)
+	touch $@
 
 # ---------------------------------------------------------------- demo
 demo: $(DEMO)/report.txt
@@ -153,6 +204,13 @@ $(LENGTH_DEMO)/report.txt: $(LENGTH_DEMO)/baseline/test.hyp.de $(LENGTH_DEMO)/ca
 	  --refs $(WMT14)/test.de --src $(WMT14)/test.en --metrics bleu tok-bleu --by-length --buckets 10 20 30 40 \
 	  --names baseline "CA with rule" --plot $(LENGTH_DEMO)/by_length.png > $@
 
+# ---------------------------------------------------------------- compare (CPU)
+# The baseline, one row of each paper and one combination, 3 seeds each, on the Tatoeba zh-en sample:
+# BLEU mean/sd, bootstrap against the baseline, speed, parameters -> results/compare/ (about an hour here).
+COMPARE_ARGS ?=
+compare: $(TATOEBA)/vocab.en | $(SETUP_STAMP)
+	$(PY) tools/compare.py $(COMPARE_ARGS)
+
 # ---------------------------------------------------------------- tests
 test: $(TATOEBA)/vocab.en | $(SETUP_STAMP)
 	$(PY) -m pytest -q tests
@@ -186,11 +244,24 @@ reproduce-cao2019: $(addprefix reproduce-,$(filter cao2019-%,$(REPRODUCE_TABLES)
 reproduce-chen2019: $(addprefix reproduce-,$(filter chen2019-table%,$(REPRODUCE_TABLES)))
 reproduce-gret: $(addprefix reproduce-,$(filter gret-%,$(REPRODUCE_TABLES)))
 reproduce-clause: $(addprefix reproduce-,$(filter clause-%,$(REPRODUCE_TABLES)))
+# not a paper: the whole chain on the shipped WMT14 sample, on the CPU, in about a minute
+reproduce-sample: GPUS = cpu
+reproduce-sample: AVERAGE = 5
+reproduce-sample: reproduce-sample-li2019
 # chen2019 Figure 2: BLEU against d_r for RPEHead and MPRHead (d_r = 64 ... 448)
 sweep-chen2019-dr: reproduce-chen2019-figure2-rpehead reproduce-chen2019-figure2-mprhead
 
+# Each table first prepares its task's data (make data-<task>), then trains, averages, translates and scores
+# every row.  DRY_RUN=1 prints every command (the data preparation's with make -n) and runs nothing.
 $(addprefix reproduce-,$(REPRODUCE_TABLES)): reproduce-%: | $(SETUP_STAMP)
-	$(PY) tools/reproduce.py $* --gpus $(GPUS)
+	@task=$$($(PY) tools/reproduce.py $* --task); \
+	  $(MAKE) --no-print-directory $(if $(DRY_RUN),-n) data-$$task
+	$(PY) tools/reproduce.py $* --gpus $(GPUS) --average $(AVERAGE) $(if $(DRY_RUN),--dry-run) \
+	  $(if $(RESULTS_DIR),--results-dir $(RESULTS_DIR))
+
+# rewrite a table's report (results/<paper>/<task>/) from its results JSON, without training anything
+$(addprefix report-,$(REPRODUCE_TABLES)): report-%: | $(SETUP_STAMP)
+	$(PY) tools/reproduce.py $* --report-only
 
 # ---------------------------------------------------------------- cleaning
 clean:

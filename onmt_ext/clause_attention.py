@@ -192,6 +192,12 @@ class ClauseAttention(nn.Module):
         return torch.sigmoid(logits).permute(2, 0, 3, 1).unsqueeze(-1)
 
     def forward(self, scores):
+        """Eq. 4-5 unrolled: ``(1 - p_1) g + sum_l w_l b^l`` with the weights of :meth:`level_weights`.
+
+        The local softmaxes of the distinct partitions of the batch are one
+        masked softmax over a stacked ``(batch, D, H, len, len)`` tensor, and
+        the mix one weighted sum, so the op count does not grow with L.
+        """
         structure = self._structure[0]
         ids = structure.ids
         if ids is None or ids.shape[0] != scores.shape[0] or ids.shape[-1] != scores.shape[-1]:
@@ -199,15 +205,27 @@ class ClauseAttention(nn.Module):
                                "this attention runs only inside ExtTransformerEncoder)")
         scores = scores.float()
         p = self.mixing_weights()
-        local = {}
-        mixed = None
-        for level in reversed(range(self.levels)):
-            first = structure.same_as[level]
-            if first not in local:  # b^l: softmax over the keys in the query's clause
-                outside = structure.outside[:, first].unsqueeze(1)  # (B, 1, len, len)
-                local[first] = torch.softmax(scores.masked_fill(outside, _MASKED), dim=-1)
-            mixed = local[first] if mixed is None else torch.lerp(local[first], mixed, p[level + 1])
-        return torch.lerp(torch.softmax(scores, dim=-1), mixed, p[0])
+        distinct = sorted(set(structure.same_as))
+        outside = structure.outside[:, distinct].unsqueeze(2)  # (B, D, 1, len, len)
+        local = torch.softmax(scores.unsqueeze(1).masked_fill(outside, _MASKED), dim=-1)  # b: (B, D, H, len, len)
+        weights = self.level_weights(p)  # (L, ...) per level
+        if len(distinct) < self.levels:  # levels that repeat a coarser partition add to its weight
+            slot = torch.tensor([distinct.index(first) for first in structure.same_as], device=weights.device)
+            weights = weights.new_zeros((len(distinct),) + weights.shape[1:]).index_add_(0, slot, weights)
+        mixed = (weights.movedim(0, 1) * local).sum(dim=1)  # (B, H, len, len)
+        return (1 - p[0]) * torch.softmax(scores, dim=-1) + mixed
+
+    @staticmethod
+    def level_weights(p):
+        """Weight of b^l in the output, from ``p`` ``(L, ...)`` (eq. 5 applied from the finest level outwards).
+
+        With a_L = b^L and a_l = (1 - p_{l+1}) b^l + p_{l+1} a_{l+1}, the output
+        (1 - p_1) g + p_1 a_1 gives b^l the weight P_l (1 - p_{l+1}) and b^L the
+        weight P_L, where P_l = p_1 ... p_l (levels counted from 1 here).
+        """
+        products = torch.cumprod(p, dim=0)
+        rest = torch.cat([1 - p[1:], torch.ones_like(p[:1])], dim=0)
+        return products * rest
 
 
 def _combination_check(opt):

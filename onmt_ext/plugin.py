@@ -208,10 +208,12 @@ def _check_on_model_validation():
         return
 
     def validate_model_opts(cls, model_opt):
+        from onmt_ext import __version__
         from onmt_ext.options import validate
 
         stock(cls, model_opt)
         validate(model_opt)
+        setattr(model_opt, VERSION_KEY, __version__)  # saved with the checkpoint
 
     validate_model_opts._onmt_ext = True
     ArgumentParser.validate_model_opts = classmethod(validate_model_opts)
@@ -226,6 +228,87 @@ def _load_checkpoints_with_new_parameters():
     if not getattr(BaseModel.load_state_dict, "_onmt_ext", False):
         BaseModel.load_state_dict = load_with_new_parameters(BaseModel.load_state_dict)
         BaseModel.load_state_dict._onmt_ext = True
+
+
+#: Attribute onmt-ext adds to the saved model options: the version that wrote the checkpoint.
+VERSION_KEY = "onmt_ext_version"
+#: Attributes OpenNMT-py 3.5.1 itself sets on the options it saves that are not ``onmt_train`` options
+#: (found by reading its sources: train_single, report_manager, loss, parse, inputters).
+STOCK_INTERNAL = {"brnn", "data_task", "cuda", "fp32", "gpu", "int8", "model_task", "models", "src", "tgt",
+                  "tensorboard_log_dir_dated", "tgt_file_prefix"}
+_known_dests = None
+
+
+def _option_dests():
+    """Every option name (``dest``) of ``onmt_train`` with onmt-ext active."""
+    global _known_dests
+    if _known_dests is None:
+        _known_dests = {action.dest for action in train_parser()._actions}
+    return _known_dests
+
+
+def checkpoint_problems(path, checkpoint):
+    """Why an onmt-ext checkpoint cannot be used by this onmt-ext (empty: it can).
+
+    A checkpoint of ``ext_transformer`` whose saved options include names this
+    version does not know was written by another (newer) onmt-ext with a
+    mechanism this one lacks; loading it would either fail deep in torch or,
+    worse, silently drop the mechanism.  Stock OpenNMT-py checkpoints are not
+    checked (they must simply work).
+    """
+    opt = checkpoint.get("opt") if isinstance(checkpoint, dict) else None
+    if opt is None or "ext_transformer" not in (getattr(opt, "encoder_type", None), getattr(opt, "decoder_type", None)):
+        return []
+    unknown = sorted(name for name in vars(opt) if name not in _option_dests() and name != VERSION_KEY
+                     and name not in STOCK_INTERNAL and not name.startswith("_"))
+    if not unknown:
+        return []
+    from onmt_ext import __version__
+
+    written = getattr(opt, VERSION_KEY, None)
+    return [f"checkpoint {path} was written by onmt-ext {written or '(a version that did not record itself)'} "
+            f"with options this onmt-ext ({__version__}) does not know: {', '.join(unknown)}; load it with the "
+            "onmt-ext version that wrote it"]
+
+
+def _check_checkpoints():
+    """Refuse checkpoints of an unknown onmt-ext mechanism, and turn state-dict mismatches into clear errors."""
+    import onmt.model_builder as builder
+    import onmt.train_single as train_single
+    from onmt.models import model_saver
+    from onmt.models.model import BaseModel
+
+    stock = model_saver.load_checkpoint
+    if getattr(stock, "_onmt_ext", False):
+        return
+
+    def load_checkpoint(ckpt_path):
+        checkpoint = stock(ckpt_path)
+        problems = checkpoint_problems(ckpt_path, checkpoint)
+        if problems:
+            raise SystemExit("error: " + "\n".join(problems))
+        return checkpoint
+
+    load_checkpoint._onmt_ext = True
+    for module in (model_saver, builder, train_single):
+        module.load_checkpoint = load_checkpoint
+
+    stock_load = BaseModel.load_state_dict
+
+    def load_state_dict(self, *args, **kwargs):
+        try:
+            return stock_load(self, *args, **kwargs)
+        except (ValueError, AssertionError) as error:  # stock: missing/extra keys (ValueError), shapes (assert)
+            text = str(error)
+            if not (isinstance(error, AssertionError) or "missing key" in text.lower()
+                    or "extra keys" in text.lower()):
+                raise
+            raise SystemExit(f"error: the checkpoint's tensors do not fit the model built from its options "
+                             f"({text or 'a tensor has the wrong shape'}); was it written by another version of "
+                             "onmt-ext or OpenNMT-py, or altered?") from None
+
+    load_state_dict._onmt_ext = True
+    BaseModel.load_state_dict = load_state_dict
 
 
 def train_parser():
@@ -322,14 +405,19 @@ def activate():
     global _active
     if _active:
         return
-    from onmt_ext import compat
+    from onmt_ext import compat, corpus
 
     compat.apply()
+    compat.keep_log_file()
+    compat.atomic_checkpoints()
+    compat.resume_data_position()
+    corpus.install()
     _register_models()
     _extend_model_options()
     _make_parsing_strict()
     _check_on_model_validation()
     _load_checkpoints_with_new_parameters()
+    _check_checkpoints()
     _register_transforms()
     _tell_builders_the_vocabs()
     _check_translation_split()

@@ -21,8 +21,11 @@ It reports, per case and as ratios to the baseline of the same run:
   ``--output-length`` tokens (``-min_length = -max_length``), so that the
   decoding work is the same for every model and the ratio measures the
   mechanism, not how long an undertrained model's outputs happen to be;
+* the same for greedy search (``-beam_size 1 -random_sampling_topk 1``,
+  OpenNMT-py's greedy decoder);
 * peak memory: ``torch.cuda.max_memory_allocated`` on GPU, the process's
-  peak resident set size on CPU.
+  peak resident set size on CPU;
+* the parameter count of the model trained.
 
 Sizes: ``smoke`` runs the configs' smoke twins with the paper's 6+6 layers
 (toy width) and the paper config's ``routing_compile`` setting; ``paper`` runs the paper configs themselves (Base) on the same
@@ -219,9 +222,20 @@ def child_train(result_file, argv):
         return output(self, step, num_steps, learning_rate, start)
 
     stats.Statistics.output = recording_output
+    from onmt.models.model import BaseModel
+
+    parameters = {}
+    count = BaseModel.count_parameters
+
+    def recording_count(self, *args, **kwargs):
+        parameters["total"] = sum(p.numel() for p in self.parameters())
+        return count(self, *args, **kwargs)
+
+    BaseModel.count_parameters = recording_count
     sys.argv = ["onmt_train", *argv]
     train.main()
-    result = {"reports": reports, "peak_memory_mb": _peak_memory_mb("-gpu_ranks" in argv)}
+    result = {"reports": reports, "peak_memory_mb": _peak_memory_mb("-gpu_ranks" in argv),
+              "parameters": parameters.get("total")}
     Path(result_file).write_text(json.dumps(result), encoding="utf-8")
 
 
@@ -275,16 +289,21 @@ def measure(case, size, args, workdir, test_source):
         raise SystemExit(f"bench.py: no training reports after the warm-up for {case.config}")
     tokens = sum(r["tgt_tokens"] for r in measured)
     seconds = sum(r["seconds"] for r in measured)
-    translate = _run_child("translate", [
-        "-model", checkpoint, "-src", test_source, "-output", workdir / f"{name}.hyp",
-        "-beam_size", 4, "-batch_size", 32, "-batch_type", "sents", "-min_length", args.output_length,
-        "-max_length", args.output_length, "-max_length_ratio", 0, "-gpu", args.gpu, *_split_options(config),
-    ], workdir / f"{name}.translate.log", args.threads)
+    common = ["-model", checkpoint, "-src", test_source, "-batch_size", 32, "-batch_type", "sents",
+              "-min_length", args.output_length, "-max_length", args.output_length, "-max_length_ratio", 0,
+              "-gpu", args.gpu, *_split_options(config)]
+    translate = _run_child("translate", [*common, "-output", workdir / f"{name}.hyp", "-beam_size", 4],
+                           workdir / f"{name}.translate.log", args.threads)
+    # greedy search: OpenNMT-py runs it only as sampling from the top 1 (beam size 1 is a one-beam search)
+    greedy = _run_child("translate", [*common, "-output", workdir / f"{name}.greedy.hyp", "-beam_size", 1,
+                                      "-random_sampling_topk", 1], workdir / f"{name}.greedy.log", args.threads)
     return {
         "train_tokens_per_s": tokens / seconds,
         "train_peak_memory_mb": train["peak_memory_mb"],
         "translate_sentences_per_s": translate["sentences"] / translate["seconds"],
+        "greedy_sentences_per_s": greedy["sentences"] / greedy["seconds"],
         "translate_peak_memory_mb": translate["peak_memory_mb"],
+        "parameters": train["parameters"],
     }
 
 
@@ -325,8 +344,8 @@ def report(suite, size, results, args):
         f"each); medians of {args.repeats} interleaved repeat(s); device: {_device(args)}.",
         "",
         "| case | train tok/s | train ratio (target) | paper | translate sent/s | translate ratio (target) | paper "
-        "| train peak MB | translate peak MB |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| greedy sent/s | greedy ratio | train peak MB | translate peak MB | parameters |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     missed = []
     for case, figures in results:
@@ -341,7 +360,10 @@ def report(suite, size, results, args):
             f"{_ratio_cell(train_ratio, case.train_target, case.paper_train)} | "
             f"{figures['translate_sentences_per_s']:.1f} | "
             f"{_ratio_cell(translate_ratio, case.translate_target, case.paper_translate)} | "
-            f"{figures['train_peak_memory_mb']:.0f} | {figures['translate_peak_memory_mb']:.0f} |")
+            f"{figures['greedy_sentences_per_s']:.1f} | "
+            f"{figures['greedy_sentences_per_s'] / base['greedy_sentences_per_s']:.2f} | "
+            f"{figures['train_peak_memory_mb']:.0f} | {figures['translate_peak_memory_mb']:.0f} | "
+            f"{figures['parameters']:,} |")
     return "\n".join(lines) + "\n", missed
 
 

@@ -1,55 +1,99 @@
 #!/usr/bin/env python
-"""Reproduce a paper table: train every row's config, translate the test set, score, compare.
+"""Reproduce a paper table: train every row's config, average its last checkpoints, translate, score, report.
 
 Usage::
 
-    python tools/reproduce.py TABLE [--gpus 1] [--dry-run]
+    python tools/reproduce.py TABLE [--gpus 0,1,2,3] [--average 5] [--dry-run] [--results-dir DIR]
+    python tools/reproduce.py TABLE --report-only [--results-json FILE] [--results-dir DIR]
     python tools/reproduce.py --list
 
 ``TABLE`` is one of ``TABLES`` (e.g. ``li2019-table3``); ``make
-reproduce-<TABLE>`` calls this.  For each row, in order, and skipping what is
-already on disk:
+reproduce-<TABLE>`` calls this.  For each row, in order, and skipping every
+step whose output is already on disk:
 
-1. ``onmt_train -config <row config>`` on ``--gpus`` GPUs, with the
-   config's ``accum_count`` divided by the number of GPUs, so that every
-   update sees the paper's batch whatever the GPU count (the configs hold the
-   one-GPU equivalent: li2019's 8 GPUs x 4096 tokens are 4096 x 8);
-2. ``onmt_translate`` of the test set with the last checkpoint (beam 4,
-   length penalty alpha 0.6, as Vaswani et al. 2017, which the papers follow);
-3. BPE removed (``@@ ``), the output detokenized with sacremoses, and scored
-   with sacreBLEU: case-sensitive NIST-style BLEU (13a) against the
-   detokenized reference, ``multi-bleu.perl``-equivalent BLEU on the
-   tokenized text, and a paired bootstrap test (1000 samples) against the
-   table's baseline row.
+1. ``onmt_train -config <row config>`` on the GPUs listed by ``--gpus``
+   (device ids, default ``0``; every command runs with
+   ``CUDA_VISIBLE_DEVICES=<that list>``, training with ``-world_size n
+   -gpu_ranks 0 .. n-1``), with the config's ``accum_count`` divided by the
+   number of GPUs ``n``, so that every update sees the paper's batch whatever
+   the GPU count (the configs hold the one-GPU equivalent: li2019's 8 GPUs x
+   4096 tokens are 4096 x 8); ``n`` must divide ``accum_count``;
+2. ``onmt_average_models`` of the last ``--average N`` checkpoints (default 5)
+   into ``<run dir>/average_last<N>.pt``.  OpenNMT-py saves a checkpoint every
+   ``save_checkpoint_steps`` and one at ``train_steps``, and keeps the last
+   ``keep_checkpoint``; the checkpoints averaged are the last ``N`` of those
+   (``model_step_180000.pt`` ... ``model_step_200000.pt`` for 200k steps
+   saved every 5000), and a config that keeps fewer than ``N`` is refused.
+   ``--average 1`` translates the last checkpoint and averages nothing;
+3. ``onmt_translate`` of the test set with that model on the first listed
+   GPU (beam 4, length penalty alpha 0.6, as Vaswani et al. 2017, which the
+   papers follow) into ``<run dir>/test.<model name>.hyp.bpe``;
+4. BPE removed (``@@ ``), the output detokenized with sacremoses, and scored
+   with ``onmt_ext.evaluation`` (sacreBLEU): case-sensitive BLEU (13a, or the
+   zh tokenizer for Chinese output) and chrF against the detokenized
+   reference, ``multi-bleu.perl``-equivalent BLEU on the tokenized text, and
+   a paired bootstrap test (1000 samples) against the table's first row; for
+   the clause tables also BLEU by source length against the first row.
 
-The table is printed beside the paper's BLEU and written to
-``build/runs/<TABLE>.md``.  Data layout expected under
-``build/data/<task>/``: ``{train,valid,test}.bpe.<lang>`` (BPE-segmented,
-Moses-tokenized), ``test.tok.<tgt>`` (tokenized reference) and
-``test.<tgt>`` (detokenized reference; a multi-reference test set as
-``test.<tgt>0``, ``test.<tgt>1``, ... and ``test.tok.<tgt>0``, ...).  Sweep
-rows (``chen2019-figure2-*``) add command-line overrides to a config and
-train into their own run directories.  ``--dry-run`` prints the commands
-and checks the configs without needing data or GPUs.
+Results go to ``results/<paper>/<task>/`` (``--results-dir`` replaces
+``results``; ``<paper>`` is the table name up to its first ``-``):
+``<TABLE>.json`` (every row's scores, the model translated, the number of
+checkpoints averaged, the training curve read from its ``train.log``, and
+every command with whether it ran or was skipped), ``<TABLE>.md`` (the table
+with the paper's BLEU beside ours), ``<TABLE>.curves.png`` (training and
+validation perplexity and validation accuracy of every row) and, for the
+clause tables, one ``<TABLE>.<row>.by_length.png`` per row after the first.
+
+``--report-only`` redraws the report from a results JSON without training,
+translating or scoring: by default the table's own ``<TABLE>.json`` in the
+results directory, or ``--results-json FILE`` (a JSON file as
+:func:`write_report` writes it; its ``rows`` may also be written by hand).
+In Python, :func:`write_report` does the same from a list of row dicts.
+
+Data layout expected under ``build/data/<task>/`` (``make data-<task>``
+prepares it): ``{train,valid,test}.bpe.<lang>`` (BPE-segmented,
+Moses-tokenized), the vocabularies named by the configs, ``test.tok.<tgt>``
+(tokenized reference) and ``test.<tgt>`` (detokenized reference; a
+multi-reference test set as ``test.<tgt>0``, ``test.<tgt>1``, ... and
+``test.tok.<tgt>0``, ...).  A missing file stops the run before anything
+starts, naming the file.  Sweep rows (``chen2019-figure2-*``) add
+command-line overrides to a config and train into their own run
+directories.  ``--dry-run`` prints every command (with its
+``CUDA_VISIBLE_DEVICES=`` prefix) and a ``# score:``/``# report:`` line for
+the scoring and the report, checking the configs without needing data or
+GPUs.
 """
 
 import argparse
+import json
+import math
 import os
+import re
 import shlex
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-RUNS = Path("build/runs")  # relative to REPO, the working directory of main()
-DATA = Path("build/data")
-LANGS = {"wmt14_ende": ("en", "de"), "wmt14_deen": ("de", "en"), "wmt17_zhen": ("zh", "en"), "nist_zhen": ("zh", "en"),
-         "wmt16_roen": ("ro", "en"), "niutrans_enzh": ("en", "zh"), "wmt16_ende": ("en", "de"),
-         "wmt15_envi": ("en", "vi")}
+DATA = Path("build/data")  # relative to REPO, the working directory of main()
+RESULTS = REPO / "results"
+sys.path.insert(0, str(REPO / "tools"))
+from prepare_data import TASKS as DATA_TASKS  # noqa: E402  (the tasks `make data-<task>` prepares)
+
+#: (source, target) language of every task, as prepared by tools/prepare_data.py.
+LANGS = {name: (task.src, task.tgt) for name, task in DATA_TASKS.items()}
 #: Length buckets (source words) of the by-length report of the clause tables (the paper's Tables 6-9 compare
 #: short, relatively short, relatively long and long sentences without giving bounds; these are ours).
 CLAUSE_BUCKETS = (10, 20, 30, 40)
+#: Checkpoints averaged unless ``--average`` says otherwise.
+AVERAGE = 5
+#: OpenNMT-py's defaults (onmt/opts.py) of the checkpoint options, for a config that leaves them out.
+ONMT_CHECKPOINT_DEFAULTS = {"save_checkpoint_steps": 5000, "keep_checkpoint": -1}
+#: Bootstrap resamples and seed of the significance test (onmt_ext.evaluation's defaults).
+BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED = 1000, 12345
+#: At most this many training points per row are kept in the results JSON (the validation points all are).
+CURVE_POINTS = 500
 
 
 @dataclass(frozen=True)
@@ -189,63 +233,218 @@ def _clause_tables():
             "clause-table11": rows("wmt15_envi", (23.03, 23.34, 24.10))}
 
 
-TABLES = {**_li2019_tables(), **_cao2019_tables(), **_chen2019_tables(), **_gret_tables(), **_clause_tables()}
+def _sample_tables():
+    # The whole chain at toy size on the shipped WMT14 sample (`make data-sample_ende`), for the CPU test;
+    # paper BLEU: none.
+    return {"sample-li2019": tuple(TableRow(label, f"sample/transformer_tiny_sample_ende_{suffix}.yaml", None)
+                                   for label, suffix in (("toy Transformer", "baseline"),
+                                                         ("+ EM routing, enc-self", "em_enc_self")))}
+
+
+TABLES = {**_li2019_tables(), **_cao2019_tables(), **_chen2019_tables(), **_gret_tables(), **_clause_tables(),
+          **_sample_tables()}
+
+
+# --------------------------------------------------------------------------
+# Planning: the commands of a row
+# --------------------------------------------------------------------------
+
+def parse_gpus(text):
+    """The CUDA device ids of a ``--gpus`` value: ``"0,1,3"`` gives ``(0, 1, 3)``.
+
+    Only a comma-separated list of distinct non-negative integers, without
+    spaces, is accepted, or ``cpu`` (the empty tuple: run on the CPU); anything else (``""``, ``x``, ``0,,1``, ``-1``,
+    ``0,0``) raises ``ValueError`` saying what is wrong.
+    """
+    if text == "cpu":  # no GPU: train and translate on the CPU (the chain test; tiny models only)
+        return ()
+    if not re.fullmatch(r"[0-9]+(,[0-9]+)*", text):
+        raise ValueError(f"{text!r} is not a comma-separated list of GPU ids such as 0 or 0,1,2,3")
+    ids = tuple(int(item) for item in text.split(","))
+    repeated = sorted({i for i in ids if ids.count(i) > 1})
+    if repeated:
+        raise ValueError(f"{text!r} lists GPU {', '.join(map(str, repeated))} more than once")
+    return ids
+
+
+def checkpoint_steps(train_steps, save_every):
+    """The steps at which OpenNMT-py saves a checkpoint of a run, in order.
+
+    Its trainer saves every ``save_every`` steps (never when it is 0) and
+    once more after the last step, ``train_steps`` (no second file when that
+    is a multiple of ``save_every``).
+    """
+    steps = list(range(save_every, train_steps + 1, save_every)) if save_every > 0 else []
+    if not steps or steps[-1] != train_steps:
+        steps.append(train_steps)
+    return steps
+
+
+def averaged_steps(values, average, config):
+    """The steps of the last ``average`` checkpoints a config's run leaves on disk, oldest first.
+
+    ``values`` are the config's options (with a row's overrides applied).
+    Raises SystemExit, naming the config and the option, when the config's
+    ``keep_checkpoint`` (unless negative: keep all) is smaller than
+    ``average``, so OpenNMT-py would delete checkpoints to be averaged, or
+    when the run saves fewer than ``average`` checkpoints at all.
+    """
+    train_steps = int(values["train_steps"])
+    save_every = int(values.get("save_checkpoint_steps", ONMT_CHECKPOINT_DEFAULTS["save_checkpoint_steps"]))
+    keep = int(values.get("keep_checkpoint", ONMT_CHECKPOINT_DEFAULTS["keep_checkpoint"]))
+    if 0 <= keep < average:
+        raise SystemExit(f"reproduce.py: --average {average} needs the last {average} checkpoints, but {config} sets "
+                         f"keep_checkpoint: {keep}, so OpenNMT-py keeps only {keep}; lower --average or raise "
+                         "keep_checkpoint")
+    steps = checkpoint_steps(train_steps, save_every)
+    if len(steps) < average:
+        raise SystemExit(f"reproduce.py: --average {average} needs {average} checkpoints, but {config} saves only "
+                         f"{len(steps)} (train_steps: {train_steps}, save_checkpoint_steps: {save_every})")
+    return steps[-average:]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One command of a row.
+
+    ``output`` is the file it writes: the step is skipped when it exists.
+    ``inputs`` are the files it reads; they are checked just before it runs
+    (and, those under ``build/data`` that no step writes, before anything
+    runs).
+    """
+
+    command: tuple
+    output: Path
+    inputs: tuple = ()
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """What reproducing one row does: its steps and the files they lead to.
+
+    ``checkpoints`` are the checkpoints averaged (oldest first; the last
+    checkpoint alone with ``--average 1``), ``model`` the model translated
+    (their average, or that last checkpoint) and ``hypotheses`` the BPE'd
+    translation of the test source.
+    """
+
+    row: TableRow
+    task: str
+    run_dir: Path
+    train_steps: int
+    checkpoints: tuple
+    model: Path
+    hypotheses: Path
+    steps: tuple
+
+    @property
+    def commands(self):
+        """The commands of the steps, as lists of strings."""
+        return [list(step.command) for step in self.steps]
 
 
 def _config_values(config):
+    """The options of ``yaml_configs/<config>`` as a dict."""
     import yaml
 
     return yaml.safe_load((REPO / "yaml_configs" / config).read_text(encoding="utf-8"))
 
 
-def plan(row, gpus):
-    """Paths and commands of one row: ``(run_dir, checkpoint, task, commands)``."""
-    values = _config_values(row.config)
+def _with_overrides(values, overrides):
+    """``values`` with a row's command-line overrides (``("-option", value, ...)``) applied."""
+    values = dict(values)
+    for flag, value in zip(overrides[0::2], overrides[1::2]):
+        values[str(flag).lstrip("-")] = value
+    return values
+
+
+def _task_of(config):
+    """The key of ``LANGS`` named in a config's file name."""
+    task = next((t for t in LANGS if t in Path(config).stem), None)
+    if task is None:
+        raise SystemExit(f"reproduce.py: cannot tell the task of {config}")
+    return task
+
+
+def table_task(table):
+    """The one task (key of ``LANGS``) of every row of ``TABLES[table]``."""
+    tasks = {_task_of(row.config) for row in TABLES[table]}
+    if len(tasks) != 1:
+        raise SystemExit(f"reproduce.py: the rows of {table} mix tasks ({', '.join(sorted(tasks))})")
+    return tasks.pop()
+
+
+def results_dir(table, root=None):
+    """``<root>/<paper>/<task>/`` of a table: its paper is the table name up to the first ``-``."""
+    return Path(RESULTS if root is None else root) / table.split("-", 1)[0] / table_task(table)
+
+
+def _training_inputs(values):
+    """The files a training run reads: the corpora, the vocabularies and the checkpoint it starts from."""
+    paths = [corpus[key] for corpus in values.get("data", {}).values() for key in ("path_src", "path_tgt")
+             if corpus.get(key)]
+    paths += [values[key] for key in ("src_vocab", "tgt_vocab", "train_from") if values.get(key)]
+    return tuple(dict.fromkeys(Path(path) for path in paths))
+
+
+def plan(row, gpus=(0,), average=AVERAGE):
+    """The :class:`RowPlan` of one row trained on the CUDA devices ``gpus`` with ``average`` checkpoints averaged."""
+    values = _with_overrides(_config_values(row.config), row.overrides)
     save_model = Path(values["save_model"])
     if row.overrides:
         suffix = "_".join(str(part).lstrip("-") for part in row.overrides)
         save_model = save_model.parent.with_name(f"{save_model.parent.name}_{suffix}") / save_model.name
     run_dir = save_model.parent
-    checkpoint = Path(f"{save_model}_step_{values['train_steps']}.pt")
-    task = next((t for t in LANGS if t in Path(row.config).stem), None)
-    if task is None:
-        raise SystemExit(f"reproduce.py: cannot tell the task of {row.config}")
+    task = _task_of(row.config)
     src, _ = LANGS[task]
+    n_gpus = max(1, len(gpus))
     accum_total = values.get("accum_count", [1])[0]
-    if accum_total % gpus:
-        raise SystemExit(f"reproduce.py: --gpus {gpus} does not divide accum_count {accum_total} of {row.config}, "
-                         "so the paper's batch cannot be kept")
-    accum = accum_total // gpus
-    train = ["onmt_train", "-config", f"yaml_configs/{row.config}", "-world_size", gpus,
-             "-gpu_ranks", *range(gpus), "-accum_count", accum, "-log_file", run_dir / "train.log"]
+    if accum_total % n_gpus:
+        raise SystemExit(f"reproduce.py: --gpus {','.join(map(str, gpus))} ({n_gpus} GPUs) does not divide "
+                         f"accum_count {accum_total} of {row.config}, so the paper's batch cannot be kept")
+    train_steps = int(values["train_steps"])
+    checkpoints = tuple(Path(f"{save_model}_step_{step}.pt") for step in averaged_steps(values, average, row.config))
+    steps = list(_clause_preparation(values, task))
+    devices = ["-world_size", n_gpus, "-gpu_ranks", *range(n_gpus)] if gpus else []
+    train = ["onmt_train", "-config", f"yaml_configs/{row.config}", *devices,
+             "-accum_count", accum_total // n_gpus, "-log_file", run_dir / "train.log"]
     if row.overrides:
         train += ["-save_model", save_model, *row.overrides]
-    translate = ["onmt_translate", "-model", checkpoint, "-src", DATA / task / f"test.bpe.{src}",
-                 "-output", run_dir / "test.hyp.bpe", "-beam_size", 4, "-length_penalty", "wu", "-alpha", 0.6,
-                 "-batch_size", 4096, "-batch_type", "tokens", "-gpu", 0, "-log_file", run_dir / "translate.log",
-                 *_split_options(values)]
-    commands = [train, translate]
-    commands[:0] = _clause_preparation(values, task)
-    return run_dir, checkpoint, task, [[str(part) for part in command] for command in commands]
+    steps.append(Step(tuple(train), checkpoints[-1], _training_inputs(values)))
+    model = checkpoints[-1]
+    if average > 1:
+        model = run_dir / f"average_last{average}.pt"
+        steps.append(Step(("onmt_average_models", "-models", *checkpoints, "-output", model), model, checkpoints))
+    hypotheses = run_dir / f"test.{model.stem}.hyp.bpe"
+    test_source = DATA / task / f"test.bpe.{src}"
+    translate = ["onmt_translate", "-model", model, "-src", test_source, "-output", hypotheses,
+                 "-beam_size", 4, "-length_penalty", "wu", "-alpha", 0.6, "-batch_size", 4096, "-batch_type", "tokens",
+                 *(["-gpu", 0] if gpus else []), "-log_file", run_dir / f"translate.{model.stem}.log", *_split_options(values)]
+    steps.append(Step(tuple(translate), hypotheses, (model, test_source)))
+    steps = tuple(Step(tuple(str(part) for part in step.command), step.output, step.inputs) for step in steps)
+    return RowPlan(row, task, run_dir, train_steps, checkpoints, model, hypotheses, steps)
 
 
 def _clause_preparation(values, task):
-    """Commands before training a clause-attention row: the "study" tagger, then the pre-split sources."""
+    """Steps before training a clause-attention row: the "study" tagger, then the pre-split sources."""
     if not values.get("clause_attention"):
         return []
     src, _ = LANGS[task]
     lang, tagger = values["clause_lang"], values.get("clause_tagger_model")
-    commands = []
+    steps = []
     if tagger:  # "CA with study": the signal-word tagger is trained first, on the training source
-        commands.append(["python", "tools/train_signal_tagger.py", "--lang", lang, "--input",
-                         DATA / task / f"train.bpe.{src}", "--output", tagger, "--max-sentences", 100000])
+        source = DATA / task / f"train.bpe.{src}"
+        steps.append(Step(("python", "tools/train_signal_tagger.py", "--lang", lang, "--input", source,
+                           "--output", tagger, "--max-sentences", 100000), Path(tagger), (source,)))
     if values.get("clause_presplit"):  # the sources the config reads: <file>.clause_<rule|study>
         for corpus in values["data"].values():
             split = corpus["path_src"]
-            commands.append(["python", "tools/clause_split_corpus.py", "--lang", lang, "--levels",
-                             values.get("clause_levels", 6), "--input", split.rsplit(".clause_", 1)[0],
-                             "--output", split, *(["--tagger-model", tagger] if tagger else [])])
-    return commands
+            unsplit = split.rsplit(".clause_", 1)[0]
+            steps.append(Step(("python", "tools/clause_split_corpus.py", "--lang", lang, "--levels",
+                               values.get("clause_levels", 6), "--input", unsplit, "--output", split,
+                               *(["--tagger-model", tagger] if tagger else [])),
+                              Path(split), (Path(unsplit), *([Path(tagger)] if tagger else []))))
+    return steps
 
 
 def _split_options(values):
@@ -256,6 +455,81 @@ def _split_options(values):
     return translate_options(values)
 
 
+# --------------------------------------------------------------------------
+# Running
+# --------------------------------------------------------------------------
+
+def shell_line(command, gpus):
+    """A command as the shell line that runs it on the devices ``gpus`` (``CUDA_VISIBLE_DEVICES=0,1 onmt_...``)."""
+    return f"CUDA_VISIBLE_DEVICES={','.join(map(str, gpus))} {shlex.join(command)}"
+
+
+def _missing_message(missing, task, needed_by):
+    """The error for files missing before a step (or the scoring) can run."""
+    names = ", ".join(str(path) for path in missing)
+    message = f"reproduce.py: {names} {'is' if len(missing) == 1 else 'are'} missing (needed by {needed_by})"
+    if any(DATA in path.parents for path in missing):
+        message += (f"; prepare {DATA / task}/ with `make data-{task}` "
+                    "(tools/reproduce.py's docstring lists the files it must hold)")
+    return message
+
+
+def _scoring_inputs(task, by_length):
+    """The data files the scoring reads: the references and, for the by-length report, the test source."""
+    src, tgt = LANGS[task]
+    paths = [*_reference_files(task, f"test.{tgt}"), *_reference_files(task, f"test.tok.{tgt}")]
+    return paths + ([DATA / task / f"test.bpe.{src}"] if by_length else [])
+
+
+def check_data(plans, task, by_length=False):
+    """Raise SystemExit naming the data files (under ``build/data``) missing for the steps still to run.
+
+    Files written by a step of ``plans`` do not count; the references the
+    scoring reads always do.  Paths are relative to the working directory.
+    """
+    written = {step.output for p in plans for step in p.steps}
+    needed = [path for p in plans for step in p.steps if not step.output.exists()
+              for path in step.inputs if DATA in path.parents and path not in written]
+    needed += _scoring_inputs(task, by_length)
+    missing = [path for path in dict.fromkeys(needed) if not path.exists()]
+    if missing:
+        raise SystemExit(_missing_message(missing, task, f"reproducing a table on {task}"))
+
+
+def execute(plans, gpus, run=subprocess.run, bin_dir=None):
+    """Run the steps of ``plans`` in order, skipping those whose output exists; returns the command log.
+
+    Every command runs with ``CUDA_VISIBLE_DEVICES`` set to ``gpus``; its
+    program is taken from ``bin_dir`` (default: the directory of this
+    Python, i.e. the venv).  The log has one ``{"command": <shell line>,
+    "status": "ran" | "skipped: <output> exists"}`` per step.  A missing input
+    or a step that does not write its output raises SystemExit.
+    """
+    bin_dir = Path(sys.executable).parent if bin_dir is None else Path(bin_dir)
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(map(str, gpus)))
+    log = []
+    for p in plans:
+        for step in p.steps:
+            line = shell_line(step.command, gpus)
+            if step.output.exists():
+                log.append({"command": line, "status": f"skipped: {step.output} exists"})
+                continue
+            missing = [path for path in step.inputs if not path.exists()]
+            if missing:
+                raise SystemExit(_missing_message(missing, p.task, step.command[0]))
+            p.run_dir.mkdir(parents=True, exist_ok=True)
+            print(line, flush=True)
+            run([str(bin_dir / step.command[0]), *step.command[1:]], check=True, env=env)
+            if not step.output.exists():
+                raise SystemExit(f"reproduce.py: {step.command[0]} finished without writing {step.output}")
+            log.append({"command": line, "status": "ran"})
+    return log
+
+
+# --------------------------------------------------------------------------
+# Scoring
+# --------------------------------------------------------------------------
+
 def _metric(lang):
     """sacreBLEU's 13a BLEU, or its zh tokenizer for Chinese output."""
     return "bleu-zh" if lang == "zh" else "bleu"
@@ -265,9 +539,11 @@ def _postprocess(bpe_file, lang):
     """BPE removed (tokenized text) and detokenized text of an ``onmt_translate`` output."""
     from sacremoses import MosesDetokenizer
 
+    sys.path.insert(0, str(REPO))
+    from onmt_ext import evaluation as ev
+
     detok = MosesDetokenizer(lang=lang)
-    tokenized = [line.replace("@@ ", "").removesuffix("@@") for line in
-                 bpe_file.read_text(encoding="utf-8").splitlines()]
+    tokenized = [line.replace("@@ ", "").removesuffix("@@") for line in ev.read_hypotheses(bpe_file)]
     return tokenized, [detok.detokenize(line.split()) for line in tokenized]
 
 
@@ -277,45 +553,201 @@ def _reference_files(task, name):
     return numbered or [DATA / task / name]
 
 
-def score(rows_done, task):
-    """Per row: NIST BLEU, tokenized BLEU and the bootstrap p-value against the first row."""
-    sys.path.insert(0, str(REPO))
-    from onmt_ext import evaluation as ev
+def score(plans, task, by_length=False):
+    """Per row: BLEU, tokenized BLEU, chrF, their signatures and (after the first) the bootstrap p-value.
 
-    _, tgt = LANGS[task]
-    refs = ev.read_references(_reference_files(task, f"test.{tgt}"))
-    tok_refs = ev.read_references(_reference_files(task, f"test.tok.{tgt}"))
-    outputs = [_postprocess(run_dir / "test.hyp.bpe", tgt) for run_dir in rows_done]
-    results = []
-    for tokenized, detokenized in outputs:
-        nist = ev.compute_metric(_metric(tgt), detokenized, refs)
-        tok = ev.tokenized_bleu(tokenized, tok_refs)
-        results.append({"bleu": nist.score, "tok_bleu": tok.score, "signature": nist.signature})
-    base_detok = outputs[0][1]
-    for result, (_, detokenized) in zip(results[1:], outputs[1:]):
-        test = ev.paired_bootstrap(base_detok, detokenized, refs, metric=_metric(tgt))
-        result["p_value"], result["marker"] = test.p_value, test.marker
-    return results
-
-
-def by_length(table, rows, rows_done, task):
-    """Markdown lines: every row against the first per source-length bucket (paired bootstrap), and a plot each."""
+    Each row's hypotheses (``plan.hypotheses``) are scored against the test
+    references of ``task``; rows 2.. are tested against row 1 (paired
+    bootstrap).  With ``by_length`` each row after the first also gets
+    ``by_length``: :func:`onmt_ext.evaluation.compare_by_length` against row
+    1 over :data:`CLAUSE_BUCKETS`, as a list of dicts.  Returns one dict per
+    row.
+    """
     sys.path.insert(0, str(REPO))
     from onmt_ext import evaluation as ev
 
     src, tgt = LANGS[task]
+    metric = _metric(tgt)
     refs = ev.read_references(_reference_files(task, f"test.{tgt}"))
-    sources = [line.replace("@@ ", "").removesuffix("@@") for line in
-               ev.read_hypotheses(DATA / task / f"test.bpe.{src}", "test source")]
-    outputs = [_postprocess(run_dir / "test.hyp.bpe", tgt)[1] for run_dir in rows_done]
-    lines = ["", f"{_metric(tgt)} by source length (words of the BPE-free source), vs. row 1 "
-                 f"(paired bootstrap per bucket; † p < 0.05, ‡ p < 0.01)", ""]
-    for row, output in zip(rows[1:], outputs[1:]):
-        comparisons = ev.compare_by_length(outputs[0], output, refs, sources, CLAUSE_BUCKETS, _metric(tgt))
-        plot = RUNS / f"{table}.{row.config.split('_')[-1].removesuffix('.yaml')}.by_length.png"
-        ev.plot_by_length(comparisons, plot, f"{table}: {row.label} vs {rows[0].label}", (rows[0].label, row.label))
-        lines += [f"{row.label} (plot: {plot})", "", "| source length | segments | row 1 | this row | delta | p |",
-                  "|---|---:|---:|---:|---:|---:|"]
+    tok_refs = ev.read_references(_reference_files(task, f"test.tok.{tgt}"))
+    outputs = [_postprocess(p.hypotheses, tgt) for p in plans]
+    results = []
+    for tokenized, detokenized in outputs:
+        bleu = ev.compute_metric(metric, detokenized, refs)
+        tok = ev.tokenized_bleu(tokenized, tok_refs)
+        chrf = ev.chrf(detokenized, refs)
+        results.append({"bleu": bleu.score, "tok_bleu": tok.score, "chrf": chrf.score, "signature": bleu.signature,
+                        "tok_bleu_signature": tok.signature, "chrf_signature": chrf.signature,
+                        "p_value": None, "marker": None})
+    baseline = outputs[0][1]
+    for result, (_, detokenized) in zip(results[1:], outputs[1:]):
+        test = ev.paired_bootstrap(baseline, detokenized, refs, metric=metric, n_samples=BOOTSTRAP_SAMPLES,
+                                   seed=BOOTSTRAP_SEED)
+        result["p_value"], result["marker"] = test.p_value, test.marker
+    if by_length:
+        sources = [line.replace("@@ ", "").removesuffix("@@") for line in
+                   ev.read_hypotheses(DATA / task / f"test.bpe.{src}", "test source")]
+        for result, (_, detokenized) in zip(results[1:], outputs[1:]):
+            comparisons = ev.compare_by_length(baseline, detokenized, refs, sources, CLAUSE_BUCKETS, metric,
+                                               n_samples=BOOTSTRAP_SAMPLES, seed=BOOTSTRAP_SEED)
+            result["by_length"] = [asdict(c) for c in comparisons]
+    return results
+
+
+# --------------------------------------------------------------------------
+# Training curves
+# --------------------------------------------------------------------------
+
+_STEP_LINE = re.compile(r"Step\s+(\d+)(?:/\s*\d+)?;\s*acc:\s*([^;]+);\s*ppl:\s*([^;]+);\s*xent:\s*([^;]+);")
+_VALID_LINE = re.compile(r"Validation (perplexity|accuracy):\s*(\S+)")
+
+
+def _number(text):
+    """``float(text)``, or None for text that is not a number."""
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def parse_train_log(text):
+    """The training and validation curves in the text of an OpenNMT-py ``train.log``.
+
+    Training points come from the lines ``Step <n>/<total>; acc: <a>; ppl:
+    <p>; xent: <x>; ...`` (``onmt.utils.Statistics.output``), validation
+    points from ``Validation perplexity: <p>`` and ``Validation accuracy:
+    <a>`` (``onmt.utils.ReportMgr``), which do not name their step: they are
+    given the step of the last ``Step`` line before them (OpenNMT-py
+    validates right after reporting that step when ``report_every`` divides
+    ``valid_steps``, as in every config here; validation lines before any
+    ``Step`` line are dropped).  A step seen twice (a resumed run appends to
+    its log) keeps its last values.  Returns ``{"train": {"step": [...],
+    "acc": [...], "ppl": [...], "xent": [...]}, "valid": {"step": [...],
+    "acc": [...], "ppl": [...]}}`` sorted by step (a missing validation value
+    is None).
+    """
+    train, valid = {}, {}
+    last_step = None
+    for line in text.splitlines():
+        match = _STEP_LINE.search(line)
+        if match:
+            last_step = int(match.group(1))
+            train[last_step] = tuple(_number(value.strip()) for value in match.group(2, 3, 4))
+            continue
+        match = _VALID_LINE.search(line)
+        if match and last_step is not None:
+            key = "ppl" if match.group(1) == "perplexity" else "acc"
+            valid.setdefault(last_step, {})[key] = _number(match.group(2))
+    train_steps, valid_steps = sorted(train), sorted(valid)
+    return {"train": {"step": train_steps, **{key: [train[s][i] for s in train_steps]
+                                              for i, key in enumerate(("acc", "ppl", "xent"))}},
+            "valid": {"step": valid_steps, **{key: [valid[s].get(key) for s in valid_steps]
+                                              for key in ("acc", "ppl")}}}
+
+
+def thin_curve(curve, limit=CURVE_POINTS):
+    """A columnar curve (``{"step": [...], ...}``) cut down to at most ``limit`` evenly spaced points, the last kept."""
+    count = len(curve["step"])
+    if count <= limit:
+        return curve
+    stride = math.ceil(count / limit)
+    keep = list(range(count - 1, -1, -stride))[::-1]
+    return {key: [values[i] for i in keep] for key, values in curve.items()}
+
+
+def read_curves(log_file):
+    """The curves of :func:`parse_train_log` for a ``train.log`` (training points thinned), None if it is missing."""
+    path = Path(log_file)
+    if not path.exists():
+        return None
+    curves = parse_train_log(path.read_text(encoding="utf-8", errors="replace"))
+    return {"train": thin_curve(curves["train"]), "valid": curves["valid"]}
+
+
+def plot_curves(rows, path, title=""):
+    """Draw the training curves of result rows (their ``curves``) to ``path``; False when no row has any point.
+
+    Left: training perplexity (thin line) and validation perplexity (dots),
+    log scale; right: validation accuracy, with the legend of the rows; one
+    colour per row.
+    """
+    shown = [(row["label"], row["curves"]) for row in rows
+             if row.get("curves") and (row["curves"]["train"]["step"] or row["curves"]["valid"]["step"])]
+    if not shown:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    fig, (ppl_ax, acc_ax) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for index, (label, curves) in enumerate(shown):
+        colour = f"C{index % 10}"
+        train, valid = curves["train"], curves["valid"]
+        ppl_ax.plot(train["step"], train["ppl"], color=colour, linewidth=0.8, alpha=0.6)
+        ppl_ax.plot(valid["step"], valid["ppl"], color=colour, marker="o", markersize=3, linestyle="--")
+        acc_ax.plot(valid["step"], valid["acc"], color=colour, marker="o", markersize=3, label=label)
+    ppl_ax.set_yscale("log")
+    ppl_ax.set_xlabel("step")
+    ppl_ax.set_ylabel("perplexity")
+    ppl_ax.legend(handles=[Line2D([], [], color="grey", linewidth=0.8, label="training"),
+                           Line2D([], [], color="grey", marker="o", markersize=3, linestyle="--", label="validation")],
+                  fontsize="small")
+    acc_ax.set_xlabel("step")
+    acc_ax.set_ylabel("validation accuracy (%)")
+    acc_ax.legend(fontsize="x-small")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+# --------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------
+
+def row_results(plans, scores):
+    """The result dicts of scored rows: each row's identity, its scores and how its model was made."""
+    rows = []
+    for p, result in zip(plans, scores):
+        rows.append({"label": p.row.label, "config": p.row.config, "overrides": [str(o) for o in p.row.overrides],
+                     "paper_bleu": p.row.paper_bleu, **result, "model": str(p.model),
+                     "checkpoints": [str(c) for c in p.checkpoints], "averaged": len(p.checkpoints),
+                     "train_steps": p.train_steps, "hypotheses": str(p.hypotheses),
+                     "train_log": str(p.run_dir / "train.log"), "curves": read_curves(p.run_dir / "train.log")})
+    return rows
+
+
+def _number_cell(value):
+    """A score for the Markdown table: two decimals, or n/a."""
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def _by_length_plot_name(table, task, row):
+    """The file name of a row's by-length plot: ``<table>.<config name after the task>.by_length.png``."""
+    return f"{table}.{Path(row['config']).stem.split(f'_{task}_', 1)[-1]}.by_length.png"
+
+
+def _by_length_section(table, task, rows, out_dir):
+    """Markdown lines of the by-length comparison of every row against the first, drawing each plot."""
+    sys.path.insert(0, str(REPO))
+    from onmt_ext import evaluation as ev
+
+    lines = ["", f"{_metric(LANGS[task][1])} by source length (words of the BPE-free source), vs. row 1 "
+                 "(paired bootstrap per bucket; † p < 0.05, ‡ p < 0.01)", ""]
+    for row in rows[1:]:
+        if not row.get("by_length"):
+            continue
+        comparisons = [ev.LengthComparison(**{**c, "bootstrap": ev.BootstrapResult(**c["bootstrap"])
+                                              if c["bootstrap"] else None}) for c in row["by_length"]]
+        plot = _by_length_plot_name(table, task, row)
+        ev.plot_by_length(comparisons, out_dir / plot, f"{table}: {row['label']} vs {rows[0]['label']}",
+                          (rows[0]["label"], row["label"]))
+        lines += [f"{row['label']} (plot: [{plot}]({plot}))", "",
+                  "| source length | segments | row 1 | this row | delta | p |", "|---|---:|---:|---:|---:|---:|"]
         for c in comparisons:
             t = c.bootstrap
             lines.append(f"| {c.label} | 0 | | | | |" if t is None else
@@ -325,61 +757,190 @@ def by_length(table, rows, rows_done, task):
     return lines
 
 
+def report_markdown(table, task, rows, curves_file=None):
+    """The Markdown report of result rows (without the by-length section): the paper's BLEU beside ours."""
+    tgt = LANGS[task][1]
+    lines = [f"{table}: BLEU on {task} test (case-sensitive, {'zh' if tgt == 'zh' else '13a'} tokenizer; "
+             "p from paired bootstrap vs. row 1; † p < 0.05, ‡ p < 0.01)", "",
+             "| row | config | paper BLEU | BLEU | ours - paper | tok. BLEU | chrF | p | model |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    for row in rows:
+        config = " ".join([f"`{row['config']}`", *(f"`{o}`" for o in row.get("overrides") or ())])
+        paper, ours = row.get("paper_bleu"), row["bleu"]
+        delta = "" if paper is None else f"{ours - paper:+.2f}"
+        p = "" if row.get("p_value") is None else f"{row['p_value']:.3f} {row.get('marker') or ''}".rstrip()
+        averaged = row.get("averaged")
+        model = ("" if averaged is None else f"last {averaged} checkpoints averaged" if averaged > 1
+                 else "last checkpoint")
+        if row.get("train_steps") is not None:
+            model += f"{', ' if model else ''}{row['train_steps']} steps"
+        lines.append(f"| {row['label']} | {config} | {_number_cell(paper)} | {ours:.2f} | {delta} | "
+                     f"{row['tok_bleu']:.2f} | {_number_cell(row.get('chrf'))} | {p} | {model} |")
+    if rows and rows[0].get("signature"):
+        lines.append(f"\nsacreBLEU signature: {rows[0]['signature']}")
+    if curves_file is not None:
+        lines += ["", f"Training curves: ![training and validation curves]({curves_file})"]
+    return lines
+
+
+def write_report(table, task, rows, out_dir, commands=()):
+    """Write the report of scored rows to ``out_dir``; returns the paths written, by kind.
+
+    ``rows`` has one dict per table row: ``label``, ``config``,
+    ``paper_bleu`` (None: not legible), ``bleu`` and ``tok_bleu`` are
+    required; ``overrides``, ``chrf``, ``signature``, ``p_value``,
+    ``marker``, ``model``, ``checkpoints``, ``averaged``, ``train_steps``,
+    ``curves`` (as :func:`parse_train_log` returns them) and ``by_length``
+    (as :func:`score` computes it) are used when present.  ``commands`` are
+    the command log of :func:`execute`.  Writes ``<table>.json`` (table,
+    paper, task, metric, rows, commands), ``<table>.md`` (the table with the
+    paper's BLEU beside ours), ``<table>.curves.png`` when some row has a
+    training curve and a by-length plot per row that has ``by_length``.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = [dict(row) for row in rows]
+    written = {"json": out_dir / f"{table}.json", "md": out_dir / f"{table}.md"}
+    curves = out_dir / f"{table}.curves.png"
+    if plot_curves(rows, curves, f"{table}: training curves"):
+        written["curves"] = curves
+    lines = report_markdown(table, task, rows, curves.name if "curves" in written else None)
+    if any(row.get("by_length") for row in rows):
+        lines += _by_length_section(table, task, rows, out_dir)
+        written["by_length"] = [out_dir / _by_length_plot_name(table, task, row) for row in rows[1:]
+                                if row.get("by_length")]
+    document = {"table": table, "paper": table.split("-", 1)[0], "task": task, "metric": _metric(LANGS[task][1]),
+                "significance": f"paired bootstrap against row 1, {BOOTSTRAP_SAMPLES} resamples, "
+                                f"seed {BOOTSTRAP_SEED}",
+                "rows": rows, "commands": list(commands)}
+    written["json"].write_text(_json_text(document), encoding="utf-8")
+    written["md"].write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return written
+
+
+def _json_text(document):
+    """``document`` as indented JSON with every list of plain values (curve points, paths) on one line."""
+    text = json.dumps(document, indent=1, ensure_ascii=False)
+
+    def one_line(match):  # JSON strings hold no raw newline, so joining the lines of a list changes no value
+        return "[" + re.sub(r"\s*\n\s*", " ", match.group(0)[1:-1]).strip() + "]"
+
+    return re.sub(r"\[[^\[\]{}]*\]", one_line, text) + "\n"
+
+
+def load_results(path, table):
+    """The ``(rows, commands)`` of a results JSON of ``table``, checked against ``TABLES[table]``.
+
+    The file is a JSON object as :func:`write_report` writes it (``rows``
+    and optionally ``table`` and ``commands``) or a bare list of rows.
+    Raises SystemExit when it names another table, its row labels are not
+    the table's or a row has no ``config``, ``bleu`` or ``tok_bleu``.
+    """
+    try:
+        document = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"reproduce.py: cannot read the results JSON {path}: {exc}") from None
+    if isinstance(document, list):
+        document = {"rows": document}
+    if document.get("table", table) != table:
+        raise SystemExit(f"reproduce.py: {path} holds the results of {document['table']}, not {table}")
+    labels = [row.get("label") for row in document.get("rows", [])]
+    expected = [row.label for row in TABLES[table]]
+    if labels != expected:
+        raise SystemExit(f"reproduce.py: the rows of {path} ({labels}) are not those of {table} ({expected})")
+    for row in document["rows"]:
+        missing = [key for key in ("config", "bleu", "tok_bleu") if row.get(key) is None]
+        if missing:
+            raise SystemExit(f"reproduce.py: row {row['label']!r} of {path} has no {', '.join(missing)}")
+    return document["rows"], document.get("commands", [])
+
+
+def _show(path):
+    """A path relative to the repository when it is inside it."""
+    path = Path(path)
+    try:
+        return path.resolve().relative_to(REPO)
+    except ValueError:
+        return path
+
+
+def _dry_run_notes(table, plans, task, out_dir):
+    """The ``# score:`` and ``# report:`` lines of a dry run."""
+    src, tgt = LANGS[task]
+    refs = ", ".join(map(str, _reference_files(task, f"test.{tgt}")))
+    tok_refs = ", ".join(map(str, _reference_files(task, f"test.tok.{tgt}")))
+    lines = []
+    for index, p in enumerate(plans):
+        against = "" if index == 0 else f"; paired bootstrap against row 1 ({plans[0].hypotheses})"
+        if index and table.startswith("clause-"):
+            against += f"; by source length ({DATA / task / f'test.bpe.{src}'})"
+        lines.append(f"# score: {p.row.label}: {p.hypotheses} (BPE removed, detokenized) with {_metric(tgt)} and "
+                     f"chrF against {refs}, tok. BLEU against {tok_refs}{against}")
+    base = _show(out_dir) / table
+    lines.append(f"# report: {base}.json, {base}.md, {base}.curves.png (curves from "
+                 f"{', '.join(str(p.run_dir / 'train.log') for p in plans)})"
+                 + (f", {base}.<row>.by_length.png" if table.startswith("clause-") else ""))
+    return lines
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("table", nargs="?", choices=sorted(TABLES))
-    parser.add_argument("--gpus", type=int, default=1,
-                        help="GPUs to train on; must divide each config's accum_count")
+    parser.add_argument("--gpus", default="0",
+                        help="comma-separated CUDA device ids to train on, e.g. 0,1,2,3 (default 0); their number "
+                             "must divide each config's accum_count; 'cpu' runs on the CPU")
+    parser.add_argument("--average", type=int, default=AVERAGE,
+                        help=f"average the last N checkpoints and translate with the average (default {AVERAGE}; "
+                             "1: translate the last checkpoint)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands; run nothing")
+    parser.add_argument("--report-only", action="store_true",
+                        help="only rewrite the report from a results JSON (no training, translation or scoring)")
+    parser.add_argument("--results-json", type=Path,
+                        help="with --report-only: the results JSON to report (default: the table's own)")
+    parser.add_argument("--results-dir", type=Path,
+                        help="where results/<paper>/<task>/ goes instead of the repository's results/")
     parser.add_argument("--list", action="store_true", help="list the tables")
+    parser.add_argument("--task", action="store_true", help="print the table's task (its build/data/ directory)")
     args = parser.parse_args(argv)
     if args.list or not args.table:
         for name, rows in TABLES.items():
             print(f"{name}: " + "; ".join(row.label for row in rows))
         return 0
-    if args.gpus < 1:
-        parser.error("--gpus must be >= 1")
-    os.chdir(REPO)
-    rows = TABLES[args.table]
-    plans = [plan(row, args.gpus) for row in rows]
-    tasks = {task for _, _, task, _ in plans}
-    bin_dir = Path(sys.executable).parent
-    for run_dir, checkpoint, task, commands in plans:
-        for command in commands:
-            if args.dry_run:
-                print(shlex.join(command))
-                continue
-            if command[0] == "onmt_train" and checkpoint.exists():
-                continue
-            if command[0] == "python" and Path(command[command.index("--output") + 1]).exists():
-                continue
-            if command[0] == "onmt_translate" and (run_dir / "test.hyp.bpe").exists():
-                continue
-            for needed in (DATA / task / f"train.bpe.{LANGS[task][0]}",
-                           _reference_files(task, f"test.{LANGS[task][1]}")[0]):
-                if not needed.exists():
-                    raise SystemExit(f"reproduce.py: {needed} is missing; prepare build/data/{task}/ "
-                                     "first (see the module docstring for the files it must hold)")
-            run_dir.mkdir(parents=True, exist_ok=True)
-            subprocess.run([str(bin_dir / command[0]), *command[1:]], check=True)
-    if args.dry_run:
+    if args.task:
+        print(table_task(args.table))
         return 0
-    [task] = tasks
-    results = score([run_dir for run_dir, _, _, _ in plans], task)
-    lines = [f"{args.table}: BLEU on {task} test (case-sensitive, "
-             f"{'zh' if LANGS[task][1] == 'zh' else '13a'} tokenizer; p from paired bootstrap vs. row 1)", "",
-             "| row | config | paper BLEU | BLEU | tok. BLEU | p |", "|---|---|---:|---:|---:|---:|"]
-    for row, result in zip(rows, results):
-        p = f"{result['p_value']:.3f} {result['marker']}" if "p_value" in result else ""
-        paper = "n/a" if row.paper_bleu is None else f"{row.paper_bleu:.2f}"
-        lines.append(f"| {row.label} | `{row.config}` | {paper} | {result['bleu']:.2f} | "
-                     f"{result['tok_bleu']:.2f} | {p} |")
-    lines.append(f"\nsacreBLEU signature: {results[0]['signature']}")
-    if args.table.startswith("clause-"):  # the paper's claim is about long sentences (Tables 6-9)
-        lines += by_length(args.table, rows, [run_dir for run_dir, _, _, _ in plans], task)
-    text = "\n".join(lines) + "\n"
-    (RUNS / f"{args.table}.md").write_text(text, encoding="utf-8")
-    print(text)
+    try:
+        gpus = parse_gpus(args.gpus)
+    except ValueError as exc:
+        parser.error(f"--gpus: {exc}")
+    if args.average < 1:
+        parser.error("--average must be >= 1")
+    if args.results_json is not None and not args.report_only:
+        parser.error("--results-json goes with --report-only")
+    root = None if args.results_dir is None else args.results_dir.resolve()
+    results_json = None if args.results_json is None else args.results_json.resolve()
+    os.chdir(REPO)
+    table, rows = args.table, TABLES[args.table]
+    task = table_task(table)
+    out_dir = results_dir(table, root)
+    if args.report_only:
+        rows_done, commands = load_results(results_json or out_dir / f"{table}.json", table)
+    else:
+        plans = [plan(row, gpus, args.average) for row in rows]
+        clause = table.startswith("clause-")  # the paper's claim is about long sentences (Tables 6-9)
+        if args.dry_run:
+            for p in plans:
+                for command in p.commands:
+                    print(shell_line(command, gpus))
+            print("\n".join(_dry_run_notes(table, plans, task, out_dir)))
+            return 0
+        check_data(plans, task, by_length=clause)
+        commands = execute(plans, gpus)
+        rows_done = row_results(plans, score(plans, task, by_length=clause))
+    written = write_report(table, task, rows_done, out_dir, commands)
+    print(written["md"].read_text(encoding="utf-8"))
+    print(f"written: {', '.join(str(_show(path)) for kind, path in written.items() if kind != 'by_length')}"
+          + "".join(f", {_show(path)}" for path in written.get("by_length", [])))
     return 0
 
 

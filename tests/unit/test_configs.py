@@ -9,7 +9,7 @@ CONFIG_ROOT = support.REPO / "yaml_configs"
 PAPER_CONFIGS = sorted(
     p.relative_to(CONFIG_ROOT)
     for p in CONFIG_ROOT.rglob("*.yaml")
-    if p.relative_to(CONFIG_ROOT).parts[0] not in ("smoke", "demo")
+    if p.relative_to(CONFIG_ROOT).parts[0] not in ("smoke", "demo", "compare", "sample")
 )
 ALL_CONFIGS = sorted(p.relative_to(support.REPO) for p in CONFIG_ROOT.rglob("*.yaml"))
 

@@ -68,11 +68,14 @@ def test_gret_rows_fine_tune_from_their_baseline_checkpoint():
 
 
 def test_sweep_rows_train_into_their_own_directories():
-    plans = [reproduce.plan(row, 1) for row in reproduce.TABLES["chen2019-figure2-mprhead"]]
-    run_dirs = [run_dir for run_dir, _, _, _ in plans]
+    plans = [reproduce.plan(row, (0,)) for row in reproduce.TABLES["chen2019-figure2-mprhead"]]
+    run_dirs = [p.run_dir for p in plans]
     assert len(set(run_dirs)) == len(run_dirs) == 8
-    assert plans[-1][3][0][-2:] == ["-chen2019_dim", "448"]
-    assert f"-save_model {run_dirs[-1]}/model" in " ".join(plans[-1][3][0])
+    train = plans[-1].commands[0]
+    assert train[-2:] == ["-chen2019_dim", "448"]
+    assert f"-save_model {run_dirs[-1]}/model" in " ".join(train)
+    assert plans[-1].model == run_dirs[-1] / "average_last5.pt"  # averaged inside the sweep point's directory
+    assert all(checkpoint.parent == run_dirs[-1] for checkpoint in plans[-1].checkpoints)
 
 
 @pytest.mark.parametrize("table", sorted(reproduce.TABLES))
@@ -80,9 +83,12 @@ def test_reproduction_plan_uses_existing_configs_and_the_papers_batch(table, cap
     rows = reproduce.TABLES[table]
     configs = [yaml.safe_load((support.REPO / "yaml_configs" / row.config).read_text(encoding="utf-8"))
                for row in rows]
-    gpus = 2 if all(config["accum_count"][0] % 2 == 0 for config in configs) else 1  # (clause paper: one GPU)
-    assert reproduce.main([table, "--dry-run", "--gpus", str(gpus)]) == 0
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("onmt_")]
+    devices = "0,1" if all(config["accum_count"][0] % 2 == 0 for config in configs) else "1"  # (clause: one GPU)
+    gpus = len(devices.split(","))
+    assert reproduce.main([table, "--dry-run", "--gpus", devices]) == 0
+    prefix = f"CUDA_VISIBLE_DEVICES={devices} "
+    lines = [line.removeprefix(prefix) for line in capsys.readouterr().out.splitlines()
+             if line.startswith(prefix + "onmt_train") or line.startswith(prefix + "onmt_translate")]
     assert len(lines) == 2 * len(rows)
     for row, config, train, translate in zip(rows, configs, lines[0::2], lines[1::2]):
         assert train.startswith(f"onmt_train -config yaml_configs/{row.config} ")
@@ -90,6 +96,7 @@ def test_reproduction_plan_uses_existing_configs_and_the_papers_batch(table, cap
         ranks = " ".join(map(str, range(gpus)))
         assert f"-world_size {gpus} -gpu_ranks {ranks} -accum_count {config['accum_count'][0] // gpus} " in train
         assert translate.startswith("onmt_translate -model build/runs/")
+        assert " -gpu 0 " in translate  # the first visible device
         if config.get("clause_attention"):  # the test source is split as in training
             assert f"-transforms clause_split -clause_lang {config['clause_lang']}" in translate
     first = yaml.safe_load((support.REPO / "yaml_configs" / rows[0].config).read_text(encoding="utf-8"))
@@ -97,8 +104,8 @@ def test_reproduction_plan_uses_existing_configs_and_the_papers_batch(table, cap
 
 
 def test_reproduction_rejects_a_gpu_count_that_breaks_the_batch():
-    with pytest.raises(SystemExit):
-        reproduce.main(["li2019-table3", "--gpus", "3"])
+    with pytest.raises(SystemExit, match=r"--gpus 0,1,2 \(3 GPUs\) does not divide accum_count 8"):
+        reproduce.main(["li2019-table3", "--gpus", "0,1,2"])
 
 
 @pytest.mark.parametrize("size", ["smoke", "paper"])

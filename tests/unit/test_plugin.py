@@ -197,3 +197,50 @@ def test_weights_only_is_still_enforced(tmp_path, onmt_active):
     torch.save({"opt": _NotAllowed()}, path)
     with pytest.raises(pickle.UnpicklingError):
         torch.load(path)
+
+
+def test_log_file_keeps_training_lines_after_the_data_iterator_starts(tmp_path):
+    """OpenNMT-py 3.5.1's data iterator re-initialises the logger without the file; onmt-ext keeps the file."""
+    log = tmp_path / "train.log"
+    result = _python(
+        f"""
+        import onmt
+        from onmt.utils.logging import init_logger
+        from onmt.inputters import dynamic_iterator
+        logger = init_logger({str(log)!r})
+        logger.info("before")
+        dynamic_iterator.init_logger().info("corpora loaded")  # what the iterator does on every corpus pass
+        logger.info("Step 100/200")
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    lines = log.read_text().splitlines()
+    assert [line.split("] ", 1)[1] for line in lines] == ["before", "corpora loaded", "Step 100/200"]
+    assert result.stderr.count("Step 100/200") == 1  # console still once, not duplicated
+
+
+def test_checkpoints_are_written_atomically(tmp_path, monkeypatch, onmt_active):
+    """A save interrupted mid-write leaves nothing under the checkpoint's name; a finished one is complete."""
+    import torch
+    from onmt.models import model_saver
+
+    from onmt_ext import compat
+
+    target = tmp_path / "model_step_10.pt"
+    model_saver.torch.save({"w": torch.arange(5)}, str(target))
+    assert torch.load(target)["w"].tolist() == [0, 1, 2, 3, 4]
+    assert [p.name for p in tmp_path.iterdir()] == ["model_step_10.pt"]
+
+    real_save = torch.save
+
+    def dies_half_way(obj, handle, *args, **kwargs):
+        handle.write(b"PK\x03\x04 half a checkpoint")
+        raise KeyboardInterrupt  # the run is killed while saving
+
+    monkeypatch.setattr(torch, "save", dies_half_way)
+    with pytest.raises(KeyboardInterrupt):
+        model_saver.torch.save({"w": torch.zeros(3)}, str(tmp_path / "model_step_20.pt"))
+    monkeypatch.setattr(torch, "save", real_save)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model_step_10.pt"]
+    assert isinstance(model_saver.torch, compat._TorchWithAtomicSave)
+    assert model_saver.torch.load is torch.load  # everything else is torch's own

@@ -1,0 +1,87 @@
+"""onmt_ext.corpus: damaged corpora stop with the file and line, through the real commands too."""
+
+import pytest
+
+import support
+from onmt_ext import corpus
+
+
+def _write(path, data):
+    path.write_bytes(data)
+    return path
+
+
+def test_scan_counts_lines_including_an_unterminated_last_one(tmp_path):
+    assert corpus.scan_file(_write(tmp_path / "a", "一\n二\n三".encode())) == (3, False)
+    assert corpus.scan_file(_write(tmp_path / "b", b"")) == (0, False)
+    assert corpus.scan_file(_write(tmp_path / "c", "\ufeffhi\n".encode())) == (1, True)
+
+
+def test_a_line_that_is_not_utf8_is_named(tmp_path):
+    path = _write(tmp_path / "train.zh", "好\n好\n".encode() + "坏\n".encode("gb18030") + b"ok\n")
+    with pytest.raises(SystemExit, match=r"train.zh, line 3: not UTF-8"):
+        corpus.scan_file(path)
+
+
+def test_a_bad_byte_after_the_first_block_gets_the_right_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(corpus, "_BLOCK", 8)
+    path = _write(tmp_path / "t", b"aaaa\nbbbb\ncccc\ndd\xffd\n")
+    with pytest.raises(SystemExit, match=r"t, line 4: not UTF-8"):
+        corpus.scan_file(path)
+
+
+def test_truncated_multibyte_character_at_the_end(tmp_path):
+    path = _write(tmp_path / "t", "ab\n好".encode()[:-1])
+    with pytest.raises(SystemExit, match=r"line 2: ends inside a UTF-8 character"):
+        corpus.scan_file(path)
+
+
+def test_different_line_counts_name_both_files(tmp_path):
+    src = _write(tmp_path / "train.zh", "一\n二\n三\n".encode())
+    tgt = _write(tmp_path / "train.en", b"one\ntwo\n")
+    with pytest.raises(SystemExit, match=r"corpus 'corpus_1': .*train.zh has 3 lines but .*train.en has 2"):
+        corpus.check_corpus("corpus_1", src, tgt)
+
+
+def test_train_refuses_misaligned_files_without_a_traceback(sample_data, onmt_active, tmp_path):
+    src = tmp_path / "train.zh"
+    lines = (support.TATOEBA / "train.zh").read_text(encoding="utf-8").splitlines()[:50]
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    tgt = tmp_path / "train.en"
+    tgt.write_text("\n".join((support.TATOEBA / "train.en").read_text(encoding="utf-8").splitlines()[:49]) + "\n",
+                   encoding="utf-8")
+    config = tmp_path / "bad.yaml"
+    base = (support.REPO / "yaml_configs/smoke/baseline/transformer_base_wmt14_ende.yaml").read_text(encoding="utf-8")
+    config.write_text(base.replace("path_src: build/tatoeba/train.zh", f"path_src: {src}")
+                      .replace("path_tgt: build/tatoeba/train.en", f"path_tgt: {tgt}"), encoding="utf-8")
+    result = support.run_cli("onmt_train", "-config", config, "-save_model", tmp_path / "m", "-save_data",
+                             tmp_path / "s", "-train_steps", 2, check=False)
+    assert result.returncode != 0
+    assert f"{src} has 50 lines but {tgt} has 49" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_translate_refuses_a_source_that_is_not_utf8_before_loading_anything(onmt_active, tmp_path):
+    bad = tmp_path / "bad.zh"
+    bad.write_bytes("你好\n".encode() + "再见\n".encode("gb18030"))
+    result = support.run_cli("onmt_translate", "-model", tmp_path / "never_read.pt", "-src", bad, "-output",
+                             tmp_path / "out", check=False)
+    assert result.returncode != 0
+    assert f"{bad}, line 2: not UTF-8" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_byte_order_mark_is_taken_off_the_first_example(onmt_active, tmp_path, caplog):
+    from onmt.inputters.text_corpus import ParallelCorpus
+
+    src = _write(tmp_path / "s", "\ufeff你好\n再见\n".encode())
+    tgt = _write(tmp_path / "t", b"hello\nbye\n")
+    examples = list(ParallelCorpus("c", str(src), str(tgt)).load())
+    assert [e["src"].strip() for e in examples] == ["你好", "再见"]
+    assert examples[0]["src_original"].strip() == "你好"
+
+
+def test_missing_corpus_file_is_named(tmp_path):
+    with pytest.raises(SystemExit, match=r"corpus 'corpus_1': path_tgt .*nope.en: no such file"):
+        corpus._check_data_option({"corpus_1": {"path_src": str(_write(tmp_path / "a", b"x\n")),
+                                                "path_tgt": str(tmp_path / "nope.en")}})

@@ -1,0 +1,296 @@
+"""tools/prepare_data.py: resumable checksummed downloads, archive extraction, NIST SGML, tokenization, filtering."""
+
+import hashlib
+import http.server
+import sys
+import tarfile
+import threading
+import zipfile
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+import prepare_data as pd  # noqa: E402
+
+PAYLOAD = bytes(range(256)) * 400  # 102,400 bytes
+
+
+class _RangeHandler(http.server.BaseHTTPRequestHandler):
+    """Serves PAYLOAD at any path, honouring ``Range: bytes=N-``; counts the bytes it sent."""
+
+    sent = []
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        start = 0
+        if self.headers.get("Range"):
+            start = int(self.headers["Range"].split("=")[1].rstrip("-"))
+            if start >= len(PAYLOAD):
+                self.send_response(416)
+                self.end_headers()
+                return
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{len(PAYLOAD) - 1}/{len(PAYLOAD)}")
+        else:
+            self.send_response(200)
+        body = PAYLOAD[start:]
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        _RangeHandler.sent.append(len(body))
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def server():
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RangeHandler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+SHA = hashlib.sha256(PAYLOAD).hexdigest()
+
+
+def test_download_resumes_a_partial_file_and_checks_the_pinned_sum(server, tmp_path):
+    archive = pd.Archive(f"{server}/corpus.tgz", SHA)
+    (tmp_path / "corpus.tgz.part").write_bytes(PAYLOAD[:30000])
+    _RangeHandler.sent.clear()
+    path = pd.download(archive, tmp_path)
+    assert path.read_bytes() == PAYLOAD
+    assert _RangeHandler.sent == [len(PAYLOAD) - 30000]  # only the missing tail was sent
+    assert not (tmp_path / "corpus.tgz.part").exists()
+    _RangeHandler.sent.clear()
+    pd.download(archive, tmp_path)  # already there and checked: nothing fetched
+    assert _RangeHandler.sent == []
+
+
+def test_a_complete_part_file_is_finished_without_refetching(server, tmp_path):
+    (tmp_path / "corpus.tgz.part").write_bytes(PAYLOAD)
+    _RangeHandler.sent.clear()
+    assert pd.download(pd.Archive(f"{server}/corpus.tgz", SHA), tmp_path).read_bytes() == PAYLOAD
+    assert _RangeHandler.sent == []
+
+
+def test_a_wrong_sum_moves_the_file_aside_and_says_so(server, tmp_path):
+    with pytest.raises(SystemExit, match="expected 0+; moved it to .*corpus.tgz.bad"):
+        pd.download(pd.Archive(f"{server}/corpus.tgz", "0" * 64), tmp_path)
+    assert (tmp_path / "corpus.tgz.bad").read_bytes() == PAYLOAD
+    assert not (tmp_path / "corpus.tgz").exists()
+
+
+def test_an_unpinned_file_is_recorded_and_checked_later(server, tmp_path, capsys):
+    archive = pd.Archive(f"{server}/free.tgz")
+    pd.download(archive, tmp_path)
+    assert "no pinned SHA-256" in capsys.readouterr().err
+    assert (tmp_path / "SHA256SUMS").read_text() == f"{SHA}  free.tgz\n"
+    (tmp_path / "free.tgz").write_bytes(PAYLOAD[:-1] + b"x")  # damaged afterwards
+    with pytest.raises(SystemExit, match="free.tgz has SHA-256"):
+        pd.download(archive, tmp_path)
+
+
+def test_an_unreachable_url_says_where_to_put_the_file(tmp_path):
+    archive = pd.Archive("http://127.0.0.1:9/nowhere/big.tgz", "ab" * 32)
+    with pytest.raises(SystemExit) as error:
+        pd.download(archive, tmp_path, timeout=5)
+    message = str(error.value)
+    assert "cannot download http://127.0.0.1:9/nowhere/big.tgz" in message
+    assert str(tmp_path / "big.tgz") in message and "ab" * 32 in message
+
+
+def _tar(path, members):
+    with tarfile.open(path, "w:gz") as archive:
+        for name, text in members.items():
+            data = text.encode("utf-8")
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, __import__("io").BytesIO(data))
+
+
+def test_members_are_found_by_path_or_by_file_name(tmp_path):
+    _tar(tmp_path / "nc.tgz", {"other-top/news.de-en.en": "\ufeffHello .\r\nBye .\n",
+                               "other-top/news.de-en.de": "Hallo .\nTschüss .\n"})
+    corpus = pd.Parallel("nc.tgz", "training/news.de-en.{lang}")
+    pd.ARCHIVES["nc.tgz"] = pd.Archive("https://example.invalid/nc.tgz")
+    try:
+        src, tgt = pd.corpus_lines(corpus, "de", "en", tmp_path)  # de->en: sides follow the task, not the file
+    finally:
+        del pd.ARCHIVES["nc.tgz"]
+    assert src == ["Hallo .", "Tschüss ."] and tgt == ["Hello .", "Bye ."]
+    with pytest.raises(SystemExit, match="has no member x.en"):
+        pd._member_lines(tmp_path / "nc.tgz", "x.en")
+
+
+def test_zip_members_are_read(tmp_path):
+    with zipfile.ZipFile(tmp_path / "setimes.zip", "w") as archive:
+        archive.writestr("SETIMES.en-ro.ro", "Bună ziua .\n")
+    assert pd._member_lines(tmp_path / "setimes.zip", "SETIMES.en-ro.ro") == ["Bună ziua ."]
+
+
+def test_text_that_is_not_utf8_names_the_file_and_line(tmp_path):
+    bad = tmp_path / "train.zh"
+    bad.write_bytes("好的\n".encode("utf-8") + "不好\n".encode("gb18030"))
+    with pytest.raises(SystemExit, match=r"train.zh, line 2: not UTF-8"):
+        list(pd._open_text(bad))
+
+
+SRC_SGM = """<srcset setid="nist02" srclang="zh">
+<doc docid="d1" genre="nw">
+<seg id="1">他 来 了 。</seg>
+<seg id="2">A &amp; B</seg>
+</doc>
+<doc docid="d2">
+<seg id=1>再见</seg>
+</doc>
+</srcset>
+"""
+
+
+def _refs(order, systems=("r1", "r2", "r3", "r4"), drop=None):
+    docs = {"d1": [("1", "He came ."), ("2", "A &amp; B")], "d2": [("1", "Goodbye")]}
+    out = ['<refset setid="nist02" trglang="en">']
+    for sysid in systems:
+        for docid in order:
+            out.append(f'<doc docid="{docid}" sysid="{sysid}">')
+            out += [f'<seg id="{segid}"> {text} {sysid} </seg>' for segid, text in docs[docid]
+                    if (sysid, docid, segid) != drop]
+            out.append("</doc>")
+    return "\n".join(out + ["</refset>"]) + "\n"
+
+
+def test_nist_sgml_keeps_every_reference_aligned_to_the_source(tmp_path):
+    (tmp_path / "nist02.src.sgm").write_text(SRC_SGM, encoding="utf-8")
+    (tmp_path / "nist02.ref.sgm").write_text(_refs(["d2", "d1"]), encoding="utf-8")  # documents reordered
+    sources, references = pd.nist_test_set(tmp_path)
+    assert sources == ["他 来 了 。", "A & B", "再见"]
+    assert len(references) == 4
+    assert references[2] == ["He came . r3", "A & B r3", "Goodbye r3"]
+
+
+def test_nist_references_in_separate_files_are_all_kept(tmp_path):
+    (tmp_path / "nist02.src.sgm").write_text(SRC_SGM, encoding="utf-8")
+    for number in range(4):
+        (tmp_path / f"nist02.ref{number}.sgm").write_text(_refs(["d1", "d2"], systems=(f"ref{number}",)),
+                                                         encoding="utf-8")
+    _, references = pd.nist_test_set(tmp_path)
+    assert [r[0] for r in references] == [f"He came . ref{n}" for n in range(4)]
+
+
+def test_a_reference_missing_a_segment_is_named(tmp_path):
+    (tmp_path / "nist02.src.sgm").write_text(SRC_SGM, encoding="utf-8")
+    (tmp_path / "nist02.ref.sgm").write_text(_refs(["d1", "d2"], drop=("r3", "d2", "1")), encoding="utf-8")
+    with pytest.raises(SystemExit, match=r"sysid 'r3'\) lacks 1 source segments, e.g. docid d2 seg 1"):
+        pd.nist_test_set(tmp_path)
+
+
+def test_nist_raw_step_writes_four_numbered_references(tmp_path, monkeypatch):
+    nist = tmp_path / "ldc"
+    nist.mkdir()
+    (nist / "train.zh").write_text("你好\n谢谢\n", encoding="utf-8")
+    (nist / "train.en").write_text("hello\nthanks\n", encoding="utf-8")
+    for name in ("nist02", "nist03", "nist04", "nist06"):
+        (nist / name).mkdir()
+        (nist / name / f"{name}.src.sgm").write_text(SRC_SGM, encoding="utf-8")
+        (nist / name / f"{name}.ref.sgm").write_text(_refs(["d1", "d2"]), encoding="utf-8")
+    monkeypatch.setenv("NIST_DIR", str(nist))
+    out = pd.raw("nist_zhen", out=tmp_path / "raw")
+    names = sorted(p.name for p in out.iterdir())
+    assert names == sorted(["train.zh", "train.en", "valid.zh", "valid.en", "test.zh", "test_nist03.zh",
+                            "test_nist04.zh"] + [f"{t}.en{n}" for t in ("test", "test_nist03", "test_nist04")
+                                                 for n in range(4)])
+    assert (out / "test.en3").read_text(encoding="utf-8").splitlines()[1] == "A & B r4"
+
+
+def test_missing_nist_dir_explains_the_layout(monkeypatch):
+    monkeypatch.delenv("NIST_DIR", raising=False)
+    with pytest.raises(SystemExit, match="NIST_DIR=/path(.|\n)*nist06/"):
+        pd.fetch("nist_zhen")
+
+
+def test_tokenization_uses_moses_for_latin_script_and_jieba_for_chinese():
+    assert pd.tokenize_lines(["Hello, world! It's a well-known fact."], "en") == [
+        "Hello , world ! It 's a well @-@ known fact ."]
+    [zh] = pd.tokenize_lines(["我们在北京学习中文。"], "zh")
+    assert "".join(zh.split()) == "我们在北京学习中文。" and len(zh.split()) >= 4
+
+
+def test_length_and_ratio_filter_follows_clean_corpus():
+    assert pd.keep_pair("a b c", "x y z", max_len=3, ratio=1.5)
+    assert not pd.keep_pair("a b c d", "x y z w", max_len=3, ratio=1.5)  # too long
+    assert not pd.keep_pair("a b c", "x", max_len=250, ratio=1.5)  # ratio 3
+    assert not pd.keep_pair("", "x", max_len=250, ratio=9)  # empty side
+    assert pd.keep_pair("a b c", "x", max_len=250, ratio=9)
+
+
+def test_every_task_names_its_languages_and_sources():
+    for name, task in pd.TASKS.items():
+        assert task.src != task.tgt
+        if task.manual in ("NIST_DIR", "NIUTRANS_DIR"):
+            continue
+        for key in pd._archive_names(task):
+            assert pd.ARCHIVES[key].url.startswith("https://"), key
+        for test_set in (task.valid, task.test):
+            assert isinstance(test_set, (pd.SacrebleuSet, pd.Parallel)), name
+
+
+def test_joint_bpe_tasks_are_the_ones_whose_configs_share_a_vocabulary():
+    import yaml
+
+    for name, task in pd.TASKS.items():
+        config = pd.REPO / "yaml_configs" / "baseline" / f"transformer_base_{name}.yaml"
+        if not config.exists():
+            config = next((pd.REPO / "yaml_configs" / "sample").glob(f"*_{name}_baseline.yaml"))
+        values = yaml.safe_load(config.read_text(encoding="utf-8"))
+        shared = values["src_vocab"] == values["tgt_vocab"]
+        assert shared == task.joint_bpe, name
+        assert values["src_vocab"].startswith(f"build/data/{name}/"), name
+
+
+class _ShortHandler(_RangeHandler):
+    """Announces the whole payload but closes the connection after a third of it."""
+
+    def do_GET(self):  # noqa: N802
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(PAYLOAD)))
+        self.end_headers()
+        self.wfile.write(PAYLOAD[: len(PAYLOAD) // 3])
+
+
+def test_a_connection_cut_short_keeps_the_part_file_and_records_nothing(tmp_path):
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ShortHandler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        archive = pd.Archive(f"http://127.0.0.1:{httpd.server_address[1]}/cut.tgz")
+        with pytest.raises(SystemExit, match=r"ended at byte 34133 of 102400; rerun to resume"):
+            pd.download(archive, tmp_path, timeout=10)
+    finally:
+        httpd.shutdown()
+    assert (tmp_path / "cut.tgz.part").stat().st_size == len(PAYLOAD) // 3
+    assert not (tmp_path / "cut.tgz").exists() and not (tmp_path / "SHA256SUMS").exists()
+
+
+def test_segments_without_ids_are_matched_by_position(tmp_path):
+    (tmp_path / "n.src.sgm").write_text('<doc docid="a"><seg>一</seg><seg>二</seg></doc>\n', encoding="utf-8")
+    (tmp_path / "n.ref.sgm").write_text('<doc docid="a" sysid="r1"><seg>one</seg><seg>two</seg></doc>\n'
+                                        '<doc docid="a" sysid="r2"><seg>One</seg><seg>Two</seg></doc>\n',
+                                        encoding="utf-8")
+    sources, references = pd.nist_test_set(tmp_path)
+    assert sources == ["一", "二"] and references == [["one", "two"], ["One", "Two"]]
+
+
+def test_a_pretokenized_task_gets_a_detokenized_reference_for_sacrebleu(tmp_path, monkeypatch):
+    monkeypatch.setattr(pd, "DATA", tmp_path)
+    base = tmp_path / "sample_ende"
+    for step in ("raw", "tok"):
+        (base / step).mkdir(parents=True)
+        (base / step / "test.de").write_text("Das ist &apos; gut &apos; , oder ?\n", encoding="utf-8")
+        (base / step / "test.en").write_text("That is good .\n", encoding="utf-8")
+    (base / "clean").mkdir()
+    for lang in ("en", "de"):
+        (base / "clean" / f"train.{lang}").write_text("das gute haus\nthe good house\n" * 20, encoding="utf-8")
+    pd.bpe("sample_ende", merges=10)
+    assert (base / "test.tok.de").read_text(encoding="utf-8") == "Das ist &apos; gut &apos; , oder ?\n"
+    assert (base / "test.de").read_text(encoding="utf-8") == "Das ist 'gut', oder?\n"

@@ -1,0 +1,451 @@
+"""tools/reproduce.py: GPU lists, checkpoint averaging, the dry run of every table, running, scoring, the report."""
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+import support
+
+sys.path.insert(0, str(support.REPO / "tools"))
+import reproduce  # noqa: E402
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _config(row):
+    return yaml.safe_load((support.REPO / "yaml_configs" / row.config).read_text(encoding="utf-8"))
+
+
+def _option(command, flag, count=1):
+    """The ``count`` values after ``flag`` in a command (a list of words)."""
+    at = command.index(flag)
+    return command[at + 1:at + 1 + count]
+
+
+def _option_values(command, flag):
+    """Every value after ``flag`` up to the next option (``-models a b c``)."""
+    values = []
+    for word in command[command.index(flag) + 1:]:
+        if word.startswith("-"):
+            break
+        values.append(word)
+    return values
+
+
+# ---------------------------------------------------------------- --gpus
+
+
+@pytest.mark.parametrize("text, ids", [("0", (0,)), ("3", (3,)), ("0,1,2,3", (0, 1, 2, 3)), ("2,0", (2, 0)),
+                                       ("10,11", (10, 11))])
+def test_gpu_lists_parse_to_device_ids(text, ids):
+    assert reproduce.parse_gpus(text) == ids
+
+
+@pytest.mark.parametrize("text", ["", "x", "0,x", "0,,1", "1,", ",1", "-1", "0, 1", "1.5", "0,0", "1,2,1", "２"])
+def test_garbage_gpu_lists_are_rejected_naming_the_option(text, capsys):
+    with pytest.raises(ValueError):
+        reproduce.parse_gpus(text)
+    with pytest.raises(SystemExit) as exit_info:
+        reproduce.main(["li2019-table3", "--dry-run", "--gpus", text])
+    assert exit_info.value.code == 2  # parser.error
+    assert "--gpus" in capsys.readouterr().err
+
+
+def test_the_gpu_list_sets_visible_devices_world_size_and_ranks(capsys):
+    assert reproduce.main(["li2019-table3", "--dry-run", "--gpus", "2,3"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("#")]
+    assert lines and all(line.startswith("CUDA_VISIBLE_DEVICES=2,3 onmt_") for line in lines)
+    train = next(line for line in lines if "onmt_train" in line)
+    assert " -world_size 2 -gpu_ranks 0 1 -accum_count 4 " in train  # 8 / 2: the paper's batch kept
+    translate = next(line for line in lines if "onmt_translate" in line)
+    assert " -gpu 0 " in translate  # device 2: the first visible one
+
+
+def test_execute_runs_every_command_with_the_visible_devices(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    [plan] = [reproduce.plan(reproduce.TABLES["li2019-table3"][0], (1, 2), average=2)]
+    calls = []
+
+    def fake_run(argv, check, env):
+        calls.append((argv, env["CUDA_VISIBLE_DEVICES"]))
+        if Path(argv[0]).name == "onmt_train":
+            for checkpoint in plan.checkpoints:
+                checkpoint.parent.mkdir(parents=True, exist_ok=True)
+                checkpoint.write_text("checkpoint")
+        else:
+            Path(_option(argv, "-output")[0]).write_text("output")
+
+    for path in plan.steps[0].inputs + (Path("build/data/wmt14_ende/test.bpe.en"),):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("x\n")
+    log = reproduce.execute([plan], (1, 2), run=fake_run, bin_dir="/venv/bin")
+    assert [Path(argv[0]).name for argv, _ in calls] == ["onmt_train", "onmt_average_models", "onmt_translate"]
+    assert all(argv[0].startswith("/venv/bin/") for argv, _ in calls)
+    assert {devices for _, devices in calls} == {"1,2"}
+    assert _option_values(calls[1][0], "-models") == [str(c) for c in plan.checkpoints]
+    assert [entry["status"] for entry in log] == ["ran"] * 3
+    assert log[0]["command"].startswith("CUDA_VISIBLE_DEVICES=1,2 onmt_train ")
+    calls.clear()
+    log = reproduce.execute([plan], (1, 2), run=fake_run, bin_dir="/venv/bin")  # everything is on disk now
+    assert calls == []
+    assert [entry["status"] for entry in log] == [f"skipped: {step.output} exists" for step in plan.steps]
+
+
+def test_averaging_stops_when_a_checkpoint_is_missing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    plan = reproduce.plan(reproduce.TABLES["li2019-table3"][0], (0,), average=3)
+    plan.checkpoints[-1].parent.mkdir(parents=True)
+    plan.checkpoints[-1].write_text("only the last checkpoint")  # training is skipped, the others are gone
+    with pytest.raises(SystemExit, match=r"model_step_190000\.pt, .*model_step_195000\.pt are missing "
+                                         r"\(needed by onmt_average_models\)"):
+        reproduce.execute([plan], (0,), run=lambda *args, **kwargs: pytest.fail("nothing may run"))
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+def test_checkpoint_steps_are_the_ones_onmt_saves():
+    assert reproduce.checkpoint_steps(200000, 5000)[-5:] == [180000, 185000, 190000, 195000, 200000]
+    assert reproduce.checkpoint_steps(12, 5) == [5, 10, 12]  # and once more after the last step
+    assert reproduce.checkpoint_steps(10, 5) == [5, 10]
+    assert reproduce.checkpoint_steps(7, 0) == [7]
+
+
+def test_the_last_checkpoints_of_a_row_are_averaged():
+    li2019 = reproduce.plan(reproduce.TABLES["li2019-table3"][1], (0,))
+    run_dir = Path("build/runs/li2019/transformer_base_wmt14_ende_em_enc_self")
+    assert li2019.checkpoints == tuple(run_dir / f"model_step_{k}.pt" for k in range(180000, 200001, 5000))
+    assert li2019.model == run_dir / "average_last5.pt"
+    assert li2019.hypotheses == run_dir / "test.average_last5.hyp.bpe"
+    clause = reproduce.plan(reproduce.TABLES["clause-table5"][0], (0,), average=3)  # 152000 steps, saved every 5000
+    assert [c.name for c in clause.checkpoints] == ["model_step_145000.pt", "model_step_150000.pt",
+                                                    "model_step_152000.pt"]
+    last = reproduce.plan(reproduce.TABLES["li2019-table3"][1], (0,), average=1)
+    assert last.checkpoints == (run_dir / "model_step_200000.pt",) and last.model == last.checkpoints[0]
+    assert [command[0] for command in last.commands] == ["onmt_train", "onmt_translate"]
+
+
+def test_averaging_more_checkpoints_than_the_config_keeps_is_refused():
+    with pytest.raises(SystemExit, match=r"baseline/transformer_base_wmt14_ende\.yaml sets keep_checkpoint: 10"):
+        reproduce.main(["li2019-table3", "--dry-run", "--average", "11"])
+    values = {"train_steps": 20, "save_checkpoint_steps": 5}
+    assert reproduce.averaged_steps({**values, "keep_checkpoint": -1}, 4, "x.yaml") == [5, 10, 15, 20]
+    with pytest.raises(SystemExit, match=r"x\.yaml saves only 4"):
+        reproduce.averaged_steps({**values, "keep_checkpoint": -1}, 5, "x.yaml")
+    with pytest.raises(SystemExit, match=r"x\.yaml sets keep_checkpoint: 3"):
+        reproduce.averaged_steps({**values, "keep_checkpoint": 3}, 4, "x.yaml")
+
+
+@pytest.mark.parametrize("average", ["0", "-2"])
+def test_average_must_be_positive(average, capsys):
+    with pytest.raises(SystemExit):
+        reproduce.main(["li2019-table3", "--dry-run", "--average", average])
+    assert "--average" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the dry run of every table
+
+
+def _expected_checkpoints(save_model, config, average):
+    """The last ``average`` checkpoints OpenNMT-py leaves for ``config``, worked out apart from reproduce.py."""
+    train_steps, every = config["train_steps"], config["save_checkpoint_steps"]
+    steps = [k for k in range(every, train_steps + 1, every)]
+    if train_steps % every:
+        steps.append(train_steps)
+    assert config["keep_checkpoint"] == -1 or config["keep_checkpoint"] >= average
+    return [f"{save_model}_step_{k}.pt" for k in steps[-average:]]
+
+
+@pytest.mark.parametrize("table", sorted(reproduce.TABLES))
+def test_dry_run_of_every_table_prints_consistent_commands(table, capsys):
+    rows = reproduce.TABLES[table]
+    assert reproduce.main([table, "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    commands = [shlex.split(line.removeprefix("CUDA_VISIBLE_DEVICES=0 ")) for line in lines
+                if not line.startswith("#")]
+    assert all(line.startswith(("CUDA_VISIBLE_DEVICES=0 ", "# score: ", "# report: ")) for line in lines)
+    onmt = [command for command in commands if command[0].startswith("onmt_")]
+    assert [command[0] for command in onmt] == ["onmt_train", "onmt_average_models", "onmt_translate"] * len(rows)
+    written, trained = set(), set()  # what the clause preparation writes, the last checkpoints of the rows
+    for command in commands:
+        if command[0] == "python":
+            assert (support.REPO / command[1]).exists()
+            written.add(_option(command, "--output")[0])
+    for row, (train, average, translate) in zip(rows, zip(onmt[0::3], onmt[1::3], onmt[2::3])):
+        config = _config(row)
+        [config_file] = _option(train, "-config")
+        assert config_file == f"yaml_configs/{row.config}" and (support.REPO / config_file).is_file()
+        save_model = _option(train, "-save_model")[0] if row.overrides else config["save_model"]
+        run_dir = str(Path(save_model).parent)
+        assert _option(train, "-log_file") == [f"{run_dir}/train.log"]
+        assert _option_values(average, "-models") == _expected_checkpoints(save_model, config, 5)
+        assert _option(average, "-output") == [f"{run_dir}/average_last5.pt"]
+        assert _option(translate, "-model") == _option(average, "-output")
+        assert _option(translate, "-output") == [f"{run_dir}/test.average_last5.hyp.bpe"]
+        assert _option(translate, "-gpu") == ["0"]
+        if config.get("train_from"):  # fine-tuning (GRET) starts from the last checkpoint of an earlier row
+            assert config["train_from"] in trained
+        trained.add(_option_values(average, "-models")[-1])
+        for corpus in config["data"].values():  # what training reads is shipped data or written before it
+            assert corpus["path_src"].startswith("build/data/") or corpus["path_src"] in written
+            if corpus["path_src"].endswith((".clause_rule", ".clause_study")):
+                assert corpus["path_src"] in written
+    scores = [line for line in lines if line.startswith("# score: ")]
+    assert len(scores) == len(rows)
+    for row, line, translate in zip(rows, scores, onmt[2::3]):
+        assert line.startswith(f"# score: {row.label}: {_option(translate, '-output')[0]} ")
+    paper = table.split("-")[0]
+    task = reproduce.table_task(table)
+    [report] = [line for line in lines if line.startswith("# report: ")]
+    assert f"results/{paper}/{task}/{table}.json" in report and f"results/{paper}/{task}/{table}.md" in report
+
+
+def test_results_go_to_the_paper_and_task_directory(tmp_path):
+    assert reproduce.results_dir("li2019-table3") == reproduce.REPO / "results/li2019/wmt14_ende"
+    assert reproduce.results_dir("cao2019-table2-wmt17_zhen", tmp_path) == tmp_path / "cao2019/wmt17_zhen"
+    assert reproduce.results_dir("gret-big") == reproduce.REPO / "results/gret/wmt14_ende"
+    assert reproduce.results_dir("clause-table5") == reproduce.REPO / "results/clause/niutrans_enzh"
+
+
+def test_missing_data_stops_before_anything_runs_naming_the_file_and_the_make_target(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    plans = [reproduce.plan(row, (0,)) for row in reproduce.TABLES["cao2019-table2-wmt14_ende"]]
+    with pytest.raises(SystemExit) as exit_info:
+        reproduce.check_data(plans, "wmt14_ende")
+    message = str(exit_info.value)
+    assert "build/data/wmt14_ende/train.bpe.en" in message and "make data-wmt14_ende" in message
+    for name in ("train.bpe.en", "train.bpe.de", "valid.bpe.en", "valid.bpe.de", "vocab.shared", "test.bpe.en",
+                 "test.de"):
+        (tmp_path / "build/data/wmt14_ende").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "build/data/wmt14_ende" / name).write_text("x\n")
+    with pytest.raises(SystemExit, match=r"build/data/wmt14_ende/test\.tok\.de is missing .*make data-wmt14_ende"):
+        reproduce.check_data(plans, "wmt14_ende")
+    (tmp_path / "build/data/wmt14_ende/test.tok.de").write_text("x\n")
+    reproduce.check_data(plans, "wmt14_ende")
+
+
+# ---------------------------------------------------------------- training logs
+
+LOG = """\
+[2025-03-01 10:00:00,001 INFO] Start training loop and validate every 200 steps...
+[2025-03-01 10:00:00,002 INFO] Validation perplexity: 999
+[2025-03-01 10:00:09,000 INFO] Step 100/  400; acc: 12.3; ppl: 456.7; xent: 6.1; lr: 0.00012; sents:    3200; \
+bsz:  900/1000/32; 9000/10000 tok/s;      9 sec;
+[2025-03-01 10:00:18,000 INFO] Step 200/  400; acc: 25.0; ppl: 120.5; xent: 4.8; lr: 0.00025; sents:    3100; \
+bsz:  900/1000/31; 9000/10000 tok/s;     18 sec;
+[2025-03-01 10:00:18,100 INFO] Train perplexity: 230.4
+[2025-03-01 10:00:18,101 INFO] Train accuracy: 18.6
+[2025-03-01 10:00:18,102 INFO] Sentences processed: 6300
+[2025-03-01 10:00:18,103 INFO] Average bsz:  900/1000/31
+[2025-03-01 10:00:20,000 INFO] Validation perplexity: 98.76
+[2025-03-01 10:00:20,001 INFO] Validation accuracy: 30.5
+[2025-03-01 10:00:20,100 INFO] Saving checkpoint build/runs/x/model_step_200.pt
+[2025-03-01 10:00:27,000 INFO] Step 300/  400; acc: 33.3; ppl: 60.0; xent: 4.1; lr: 0.00037; sents:    3000; \
+bsz:  900/1000/30; 9000/10000 tok/s;     27 sec;
+[2025-03-01 10:00:30,000 INFO] Step 300/  400; acc: 34.0; ppl: 58.5; xent: 4.1; lr: 0.00037; sents:    3000; \
+bsz:  900/1000/30; 9000/10000 tok/s;      3 sec;
+[2025-03-01 10:00:39,000 INFO] Step 400/  400; acc: 40.2; ppl: 35.25; xent: 3.6; lr: 0.00049; sents:    3000; \
+bsz:  900/1000/30; 9000/10000 tok/s;     12 sec;
+[2025-03-01 10:00:41,000 INFO] Validation perplexity: 50.5
+[2025-03-01 10:00:41,001 INFO] Validation accuracy: 41.25
+"""
+
+
+def test_training_log_is_parsed_into_training_and_validation_curves():
+    curves = reproduce.parse_train_log(LOG)
+    assert curves["train"] == {"step": [100, 200, 300, 400], "acc": [12.3, 25.0, 34.0, 40.2],
+                               "ppl": [456.7, 120.5, 58.5, 35.25], "xent": [6.1, 4.8, 4.1, 3.6]}
+    # validation at the step reported just before it; the stray line before any step and the training totals
+    # ("Train perplexity") are not validation points; step 300 logged twice (a resumed run) keeps its last values
+    assert curves["valid"] == {"step": [200, 400], "acc": [30.5, 41.25], "ppl": [98.76, 50.5]}
+
+
+def test_an_empty_log_has_empty_curves():
+    assert reproduce.parse_train_log("[2025-03-01 10:00:00,001 INFO] Starting training on GPU: [0]\n") == {
+        "train": {"step": [], "acc": [], "ppl": [], "xent": []}, "valid": {"step": [], "acc": [], "ppl": []}}
+
+
+def test_the_log_format_of_the_installed_opennmt_py_is_parsed(tmp_path, onmt_active):
+    import logging
+    import time
+
+    import onmt.utils
+    from onmt.utils.logging import init_logger
+
+    logger = logging.getLogger("onmt")
+    saved_handlers, saved_level = logger.handlers[:], logger.level
+    log_file = tmp_path / "train.log"
+    try:
+        init_logger(str(log_file))
+        report = onmt.utils.ReportMgr(report_every=50, start_time=time.time())
+        train = onmt.utils.Statistics(loss=460.0, n_batchs=2, n_sents=64, n_words=100, n_correct=40)
+        report.report_training(150, 20000, 0.0007, None, train)
+        valid = onmt.utils.Statistics(loss=230.0, n_batchs=1, n_sents=10, n_words=100, n_correct=55)
+        report.report_step(0.0007, None, 150, train_stats=train, valid_stats=valid)
+    finally:
+        for handler in logger.handlers:
+            handler.close()
+        logger.handlers = saved_handlers
+        logger.setLevel(saved_level)
+    curves = reproduce.parse_train_log(log_file.read_text(encoding="utf-8"))
+    assert curves["train"]["step"] == [150] and curves["train"]["acc"] == [40.0] and curves["train"]["xent"] == [4.6]
+    assert curves["train"]["ppl"] == [pytest.approx(99.48, abs=0.05)]  # exp(4.6), printed with one decimal
+    assert curves["valid"]["step"] == [150] and curves["valid"]["acc"] == [55.0]
+    assert curves["valid"]["ppl"] == [pytest.approx(9.97418, abs=1e-4)]  # exp(2.3)
+
+
+def test_long_curves_are_thinned_keeping_the_last_point():
+    curve = {"step": list(range(1, 2001)), "ppl": [float(k) for k in range(1, 2001)]}
+    thin = reproduce.thin_curve(curve, 500)
+    assert len(thin["step"]) <= 500 and thin["step"][-1] == 2000 and thin["ppl"] == [float(k) for k in thin["step"]]
+    assert reproduce.thin_curve({"step": [1, 2], "ppl": [3.0, 4.0]}, 500) == {"step": [1, 2], "ppl": [3.0, 4.0]}
+
+
+# ---------------------------------------------------------------- the report
+
+
+def _fixed_rows(table, shift=-0.5):
+    """Result rows of ``table`` with made-up scores: BLEU = the paper's + shift (20.0 where the paper has none)."""
+    curves = reproduce.parse_train_log(LOG)
+    rows = []
+    for index, row in enumerate(reproduce.TABLES[table]):
+        bleu = 20.0 + index if row.paper_bleu is None else round(row.paper_bleu + shift, 2)
+        rows.append({"label": row.label, "config": row.config, "overrides": [str(o) for o in row.overrides],
+                     "paper_bleu": row.paper_bleu, "bleu": bleu, "tok_bleu": bleu + 0.75, "chrf": 55.0 + index,
+                     "signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.4.3",
+                     "p_value": None if index == 0 else 0.004, "marker": None if index == 0 else "‡",
+                     "model": f"build/runs/x{index}/average_last5.pt", "averaged": 5, "train_steps": 200000,
+                     "curves": curves})
+    return rows
+
+
+def test_report_from_fixed_json_puts_the_papers_bleu_beside_ours(tmp_path, capsys):
+    table = "li2019-table3"
+    source = tmp_path / "input.json"
+    source.write_text(json.dumps({"table": table, "rows": _fixed_rows(table)}), encoding="utf-8")
+    assert reproduce.main([table, "--report-only", "--results-json", str(source),
+                           "--results-dir", str(tmp_path / "results")]) == 0
+    out_dir = tmp_path / "results/li2019/wmt14_ende"
+    markdown = (out_dir / f"{table}.md").read_text(encoding="utf-8")
+    assert markdown in capsys.readouterr().out
+    assert ("| 1 none | `baseline/transformer_base_wmt14_ende.yaml` | 27.31 | 26.81 | -0.50 | 27.56 | 55.00 |  | "
+            "last 5 checkpoints averaged, 200000 steps |") in markdown
+    assert ("| 6 [6] | `li2019/transformer_base_wmt14_ende_em_enc_self_layers_6.yaml` | 27.68 | 27.18 | -0.50 | "
+            "27.93 | 60.00 | 0.004 ‡ | last 5 checkpoints averaged, 200000 steps |") in markdown
+    assert "sacreBLEU signature: nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.4.3" in markdown
+    assert f"({table}.curves.png)" in markdown
+    document = json.loads((out_dir / f"{table}.json").read_text(encoding="utf-8"))
+    assert (document["table"], document["paper"], document["task"]) == (table, "li2019", "wmt14_ende")
+    assert [(row["label"], row["paper_bleu"], row["bleu"]) for row in document["rows"]] == [
+        (row.label, row.paper_bleu, round(row.paper_bleu - 0.5, 2)) for row in reproduce.TABLES[table]]
+    assert document["rows"][3]["p_value"] == 0.004 and document["rows"][0]["averaged"] == 5
+    curves = (out_dir / f"{table}.curves.png").read_bytes()
+    assert curves.startswith(PNG_MAGIC) and len(curves) > 10000
+    # the JSON written is itself a report input: the default of --report-only, and the same report again
+    (out_dir / f"{table}.md").unlink()
+    assert reproduce.main([table, "--report-only", "--results-dir", str(tmp_path / "results")]) == 0
+    assert (out_dir / f"{table}.md").read_text(encoding="utf-8") == markdown
+
+
+def test_report_of_a_sweep_without_paper_scores_or_curves(tmp_path):
+    table = "chen2019-figure2-mprhead"
+    rows = _fixed_rows(table)
+    for row in rows:
+        del row["curves"]
+    written = reproduce.write_report(table, "wmt14_ende", rows, tmp_path)
+    markdown = written["md"].read_text(encoding="utf-8")
+    assert "| mprhead d_r = 448 | `chen2019/transformer_base_wmt14_ende_mprhead.yaml` `-chen2019_dim` `448` | n/a | " \
+           "27.00 |  | 27.75 |" in markdown
+    assert "curves" not in written and not (tmp_path / f"{table}.curves.png").exists()
+
+
+def test_report_only_refuses_results_of_another_table(tmp_path):
+    source = tmp_path / "input.json"
+    source.write_text(json.dumps({"table": "li2019-table2", "rows": _fixed_rows("li2019-table2")}))
+    with pytest.raises(SystemExit, match="li2019-table2, not li2019-table3"):
+        reproduce.main(["li2019-table3", "--report-only", "--results-json", str(source),
+                        "--results-dir", str(tmp_path)])
+    source.write_text(json.dumps(_fixed_rows("li2019-table2")[:3]))
+    with pytest.raises(SystemExit, match="are not those of li2019-table3"):
+        reproduce.main(["li2019-table3", "--report-only", "--results-json", str(source),
+                        "--results-dir", str(tmp_path)])
+    rows = _fixed_rows("li2019-table3")
+    del rows[2]["tok_bleu"]
+    source.write_text(json.dumps(rows))
+    with pytest.raises(SystemExit, match=r"row '3 \[4-6\]' of .* has no tok_bleu"):
+        reproduce.main(["li2019-table3", "--report-only", "--results-json", str(source),
+                        "--results-dir", str(tmp_path)])
+    with pytest.raises(SystemExit):  # a results JSON is read by --report-only only
+        reproduce.main(["li2019-table3", "--dry-run", "--results-json", str(source)])
+
+
+# ---------------------------------------------------------------- scoring, end to end without training
+
+REFERENCES = [
+    "The cat sat on the mat .",
+    "It is raining heavily in Paris today , and the streets are full of water .",
+    "She bought three apples .",
+    "We will meet at the station at noon , unless the train is late again .",
+    "Could you please close the window ?",
+    "He has lived in this town for ten years , ever since he left the army .",
+]
+
+
+def test_clause_table_scored_and_reported_from_hypotheses_on_disk(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(reproduce, "BOOTSTRAP_SAMPLES", 100)
+    table, task = "clause-table10", "wmt16_ende"
+    plans = [reproduce.plan(row, (0,)) for row in reproduce.TABLES[table]]
+    data = tmp_path / "build/data" / task
+    data.mkdir(parents=True)
+    (data / "test.de").write_text("\n".join(r.replace(" .", ".").replace(" ,", ",").replace(" ?", "?")
+                                            for r in REFERENCES) + "\n")
+    (data / "test.tok.de").write_text("\n".join(REFERENCES) + "\n")
+    (data / "test.bpe.en").write_text("\n".join(f"sour@@ ce {r}" for r in REFERENCES) + "\n")
+    outputs = [[r.split(" ,")[0].replace("the", "a") for r in REFERENCES],  # row 1: worse on the long sentences
+               REFERENCES,  # row 2: the reference itself
+               [r.replace("station", "sta@@ tion").replace("window", "win@@ dow") for r in REFERENCES]]  # BPE'd
+    for p, lines in zip(plans, outputs):
+        p.hypotheses.parent.mkdir(parents=True)
+        p.hypotheses.write_text("\n".join(lines) + "\n")
+        (p.run_dir / "train.log").write_text(LOG)
+    scores = reproduce.score(plans, task, by_length=True)
+    assert [round(s["bleu"], 2) for s in scores[1:]] == [100.0, 100.0]
+    assert scores[0]["bleu"] < 60 and scores[1]["tok_bleu"] == pytest.approx(100) == scores[2]["chrf"]
+    assert scores[0]["p_value"] is None and scores[1]["p_value"] < 0.05 and scores[1]["marker"] in ("†", "‡")
+    assert [c["count"] for c in scores[1]["by_length"]] == [3, 3, 0, 0, 0]  # source words 4-7, 13-17
+    rows = reproduce.row_results(plans, scores)
+    assert rows[1]["curves"]["valid"]["ppl"] == [98.76, 50.5] and rows[1]["averaged"] == 5
+    assert rows[2]["model"] == "build/runs/clause/transformer_base_wmt16_ende_ca_study/average_last5.pt"
+    written = reproduce.write_report(table, task, rows, tmp_path / "out", [{"command": "x", "status": "ran"}])
+    assert [path.name for path in written["by_length"]] == [f"{table}.ca_rule.by_length.png",
+                                                           f"{table}.ca_study.by_length.png"]
+    assert all(path.read_bytes().startswith(PNG_MAGIC) for path in written["by_length"] + [written["curves"]])
+    markdown = written["md"].read_text(encoding="utf-8")
+    assert f"| CA with rule | `clause/transformer_base_{task}_ca_rule.yaml` | 27.46 | 100.00 | +72.54 |" in markdown
+    assert f"CA with rule (plot: [{table}.ca_rule.by_length.png]" in markdown
+    assert json.loads(written["json"].read_text(encoding="utf-8"))["commands"] == [{"command": "x", "status": "ran"}]
+
+
+def test_make_dry_run_prints_the_data_preparation_and_every_row(tmp_path):
+    """`make reproduce-<table> DRY_RUN=1` prints the data steps (make -n) and every row's commands, runs nothing."""
+    import subprocess
+
+    result = subprocess.run(["make", "--no-print-directory", "reproduce-cao2019-table1", "DRY_RUN=1",
+                             f"RESULTS_DIR={tmp_path}"], cwd=reproduce.REPO, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    if not (reproduce.REPO / "build/data/wmt17_zhen/.vocab").exists():  # prepared data: nothing left to print
+        for step in ("fetch", "raw", "tok", "clean", "bpe"):
+            assert f"tools/prepare_data.py {step} wmt17_zhen" in out
+        assert "onmt_build_vocab -config yaml_configs/baseline/transformer_base_wmt17_zhen.yaml" in out
+    rows = len(reproduce.TABLES["cao2019-table1"])
+    assert out.count("CUDA_VISIBLE_DEVICES=0 onmt_train ") == rows
+    assert out.count("CUDA_VISIBLE_DEVICES=0 onmt_average_models ") == rows
+    assert out.count("CUDA_VISIBLE_DEVICES=0 onmt_translate ") == rows
+    assert not any(tmp_path.iterdir())  # nothing written

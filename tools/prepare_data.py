@@ -1,0 +1,813 @@
+#!/usr/bin/env python
+"""Prepare the paper tasks' corpora under ``build/data/<task>/`` (``make data-<task>`` runs the steps in order).
+
+Usage::
+
+    python tools/prepare_data.py STEP TASK [--workers N] [--merges N]
+    python tools/prepare_data.py --list
+
+Steps, each writing files (the Makefile keeps a stamp per step so that only
+what changed is redone):
+
+``fetch``
+    Download every archive of the task into ``build/downloads/`` from the
+    official WMT/statmt (or corpus) location, resuming a partial download
+    (``<file>.part``, HTTP ``Range``) and checking the SHA-256 where one is
+    pinned in ``ARCHIVES``.  An archive without a pinned checksum is recorded
+    in ``build/downloads/SHA256SUMS`` on first download and checked against
+    that record afterwards (a warning says it is not pinned).  The dev and
+    test sets come through sacreBLEU's own download, which checks its MD5
+    sums.  Where a download is impossible (no network, a licensed corpus such
+    as NIST's LDC data or CWMT) the step stops and says which file to put
+    where.
+``raw``
+    Extract the training pairs of every corpus of the task into
+    ``raw/train.<lang>`` (one sentence per line, pairs kept in step) and the
+    dev/test sets into ``raw/{valid,test}.<lang>``; a multi-reference test set
+    becomes ``raw/test.<tgt>0``, ``raw/test.<tgt>1``, ...
+``tok``
+    Punctuation normalisation and Moses tokenization with sacremoses
+    (aggressive hyphen splitting, no HTML escaping) for alphabetic languages,
+    jieba word segmentation for Chinese: ``tok/<split>.<lang>``.
+``clean``
+    Training pairs with an empty side, more than ``max_len`` tokens on a side,
+    or a token-count ratio above ``ratio`` are dropped (as Moses'
+    ``clean-corpus-n.perl``); the counts are written to ``clean/stats.json``.
+``bpe``
+    Learn BPE with subword-nmt (``merges`` operations, 32K as the papers;
+    joint over both languages, or one model per language for Chinese-English)
+    and apply it: ``{train,valid,test}.bpe.<lang>``; the tokenized test
+    reference ``test.tok.<tgt>`` and the raw one ``test.<tgt>`` (detokenized
+    with sacremoses for a corpus released tokenized), the layout
+    ``tools/reproduce.py`` reads.
+
+The vocabularies are then built by ``onmt_build_vocab`` with the task's
+baseline config (the Makefile's ``data-<task>`` rule).  NIST Chinese-English
+is licensed: set ``NIST_DIR`` (see ``NIST_LAYOUT``).  The step stamps do not
+see these variables: after changing ``NIST_DIR``, ``NIUTRANS_DIR`` or
+``WMT17_EXTRA_DIR``, delete ``build/data/<task>`` and rerun.
+"""
+
+import argparse
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import tarfile
+import gzip
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from multiprocessing import Pool
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DOWNLOADS = Path("build/downloads")
+DATA = Path("build/data")
+
+
+@dataclass(frozen=True)
+class Archive:
+    """A file to download: its URL, SHA-256 (None: not pinned) and a note on where it comes from."""
+
+    url: str
+    sha256: str = None
+    note: str = ""
+
+    @property
+    def filename(self):
+        return self.url.rstrip("/").rsplit("/", 1)[-1]
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """A parallel corpus: ``archive`` (a key of ``ARCHIVES`` or a path in this repository) and ``member``.
+
+    ``member`` is the file inside a tar/zip archive, with ``{lang}`` for the language; it is looked up by its
+    path, else by its file name alone (archives differ in their top directory).  Without ``member`` the
+    archive is the text itself and its name holds ``{lang}``.
+    """
+
+    archive: str
+    member: str = None
+
+    def archives(self, langs):
+        """The archive keys/paths this corpus reads for the languages ``langs``."""
+        return [self.archive] if self.member else [self.archive.format(lang=lang) for lang in langs]
+
+
+@dataclass(frozen=True)
+class SacrebleuSet:
+    """A dev/test set downloaded and converted to text by sacreBLEU (``sacrebleu -t NAME -l PAIR``)."""
+
+    name: str
+    langpair: str
+
+
+@dataclass(frozen=True)
+class Task:
+    """One translation task: languages, training corpora, dev and test sets and preprocessing settings."""
+
+    src: str
+    tgt: str
+    train: tuple
+    valid: object
+    test: object
+    joint_bpe: bool = True
+    merges: int = 32000
+    max_len: int = 250
+    ratio: float = 1.5
+    pretokenized: bool = False
+    test_lines: int = None  # keep only the first lines of the test set (the CPU chain test)
+    manual: str = ""  # corpora the user must supply, said when a step cannot find them
+    notes: tuple = field(default_factory=tuple)
+
+
+#: Download locations.  The pinned SHA-256 sums were taken from public download scripts that verify these
+#: files (two independent ones agree for Europarl v7); the others are recorded on first download.
+ARCHIVES = {
+    "europarl-v7": Archive("https://www.statmt.org/wmt13/training-parallel-europarl-v7.tgz",
+                           "0224c7c710c8a063dfd893b0cc0830202d61f4c75c17eb8e31836103d27d96e7"),
+    "commoncrawl": Archive("https://www.statmt.org/wmt13/training-parallel-commoncrawl.tgz",
+                           "c7a74e2ea01ac6c920123108627e35278d4ccb5701e15428ffa34de86fa3a9e5"),
+    "nc-v9": Archive("https://www.statmt.org/wmt14/training-parallel-nc-v9.tgz"),
+    "nc-v11": Archive("https://data.statmt.org/wmt16/translation-task/training-parallel-nc-v11.tgz"),
+    "nc-v12": Archive("https://data.statmt.org/wmt17/translation-task/training-parallel-nc-v12.tgz",
+                      "2b45f30ef1d550d302fd17dd3a5cbe19134ccc4c2cf50c2dae534aee600101a2"),
+    "europarl-v8": Archive("https://data.statmt.org/wmt16/translation-task/training-parallel-ep-v8.tgz"),
+    "setimes2-en-ro": Archive("https://object.pouta.csc.fi/OPUS-SETIMES/v2/moses/en-ro.txt.zip",
+                              note="SETIMES2 from OPUS (WMT16 points there)"),
+    "iwslt15-en-vi-train.en": Archive("https://nlp.stanford.edu/projects/nmt/data/iwslt15.en-vi/train.en"),
+    "iwslt15-en-vi-train.vi": Archive("https://nlp.stanford.edu/projects/nmt/data/iwslt15.en-vi/train.vi"),
+    "iwslt15-en-vi-tst2012.en": Archive("https://nlp.stanford.edu/projects/nmt/data/iwslt15.en-vi/tst2012.en"),
+    "iwslt15-en-vi-tst2012.vi": Archive("https://nlp.stanford.edu/projects/nmt/data/iwslt15.en-vi/tst2012.vi"),
+    "iwslt15-en-vi-tst2013.en": Archive("https://nlp.stanford.edu/projects/nmt/data/iwslt15.en-vi/tst2013.en"),
+    "iwslt15-en-vi-tst2013.vi": Archive("https://nlp.stanford.edu/projects/nmt/data/iwslt15.en-vi/tst2013.vi"),
+}
+
+_WMT14_DE_EN = (Parallel("europarl-v7", "training/europarl-v7.de-en.{lang}"),
+                Parallel("commoncrawl", "commoncrawl.de-en.{lang}"),
+                Parallel("nc-v9", "training/news-commentary-v9.de-en.{lang}"))
+
+#: What ``NIST_DIR`` must hold for ``nist_zhen`` (LDC data cannot be downloaded).
+NIST_LAYOUT = """NIST_DIR must hold:
+  train.zh, train.en   the LDC training pairs (e.g. LDC2002E18, LDC2003E07, LDC2003E14, LDC2004T07 (Hansards part),
+                       LDC2004T08, LDC2005T06; chen2019 uses 1.28M pairs), one sentence per line, in step
+  nist06/ nist02/ nist03/ nist04/   each with the source SGML (a file named *src*.sgm) and the references
+                       (one SGML file with several sysid, or one *ref*.sgm file per reference)
+NIST06 becomes the dev set and NIST02 the test set (test.*); NIST03 and NIST04 are written as
+test_nist03.* and test_nist04.* beside them."""
+
+TASKS = {
+    "wmt14_ende": Task("en", "de", _WMT14_DE_EN, SacrebleuSet("wmt13", "en-de"), SacrebleuSet("wmt14/full", "en-de")),
+    "wmt14_deen": Task("de", "en", _WMT14_DE_EN, SacrebleuSet("wmt13", "de-en"), SacrebleuSet("wmt14/full", "de-en")),
+    "wmt16_ende": Task("en", "de", _WMT14_DE_EN[:2] + (
+        Parallel("nc-v11", "news-commentary-v11.de-en.{lang}"),),
+        SacrebleuSet("wmt15", "en-de"), SacrebleuSet("wmt16", "en-de")),
+    "wmt16_roen": Task("ro", "en", (Parallel("europarl-v8", "europarl-v8.ro-en.{lang}"),
+                                    Parallel("setimes2-en-ro", "SETIMES.en-ro.{lang}")),
+                       SacrebleuSet("wmt16/dev", "ro-en"), SacrebleuSet("wmt16", "ro-en")),
+    "wmt17_zhen": Task("zh", "en", (Parallel("nc-v12", "training/news-commentary-v12.zh-en.{lang}"),),
+                       SacrebleuSet("wmt17/dev", "zh-en"), SacrebleuSet("wmt17", "zh-en"),
+                       joint_bpe=False, ratio=9.0,
+                       manual="WMT17_EXTRA_DIR: the UN Parallel Corpus v1.0 and CWMT zh-en pairs (register at their "
+                              "sites), as train.zh/train.en; cao2019's 20.6M pairs are NC v12 + UN + CWMT",
+                       notes=("without WMT17_EXTRA_DIR only News Commentary v12 (about 0.2M pairs) is used",)),
+    "wmt15_envi": Task("en", "vi", (Parallel("iwslt15-en-vi-train.{lang}"),),
+                       Parallel("iwslt15-en-vi-tst2012.{lang}"), Parallel("iwslt15-en-vi-tst2013.{lang}"),
+                       joint_bpe=False, pretokenized=True, ratio=9.0,
+                       notes=("IWSLT15 en-vi as released tokenized by the Stanford NLP group; tst2012 dev, "
+                              "tst2013 test",)),
+    "nist_zhen": Task("zh", "en", (), None, None, joint_bpe=False, ratio=9.0, manual="NIST_DIR"),
+    # The clause paper's Table 5 (NiuTrans en-zh): its split is not public in a form we can fetch.
+    "niutrans_enzh": Task("en", "zh", (), None, None, joint_bpe=False, ratio=9.0, manual="NIUTRANS_DIR"),
+    # The shipped WMT14 sample (already Moses-tokenized), for the CPU test of the whole chain.
+    "sample_ende": Task("en", "de", (Parallel("data/wmt14-ende-sample/train.{lang}"),),
+                        Parallel("data/wmt14-ende-sample/valid.{lang}"), Parallel("data/wmt14-ende-sample/test.{lang}"),
+                        merges=4000, pretokenized=True, test_lines=200),
+}
+
+
+class PrepareError(SystemExit):
+    """A step cannot go on; the message says what is missing and what to do."""
+
+    def __init__(self, message):
+        super().__init__(f"prepare_data.py: {message}")
+
+
+def task_dir(task):
+    return DATA / task
+
+
+def _langs(task_name):
+    task = TASKS[task_name]
+    return task.src, task.tgt
+
+
+# ---------------------------------------------------------------- fetch
+def sha256_of(path):
+    """Hex SHA-256 of a file, read in 1 MB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _recorded_sums(downloads):
+    sums = downloads / "SHA256SUMS"
+    if not sums.exists():
+        return {}
+    return {name: digest for digest, name in (line.split(maxsplit=1) for line in
+                                              sums.read_text(encoding="utf-8").split("\n") if line.strip())}
+
+
+def _record_sum(downloads, name, digest):
+    with open(downloads / ".SHA256SUMS.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        recorded = _recorded_sums(downloads)
+        recorded[name] = digest
+        (downloads / "SHA256SUMS").write_text("".join(f"{d}  {n}\n" for n, d in sorted(recorded.items())),
+                                              encoding="utf-8")
+
+
+def download(archive, downloads, timeout=60):
+    """Download ``archive`` into ``downloads/<filename>``, resuming ``<filename>.part``; return the path.
+
+    The finished file is checked against its pinned SHA-256 (a mismatch moves it aside to ``.bad`` and stops),
+    or against the sum recorded at its first download.  Nothing is fetched when the file is already there and
+    its sum checks out.
+    """
+    downloads.mkdir(parents=True, exist_ok=True)
+    dest = downloads / archive.filename
+    with open(downloads / f".{archive.filename}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two `make data-<task>` at once (make -j) wait for each other
+        if not dest.exists():
+            _fetch(archive, dest, timeout)
+        return _verify(archive, dest, downloads)
+
+
+def _expected_size(response, have):
+    """The complete file's size from the response headers, or None when the server does not say."""
+    ranged = response.headers.get("Content-Range")  # bytes START-END/TOTAL
+    if getattr(response, "status", None) == 206 and ranged:
+        start, total = ranged.split()[-1].split("-")[0], ranged.rsplit("/", 1)[-1]
+        if int(start) != have:
+            raise PrepareError(f"{response.url}: the server resumed at byte {start}, not {have}; delete "
+                               f"the .part file and rerun")
+        return int(total) if total.isdigit() else None
+    length = response.headers.get("Content-Length")
+    return have + int(length) if length and length.isdigit() else None
+
+
+def _fetch(archive, dest, timeout):
+    """Download (or finish downloading) ``archive`` into ``<dest>.part``, then rename it to ``dest``.
+
+    A connection that ends before the size the server announced leaves the
+    ``.part`` file for the next run to resume, and stops with a message.
+    """
+    part = dest.with_name(dest.name + ".part")
+    have = part.stat().st_size if part.exists() else 0
+    request = urllib.request.Request(archive.url, headers={"Range": f"bytes={have}-"} if have else {})
+    print(f"fetch: {archive.url}" + (f" (resuming at byte {have})" if have else ""), file=sys.stderr)
+    expected = None
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            resumed = bool(have) and getattr(response, "status", None) == 206
+            expected = _expected_size(response, have if resumed else 0)
+            with open(part, "ab" if resumed else "wb") as out:
+                shutil.copyfileobj(response, out, 1 << 20)
+    except urllib.error.HTTPError as error:
+        if not (error.code == 416 and have):  # 416: the part is already complete
+            raise PrepareError(_cannot_fetch(archive, dest, error)) from None
+    except (urllib.error.URLError, OSError) as error:
+        raise PrepareError(_cannot_fetch(archive, dest, error)) from None
+    size = part.stat().st_size
+    if expected is not None and size != expected:
+        raise PrepareError(f"{archive.url}: the connection ended at byte {size} of {expected}; rerun to resume "
+                           f"({part} is kept)")
+    part.rename(dest)
+
+
+def _verify(archive, dest, downloads):
+    """Check ``dest`` against its pinned or recorded SHA-256 (recording it the first time); return ``dest``."""
+    digest = sha256_of(dest)
+    expected = archive.sha256 or _recorded_sums(downloads).get(dest.name)
+    if expected is None:
+        _record_sum(downloads, dest.name, digest)
+        print(f"fetch: warning: {dest.name} has no pinned SHA-256; recorded {digest} in "
+              f"{downloads / 'SHA256SUMS'} and later runs check it", file=sys.stderr)
+    elif digest != expected:
+        bad = dest.with_name(dest.name + ".bad")
+        dest.rename(bad)
+        raise PrepareError(f"{dest} has SHA-256 {digest}, expected {expected}; moved it to {bad}. "
+                           f"Delete it and rerun to download {archive.url} again")
+    return dest
+
+
+def _cannot_fetch(archive, dest, error):
+    return (f"cannot download {archive.url} ({error}). Download it by other means and put it at {dest}"
+            + (f" (SHA-256 {archive.sha256})" if archive.sha256 else "") + ", then rerun")
+
+
+def _sacrebleu_files(test_set):
+    """Source and reference files of a sacreBLEU test set (downloaded into ``build/downloads/sacrebleu``)."""
+    if "sacrebleu" not in sys.modules:  # sacreBLEU reads $SACREBLEU when it is imported
+        os.environ.setdefault("SACREBLEU", str((DOWNLOADS / "sacrebleu").resolve()))
+    from sacrebleu import utils
+    from sacrebleu.dataset import DATASETS
+
+    try:
+        return Path(utils.get_source_file(test_set.name, test_set.langpair)), [
+            Path(p) for p in utils.get_reference_files(test_set.name, test_set.langpair)]
+    except (SystemExit, Exception) as error:  # sacreBLEU exits on a failed download
+        where = utils.SACREBLEU_DIR
+        raise PrepareError(
+            f"sacreBLEU could not fetch {test_set.name} {test_set.langpair} ({error}; from "
+            f"{', '.join(DATASETS[test_set.name].data)}). On a machine with network, run `SACREBLEU=/some/dir "
+            f"sacrebleu -t {test_set.name} -l {test_set.langpair} --echo src > /dev/null` and copy "
+            f"/some/dir/{test_set.name.split('/')[0]} into {where}/, then rerun") from None
+
+
+def _archive_names(task):
+    names = []
+    for corpus in task.train + tuple(s for s in (task.valid, task.test) if isinstance(s, Parallel)):
+        for name in corpus.archives((task.src, task.tgt)):
+            if name in ARCHIVES and name not in names:
+                names.append(name)
+    return names
+
+
+def fetch(task_name, downloads=None):
+    """Step ``fetch``: every archive and sacreBLEU set of the task on disk and checked."""
+    task = TASKS[task_name]
+    downloads = downloads or DOWNLOADS
+    if task_name == "nist_zhen":
+        _nist_dir()
+        return
+    if task.manual == "NIUTRANS_DIR":
+        _plain_dir(task)
+        return
+    for name in _archive_names(task):
+        download(ARCHIVES[name], downloads)
+    for test_set in (task.valid, task.test):
+        if isinstance(test_set, SacrebleuSet):
+            _sacrebleu_files(test_set)
+
+
+# ---------------------------------------------------------------- raw
+def _open_text(path):
+    """Lines of a plain or gzipped UTF-8 text file, without the newline (a BOM is dropped).
+
+    Bytes that are not UTF-8 stop the step with the file and line number.
+    """
+    raw = open(path, "rb")
+    if str(path).endswith(".gz"):
+        raw = gzip.open(raw)
+    with raw:
+        for number, line in enumerate(raw, 1):
+            try:
+                text = line.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise PrepareError(f"{path}, line {number}: not UTF-8 ({error.reason} at byte {error.start}); "
+                                   "convert the file to UTF-8") from None
+            if number == 1:
+                text = text.removeprefix("\ufeff")
+            yield text.rstrip("\n").rstrip("\r")
+
+
+def _find_member(names, member, archive_path):
+    """``member`` if the archive holds it, else the one name ending in ``/<its file name>``."""
+    if member in names:
+        return member
+    base = member.rsplit("/", 1)[-1]
+    found = [name for name in names if name == base or name.endswith("/" + base)]
+    if len(found) != 1:
+        raise PrepareError(f"{archive_path} has {'no' if not found else 'more than one'} member {member} "
+                           f"({found or 'it holds e.g. ' + str(names[:10])})")
+    return found[0]
+
+
+def _member_lines(archive_path, member):
+    """Lines of one member of a tar or zip archive (a BOM dropped, CR/LF stripped)."""
+    if str(archive_path).endswith(".zip"):
+        import zipfile
+
+        archive = zipfile.ZipFile(archive_path)
+        raw = archive.open(_find_member(archive.namelist(), member, archive_path))
+    else:
+        archive = tarfile.open(archive_path)
+        names = [m.name for m in archive.getmembers() if m.isfile()]
+        raw = archive.extractfile(_find_member(names, member, archive_path))
+    with archive, raw:
+        lines = []
+        for number, line in enumerate(raw, 1):
+            try:
+                text = line.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise PrepareError(f"{archive_path} ({member}), line {number}: not UTF-8 ({error.reason})") from None
+            lines.append((text.removeprefix("\ufeff") if number == 1 else text).rstrip("\n").rstrip("\r"))
+        return lines
+
+
+def _local(name, downloads):
+    """Path of an archive key (in ``downloads``) or of a repository file."""
+    if name in ARCHIVES:
+        path = downloads / ARCHIVES[name].filename
+    else:
+        path = REPO / name
+    if not path.exists():
+        raise PrepareError(f"{path} is missing; run the fetch step first (make data-<task>)")
+    return path
+
+
+def corpus_lines(corpus, src, tgt, downloads):
+    """The (source lines, target lines) of a ``Parallel`` corpus, each as a list."""
+    if corpus.member is None:
+        return tuple(list(_open_text(_local(corpus.archive.format(lang=lang), downloads))) for lang in (src, tgt))
+    path = _local(corpus.archive, downloads)
+    return tuple(_member_lines(path, corpus.member.format(lang=lang)) for lang in (src, tgt))
+
+
+def _write_lines(path, lines):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8", newline="\n") as out:
+        for line in lines:
+            out.write(line.replace("\n", " ") + "\n")
+    tmp.replace(path)
+
+
+def _check_pair(src_lines, tgt_lines, what):
+    if len(src_lines) != len(tgt_lines):
+        raise PrepareError(f"{what}: {len(src_lines)} source lines but {len(tgt_lines)} target lines")
+
+
+def raw(task_name, downloads=None, out=None):
+    """Step ``raw``: ``raw/{train,valid,test}.<lang>`` (multi-reference tests numbered) of the task."""
+    task = TASKS[task_name]
+    downloads = downloads or DOWNLOADS
+    out = out or task_dir(task_name) / "raw"
+    if task_name == "nist_zhen":
+        return _nist_raw(out)
+    if task.manual == "NIUTRANS_DIR":
+        directory = _plain_dir(task)
+        for split in ("train", "valid", "test"):
+            src_lines, tgt_lines = (list(_open_text(directory / f"{split}.{lang}")) for lang in (task.src, task.tgt))
+            _check_pair(src_lines, tgt_lines, f"{directory}/{split}.{task.src} and .{task.tgt}")
+            _write_lines(out / f"{split}.{task.src}", src_lines)
+            _write_lines(out / f"{split}.{task.tgt}", tgt_lines)
+        return out
+    src_all, tgt_all = [], []
+    for corpus in task.train:
+        src_lines, tgt_lines = corpus_lines(corpus, task.src, task.tgt, downloads)
+        _check_pair(src_lines, tgt_lines, f"training corpus {corpus.archive}")
+        src_all += src_lines
+        tgt_all += tgt_lines
+    extra = os.environ.get("WMT17_EXTRA_DIR") if task_name == "wmt17_zhen" else None
+    if extra:
+        src_lines = list(_open_text(Path(extra) / f"train.{task.src}"))
+        tgt_lines = list(_open_text(Path(extra) / f"train.{task.tgt}"))
+        _check_pair(src_lines, tgt_lines, f"WMT17_EXTRA_DIR={extra}")
+        src_all += src_lines
+        tgt_all += tgt_lines
+    elif task.manual:
+        print(f"raw: note: {task.notes[0] if task.notes else task.manual}", file=sys.stderr)
+    _write_lines(out / f"train.{task.src}", src_all)
+    _write_lines(out / f"train.{task.tgt}", tgt_all)
+    for split, test_set in (("valid", task.valid), ("test", task.test)):
+        if isinstance(test_set, SacrebleuSet):
+            source, refs = _sacrebleu_files(test_set)
+            sources = list(_open_text(source))
+            references = [list(_open_text(ref)) for ref in refs]
+        else:
+            sources, target = corpus_lines(test_set, task.src, task.tgt, downloads)
+            references = [target]
+        if split == "test" and task.test_lines:
+            sources, references = sources[:task.test_lines], [r[:task.test_lines] for r in references]
+        for reference in references:
+            _check_pair(sources, reference, f"{split} set of {task_name}")
+        _write_lines(out / f"{split}.{task.src}", sources)
+        if len(references) == 1 or split == "valid":
+            _write_lines(out / f"{split}.{task.tgt}", references[0])
+        else:
+            for number, reference in enumerate(references):
+                _write_lines(out / f"{split}.{task.tgt}{number}", reference)
+    return out
+
+
+# ---------------------------------------------------------------- NIST (licensed, from NIST_DIR)
+def _nist_dir():
+    value = os.environ.get("NIST_DIR")
+    if not value:
+        raise PrepareError("nist_zhen needs the licensed LDC/NIST data: make data-nist_zhen NIST_DIR=/path\n"
+                           + NIST_LAYOUT)
+    path = Path(value)
+    missing = [str(path / name) for name in ("train.zh", "train.en", "nist06", "nist02", "nist03", "nist04")
+               if not (path / name).exists()]
+    if missing:
+        raise PrepareError(f"NIST_DIR={value} lacks {', '.join(missing)}\n" + NIST_LAYOUT)
+    return path
+
+
+def _ids_usable(segments):
+    """True when every segment has a seg id and no id repeats within its document."""
+    keys = [(docid, segid) for docid, segid, _ in segments]
+    return all(segid for _, segid in keys) and len(set(keys)) == len(keys)
+
+
+def _keys(segments, positional):
+    """(docid, seg id) of each segment, or (docid, "#<position in the document>") when ``positional``."""
+    if not positional:
+        return [(docid, segid) for docid, segid, _ in segments]
+    seen = {}
+    keys = []
+    for docid, _, _ in segments:
+        seen[docid] = seen.get(docid, 0) + 1
+        keys.append((docid, f"#{seen[docid]}"))
+    return keys
+
+
+def _plain_dir(task):
+    """The directory named by the task's environment variable, holding ``{train,valid,test}.<lang>``."""
+    variable = task.manual
+    names = [f"{split}.{lang}" for split in ("train", "valid", "test") for lang in (task.src, task.tgt)]
+    value = os.environ.get(variable)
+    if not value:
+        raise PrepareError(f"this task's corpus cannot be downloaded: set {variable}=/path to a directory "
+                           f"holding {', '.join(names)} (plain text, one sentence per line, untokenized)")
+    missing = [name for name in names if not (Path(value) / name).exists()]
+    if missing:
+        raise PrepareError(f"{variable}={value} lacks {', '.join(missing)}")
+    return Path(value)
+
+
+_DOC = re.compile(r"<doc\b([^>]*)>(.*?)</doc>", re.IGNORECASE | re.DOTALL)
+_SEG = re.compile(r"<seg\b([^>]*)>(.*?)</seg>", re.IGNORECASE | re.DOTALL)
+_ATTR = re.compile(r"""(\w+)\s*=\s*("([^"]*)"|'([^']*)'|([^\s>]+))""")
+
+
+def _attrs(text):
+    return {m.group(1).lower(): next(g for g in m.groups()[2:] if g is not None) for m in _ATTR.finditer(text)}
+
+
+def _unescape(text):
+    import html
+
+    return " ".join(html.unescape(text).split())
+
+
+def read_sgml(path):
+    """Segments of a NIST/WMT SGML file as ``{sysid: [(docid, segid, text), ...]}`` in file order.
+
+    Entities are decoded and whitespace collapsed.  A file without ``sysid`` attributes (a source file) gives
+    one entry under ``""``.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise PrepareError(f"{path} is not UTF-8 ({error}); convert it first (e.g. iconv -f gb18030)") from None
+    systems = {}
+    for doc in _DOC.finditer(text):
+        attrs = _attrs(doc.group(1))
+        docid, sysid = attrs.get("docid", ""), attrs.get("sysid", "")
+        for seg in _SEG.finditer(doc.group(2)):
+            segid = _attrs(seg.group(1)).get("id", "")
+            systems.setdefault(sysid, []).append((docid, segid, _unescape(seg.group(2))))
+    if not systems:
+        raise PrepareError(f"{path}: no <doc>/<seg> elements found")
+    return systems
+
+
+def nist_test_set(directory):
+    """Source lines and the list of reference line lists of one NIST test-set directory.
+
+    The references are aligned to the source by (docid, segid), so each reference system may list its
+    documents in any order; a reference missing a segment is an error naming the file and the segment.
+    """
+    directory = Path(directory)
+    sgms = sorted(directory.glob("*.sgm"))
+    src_files = [p for p in sgms if "src" in p.name.lower()]
+    ref_files = [p for p in sgms if "ref" in p.name.lower()]
+    if len(src_files) != 1 or not ref_files:
+        raise PrepareError(f"{directory} must hold one *src*.sgm and at least one *ref*.sgm; found "
+                           f"{[p.name for p in sgms]}")
+    systems = read_sgml(src_files[0])
+    if len(systems) != 1:
+        raise PrepareError(f"{src_files[0]} holds {len(systems)} systems; a source file holds one")
+    [source] = systems.values()
+    references = []
+    for ref_file in ref_files:
+        for sysid, segments in read_sgml(ref_file).items():
+            # segments are matched by (docid, seg id); by (docid, position) when ids are missing or repeated
+            positional = not (_ids_usable(source) and _ids_usable(segments))
+            by_key = dict(zip(_keys(segments, positional), (text for _, _, text in segments)))
+            source_keys = _keys(source, positional)
+            missing = [key for key in source_keys if key not in by_key]
+            if missing:
+                raise PrepareError(f"{ref_file} (sysid {sysid!r}) lacks {len(missing)} source segments, "
+                                   f"e.g. docid {missing[0][0]} seg {missing[0][1]}")
+            references.append([by_key[key] for key in source_keys])
+    return [text for _, _, text in source], references
+
+
+def _nist_raw(out):
+    nist = _nist_dir()
+    src_lines, tgt_lines = list(_open_text(nist / "train.zh")), list(_open_text(nist / "train.en"))
+    _check_pair(src_lines, tgt_lines, f"{nist}/train.zh and train.en")
+    _write_lines(out / "train.zh", src_lines)
+    _write_lines(out / "train.en", tgt_lines)
+    for name, split in (("nist06", "valid"), ("nist02", "test"), ("nist03", "test_nist03"),
+                        ("nist04", "test_nist04")):
+        sources, references = nist_test_set(nist / name)
+        _write_lines(out / f"{split}.zh", sources)
+        if split == "valid":
+            _write_lines(out / "valid.en", references[0])
+        else:
+            for number, reference in enumerate(references):
+                _write_lines(out / f"{split}.en{number}", reference)
+    return out
+
+
+# ---------------------------------------------------------------- tok
+_TOKENIZERS = {}
+
+
+def _tokenize_line(args):
+    lang, line = args
+    if lang == "zh":
+        import jieba
+
+        jieba.setLogLevel(60)
+        return " ".join(word for word in jieba.cut(" ".join(line.split())) if word.strip())
+    if lang not in _TOKENIZERS:
+        from sacremoses import MosesPunctNormalizer, MosesTokenizer
+
+        _TOKENIZERS[lang] = (MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang))
+    normalizer, tokenizer = _TOKENIZERS[lang]
+    return tokenizer.tokenize(normalizer.normalize(line), aggressive_dash_splits=True, escape=False,
+                              return_str=True)
+
+
+def tokenize_lines(lines, lang, workers=1):
+    """Tokenized lines (sacremoses for alphabetic languages, jieba for Chinese), in order."""
+    jobs = ((lang, line) for line in lines)
+    if workers <= 1:
+        return [_tokenize_line(job) for job in jobs]
+    with Pool(workers) as pool:
+        return pool.map(_tokenize_line, jobs, chunksize=2000)
+
+
+def _split_files(directory):
+    """``{name: path}`` of the text files of a step directory (``train.en``, ``test.de0``, ...)."""
+    return {p.name: p for p in sorted(directory.iterdir()) if p.is_file() and not p.name.endswith((".tmp", ".json"))}
+
+
+def _lang_of(filename):
+    return filename.split(".", 1)[1].rstrip("0123456789")
+
+
+def tok(task_name, workers=1):
+    """Step ``tok``: ``tok/<file>`` for every ``raw/<file>`` (copied as is for a pre-tokenized task)."""
+    task = TASKS[task_name]
+    base = task_dir(task_name)
+    for name, path in _split_files(base / "raw").items():
+        lines = list(_open_text(path))
+        _write_lines(base / "tok" / name, lines if task.pretokenized else tokenize_lines(lines, _lang_of(name),
+                                                                                          workers))
+
+
+# ---------------------------------------------------------------- clean
+def keep_pair(src, tgt, max_len, ratio):
+    """True when a training pair passes the length filter: both sides 1..max_len tokens, ratio <= ``ratio``."""
+    n_src, n_tgt = len(src.split()), len(tgt.split())
+    return 0 < n_src <= max_len and 0 < n_tgt <= max_len and max(n_src, n_tgt) <= ratio * min(n_src, n_tgt)
+
+
+def clean(task_name):
+    """Step ``clean``: length- and ratio-filtered training pairs in ``clean/``, counts in ``clean/stats.json``."""
+    task = TASKS[task_name]
+    base = task_dir(task_name)
+    src_lines = list(_open_text(base / "tok" / f"train.{task.src}"))
+    tgt_lines = list(_open_text(base / "tok" / f"train.{task.tgt}"))
+    kept = [(s, t) for s, t in zip(src_lines, tgt_lines) if keep_pair(s, t, task.max_len, task.ratio)]
+    _write_lines(base / "clean" / f"train.{task.src}", [s for s, _ in kept])
+    _write_lines(base / "clean" / f"train.{task.tgt}", [t for _, t in kept])
+    stats = {"pairs_in": len(src_lines), "pairs_kept": len(kept), "max_len": task.max_len, "ratio": task.ratio}
+    (base / "clean" / "stats.json").write_text(json.dumps(stats, indent=1) + "\n", encoding="utf-8")
+    print(f"clean: kept {len(kept)} of {len(src_lines)} training pairs of {task_name}", file=sys.stderr)
+
+
+# ---------------------------------------------------------------- bpe
+_BPE = {}
+
+
+def _apply_line(args):
+    codes, line = args
+    if codes not in _BPE:
+        from subword_nmt.apply_bpe import BPE
+
+        with open(codes, encoding="utf-8") as handle:
+            _BPE[codes] = BPE(handle)
+    return _BPE[codes].process_line(line)
+
+
+def apply_bpe(lines, codes, workers=1):
+    """BPE-segmented lines (subword-nmt, ``@@`` separator) with the codes file ``codes``."""
+    jobs = ((str(codes), line) for line in lines)
+    if workers <= 1:
+        return [_apply_line(job) for job in jobs]
+    with Pool(workers) as pool:
+        return pool.map(_apply_line, jobs, chunksize=2000)
+
+
+def learn_bpe(inputs, codes, merges, workers=1):
+    """Learn ``merges`` BPE operations with subword-nmt over the lines of the files ``inputs`` into ``codes``."""
+    from subword_nmt.learn_bpe import learn_bpe as learn
+
+    joined = codes.with_name(codes.name + ".input")
+    with open(joined, "w", encoding="utf-8") as out:
+        for path in inputs:
+            for line in _open_text(path):
+                out.write(line + "\n")
+    with open(joined, encoding="utf-8") as infile, open(codes, "w", encoding="utf-8") as outfile:
+        learn(infile, outfile, merges, num_workers=workers)
+    joined.unlink()
+
+
+def bpe(task_name, workers=1, merges=None):
+    """Step ``bpe``: codes learned on the cleaned training data, then ``<split>.bpe.<lang>`` and the references."""
+    task = TASKS[task_name]
+    base = task_dir(task_name)
+    merges = merges or task.merges
+    train = {lang: base / "clean" / f"train.{lang}" for lang in (task.src, task.tgt)}
+    if task.joint_bpe:
+        codes = {lang: base / "bpe.codes" for lang in train}
+        learn_bpe(list(train.values()), base / "bpe.codes", merges, workers)
+    else:
+        codes = {lang: base / f"bpe.codes.{lang}" for lang in train}
+        for lang, path in train.items():
+            learn_bpe([path], codes[lang], merges, workers)
+    for lang, path in train.items():
+        _write_lines(base / f"train.bpe.{lang}", apply_bpe(_open_text(path), codes[lang], workers))
+    for name, path in _split_files(base / "tok").items():
+        split, lang = name.split(".", 1)
+        if split == "train":
+            continue
+        plain = lang.rstrip("0123456789")
+        if plain == task.src or split == "valid":
+            _write_lines(base / f"{split}.bpe.{lang}", apply_bpe(_open_text(path), codes[plain], workers))
+        if plain == task.tgt and split != "valid":  # references: tokenized (multi-bleu) and raw (sacreBLEU)
+            shutil.copyfile(path, base / f"{split}.tok.{lang}")
+            if task.pretokenized:  # released tokenized (and HTML-escaped): detokenize for sacreBLEU
+                from sacremoses import MosesDetokenizer
+
+                detok = MosesDetokenizer(lang=plain)
+                _write_lines(base / f"{split}.{lang}",
+                             [detok.detokenize(line.split()) for line in _open_text(base / "raw" / name)])
+            else:
+                shutil.copyfile(base / "raw" / name, base / f"{split}.{lang}")
+
+
+STEPS = {"fetch": fetch, "raw": raw, "tok": tok, "clean": clean, "bpe": bpe}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("step", nargs="?", choices=list(STEPS))
+    parser.add_argument("task", nargs="?", choices=sorted(TASKS))
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                        help="processes for tokenization and BPE (default: every CPU)")
+    parser.add_argument("--merges", type=int, default=None, help="BPE merges (default: the task's, 32000)")
+    parser.add_argument("--list", action="store_true", help="list the tasks and their sources")
+    args = parser.parse_args(argv)
+    if args.list or not args.step:
+        for name, task in TASKS.items():
+            if task.manual in ("NIST_DIR", "NIUTRANS_DIR"):
+                how = f"from {task.manual} (cannot be downloaded)"
+            elif not _archive_names(task) and not any(isinstance(s, SacrebleuSet) for s in (task.valid, task.test)):
+                how = "shipped in this repository"
+            else:
+                how = "downloaded"
+            print(f"{name}: {task.src}->{task.tgt}; {how}" + "".join(f"; {note}" for note in task.notes))
+        return 0
+    if not args.task:
+        parser.error("a task is needed")
+    if args.workers < 1:
+        parser.error("--workers must be >= 1")
+    os.chdir(REPO)
+    step = STEPS[args.step]
+    kwargs = {}
+    if args.step in ("tok", "bpe"):
+        kwargs["workers"] = args.workers
+    if args.step == "bpe":
+        kwargs["merges"] = args.merges
+    step(args.task, **kwargs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
