@@ -7,7 +7,8 @@
 #   make test     unit + integration tests (runs setup and data preparation first)
 #   make smoke    train every config of yaml_configs/smoke/ for a few steps
 #   make compare  baseline vs one config per paper and a combination, 3 seeds, on the CPU
-#                 (about an hour; results/compare/)
+#                 (45 minutes here; results/compare/)
+#   make scale    long translation runs and long training sentences per mechanism (results/scale/)
 #   make data-<task>  download and prepare a paper corpus into build/data/<task>/ (wmt14_ende,
 #                 wmt14_deen, wmt16_ende, wmt16_roen, wmt17_zhen, wmt15_envi, nist_zhen (NIST_DIR=),
 #                 niutrans_enzh (NIUTRANS_DIR=), sample_ende)
@@ -64,7 +65,7 @@ REPRODUCE_TABLES := li2019-table2 li2019-table3 li2019-table4-wmt14_ende li2019-
 	gret-main-wmt14_ende gret-main-wmt14_deen gret-main-wmt17_zhen gret-main-wmt16_roen gret-ablation gret-big \
 	clause-table5 clause-table10 clause-table11 sample-li2019
 
-.PHONY: help setup data demo compare length-demo test test-unit smoke bench paper-configs clean distclean \
+.PHONY: help setup data demo compare scale length-demo test test-unit smoke bench paper-configs clean distclean \
 	reproduce-li2019 reproduce-cao2019 reproduce-chen2019 reproduce-gret reproduce-clause sweep-chen2019-dr $(addprefix reproduce-,$(REPRODUCE_TABLES)) $(addprefix report-,$(REPRODUCE_TABLES)) reproduce-sample
 
 help:
@@ -210,6 +211,11 @@ $(LENGTH_DEMO)/report.txt: $(LENGTH_DEMO)/baseline/test.hyp.de $(LENGTH_DEMO)/ca
 COMPARE_ARGS ?=
 compare: $(TATOEBA)/vocab.en | $(SETUP_STAMP)
 	$(PY) tools/compare.py $(COMPARE_ARGS)
+
+# every mechanism at smoke size: 10,000 sentences in one translation run (memory sampled) and training on
+# 200-piece sentences -> results/scale/
+scale: $(TATOEBA)/vocab.en $(TATOEBA)/signal_tagger.zh.pt | $(SETUP_STAMP)
+	$(PY) tools/scale_check.py
 
 # ---------------------------------------------------------------- tests
 test: $(TATOEBA)/vocab.en | $(SETUP_STAMP)

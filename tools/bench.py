@@ -4,7 +4,7 @@
 Usage::
 
     python tools/bench.py [--suite li2019] [--size smoke|paper] [--steps 100]
-        [--warmup-steps 20] [--repeats 3] [--gpu -1] [--threads 1] [--out build/bench]
+        [--warmup-steps 20] [--repeats 3] [--gpu -1] [--threads 1] [--out results/bench] [--work build/bench]
 
 For every case of a suite (a paper config, see ``SUITES``) and its baseline,
 this trains through the real ``onmt_train`` for ``warmup + steps`` steps and
@@ -34,7 +34,8 @@ device.  Data are the shipped Tatoeba sample (``make data``).
 
 The medians over repeats are compared with each case's target; the exit
 status is 1 when any measured ratio is below its target, so that ``make
-bench`` fails visibly.  Results go to ``<out>/<suite>-<size>.{json,md}``.
+bench`` fails visibly.  Results go to ``<out>/<suite>-<size>.{json,md}`` (models and logs under
+``--work``).
 """
 
 import argparse
@@ -222,16 +223,19 @@ def child_train(result_file, argv):
         return output(self, step, num_steps, learning_rate, start)
 
     stats.Statistics.output = recording_output
-    from onmt.models.model import BaseModel
+    from onmt.models import model as models
 
     parameters = {}
-    count = BaseModel.count_parameters
 
-    def recording_count(self, *args, **kwargs):
-        parameters["total"] = sum(p.numel() for p in self.parameters())
-        return count(self, *args, **kwargs)
+    def recording(count):
+        def recording_count(self, *args, **kwargs):
+            parameters["total"] = sum(p.numel() for p in self.parameters())
+            return count(self, *args, **kwargs)
 
-    BaseModel.count_parameters = recording_count
+        return recording_count
+
+    for cls in (models.BaseModel, models.NMTModel, models.LanguageModel):  # each defines its own
+        cls.count_parameters = recording(cls.__dict__["count_parameters"])
     sys.argv = ["onmt_train", *argv]
     train.main()
     result = {"reports": reports, "peak_memory_mb": _peak_memory_mb("-gpu_ranks" in argv),
@@ -387,13 +391,14 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=1,
                         help="CPU threads per run (OMP_NUM_THREADS; 0: torch's default). One thread gives "
                              "steadier ratios on a small shared machine")
-    parser.add_argument("--out", type=Path, default=REPO / "build/bench")
+    parser.add_argument("--out", type=Path, default=REPO / "results/bench", help="where the reports go")
+    parser.add_argument("--work", type=Path, default=REPO / "build/bench", help="models, data and logs")
     args = parser.parse_args(argv)
     if min(args.steps, args.warmup_steps, args.repeats, args.test_sentences, args.output_length) < 1:
         parser.error("--steps, --warmup-steps, --repeats, --test-sentences and --output-length must be >= 1")
     if args.steps % args.warmup_steps:  # training reports come every --warmup-steps steps
         parser.error(f"--steps {args.steps} must be a multiple of --warmup-steps {args.warmup_steps}")
-    workdir = args.out / f"{args.suite}-{args.size}"
+    workdir = args.work / f"{args.suite}-{args.size}"
     workdir.mkdir(parents=True, exist_ok=True)
     test_source = _test_source(workdir, args.test_sentences)
     cases = SUITES[args.suite]
@@ -406,6 +411,7 @@ def main(argv=None):
     results = [(case, {key: statistics.median(run[key] for run in runs[case]) for key in runs[case][0]})
                for case in cases]
     text, missed = report(args.suite, args.size, results, args)
+    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.suite}-{args.size}.md").write_text(text, encoding="utf-8")
     (args.out / f"{args.suite}-{args.size}.json").write_text(json.dumps(
         {"args": {k: str(v) for k, v in vars(args).items()},
