@@ -187,7 +187,7 @@ TASKS = {
     # The shipped WMT14 sample (already Moses-tokenized), for the CPU test of the whole chain.
     "sample_ende": Task("en", "de", (Parallel("data/wmt14-ende-sample/train.{lang}"),),
                         Parallel("data/wmt14-ende-sample/valid.{lang}"), Parallel("data/wmt14-ende-sample/test.{lang}"),
-                        merges=4000, pretokenized=True, test_lines=200),
+                        merges=1000, pretokenized=True, test_lines=50),
 }
 
 

@@ -1,0 +1,62 @@
+"""tools/compare.py: log parsing, run naming and the report, from fixed inputs (no training)."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+import compare  # noqa: E402
+
+LOG = """[2026-11-23 12:26:01,531 INFO] * number of parameters: 5689032
+[2026-11-23 12:26:01,531 INFO] Step  5/  600; acc: 1.0; ppl: 900.0; xent: 6.8; lr: 0.00001; sents:     100; bsz:  731/ 831/106; 1000/1200 tok/s;      3 sec;
+[2026-11-23 12:26:33,044 INFO] Step 200/  600; acc: 32.0; ppl: 167.3; xent: 5.1; lr: 0.00110; sents:    8513; bsz:  729/ 838/85; 2314/2660 tok/s;     66 sec;
+[2026-11-23 12:26:59,983 INFO] Step 300/  600; acc: 36.7; ppl: 105.9; xent: 4.7; lr: 0.00090; sents:    8129; bsz:  722/ 821/81; 2680/3040 tok/s;     93 sec;
+"""
+
+
+def test_speed_leaves_out_the_first_report_and_reads_target_tokens():
+    assert compare.training_speed(LOG) == (2660 + 3040) / 2
+    assert compare.parameter_count(LOG) == 5689032
+    assert compare.training_speed("no reports") is None
+
+
+def test_translations_are_named_after_steps_and_test_lines(tmp_path):
+    a = compare.Run("gret", 1, tmp_path, 600)
+    b = compare.Run("gret", 1, tmp_path, 20, test_lines=50)
+    assert a.hypotheses.name == "test.step600.all.hyp.en" and b.hypotheses.name == "test.step20.50.hyp.en"
+    assert compare.checkpoint(b).name == "model_step_20.pt"
+
+
+def test_translate_command_splits_clause_sources_like_training(tmp_path):
+    run = compare.Run("clause_ca_rule", 2, tmp_path, 600)
+    command = compare.translate_command(run, Path("test.zh"))
+    transforms = command[command.index("-transforms") + 1:command.index("-src_subword_model")]
+    assert transforms == ["sentencepiece", "clause_split"]
+    assert command[command.index("-clause_lang") + 1] == "zh"
+    base = compare.translate_command(compare.Run("baseline", 2, tmp_path, 600), Path("test.zh"))
+    assert "clause_split" not in base
+
+
+def _row(config, bleus, deltas=None, speed=1000.0):
+    seeds = []
+    for k, bleu in enumerate(bleus):
+        entry = {"seed": k + 1, "bleu": bleu}
+        if deltas:
+            entry.update(delta=deltas[k], p_value=0.001 if abs(deltas[k]) > 1 else 0.4, marker="‡")
+        seeds.append(entry)
+    return {"config": config, "label": config, "file": f"yaml_configs/compare/{config}.yaml", "bleu_mean": sum(bleus) / len(bleus),
+            "bleu_sd": 0.5, "chrf_mean": 40.0, "chrf_sd": 0.1, "tok_per_s": speed, "parameters": 100,
+            "speed_ratio": speed / 1000.0, "significant_better": sum(d > 1 for d in deltas or []),
+            "significant_worse": sum(d < -1 for d in deltas or []), "seeds": seeds}
+
+
+def test_report_from_fixed_results(tmp_path):
+    report = {"seeds": [1, 2], "train_steps": 600, "jobs": 2, "threads": 1, "test_sentences": 2601,
+              "wall_seconds": 600.0, "command": "python tools/compare.py",
+              "rows": [_row("baseline", [18.0, 19.0]), _row("li2019_em", [22.0, 21.0], [4.0, 2.0], speed=640.0)]}
+    text = compare.markdown(report)
+    assert "| baseline (`yaml_configs/compare/baseline.yaml`) | 18.50 ± 0.50 |" in text
+    assert "| 2 / 0 | 0.64 |" in text
+    assert "22.00 (+4.00, p 0.001 ‡)" in text
+    assert "10.0 min" in text
+    compare.plot(report, tmp_path / "c.png")
+    assert (tmp_path / "c.png").stat().st_size > 1000
