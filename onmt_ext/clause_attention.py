@@ -52,7 +52,7 @@ import contextlib
 import torch
 import torch.nn as nn
 
-from onmt_ext.options import (EXT_TYPE, OptionSpec, layers_check, options_without_effect, register_options,
+from onmt_ext.options import (OptionSpec, layers_check, options_without_effect, register_options,
                               selected_layers, tensor_parallel_problems)
 
 MIXINGS = ("scalar", "gate")

@@ -722,17 +722,20 @@ _SUBWORD_TRANSFORMS = ("sentencepiece", "bpe", "onmt_tokenize")
 TRANSFORM_NAME = "clause_split"
 
 
-def translate_options(config):
+def translate_options(config, subword_transforms=()):
     """``onmt_translate`` arguments that split a source as the training ``config`` (a dict of options) did.
 
-    Empty unless the model has clause attention.  The source given to
-    ``onmt_translate`` must be in the form ``clause_split`` saw in training
-    (e.g. already BPE'd or SentencePiece'd), since only ``clause_split`` is
-    listed; the markers are inserted on the fly (no ``-clause_presplit``).
+    ``subword_transforms`` (e.g. ``("sentencepiece",)``) are listed first in
+    ``-transforms`` when the raw source is given; without them the source
+    must be in the form ``clause_split`` saw in training (e.g. already BPE'd
+    or SentencePiece'd).  Without clause attention the result is just those
+    subword transforms (empty when there are none).  The markers are
+    inserted on the fly (no ``-clause_presplit``).
     """
+    transforms = list(subword_transforms)
     if not config.get("clause_attention"):
-        return []
-    options = ["-transforms", TRANSFORM_NAME, "-clause_lang", str(config.get("clause_lang", "en")),
+        return ["-transforms", *transforms] if transforms else []
+    options = ["-transforms", *transforms, TRANSFORM_NAME, "-clause_lang", str(config.get("clause_lang", "en")),
                "-clause_levels", str(config.get("clause_levels", MAX_LEVEL))]
     tagger = config.get("clause_tagger_model")
     return options + (["-clause_tagger_model", str(tagger)] if tagger else [])

@@ -113,13 +113,11 @@ def translate_command(run, source, train_steps=None):
     from onmt_ext.clause_split import translate_options
 
     values = _config_values(run.config)
-    split = translate_options(values)
-    transforms = ["sentencepiece"] + (split[1:2] if split else [])
-    return (["onmt_translate", "-model", str(checkpoint(run, train_steps)), "-src", str(source),
-             "-output", str(run.hypotheses), "-beam_size", "4", "-batch_size", "64", "-batch_type", "sents",
-             "-max_length", "100", "-transforms", *transforms,
-             "-src_subword_model", values["src_subword_model"], "-tgt_subword_model", values["tgt_subword_model"],
-             "-log_file", str(run.directory / "translate.log")] + split[2:])
+    return ["onmt_translate", "-model", str(checkpoint(run, train_steps)), "-src", str(source),
+            "-output", str(run.hypotheses), "-beam_size", "4", "-batch_size", "64", "-batch_type", "sents",
+            "-max_length", "100", *translate_options(values, ("sentencepiece",)),
+            "-src_subword_model", values["src_subword_model"], "-tgt_subword_model", values["tgt_subword_model"],
+            "-log_file", str(run.directory / "translate.log")]
 
 
 def _execute(command, threads, log):

@@ -202,11 +202,6 @@ def task_dir(task):
     return DATA / task
 
 
-def _langs(task_name):
-    task = TASKS[task_name]
-    return task.src, task.tgt
-
-
 # ---------------------------------------------------------------- fetch
 def sha256_of(path):
     """Hex SHA-256 of a file, read in 1 MB blocks."""

@@ -166,13 +166,12 @@ def main(argv=None):
         import yaml
 
         values = yaml.safe_load(Path(config).read_text(encoding="utf-8"))
-        split = translate_options(values)
         seconds, samples = run_sampled(
             [_bin("onmt_translate"), "-model", str(run / "model_step_30.pt"), "-src", str(source), "-output",
              str(run / "hyp.en"), "-beam_size", "4", "-batch_size", "64", "-batch_type", "sents",
              "-min_length", str(OUTPUT_LENGTH), "-max_length", str(OUTPUT_LENGTH), "-max_length_ratio", "0",
-             "-transforms", "sentencepiece", *split[1:2], "-src_subword_model", str(TATOEBA / "spm.zh.model"),
-             "-tgt_subword_model", str(TATOEBA / "spm.en.model"), *split[2:]], run / "translate.log")
+             *translate_options(values, ("sentencepiece",)), "-src_subword_model", str(TATOEBA / "spm.zh.model"),
+             "-tgt_subword_model", str(TATOEBA / "spm.en.model")], run / "translate.log")
         translated = sum(1 for _ in (run / "hyp.en").open(encoding="utf-8"))
         report["rows"].append({"mechanism": name, "config": config, "translated": translated,
                                "translate_seconds": seconds, **memory_summary(samples),
