@@ -9,6 +9,8 @@
 #   make compare  baseline vs one config per paper and a combination, 3 seeds, on the CPU
 #                 (45 minutes here; results/compare/)
 #   make scale    long translation runs and long training sentences per mechanism (results/scale/)
+#   make cao2019-weights  share of near-zero routing weights of cross aggregation for T = 1..5, from
+#                 models trained with T = 3, 4, 5 (cao2019 section 4; results/cao2019/weights.md)
 #   make data-<task>  download and prepare a paper corpus into build/data/<task>/ (wmt14_ende,
 #                 wmt14_deen, wmt16_ende, wmt16_roen, wmt17_zhen, wmt15_envi, nist_zhen (NIST_DIR=),
 #                 niutrans_enzh (NIUTRANS_DIR=), sample_ende)
@@ -65,7 +67,7 @@ REPRODUCE_TABLES := li2019-table2 li2019-table3 li2019-table4-wmt14_ende li2019-
 	gret-main-wmt14_ende gret-main-wmt14_deen gret-main-wmt17_zhen gret-main-wmt16_roen gret-ablation gret-big \
 	clause-table5 clause-table10 clause-table11 sample-li2019
 
-.PHONY: help setup data demo compare scale length-demo test test-unit smoke bench paper-configs clean distclean \
+.PHONY: help setup data demo compare scale cao2019-weights length-demo test test-unit smoke bench paper-configs clean distclean \
 	reproduce-li2019 reproduce-cao2019 reproduce-chen2019 reproduce-gret reproduce-clause sweep-chen2019-dr $(addprefix reproduce-,$(REPRODUCE_TABLES)) $(addprefix report-,$(REPRODUCE_TABLES)) reproduce-sample
 
 help:
@@ -216,6 +218,21 @@ compare: $(TATOEBA)/vocab.en | $(SETUP_STAMP)
 # 200-piece sentences -> results/scale/
 scale: $(TATOEBA)/vocab.en $(TATOEBA)/signal_tagger.zh.pt | $(SETUP_STAMP)
 	$(PY) tools/scale_check.py
+
+# cao2019 section 4: with T = 4 or 5 "over half" of the routing weights are zero. Trains the compare
+# config of cross aggregation with T = 3, 4, 5 (one seed each) and counts near-zero routing weights of each
+# at T = 1..5 on the test sentences -> results/cao2019/weights.{md,json} (about 10 minutes here)
+CAO2019_WEIGHTS := build/cao2019_weights
+cao2019-weights: $(TATOEBA)/vocab.en | $(SETUP_STAMP)
+	@for t in 3 4 5; do \
+	  test -f $(CAO2019_WEIGHTS)/T$$t/model_step_600.pt || { mkdir -p $(CAO2019_WEIGHTS)/T$$t && $(BIN)/onmt_train \
+	    -config yaml_configs/compare/cao2019_cross.yaml -cao2019_iterations $$t -seed 1 \
+	    -save_model $(CAO2019_WEIGHTS)/T$$t/model -save_data $(CAO2019_WEIGHTS)/T$$t/samples \
+	    -log_file $(CAO2019_WEIGHTS)/T$$t/train.log; }; \
+	done
+	$(PY) tools/cao2019_weights.py -model $(foreach t,3 4 5,$(CAO2019_WEIGHTS)/T$(t)/model_step_600.pt) \
+	  -src $(TATOEBA)/test.zh --src-subword-model $(TATOEBA)/spm.zh.model --limit 500 \
+	  --out results/cao2019/weights.json --markdown results/cao2019/weights.md
 
 # ---------------------------------------------------------------- tests
 test: $(TATOEBA)/vocab.en | $(SETUP_STAMP)

@@ -237,12 +237,6 @@ def _combination_check(opt):
     if not any(TRANSFORM in names for _, names in _transform_lists(opt)):
         problems.append(f"-clause_attention reads the markers of the {TRANSFORM} transform: list {TRANSFORM} in "
                         f"-transforms (after the subword transform)")
-    for switch, what in (("cao2019_vertical", "cao2019's cross aggregation"),
-                         ("cao2019_horizontal", "cao2019's cross aggregation"), ("disan_enc", "-disan_enc")):
-        if getattr(opt, switch, False):
-            problems.append(f"-clause_attention cannot be combined with {what}: both replace the softmax of the "
-                            f"encoder self-attention")
-            break
     return problems + tensor_parallel_problems(opt, "-clause_attention")
 
 

@@ -29,8 +29,11 @@ imported, and is idempotent.
    :func:`atomic_checkpoints` makes the saver (and ``onmt_average_models``) write to a temporary file in
    the same directory, flush it to disk and rename it into place, so the final
    name only ever holds a complete checkpoint (a killed run may leave a
-   ``*.partial-<pid>`` file behind, never a wrong ``.pt``).  Not covered: the
-   weights file of ``-save_format safetensors``, written by safetensors itself.
+   ``*.partial-<pid>`` file behind, never a wrong ``.pt``).  ``-save_format
+   safetensors`` is refused when the options are parsed
+   (:func:`save_format_problems`): its weights file is written by
+   safetensors itself, not atomically, and OpenNMT-py 3.5.1 cannot load it
+   back (it looks for ``<name>.*.safetensors`` shards).
 5. ``-train_from`` a checkpoint restores the model, the optimizer and the
    step, but OpenNMT-py then reads the training corpora from their first
    batch again, so a resumed run trains on other batches than the run it
@@ -45,6 +48,22 @@ imported, and is idempotent.
    nothing is skipped (fine-tuning, e.g. GRET from a baseline).  With other
    data, or another ``accum_count`` or GPU count than the run being resumed,
    the skip is still made (and logged) but no longer lines up exactly.
+6. OpenNMT-py's ``filtertoolong`` transform drops over-long training pairs
+   and counts them only in a ``FilterTooLongStats`` line logged after a full
+   pass over a corpus (on a large corpus: never).  :func:`count_filtered_examples`
+   logs the first drop as a warning naming ``-src_seq_length`` and
+   ``-tgt_seq_length``, and the running count (of the examples the transform
+   has seen) after 10, 100, 1000 drops and then every 10,000, per data-loader
+   process.  It drops nothing that is to be translated (the
+   ``onmt_translate`` source, the ``-valid_metrics`` source): a dropped line
+   would misalign the output (without a target, stock OpenNMT-py fails
+   there instead).
+7. A sequence longer than the sinusoidal ``PositionalEncoding`` (5000
+   positions) raises ``SequenceTooLongError`` with "limited to 1" (the size
+   of the wrong dimension).  :func:`explain_position_limit` makes the message
+   give the length, the limit and what to do, names the source lines in
+   ``onmt_translate`` and ends ``onmt_translate`` with that message instead
+   of a traceback.
 """
 
 import argparse
@@ -175,6 +194,148 @@ def resume_data_position():
 
     train._onmt_ext = True
     Trainer.train = train
+
+
+def save_format_problems(opt):
+    """Messages refusing ``-save_format safetensors`` in the training options ``opt`` (see the module docstring)."""
+    if getattr(opt, "save_format", "pytorch") != "safetensors":
+        return []
+    return ["-save_format safetensors is not supported with onmt-ext: OpenNMT-py 3.5.1 writes the weights file "
+            "non-atomically and cannot load the <model>_step_N.safetensors files its trainer writes (it looks for "
+            "<model>_step_N.*.safetensors shards); use -save_format pytorch (the default)"]
+
+
+#: Drop counts of ``filtertoolong`` logged after the first (which is a warning); then every ``_FILTER_LOG_EVERY``.
+_FILTER_LOG_AT = (10, 100, 1000)
+_FILTER_LOG_EVERY = 10000
+
+
+def _worker_prefix():
+    """``"data-loader worker k: "`` inside a torch DataLoader worker, else ``""``."""
+    import torch.utils.data
+
+    info = torch.utils.data.get_worker_info()
+    return f"data-loader worker {info.id}: " if info is not None else ""
+
+
+def count_filtered_examples():
+    """Make OpenNMT-py's ``filtertoolong`` log its drops as they happen (see the module docstring).
+
+    The counts live on the transform object, so each data-loader process
+    logs its own share.  Idempotent.
+    """
+    from onmt.constants import CorpusName
+    from onmt.transforms.misc import FilterTooLongTransform
+    from onmt.utils.logging import logger
+
+    stock = FilterTooLongTransform.apply
+    if getattr(stock, "_onmt_ext", False):
+        return
+
+    def apply(self, example, is_train=False, stats=None, **kwargs):
+        if example.get("cid") == CorpusName.INFER or example.get("tgt") is None:
+            if not getattr(self, "_onmt_ext_told_infer", False):
+                self._onmt_ext_told_infer = True
+                logger.warning("filtertoolong drops nothing that is to be translated (the onmt_translate source, "
+                               "the -valid_metrics source): a dropped sentence would put every later translation on "
+                               "the wrong line")
+            return example
+        kept = stock(self, example, is_train=is_train, stats=stats, **kwargs)
+        self._onmt_ext_seen = getattr(self, "_onmt_ext_seen", 0) + 1
+        if kept is not None:
+            return kept
+        dropped = self._onmt_ext_dropped = getattr(self, "_onmt_ext_dropped", 0) + 1
+        limits = f"-src_seq_length {self.src_seq_length}, -tgt_seq_length {self.tgt_seq_length}"
+        if dropped == 1:
+            logger.warning(
+                f"{_worker_prefix()}filtertoolong: dropped a pair of corpus {example.get('cid')!r} with "
+                f"{len(example['src'])} source and {len(example['tgt'])} target tokens ({limits}; a target may "
+                f"have at most -tgt_seq_length - 2 tokens, for <s> and </s>); every pair over the limits is left "
+                "out of training and counted here; raise the limits to keep such pairs")
+        elif dropped in _FILTER_LOG_AT or dropped % _FILTER_LOG_EVERY == 0:
+            seen = self._onmt_ext_seen
+            logger.info(f"{_worker_prefix()}filtertoolong: {dropped} of {seen} pairs dropped so far "
+                        f"({100.0 * dropped / seen:.2f}%; {limits})")
+        return None
+
+    apply._onmt_ext = True
+    FilterTooLongTransform.apply = apply
+
+
+def position_limit_message(positions, limit, step=None):
+    """What to do about a sequence of ``positions`` tokens (or decoding step) beyond ``limit`` sinusoidal positions."""
+    if step is not None:
+        return (f"the output reached {positions} tokens, beyond the {limit} positions of the sinusoidal position "
+                f"encoding; set onmt_translate -max_length below {limit}")
+    return (f"a sequence of {positions} tokens is longer than the {limit} positions of the sinusoidal position "
+            f"encoding (onmt.modules.PositionalEncoding, max_len {limit}): split the sentence into shorter ones "
+            "(in training, the filtertoolong transform's -src_seq_length/-tgt_seq_length drop such pairs)")
+
+
+def explain_position_limit():
+    """Give ``SequenceTooLongError`` a message that says what to do, and end ``onmt_translate`` with it.
+
+    ``PositionalEncoding.forward`` checks the length itself (the stock check
+    reports the size of the wrong dimension); ``Translator._run_encoder``
+    adds the 1-based line numbers of the too-long sources of the batch;
+    ``onmt.bin.translate.translate`` turns the error into a one-line exit.
+    Idempotent.
+    """
+    from onmt.bin import translate as translate_bin
+    from onmt.modules.embeddings import PositionalEncoding, SequenceTooLongError
+    from onmt.translate.translator import Translator
+
+    stock_forward = PositionalEncoding.forward
+    if getattr(stock_forward, "_onmt_ext", False):
+        return
+
+    def forward(self, emb, step=None):
+        limit, positions = self.pe.size(0), (step or 0) + emb.size(1)
+        if positions > limit:
+            error = SequenceTooLongError(position_limit_message(positions, limit, step))
+            error.limit = limit
+            raise error
+        return stock_forward(self, emb, step)
+
+    forward._onmt_ext = True
+    PositionalEncoding.forward = forward
+
+    stock_encoder = Translator._run_encoder
+
+    def _run_encoder(self, batch):
+        try:
+            return stock_encoder(self, batch)
+        except SequenceTooLongError as error:
+            limit = getattr(error, "limit", None)
+            lengths = batch["srclen"].tolist()
+            numbers = batch.get("cid_line_number") or list(range(len(lengths)))
+            long = sorted((number + 1, length) for number, length in zip(numbers, lengths)
+                          if limit is None or length > limit)
+            if not long:
+                raise
+            where = ", ".join(f"line {number} ({length} tokens)" for number, length in long)
+            better = SequenceTooLongError(f"source {where}: {error}")
+            better.limit = limit
+            raise better from None
+
+    _run_encoder._onmt_ext = True
+    Translator._run_encoder = _run_encoder
+
+    translate_bin.translate = exit_on_long_sequences(translate_bin.translate)
+
+
+def exit_on_long_sequences(translate):
+    """Wrap ``onmt_translate``'s ``translate(opt)``: a ``SequenceTooLongError`` ends it with its message."""
+    from onmt.modules.embeddings import SequenceTooLongError
+
+    def translate_or_exit(opt):
+        try:
+            return translate(opt)
+        except SequenceTooLongError as error:
+            raise SystemExit(f"onmt_translate: error: {error}") from None
+
+    translate_or_exit._onmt_ext = True
+    return translate_or_exit
 
 
 def apply():

@@ -1,7 +1,7 @@
 """Checks of the text files OpenNMT-py reads, so that a damaged corpus stops with a message, not a traceback.
 
 OpenNMT-py 3.5.1 reads a parallel corpus with ``zip`` over the two files and
-decodes each line as UTF-8 inside its data iterator.  Three problems then go
+decodes each line as UTF-8 inside its data iterator.  Four problems then go
 by silently or end in a traceback from deep inside the data loader:
 
 * source and target files with **different line counts** are cut to the
@@ -10,25 +10,45 @@ by silently or end in a traceback from deep inside the data loader:
 * a line that is **not UTF-8** raises ``UnicodeDecodeError`` in the loader,
   naming neither the file nor the line;
 * a **byte-order mark** at the start of a file stays glued to the first token
-  of the first line.
+  of the first line;
+* **empty lines** (empty or whitespace only): the data iterator turns one
+  into the token list ``[""]``, so its ``-skip_empty_level`` check never
+  fires.  A pair with an empty source is then dropped without a word (after
+  the transforms, by ``onmt.inputters.text_utils.process``), and a pair with
+  a source but an empty target is trained as ``<s> <unk> </s>``.  In
+  ``onmt_translate`` the same drop leaves an empty source line out of the
+  output, so every later translation lands on the wrong line.
 
 :func:`check_corpus` reads each file once per process (a pass over the raw
-bytes with an incremental UTF-8 decoder) and raises :class:`CorpusError`
-naming the corpus, the file and the line.  :func:`install` runs it where
-OpenNMT-py validates its options, so that ``onmt_build_vocab``,
-``onmt_train`` and ``onmt_translate`` stop before building anything (an
-error raised later, inside OpenNMT-py's data iterator, would be swallowed by
-its ``finally: yield``), and strips a leading byte-order mark when the
-corpus is read (logged).  Empty
-lines are left to OpenNMT-py's own ``-skip_empty_level`` (default: skip with
-a warning).
+bytes with an incremental UTF-8 decoder that also counts the empty lines)
+and raises :class:`CorpusError` naming the corpus, the file and the line.
+:func:`install` runs it where OpenNMT-py validates its options, so that
+``onmt_build_vocab``, ``onmt_train`` and ``onmt_translate`` stop before
+building anything (an error raised later, inside OpenNMT-py's data iterator,
+would be swallowed by its ``finally: yield``), and it
+
+* strips a leading byte-order mark when the corpus is read (logged);
+* for training, validation and vocabulary corpora, logs one warning per file
+  with empty lines (how many, the first line numbers) and skips every pair
+  whose source *or* target is empty, in ``onmt_build_vocab`` and
+  ``onmt_train`` alike (``-skip_empty_level error`` stops the command
+  instead, ``silent`` logs the count at info level);
+* refuses an ``onmt_translate -src`` with empty lines, naming them (a
+  ``-tgt`` with empty lines only gets a warning: the output stays aligned,
+  those lines' GOLD scores are of an ``<unk>`` target).
 """
 
 import codecs
 import os
+import re
+from typing import NamedTuple, Tuple
 
 _BOM = "\ufeff"
 _BLOCK = 1 << 24
+#: The newline before a whitespace-only line (what ``str.strip`` empties), in ``"\n"`` + complete lines of text.
+_BEFORE_EMPTY_LINE = re.compile(r"\n(?=[^\S\n]*\n)")
+#: How many line numbers a message lists.
+SHOWN_LINES = 5
 _checked = {}
 
 
@@ -39,13 +59,32 @@ class CorpusError(SystemExit):
         super().__init__(f"error: {message}")
 
 
-def scan_file(path):
-    """``(lines, has_bom)`` of a UTF-8 text file; :class:`CorpusError` at the first line that is not UTF-8.
+class FileScan(NamedTuple):
+    """What one pass over a text file found.
 
-    A last line without a newline counts as a line.
+    Attributes:
+        lines: number of lines (a last line without a newline counts).
+        has_bom: the file starts with a UTF-8 byte-order mark.
+        empty: number of empty or whitespace-only lines (those OpenNMT-py strips to nothing).
+        empty_lines: the first :data:`SHOWN_LINES` of them, 1-based.
+    """
+
+    lines: int
+    has_bom: bool
+    empty: int = 0
+    empty_lines: Tuple[int, ...] = ()
+
+
+def scan_file(path):
+    """:class:`FileScan` of a UTF-8 text file; :class:`CorpusError` at the first line that is not UTF-8.
+
+    A last line without a newline counts as a line.  A line is empty when
+    nothing but whitespace (``str.isspace``) is left of it once a leading
+    byte-order mark is removed.
     """
     decoder = codecs.getincrementaldecoder("utf-8")(errors="strict")
     lines, tail_open, has_bom = 0, False, False
+    text_lines, carry, empty, shown, bom_pending = 0, "", 0, [], True
     try:
         handle = open(path, "rb")
     except OSError as error:
@@ -59,18 +98,34 @@ def scan_file(path):
             if first:
                 has_bom, first = block.startswith(codecs.BOM_UTF8), False
             try:
-                decoder.decode(block)
+                text = decoder.decode(block)
             except UnicodeDecodeError as error:
                 line = lines + block.count(b"\n", 0, max(0, error.start)) + 1
                 raise CorpusError(f"{path}, line {line}: not UTF-8 ({error.reason}); OpenNMT-py reads UTF-8 "
                                   "only: convert the file (e.g. iconv -f <encoding> -t utf-8)") from None
             lines += block.count(b"\n")
             tail_open = not block.endswith(b"\n")
+            if bom_pending and text:
+                text, bom_pending = (text[1:] if text.startswith(_BOM) else text), False
+            text = carry + text
+            cut = text.rfind("\n") + 1  # complete lines only; the rest waits for the next block
+            complete, carry = text[:cut], text[cut:]
+            if carry and not carry.isspace():
+                carry = "x"  # that line is not empty; keep no more of it (a file without newlines stays cheap)
+            for match in _BEFORE_EMPTY_LINE.finditer("\n" + complete):  # match.start(): where the line starts
+                empty += 1
+                if len(shown) < SHOWN_LINES:
+                    shown.append(text_lines + complete.count("\n", 0, match.start()) + 1)
+            text_lines += complete.count("\n")
         try:
-            decoder.decode(b"", final=True)
+            carry += decoder.decode(b"", final=True)
         except UnicodeDecodeError:
             raise CorpusError(f"{path}, line {lines + 1}: ends inside a UTF-8 character (truncated file?)") from None
-    return lines + (1 if tail_open else 0), has_bom
+    if carry and carry.isspace():
+        empty += 1
+        if len(shown) < SHOWN_LINES:
+            shown.append(text_lines + 1)
+    return FileScan(lines + (1 if tail_open else 0), has_bom, empty, tuple(shown))
 
 
 def _scan_cached(path):
@@ -86,14 +141,100 @@ def check_corpus(name, src, tgt=None):
 
     Returns ``(lines, bom)`` with ``bom`` True when either file starts with a byte-order mark.
     """
-    src_lines, src_bom = _scan_cached(src)
+    src_scan = _scan_cached(src)
     if tgt is None:
-        return src_lines, src_bom
-    tgt_lines, tgt_bom = _scan_cached(tgt)
-    if src_lines != tgt_lines:
-        raise CorpusError(f"corpus {name!r}: {src} has {src_lines} lines but {tgt} has {tgt_lines}; OpenNMT-py "
-                          "would silently drop the extra lines and misalign the pairs after a missing one")
-    return src_lines, src_bom or tgt_bom
+        return src_scan.lines, src_scan.has_bom
+    tgt_scan = _scan_cached(tgt)
+    if src_scan.lines != tgt_scan.lines:
+        raise CorpusError(f"corpus {name!r}: {src} has {src_scan.lines} lines but {tgt} has {tgt_scan.lines}; "
+                          "OpenNMT-py would silently drop the extra lines and misalign the pairs after a missing one")
+    return src_scan.lines, src_scan.has_bom or tgt_scan.has_bom
+
+
+def _line_list(numbers, count):
+    """``line 3`` / ``lines 3, 8, 10, …`` for the first line numbers of ``count`` lines."""
+    listed = ", ".join(str(number) for number in numbers)
+    more = ", …" if count > len(numbers) else ""
+    return f"line {listed}" if count == 1 else f"lines {listed}{more}"
+
+
+def _empty_line_messages(paths):
+    """``<file> has N empty line(s) (lines …)`` for each of ``paths`` (None skipped) with empty lines."""
+    messages = []
+    for path in paths:
+        if path is None:
+            continue
+        scan = _scan_cached(path)
+        if scan.empty:
+            plural = "s" if scan.empty > 1 else ""
+            messages.append(f"{path} has {scan.empty} empty line{plural} ({_line_list(scan.empty_lines, scan.empty)})")
+    return messages
+
+
+def report_empty_lines(name, src, tgt=None, level="warning"):
+    """Log the empty lines of a training/validation corpus (``src``, ``tgt``), or refuse them.
+
+    ``level`` is OpenNMT-py's ``-skip_empty_level``: ``"warning"`` logs one
+    warning per file with empty lines, ``"silent"`` logs the same at info
+    level, ``"error"`` raises :class:`CorpusError`.  The pairs on those lines
+    are skipped by the data iterator (see :func:`install`).  Returns the
+    messages (empty list: no empty line).
+    """
+    from onmt.utils.logging import logger
+
+    found = _empty_line_messages((src, tgt))
+    if not found:
+        return []
+    if level == "error":
+        raise CorpusError(f"corpus {name!r}: " + "; ".join(found) + " (-skip_empty_level error): remove those "
+                          "pairs from both files, or let them be skipped with -skip_empty_level warning")
+    messages = [f"corpus {name!r}: {text}: pairs with an empty source or target are skipped (-skip_empty_level "
+                "error would stop instead)" for text in found]
+    for message in messages:
+        (logger.info if level == "silent" else logger.warning)(message)
+    return messages
+
+
+def check_translation_source(src, tgt=None):
+    """Refuse an ``onmt_translate`` source with empty lines; warn about empty lines in its ``-tgt``.
+
+    OpenNMT-py 3.5.1 leaves a sentence with an empty source out of the
+    output, so every later translation would be written on the wrong line:
+    :class:`CorpusError` names the file and the lines.  Empty ``-tgt`` lines
+    keep the output aligned; their GOLD score is that of an ``<unk>`` target
+    (logged as a warning).
+    """
+    from onmt.utils.logging import logger
+
+    found = _empty_line_messages((src,))
+    if found:
+        raise CorpusError(f"onmt_translate -src {found[0]}: OpenNMT-py would leave such lines out of the output and "
+                          "write every later translation on the wrong line; remove them before translating (e.g. "
+                          "grep -v '^[[:space:]]*$') and put empty lines back at those line numbers in the output, "
+                          "or put a placeholder token on them")
+    for message in _empty_line_messages((tgt,)):
+        logger.warning(f"onmt_translate -tgt {message}: their GOLD scores are those of an <unk> target")
+
+
+def _skip_empty_pairs(stock):
+    """Wrap ``ParallelCorpusIterator._process``: drop the pairs of a training/validation corpus with an empty side.
+
+    The stock iterator has already split each side into tokens, so an empty or
+    whitespace-only line is ``[""]``.  The translation corpus (``infer``) is
+    left as it is: dropping a pair there would misalign the output.
+    """
+    from onmt.constants import CorpusName
+
+    def _process(self, stream):
+        skip = self.cid != CorpusName.INFER
+        for item in stock(self, stream):
+            example = item[0]
+            if skip and example.get("tgt") is not None and (example["src"] == [""] or example["tgt"] == [""]):
+                continue
+            yield item
+
+    _process._onmt_ext = True
+    return _process
 
 
 def _starts_with_bom(path):
@@ -108,8 +249,12 @@ def _strip_bom(example):
     return example
 
 
-def _check_data_option(data):
-    """Check every corpus of a ``-data`` value (YAML text or dict) that names files on disk."""
+def _check_data_option(data, skip_empty_level="warning"):
+    """Check every corpus of a ``-data`` value (YAML text or dict) that names files on disk.
+
+    Parallel corpora (``path_src``/``path_tgt``) also get their empty lines
+    reported at ``skip_empty_level`` (:func:`report_empty_lines`).
+    """
     import yaml
 
     corpora = yaml.safe_load(data) if isinstance(data, str) else data
@@ -123,16 +268,21 @@ def _check_data_option(data):
                 raise CorpusError(f"corpus {name!r}: {key} {path}: no such file")
         if src is not None:
             check_corpus(name, src, tgt)
+            if src_key == "path_src":
+                report_empty_lines(name, src, tgt, skip_empty_level)
 
 
 def install():
-    """Check corpora when OpenNMT-py validates its options, and strip a leading BOM when it reads them.
+    """Check corpora when OpenNMT-py validates its options; strip a leading BOM and skip empty pairs when reading.
 
     ``ArgumentParser._validate_data`` (``onmt_build_vocab``, ``onmt_train``)
-    and ``onmt.bin.translate.translate`` (``onmt_translate``'s ``-src``/``-tgt``)
-    run :func:`check_corpus` first, so a bad file stops the command before
-    any model is built; ``ParallelCorpus.load`` drops a byte-order mark from
-    the first line (logged).  Idempotent.
+    runs :func:`check_corpus` and :func:`report_empty_lines` on every corpus,
+    and ``onmt.bin.translate.translate`` (``onmt_translate``) runs
+    :func:`check_corpus` and :func:`check_translation_source` on its
+    ``-src``/``-tgt``, so a bad file stops the command before any model is
+    built; ``ParallelCorpus.load`` drops a byte-order mark from the first line
+    (logged); ``ParallelCorpusIterator._process`` skips the training and
+    validation pairs with an empty side.  Idempotent.
     """
     from onmt.inputters import text_corpus
     from onmt.utils.logging import logger
@@ -155,11 +305,12 @@ def install():
 
     load._onmt_ext = True
     text_corpus.ParallelCorpus.load = load
+    text_corpus.ParallelCorpusIterator._process = _skip_empty_pairs(text_corpus.ParallelCorpusIterator._process)
 
     stock_data = ArgumentParser._validate_data.__func__
 
     def _validate_data(cls, opt):
-        _check_data_option(opt.data)
+        _check_data_option(opt.data, getattr(opt, "skip_empty_level", "warning"))
         return stock_data(cls, opt)
 
     ArgumentParser._validate_data = classmethod(_validate_data)
@@ -177,6 +328,7 @@ def install():
                 raise CorpusError(f"onmt_translate {key} {path}: no such file")
         if src and src != "-":
             check_corpus("-src/-tgt" if tgt else "-src", src, tgt or None)
+            check_translation_source(src, tgt if tgt and tgt != "-" else None)
         return stock_translate(opt)
 
     translate._onmt_ext = True

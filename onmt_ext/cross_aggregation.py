@@ -54,7 +54,7 @@ import torch.nn.functional as F
 
 from onmt_ext.options import (EXT_TYPE, OptionSpec, layers_check, options_without_effect, register_options,
                               selected_layers, tensor_parallel_problems)
-from onmt_ext.routing import simple_routing
+from onmt_ext.routing import coupling_coefficients, simple_routing
 from onmt_ext.state import DecodingStateModule
 
 # OpenNMT-py fills masked scores with -1e18 before the softmax.
@@ -113,15 +113,30 @@ def cross_aggregate(scores, head_weight, horizontal, init, iterations, causal=Fa
     if length != keys or (head_weight is not None and head_weight.size(0) != heads):
         raise ValueError(f"cross aggregation expects self-attention scores (batch, heads, L, L), "
                          f"got {tuple(scores.shape)}")
-    masked = scores <= _MASKED_BELOW
-    valid = ~masked.all(dim=2).all(dim=1)  # (B, L): positions that are not padding
-    logits = scores.masked_fill(masked, 0.0)  # E with padded keys zeroed: the votes
+    logits, valid = _votes_and_positions(scores)
     total = scores
     if head_weight is not None:
         total = total + vertical_output(logits, valid, head_weight, iterations, causal)
     if horizontal:
         total = total + horizontal_output(logits, valid, init, iterations)
-    return torch.softmax(total, dim=-1)
+    return _probabilities(total, scores.dtype)
+
+
+def _probabilities(total, dtype):
+    """``softmax(E_hat)`` over the keys, in the dtype of the scores.
+
+    The routing logits, and so the head weights of eq. 13, are at least
+    float32 (:func:`onmt_ext.routing.simple_routing`); E_hat then is too,
+    and the attention probabilities go back to the dtype OpenNMT-py's
+    attention multiplies them with (bf16/fp16 models).
+    """
+    return torch.softmax(total, dim=-1).to(dtype)
+
+
+def _votes_and_positions(scores):
+    """E with masked keys zeroed (the votes of both routings) ``(B, H, L, L)``, and the non-padding positions ``(B, L)``."""
+    masked = scores <= _MASKED_BELOW
+    return scores.masked_fill(masked, 0.0), ~masked.all(dim=2).all(dim=1)
 
 
 def vertical_output(logits, valid, head_weight, iterations, causal=False):
@@ -133,21 +148,64 @@ def vertical_output(logits, valid, head_weight, iterations, causal=False):
     out, routing_logits = simple_routing(logits, iterations, normalize="inputs")  # (B, L, M), (B, H, L)
     routing_logits = routing_logits * valid[:, None, :]
     if causal:
-        lam = torch.softmax(routing_logits.cumsum(dim=-1).transpose(1, 2) @ head_weight.t(), dim=-1)  # (B, L, H)
+        lam = torch.softmax(routing_logits.cumsum(dim=-1).transpose(1, 2) @ head_weight.t().to(routing_logits.dtype), dim=-1)  # (B, L, H)
         return lam.transpose(1, 2)[..., None] * out[:, None]
-    lam = torch.softmax(routing_logits.sum(dim=-1) @ head_weight.t(), dim=-1)  # (B, H)
+    lam = torch.softmax(routing_logits.sum(dim=-1) @ head_weight.t().to(routing_logits.dtype), dim=-1)  # (B, H)
     return lam[:, :, None, None] * out[:, None]
 
 
 def horizontal_output(logits, valid, init, iterations):
     """Omega_horizontal ``(B, H, L, L)``: for each l, positions t <= l -> heads routing (eq. 14-15)."""
-    length = logits.size(-2)
-    votes = logits.permute(0, 2, 1, 3).unsqueeze(1)  # (B, 1, L_t, H, M): shared by every query l
-    prefix = torch.ones(length, length, dtype=torch.bool, device=logits.device).tril()
-    mask = prefix[None] & valid[:, None, :]  # (B, L_l, L_t)
-    init_logits = logits.permute(0, 2, 3, 1) if init == "self" else None  # alpha^h_{l,t}: (B, L_l, L_t, H)
+    votes, mask, init_logits = _horizontal_problem(logits, valid, init)
     out, _ = simple_routing(votes, iterations, normalize="inputs", init_logits=init_logits, mask=mask)
     return out.permute(0, 2, 1, 3)  # (B, L_l, H, M) -> (B, H, L_l, M)
+
+
+def _horizontal_problem(logits, valid, init):
+    """The L routings of eq. 14 as one: votes ``(B, 1, L_t, H, M)`` shared by every query l, the prefix
+    mask ``(B, L_l, L_t)`` and the starting logits ``(B, L_l, L_t, H)`` (None for zero initialisation)."""
+    length = logits.size(-2)
+    votes = logits.permute(0, 2, 1, 3).unsqueeze(1)
+    prefix = torch.ones(length, length, dtype=torch.bool, device=logits.device).tril()
+    mask = prefix[None] & valid[:, None, :]
+    init_logits = logits.permute(0, 2, 3, 1) if init == "self" else None  # alpha^h_{l,t}
+    return votes, mask, init_logits
+
+
+def routing_weights(scores, iterations, init="zero"):
+    """The coupling coefficients C of iteration T of both routings, for cao2019's near-zero observation.
+
+    Section 4 of the paper reports that with T = 4 or 5 "over half of the
+    vote vectors' weights come out to be zero".  This recomputes, from the
+    masked scores ``(batch, H, L, L)`` a layer saw, the logits after T - 1
+    iterations with the same routing core and turns them into the coupling
+    of the T-th iteration (:func:`onmt_ext.routing.coupling_coefficients`).
+    Padding is left out: only non-padding query positions, and for the
+    horizontal routing only the keys t <= l that are not padding.
+
+    Returns:
+        ``{"vertical": (n,), "horizontal": (n',)}``: every coupling
+        coefficient that takes part, flattened (vertical: H per position,
+        summing to 1; horizontal: l + 1 inputs per head and position l).
+    """
+    _check = int(iterations)
+    if _check != iterations or iterations < 1:
+        raise ValueError(f"iterations must be an integer >= 1, got {iterations!r}")
+    logits, valid = _votes_and_positions(scores)
+    if iterations == 1:
+        vertical_logits = logits.new_zeros(logits.shape[:-1])
+    else:
+        _, vertical_logits = simple_routing(logits, iterations - 1, normalize="inputs")  # (B, H, L)
+    vertical = coupling_coefficients(vertical_logits, "inputs").transpose(1, 2)[valid]  # (n, H)
+    votes, mask, init_logits = _horizontal_problem(logits, valid, init)
+    if iterations == 1:
+        horizontal_logits = init_logits if init_logits is not None else votes.new_zeros(mask.shape + votes.shape[-2:-1])
+    else:
+        _, horizontal_logits = simple_routing(votes, iterations - 1, normalize="inputs", init_logits=init_logits,
+                                              mask=mask)
+    horizontal = coupling_coefficients(horizontal_logits, "inputs", mask)  # (B, L_l, L_t, H)
+    taking_part = (mask & valid[:, :, None])[..., None].expand_as(horizontal)
+    return {"vertical": vertical.reshape(-1), "horizontal": horizontal[taking_part]}
 
 
 class CausalCrossAggregation(CrossAggregation, DecodingStateModule):
@@ -189,14 +247,14 @@ class CausalCrossAggregation(CrossAggregation, DecodingStateModule):
             out, routing_logits = simple_routing(row, self.iterations, normalize="inputs")  # (B, 1, M), (B, H, 1)
             running = routing_logits[..., 0] + self.decoding_state.get("routing_sum", 0.0)
             self.decoding_state["routing_sum"] = running
-            lam = torch.softmax(running @ head_weight.t(), dim=-1)  # (B, H)
+            lam = torch.softmax(running @ head_weight.t().to(running.dtype), dim=-1)  # (B, H)
             total = total + lam[:, :, None, None] * out[:, None]
         if self.horizontal:
             votes = rows.permute(0, 2, 1, 3)  # (B, t = l + 1, H, M)
             init = row[:, :, 0, :].permute(0, 2, 1) if self.init == "self" else None  # alpha^h_{l,t}: (B, t, H)
             out, _ = simple_routing(votes, self.iterations, normalize="inputs", init_logits=init)  # (B, H, M)
             total = total + out[:, :, None, :]
-        return torch.softmax(total, dim=-1)
+        return _probabilities(total, scores.dtype)
 
 
 def _combination_check(opt):

@@ -108,9 +108,6 @@ def _combination_check(opt):
     problems = []
     if not getattr(opt, "disan_enc", False):
         return options_without_effect(opt, _SPECS[1:], "-disan_enc is false")
-    if getattr(opt, "cao2019_vertical", False) or getattr(opt, "cao2019_horizontal", False):
-        problems.append("-disan_enc cannot be combined with cao2019's cross aggregation: both replace the encoder "
-                        "self-attention's softmax")
     if getattr(opt, "heads", 2) % 2:
         problems.append(f"-disan_enc splits the heads into forward and backward halves: -heads {opt.heads} is odd")
     return problems + tensor_parallel_problems(opt, "-disan_enc (it assigns a direction to every head)")

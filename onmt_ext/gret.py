@@ -255,8 +255,8 @@ def load_with_new_parameters(stock_load):
     When a strict load would fail only because tensors of onmt-ext mechanism
     modules are missing from the checkpoint (fine-tuning a mechanism from a
     baseline, as GRET is trained), the checkpoint's tensors are loaded, the
-    missing ones keep the initialisation they were built with (Glorot for
-    matrices, as ``-param_init_glorot``, zero biases), and both lists are
+    missing ones are initialised as in a model trained from scratch with
+    ``-param_init_glorot`` (see :func:`_initialise`), and both lists are
     logged.  Any other missing tensor still fails as in stock OpenNMT-py.
     """
 
@@ -299,11 +299,19 @@ def _owned_by_extension(model, name):
 
 
 def _initialise(model, names):
+    """Initialise the new tensors ``names`` as a fresh model with ``-param_init_glorot`` has them.
+
+    OpenNMT-py's Glorot rule goes by the tensor's own name: a matrix called
+    ``weight`` gets ``xavier_uniform_`` and a tensor called ``bias`` zeros.
+    Every other tensor (layer-norm gains of one, cao2019's zero head weights,
+    GRU matrices, the routing maps) keeps the value its constructor gave it,
+    as it does when the model is trained from scratch.
+    """
     tensors = dict(_tensors(model))
     with torch.no_grad():
         for name in names:
-            tensor = tensors[name]
-            if tensor.dim() > 1:
+            tensor, own_name = tensors[name], name.rsplit(".", 1)[-1]
+            if own_name == "weight" and tensor.dim() > 1:
                 nn.init.xavier_uniform_(tensor)
-            elif name.endswith("bias"):
+            elif own_name == "bias":
                 tensor.zero_()

@@ -146,15 +146,67 @@ def add_model_options(parser):
         group.add(f"--{spec.name}", f"-{spec.name}", **kwargs)
 
 
+def _side_size(opt, side):
+    """``(option, value)`` of the model size of ``side`` ("encoder"/"decoder"): ``-hidden_size`` overrides both."""
+    hidden = getattr(opt, "hidden_size", -1)
+    if hidden and hidden > 0:
+        return "hidden_size", hidden
+    name = "enc_hid_size" if side == "encoder" else "dec_hid_size"
+    return name, getattr(opt, name, None)
+
+
+def head_problems(opt):
+    """``-heads`` problems when a side uses onmt-ext's Transformer: ``heads >= 1`` and ``heads`` divides its size.
+
+    OpenNMT-py checks neither; a bad value would otherwise end in a
+    ZeroDivisionError or a reshape error from deep inside torch.
+    """
+    sides = [side for side in ("encoder", "decoder") if getattr(opt, f"{side}_type", None) == EXT_TYPE]
+    heads = getattr(opt, "heads", None)
+    if not sides or not isinstance(heads, int):
+        return []
+    if heads < 1:
+        return [f"-heads {heads}: must be >= 1"]
+    problems = []
+    for name, size in dict.fromkeys(_side_size(opt, side) for side in sides):
+        if isinstance(size, int) and size % heads:
+            problems.append(f"-heads {heads}: must divide -{name} {size} (each head gets {name} / heads dimensions)")
+    return problems
+
+
+def choice_problems(opt):
+    """``-name value: not one of ...`` for each onmt-ext option in ``opt`` whose value is not among its choices.
+
+    argparse enforces ``choices`` on the command line and in YAML, but not on
+    the options saved in a checkpoint; list-valued options are checked
+    element by element.
+    """
+    problems = []
+    for spec in OPTION_SPECS:
+        value = getattr(opt, spec.name, None)
+        if spec.choices is None or value is None:
+            continue
+        values = value if spec.nargs and isinstance(value, (list, tuple)) else [value]
+        if any(item not in spec.choices for item in values):
+            problems.append(f"-{spec.name} {value!r}: not one of {', '.join(map(str, spec.choices))}")
+    return problems
+
+
 def check_options(opt):
     """Return the list of problems with onmt-ext options in ``opt`` (empty: all fine).
 
-    Each message names the option.  Checked: per-option value checks, options
-    set away from their "off" default on a side that does not use onmt-ext's
-    Transformer (they would be silently ignored), and the mechanisms'
-    combination checks.
+    Each message names the option.  Checked: ``-heads`` when onmt-ext's
+    Transformer is used (:func:`head_problems`), values outside an option's
+    choices (:func:`choice_problems`; argparse does not check saved
+    checkpoints), per-option value checks, options set away from their "off"
+    default on a side that does not use onmt-ext's Transformer (they would be
+    silently ignored), and the mechanisms' combination checks.
     """
-    problems = []
+    problems = head_problems(opt)
+    bad_choices = choice_problems(opt)
+    problems += bad_choices
+    if bad_choices:  # the checks below may assume known values
+        return problems
     for spec in OPTION_SPECS:
         if not hasattr(opt, spec.name):
             continue
@@ -171,9 +223,26 @@ def check_options(opt):
             message = spec.check(value, opt)
             if message:
                 problems.append(f"-{spec.name} {value!r}: {message}")
+    problems.extend(softmax_replacer_problems(opt))
     for check in COMBINATION_CHECKS:
         problems.extend(check(opt))
     return problems
+
+
+#: Mechanisms that replace the softmax of the encoder self-attention (their hook), so no two of them
+#: combine: the name messages use, and the switches that turn each on.
+SOFTMAX_REPLACERS = (
+    ("-clause_attention", ("clause_attention",)),
+    ("-disan_enc", ("disan_enc",)),
+    ("cao2019's cross aggregation", ("cao2019_vertical", "cao2019_horizontal")),
+)
+
+
+def softmax_replacer_problems(opt):
+    """One message per extra mechanism of :data:`SOFTMAX_REPLACERS` switched on beside the first."""
+    used = [name for name, switches in SOFTMAX_REPLACERS if any(getattr(opt, s, False) for s in switches)]
+    return [f"{used[0]} cannot be combined with {other}: both replace the softmax of the encoder self-attention"
+            for other in used[1:]]
 
 
 def validate(opt):

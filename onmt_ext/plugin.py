@@ -181,9 +181,10 @@ def _strict_parse_known_args(stock):
             names = names | _shared_config_names()
         problems = unknown_option_messages(unknown, names, argv) + _misspelt_dashes(self, unknown)
         if hasattr(opt, "encoder_type") and argv:
+            from onmt_ext.compat import save_format_problems
             from onmt_ext.options import check_options
 
-            problems += check_options(opt)
+            problems += check_options(opt) + save_format_problems(opt)
         if problems:
             self.exit(2, "".join(f"{self.prog}: error: {p}\n" for p in problems))
         return opt, [u for u in unknown if u.lstrip("-").split("=", 1)[0] in names]
@@ -251,24 +252,29 @@ def checkpoint_problems(path, checkpoint):
     """Why an onmt-ext checkpoint cannot be used by this onmt-ext (empty: it can).
 
     A checkpoint of ``ext_transformer`` whose saved options include names this
-    version does not know was written by another (newer) onmt-ext with a
-    mechanism this one lacks; loading it would either fail deep in torch or,
-    worse, silently drop the mechanism.  Stock OpenNMT-py checkpoints are not
-    checked (they must simply work).
+    version does not know, or values of known options outside their choices
+    (e.g. a routing method added later), was written by another (newer)
+    onmt-ext with a mechanism this one lacks; loading it would either fail
+    deep in torch or, worse, silently drop the mechanism.  Stock OpenNMT-py
+    checkpoints are not checked (they must simply work).
     """
+    from onmt_ext.options import choice_problems
+
     opt = checkpoint.get("opt") if isinstance(checkpoint, dict) else None
     if opt is None or "ext_transformer" not in (getattr(opt, "encoder_type", None), getattr(opt, "decoder_type", None)):
         return []
     unknown = sorted(name for name in vars(opt) if name not in _option_dests() and name != VERSION_KEY
                      and name not in STOCK_INTERNAL and not name.startswith("_"))
-    if not unknown:
+    values = choice_problems(opt)
+    if not unknown and not values:
         return []
     from onmt_ext import __version__
 
     written = getattr(opt, VERSION_KEY, None)
+    what = ([f"options this onmt-ext ({__version__}) does not know: {', '.join(unknown)}"] if unknown else []) + \
+        ([f"option values this onmt-ext ({__version__}) does not know: {'; '.join(values)}"] if values else [])
     return [f"checkpoint {path} was written by onmt-ext {written or '(a version that did not record itself)'} "
-            f"with options this onmt-ext ({__version__}) does not know: {', '.join(unknown)}; load it with the "
-            "onmt-ext version that wrote it"]
+            f"with {' and '.join(what)}; load it with the onmt-ext version that wrote it"]
 
 
 def _check_checkpoints():
@@ -411,6 +417,8 @@ def activate():
     compat.keep_log_file()
     compat.atomic_checkpoints()
     compat.resume_data_position()
+    compat.count_filtered_examples()
+    compat.explain_position_limit()
     corpus.install()
     _register_models()
     _extend_model_options()

@@ -249,6 +249,8 @@ def layout_problem(layout, d_model, heads, d_r, bidirectional):
         return f"layout must be one of {LAYOUTS[1:]}, got {layout!r}"
     if not 0 < d_r < d_model:
         return f"d_r must be between 1 and d_model - 1 = {d_model - 1}, got {d_r}"
+    if heads < 1 or d_model % heads:
+        return f"needs -heads >= 1 dividing d_model {d_model}, got {heads}"
     head_size = d_model // heads
     if layout == "rpehead" and d_r % head_size:
         return (f"RPEHead needs d_r = t * d_model / heads (whole heads of {head_size}, sec. 4.1), got {d_r}")

@@ -87,13 +87,35 @@ def load_model(checkpoint):
 def features(model, vocabs, sentences, kind, batch_size=64):
     """One vector per source sentence ``(n, d_model)`` (see the module docstring for ``kind``)."""
     import torch
-    from onmt.constants import DefaultTokens
 
     if kind == "global" and getattr(model.encoder, "gret", None) is None:
         _fail("--kind global needs a GRET checkpoint (trained with -gret true); use last or average for others")
+    out = []
+    for enc_out, final, lengths in encoded_batches(model, vocabs, sentences, batch_size):
+        if kind == "global":
+            vectors = final
+        elif kind == "last":
+            vectors = enc_out[torch.arange(len(lengths)), lengths - 1]
+        else:
+            keep = (torch.arange(enc_out.size(1))[None] < lengths[:, None]).unsqueeze(-1).to(enc_out.dtype)
+            vectors = (enc_out * keep).sum(1) / lengths[:, None].to(enc_out.dtype)
+        out.append(vectors.float())
+    return torch.cat(out)
+
+
+def encoded_batches(model, vocabs, sentences, batch_size=64):
+    """Run the model's encoder, without gradients, over token-list sentences in batches of ``batch_size``.
+
+    Yields ``(enc_out, final, lengths)`` per batch: the encoder output
+    ``(batch, len, d_model)``, its second output (GRET's global state
+    ``(batch, d_model)``, or None) and the lengths ``(batch,)``.  An empty
+    sentence is encoded as the one unknown token.
+    """
+    import torch
+    from onmt.constants import DefaultTokens
+
     src_vocab = vocabs["src"]
     pad = src_vocab[DefaultTokens.PAD]
-    out = []
     with torch.no_grad():
         for start in range(0, len(sentences), batch_size):
             chunk = [s if s else [DefaultTokens.UNK] for s in sentences[start : start + batch_size]]
@@ -102,15 +124,7 @@ def features(model, vocabs, sentences, kind, batch_size=64):
             for i, tokens in enumerate(chunk):
                 src[i, : len(tokens), 0] = torch.tensor(src_vocab(tokens))
             enc_out, final, _ = model.encoder(src, lengths)
-            if kind == "global":
-                vectors = final
-            elif kind == "last":
-                vectors = enc_out[torch.arange(len(chunk)), lengths - 1]
-            else:
-                keep = (torch.arange(enc_out.size(1))[None] < lengths[:, None]).unsqueeze(-1).to(enc_out.dtype)
-                vectors = (enc_out * keep).sum(1) / lengths[:, None].to(enc_out.dtype)
-            out.append(vectors.float())
-    return torch.cat(out)
+            yield enc_out, final, lengths
 
 
 def special_ids(vocabs):

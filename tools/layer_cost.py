@@ -4,13 +4,17 @@
 Usage::
 
     python tools/layer_cost.py [--lengths 25 50 100 200] [--batch 8] [--d-model 512] [--heads 8]
-        [--variants baseline cao2019] [--repeats 3] [--threads 1] [--gpu -1]
+        [--variants baseline cao2019 clause] [--repeats 3] [--threads 1] [--gpu -1]
 
 Each (variant, length) runs in a fresh child process, which builds one
 OpenNMT-py ``TransformerEncoderLayer`` (Transformer-Base sizes by default),
 with cross aggregation (vertical + horizontal routing, T = 3, cao2019) put in
-place of its attention softmax for the ``cao2019`` variant, and runs a
-forward+backward pass on ``(batch, L, d)`` inputs: one warm-up, then the
+place of its attention softmax for the ``cao2019`` variant, or clause
+attention (6 levels, scalar mixing) for ``clause``, and runs a
+forward+backward pass on ``(batch, L, d)`` inputs.  The ``clause`` variant
+needs a clause structure: a marker every ``CLAUSE_EVERY`` tokens, its level
+cycling through 1..6 (so the six levels give six distinct partitions, the
+most work per layer), set before every pass as the encoder does.  One warm-up, then the
 median time of ``--repeats`` passes.  Peak memory is the child's peak
 resident set size minus its size before the first pass (CPU), or
 ``torch.cuda.max_memory_allocated`` (``--gpu``).  The growth exponent is the
@@ -29,6 +33,27 @@ import time
 from pathlib import Path
 
 
+#: ``clause`` variant: one clause marker every this many tokens.
+CLAUSE_EVERY = 6
+CLAUSE_LEVELS = 6
+
+
+def _clause_softmax(args, device):
+    """Clause attention with its shared structure for ``(batch, L)`` inputs (see the module docstring)."""
+    import torch
+
+    from onmt_ext.clause_attention import ClauseAttention, ClauseStructure
+
+    table = torch.tensor([0] + list(range(1, CLAUSE_LEVELS + 1)), device=device)  # id k > 0: a level-k marker
+    structure = ClauseStructure(table, CLAUSE_LEVELS)
+    positions = torch.arange(args.length, device=device)
+    ids = torch.where(positions % CLAUSE_EVERY == CLAUSE_EVERY - 1,
+                      1 + (positions // CLAUSE_EVERY) % CLAUSE_LEVELS, torch.zeros_like(positions))
+    src = ids.expand(args.batch, -1).unsqueeze(-1)  # (batch, L, 1)
+    pad = torch.zeros(args.batch, args.length, dtype=torch.bool, device=device)
+    return ClauseAttention(structure, args.heads).to(device), lambda: structure.start(src, pad)
+
+
 def child(args):
     import torch
     from onmt.encoders.transformer import TransformerEncoderLayer
@@ -38,13 +63,19 @@ def child(args):
     device = torch.device(f"cuda:{args.gpu}" if args.gpu >= 0 else "cpu")
     torch.manual_seed(0)
     layer = TransformerEncoderLayer(args.d_model, args.heads, 4 * args.d_model, 0.0, 0.0).to(device)
+    set_clauses = None
     if args.variant == "cao2019":
         layer.self_attn.softmax = CrossAggregation(args.heads, True, True, "zero", 3).to(device)
+        layer.self_attn.self_attn_type = "scaled-dot"
+    elif args.variant == "clause":
+        layer.self_attn.softmax, set_clauses = _clause_softmax(args, device)
         layer.self_attn.self_attn_type = "scaled-dot"
     x = torch.randn(args.batch, args.length, args.d_model, device=device, requires_grad=True)
     mask = torch.zeros(args.batch, 1, 1, args.length, dtype=torch.bool, device=device)
 
     def run():
+        if set_clauses is not None:
+            set_clauses()
         layer(x, mask).sum().backward()
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -74,7 +105,8 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--d-model", type=int, default=512)
     parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--variants", nargs="+", choices=("baseline", "cao2019"), default=["baseline", "cao2019"])
+    parser.add_argument("--variants", nargs="+", choices=("baseline", "cao2019", "clause"),
+                        default=["baseline", "cao2019", "clause"])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (0: torch's default)")
     parser.add_argument("--gpu", type=int, default=-1)

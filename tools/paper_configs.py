@@ -216,7 +216,10 @@ PAPERS = (
           ("wmt14_ende", "wmt17_zhen"), _cao2019_rows(),
           {"batch_size": 2048, "valid_batch_size": 2048, "accum_count": [24]}, sizes=("base",),
           batch_note="cao2019 sec. 4.1: 2048 tokens per batch, 12 accumulations, 2 GPUs; accum_count is the "
-                     "one-GPU equivalent (make reproduce-* divides it by GPUS)"),
+                     "one-GPU equivalent (make reproduce-* divides it by GPUS)",
+          # sec. 4.1: Zh-En keeps the pairs "with the sentence length less than 50" (BPE pieces here);
+          # filtertoolong keeps src <= src_seq_length and tgt <= tgt_seq_length - 2
+          task_options={"wmt17_zhen": {"src_seq_length": 49, "tgt_seq_length": 51}}),
     # sec. 5.1: about 4096 x 4 source and target tokens per batch: the baselines' batch; 200k steps
     Paper("chen2019", "Chen, Wang, Utiyama and Sumita 2019, recurrent positional embedding",
           ("wmt14_ende", "nist_zhen"), _chen2019_rows()),

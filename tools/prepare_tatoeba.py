@@ -288,6 +288,24 @@ def _vocab_text(model_bytes):
     return "".join(f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.get_piece_size()))
 
 
+def encode_file(model, source, target, limit=None):
+    """Write the lines of ``source`` (the first ``limit``, or all) to ``target`` as SentencePiece pieces.
+
+    ``model`` is a SentencePiece model file; each output line holds the
+    line's pieces joined by single spaces, the pre-tokenized form
+    ``onmt_train``/``onmt_translate`` read without a subword transform.
+    Returns ``target``.
+    """
+    import sentencepiece as spm
+
+    processor = spm.SentencePieceProcessor(model_file=str(model))
+    lines = Path(source).read_text(encoding="utf-8").splitlines()[:limit]
+    Path(target).parent.mkdir(parents=True, exist_ok=True)
+    Path(target).write_text("".join(" ".join(processor.encode(line, out_type=str)) + "\n" for line in lines),
+                            encoding="utf-8")
+    return Path(target)
+
+
 def train_spm(sentences, model_prefix, vocab_size, model_type="bpe", character_coverage=1.0):
     """Train a SentencePiece model on ``sentences`` and write ``PREFIX.model`` and ``PREFIX.vocab``.
 

@@ -24,6 +24,7 @@ on everything it switches on (see ``_code_paths``).
 
 import hashlib
 import re
+import sys
 
 import pytest
 import torch
@@ -272,13 +273,11 @@ def _split_args(config):
 @pytest.fixture(scope="module")
 def encoded_test_source(sample_data, tmp_path_factory):
     """The first SENTENCES test sentences, SentencePiece-encoded (so outputs are pieces too)."""
-    import sentencepiece as spm
+    sys.path.insert(0, str(support.REPO / "tools"))
+    from prepare_tatoeba import encode_file
 
-    processor = spm.SentencePieceProcessor(model_file=str(sample_data / "spm.zh.model"))
-    lines = (sample_data / "test.zh").read_text(encoding="utf-8").splitlines()[:SENTENCES]
-    path = tmp_path_factory.mktemp("src") / "test.sp.zh"
-    path.write_text("".join(" ".join(processor.encode(l, out_type=str)) + "\n" for l in lines), encoding="utf-8")
-    return path
+    return encode_file(sample_data / "spm.zh.model", sample_data / "test.zh",
+                       tmp_path_factory.mktemp("src") / "test.sp.zh", limit=SENTENCES)
 
 
 _SENT = re.compile(r"SENT (\d+): .*?PRED SCORE: (-?[\d.]+).*?(?=SENT \d+:|\Z)", re.S)

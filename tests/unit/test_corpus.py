@@ -12,9 +12,67 @@ def _write(path, data):
 
 
 def test_scan_counts_lines_including_an_unterminated_last_one(tmp_path):
-    assert corpus.scan_file(_write(tmp_path / "a", "一\n二\n三".encode())) == (3, False)
-    assert corpus.scan_file(_write(tmp_path / "b", b"")) == (0, False)
-    assert corpus.scan_file(_write(tmp_path / "c", "\ufeffhi\n".encode())) == (1, True)
+    assert corpus.scan_file(_write(tmp_path / "a", "一\n二\n三".encode())) == (3, False, 0, ())
+    assert corpus.scan_file(_write(tmp_path / "b", b"")) == (0, False, 0, ())
+    assert corpus.scan_file(_write(tmp_path / "c", "\ufeffhi\n".encode())) == (1, True, 0, ())
+
+
+@pytest.mark.parametrize("block", [1 << 24, 3])  # lines and characters cut across blocks too
+def test_scan_counts_empty_and_whitespace_only_lines(tmp_path, monkeypatch, block):
+    monkeypatch.setattr(corpus, "_BLOCK", block)
+    # empty, spaces and a tab, CRLF, an ideographic space, a BOM-only first line, an unterminated last one
+    data = "\ufeff\nun\n\n \t\nx\r\n\r\n\u3000\n好\n ".encode()
+    scan = corpus.scan_file(_write(tmp_path / "e", data))
+    assert (scan.lines, scan.empty, scan.empty_lines) == (9, 6, (1, 3, 4, 6, 7))
+    assert corpus.scan_file(_write(tmp_path / "f", b"a\n\n")).empty_lines == (2,)
+
+
+def _empty_corpus(tmp_path):
+    src = _write(tmp_path / "train.zh", "一\n\n三\n四\n  \n".encode())
+    tgt = _write(tmp_path / "train.en", b"one\ntwo\n\nfour\n\n")
+    return src, tgt
+
+
+def test_empty_lines_of_a_training_corpus_are_logged_with_their_line_numbers(tmp_path, caplog):
+    src, tgt = _empty_corpus(tmp_path)
+    with caplog.at_level("WARNING", logger="onmt"):
+        corpus._check_data_option({"corpus_1": {"path_src": str(src), "path_tgt": str(tgt)}})
+    assert [r.levelname for r in caplog.records] == ["WARNING", "WARNING"]
+    assert caplog.records[0].getMessage().startswith(
+        f"corpus 'corpus_1': {src} has 2 empty lines (lines 2, 5): pairs with an empty source or target are skipped")
+    assert f"{tgt} has 2 empty lines (lines 3, 5)" in caplog.records[1].getMessage()
+    with pytest.raises(SystemExit, match=r"train.zh has 2 empty lines \(lines 2, 5\).*-skip_empty_level error"):
+        corpus._check_data_option({"corpus_1": {"path_src": str(src), "path_tgt": str(tgt)}}, "error")
+
+
+def test_pairs_with_an_empty_side_are_skipped_in_training_not_in_translation(onmt_active, tmp_path):
+    from onmt.inputters.text_corpus import ParallelCorpus, ParallelCorpusIterator
+    from onmt.transforms import TransformPipe
+
+    src, tgt = _empty_corpus(tmp_path)
+    pipe = TransformPipe.build_from([])
+    pairs = [(e["src"], e["tgt"], e["cid_line_number"])
+             for e, _, _ in ParallelCorpusIterator(ParallelCorpus("corpus_1", str(src), str(tgt)), pipe)]
+    assert pairs == [(["一"], ["one"], 0), (["四"], ["four"], 3)]  # not <unk> targets, not silent drops
+    # the translation corpus keeps every line (dropping one would misalign the output)
+    infer = ParallelCorpusIterator(ParallelCorpus("infer", str(src), None), pipe)
+    assert [e["cid_line_number"] for e, _, _ in infer] == [0, 1, 2, 3, 4]
+
+
+def test_translate_refuses_a_source_with_empty_lines_by_name(onmt_active, tmp_path, caplog):
+    import argparse
+
+    from onmt.bin import translate as translate_bin
+
+    src, tgt = _empty_corpus(tmp_path)
+    with pytest.raises(SystemExit, match=rf"onmt_translate -src {src} has 2 empty lines \(lines 2, 5\): .*wrong "
+                                         r"line; remove them"):
+        translate_bin.translate(argparse.Namespace(src=str(src), tgt=None))
+    full = _write(tmp_path / "full.zh", "一\n二\n三\n四\n五\n".encode())
+    with caplog.at_level("WARNING", logger="onmt"):
+        corpus.check_translation_source(str(full), str(tgt))
+    assert f"-tgt {tgt} has 2 empty lines (lines 3, 5): their GOLD scores are those of an <unk> target" \
+        in caplog.text
 
 
 def test_a_line_that_is_not_utf8_is_named(tmp_path):
@@ -76,9 +134,12 @@ def test_a_byte_order_mark_is_taken_off_the_first_example(onmt_active, tmp_path,
 
     src = _write(tmp_path / "s", "\ufeff你好\n再见\n".encode())
     tgt = _write(tmp_path / "t", b"hello\nbye\n")
-    examples = list(ParallelCorpus("c", str(src), str(tgt)).load())
+    with caplog.at_level("WARNING", logger="onmt"):
+        examples = list(ParallelCorpus("c", str(src), str(tgt)).load())
     assert [e["src"].strip() for e in examples] == ["你好", "再见"]
     assert examples[0]["src_original"].strip() == "你好"
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        f"corpus 'c': byte-order mark at the start of {src} or {tgt} removed from the first line"]
 
 
 def test_missing_corpus_file_is_named(tmp_path):

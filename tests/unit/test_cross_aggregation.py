@@ -1,6 +1,7 @@
 """cao2019 cross aggregation: the module against per-position references, padding, attachment, options."""
 
 import argparse
+import sys
 
 import pytest
 import torch
@@ -159,3 +160,55 @@ def _opt(**kw):
 def test_option_checks(kw, message, onmt_active):
     problems = options.check_options(_opt(**kw))
     assert any(message in p for p in problems), problems
+
+
+def _coupling_reference(scores, n, iterations, init):
+    """The T-th iteration's couplings of one unpadded sentence, one query position at a time (flattened)."""
+    e = scores[:, :, :n, :n]  # (1, H, n, n)
+
+    def logits_before_last(votes, init_logits=None):
+        if iterations == 1:
+            return init_logits if init_logits is not None else torch.zeros(votes.shape[:-1])
+        return simple_routing(votes, iterations - 1, normalize="inputs", init_logits=init_logits)[1]
+
+    vertical = torch.softmax(logits_before_last(e), dim=1)[0].t()  # (n, H), over the heads
+    horizontal = []
+    for l in range(n):
+        votes = e[:, :, : l + 1, :].permute(0, 2, 1, 3)  # (1, t, H, M)
+        start = e[:, :, l, : l + 1].permute(0, 2, 1) if init == "self" else None
+        horizontal.append(torch.softmax(logits_before_last(votes, start), dim=1)[0].reshape(-1))  # over t
+    return vertical.reshape(-1), torch.cat(horizontal)
+
+
+@pytest.mark.parametrize("iterations, init", [(1, "zero"), (1, "self"), (3, "zero"), (4, "self")])
+def test_routing_weights_are_the_couplings_of_the_last_iteration_without_padding(iterations, init):
+    from onmt_ext.cross_aggregation import routing_weights
+
+    lengths = [5, 3]
+    scores = _scores(lengths)
+    weights = routing_weights(scores, iterations, init)
+    expected = [_coupling_reference(scores[b : b + 1], n, iterations, init) for b, n in enumerate(lengths)]
+    torch.testing.assert_close(weights["vertical"], torch.cat([v for v, _ in expected]), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(weights["horizontal"], torch.cat([h for _, h in expected]), atol=1e-5, rtol=1e-5)
+    if iterations == 1 and init == "zero":  # uniform: 1/H per head, 1/(l+1) per earlier position
+        assert torch.allclose(weights["vertical"], torch.full_like(weights["vertical"], 1 / 3))
+
+
+def test_near_zero_tool_counts_every_weight_of_every_layer(sample_data, onmt_active):
+    sys.path.insert(0, str(support.REPO / "tools"))
+    import cao2019_weights as tool
+    opt = support.load_train_opts(SMOKE, *EXT, "-cao2019_vertical", "true", "-cao2019_horizontal", "true")
+    vocabs = support.load_vocabs(opt)
+    model = support.build_model(opt, vocabs)
+    words = [w for w in vocabs["src"].ids_to_tokens[10:40]]
+    sentences = [words[:7], words[7:10], words[10:11]]
+    shares = tool.near_zero_shares(model, vocabs, sentences, [1, 3], [1e-2, 1e-6], batch_size=2)
+    heads, layers = opt.heads, len(model.encoder.transformer)
+    positions = 7 + 3 + 1
+    for routing, per_layer in (("vertical", positions * heads), ("horizontal", heads * (28 + 6 + 1))):
+        assert shares[1][routing]["weights"] == shares[3][routing]["weights"] == per_layer * layers
+        assert set(shares[3][routing]["layers"]) == {str(n) for n in range(1, layers + 1)}
+        assert shares[1][routing]["all"] == {"0.01": 0.0, "1e-06": 0.0}  # zero init: uniform weights
+    table = tool.markdown([{"model": "m.pt", "trained_iterations": 3, "shares": {str(t): v for t, v in shares.items()}}],
+                          [1e-2, 1e-6])
+    assert table.count("\n") == 4 and "| `m.pt` | 3 | **3** |" in table

@@ -111,7 +111,10 @@ def test_loading_a_baseline_checkpoint_initialises_only_the_new_tensors(sample_d
     vocabs = support.load_vocabs(support.load_train_opts(SMOKE))
     baseline = support.build_model(support.load_train_opts(SMOKE), vocabs, seed=4)
     checkpoint = _checkpoint_of(baseline)
-    gret = support.build_model(support.load_train_opts(SMOKE, *EXT, "-gret", "true"), vocabs, seed=9)
+    from onmt.model_builder import build_base_model
+
+    # as OpenNMT-py's build_model with -train_from: constructor values, no -param_init pass, then the load
+    gret = build_base_model(support.load_train_opts(SMOKE, *EXT, "-gret", "true"), vocabs)
     caplog.set_level(logging.INFO)
     gret.load_state_dict(checkpoint)
     new = {name for name, _ in gret.named_parameters() if ".gret." in name}
@@ -125,6 +128,9 @@ def test_loading_a_baseline_checkpoint_initialises_only_the_new_tensors(sample_d
     assert f"{len(new)} new tensors of onmt-ext mechanisms initialised" in message
     assert "encoder.gret.vote_maps" in message and "decoder.gret.gate.weight" in message
     assert torch.count_nonzero(gret.decoder.gret.gate.bias) == 0  # biases start at zero, as -param_init_glorot
+    # tensors the Glorot rule does not name keep their constructor's values, as in a model trained from scratch
+    assert torch.equal(gret.encoder.gret.norm_weight, torch.ones_like(gret.encoder.gret.norm_weight))
+    assert torch.count_nonzero(gret.encoder.gret.norm_bias) == 0
 
 
 def test_a_checkpoint_missing_stock_tensors_still_fails(sample_data, onmt_active):

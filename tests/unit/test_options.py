@@ -117,6 +117,46 @@ def test_checkpoint_with_invalid_options_fails_on_load(toy_options, sample_data)
         ArgumentParser.validate_model_opts(opt)
 
 
+@pytest.mark.parametrize("kw, problems", [
+    (dict(heads=0, hidden_size=32), ["-heads 0: must be >= 1"]),
+    (dict(heads=-2, hidden_size=32, encoder_type="transformer"), ["-heads -2: must be >= 1"]),
+    (dict(heads=5, hidden_size=-1, enc_hid_size=30, dec_hid_size=32),
+     ["-heads 5: must divide -dec_hid_size 32 (each head gets dec_hid_size / heads dimensions)"]),
+    (dict(heads=3, hidden_size=32, encoder_type="transformer", decoder_type="transformer"), []),  # stock: not ours
+    (dict(heads=4, hidden_size=32), []),
+])
+def test_heads_are_checked_for_the_ext_transformer(toy_options, kw, problems):
+    assert options.check_options(_opt(**kw)) == problems
+
+
+def test_values_outside_the_choices_are_problems_not_only_argparse_errors(toy_options):
+    assert options.check_options(_opt(toy_mode="c")) == ["-toy_mode 'c': not one of off, a, b"]
+
+
+def test_a_checkpoint_with_an_unknown_option_value_is_refused_by_name(onmt_active):
+    from onmt_ext.plugin import checkpoint_problems
+
+    opt = argparse.Namespace(encoder_type=EXT_TYPE, decoder_type=EXT_TYPE, li2019_enc_self="em2",
+                             chen2019_pe_off=["enc", "both"], onmt_ext_version="9.0.0")
+    assert checkpoint_problems("future.pt", {"opt": opt}) == [
+        "checkpoint future.pt was written by onmt-ext 9.0.0 with option values this onmt-ext "
+        f"({__import__('onmt_ext').__version__}) does not know: -li2019_enc_self 'em2': not one of concat, simple, "
+        "em; -chen2019_pe_off ['enc', 'both']: not one of enc, dec; load it with the onmt-ext version that wrote it"]
+    opt.li2019_enc_self, opt.chen2019_pe_off = "em", ["enc"]
+    assert checkpoint_problems("known.pt", {"opt": opt}) == []
+
+
 def test_duplicate_declaration_is_refused(toy_options):
     with pytest.raises(ValueError, match="declared twice"):
         options.register_options([OptionSpec("toy_iters", int, 0, "again")])
+
+
+def test_mechanisms_that_replace_the_same_softmax_are_refused_once_per_extra_mechanism():
+    from onmt_ext.options import softmax_replacer_problems
+
+    opt = argparse.Namespace(clause_attention=True, disan_enc=True, cao2019_vertical=False, cao2019_horizontal=True)
+    assert softmax_replacer_problems(opt) == [
+        "-clause_attention cannot be combined with -disan_enc: both replace the softmax of the encoder self-attention",
+        "-clause_attention cannot be combined with cao2019's cross aggregation: both replace the softmax of the "
+        "encoder self-attention"]
+    assert softmax_replacer_problems(argparse.Namespace(cao2019_vertical=True, cao2019_horizontal=True)) == []

@@ -114,7 +114,7 @@ def test_bench_configs_parse_strictly_and_keep_the_mechanism(size, tmp_path, onm
 
     args = argparse.Namespace(warmup_steps=10, steps=20, batch_size=512, gpu=-1)
     for case in bench.SUITES["li2019"]:
-        path, checkpoint = bench.bench_config(case, size, args, tmp_path)
+        path, checkpoint, _ = bench.bench_config(case, size, args, tmp_path)
         opt = parse_train_config(path)
         paper = yaml.safe_load((support.REPO / "yaml_configs" / case.config).read_text(encoding="utf-8"))
         assert (opt.enc_layers, opt.dec_layers) == (paper["enc_layers"], paper["dec_layers"])
@@ -137,3 +137,15 @@ def test_every_bench_suite_has_a_stock_baseline_and_parses_strictly(suite, tmp_p
             opt = parse_train_config(bench.bench_config(case, size, args, tmp_path)[0])
             assert not opt.train_from  # speed is measured from scratch, also for fine-tuned rows
             assert (opt.encoder_type == "transformer") == (case is cases[0])
+
+
+@pytest.mark.parametrize("variant", ["baseline", "cao2019", "clause"])
+def test_layer_cost_measures_every_variant(variant, onmt_active, capsys):
+    import json
+
+    import layer_cost
+
+    args = argparse.Namespace(variant=variant, gpu=-1, d_model=16, heads=2, batch=2, length=13, repeats=1)
+    layer_cost.child(args)
+    measured = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert measured["seconds"] > 0 and measured["peak_mb"] >= 0

@@ -244,3 +244,77 @@ def test_checkpoints_are_written_atomically(tmp_path, monkeypatch, onmt_active):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model_step_10.pt"]
     assert isinstance(model_saver.torch, compat._TorchWithAtomicSave)
     assert model_saver.torch.load is torch.load  # everything else is torch's own
+
+
+def test_safetensors_save_format_is_refused_by_name(onmt_active, capsys):
+    from onmt_ext.plugin import parse_train_config
+
+    with pytest.raises(SystemExit):
+        parse_train_config(support.REPO / "yaml_configs/smoke/baseline/transformer_base_wmt14_ende.yaml",
+                           "-save_format", "safetensors")
+    err = capsys.readouterr().err
+    assert "error: -save_format safetensors is not supported with onmt-ext" in err
+    assert "use -save_format pytorch" in err and "Traceback" not in err
+
+
+# ---------------------------------------------------------------------------
+# over-long sentences
+
+
+def test_filtertoolong_logs_its_first_drop_and_the_running_count(onmt_active, monkeypatch, caplog):
+    import argparse
+
+    from onmt.transforms.misc import FilterTooLongTransform
+
+    from onmt_ext import compat
+
+    monkeypatch.setattr(compat, "_FILTER_LOG_AT", (2,))
+    transform = FilterTooLongTransform(argparse.Namespace(src_seq_length=3, tgt_seq_length=4))
+
+    def pair(src, tgt, cid="corpus_1"):
+        return {"src": ["w"] * src, "tgt": None if tgt is None else ["w"] * tgt, "cid": cid}
+
+    with caplog.at_level("INFO", logger="onmt"):
+        kept = [transform.apply(pair(*lengths)) is not None for lengths in ((3, 2), (4, 1), (1, 3), (2, 2))]
+        assert transform.apply(pair(9, None, cid="infer")) is not None  # a translation source is never dropped
+        assert transform.apply(pair(9, 9, cid="infer")) is not None  # not even with -tgt (the output would shift)
+        assert transform.apply(pair(9, None, cid="valid")) is not None  # nor the -valid_metrics source
+    assert kept == [True, False, False, True]
+    messages = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert messages[0][0] == "WARNING" and messages[0][1].startswith(
+        "filtertoolong: dropped a pair of corpus 'corpus_1' with 4 source and 1 target tokens (-src_seq_length 3, "
+        "-tgt_seq_length 4;")
+    assert messages[1] == ("INFO", "filtertoolong: 2 of 3 pairs dropped so far (66.67%; -src_seq_length 3, "
+                                   "-tgt_seq_length 4)")
+    assert messages[2][0] == "WARNING" and "drops nothing that is to be translated" in messages[2][1]
+
+
+def test_a_sequence_beyond_the_position_encoding_gets_a_clear_error(onmt_active):
+    import types
+
+    import torch
+    from onmt.modules.embeddings import PositionalEncoding, SequenceTooLongError
+    from onmt.translate.translator import Translator
+
+    from onmt_ext import compat
+
+    pe = PositionalEncoding(4, "SinusoidalInterleaved", max_len=3)
+    assert pe(torch.zeros(2, 3, 4)).shape == (2, 3, 4)  # within the limit: the stock encoding
+    with pytest.raises(SequenceTooLongError, match=r"^a sequence of 5 tokens is longer than the 3 positions .* split "
+                                                    r"the sentence"):
+        pe(torch.zeros(2, 5, 4))
+    with pytest.raises(SequenceTooLongError, match=r"output reached 4 tokens.*-max_length below 3"):
+        pe(torch.zeros(2, 1, 4), step=3)
+    # onmt_translate: the encoder names the source lines, and the command ends with the message
+    fake = types.SimpleNamespace(model=types.SimpleNamespace(
+        encoder=lambda src, src_len: pe(torch.zeros(src.size(0), src.size(1), 4))))
+    batch = {"src": torch.zeros(2, 5, 1), "srclen": torch.tensor([2, 5]), "cid_line_number": [6, 7]}
+    with pytest.raises(SequenceTooLongError) as error:
+        Translator._run_encoder(fake, batch)
+    assert str(error.value).startswith("source line 8 (5 tokens): a sequence of 5 tokens is longer than the 3")
+
+    def translate(opt):
+        raise error.value
+
+    with pytest.raises(SystemExit, match=r"^onmt_translate: error: source line 8 \(5 tokens\)"):
+        compat.exit_on_long_sequences(translate)(None)

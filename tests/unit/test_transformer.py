@@ -1,5 +1,6 @@
 """onmt-ext's encoder/decoder with every mechanism off are the stock Transformer."""
 
+import pytest
 import torch
 
 import support
@@ -68,3 +69,28 @@ def test_decoder_reorders_state_of_its_modules(sample_data, onmt_active):
     ext.decoder.toy.decoding_state["summary"].requires_grad_(True)
     ext.decoder.detach_state()
     assert not ext.decoder.toy.decoding_state["summary"].requires_grad
+
+
+@pytest.mark.parametrize("config", [
+    "chen2019/rpehead_all_switches", "chen2019/mprhead_all_switches", "chen2019/transformer_base_wmt14_ende_disan",
+    "li2019/em_all_components",
+    "li2019/transformer_base_wmt17_zhen_simple_enc_self", "cao2019/dec_self_cross_self",
+    "gret/transformer_base_wmt17_zhen_gret", "gret/ablations_all_switches", "combined/all_mechanisms",
+    "combined/all_but_cao2019",
+])
+def test_bf16_model_and_bf16_autocast_give_finite_outputs_close_to_fp32(config, sample_data, onmt_active):
+    """Every mechanism in a model held in bfloat16, and under CPU autocast (the model dtypes of training)."""
+    opt = support.load_train_opts(f"yaml_configs/smoke/{config}.yaml")
+    vocabs = support.load_vocabs(opt)
+    model = support.build_model(opt, vocabs, seed=3)
+    src, src_len, tgt = support.random_batch(vocabs, [7, 4], [6, 5], seed=1)
+    with torch.no_grad():
+        _, full = support.full_forward(model, src, src_len, tgt)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            _, mixed = support.full_forward(model, src, src_len, tgt)
+        _, half = support.full_forward(model.to(torch.bfloat16), src, src_len, tgt)
+    assert half.dtype == torch.bfloat16
+    for out in (mixed, half):
+        assert torch.isfinite(out).all()
+        # bf16 keeps 8 bits of mantissa: the outputs stay near the fp32 ones, they do not drift away
+        assert (out.float() - full).abs().max() < 0.1 * full.abs().max() + 0.1
