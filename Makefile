@@ -9,6 +9,7 @@
 #   make compare  baseline vs one config per paper and a combination, 3 seeds, on the CPU
 #                 (45 minutes here; results/compare/)
 #   make scale    long translation runs and long training sentences per mechanism (results/scale/)
+#   make split-speed  clause_split sentences/s with rules and a trained tagger, English and Chinese
 #   make cao2019-weights  share of near-zero routing weights of cross aggregation for T = 1..5, from
 #                 models trained with T = 3, 4, 5 (cao2019 section 4; results/cao2019/weights.md)
 #   make data-<task>  download and prepare a paper corpus into build/data/<task>/ (wmt14_ende,
@@ -67,7 +68,7 @@ REPRODUCE_TABLES := li2019-table2 li2019-table3 li2019-table4-wmt14_ende li2019-
 	gret-main-wmt14_ende gret-main-wmt14_deen gret-main-wmt17_zhen gret-main-wmt16_roen gret-ablation gret-big \
 	clause-table5 clause-table10 clause-table11 sample-li2019
 
-.PHONY: help setup data demo compare scale cao2019-weights length-demo test test-unit smoke bench paper-configs clean distclean \
+.PHONY: help setup data demo compare scale cao2019-weights split-speed length-demo test test-unit smoke bench paper-configs clean distclean \
 	reproduce-li2019 reproduce-cao2019 reproduce-chen2019 reproduce-gret reproduce-clause sweep-chen2019-dr $(addprefix reproduce-,$(REPRODUCE_TABLES)) $(addprefix report-,$(REPRODUCE_TABLES)) reproduce-sample
 
 help:
@@ -233,6 +234,24 @@ cao2019-weights: $(TATOEBA)/vocab.en | $(SETUP_STAMP)
 	$(PY) tools/cao2019_weights.py -model $(foreach t,3 4 5,$(CAO2019_WEIGHTS)/T$(t)/model_step_600.pt) \
 	  -src $(TATOEBA)/test.zh --src-subword-model $(TATOEBA)/spm.zh.model --limit 500 \
 	  --out results/cao2019/weights.json --markdown results/cao2019/weights.md
+
+# clause_split speed (sentences/s, one thread) with the rules and with a trained tagger, English (the WMT14
+# sample's newstest2014) and Chinese (the Tatoeba sample) -> results/clause/split_speed.txt
+SPLIT_SPEED := results/clause/split_speed.txt
+$(WMT14)/signal_tagger.en.pt: $(WMT14)/spm.de.model tools/train_signal_tagger.py | $(SETUP_STAMP)
+	$(PY) tools/train_signal_tagger.py --lang en --input $(WMT14)/train.en --output $@
+
+split-speed: $(WMT14)/signal_tagger.en.pt $(TATOEBA)/signal_tagger.zh.pt | $(SETUP_STAMP)
+	@mkdir -p $(dir $(SPLIT_SPEED))
+	@{ echo "# make split-speed, $$(date -u +%Y-%m-%d)"; \
+	  for args in "--lang en --input $(WMT14_SRC)/test.en" \
+	              "--lang en --input $(WMT14_SRC)/test.en --tagger-model $(WMT14)/signal_tagger.en.pt" \
+	              "--lang zh --input $(TATOEBA_SRC)/cmn.txt --column 1 --limit 5000" \
+	              "--lang zh --input $(TATOEBA_SRC)/cmn.txt --column 1 --limit 5000 --tagger-model $(TATOEBA)/signal_tagger.zh.pt" \
+	              "--lang zh --input $(TATOEBA)/train.zh --limit 5000 --subword-model $(TATOEBA)/spm.zh.model"; do \
+	    echo; echo "$$ python tools/clause_split_speed.py $$args"; $(PY) tools/clause_split_speed.py $$args 2>/dev/null; \
+	  done; } > $(SPLIT_SPEED)
+	cat $(SPLIT_SPEED)
 
 # ---------------------------------------------------------------- tests
 test: $(TATOEBA)/vocab.en | $(SETUP_STAMP)
