@@ -54,7 +54,7 @@ import torch.nn.functional as F
 
 from onmt_ext.options import (EXT_TYPE, OptionSpec, layers_check, options_without_effect, register_options,
                               selected_layers, tensor_parallel_problems)
-from onmt_ext.routing import coupling_coefficients, simple_routing
+from onmt_ext.routing import _check_iterations, coupling_coefficients, simple_routing
 from onmt_ext.state import DecodingStateModule
 
 # OpenNMT-py fills masked scores with -1e18 before the softmax.
@@ -188,9 +188,7 @@ def routing_weights(scores, iterations, init="zero"):
         coefficient that takes part, flattened (vertical: H per position,
         summing to 1; horizontal: l + 1 inputs per head and position l).
     """
-    _check = int(iterations)
-    if _check != iterations or iterations < 1:
-        raise ValueError(f"iterations must be an integer >= 1, got {iterations!r}")
+    _check_iterations(iterations)
     logits, valid = _votes_and_positions(scores)
     if iterations == 1:
         vertical_logits = logits.new_zeros(logits.shape[:-1])

@@ -42,12 +42,11 @@ def _fail(message):
 
 
 def _layers(model):
-    """The cross-aggregation modules of the encoder, with their 1-based layer numbers."""
+    """The cross-aggregation modules of the encoder, keyed by their 1-based layer numbers."""
     from onmt_ext.cross_aggregation import CrossAggregation
 
-    found = [(number, layer.self_attn.softmax) for number, layer in enumerate(model.encoder.transformer, start=1)
-             if isinstance(layer.self_attn.softmax, CrossAggregation)]
-    return found
+    return {number: layer.self_attn.softmax for number, layer in enumerate(model.encoder.transformer, start=1)
+            if isinstance(layer.self_attn.softmax, CrossAggregation)}
 
 
 def near_zero_shares(model, vocabs, sentences, iterations, thresholds, batch_size=64):
@@ -57,8 +56,6 @@ def near_zero_shares(model, vocabs, sentences, iterations, thresholds, batch_siz
     "weights": n}}}`` for the routings the model has (vertical needs a learned
     head weight, i.e. ``-cao2019_vertical``; horizontal ``-cao2019_horizontal``).
     """
-    import torch
-
     from onmt_ext.cross_aggregation import routing_weights
 
     layers = _layers(model)
@@ -66,13 +63,13 @@ def near_zero_shares(model, vocabs, sentences, iterations, thresholds, batch_siz
         _fail("the checkpoint has no cross aggregation (train with -cao2019_vertical and/or -cao2019_horizontal)")
     captured = []
     hooks = [module.register_forward_pre_hook(lambda module, args, number=number: captured.append((number, args[0])))
-             for number, module in layers]
+             for number, module in layers.items()]
     # counts[T][routing][layer] = [weights, below threshold 1, below threshold 2, ...]
     counts = {t: {r: {} for r in ROUTINGS} for t in iterations}
     try:
         for _ in encoded_batches(model, vocabs, sentences, batch_size):
             for number, scores in captured:
-                module = dict(layers)[number]
+                module = layers[number]
                 routings = [r for r in ROUTINGS if (module.vertical if r == "vertical" else module.horizontal)]
                 for t in iterations:
                     weights = routing_weights(scores.float(), t, module.init)
