@@ -13,7 +13,7 @@ place of its attention softmax for the ``cao2019`` variant, or clause
 attention (6 levels, scalar mixing) for ``clause``, and runs a
 forward+backward pass on ``(batch, L, d)`` inputs.  Each cell runs in
 ``--processes`` fresh processes and the fastest is reported: on the shared
-machine this was developed on, a whole process was now and then 4-15 times
+machine this was developed on, a whole process was now and then 4-8 times
 slower than the others at the same command.  The ``clause`` variant
 needs a clause structure: a marker every ``CLAUSE_EVERY`` tokens, its level
 cycling through 1..6 (so the six levels give six distinct partitions, the
