@@ -27,7 +27,9 @@ step whose output is already on disk:
    ``--average 1`` translates the last checkpoint and averages nothing;
 3. ``onmt_translate`` of the test set with that model on the first listed
    GPU (beam 4, length penalty alpha 0.6, as Vaswani et al. 2017, which the
-   papers follow) into ``<run dir>/test.<model name>.hyp.bpe``;
+   papers follow) into ``<run dir>/test.<model name>.hyp.bpe``, and likewise
+   every further test set of the task (``TEST_SETS``: NIST03 and NIST04 of
+   nist_zhen as ``<run dir>/test_nist03.<model name>.hyp.bpe``, ...);
 4. BPE removed (``@@ ``), the output detokenized with sacremoses, and scored
    with ``onmt_ext.evaluation`` (sacreBLEU): case-sensitive BLEU (13a, or the
    zh tokenizer for Chinese output) and chrF against the detokenized
@@ -55,7 +57,8 @@ prepares it): ``{train,valid,test}.bpe.<lang>`` (BPE-segmented,
 Moses-tokenized), the vocabularies named by the configs, ``test.tok.<tgt>``
 (tokenized reference) and ``test.<tgt>`` (detokenized reference; a
 multi-reference test set as ``test.<tgt>0``, ``test.<tgt>1``, ... and
-``test.tok.<tgt>0``, ...).  A missing file stops the run before anything
+``test.tok.<tgt>0``, ...), and the same for each further test set
+(``test_nist03.bpe.zh``, ``test_nist03.en0``, ...).  A missing file stops the run before anything
 starts, naming the file.  Sweep rows (``chen2019-figure2-*``) add
 command-line overrides to a config and train into their own run
 directories.  ``--dry-run`` prints every command (with its
@@ -108,6 +111,30 @@ class TableRow:
     config: str
     paper_bleu: float
     overrides: tuple = ()
+    paper_more: tuple = ()  # the paper's BLEU on the task's further test sets (TEST_SETS), in order
+
+
+#: The test sets of a task as (label, file prefix under build/data/<task>/); every other task has one, ``test``.
+#: Each row is translated and scored on all of them; bootstrap tests and by-length reports compare within a set.
+TEST_SETS = {"nist_zhen": (("NIST02", "test"), ("NIST03", "test_nist03"), ("NIST04", "test_nist04"))}
+
+
+def compared_row(configs, index):
+    """The index of the row that row ``index`` is tested against: the first row of its model size.
+
+    ``configs`` are the config names of a table's rows.  A Transformer-Big
+    row (``transformer_big_`` in its file name) is compared with the
+    table's first Big row, every other row with the first row that is not
+    Big, as the papers test Big systems against the Big baseline.  A row
+    that is its own reference gets no test.
+    """
+    big = ["transformer_big_" in Path(config).name for config in configs]
+    return big.index(big[index])
+
+
+def test_sets(task):
+    """The ``(label, file prefix)`` of every test set of ``task``, the main one (``test``) first."""
+    return TEST_SETS.get(task, (("test", "test"),))
 
 
 def _li2019_tables():
@@ -170,8 +197,9 @@ def _cao2019_tables():
 
 
 def _chen2019_tables():
-    def rows(size, task, entries):
-        return tuple(TableRow(label, f"chen2019/transformer_{size}_{task}_{suffix}.yaml", bleu)
+    def rows(size, task, entries):  # a tuple of BLEU: one per test set of the task (TEST_SETS)
+        return tuple(TableRow(label, f"chen2019/transformer_{size}_{task}_{suffix}.yaml",
+                              *((bleu[0], (), tuple(bleu[1:])) if isinstance(bleu, tuple) else (bleu,)))
                      for label, suffix, bleu in entries)
 
     # Figure 2: BLEU against d_r.  Its values are not legible in our copy; sec. 5.2 gives the peaks
@@ -186,11 +214,13 @@ def _chen2019_tables():
             ("Transformer (base)", "baseline", 27.25), ("+Relative PE", "relative_pe", 27.60),
             ("+DiSAN", "disan", 27.66), ("+RPEHead", "rpehead", 28.11), ("+MPRHead", "mprhead", 28.35),
         )) + rows("big", "wmt14_ende", (("Transformer (big)", "baseline", 28.22), ("+MPRHead", "mprhead", 29.11))),
-        # Table 2 reports NIST02, 03 and 04; this scores build/data/nist_zhen/test.* (one test set, e.g. NIST02)
+        # NIST02 (test.*), with NIST03 and NIST04 (test_nist03.*, test_nist04.*) as TEST_SETS["nist_zhen"]
         "chen2019-table2-nist_zhen": rows("base", "nist_zhen", (
-            ("Transformer (base)", "baseline", 46.62), ("+Relative PEs", "relative_pe", 46.91),
-            ("+RPEHead", "rpehead", 47.06), ("+MPRHead", "mprhead", 47.69),
-        )) + rows("big", "nist_zhen", (("Transformer (big)", "baseline", 47.88), ("+MPRHead", "mprhead", 48.73))),
+            ("Transformer (base)", "baseline", (46.62, 45.90, 45.95)),
+            ("+Relative PEs", "relative_pe", (46.91, 46.47, 45.96)),
+            ("+RPEHead", "rpehead", (47.06, 46.21, 46.32)), ("+MPRHead", "mprhead", (47.69, 47.27, 47.31)),
+        )) + rows("big", "nist_zhen", (("Transformer (big)", "baseline", (47.88, 47.58, 47.37)),
+                                       ("+MPRHead", "mprhead", (48.73, 48.61, 48.21)))),
         "chen2019-table3": rows("base", "wmt14_ende", (
             ("Transformer (base)", "baseline", 27.25), ("- PE of Dec", "no_pe_dec", 26.73),
             ("- PE of Enc", "no_pe_enc", 10.71), ("RPEHead (base)", "rpehead", 28.11),
@@ -325,7 +355,8 @@ class RowPlan:
     ``checkpoints`` are the checkpoints averaged (oldest first; the last
     checkpoint alone with ``--average 1``), ``model`` the model translated
     (their average, or that last checkpoint) and ``hypotheses`` the BPE'd
-    translation of the test source.
+    translation of the test source; ``more_hypotheses`` are those of the
+    task's further test sets (:func:`test_sets`), in order.
     """
 
     row: TableRow
@@ -336,6 +367,11 @@ class RowPlan:
     model: Path
     hypotheses: Path
     steps: tuple
+    more_hypotheses: tuple = ()
+
+    def hypotheses_of(self, index):
+        """The BPE'd translation of test set ``index`` of :func:`test_sets` (0: ``hypotheses``)."""
+        return (self.hypotheses, *self.more_hypotheses)[index]
 
     @property
     def commands(self):
@@ -415,14 +451,18 @@ def plan(row, gpus=(0,), average=AVERAGE):
     if average > 1:
         model = run_dir / f"average_last{average}.pt"
         steps.append(Step(("onmt_average_models", "-models", *checkpoints, "-output", model), model, checkpoints))
-    hypotheses = run_dir / f"test.{model.stem}.hyp.bpe"
-    test_source = DATA / task / f"test.bpe.{src}"
-    translate = ["onmt_translate", "-model", model, "-src", test_source, "-output", hypotheses,
-                 "-beam_size", 4, "-length_penalty", "wu", "-alpha", 0.6, "-batch_size", 4096, "-batch_type", "tokens",
-                 *(["-gpu", 0] if gpus else []), "-log_file", run_dir / f"translate.{model.stem}.log", *_split_options(values)]
-    steps.append(Step(tuple(translate), hypotheses, (model, test_source)))
+    hypotheses = []
+    for _, prefix in test_sets(task):
+        hypotheses.append(run_dir / f"{prefix}.{model.stem}.hyp.bpe")
+        test_source = DATA / task / f"{prefix}.bpe.{src}"
+        log = run_dir / f"translate.{'' if prefix == 'test' else prefix + '.'}{model.stem}.log"
+        translate = ["onmt_translate", "-model", model, "-src", test_source, "-output", hypotheses[-1],
+                     "-beam_size", 4, "-length_penalty", "wu", "-alpha", 0.6, "-batch_size", 4096,
+                     "-batch_type", "tokens", *(["-gpu", 0] if gpus else []), "-log_file", log,
+                     *_split_options(values)]
+        steps.append(Step(tuple(translate), hypotheses[-1], (model, test_source)))
     steps = tuple(Step(tuple(str(part) for part in step.command), step.output, step.inputs) for step in steps)
-    return RowPlan(row, task, run_dir, train_steps, checkpoints, model, hypotheses, steps)
+    return RowPlan(row, task, run_dir, train_steps, checkpoints, model, hypotheses[0], steps, tuple(hypotheses[1:]))
 
 
 def _clause_preparation(values, task):
@@ -475,9 +515,11 @@ def _missing_message(missing, task, needed_by):
 
 
 def _scoring_inputs(task, by_length):
-    """The data files the scoring reads: the references and, for the by-length report, the test source."""
+    """The data files the scoring reads: the references of every test set and, for the by-length report, the
+    main test source."""
     src, tgt = LANGS[task]
-    paths = [*_reference_files(task, f"test.{tgt}"), *_reference_files(task, f"test.tok.{tgt}")]
+    paths = [path for _, prefix in test_sets(task)
+             for path in (*_reference_files(task, f"{prefix}.{tgt}"), *_reference_files(task, f"{prefix}.tok.{tgt}"))]
     return paths + ([DATA / task / f"test.bpe.{src}"] if by_length else [])
 
 
@@ -553,24 +595,26 @@ def _reference_files(task, name):
     return numbered or [DATA / task / name]
 
 
-def score(plans, task, by_length=False):
+def score(plans, task, by_length=False, test_set=0):
     """Per row: BLEU, tokenized BLEU, chrF, their signatures and (after the first) the bootstrap p-value.
 
-    Each row's hypotheses (``plan.hypotheses``) are scored against the test
-    references of ``task``; rows 2.. are tested against row 1 (paired
-    bootstrap).  With ``by_length`` each row after the first also gets
-    ``by_length``: :func:`onmt_ext.evaluation.compare_by_length` against row
-    1 over :data:`CLAUSE_BUCKETS`, as a list of dicts.  Returns one dict per
-    row.
+    Each row's hypotheses for the test set ``test_set`` (an index into
+    :func:`test_sets`; ``plan.hypotheses_of(test_set)``) are scored against
+    that set's references; every row but the first of its model size is
+    tested against that first row (paired bootstrap; :func:`compared_row`).
+    With ``by_length`` each tested row also gets ``by_length``:
+    :func:`onmt_ext.evaluation.compare_by_length` against the same row over
+    :data:`CLAUSE_BUCKETS`, as a list of dicts.  Returns one dict per row.
     """
     sys.path.insert(0, str(REPO))
     from onmt_ext import evaluation as ev
 
     src, tgt = LANGS[task]
+    prefix = test_sets(task)[test_set][1]
     metric = _metric(tgt)
-    refs = ev.read_references(_reference_files(task, f"test.{tgt}"))
-    tok_refs = ev.read_references(_reference_files(task, f"test.tok.{tgt}"))
-    outputs = [_postprocess(p.hypotheses, tgt) for p in plans]
+    refs = ev.read_references(_reference_files(task, f"{prefix}.{tgt}"))
+    tok_refs = ev.read_references(_reference_files(task, f"{prefix}.tok.{tgt}"))
+    outputs = [_postprocess(p.hypotheses_of(test_set), tgt) for p in plans]
     results = []
     for tokenized, detokenized in outputs:
         bleu = ev.compute_metric(metric, detokenized, refs)
@@ -579,18 +623,20 @@ def score(plans, task, by_length=False):
         results.append({"bleu": bleu.score, "tok_bleu": tok.score, "chrf": chrf.score, "signature": bleu.signature,
                         "tok_bleu_signature": tok.signature, "chrf_signature": chrf.signature,
                         "p_value": None, "marker": None})
-    baseline = outputs[0][1]
-    for result, (_, detokenized) in zip(results[1:], outputs[1:]):
-        test = ev.paired_bootstrap(baseline, detokenized, refs, metric=metric, n_samples=BOOTSTRAP_SAMPLES,
-                                   seed=BOOTSTRAP_SEED)
-        result["p_value"], result["marker"] = test.p_value, test.marker
+    configs = [p.row.config for p in plans]
+    tested = [(index, compared_row(configs, index)) for index in range(len(plans))
+              if compared_row(configs, index) != index]
+    for index, against in tested:
+        test = ev.paired_bootstrap(outputs[against][1], outputs[index][1], refs, metric=metric,
+                                   n_samples=BOOTSTRAP_SAMPLES, seed=BOOTSTRAP_SEED)
+        results[index].update(p_value=test.p_value, marker=test.marker, compared_with=plans[against].row.label)
     if by_length:
         sources = [line.replace("@@ ", "").removesuffix("@@") for line in
-                   ev.read_hypotheses(DATA / task / f"test.bpe.{src}", "test source")]
-        for result, (_, detokenized) in zip(results[1:], outputs[1:]):
-            comparisons = ev.compare_by_length(baseline, detokenized, refs, sources, CLAUSE_BUCKETS, metric,
-                                               n_samples=BOOTSTRAP_SAMPLES, seed=BOOTSTRAP_SEED)
-            result["by_length"] = [asdict(c) for c in comparisons]
+                   ev.read_hypotheses(DATA / task / f"{prefix}.bpe.{src}", "test source")]
+        for index, against in tested:
+            comparisons = ev.compare_by_length(outputs[against][1], outputs[index][1], refs, sources, CLAUSE_BUCKETS,
+                                               metric, n_samples=BOOTSTRAP_SAMPLES, seed=BOOTSTRAP_SEED)
+            results[index]["by_length"] = [asdict(c) for c in comparisons]
     return results
 
 
@@ -709,15 +755,28 @@ def plot_curves(rows, path, title=""):
 # Report
 # --------------------------------------------------------------------------
 
-def row_results(plans, scores):
-    """The result dicts of scored rows: each row's identity, its scores and how its model was made."""
+def row_results(plans, scores, more_scores=()):
+    """The result dicts of scored rows: each row's identity, its scores and how its model was made.
+
+    ``scores`` are :func:`score`'s results on the task's main test set;
+    ``more_scores`` has one such list per further test set of
+    :func:`test_sets`, which land in each row's ``test_sets`` as ``{label:
+    {"paper_bleu": ..., <scores>, "hypotheses": ...}}`` (no key when the
+    task has one test set).
+    """
     rows = []
-    for p, result in zip(plans, scores):
-        rows.append({"label": p.row.label, "config": p.row.config, "overrides": [str(o) for o in p.row.overrides],
-                     "paper_bleu": p.row.paper_bleu, **result, "model": str(p.model),
-                     "checkpoints": [str(c) for c in p.checkpoints], "averaged": len(p.checkpoints),
-                     "train_steps": p.train_steps, "hypotheses": str(p.hypotheses),
-                     "train_log": str(p.run_dir / "train.log"), "curves": read_curves(p.run_dir / "train.log")})
+    labels = [label for label, _ in test_sets(plans[0].task)] if plans else []
+    for index, (p, result) in enumerate(zip(plans, scores)):
+        row = {"label": p.row.label, "config": p.row.config, "overrides": [str(o) for o in p.row.overrides],
+               "paper_bleu": p.row.paper_bleu, **result, "model": str(p.model),
+               "checkpoints": [str(c) for c in p.checkpoints], "averaged": len(p.checkpoints),
+               "train_steps": p.train_steps, "hypotheses": str(p.hypotheses),
+               "train_log": str(p.run_dir / "train.log"), "curves": read_curves(p.run_dir / "train.log")}
+        if more_scores:
+            paper = p.row.paper_more or (None,) * len(more_scores)
+            row["test_sets"] = {label: {"paper_bleu": bleu, **more[index], "hypotheses": str(path)}
+                                for label, bleu, more, path in zip(labels[1:], paper, more_scores, p.more_hypotheses)}
+        rows.append(row)
     return rows
 
 
@@ -732,22 +791,24 @@ def _by_length_plot_name(table, task, row):
 
 
 def _by_length_section(table, task, rows, out_dir):
-    """Markdown lines of the by-length comparison of every row against the first, drawing each plot."""
+    """Markdown lines of the by-length comparison of every tested row against its reference row, drawing each plot."""
     sys.path.insert(0, str(REPO))
     from onmt_ext import evaluation as ev
 
-    lines = ["", f"{_metric(LANGS[task][1])} by source length (words of the BPE-free source), vs. row 1 "
-                 "(paired bootstrap per bucket; † p < 0.05, ‡ p < 0.01)", ""]
-    for row in rows[1:]:
+    lines = ["", f"{_metric(LANGS[task][1])} by source length (words of the BPE-free source), vs. the first row "
+                 "of the same model size (paired bootstrap per bucket; † p < 0.05, ‡ p < 0.01)", ""]
+    configs = [row["config"] for row in rows]
+    for index, row in enumerate(rows):
         if not row.get("by_length"):
             continue
+        against = rows[compared_row(configs, index)]["label"]
         comparisons = [ev.LengthComparison(**{**c, "bootstrap": ev.BootstrapResult(**c["bootstrap"])
                                               if c["bootstrap"] else None}) for c in row["by_length"]]
         plot = _by_length_plot_name(table, task, row)
-        ev.plot_by_length(comparisons, out_dir / plot, f"{table}: {row['label']} vs {rows[0]['label']}",
-                          (rows[0]["label"], row["label"]))
-        lines += [f"{row['label']} (plot: [{plot}]({plot}))", "",
-                  "| source length | segments | row 1 | this row | delta | p |", "|---|---:|---:|---:|---:|---:|"]
+        ev.plot_by_length(comparisons, out_dir / plot, f"{table}: {row['label']} vs {against}", (against, row["label"]))
+        lines += [f"{row['label']} vs {against} (plot: [{plot}]({plot}))", "",
+                  "| source length | segments | reference row | this row | delta | p |",
+                  "|---|---:|---:|---:|---:|---:|"]
         for c in comparisons:
             t = c.bootstrap
             lines.append(f"| {c.label} | 0 | | | | |" if t is None else
@@ -758,11 +819,31 @@ def _by_length_section(table, task, rows, out_dir):
 
 
 def report_markdown(table, task, rows, curves_file=None):
-    """The Markdown report of result rows (without the by-length section): the paper's BLEU beside ours."""
+    """The Markdown report of result rows (without the by-length section): the paper's BLEU beside ours.
+
+    A task with several test sets (:func:`test_sets`) gets one table per
+    set, the further ones from each row's ``test_sets``.
+    """
     tgt = LANGS[task][1]
-    lines = [f"{table}: BLEU on {task} test (case-sensitive, {'zh' if tgt == 'zh' else '13a'} tokenizer; "
-             "p from paired bootstrap vs. row 1; † p < 0.05, ‡ p < 0.01)", "",
-             "| row | config | paper BLEU | BLEU | ours - paper | tok. BLEU | chrF | p | model |",
+    lines = []
+    for index, (label, _) in enumerate(test_sets(task)):
+        views = rows if index == 0 else [{**row, **row.get("test_sets", {}).get(label, {})} for row in rows]
+        if index and not all(label in row.get("test_sets", {}) for row in rows):
+            continue  # a results JSON from before the further test sets were scored
+        lines += [*([""] if lines else []),
+                  f"{table}: BLEU on {task} {label} (case-sensitive, {'zh' if tgt == 'zh' else '13a'} tokenizer; "
+                  "p from paired bootstrap vs. the first row of the same model size; † p < 0.05, ‡ p < 0.01)", ""]
+        lines += _bleu_table(views)
+    if rows and rows[0].get("signature"):
+        lines.append(f"\nsacreBLEU signature: {rows[0]['signature']}")
+    if curves_file is not None:
+        lines += ["", f"Training curves: ![training and validation curves]({curves_file})"]
+    return lines
+
+
+def _bleu_table(rows):
+    """The Markdown table lines of the rows' scores on one test set."""
+    lines = ["| row | config | paper BLEU | BLEU | ours - paper | tok. BLEU | chrF | p | model |",
              "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for row in rows:
         config = " ".join([f"`{row['config']}`", *(f"`{o}`" for o in row.get("overrides") or ())])
@@ -776,10 +857,6 @@ def report_markdown(table, task, rows, curves_file=None):
             model += f"{', ' if model else ''}{row['train_steps']} steps"
         lines.append(f"| {row['label']} | {config} | {_number_cell(paper)} | {ours:.2f} | {delta} | "
                      f"{row['tok_bleu']:.2f} | {_number_cell(row.get('chrf'))} | {p} | {model} |")
-    if rows and rows[0].get("signature"):
-        lines.append(f"\nsacreBLEU signature: {rows[0]['signature']}")
-    if curves_file is not None:
-        lines += ["", f"Training curves: ![training and validation curves]({curves_file})"]
     return lines
 
 
@@ -790,8 +867,9 @@ def write_report(table, task, rows, out_dir, commands=()):
     ``paper_bleu`` (None: not legible), ``bleu`` and ``tok_bleu`` are
     required; ``overrides``, ``chrf``, ``signature``, ``p_value``,
     ``marker``, ``model``, ``checkpoints``, ``averaged``, ``train_steps``,
-    ``curves`` (as :func:`parse_train_log` returns them) and ``by_length``
-    (as :func:`score` computes it) are used when present.  ``commands`` are
+    ``curves`` (as :func:`parse_train_log` returns them), ``by_length``
+    (as :func:`score` computes it) and ``test_sets`` (as
+    :func:`row_results` makes it) are used when present.  ``commands`` are
     the command log of :func:`execute`.  Writes ``<table>.json`` (table,
     paper, task, metric, rows, commands), ``<table>.md`` (the table with the
     paper's BLEU beside ours), ``<table>.curves.png`` when some row has a
@@ -807,10 +885,11 @@ def write_report(table, task, rows, out_dir, commands=()):
     lines = report_markdown(table, task, rows, curves.name if "curves" in written else None)
     if any(row.get("by_length") for row in rows):
         lines += _by_length_section(table, task, rows, out_dir)
-        written["by_length"] = [out_dir / _by_length_plot_name(table, task, row) for row in rows[1:]
+        written["by_length"] = [out_dir / _by_length_plot_name(table, task, row) for row in rows
                                 if row.get("by_length")]
     document = {"table": table, "paper": table.split("-", 1)[0], "task": task, "metric": _metric(LANGS[task][1]),
-                "significance": f"paired bootstrap against row 1, {BOOTSTRAP_SAMPLES} resamples, "
+                "significance": f"paired bootstrap against the first row of the same model size (Base or Big), "
+                                f"{BOOTSTRAP_SAMPLES} resamples, "
                                 f"seed {BOOTSTRAP_SEED}",
                 "rows": rows, "commands": list(commands)}
     written["json"].write_text(_json_text(document), encoding="utf-8")
@@ -850,6 +929,8 @@ def load_results(path, table):
         raise SystemExit(f"reproduce.py: the rows of {path} ({labels}) are not those of {table} ({expected})")
     for row in document["rows"]:
         missing = [key for key in ("config", "bleu", "tok_bleu") if row.get(key) is None]
+        missing += [f"{key} on {name}" for name, scores in (row.get("test_sets") or {}).items()
+                    for key in ("bleu", "tok_bleu") if scores.get(key) is None]
         if missing:
             raise SystemExit(f"reproduce.py: row {row['label']!r} of {path} has no {', '.join(missing)}")
     return document["rows"], document.get("commands", [])
@@ -867,15 +948,19 @@ def _show(path):
 def _dry_run_notes(table, plans, task, out_dir):
     """The ``# score:`` and ``# report:`` lines of a dry run."""
     src, tgt = LANGS[task]
-    refs = ", ".join(map(str, _reference_files(task, f"test.{tgt}")))
-    tok_refs = ", ".join(map(str, _reference_files(task, f"test.tok.{tgt}")))
     lines = []
-    for index, p in enumerate(plans):
-        against = "" if index == 0 else f"; paired bootstrap against row 1 ({plans[0].hypotheses})"
-        if index and table.startswith("clause-"):
-            against += f"; by source length ({DATA / task / f'test.bpe.{src}'})"
-        lines.append(f"# score: {p.row.label}: {p.hypotheses} (BPE removed, detokenized) with {_metric(tgt)} and "
-                     f"chrF against {refs}, tok. BLEU against {tok_refs}{against}")
+    for number, (_, prefix) in enumerate(test_sets(task)):
+        refs = ", ".join(map(str, _reference_files(task, f"{prefix}.{tgt}")))
+        tok_refs = ", ".join(map(str, _reference_files(task, f"{prefix}.tok.{tgt}")))
+        configs = [p.row.config for p in plans]
+        for index, p in enumerate(plans):
+            reference = compared_row(configs, index)
+            against = ("" if reference == index else f"; paired bootstrap against {plans[reference].row.label} "
+                                                      f"({plans[reference].hypotheses_of(number)})")
+            if against and number == 0 and table.startswith("clause-"):
+                against += f"; by source length ({DATA / task / f'test.bpe.{src}'})"
+            lines.append(f"# score: {p.row.label}: {p.hypotheses_of(number)} (BPE removed, detokenized) with "
+                         f"{_metric(tgt)} and chrF against {refs}, tok. BLEU against {tok_refs}{against}")
     base = _show(out_dir) / table
     lines.append(f"# report: {base}.json, {base}.md, {base}.curves.png (curves from "
                  f"{', '.join(str(p.run_dir / 'train.log') for p in plans)})"
@@ -936,7 +1021,8 @@ def main(argv=None):
             return 0
         check_data(plans, task, by_length=clause)
         commands = execute(plans, gpus)
-        rows_done = row_results(plans, score(plans, task, by_length=clause))
+        more = [score(plans, task, test_set=index) for index in range(1, len(test_sets(task)))]
+        rows_done = row_results(plans, score(plans, task, by_length=clause), more)
     written = write_report(table, task, rows_done, out_dir, commands)
     print(written["md"].read_text(encoding="utf-8"))
     print(f"written: {', '.join(str(_show(path)) for kind, path in written.items() if kind != 'by_length')}"

@@ -169,13 +169,17 @@ def test_dry_run_of_every_table_prints_consistent_commands(table, capsys):
                 if not line.startswith("#")]
     assert all(line.startswith(("CUDA_VISIBLE_DEVICES=0 ", "# score: ", "# report: ")) for line in lines)
     onmt = [command for command in commands if command[0].startswith("onmt_")]
-    assert [command[0] for command in onmt] == ["onmt_train", "onmt_average_models", "onmt_translate"] * len(rows)
+    prefixes = [prefix for _, prefix in reproduce.test_sets(reproduce.table_task(table))]
+    per_row = 2 + len(prefixes)
+    assert [command[0] for command in onmt] == (["onmt_train", "onmt_average_models"]
+                                                + ["onmt_translate"] * len(prefixes)) * len(rows)
     written, trained = set(), set()  # what the clause preparation writes, the last checkpoints of the rows
     for command in commands:
         if command[0] == "python":
             assert (support.REPO / command[1]).exists()
             written.add(_option(command, "--output")[0])
-    for row, (train, average, translate) in zip(rows, zip(onmt[0::3], onmt[1::3], onmt[2::3])):
+    row_commands = [onmt[start:start + per_row] for start in range(0, len(onmt), per_row)]
+    for row, (train, average, translate, *more) in zip(rows, row_commands):
         config = _config(row)
         [config_file] = _option(train, "-config")
         assert config_file == f"yaml_configs/{row.config}" and (support.REPO / config_file).is_file()
@@ -186,6 +190,10 @@ def test_dry_run_of_every_table_prints_consistent_commands(table, capsys):
         assert _option(average, "-output") == [f"{run_dir}/average_last5.pt"]
         assert _option(translate, "-model") == _option(average, "-output")
         assert _option(translate, "-output") == [f"{run_dir}/test.average_last5.hyp.bpe"]
+        for prefix, command in zip(prefixes[1:], more):  # NIST03, NIST04: same model, their own source and output
+            assert _option(command, "-model") == _option(average, "-output")
+            assert _option(command, "-src")[0].endswith(f"/{prefix}.bpe.zh")
+            assert _option(command, "-output") == [f"{run_dir}/{prefix}.average_last5.hyp.bpe"]
         assert _option(translate, "-gpu") == ["0"]
         if config.get("train_from"):  # fine-tuning (GRET) starts from the last checkpoint of an earlier row
             assert config["train_from"] in trained
@@ -195,9 +203,10 @@ def test_dry_run_of_every_table_prints_consistent_commands(table, capsys):
             if corpus["path_src"].endswith((".clause_rule", ".clause_study")):
                 assert corpus["path_src"] in written
     scores = [line for line in lines if line.startswith("# score: ")]
-    assert len(scores) == len(rows)
-    for row, line, translate in zip(rows, scores, onmt[2::3]):
-        assert line.startswith(f"# score: {row.label}: {_option(translate, '-output')[0]} ")
+    assert len(scores) == len(rows) * len(prefixes)
+    for number in range(len(prefixes)):
+        for row, line, commands_of_row in zip(rows, scores[number * len(rows):], row_commands):
+            assert line.startswith(f"# score: {row.label}: {_option(commands_of_row[2 + number], '-output')[0]} ")
     paper = table.split("-")[0]
     task = reproduce.table_task(table)
     [report] = [line for line in lines if line.startswith("# report: ")]
@@ -427,7 +436,7 @@ def test_clause_table_scored_and_reported_from_hypotheses_on_disk(tmp_path, monk
     assert all(path.read_bytes().startswith(PNG_MAGIC) for path in written["by_length"] + [written["curves"]])
     markdown = written["md"].read_text(encoding="utf-8")
     assert f"| CA with rule | `clause/transformer_base_{task}_ca_rule.yaml` | 27.46 | 100.00 | +72.54 |" in markdown
-    assert f"CA with rule (plot: [{table}.ca_rule.by_length.png]" in markdown
+    assert f"CA with rule vs Transformer (plot: [{table}.ca_rule.by_length.png]" in markdown
     assert json.loads(written["json"].read_text(encoding="utf-8"))["commands"] == [{"command": "x", "status": "ran"}]
 
 
@@ -449,3 +458,49 @@ def test_make_dry_run_prints_the_data_preparation_and_every_row(tmp_path):
     assert out.count("CUDA_VISIBLE_DEVICES=0 onmt_average_models ") == rows
     assert out.count("CUDA_VISIBLE_DEVICES=0 onmt_translate ") == rows
     assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_nist_table_is_scored_on_all_three_test_sets_with_big_rows_against_the_big_baseline(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(reproduce, "BOOTSTRAP_SAMPLES", 100)
+    table, task = "chen2019-table2-nist_zhen", "nist_zhen"
+    plans = [reproduce.plan(row, (0,)) for row in reproduce.TABLES[table]]
+    assert [reproduce.compared_row([p.row.config for p in plans], i) for i in range(6)] == [0, 0, 0, 0, 4, 4]
+    data = tmp_path / "build/data" / task
+    data.mkdir(parents=True)
+    sets = {"test": REFERENCES[:3], "test_nist03": REFERENCES[3:5], "test_nist04": REFERENCES[5:]}
+    for prefix, refs in sets.items():
+        (data / f"{prefix}.bpe.zh").write_text("\n".join("源 句" for _ in refs) + "\n")
+        for number in range(4):  # four references; the first one of each set is the one the systems output
+            lines = refs if number == 0 else [f"{r} variant {number}" for r in refs]
+            (data / f"{prefix}.en{number}").write_text("\n".join(lines) + "\n")
+            (data / f"{prefix}.tok.en{number}").write_text("\n".join(lines) + "\n")
+    for index, p in enumerate(plans):  # even rows translate perfectly, odd rows drop the last word
+        p.run_dir.mkdir(parents=True)
+        for number, refs in enumerate(sets.values()):
+            lines = refs if index % 2 == 0 else [" ".join(r.split()[:-2]) for r in refs]
+            p.hypotheses_of(number).write_text("\n".join(lines) + "\n")
+    needed = reproduce._scoring_inputs(task, by_length=False)  # four references, raw and tokenized, of each set
+    assert len(needed) == 24 and all(path.exists() for path in needed)
+    more = [reproduce.score(plans, task, test_set=number) for number in (1, 2)]
+    rows = reproduce.row_results(plans, reproduce.score(plans, task), more)
+    assert [row["bleu"] == pytest.approx(100) for row in rows] == [True, False] * 3
+    assert all(scores["bleu"] == pytest.approx(100) for row in rows[0::2] for scores in row["test_sets"].values())
+    assert [row.get("compared_with") for row in rows] == [None, "Transformer (base)", "Transformer (base)",
+                                                         "Transformer (base)", None, "Transformer (big)"]
+    assert rows[4]["p_value"] is None and rows[5]["p_value"] is not None
+    assert rows[5]["test_sets"]["NIST04"]["paper_bleu"] == 48.21
+    assert rows[5]["test_sets"]["NIST03"]["hypotheses"].endswith("test_nist03.average_last5.hyp.bpe")
+    assert "nrefs:4" in rows[0]["test_sets"]["NIST03"]["signature"]
+    written = reproduce.write_report(table, task, rows, tmp_path / "out")
+    markdown = written["md"].read_text(encoding="utf-8")
+    for label in ("NIST02", "NIST03", "NIST04"):
+        assert f"{table}: BLEU on nist_zhen {label} " in markdown
+    assert "| +MPRHead | `chen2019/transformer_big_nist_zhen_mprhead.yaml` | 48.61 |" in markdown  # NIST03 column
+    # the JSON written reads back through --report-only, giving the same report
+    document = json.loads(written["json"].read_text(encoding="utf-8"))
+    assert reproduce.load_results(written["json"], table)[0] == document["rows"]
+    del document["rows"][2]["test_sets"]["NIST04"]["tok_bleu"]
+    written["json"].write_text(json.dumps(document), encoding="utf-8")
+    with pytest.raises(SystemExit, match="has no tok_bleu on NIST04"):
+        reproduce.load_results(written["json"], table)
