@@ -89,8 +89,9 @@ def test_reproduction_plan_uses_existing_configs_and_the_papers_batch(table, cap
     prefix = f"CUDA_VISIBLE_DEVICES={devices} "
     lines = [line.removeprefix(prefix) for line in capsys.readouterr().out.splitlines()
              if line.startswith(prefix + "onmt_train") or line.startswith(prefix + "onmt_translate")]
-    assert len(lines) == 2 * len(rows)
-    for row, config, train, translate in zip(rows, configs, lines[0::2], lines[1::2]):
+    per_row = 1 + len(reproduce.test_sets(reproduce.table_task(table)))  # training, then each test set
+    assert len(lines) == per_row * len(rows)
+    for row, config, train, translate in zip(rows, configs, lines[0::per_row], lines[1::per_row]):
         assert train.startswith(f"onmt_train -config yaml_configs/{row.config} ")
         # with two GPUs half the accumulation: the paper's tokens per update
         ranks = " ".join(map(str, range(gpus)))
