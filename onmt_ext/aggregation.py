@@ -84,19 +84,33 @@ class RoutingAggregation(nn.Module):
             nn.init.uniform_(weight, -bound, bound)
 
     def forward(self, context):
-        batch, length, _ = context.shape
-        heads = context.view(batch, length, self.heads, -1)  # (B, L, H, d/H)
-        capsules_in = torch.tanh(torch.einsum("blhk,hkd->blhd", heads, self.input_weight) + self.input_bias)
-        votes = torch.einsum("blhd,hde->blhe", capsules_in, self.vote_weight)
-        votes = votes.view(batch, length, self.heads, self.capsules, -1)  # (B, L, H, N, d/N)
         fast = self.compile_routing and self.training and torch.is_grad_enabled()
-        route = em_routing if self.method == "em" else simple_routing
-        call = partial(call_compiled, route) if fast else route
-        if self.method == "simple":
-            out, _ = call(votes, self.iterations, normalize="outputs", weighted_mean=True)
-        else:
-            out, _ = call(votes, self.iterations, beta_a=self.beta_a, beta_u=self.beta_u)
-        return out.reshape(batch, length, self.d_model)
+        call = partial(call_compiled, aggregate_heads) if fast else aggregate_heads
+        return call(context, self.input_weight, self.input_bias, self.vote_weight, getattr(self, "beta_a", None),
+                    getattr(self, "beta_u", None), heads=self.heads, capsules=self.capsules, method=self.method,
+                    iterations=self.iterations)
+
+
+def aggregate_heads(context, input_weight, input_bias, vote_weight, beta_a, beta_u, *, heads, capsules, method,
+                    iterations):
+    """The computation of :class:`RoutingAggregation` on its parameters (eq. 5-12).
+
+    ``context`` ``(batch, len, d)`` holds the H heads side by side; returns
+    the N output capsules side by side, ``(batch, len, d)``.  One function, so
+    that ``-routing_compile`` compiles the capsule maps together with the
+    routing (the permutes and the bias + tanh around the two batched matrix
+    products then fuse with it: about 20% less time per layer at toy size).
+    """
+    batch, length, d_model = context.shape
+    per_head = context.view(batch, length, heads, -1)  # (B, L, H, d/H)
+    capsules_in = torch.tanh(torch.einsum("blhk,hkd->blhd", per_head, input_weight) + input_bias)  # eq. 5
+    votes = torch.einsum("blhd,hde->blhe", capsules_in, vote_weight)  # eq. 6
+    votes = votes.view(batch, length, heads, capsules, -1)  # (B, L, H, N, d/N)
+    if method == "simple":
+        out, _ = simple_routing(votes, iterations, normalize="outputs", weighted_mean=True)
+    else:
+        out, _ = em_routing(votes, iterations, beta_a=beta_a, beta_u=beta_u)
+    return out.reshape(batch, length, d_model)
 
 
 def _capsules_check(value, opt):
@@ -147,7 +161,7 @@ def _uses_routing(opt):
 
 
 register_options(
-    [OptionSpec("routing_compile", bool, False, "compile li2019's routing with torch.compile in training "
+    [OptionSpec("routing_compile", bool, False, "compile li2019's head aggregation with torch.compile in training "
                 "(fused kernels; the first step compiles for tens of seconds; translation stays eager)")],
     combination_check=lambda opt: [] if not getattr(opt, "routing_compile", False) or _uses_routing(opt) else
     ["-routing_compile has no effect without li2019 routing aggregation (-li2019_enc_self, -li2019_dec_self "

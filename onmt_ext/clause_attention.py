@@ -52,6 +52,7 @@ import contextlib
 import torch
 import torch.nn as nn
 
+from onmt_ext.ops import softmax
 from onmt_ext.options import (OptionSpec, layers_check, options_without_effect, register_options,
                               selected_layers, tensor_parallel_problems)
 
@@ -197,6 +198,9 @@ class ClauseAttention(nn.Module):
         The local softmaxes of the distinct partitions of the batch are one
         masked softmax over a stacked ``(batch, D, H, len, len)`` tensor, and
         the mix one weighted sum, so the op count does not grow with L.
+        The local softmaxes, which the stock attention does not have, use
+        :func:`onmt_ext.ops.softmax` (rows padded to 16 on the CPU); the
+        global one is the stock attention's and keeps ``torch.softmax``.
         """
         structure = self._structure[0]
         ids = structure.ids
@@ -207,7 +211,7 @@ class ClauseAttention(nn.Module):
         p = self.mixing_weights()
         distinct = sorted(set(structure.same_as))
         outside = structure.outside[:, distinct].unsqueeze(2)  # (B, D, 1, len, len)
-        local = torch.softmax(scores.unsqueeze(1).masked_fill(outside, _MASKED), dim=-1)  # b: (B, D, H, len, len)
+        local = softmax(scores.unsqueeze(1).masked_fill(outside, _MASKED), dim=-1)  # b: (B, D, H, len, len)
         weights = self.level_weights(p)  # (L, ...) per level
         if len(distinct) < self.levels:  # levels that repeat a coarser partition add to its weight
             slot = torch.tensor([distinct.index(first) for first in structure.same_as], device=weights.device)
