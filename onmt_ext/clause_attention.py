@@ -51,8 +51,9 @@ import contextlib
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
-from onmt_ext.ops import softmax
+from onmt_ext.ops import softmax_width
 from onmt_ext.options import (OptionSpec, layers_check, options_without_effect, register_options,
                               selected_layers, tensor_parallel_problems)
 
@@ -123,9 +124,10 @@ class ClauseStructure(nn.Module):
         levels: L.
 
     ``start(src, pad_mask)`` computes, for the batch the encoder is about to
-    read, ``ids`` ``(batch, L, len)``, the masks ``outside`` ``(batch, L,
-    len, len)`` (True where the key lies outside the query's clause), which
-    every layer shares, and ``same_as``: for each level, the first level
+    read, ``ids`` ``(batch, L, len)``, the score bias ``outside_bias``
+    ``(batch, L, len, width)`` (-1e18 where the key lies outside the query's
+    clause, else 0; width is :func:`onmt_ext.ops.softmax_width` of len, the
+    extra keys 0), which every layer shares, and ``same_as``: for each level, the first level
     with the same clauses in every sentence of the batch (the clause
     attentions compute one local softmax per distinct partition; levels
     without markers in the batch repeat the coarser one).  The table is a
@@ -137,13 +139,18 @@ class ClauseStructure(nn.Module):
         super().__init__()
         self.levels = levels
         self.register_buffer("level_table", level_table, persistent=False)
-        self.ids = self.outside = self.same_as = None
+        self.ids = self.outside_bias = self.same_as = None
 
     def start(self, src, pad_mask):
         """Set the clause structure from ``src`` ``(batch, len, feats)`` and ``pad_mask`` ``(batch, len)``."""
         ids = clause_ids(self.level_table[src[:, :, 0]], self.levels, pad_mask)
         self.ids = ids
-        self.outside = ids[:, :, :, None] != ids[:, :, None, :]
+        # at the width the local softmax runs at (onmt_ext.ops.softmax_width); extra key columns are not outside
+        # (the attention fills them with -inf itself).  A score bias, 0 inside and -1e18 outside: adding it
+        # leaves inside scores exact and, unlike masked_fill, costs no masking pass in the backward
+        width = softmax_width(ids.size(-1), ids.device)
+        outside = F.pad(ids[:, :, :, None] != ids[:, :, None, :], (0, width - ids.size(-1)), value=False)
+        self.outside_bias = torch.zeros(outside.shape, device=ids.device).masked_fill_(outside, _MASKED)
         # level l + 1 refines level l: equal ids mean the same clauses (one device sync per batch)
         repeats = (ids[:, 1:] == ids[:, :-1]).all(dim=-1).all(dim=0).tolist()
         self.same_as = [0]
@@ -198,9 +205,11 @@ class ClauseAttention(nn.Module):
         The local softmaxes of the distinct partitions of the batch are one
         masked softmax over a stacked ``(batch, D, H, len, len)`` tensor, and
         the mix one weighted sum, so the op count does not grow with L.
-        The local softmaxes, which the stock attention does not have, use
-        :func:`onmt_ext.ops.softmax` (rows padded to 16 on the CPU); the
-        global one is the stock attention's and keeps ``torch.softmax``.
+        The local softmaxes, which the stock attention does not have, run at
+        :func:`onmt_ext.ops.softmax_width` (rows of 4-15 keys padded to 16 on
+        the CPU, where torch's kernel is slow below 16; the extra keys are
+        ``-inf`` and are cut off after the mix); the global one is the stock
+        attention's and keeps ``torch.softmax`` at the real width.
         """
         structure = self._structure[0]
         ids = structure.ids
@@ -210,13 +219,15 @@ class ClauseAttention(nn.Module):
         scores = scores.float()
         p = self.mixing_weights()
         distinct = sorted(set(structure.same_as))
-        outside = structure.outside[:, distinct].unsqueeze(2)  # (B, D, 1, len, len)
-        local = softmax(scores.unsqueeze(1).masked_fill(outside, _MASKED), dim=-1)  # b: (B, D, H, len, len)
+        length, width = scores.size(-1), structure.outside_bias.size(-1)
+        outside = structure.outside_bias[:, distinct].unsqueeze(2)  # (B, D, 1, len, width): 0 or -1e18
+        wide = F.pad(scores, (0, width - length), value=float("-inf"))  # (B, H, len, width)
+        local = torch.softmax(wide.unsqueeze(1) + outside, dim=-1)  # b: (B, D, H, len, width)
         weights = self.level_weights(p)  # (L, ...) per level
         if len(distinct) < self.levels:  # levels that repeat a coarser partition add to its weight
             slot = torch.tensor([distinct.index(first) for first in structure.same_as], device=weights.device)
             weights = weights.new_zeros((len(distinct),) + weights.shape[1:]).index_add_(0, slot, weights)
-        mixed = (weights.movedim(0, 1) * local).sum(dim=1)  # (B, H, len, len)
+        mixed = (weights.movedim(0, 1) * local).sum(dim=1)[..., :length]  # (B, H, len, len)
         return (1 - p[0]) * torch.softmax(scores, dim=-1) + mixed
 
     @staticmethod
