@@ -98,9 +98,23 @@ class ExtTransformerDecoder(_ExtConfigured, TransformerDecoder):
     _mechanisms = (aggregation.attach_decoder, cross_aggregation.attach_decoder, recurrent_embedding.attach_decoder,
                    gret.attach_decoder)
 
+    _stateful = None  # the stateful sub-modules, found again by each init_state
+
+    def _stateful_modules(self):
+        """The :class:`~onmt_ext.state.DecodingStateModule` sub-modules, as found by the last ``init_state``.
+
+        Walking every sub-module costs about 0.5 ms at six layers, and
+        ``forward`` runs once per decoding step, so the walk is done once per
+        batch (in :meth:`init_state`; a module added later is found at the
+        next batch) rather than per call.
+        """
+        if self._stateful is None:
+            self._stateful = stateful_modules(self)
+        return self._stateful
+
     def forward(self, tgt, enc_out=None, step=None, **kwargs):
         """The stock forward; stateful sub-modules are told whether this is a decoding step."""
-        for module in stateful_modules(self):
+        for module in self._stateful_modules():
             module.stepwise = step is not None
         dec_out, attns = super().forward(tgt, enc_out, step=step, **kwargs)
         fusion = getattr(self, "gret", None)
@@ -109,17 +123,18 @@ class ExtTransformerDecoder(_ExtConfigured, TransformerDecoder):
     def init_state(self, src, enc_out, enc_final_hs):
         """Start decoding a batch: stock state plus every stateful sub-module."""
         super().init_state(src, enc_out, enc_final_hs)
-        for module in stateful_modules(self):
+        self._stateful = stateful_modules(self)
+        for module in self._stateful:
             module.init_decoding_state(src, enc_out, enc_final_hs)
 
     def map_state(self, fn):
         """Apply ``fn(tensor, dim)`` to the stock caches and to our modules' state."""
         super().map_state(fn)
-        for module in stateful_modules(self):
+        for module in self._stateful_modules():
             module.reorder_decoding_state(fn)
 
     def detach_state(self):
         """Detach all decoding state from the autograd graph."""
         super().detach_state()
-        for module in stateful_modules(self):
+        for module in self._stateful_modules():
             module.detach_decoding_state()
