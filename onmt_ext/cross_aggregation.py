@@ -134,7 +134,7 @@ def _probabilities(total, dtype):
 
 
 def _votes_and_positions(scores):
-    """E with masked keys zeroed (the votes of both routings) ``(B, H, L, L)``, and the non-padding positions ``(B, L)``."""
+    """E with masked keys zeroed (the votes of both routings) ``(B, H, L, L)``; the non-padding positions ``(B, L)``."""
     masked = scores <= _MASKED_BELOW
     return scores.masked_fill(masked, 0.0), ~masked.all(dim=2).all(dim=1)
 
@@ -147,10 +147,11 @@ def vertical_output(logits, valid, head_weight, iterations, causal=False):
     """
     out, routing_logits = simple_routing(logits, iterations, normalize="inputs")  # (B, L, M), (B, H, L)
     routing_logits = routing_logits * valid[:, None, :]
+    weight = head_weight.t().to(routing_logits.dtype)
     if causal:
-        lam = torch.softmax(routing_logits.cumsum(dim=-1).transpose(1, 2) @ head_weight.t().to(routing_logits.dtype), dim=-1)  # (B, L, H)
+        lam = torch.softmax(routing_logits.cumsum(dim=-1).transpose(1, 2) @ weight, dim=-1)  # (B, L, H)
         return lam.transpose(1, 2)[..., None] * out[:, None]
-    lam = torch.softmax(routing_logits.sum(dim=-1) @ head_weight.t().to(routing_logits.dtype), dim=-1)  # (B, H)
+    lam = torch.softmax(routing_logits.sum(dim=-1) @ weight, dim=-1)  # (B, H)
     return lam[:, :, None, None] * out[:, None]
 
 

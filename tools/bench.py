@@ -9,8 +9,11 @@ Usage::
 For every case of a suite (a paper config, see ``SUITES``) and its baseline,
 this trains through the real ``onmt_train`` for ``warmup + steps`` steps and
 translates a fixed test set through the real ``onmt_translate`` with the
-checkpoint, in child processes, repeating the whole round ``--repeats`` times
-in interleaved order (so that drifts of the machine hit every case alike).
+checkpoint, in child processes.  A round trains every case, then translates
+with every checkpoint (beam search, then greedy search), so that each
+translation follows another translation (see :func:`measure_round`); the
+round is repeated ``--repeats`` times, in reversed order every other time
+(so that drifts of the machine hit every case alike).
 It reports, per case and as ratios to the baseline of the same run:
 
 * training target tokens/s over the steps after the warm-up (OpenNMT-py's own
@@ -273,10 +276,8 @@ def _run_child(kind, argv, log, threads):
 # ---------------------------------------------------------------- measurement
 
 
-def measure(case, size, args, workdir, test_source):
-    """One training and one translation run of ``case``; returns its figures."""
-    from onmt_ext.clause_split import translate_options
-
+def measure_training(case, size, args, workdir):
+    """One training run of ``case``; returns its figures and what translating its checkpoint needs."""
     config_path, checkpoint, config = bench_config(case, size, args, workdir)
     name = config_path.stem
     train = _run_child("train", ["-config", config_path, "-log_file_level", "WARNING"],
@@ -284,24 +285,55 @@ def measure(case, size, args, workdir, test_source):
     measured = train["reports"][1:]  # the first report covers the warm-up
     if not measured:
         raise SystemExit(f"bench.py: no training reports after the warm-up for {case.config}")
-    tokens = sum(r["tgt_tokens"] for r in measured)
-    seconds = sum(r["seconds"] for r in measured)
-    common = ["-model", checkpoint, "-src", test_source, "-batch_size", 32, "-batch_type", "sents",
-              "-min_length", args.output_length, "-max_length", args.output_length, "-max_length_ratio", 0,
-              "-gpu", args.gpu, *translate_options(config)]  # the test source split as in training
-    translate = _run_child("translate", [*common, "-output", workdir / f"{name}.hyp", "-beam_size", 4],
-                           workdir / f"{name}.translate.log", args.threads)
-    # greedy search: OpenNMT-py runs it only as sampling from the top 1 (beam size 1 is a one-beam search)
-    greedy = _run_child("translate", [*common, "-output", workdir / f"{name}.greedy.hyp", "-beam_size", 1,
-                                      "-random_sampling_topk", 1], workdir / f"{name}.greedy.log", args.threads)
-    return {
-        "train_tokens_per_s": tokens / seconds,
-        "train_peak_memory_mb": train["peak_memory_mb"],
-        "translate_sentences_per_s": translate["sentences"] / translate["seconds"],
-        "greedy_sentences_per_s": greedy["sentences"] / greedy["seconds"],
-        "translate_peak_memory_mb": translate["peak_memory_mb"],
-        "parameters": train["parameters"],
-    }
+    figures = {"train_tokens_per_s": sum(r["tgt_tokens"] for r in measured) / sum(r["seconds"] for r in measured),
+               "train_peak_memory_mb": train["peak_memory_mb"], "parameters": train["parameters"]}
+    return figures, (name, checkpoint, config)
+
+
+#: The two searches measured: (key of the figures, output suffix, onmt_translate options).  Greedy search is
+#: OpenNMT-py's sampling from the top 1 (beam size 1 alone is a one-beam search).
+SEARCHES = (("translate", "", ("-beam_size", 4)),
+            ("greedy", ".greedy", ("-beam_size", 1, "-random_sampling_topk", 1)))
+
+
+def measure_translation(search, model, args, workdir, test_source):
+    """One ``onmt_translate`` run of ``search`` (one of ``SEARCHES``) with ``model`` from :func:`measure_training`."""
+    from onmt_ext.clause_split import translate_options
+
+    key, suffix, options = search
+    name, checkpoint, config = model
+    result = _run_child("translate", [
+        "-model", checkpoint, "-src", test_source, "-batch_size", 32, "-batch_type", "sents",
+        "-min_length", args.output_length, "-max_length", args.output_length, "-max_length_ratio", 0,
+        "-gpu", args.gpu, *translate_options(config),  # the test source split as in training
+        "-output", workdir / f"{name}{suffix}.hyp", *options], workdir / f"{name}{suffix or '.translate'}.log",
+        args.threads)
+    figures = {f"{key}_sentences_per_s": result["sentences"] / result["seconds"]}
+    if key == "translate":
+        figures["translate_peak_memory_mb"] = result["peak_memory_mb"]
+    return figures
+
+
+def measure_round(cases, size, args, workdir, test_source, label):
+    """One repeat: every case trained, then every case translated with beam search, then with greedy search.
+
+    Phases, not one case at a time: each translation then follows another
+    translation, never the training of its own case.  Measured on this
+    machine, a translation run right after a longer training ran slower
+    (greedy search with the Effective Aggregation checkpoint: 0.90 of the
+    baseline when each case was trained and translated in turn, 0.97-0.99
+    when the two translations alternated), which biased the ratios against
+    the slower-training mechanisms.  Returns ``{case: figures}``.
+    """
+    figures, models = {}, {}
+    for case in cases:
+        print(f"== bench {label}: train {case.label}", flush=True)
+        figures[case], models[case] = measure_training(case, size, args, workdir)
+    for search in SEARCHES:
+        for case in cases:
+            print(f"== bench {label}: {search[0]} {case.label}", flush=True)
+            figures[case].update(measure_translation(search, models[case], args, workdir, test_source))
+    return figures
 
 
 def _test_source(workdir, sentences):
@@ -391,9 +423,10 @@ def main(argv=None):
     runs = {case: [] for case in cases}
     for repeat in range(args.repeats):
         order = cases if repeat % 2 == 0 else tuple(reversed(cases))
-        for case in order:
-            print(f"== bench {args.suite}/{args.size} repeat {repeat + 1}/{args.repeats}: {case.label}", flush=True)
-            runs[case].append(measure(case, args.size, args, workdir, test_source))
+        measured = measure_round(order, args.size, args, workdir, test_source,
+                                 f"{args.suite}/{args.size} repeat {repeat + 1}/{args.repeats}")
+        for case in cases:
+            runs[case].append(measured[case])
     results = [(case, {key: statistics.median(run[key] for run in runs[case]) for key in runs[case][0]})
                for case in cases]
     text, missed = report(args.suite, args.size, results, args)

@@ -282,7 +282,7 @@ def encoded_test_source(sample_data, tmp_path_factory):
 
 _SENT = re.compile(r"SENT (\d+): .*?PRED SCORE: (-?[\d.]+).*?(?=SENT \d+:|\Z)", re.S)
 _GOLD = re.compile(r"GOLD SCORE: (-?[\d.]+)")
-MAX_LENGTH = 60
+MAX_LENGTH = 40
 
 
 def _translate(model, src, out, *args):
