@@ -197,10 +197,10 @@ def _cao2019_tables():
 
 
 def _chen2019_tables():
-    def rows(size, task, entries):  # a tuple of BLEU: one per test set of the task (TEST_SETS)
-        return tuple(TableRow(label, f"chen2019/transformer_{size}_{task}_{suffix}.yaml",
-                              *((bleu[0], (), tuple(bleu[1:])) if isinstance(bleu, tuple) else (bleu,)))
-                     for label, suffix, bleu in entries)
+    def rows(size, task, entries):  # bleu: a number, or a tuple with one per test set of the task (TEST_SETS)
+        scores = [bleu if isinstance(bleu, tuple) else (bleu,) for _, _, bleu in entries]
+        return tuple(TableRow(label, f"chen2019/transformer_{size}_{task}_{suffix}.yaml", bleu[0],
+                              paper_more=bleu[1:]) for (label, suffix, _), bleu in zip(entries, scores))
 
     # Figure 2: BLEU against d_r.  Its values are not legible in our copy; sec. 5.2 gives the peaks
     # (320 for RPEHead, 256 for MPRHead).  d_r runs over whole heads of Transformer-Base (64).
@@ -355,8 +355,8 @@ class RowPlan:
     ``checkpoints`` are the checkpoints averaged (oldest first; the last
     checkpoint alone with ``--average 1``), ``model`` the model translated
     (their average, or that last checkpoint) and ``hypotheses`` the BPE'd
-    translation of the test source; ``more_hypotheses`` are those of the
-    task's further test sets (:func:`test_sets`), in order.
+    translation of the test source; :meth:`hypotheses_of` names those of
+    every test set of the task.
     """
 
     row: TableRow
@@ -367,11 +367,10 @@ class RowPlan:
     model: Path
     hypotheses: Path
     steps: tuple
-    more_hypotheses: tuple = ()
 
     def hypotheses_of(self, index):
         """The BPE'd translation of test set ``index`` of :func:`test_sets` (0: ``hypotheses``)."""
-        return (self.hypotheses, *self.more_hypotheses)[index]
+        return hypotheses_file(self.run_dir, test_sets(self.task)[index][1], self.model)
 
     @property
     def commands(self):
@@ -451,18 +450,22 @@ def plan(row, gpus=(0,), average=AVERAGE):
     if average > 1:
         model = run_dir / f"average_last{average}.pt"
         steps.append(Step(("onmt_average_models", "-models", *checkpoints, "-output", model), model, checkpoints))
-    hypotheses = []
     for _, prefix in test_sets(task):
-        hypotheses.append(run_dir / f"{prefix}.{model.stem}.hyp.bpe")
+        hypotheses = hypotheses_file(run_dir, prefix, model)
         test_source = DATA / task / f"{prefix}.bpe.{src}"
         log = run_dir / f"translate.{'' if prefix == 'test' else prefix + '.'}{model.stem}.log"
-        translate = ["onmt_translate", "-model", model, "-src", test_source, "-output", hypotheses[-1],
+        translate = ["onmt_translate", "-model", model, "-src", test_source, "-output", hypotheses,
                      "-beam_size", 4, "-length_penalty", "wu", "-alpha", 0.6, "-batch_size", 4096,
                      "-batch_type", "tokens", *(["-gpu", 0] if gpus else []), "-log_file", log,
                      *_split_options(values)]
-        steps.append(Step(tuple(translate), hypotheses[-1], (model, test_source)))
+        steps.append(Step(tuple(translate), hypotheses, (model, test_source)))
     steps = tuple(Step(tuple(str(part) for part in step.command), step.output, step.inputs) for step in steps)
-    return RowPlan(row, task, run_dir, train_steps, checkpoints, model, hypotheses[0], steps, tuple(hypotheses[1:]))
+    return RowPlan(row, task, run_dir, train_steps, checkpoints, model, hypotheses_file(run_dir, "test", model), steps)
+
+
+def hypotheses_file(run_dir, prefix, model):
+    """Where a row's translation of the test set ``prefix`` (``test``, ``test_nist03``...) with ``model`` goes."""
+    return run_dir / f"{prefix}.{model.stem}.hyp.bpe"
 
 
 def _clause_preparation(values, task):
@@ -624,8 +627,8 @@ def score(plans, task, by_length=False, test_set=0):
                         "tok_bleu_signature": tok.signature, "chrf_signature": chrf.signature,
                         "p_value": None, "marker": None})
     configs = [p.row.config for p in plans]
-    tested = [(index, compared_row(configs, index)) for index in range(len(plans))
-              if compared_row(configs, index) != index]
+    tested = [(index, against) for index, against in enumerate(compared_row(configs, i) for i in range(len(plans)))
+              if against != index]
     for index, against in tested:
         test = ev.paired_bootstrap(outputs[against][1], outputs[index][1], refs, metric=metric,
                                    n_samples=BOOTSTRAP_SAMPLES, seed=BOOTSTRAP_SEED)
@@ -774,8 +777,9 @@ def row_results(plans, scores, more_scores=()):
                "train_log": str(p.run_dir / "train.log"), "curves": read_curves(p.run_dir / "train.log")}
         if more_scores:
             paper = p.row.paper_more or (None,) * len(more_scores)
-            row["test_sets"] = {label: {"paper_bleu": bleu, **more[index], "hypotheses": str(path)}
-                                for label, bleu, more, path in zip(labels[1:], paper, more_scores, p.more_hypotheses)}
+            row["test_sets"] = {label: {"paper_bleu": bleu, **more[index], "hypotheses": str(p.hypotheses_of(number))}
+                                for number, (label, bleu, more) in enumerate(zip(labels[1:], paper, more_scores),
+                                                                             start=1)}
         rows.append(row)
     return rows
 
@@ -949,12 +953,12 @@ def _dry_run_notes(table, plans, task, out_dir):
     """The ``# score:`` and ``# report:`` lines of a dry run."""
     src, tgt = LANGS[task]
     lines = []
+    configs = [p.row.config for p in plans]
+    references = [compared_row(configs, index) for index in range(len(plans))]
     for number, (_, prefix) in enumerate(test_sets(task)):
         refs = ", ".join(map(str, _reference_files(task, f"{prefix}.{tgt}")))
         tok_refs = ", ".join(map(str, _reference_files(task, f"{prefix}.tok.{tgt}")))
-        configs = [p.row.config for p in plans]
-        for index, p in enumerate(plans):
-            reference = compared_row(configs, index)
+        for index, (p, reference) in enumerate(zip(plans, references)):
             against = ("" if reference == index else f"; paired bootstrap against {plans[reference].row.label} "
                                                       f"({plans[reference].hypotheses_of(number)})")
             if against and number == 0 and table.startswith("clause-"):
