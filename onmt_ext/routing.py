@@ -22,6 +22,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from onmt_ext import kernels
+
 _NORM_EPS = 1e-12  # inside the square root of squash()
 _MIN_TOTAL = 1e-6  # floor of coupling totals used as denominators
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -174,6 +176,9 @@ def simple_routing(votes, iterations=3, *, normalize="outputs", weighted_mean=Fa
         logits = logits + init_logits.to(v.dtype)
         if keep is not None:
             logits = logits.masked_fill(keep == 0, 0.0)
+    fused = kernels.simple_routing(v, keep, init_logits, lead, iterations, normalize, weighted_mean)
+    if fused is not None:
+        return fused[0].to(votes.dtype), fused[1]
     for _ in range(int(iterations)):
         coupling = _coupling(logits, normalize, keep)
         total = _weighted_sum(coupling, v)
@@ -259,6 +264,11 @@ def em_routing(
     beta_a = zero if beta_a is None else beta_a.to(v.dtype)
     beta_u = zero if beta_u is None else beta_u.to(v.dtype)
 
+    if mask is None and density == "product":
+        lambdas = [schedule(t, int(iterations)) for t in range(int(iterations))]
+        fused = kernels.em_routing(v, iterations, lambdas, beta_a, beta_u, min_var)
+        if fused is not None:
+            return fused[0].to(votes.dtype), fused[1].to(votes.dtype)
     coupling = v.new_full(lead + (n_out,), 1.0 / n_out)
     if keep is not None:
         coupling = coupling * keep

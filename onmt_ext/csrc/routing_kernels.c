@@ -1,0 +1,156 @@
+/* Fused CPU kernels of onmt-ext's routing core (onmt_ext/routing.py), loaded by onmt_ext/kernels.py.
+ *
+ * routing_impl.h holds the arithmetic; it is included once for float and
+ * once for double (the tests compare gradients in double).  Every exported
+ * function splits the groups G over `threads` POSIX threads (no OpenMP, so
+ * that no second OpenMP runtime meets torch's) and returns 0, or -1 when a
+ * working buffer could not be allocated.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+/* the constants of onmt_ext/routing.py */
+#define NORM_EPS 1e-12
+#define MIN_TOTAL 1e-6
+#define LOG_2PI 1.8378770664093453
+#define HALF_1_LOG_2PI 1.4189385332046727 /* (1 + log 2 pi) / 2 */
+
+/* Four instantiations: float and double, each with the capsule size D read at run time and with D = 1
+ * fixed at compile time (li2019's N = d_model capsules of one dimension), where every loop over D
+ * disappears and the loops over the outputs vectorise. */
+#define EXP expf
+#define LOG logf
+#define LOG1P log1pf
+#define SQRT sqrtf
+#define real float
+#define FIXED_D(d) (d)
+#define FN(name) name##_f32
+#include "routing_impl.h"
+#undef FN
+#undef FIXED_D
+#define FIXED_D(d) ((void)(d), (int64_t)1)
+#define FN(name) name##_f32_d1
+#include "routing_impl.h"
+#undef FN
+#undef FIXED_D
+#undef real
+#undef EXP
+#undef LOG
+#undef LOG1P
+#undef SQRT
+
+#define EXP exp
+#define LOG log
+#define LOG1P log1p
+#define SQRT sqrt
+#define real double
+#define FIXED_D(d) (d)
+#define FN(name) name##_f64
+#include "routing_impl.h"
+#undef FN
+#undef FIXED_D
+#define FIXED_D(d) ((void)(d), (int64_t)1)
+#define FN(name) name##_f64_d1
+#include "routing_impl.h"
+#undef FN
+#undef FIXED_D
+#undef real
+
+/* ------------------------------------------------------------ splitting the groups over threads */
+
+typedef int (*group_fn)(const void *args, int64_t g0, int64_t g1);
+
+typedef struct {
+    group_fn fn;
+    const void *args;
+    int64_t g0, g1;
+    int status, threaded;
+    pthread_t id;
+} slice;
+
+static void *run_slice(void *p)
+{
+    slice *s = p;
+    s->status = s->fn(s->args, s->g0, s->g1);
+    return NULL;
+}
+
+/* fn over the groups [0, groups), split into `threads` contiguous slices; 0, or -1 if any slice failed */
+static int run(group_fn fn, const void *args, int64_t groups, int threads)
+{
+    enum { MAX_THREADS = 64 };
+    slice slices[MAX_THREADS];
+    if (threads > groups) threads = (int)groups;
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    if (threads <= 1) return fn(args, 0, groups);
+    for (int k = 0; k < threads; k++) {
+        slices[k] = (slice){.fn = fn, .args = args, .g0 = groups * k / threads, .g1 = groups * (k + 1) / threads};
+        /* slice 0 runs on the calling thread; a thread that cannot start runs its slice here too */
+        if (k > 0) slices[k].threaded = pthread_create(&slices[k].id, NULL, run_slice, &slices[k]) == 0;
+    }
+    for (int k = 0; k < threads; k++)
+        if (!slices[k].threaded) run_slice(&slices[k]);
+    int status = 0;
+    for (int k = 0; k < threads; k++) {
+        if (slices[k].threaded) pthread_join(slices[k].id, NULL);
+        status |= slices[k].status;
+    }
+    return status;
+}
+
+/* ------------------------------------------------------------ exported entry points */
+
+#define EXPORT_SIMPLE(SUF, T_)                                                                                    \
+    static int simple_fw_##SUF(const void *a, int64_t g0, int64_t g1) { return simple_forward_groups_##SUF(a, g0, g1); } \
+    static int simple_bw_##SUF(const void *a, int64_t g0, int64_t g1) { return simple_backward_groups_##SUF(a, g0, g1); }\
+    int simple_routing_forward_##SUF(const T_ *v, const T_ *keep, const T_ *init, T_ *out, T_ *logits, int64_t G,   \
+                                     int64_t S, int64_t I, int64_t O, int64_t D, int T, int normalize_inputs,      \
+                                     int weighted_mean, int threads)                                               \
+    {                                                                                                              \
+        simple_args_##SUF a = {v, keep, init, NULL, NULL, out, logits, NULL, NULL, G, S, I, O, D, T,              \
+                               normalize_inputs, weighted_mean};                                                   \
+        return run(simple_fw_##SUF, &a, G, threads);                                                                      \
+                                                                                                          \
+    }                                                                                                              \
+    int simple_routing_backward_##SUF(const T_ *v, const T_ *keep, const T_ *init, const T_ *g_out,               \
+                                      const T_ *g_logits, T_ *g_v, T_ *g_init, int64_t G, int64_t S, int64_t I,    \
+                                      int64_t O, int64_t D, int T, int normalize_inputs, int weighted_mean,        \
+                                      int threads)                                                                 \
+    {                                                                                                              \
+        simple_args_##SUF a = {v, keep, init, g_out, g_logits, NULL, NULL, g_v, g_init, G, S, I, O, D, T,         \
+                               normalize_inputs, weighted_mean};                                                   \
+        return run(simple_bw_##SUF, &a, G, threads);                                                                      \
+                                                                                                          \
+    }
+
+#define EXPORT_EM(SUF, T_)                                                                                        \
+    static int em_fw_##SUF(const void *a, int64_t g0, int64_t g1) { return em_forward_groups_##SUF(a, g0, g1); }         \
+    static int em_bw_##SUF(const void *a, int64_t g0, int64_t g1) { return em_backward_groups_##SUF(a, g0, g1); }        \
+    int em_routing_forward_##SUF(const T_ *v, const T_ *beta_a, const T_ *beta_u, const T_ *lambdas, T_ min_var,    \
+                                 T_ *out, T_ *act, int64_t G, int64_t I, int64_t O, int64_t D, int T, int threads)  \
+    {                                                                                                              \
+        em_args_##SUF a = {v, beta_a, beta_u, lambdas, NULL, NULL, out, act, NULL, NULL, NULL, min_var, G, I, O, D, \
+                           T};                                                                                     \
+        return run(em_fw_##SUF, &a, G, threads);                                                                          \
+                                                                                                          \
+    }                                                                                                              \
+    int em_routing_backward_##SUF(const T_ *v, const T_ *beta_a, const T_ *beta_u, const T_ *lambdas, T_ min_var,   \
+                                  const T_ *g_out, const T_ *g_act, T_ *g_v, T_ *g_beta_a, T_ *g_beta_u, int64_t G, \
+                                  int64_t I, int64_t O, int64_t D, int T, int threads)                             \
+    {                                                                                                              \
+        em_args_##SUF a = {v, beta_a, beta_u, lambdas, g_out, g_act, NULL, NULL, g_v, g_beta_a, g_beta_u, min_var,  \
+                           G, I, O, D, T};                                                                         \
+        return run(em_bw_##SUF, &a, G, threads);                                                                          \
+                                                                                                          \
+    }
+
+EXPORT_SIMPLE(f32, float)
+EXPORT_SIMPLE(f64, double)
+EXPORT_SIMPLE(f32_d1, float)
+EXPORT_SIMPLE(f64_d1, double)
+EXPORT_EM(f32, float)
+EXPORT_EM(f64, double)
+EXPORT_EM(f32_d1, float)
+EXPORT_EM(f64_d1, double)

@@ -1,0 +1,136 @@
+"""The fused CPU routing kernels (onmt_ext/kernels.py) against the routing core's tensor code.
+
+Every comparison runs the same public function twice, with the kernels on
+and off (``ONMT_EXT_FUSED``), and compares outputs and gradients in float64.
+"""
+
+import logging
+
+import pytest
+import torch
+
+from onmt_ext import kernels, routing
+
+
+def _run(monkeypatch, fused, fn, *tensors):
+    monkeypatch.setenv("ONMT_EXT_FUSED", "1" if fused else "0")
+    leaves = [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
+    outs = fn(*leaves)
+    weights = torch.Generator().manual_seed(7)
+    loss = sum((o * torch.randn(o.shape, generator=weights, dtype=o.dtype)).sum() for o in outs)
+    loss.backward()
+    return [o.detach() for o in outs], [t.grad for t in leaves if t.requires_grad]
+
+
+def _assert_same(monkeypatch, fn, *tensors, atol=1e-10):
+    fused_out, fused_grad = _run(monkeypatch, True, fn, *tensors)
+    eager_out, eager_grad = _run(monkeypatch, False, fn, *tensors)
+    for a, b in zip(fused_out + fused_grad, eager_out + eager_grad):
+        torch.testing.assert_close(a, b, atol=atol, rtol=1e-8)
+
+
+def _randn(*shape, seed=0, grad=True, dtype=torch.float64):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype).requires_grad_(grad)
+
+
+def test_library_builds_and_is_used():
+    """The kernels build on this machine, and the routing core takes them for CPU tensors."""
+    assert kernels.library() is not None, kernels._state["error"]
+    votes = _randn(2, 3, 4, 5, 1, grad=False, dtype=torch.float32)
+    assert kernels.simple_routing(votes, None, None, votes.shape[:-2], 3, "outputs", True) is not None
+    assert kernels.em_routing(votes, 3, [1.0] * 3, None, None, 1e-4) is not None
+
+
+@pytest.mark.parametrize("iterations", [1, 3])
+@pytest.mark.parametrize("normalize", ["outputs", "inputs"])
+@pytest.mark.parametrize("weighted_mean", [False, True])
+@pytest.mark.parametrize("dim", [1, 3])
+def test_simple_routing_matches_tensor_code(monkeypatch, iterations, normalize, weighted_mean, dim):
+    votes = _randn(3, 5, 4, 6, dim)
+    _assert_same(monkeypatch, lambda v: routing.simple_routing(v, iterations, normalize=normalize,
+                                                               weighted_mean=weighted_mean), votes)
+
+
+@pytest.mark.parametrize("normalize", ["outputs", "inputs"])
+def test_simple_routing_with_mask_and_initial_logits(monkeypatch, normalize):
+    mask = torch.rand(3, 5, 4, generator=torch.Generator().manual_seed(1)) > 0.3
+    mask[0, 0] = False  # a problem without any input
+    votes, init = _randn(3, 5, 4, 6, 2), _randn(3, 5, 4, 6, seed=2)
+    _assert_same(monkeypatch, lambda v, i: routing.simple_routing(v, 3, normalize=normalize, weighted_mean=True,
+                                                                  mask=mask, init_logits=i), votes, init)
+
+
+@pytest.mark.parametrize("dim", [1, 3])
+@pytest.mark.parametrize("iterations", [1, 2, 3])
+def test_em_routing_matches_tensor_code(monkeypatch, dim, iterations):
+    votes, beta_a, beta_u = _randn(4, 6, 8, 5, dim), _randn(5, seed=1), _randn(5, seed=2)
+    _assert_same(monkeypatch, lambda v, a, u: routing.em_routing(v, iterations, beta_a=a, beta_u=u), votes, beta_a,
+                 beta_u)
+
+
+def test_em_routing_schedule_and_default_betas(monkeypatch):
+    votes = _randn(4, 6, 8, 5, 2)
+    schedule = routing.linear_inverse_temperature(1.0, 3.0)
+    _assert_same(monkeypatch, lambda v: routing.em_routing(v, 3, inverse_temperature=schedule, min_var=1e-3), votes)
+
+
+def test_shared_votes_kernel_matches_tensor_code(monkeypatch):
+    """The kernel's shared-vote mode (cao2019's horizontal routing), called directly: the dispatcher leaves
+    shared votes to the tensor code (faster there), but the mode is kept correct."""
+    batch, length, heads, keys = 2, 7, 4, 7
+    votes, init = _randn(batch, 1, length, heads, keys), _randn(batch, length, length, heads, seed=3)
+    mask = torch.ones(length, length, dtype=torch.bool).tril()[None].repeat(batch, 1, 1)
+    mask[1, :, 5:] = False
+
+    def direct(v, i):
+        prepared, keep, lead = routing._prepare(v, mask)
+        out, logits = kernels._SimpleRouting.apply(prepared.reshape(batch, length, heads, keys), keep.reshape(
+            batch, length, length).to(v.dtype), i.reshape(batch, length, length, heads), length, 3, True, False)
+        return out.reshape(batch, length, heads, keys), logits.reshape(batch, length, length, heads)
+
+    fused_out, fused_grad = _run(monkeypatch, True, direct, votes, init)
+    eager_out, eager_grad = _run(monkeypatch, False, lambda v, i: routing.simple_routing(
+        v, 3, normalize="inputs", mask=mask, init_logits=i), votes, init)
+    for a, b in zip(fused_out + fused_grad, eager_out + eager_grad):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-8)
+
+
+def test_float32_and_half_inputs_agree(monkeypatch):
+    votes = _randn(64, 4, 32, 1, grad=False, dtype=torch.float32) * 3
+    for dtype in (torch.float32, torch.bfloat16):
+        cast = votes.to(dtype)
+        monkeypatch.setenv("ONMT_EXT_FUSED", "1")
+        fused = routing.em_routing(cast, 3)[0], routing.simple_routing(cast, 3, weighted_mean=True)[0]
+        monkeypatch.setenv("ONMT_EXT_FUSED", "0")
+        eager = routing.em_routing(cast, 3)[0], routing.simple_routing(cast, 3, weighted_mean=True)[0]
+        for a, b in zip(fused, eager):
+            assert a.dtype == dtype
+            torch.testing.assert_close(a.float(), b.float(), atol=1e-5 if dtype == torch.float32 else 1e-2, rtol=1e-3)
+
+
+def test_unsupported_cases_use_the_tensor_code(monkeypatch):
+    votes = _randn(3, 4, 5, 2, grad=False, dtype=torch.float32)
+    monkeypatch.setenv("ONMT_EXT_FUSED", "0")
+    assert kernels.simple_routing(votes, None, None, votes.shape[:-2], 3, "outputs", True) is None
+    monkeypatch.setenv("ONMT_EXT_FUSED", "1")
+    assert kernels.em_routing(votes, 3, [1.0] * 3, torch.zeros(3, 5), None, 1e-4) is None  # betas not (O,)
+    assert kernels.simple_routing(votes.half(), None, None, votes.shape[:-2], 3, "outputs", True) is None
+    mask = torch.ones(3, 4, dtype=torch.bool)
+    out, _ = routing.em_routing(votes, 3, mask=mask)  # a mask: the tensor code, same result
+    torch.testing.assert_close(out, routing.em_routing(votes, 3)[0], atol=1e-6, rtol=1e-5)
+
+
+def test_failed_build_warns_once_and_falls_back(monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("ONMT_EXT_KERNEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("ONMT_EXT_FUSED", "1")
+    monkeypatch.setattr(kernels, "_state", {"loaded": False, "library": None, "error": None})
+    with pytest.raises(RuntimeError, match="no-such-compiler"):
+        kernels.build()
+    with caplog.at_level(logging.WARNING, logger="onmt_ext"):
+        votes = _randn(2, 3, 4, 1, grad=False, dtype=torch.float32)
+        out, _ = routing.simple_routing(votes, 2)
+        routing.simple_routing(votes, 2)
+    assert torch.isfinite(out).all()
+    warnings = [r for r in caplog.records if "fused routing kernels are unavailable" in r.getMessage()]
+    assert len(warnings) == 1
