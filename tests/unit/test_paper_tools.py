@@ -145,6 +145,24 @@ def test_every_bench_suite_has_a_stock_baseline_and_parses_strictly(suite, tmp_p
             assert (opt.encoder_type == "transformer") == (case is cases[0])
 
 
+def test_bench_round_interleaves_translation_passes_and_takes_medians(monkeypatch):
+    """Training once per case; each search runs --translate-repeats passes, every other one reversed; medians."""
+    calls, speeds = [], {"a": iter([10.0, 30.0, 20.0]), "b": iter([5.0, 1.0, 3.0])}
+    monkeypatch.setattr(bench, "measure_training", lambda case, *rest: ({"train": case.label}, case.label))
+    def translation(search, model, *rest):
+        calls.append((search[0], model))
+        return {f"{search[0]}_sentences_per_s": next(speeds[model]) if search[0] == "translate" else 1.0}
+    monkeypatch.setattr(bench, "measure_translation", translation)
+    cases = (bench.Case("a", "a.yaml"), bench.Case("b", "b.yaml"))
+    args = argparse.Namespace(translate_repeats=3)
+    figures = bench.measure_round(cases, "smoke", args, None, None, "test")
+    assert calls[:6] == [("translate", "a"), ("translate", "b"), ("translate", "b"), ("translate", "a"),
+                         ("translate", "a"), ("translate", "b")]
+    assert len(calls) == 12
+    assert figures[cases[0]] == {"train": "a", "translate_sentences_per_s": 20.0, "greedy_sentences_per_s": 1.0}
+    assert figures[cases[1]]["translate_sentences_per_s"] == 3.0
+
+
 @pytest.mark.parametrize("variant", ["baseline", "cao2019", "clause"])
 def test_layer_cost_measures_every_variant(variant, onmt_active, capsys):
     import json
