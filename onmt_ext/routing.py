@@ -169,16 +169,17 @@ def simple_routing(votes, iterations=3, *, normalize="outputs", weighted_mean=Fa
     if normalize not in ("outputs", "inputs"):
         raise ValueError(f"normalize must be 'outputs' or 'inputs', got {normalize!r}")
     v, keep, lead = _prepare(votes, mask)
-    logits = torch.zeros(lead + (v.shape[-2],), dtype=v.dtype, device=v.device)
-    if init_logits is not None:
-        if init_logits.shape != logits.shape:
-            raise ValueError(f"init_logits must be (..., I, O) = {tuple(logits.shape)}, got {tuple(init_logits.shape)}")
-        logits = logits + init_logits.to(v.dtype)
-        if keep is not None:
-            logits = logits.masked_fill(keep == 0, 0.0)
+    logits_shape = lead + (v.shape[-2],)
+    if init_logits is not None and init_logits.shape != logits_shape:
+        raise ValueError(f"init_logits must be (..., I, O) = {tuple(logits_shape)}, got {tuple(init_logits.shape)}")
     fused = kernels.simple_routing(v, keep, init_logits, lead, iterations, normalize, weighted_mean)
     if fused is not None:
         return fused[0].to(votes.dtype), fused[1]
+    logits = torch.zeros(logits_shape, dtype=v.dtype, device=v.device)
+    if init_logits is not None:
+        logits = logits + init_logits.to(v.dtype)
+        if keep is not None:
+            logits = logits.masked_fill(keep == 0, 0.0)
     for _ in range(int(iterations)):
         coupling = _coupling(logits, normalize, keep)
         total = _weighted_sum(coupling, v)
@@ -259,16 +260,15 @@ def em_routing(
         raise ValueError(f"min_var must be > 0, got {min_var!r}")
     schedule = inverse_temperature or linear_inverse_temperature()
     v, keep, lead = _prepare(votes, mask)
-    n_out, n_dim = v.shape[-2], v.shape[-1]
-    zero = v.new_zeros(())
-    beta_a = zero if beta_a is None else beta_a.to(v.dtype)
-    beta_u = zero if beta_u is None else beta_u.to(v.dtype)
-
     if mask is None and density == "product":
         lambdas = [schedule(t, int(iterations)) for t in range(int(iterations))]
         fused = kernels.em_routing(v, iterations, lambdas, beta_a, beta_u, min_var)
         if fused is not None:
             return fused[0].to(votes.dtype), fused[1].to(votes.dtype)
+    n_out, n_dim = v.shape[-2], v.shape[-1]
+    zero = v.new_zeros(())
+    beta_a = zero if beta_a is None else beta_a.to(v.dtype)
+    beta_u = zero if beta_u is None else beta_u.to(v.dtype)
     coupling = v.new_full(lead + (n_out,), 1.0 / n_out)
     if keep is not None:
         coupling = coupling * keep

@@ -5,6 +5,7 @@ and off (``ONMT_EXT_FUSED``), and compares outputs and gradients in float64.
 """
 
 import logging
+import re
 
 import pytest
 import torch
@@ -39,6 +40,16 @@ def test_library_builds_and_is_used():
     votes = _randn(2, 3, 4, 5, 1, grad=False, dtype=torch.float32)
     assert kernels.simple_routing(votes, None, None, votes.shape[:-2], 3, "outputs", True) is not None
     assert kernels.em_routing(votes, 3, [1.0] * 3, None, None, 1e-4) is not None
+
+
+def test_kernel_constants_are_the_routing_cores():
+    """The C file repeats routing.py's floors and constants (it cannot import them): they must stay equal."""
+    source = (kernels.SOURCE_DIR / "routing_kernels.c").read_text(encoding="utf-8")
+    defined = dict(re.findall(r"^#define (NORM_EPS|MIN_TOTAL|LOG_2PI|HALF_1_LOG_2PI) (\S+)", source, re.M))
+    assert float(defined["NORM_EPS"]) == routing._NORM_EPS
+    assert float(defined["MIN_TOTAL"]) == routing._MIN_TOTAL
+    assert float(defined["LOG_2PI"]) == pytest.approx(routing._LOG_2PI, rel=1e-15)
+    assert float(defined["HALF_1_LOG_2PI"]) == pytest.approx(0.5 * (1.0 + routing._LOG_2PI), rel=1e-15)
 
 
 @pytest.mark.parametrize("iterations", [1, 3])
