@@ -88,7 +88,7 @@ $(SETUP_STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps $(ONMT_PY)
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	$(PY) -m onmt_ext.hook install
-	$(PY) -m onmt_ext.kernels build || echo "== setup: continuing without the fused routing kernels (slower on the CPU)"
+	$(PY) -m onmt_ext.kernels build || echo "== setup: continuing without the fused CPU kernels (slower on the CPU)"
 	$(PY) -c "import onmt, onmt_ext.plugin as p; assert p.is_active(), 'onmt-ext did not load'"
 	touch $@
 

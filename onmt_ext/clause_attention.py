@@ -53,6 +53,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from onmt_ext import kernels
 from onmt_ext.ops import softmax_width
 from onmt_ext.options import (OptionSpec, layers_check, options_without_effect, register_options,
                               selected_layers, tensor_parallel_problems)
@@ -124,38 +125,70 @@ class ClauseStructure(nn.Module):
         levels: L.
 
     ``start(src, pad_mask)`` computes, for the batch the encoder is about to
-    read, ``ids`` ``(batch, L, len)``, the score bias ``outside_bias``
-    ``(batch, L, len, width)`` (-1e18 where the key lies outside the query's
-    clause, else 0; width is :func:`onmt_ext.ops.softmax_width` of len, the
-    extra keys 0), which every layer shares, and ``same_as``: for each level, the first level
+    read, ``ids`` ``(batch, L, len)`` and ``same_as``: for each level, the first level
     with the same clauses in every sentence of the batch (the clause
     attentions compute one local softmax per distinct partition; levels
-    without markers in the batch repeat the coarser one).  The table is a
-    non-persistent buffer, rebuilt from the vocabulary whenever the model is
-    built.
+    without markers in the batch repeat the coarser one).  Every layer shares
+    them, and two derived forms, each computed on first use for the batch:
+    :meth:`outside_bias` (the tensor code's) and :meth:`spans` (the fused
+    kernel's).  The table is a non-persistent buffer, rebuilt from the
+    vocabulary whenever the model is built.
     """
 
     def __init__(self, level_table, levels):
         super().__init__()
         self.levels = levels
         self.register_buffer("level_table", level_table, persistent=False)
-        self.ids = self.outside_bias = self.same_as = None
+        self.ids = self.same_as = None
+        self._derived = {}
 
     def start(self, src, pad_mask):
         """Set the clause structure from ``src`` ``(batch, len, feats)`` and ``pad_mask`` ``(batch, len)``."""
         ids = clause_ids(self.level_table[src[:, :, 0]], self.levels, pad_mask)
         self.ids = ids
-        # at the width the local softmax runs at (onmt_ext.ops.softmax_width); extra key columns are not outside
-        # (the attention fills them with -inf itself).  A score bias, 0 inside and -1e18 outside: adding it
-        # leaves inside scores exact and, unlike masked_fill, costs no masking pass in the backward
-        width = softmax_width(ids.size(-1), ids.device)
-        outside = F.pad(ids[:, :, :, None] != ids[:, :, None, :], (0, width - ids.size(-1)), value=False)
-        self.outside_bias = torch.zeros(outside.shape, device=ids.device).masked_fill_(outside, _MASKED)
+        self._derived = {}
         # level l + 1 refines level l: equal ids mean the same clauses (one device sync per batch)
         repeats = (ids[:, 1:] == ids[:, :-1]).all(dim=-1).all(dim=0).tolist()
         self.same_as = [0]
         for level, repeat in enumerate(repeats, start=1):
             self.same_as.append(self.same_as[-1] if repeat else level)
+
+    def outside_bias(self):
+        """``(batch, L, len, width)`` score bias: -1e18 where the key lies outside the query's clause, else 0.
+
+        It is built at the width the local softmax runs at
+        (:func:`onmt_ext.ops.softmax_width` of len); the extra key columns are
+        not outside (the attention fills them with -inf itself).  Adding a
+        bias leaves the inside scores exact and, unlike ``masked_fill``, costs
+        no masking pass in the backward.
+        """
+        if "outside_bias" not in self._derived:
+            ids = self.ids
+            width = softmax_width(ids.size(-1), ids.device)
+            outside = F.pad(ids[:, :, :, None] != ids[:, :, None, :], (0, width - ids.size(-1)), value=False)
+            self._derived["outside_bias"] = torch.zeros(outside.shape, device=ids.device).masked_fill_(
+                outside, _MASKED)
+        return self._derived["outside_bias"]
+
+    def spans(self):
+        """``(batch, L, len, 2)`` int32: the keys ``[s, e)`` of each query's clause at each level.
+
+        Equal ids are contiguous (the ids of the tokens count up, padding
+        follows them with -1), so a clause is the span from the first to the
+        last position carrying its id; a padded query's span is the padding.
+        """
+        if "spans" not in self._derived:
+            ids = self.ids
+            length = ids.size(-1)
+            positions = torch.arange(length, device=ids.device).expand_as(ids)
+            first = torch.ones_like(ids, dtype=torch.bool)
+            first[..., 1:] = ids[..., 1:] != ids[..., :-1]
+            starts = torch.where(first, positions, 0).cummax(dim=-1).values
+            # the end of q's span is the first clause start after q (or len)
+            following = torch.where(first, positions, length)[..., 1:].flip(-1).cummin(dim=-1).values.flip(-1)
+            ends = F.pad(following, (0, 1), value=length)
+            self._derived["spans"] = torch.stack([starts, ends], dim=-1).to(torch.int32).contiguous()
+        return self._derived["spans"]
 
 
 class ClauseAttention(nn.Module):
@@ -205,7 +238,12 @@ class ClauseAttention(nn.Module):
         The local softmaxes of the distinct partitions of the batch are one
         masked softmax over a stacked ``(batch, D, H, len, len)`` tensor, and
         the mix one weighted sum, so the op count does not grow with L.
-        The local softmaxes, which the stock attention does not have, run at
+        On the CPU (float32/float64, eager) this runs as one fused kernel
+        instead (:func:`onmt_ext.kernels.clause_mix`): each row's global and
+        local softmaxes and their mix in one pass over the row, the local
+        ones over the query's clause, a contiguous span of keys
+        (:meth:`ClauseStructure.spans`).  In the tensor code,
+        the local softmaxes, which the stock attention does not have, run at
         :func:`onmt_ext.ops.softmax_width` (rows of 4-15 keys padded to 16 on
         the CPU, where torch's kernel is slow below 16; the extra keys are
         ``-inf`` and are cut off after the mix); the global one is the stock
@@ -219,14 +257,17 @@ class ClauseAttention(nn.Module):
         scores = scores.float()
         p = self.mixing_weights()
         distinct = sorted(set(structure.same_as))
-        length, width = scores.size(-1), structure.outside_bias.size(-1)
-        outside = structure.outside_bias[:, distinct].unsqueeze(2)  # (B, D, 1, len, width): 0 or -1e18
-        wide = F.pad(scores, (0, width - length), value=float("-inf"))  # (B, H, len, width)
-        local = torch.softmax(wide.unsqueeze(1) + outside, dim=-1)  # b: (B, D, H, len, width)
         weights = self.level_weights(p)  # (L, ...) per level
         if len(distinct) < self.levels:  # levels that repeat a coarser partition add to its weight
             slot = torch.tensor([distinct.index(first) for first in structure.same_as], device=weights.device)
             weights = weights.new_zeros((len(distinct),) + weights.shape[1:]).index_add_(0, slot, weights)
+        if kernels.usable(scores):
+            return kernels.clause_mix(scores, structure.spans()[:, distinct], (1 - p[0]).squeeze(-1),
+                                      weights.squeeze(-1))
+        length, width = scores.size(-1), structure.outside_bias().size(-1)
+        outside = structure.outside_bias()[:, distinct].unsqueeze(2)  # (B, D, 1, len, width): 0 or -1e18
+        wide = F.pad(scores, (0, width - length), value=float("-inf"))  # (B, H, len, width)
+        local = torch.softmax(wide.unsqueeze(1) + outside, dim=-1)  # b: (B, D, H, len, width)
         mixed = (weights.movedim(0, 1) * local).sum(dim=1)[..., :length]  # (B, H, len, len)
         return (1 - p[0]) * torch.softmax(scores, dim=-1) + mixed
 

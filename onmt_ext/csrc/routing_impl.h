@@ -5,7 +5,8 @@
  * over the whole vote tensor that the tensor code of onmt_ext/routing.py
  * makes.  The arithmetic is exactly that of onmt_ext/routing.py (the tests
  * compare the two, values and gradients); the backward pass recomputes the
- * forward iterations of its problem and then runs them in reverse.
+ * forward iterations of its problem and then runs them in reverse (with shared
+ * votes, S > 1, it reads them from the state the forward pass kept, when given).
  *
  * Layout (row-major, contiguous):
  *   votes  v     (G, I, O, D)   shared by the S problems of group g
@@ -13,6 +14,7 @@
  *   init_logits  (G, S, I, O)   (or NULL)
  *   outputs      (G, S, O, D)
  *   logits       (G, S, I, O)
+ *   state        (G, S, shared_state_size) with shared votes (or NULL)
  * EM routing has S = 1 and no mask.
  */
 
@@ -126,10 +128,496 @@ typedef struct {
     real *out, *logits, *g_v, *g_init;
     int64_t G, S, I, O, D;
     int T, normalize_inputs, weighted_mean;
+    real *state;  /* shared votes: what the forward pass keeps for the backward pass (or NULL: recomputed) */
 } FN(simple_args);
+
+/* ---------------------------------------- simple routing with shared votes (S > 1: cao2019's horizontal) */
+
+/* Shared votes are cao2019's horizontal routing: the S = L problems of a sentence route over the same votes
+ * (I = L inputs), problem l over the inputs t <= l that are not padding.  So a problem works on the range
+ * [0, R) up to its last kept input (its prefix; masked inputs inside the range get a zero coupling), the
+ * group's votes are copied once in two layouts, (I, O, Dp) with the capsule size padded with zeros to whole
+ * vectors, and transposed, (O, D, Ip) with the inputs padded, and every sum runs in vector registers along a
+ * contiguous axis: sum_i C_io v_io along D in the first layout, the agreements <v_io, out_o> (and the
+ * coupling's gradient) along the inputs in the second, never a horizontal reduction per input.  Logits and
+ * couplings are kept transposed, (O, Ip), so that the softmax over the inputs runs on contiguous rows.
+ * A masked input's logits are its agreements alone: inside the range they are updated with the others, past
+ * it they are <v_io, sum_t out^t_o>, computed once at the end (in the backward pass only when the logits
+ * get a gradient, which cao2019 does not give them). */
+
+#ifndef SHARED_LANE_BYTES
+#define SHARED_LANE_BYTES 32
+#endif
+/* lanes of a vector (the padding of D and of I); a vector of them (GNU C vector extension), loads and stores
+ * of which need no alignment */
+#define LANES ((int64_t)(SHARED_LANE_BYTES / sizeof(real)))
+typedef real FN(vec) __attribute__((vector_size(SHARED_LANE_BYTES), aligned(sizeof(real)), __may_alias__));
+#define VLOAD(p) (*(const FN(vec) *)(p))
+#define VSTORE(p, x) (*(FN(vec) *)(p) = (x))
+#define NEG_HUGE ((real)-3.0e38)
+
+static inline real FN(hsum)(FN(vec) x)
+{
+    real total = 0;
+    for (int64_t k = 0; k < LANES; k++) total += x[k];
+    return total;
+}
+
+static inline int64_t FN(round_up)(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+/* Per-thread buffers of the shared-vote routing. */
+typedef struct {
+    int64_t Dp, Ip;
+    real *Vp, *Vt, *gVp, *km, *Bt, *gB, *gC, *Cs, *Ss, *outs, *totals, *outsum, *gout, *gS, *Wm, *gtot, *gAs, *gSs;
+    void *memory;
+} FN(shared_buffers);
+
+static int FN(shared_alloc)(FN(shared_buffers) *b, int64_t I, int64_t O, int64_t D, int T, int backward)
+{
+    int64_t Dp = FN(round_up)(FIXED_D(D), LANES), Ip = FN(round_up)(I, LANES), ODp = O * Dp, OIp = O * Ip;
+    enum { ARRAYS = 18 };
+    int64_t sizes[ARRAYS] = {I * ODp, O * FIXED_D(D) * Ip, backward ? I * ODp : 0, Ip, OIp, OIp, OIp, T * OIp,
+                             T * ODp, T * ODp, T * O, ODp, ODp, ODp, ODp, O, backward ? T * OIp : 0,
+                             backward ? T * ODp : 0};
+    real **arrays[ARRAYS] = {&b->Vp, &b->Vt, &b->gVp, &b->km, &b->Bt, &b->gB, &b->gC, &b->Cs,
+                             &b->Ss, &b->outs, &b->totals, &b->outsum, &b->gout, &b->gS, &b->Wm, &b->gtot,
+                             &b->gAs, &b->gSs};
+    size_t offsets[ARRAYS], count = 0;
+    for (int k = 0; k < ARRAYS; k++) {  /* every array starts on a 64-byte line */
+        offsets[k] = count;
+        count += ((size_t)sizes[k] * sizeof(real) + 63) / 64 * 64;
+    }
+    char *memory = aligned_alloc(64, count);
+    if (!memory) return -1;
+    for (int k = 0; k < ARRAYS; k++) *arrays[k] = (real *)(memory + offsets[k]);
+    for (size_t k = 0; k < count / sizeof(real); k++) ((real *)memory)[k] = 0;  /* the paddings stay zero */
+    b->Dp = Dp;
+    b->Ip = Ip;
+    b->memory = memory;
+    return 0;
+}
+
+/* The group's votes v (I, O, D) into Vp (I, O, Dp) and Vt (O, D, Ip); their paddings are zero. */
+static void FN(shared_votes)(FN(shared_buffers) *b, const real *v, int64_t I, int64_t O, int64_t D)
+{
+    D = FIXED_D(D);
+    int64_t Dp = b->Dp, Ip = b->Ip;
+    for (int64_t i = 0; i < I; i++)
+        for (int64_t o = 0; o < O; o++)
+            for (int64_t d = 0; d < D; d++) {
+                real x = v[(i * O + o) * D + d];
+                b->Vp[(i * O + o) * Dp + d] = x;
+                b->Vt[(o * D + d) * Ip + i] = x;
+            }
+}
+
+/* keep (I) into km (1 or 0; km stays 0 past I); returns R, one past the last kept input, and *n, their number */
+static int64_t FN(shared_range)(const real *keep, real *km, int64_t I, int64_t *n)
+{
+    int64_t R = 0, count = 0;
+    for (int64_t i = 0; i < I; i++) {
+        int k = !keep || keep[i] != 0;
+        km[i] = (real)k;
+        if (k) { R = i + 1; count++; }
+    }
+    *n = count;
+    return R;
+}
+
+/* The coupling Ct (O, Ip) of the inputs [0, Rp) from their logits Bt (O, Ip); zero where km is 0. */
+static void FN(shared_coupling)(const real *Bt, const real *km, real *Ct, int64_t n, int64_t Rp, int64_t Ip,
+                                int64_t O, int normalize_inputs)
+{
+    if (n == 0) {
+        for (int64_t o = 0; o < O; o++)
+            for (int64_t i = 0; i < Rp; i++) Ct[o * Ip + i] = 0;
+        return;
+    }
+    if (normalize_inputs) {  /* softmax over the kept inputs of each output: a contiguous row */
+        enum { CHUNK = 16 };    /* outputs whose rows go through each step together (independent latencies) */
+        for (int64_t o0 = 0; o0 < O; o0 += CHUNK) {
+            int64_t count = O - o0 < CHUNK ? O - o0 : CHUNK;
+            real top[CHUNK], total[CHUNK];
+            for (int64_t o = 0; o < count; o++) {
+                const real *b = Bt + (o0 + o) * Ip;
+                real t = NEG_HUGE;
+                for (int64_t i = 0; i < Rp; i++) {
+                    real x = b[i] + (km[i] - (real)1) * -NEG_HUGE;  /* far below every kept logit where masked */
+                    t = x > t ? x : t;
+                }
+                top[o] = t;
+            }
+            for (int64_t o = 0; o < count; o++) {
+                const real *b = Bt + (o0 + o) * Ip;
+                real *c = Ct + (o0 + o) * Ip, t = top[o], sum = 0;
+                for (int64_t i = 0; i < Rp; i++) {
+                    real e = EXP((b[i] - t) * km[i]) * km[i];  /* exp(0) times 0 where masked */
+                    c[i] = e;
+                    sum += e;
+                }
+                total[o] = sum;
+            }
+            for (int64_t o = 0; o < count; o++) total[o] = (real)1 / total[o];
+            for (int64_t o = 0; o < count; o++) {
+                real *c = Ct + (o0 + o) * Ip, scale = total[o];
+                for (int64_t i0 = 0; i0 < Rp; i0 += LANES) VSTORE(c + i0, VLOAD(c + i0) * scale);
+            }
+        }
+        return;
+    }
+    for (int64_t i = 0; i < Rp; i++) {  /* softmax over the outputs of each input */
+        real top = Bt[i];
+        for (int64_t o = 1; o < O; o++) top = Bt[o * Ip + i] > top ? Bt[o * Ip + i] : top;
+        real total = 0;
+        for (int64_t o = 0; o < O; o++) { Ct[o * Ip + i] = EXP(Bt[o * Ip + i] - top); total += Ct[o * Ip + i]; }
+        real scale = km[i] / total;
+        for (int64_t o = 0; o < O; o++) Ct[o * Ip + i] *= scale;
+    }
+}
+
+/* Y (O, Dp) = [Y +] sum_{i < R} W_oi V_io (W (O, Ip), V = Vp (I, O, Dp)): the O Dp / LANES vectors of Y are
+ * independent sums over the inputs, accumulated in registers four at a time */
+static void FN(sum_over_inputs)(const real *W, const real *Vp, real *Y, int64_t R, int64_t Ip, int64_t O, int64_t Dp,
+                                int accumulate)
+{
+    const FN(vec) zero = {0};
+    int64_t ODp = O * Dp, per_output = Dp / LANES, q = 0, Q = O * per_output;
+    for (; q + 4 <= Q; q += 4) {
+        const real *w0 = W + (q / per_output) * Ip, *w1 = W + ((q + 1) / per_output) * Ip,
+                   *w2 = W + ((q + 2) / per_output) * Ip, *w3 = W + ((q + 3) / per_output) * Ip;
+        const real *x = Vp + q * LANES;
+        real *y = Y + q * LANES;
+        FN(vec) a0 = zero, a1 = zero, a2 = zero, a3 = zero;
+        if (accumulate) {
+            a0 = VLOAD(y);
+            a1 = VLOAD(y + LANES);
+            a2 = VLOAD(y + 2 * LANES);
+            a3 = VLOAD(y + 3 * LANES);
+        }
+        for (int64_t i = 0; i < R; i++, x += ODp) {
+            a0 += w0[i] * VLOAD(x);
+            a1 += w1[i] * VLOAD(x + LANES);
+            a2 += w2[i] * VLOAD(x + 2 * LANES);
+            a3 += w3[i] * VLOAD(x + 3 * LANES);
+        }
+        VSTORE(y, a0);
+        VSTORE(y + LANES, a1);
+        VSTORE(y + 2 * LANES, a2);
+        VSTORE(y + 3 * LANES, a3);
+    }
+    for (; q < Q; q++) {
+        const real *w = W + (q / per_output) * Ip, *x = Vp + q * LANES;
+        real *y = Y + q * LANES;
+        FN(vec) a0 = accumulate ? VLOAD(y) : zero;
+        for (int64_t i = 0; i < R; i++, x += ODp) a0 += w[i] * VLOAD(x);
+        VSTORE(y, a0);
+    }
+}
+
+/* Y (O, Ip) = [Y +] base_o + sum_d X_od Vt_odi over the inputs [i0, Rp) (X (O, Dp), Vt (O, D, Ip)): the
+ * agreements <v_io, out_o>, and the coupling's gradient; the vectors of Y are independent sums over d,
+ * accumulated in registers four at a time */
+static void FN(sum_over_dims)(const real *X, const real *Vt, const real *base, real *Y, int64_t i0, int64_t Rp,
+                              int64_t Ip, int64_t O, int64_t D, int64_t Dp, int accumulate)
+{
+    D = FIXED_D(D);
+    const FN(vec) zero = {0};
+    int64_t per_output = (Rp - i0) / LANES, Q = O * per_output, q = 0;
+    if (per_output <= 0) return;
+#define SOD_SETUP(k)                                                                                               \
+    int64_t o##k = (q + k) / per_output, c##k = i0 + ((q + k) % per_output) * LANES;                               \
+    const real *x##k = X + o##k * Dp, *r##k = Vt + o##k * D * Ip + c##k;                                          \
+    real *y##k = Y + o##k * Ip + c##k;                                                                             \
+    FN(vec) a##k = (accumulate ? VLOAD(y##k) : zero) + (base ? base[o##k] : (real)0);
+    for (; q + 4 <= Q; q += 4) {
+        SOD_SETUP(0)
+        SOD_SETUP(1)
+        SOD_SETUP(2)
+        SOD_SETUP(3)
+        for (int64_t d = 0; d < D; d++) {
+            a0 += x0[d] * VLOAD(r0 + d * Ip);
+            a1 += x1[d] * VLOAD(r1 + d * Ip);
+            a2 += x2[d] * VLOAD(r2 + d * Ip);
+            a3 += x3[d] * VLOAD(r3 + d * Ip);
+        }
+        VSTORE(y0, a0);
+        VSTORE(y1, a1);
+        VSTORE(y2, a2);
+        VSTORE(y3, a3);
+    }
+    for (; q < Q; q++) {
+        SOD_SETUP(0)
+        for (int64_t d = 0; d < D; d++) a0 += x0[d] * VLOAD(r0 + d * Ip);
+        VSTORE(y0, a0);
+    }
+#undef SOD_SETUP
+}
+
+/* out (O, Dp) = squash(S (O, Dp)) */
+static void FN(shared_squash_only)(const real *S, real *out, int64_t O, int64_t Dp)
+{
+    enum { CHUNK = 16 };  /* outputs whose norms are computed together (independent square roots) */
+    for (int64_t o0 = 0; o0 < O; o0 += CHUNK) {
+        int64_t count = O - o0 < CHUNK ? O - o0 : CHUNK;
+        real f[CHUNK];
+        for (int64_t o = 0; o < count; o++) {
+            const real *s = S + (o0 + o) * Dp;
+            FN(vec) sq = {0};
+            for (int64_t d0 = 0; d0 < Dp; d0 += LANES) sq += VLOAD(s + d0) * VLOAD(s + d0);
+            f[o] = FN(hsum)(sq);
+        }
+        for (int64_t o = 0; o < count; o++) {
+            real nrm = SQRT(f[o] + (real)NORM_EPS);
+            f[o] = nrm / ((real)1 + nrm * nrm);
+        }
+        for (int64_t o = 0; o < count; o++)
+            for (int64_t d0 = 0; d0 < Dp; d0 += LANES)
+                VSTORE(out + (o0 + o) * Dp + d0, VLOAD(S + (o0 + o) * Dp + d0) * f[o]);
+    }
+}
+
+/* out (O, Dp) = squash(S), S (O, Dp) divided by the total coupling first when weighted_mean */
+static void FN(shared_squash)(const real *Ct, real *S, real *total, real *out, int64_t Rp, int64_t Ip, int64_t O,
+                              int64_t Dp, int weighted_mean)
+{
+    for (int64_t o = 0; o < O; o++) {
+        real *s = S + o * Dp;
+        if (weighted_mean) {
+            real tot = 0;
+            for (int64_t i = 0; i < Rp; i++) tot += Ct[o * Ip + i];
+            total[o] = tot;
+            real den = tot > (real)MIN_TOTAL ? tot : (real)MIN_TOTAL;
+            for (int64_t d0 = 0; d0 < Dp; d0 += LANES) VSTORE(s + d0, VLOAD(s + d0) / den);
+        }
+    }
+    FN(shared_squash_only)(S, out, O, Dp);
+}
+
+/* The backward of shared_squash: gS (O, Dp) and gtot (O) from gout (O, Dp) */
+static void FN(shared_squash_backward)(const real *St, const real *tot, const real *gout, real *gS, real *gtot,
+                                       int64_t O, int64_t Dp, int weighted_mean)
+{
+    for (int64_t o = 0; o < O; o++) {
+        const real *so = St + o * Dp, *go = gout + o * Dp;
+        real *gs = gS + o * Dp;
+        FN(vec) sqv = {0}, dotv = {0};
+        for (int64_t d0 = 0; d0 < Dp; d0 += LANES) {
+            sqv += VLOAD(so + d0) * VLOAD(so + d0);
+            dotv += VLOAD(go + d0) * VLOAD(so + d0);
+        }
+        real sq = FN(hsum)(sqv), dot = FN(hsum)(dotv);
+        real nrm = SQRT(sq + (real)NORM_EPS), n2 = nrm * nrm;
+        real f = nrm / ((real)1 + n2);
+        real fprime_over_n = ((real)1 - n2) / (((real)1 + n2) * ((real)1 + n2)) / nrm;
+        real h = fprime_over_n * dot;
+        for (int64_t d0 = 0; d0 < Dp; d0 += LANES) VSTORE(gs + d0, VLOAD(go + d0) * f + VLOAD(so + d0) * h);
+        gtot[o] = 0;
+        if (weighted_mean) {
+            real den = tot[o] > (real)MIN_TOTAL ? tot[o] : (real)MIN_TOTAL;
+            FN(vec) gdv = {0};
+            for (int64_t d0 = 0; d0 < Dp; d0 += LANES) gdv += VLOAD(gs + d0) * VLOAD(so + d0);
+            for (int64_t d0 = 0; d0 < Dp; d0 += LANES) VSTORE(gs + d0, VLOAD(gs + d0) / den);
+            gtot[o] = tot[o] >= (real)MIN_TOTAL ? -FN(hsum)(gdv) / den : (real)0;
+        }
+    }
+}
+
+/* Reals per problem of the saved state: per iteration the coupling (O, Ip), S after the weighted mean (O, Dp)
+ * and the totals (O). */
+static int64_t FN(shared_state_size)(int64_t I, int64_t O, int64_t D, int T)
+{
+    return (int64_t)T * O * (FN(round_up)(I, LANES) + FN(round_up)(FIXED_D(D), LANES) + 1);
+}
+
+/* Where iteration t's coupling, S and totals are: in the saved state of problem p, or in the buffers (slot t
+ * when every iteration is kept, else slot 0). */
+static void FN(shared_slots)(const FN(simple_args) *a, FN(shared_buffers) *b, int64_t p, int all, real **Cs,
+                             real **Ss, real **totals, int64_t *step_C, int64_t *step_S, int64_t *step_t)
+{
+    int64_t O = a->O, OIp = O * b->Ip, ODp = O * b->Dp;
+    if (a->state) {
+        *Cs = a->state + p * FN(shared_state_size)(a->I, a->O, a->D, a->T);
+        *Ss = *Cs + a->T * OIp;
+        *totals = *Ss + a->T * ODp;
+    } else {
+        *Cs = b->Cs;
+        *Ss = b->Ss;
+        *totals = b->totals;
+    }
+    int keep_all = all || a->state;
+    *step_C = keep_all ? OIp : 0;
+    *step_S = keep_all ? ODp : 0;
+    *step_t = keep_all ? O : 0;
+}
+
+/* The T forward iterations of problem p over its range [0, R): the logits Bt and, per iteration t, the coupling,
+ * S after the weighted mean and the totals (where shared_slots says) and the outputs (b->outs, slot t when all,
+ * else slot 0); the sum of the outputs into outsum when asked.  The last agreement only when last_agreement. */
+static void FN(shared_iterations)(const FN(simple_args) *a, FN(shared_buffers) *b, int64_t p, int64_t n, int64_t R,
+                                  int all, int last_agreement, int sum_outputs)
+{
+    int64_t I = a->I, O = a->O, D = a->D, Dp = b->Dp, Ip = b->Ip, ODp = O * Dp;
+    int64_t Rp = FN(round_up)(R, LANES), step_C, step_S, step_t;
+    real *Cs, *Ss, *totals;
+    FN(shared_slots)(a, b, p, all, &Cs, &Ss, &totals, &step_C, &step_S, &step_t);
+    const real *km = b->km;
+    for (int64_t o = 0; o < O; o++)
+        for (int64_t i = 0; i < Rp; i++)
+            b->Bt[o * Ip + i] = (a->init && km[i] != 0) ? a->init[(p * I + i) * O + o] : (real)0;
+    if (sum_outputs)
+        for (int64_t k = 0; k < ODp; k++) b->outsum[k] = 0;
+    for (int t = 0; t < a->T; t++) {
+        real *C = Cs + t * step_C, *S = Ss + t * step_S, *out = b->outs + (all ? t : 0) * ODp;
+        FN(shared_coupling)(b->Bt, km, C, n, Rp, Ip, O, a->normalize_inputs);
+        FN(sum_over_inputs)(C, b->Vp, S, R, Ip, O, Dp, 0);
+        FN(shared_squash)(C, S, totals + t * step_t, out, Rp, Ip, O, Dp, a->weighted_mean);
+        if (t < a->T - 1 || last_agreement) FN(sum_over_dims)(out, b->Vt, NULL, b->Bt, 0, Rp, Ip, O, D, Dp, 1);
+        if (sum_outputs)
+            for (int64_t k = 0; k < ODp; k++) b->outsum[k] += out[k];
+    }
+}
+
+static int FN(shared_forward_groups)(const FN(simple_args) *a, int64_t g0, int64_t g1)
+{
+    int64_t I = a->I, O = a->O, D = FIXED_D(a->D), IO = I * O, OD = O * D;
+    FN(shared_buffers) b;
+    if (FN(shared_alloc)(&b, I, O, D, 1, 0)) return -1;
+    int64_t Dp = b.Dp, Ip = b.Ip;
+    for (int64_t g = g0; g < g1; g++) {
+        FN(shared_votes)(&b, a->v + g * I * OD, I, O, D);
+        for (int64_t s = 0; s < a->S; s++) {
+            int64_t p = g * a->S + s, n;
+            int64_t R = FN(shared_range)(a->keep ? a->keep + p * I : NULL, b.km, I, &n);
+            FN(shared_iterations)(a, &b, p, n, R, 0, 1, R < I);
+            for (int64_t o = 0; o < O; o++)
+                for (int64_t d = 0; d < D; d++) a->out[p * OD + o * D + d] = b.outs[o * Dp + d];
+            /* past the range: the masked inputs' logits from the sum of the outputs */
+            int64_t i0 = R / LANES * LANES;
+            if (R < I) FN(sum_over_dims)(b.outsum, b.Vt, NULL, b.gC, i0, Ip, Ip, O, D, Dp, 0);
+            real *logits = a->logits + p * IO;
+            for (int64_t i = 0; i < I; i++)
+                for (int64_t o = 0; o < O; o++) logits[i * O + o] = i < R ? b.Bt[o * Ip + i] : b.gC[o * Ip + i];
+        }
+    }
+    free(b.memory);
+    return 0;
+}
+
+static int FN(shared_backward_groups)(const FN(simple_args) *a, int64_t g0, int64_t g1)
+{
+    int64_t I = a->I, O = a->O, D = FIXED_D(a->D), IO = I * O, OD = O * D;
+    int T = a->T;
+    FN(shared_buffers) b;
+    if (FN(shared_alloc)(&b, I, O, D, T, 1)) return -1;
+    int64_t Dp = b.Dp, Ip = b.Ip, ODp = O * Dp, OIp = O * Ip;
+    for (int64_t g = g0; g < g1; g++) {
+        FN(shared_votes)(&b, a->v + g * I * OD, I, O, D);
+        for (int64_t k = 0; k < I * ODp; k++) b.gVp[k] = 0;
+        for (int64_t s = 0; s < a->S; s++) {
+            int64_t p = g * a->S + s, n;
+            int64_t R = FN(shared_range)(a->keep ? a->keep + p * I : NULL, b.km, I, &n);
+            int64_t Rp = FN(round_up)(R, LANES);
+            int masked_logits = a->g_logits && R < I;  /* logits past the range that get a gradient */
+            real *Cs, *Ss, *totals;  /* every iteration kept: iteration t at t O Ip, t O Dp and t O */
+            int64_t step_C, step_S, step_t;
+            FN(shared_slots)(a, &b, p, 1, &Cs, &Ss, &totals, &step_C, &step_S, &step_t);
+            if (a->state) {  /* the outputs from the saved S */
+                if (masked_logits)
+                    for (int64_t k = 0; k < ODp; k++) b.outsum[k] = 0;
+                for (int t = 0; t < T; t++) {
+                    FN(shared_squash_only)(Ss + t * ODp, b.outs + t * ODp, O, Dp);
+                    if (masked_logits)
+                        for (int64_t k = 0; k < ODp; k++) b.outsum[k] += b.outs[t * ODp + k];
+                }
+            } else {
+                FN(shared_iterations)(a, &b, p, n, R, 1, 0, masked_logits);
+            }
+            if (masked_logits) {
+                /* logits_io = <v_io, sum_t out^t_o> past R: to the votes now, to every out^t through Wm below */
+                for (int64_t k = 0; k < ODp; k++) b.Wm[k] = 0;
+                for (int64_t i = R; i < I; i++)
+                    for (int64_t o = 0; o < O; o++) {
+                        real gl = a->g_logits[(p * I + i) * O + o];
+                        const real *x = b.outsum + o * Dp, *v = b.Vp + (i * O + o) * Dp;
+                        real *gv = b.gVp + (i * O + o) * Dp, *w = b.Wm + o * Dp;
+                        for (int64_t d0 = 0; d0 < Dp; d0 += LANES) {
+                            VSTORE(gv + d0, VLOAD(gv + d0) + gl * VLOAD(x + d0));
+                            VSTORE(w + d0, VLOAD(w + d0) + gl * VLOAD(v + d0));
+                        }
+                    }
+            }
+            for (int64_t o = 0; o < O; o++)
+                for (int64_t i = 0; i < Rp; i++)
+                    b.gB[o * Ip + i] = (a->g_logits && i < R) ? a->g_logits[(p * I + i) * O + o] : (real)0;
+            for (int t = T - 1; t >= 0; t--) {
+                const real *C = Cs + t * OIp, *St = Ss + t * ODp, *tot = totals + t * O;
+                real *gout = b.gout, *gS = b.gS, *gtot = b.gtot, *gB = b.gB, *gC = b.gC;
+                for (int64_t o = 0; o < O; o++)
+                    for (int64_t d = 0; d < Dp; d++)
+                        gout[o * Dp + d] = (t == T - 1 && a->g_out && d < D) ? a->g_out[p * OD + o * D + d] : (real)0;
+                if (masked_logits)
+                    for (int64_t k = 0; k < ODp; k++) gout[k] += b.Wm[k];
+                /* B^{t+1} = B^t + A^t, A_io = <v_io, out_o> (gB is zero at t = T - 1 without a logits gradient) */
+                int agreement = a->g_logits || t < T - 1;
+                if (agreement) FN(sum_over_inputs)(gB, b.Vp, gout, R, Ip, O, Dp, 1);
+                /* out = squash(S); then the weighted mean */
+                FN(shared_squash_backward)(St, tot, gout, gS, gtot, O, Dp, a->weighted_mean);
+                /* the votes get gB_oi out_o (agreement) + C_oi gS_o (S_raw = sum_i C_oi v_io), below */
+                for (int64_t k = 0; k < OIp; k++) b.gAs[t * OIp + k] = agreement ? gB[k] : (real)0;
+                for (int64_t k = 0; k < ODp; k++) b.gSs[t * ODp + k] = gS[k];
+                if (t == 0 && !a->g_init) continue;  /* the coupling's gradient only where it is used */
+                /* gC_oi = gtot_o + <gS_o, v_io>; C = softmax(B^t): its backward, added to the identity path of B */
+                FN(sum_over_dims)(gS, b.Vt, gtot, gC, 0, Rp, Ip, O, D, Dp, 0);
+                if (a->normalize_inputs) {
+                    for (int64_t o = 0; o < O; o++) {
+                        const real *c = C + o * Ip, *gc = gC + o * Ip;
+                        real *gb = gB + o * Ip;
+                        real dot = 0;
+                        for (int64_t i = 0; i < Rp; i++) dot += gc[i] * c[i];
+                        for (int64_t i = 0; i < Rp; i++) gb[i] += c[i] * (gc[i] - dot);
+                    }
+                } else {
+                    for (int64_t i = 0; i < Rp; i++) {
+                        real dot = 0;
+                        for (int64_t o = 0; o < O; o++) dot += gC[o * Ip + i] * C[o * Ip + i];
+                        for (int64_t o = 0; o < O; o++) gB[o * Ip + i] += C[o * Ip + i] * (gC[o * Ip + i] - dot);
+                    }
+                }
+            }
+            /* the votes: gv_io += sum_t gA^t_oi out^t_o + C^t_oi gS^t_o */
+            for (int64_t i = 0; i < R; i++)
+                for (int64_t o = 0; o < O; o++) {
+                    real *gv = b.gVp + (i * O + o) * Dp;
+                    for (int64_t d0 = 0; d0 < Dp; d0 += LANES) {
+                        FN(vec) acc = VLOAD(gv + d0);
+                        for (int t = 0; t < T; t++) {
+                            int64_t ci = t * OIp + o * Ip + i, cd = t * ODp + o * Dp + d0;
+                            acc += b.gAs[ci] * VLOAD(b.outs + cd) + Cs[ci] * VLOAD(b.gSs + cd);
+                        }
+                        VSTORE(gv + d0, acc);
+                    }
+                }
+            if (a->g_init)
+                for (int64_t i = 0; i < I; i++)
+                    for (int64_t o = 0; o < O; o++)
+                        a->g_init[p * IO + i * O + o] = b.km[i] != 0 ? b.gB[o * Ip + i] : (real)0;
+        }
+        real *gv = a->g_v + g * I * OD;
+        for (int64_t r = 0; r < IO; r++)
+            for (int64_t d = 0; d < D; d++) gv[r * D + d] += b.gVp[r * Dp + d];
+    }
+    free(b.memory);
+    return 0;
+}
+
+#undef LANES
+#undef VLOAD
+#undef VSTORE
+#undef NEG_HUGE
 
 static int FN(simple_forward_groups)(const FN(simple_args) *a, int64_t g0, int64_t g1)
 {
+    if (a->S > 1) return FN(shared_forward_groups)(a, g0, g1);
     int64_t I = a->I, O = a->O, D = FIXED_D(a->D), IO = I * O, OD = O * D;
     real *C = malloc(sizeof(real) * (IO + OD + O));
     if (!C) return -1;
@@ -154,6 +642,7 @@ static int FN(simple_forward_groups)(const FN(simple_args) *a, int64_t g0, int64
 
 static int FN(simple_backward_groups)(const FN(simple_args) *a, int64_t g0, int64_t g1)
 {
+    if (a->S > 1) return FN(shared_backward_groups)(a, g0, g1);
     int64_t I = a->I, O = a->O, D = FIXED_D(a->D), IO = I * O, OD = O * D;
     int T = a->T;
     /* per iteration: C^t, S^t (after the weighted mean), total^t, out^t; then the gradients */

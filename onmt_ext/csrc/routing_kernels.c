@@ -1,6 +1,7 @@
-/* Fused CPU kernels of onmt-ext's routing core (onmt_ext/routing.py), loaded by onmt_ext/kernels.py.
+/* Fused CPU kernels of onmt-ext's routing core (onmt_ext/routing.py) and of its clause attention
+ * (onmt_ext/clause_attention.py), loaded by onmt_ext/kernels.py.
  *
- * routing_impl.h holds the arithmetic; it is included once for float and
+ * routing_impl.h and clause_impl.h hold the arithmetic; each is included once for float and
  * once for double (the tests compare gradients in double).  Every exported
  * function splits the groups G over `threads` POSIX threads (no OpenMP, so
  * that no second OpenMP runtime meets torch's) and returns 0, or -1 when a
@@ -28,6 +29,7 @@
 #define FIXED_D(d) (d)
 #define FN(name) name##_f32
 #include "routing_impl.h"
+#include "clause_impl.h"
 #undef FN
 #undef FIXED_D
 #define FIXED_D(d) ((void)(d), (int64_t)1)
@@ -49,6 +51,7 @@
 #define FIXED_D(d) (d)
 #define FN(name) name##_f64
 #include "routing_impl.h"
+#include "clause_impl.h"
 #undef FN
 #undef FIXED_D
 #define FIXED_D(d) ((void)(d), (int64_t)1)
@@ -105,22 +108,29 @@ static int run(group_fn fn, const void *args, int64_t groups, int threads)
 #define EXPORT_SIMPLE(SUF, T_)                                                                                    \
     static int simple_fw_##SUF(const void *a, int64_t g0, int64_t g1) { return simple_forward_groups_##SUF(a, g0, g1); } \
     static int simple_bw_##SUF(const void *a, int64_t g0, int64_t g1) { return simple_backward_groups_##SUF(a, g0, g1); }\
-    int simple_routing_forward_##SUF(const T_ *v, const T_ *keep, const T_ *init, T_ *out, T_ *logits, int64_t G,   \
-                                     int64_t S, int64_t I, int64_t O, int64_t D, int T, int normalize_inputs,      \
-                                     int weighted_mean, int threads)                                               \
+    /* reals per problem of the state the shared-vote forward pass keeps for the backward pass (S > 1) */          \
+    int64_t simple_routing_state_size_##SUF(int64_t I, int64_t O, int64_t D, int T)                               \
+    {                                                                                                              \
+        return shared_state_size_##SUF(I, O, D, T);                                                                \
+    }                                                                                                              \
+    /* state: NULL, or (G S state_size) reals (S > 1 only) that the backward pass then reads instead of            \
+     * recomputing the iterations */                                                                               \
+    int simple_routing_forward_##SUF(const T_ *v, const T_ *keep, const T_ *init, T_ *out, T_ *logits, T_ *state,  \
+                                     int64_t G, int64_t S, int64_t I, int64_t O, int64_t D, int T,                 \
+                                     int normalize_inputs, int weighted_mean, int threads)                         \
     {                                                                                                              \
         simple_args_##SUF a = {v, keep, init, NULL, NULL, out, logits, NULL, NULL, G, S, I, O, D, T,              \
-                               normalize_inputs, weighted_mean};                                                   \
+                               normalize_inputs, weighted_mean, S > 1 ? state : NULL};                             \
         return run(simple_fw_##SUF, &a, G, threads);                                                                      \
                                                                                                           \
     }                                                                                                              \
     int simple_routing_backward_##SUF(const T_ *v, const T_ *keep, const T_ *init, const T_ *g_out,               \
-                                      const T_ *g_logits, T_ *g_v, T_ *g_init, int64_t G, int64_t S, int64_t I,    \
-                                      int64_t O, int64_t D, int T, int normalize_inputs, int weighted_mean,        \
-                                      int threads)                                                                 \
+                                      const T_ *g_logits, T_ *state, T_ *g_v, T_ *g_init, int64_t G, int64_t S,    \
+                                      int64_t I, int64_t O, int64_t D, int T, int normalize_inputs,                \
+                                      int weighted_mean, int threads)                                              \
     {                                                                                                              \
         simple_args_##SUF a = {v, keep, init, g_out, g_logits, NULL, NULL, g_v, g_init, G, S, I, O, D, T,         \
-                               normalize_inputs, weighted_mean};                                                   \
+                               normalize_inputs, weighted_mean, S > 1 ? state : NULL};                             \
         return run(simple_bw_##SUF, &a, G, threads);                                                                      \
                                                                                                           \
     }
@@ -154,3 +164,23 @@ EXPORT_EM(f32, float)
 EXPORT_EM(f64, double)
 EXPORT_EM(f32_d1, float)
 EXPORT_EM(f64_d1, double)
+
+#define EXPORT_CLAUSE(SUF, T_)                                                                                    \
+    static int clause_fw_##SUF(const void *a, int64_t g0, int64_t g1) { return clause_forward_blocks_##SUF(a, g0, g1); } \
+    static int clause_bw_##SUF(const void *a, int64_t g0, int64_t g1) { return clause_backward_blocks_##SUF(a, g0, g1); }\
+    int clause_mix_forward_##SUF(const T_ *x, const int32_t *span, const T_ *cg, const T_ *w, T_ *y, int64_t B,     \
+                                 int64_t H, int64_t L, int64_t Dd, int threads)                                   \
+    {                                                                                                              \
+        clause_args_##SUF a = {x, cg, w, NULL, span, y, NULL, NULL, NULL, B, H, L, Dd};                            \
+        return run(clause_fw_##SUF, &a, B * H, threads);                                                       \
+    }                                                                                                              \
+    int clause_mix_backward_##SUF(const T_ *x, const int32_t *span, const T_ *cg, const T_ *w, const T_ *gy,       \
+                                  T_ *gx, T_ *gcg, T_ *gw, int64_t B, int64_t H, int64_t L, int64_t Dd,            \
+                                  int threads)                                                                     \
+    {                                                                                                              \
+        clause_args_##SUF a = {x, cg, w, gy, span, NULL, gx, gcg, gw, B, H, L, Dd};                                \
+        return run(clause_bw_##SUF, &a, B * H, threads);                                                       \
+    }
+
+EXPORT_CLAUSE(f32, float)
+EXPORT_CLAUSE(f64, double)

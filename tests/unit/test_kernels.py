@@ -85,9 +85,59 @@ def test_em_routing_schedule_and_default_betas(monkeypatch):
     _assert_same(monkeypatch, lambda v: routing.em_routing(v, 3, inverse_temperature=schedule, min_var=1e-3), votes)
 
 
-def test_shared_votes_kernel_matches_tensor_code(monkeypatch):
-    """The kernel's shared-vote mode (cao2019's horizontal routing), called directly: the dispatcher leaves
-    shared votes to the tensor code (faster there), but the mode is kept correct."""
+def _shared_mask(kind, batch, problems, inputs):
+    """Masks of shared-vote problems ``(batch, problems, inputs)``: cao2019's prefixes with padding, or random."""
+    if kind == "prefix":  # problem l takes the inputs t <= l that are not padding
+        valid = torch.ones(batch, inputs, dtype=torch.bool)
+        valid[1, inputs - 3:] = False
+        valid[2, 2:] = False
+        return torch.ones(problems, inputs, dtype=torch.bool).tril()[None] & valid[:, None, :]
+    mask = torch.rand(batch, problems, inputs, generator=torch.Generator().manual_seed(4)) > 0.4  # holes
+    mask[0, 0] = False  # a problem without any input
+    mask[1, 1] = True  # one with every input
+    mask[:, :, 3] = False  # an input masked in every problem (its votes are zeroed)
+    return mask
+
+
+def _count_fused(monkeypatch):
+    """Counts the calls of the fused simple routing (so that a comparison cannot pass on the tensor code twice)."""
+    calls = []
+    apply = kernels._SimpleRouting.apply
+    monkeypatch.setattr(kernels._SimpleRouting, "apply", lambda *args: calls.append(1) or apply(*args))
+    return calls
+
+
+@pytest.mark.parametrize("mask_kind", ["prefix", "random"])
+@pytest.mark.parametrize("self_init", [False, True])
+@pytest.mark.parametrize("logits_grad", [False, True])
+@pytest.mark.parametrize("normalize, weighted_mean", [("inputs", False), ("inputs", True), ("outputs", True)])
+def test_shared_votes_are_fused_and_match_tensor_code(monkeypatch, mask_kind, self_init, logits_grad, normalize,
+                                                      weighted_mean):
+    """Shared votes (cao2019's horizontal routing: votes (B, 1, I, O, D) for problems (B, L)) go to the kernel, with
+    the same outputs, logits (masked inputs' too) and gradients, with and without a gradient for the logits."""
+    batch, problems, inputs, outputs = 3, 6, 7, 4
+    mask = _shared_mask(mask_kind, batch, problems, inputs)
+    calls = _count_fused(monkeypatch)
+    for dim, iterations in ((5, 3), (1, 2), (9, 1)):
+        votes = _randn(batch, 1, inputs, outputs, dim, seed=dim) * 2
+        tensors = [votes] + ([_randn(batch, problems, inputs, outputs, seed=3)] if self_init else [])
+
+        def fn(v, i=None):
+            out, logits = routing.simple_routing(v, iterations, normalize=normalize, weighted_mean=weighted_mean,
+                                                 init_logits=i, mask=mask)
+            if not logits_grad:  # the logits are checked, but the backward pass gets no gradient for them
+                return out, logits.detach()
+            return out, logits
+
+        _assert_same(monkeypatch, fn, *tensors)
+    assert len(calls) == 3
+
+
+@pytest.mark.parametrize("keep_state", [True, False])
+def test_shared_votes_kernel_matches_tensor_code(monkeypatch, keep_state):
+    """The kernel's shared-vote mode called directly, with the backward pass reading the forward pass's saved
+    couplings (keep_state) or recomputing them."""
+    monkeypatch.setattr(kernels, "_KEEP_STATE", keep_state)
     batch, length, heads, keys = 2, 7, 4, 7
     votes, init = _randn(batch, 1, length, heads, keys), _randn(batch, length, length, heads, seed=3)
     mask = torch.ones(length, length, dtype=torch.bool).tril()[None].repeat(batch, 1, 1)
@@ -104,6 +154,28 @@ def test_shared_votes_kernel_matches_tensor_code(monkeypatch):
         v, 3, normalize="inputs", mask=mask, init_logits=i), votes, init)
     for a, b in zip(fused_out + fused_grad, eager_out + eager_grad):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-8)
+
+
+@pytest.mark.parametrize("init", ["zero", "self"])
+def test_cross_aggregation_horizontal_routing_is_fused(monkeypatch, init):
+    """cao2019's cross aggregation on a padded batch: the same attention, gradients and near-zero statistic
+    (which reads the routing logits) with the kernels as with the tensor code."""
+    from onmt_ext.cross_aggregation import cross_aggregate, routing_weights
+
+    lengths, heads = [9, 4, 7], 3
+    scores = _randn(len(lengths), heads, max(lengths), max(lengths), seed=5) * 3
+    for b, n in enumerate(lengths):
+        scores.data[b, :, :, n:] = -1e18
+    weight = _randn(heads, heads, seed=6)
+    calls = _count_fused(monkeypatch)
+    _assert_same(monkeypatch, lambda s, w: (cross_aggregate(s, w, True, init, 3),), scores, weight)
+    assert len(calls) == 2  # the vertical and the horizontal routing
+    weights = {}
+    for fused in (True, False):
+        monkeypatch.setenv("ONMT_EXT_FUSED", "1" if fused else "0")
+        weights[fused] = routing_weights(scores.detach(), 3, init)
+    for key in ("vertical", "horizontal"):
+        torch.testing.assert_close(weights[True][key], weights[False][key], atol=1e-10, rtol=1e-8)
 
 
 def test_float32_and_half_inputs_agree(monkeypatch):
@@ -143,5 +215,5 @@ def test_failed_build_warns_once_and_falls_back(monkeypatch, tmp_path, caplog):
         out, _ = routing.simple_routing(votes, 2)
         routing.simple_routing(votes, 2)
     assert torch.isfinite(out).all()
-    warnings = [r for r in caplog.records if "fused routing kernels are unavailable" in r.getMessage()]
+    warnings = [r for r in caplog.records if "fused CPU kernels are unavailable" in r.getMessage()]
     assert len(warnings) == 1
