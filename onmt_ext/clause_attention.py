@@ -128,18 +128,20 @@ class ClauseStructure(nn.Module):
     read, ``ids`` ``(batch, L, len)`` and ``same_as``: for each level, the first level
     with the same clauses in every sentence of the batch (the clause
     attentions compute one local softmax per distinct partition; levels
-    without markers in the batch repeat the coarser one).  Every layer shares
-    them, and two derived forms, each computed on first use for the batch:
-    :meth:`outside_bias` (the tensor code's) and :meth:`spans` (the fused
-    kernel's).  The table is a non-persistent buffer, rebuilt from the
-    vocabulary whenever the model is built.
+    without markers in the batch repeat the coarser one), and ``distinct``,
+    the levels that start a partition (coarse to fine).  Every layer shares
+    them, and what is derived from them, each computed on first use for the
+    batch, at the distinct levels only: :meth:`outside_bias` (the tensor
+    code's), :meth:`spans` (the fused kernel's) and :meth:`slots`.  The table
+    is a non-persistent buffer, rebuilt from the vocabulary whenever the model
+    is built.
     """
 
     def __init__(self, level_table, levels):
         super().__init__()
         self.levels = levels
         self.register_buffer("level_table", level_table, persistent=False)
-        self.ids = self.same_as = None
+        self.ids = self.same_as = self.distinct = None
         self._derived = {}
 
     def start(self, src, pad_mask):
@@ -152,9 +154,18 @@ class ClauseStructure(nn.Module):
         self.same_as = [0]
         for level, repeat in enumerate(repeats, start=1):
             self.same_as.append(self.same_as[-1] if repeat else level)
+        self.distinct = sorted(set(self.same_as))
+
+    def slots(self):
+        """``(L,)`` long: for each level, the index in ``distinct`` of the partition it repeats."""
+        if "slots" not in self._derived:
+            self._derived["slots"] = torch.tensor([self.distinct.index(first) for first in self.same_as],
+                                                  device=self.ids.device)
+        return self._derived["slots"]
 
     def outside_bias(self):
-        """``(batch, L, len, width)`` score bias: -1e18 where the key lies outside the query's clause, else 0.
+        """``(batch, D, len, width)`` score bias at the D distinct levels: -1e18 where the key lies outside the
+        query's clause, else 0.
 
         It is built at the width the local softmax runs at
         (:func:`onmt_ext.ops.softmax_width` of len); the extra key columns are
@@ -163,7 +174,7 @@ class ClauseStructure(nn.Module):
         no masking pass in the backward.
         """
         if "outside_bias" not in self._derived:
-            ids = self.ids
+            ids = self.ids[:, self.distinct]
             width = softmax_width(ids.size(-1), ids.device)
             outside = F.pad(ids[:, :, :, None] != ids[:, :, None, :], (0, width - ids.size(-1)), value=False)
             self._derived["outside_bias"] = torch.zeros(outside.shape, device=ids.device).masked_fill_(
@@ -171,14 +182,14 @@ class ClauseStructure(nn.Module):
         return self._derived["outside_bias"]
 
     def spans(self):
-        """``(batch, L, len, 2)`` int32: the keys ``[s, e)`` of each query's clause at each level.
+        """``(batch, D, len, 2)`` int32: the keys ``[s, e)`` of each query's clause at each distinct level.
 
         Equal ids are contiguous (the ids of the tokens count up, padding
         follows them with -1), so a clause is the span from the first to the
         last position carrying its id; a padded query's span is the padding.
         """
         if "spans" not in self._derived:
-            ids = self.ids
+            ids = self.ids[:, self.distinct]
             length = ids.size(-1)
             positions = torch.arange(length, device=ids.device).expand_as(ids)
             first = torch.ones_like(ids, dtype=torch.bool)
@@ -256,16 +267,14 @@ class ClauseAttention(nn.Module):
                                "this attention runs only inside ExtTransformerEncoder)")
         scores = scores.float()
         p = self.mixing_weights()
-        distinct = sorted(set(structure.same_as))
+        distinct = structure.distinct
         weights = self.level_weights(p)  # (L, ...) per level
         if len(distinct) < self.levels:  # levels that repeat a coarser partition add to its weight
-            slot = torch.tensor([distinct.index(first) for first in structure.same_as], device=weights.device)
-            weights = weights.new_zeros((len(distinct),) + weights.shape[1:]).index_add_(0, slot, weights)
+            weights = weights.new_zeros((len(distinct),) + weights.shape[1:]).index_add_(0, structure.slots(), weights)
         if kernels.usable(scores):
-            return kernels.clause_mix(scores, structure.spans()[:, distinct], (1 - p[0]).squeeze(-1),
-                                      weights.squeeze(-1))
-        length, width = scores.size(-1), structure.outside_bias().size(-1)
-        outside = structure.outside_bias()[:, distinct].unsqueeze(2)  # (B, D, 1, len, width): 0 or -1e18
+            return kernels.clause_mix(scores, structure.spans(), (1 - p[0]).squeeze(-1), weights.squeeze(-1))
+        outside = structure.outside_bias().unsqueeze(2)  # (B, D, 1, len, width): 0 or -1e18
+        length, width = scores.size(-1), outside.size(-1)
         wide = F.pad(scores, (0, width - length), value=float("-inf"))  # (B, H, len, width)
         local = torch.softmax(wide.unsqueeze(1) + outside, dim=-1)  # b: (B, D, H, len, width)
         mixed = (weights.movedim(0, 1) * local).sum(dim=1)[..., :length]  # (B, H, len, len)

@@ -180,10 +180,6 @@ def library():
 def usable(tensor):
     """True when the kernels can take ``tensor``: on the CPU, float32 or float64, not under ``torch.compile``
     tracing, and the library is built (or builds now)."""
-    return _usable(tensor)
-
-
-def _usable(tensor):
     return (tensor.device.type == "cpu" and tensor.dtype in (torch.float32, torch.float64)
             and not torch.compiler.is_compiling() and library() is not None)
 
@@ -313,7 +309,7 @@ def simple_routing(v, keep, init_logits, lead, iterations, normalize, weighted_m
     Returns:
         ``(outputs (..., O, D), logits (..., I, O))`` in ``v.dtype``, or None.
     """
-    if not _usable(v):
+    if not usable(v):
         return None
     sizes = _groups(tuple(v.shape[:-3]), tuple(lead[:-1]))
     if sizes is None:
@@ -350,7 +346,7 @@ def em_routing(v, iterations, lambdas, beta_a, beta_u, min_var):
     Returns:
         ``(outputs (..., O, D), activations (..., O))`` in ``v.dtype``, or None.
     """
-    if not _usable(v):
+    if not usable(v):
         return None
     inputs, outputs, dim = v.shape[-3:]
     beta_a, beta_u = _beta(beta_a, outputs, v.dtype), _beta(beta_u, outputs, v.dtype)
@@ -409,7 +405,7 @@ def clause_mix(scores, spans, global_weight, level_weights):
     Returns:
         the probabilities ``(batch, H, len, len)`` in ``scores.dtype``, or None.
     """
-    if not _usable(scores):
+    if not usable(scores):
         return None
     batch, heads, length, keys = scores.shape
     if keys != length or spans.shape != (batch, spans.size(1), length, 2) or spans.dtype != torch.int32:

@@ -624,16 +624,14 @@ static int FN(simple_forward_groups)(const FN(simple_args) *a, int64_t g0, int64
     real *S = C + IO, *total = S + OD;
     for (int64_t g = g0; g < g1; g++) {
         const real *v = a->v + g * I * OD;
-        for (int64_t s = 0; s < a->S; s++) {
-            int64_t p = g * a->S + s;
-            const real *keep = a->keep ? a->keep + p * I : NULL;
-            real *B = a->logits + p * IO, *out = a->out + p * OD;
-            FN(start_logits)(a->init ? a->init + p * IO : NULL, keep, B, I, O);
-            for (int t = 0; t < a->T; t++) {
-                FN(coupling)(B, keep, C, I, O, a->normalize_inputs);
-                FN(simple_outputs)(v, C, S, total, out, I, O, D, a->weighted_mean);
-                FN(agreement)(v, out, B, I, O, D);
-            }
+        int64_t p = g;  /* S = 1 here: shared votes (S > 1) take the code above */
+        const real *keep = a->keep ? a->keep + p * I : NULL;
+        real *B = a->logits + p * IO, *out = a->out + p * OD;
+        FN(start_logits)(a->init ? a->init + p * IO : NULL, keep, B, I, O);
+        for (int t = 0; t < a->T; t++) {
+            FN(coupling)(B, keep, C, I, O, a->normalize_inputs);
+            FN(simple_outputs)(v, C, S, total, out, I, O, D, a->weighted_mean);
+            FN(agreement)(v, out, B, I, O, D);
         }
     }
     free(C);
@@ -654,80 +652,78 @@ static int FN(simple_backward_groups)(const FN(simple_args) *a, int64_t g0, int6
     for (int64_t g = g0; g < g1; g++) {
         const real *v = a->v + g * I * OD;
         real *gv = a->g_v + g * I * OD;
-        for (int64_t s = 0; s < a->S; s++) {
-            int64_t p = g * a->S + s;
-            const real *keep = a->keep ? a->keep + p * I : NULL;
-            FN(start_logits)(a->init ? a->init + p * IO : NULL, keep, B, I, O);
-            for (int t = 0; t < T; t++) {
-                real *C = Cs + t * IO, *out = outs + t * OD;
-                FN(coupling)(B, keep, C, I, O, a->normalize_inputs);
-                FN(simple_outputs)(v, C, Ss + t * OD, totals + t * O, out, I, O, D, a->weighted_mean);
-                FN(agreement)(v, out, B, I, O, D);
-            }
-            for (int64_t k = 0; k < IO; k++) gB[k] = a->g_logits ? a->g_logits[p * IO + k] : (real)0;
-            for (int t = T - 1; t >= 0; t--) {
-                const real *C = Cs + t * IO, *St = Ss + t * OD, *out = outs + t * OD, *tot = totals + t * O;
-                for (int64_t k = 0; k < OD; k++) gout[k] = (t == T - 1 && a->g_out) ? a->g_out[p * OD + k] : (real)0;
-                /* B^{t+1} = B^t + A^t, A_io = <v_io, out_o> */
-                for (int64_t i = 0; i < I; i++)
-                    for (int64_t o = 0; o < O; o++) {
-                        real ga = gB[i * O + o];
-                        const real *vio = v + (i * O + o) * D;
-                        real *gvio = gv + (i * O + o) * D;
-                        for (int64_t d = 0; d < D; d++) {
-                            gvio[d] += ga * out[o * D + d];
-                            gout[o * D + d] += ga * vio[d];
-                        }
-                    }
-                /* out = squash(S); then the weighted mean */
-                for (int64_t o = 0; o < O; o++) {
-                    const real *so = St + o * D;
-                    real sq = 0, dot = 0;
-                    for (int64_t d = 0; d < D; d++) { sq += so[d] * so[d]; dot += gout[o * D + d] * so[d]; }
-                    real n = SQRT(sq + (real)NORM_EPS), n2 = n * n;
-                    real f = n / ((real)1 + n2);
-                    real fprime_over_n = ((real)1 - n2) / (((real)1 + n2) * ((real)1 + n2)) / n;
-                    for (int64_t d = 0; d < D; d++) gS[o * D + d] = gout[o * D + d] * f + so[d] * fprime_over_n * dot;
-                    gtot[o] = 0;
-                    if (a->weighted_mean) {
-                        real den = tot[o] > (real)MIN_TOTAL ? tot[o] : (real)MIN_TOTAL;
-                        real gden = 0;
-                        for (int64_t d = 0; d < D; d++) { gden -= gS[o * D + d] * so[d] / den; gS[o * D + d] /= den; }
-                        gtot[o] = tot[o] >= (real)MIN_TOTAL ? gden : (real)0;
-                    }
-                }
-                /* S_raw = sum_i C_io v_io, total = sum_i C_io */
-                for (int64_t i = 0; i < I; i++)
-                    for (int64_t o = 0; o < O; o++) {
-                        real c = C[i * O + o], gc = gtot[o];
-                        const real *vio = v + (i * O + o) * D;
-                        real *gvio = gv + (i * O + o) * D;
-                        for (int64_t d = 0; d < D; d++) {
-                            gc += gS[o * D + d] * vio[d];
-                            gvio[d] += c * gS[o * D + d];
-                        }
-                        gC[i * O + o] = gc;
-                    }
-                /* C = softmax(B^t) (times keep): the softmax backward, added to the identity path of B */
-                if (!a->normalize_inputs) {
-                    for (int64_t i = 0; i < I; i++) {
-                        real dot = 0;
-                        for (int64_t o = 0; o < O; o++) dot += gC[i * O + o] * C[i * O + o];
-                        for (int64_t o = 0; o < O; o++) gB[i * O + o] += C[i * O + o] * (gC[i * O + o] - dot);
-                    }
-                } else {
-                    for (int64_t o = 0; o < O; o++) {
-                        real dot = 0;
-                        for (int64_t i = 0; i < I; i++) dot += gC[i * O + o] * C[i * O + o];
-                        for (int64_t i = 0; i < I; i++) gB[i * O + o] += C[i * O + o] * (gC[i * O + o] - dot);
-                    }
-                }
-            }
-            if (a->g_init)
-                for (int64_t i = 0; i < I; i++)
-                    for (int64_t o = 0; o < O; o++)
-                        a->g_init[p * IO + i * O + o] = (keep && keep[i] == 0) ? (real)0 : gB[i * O + o];
+        int64_t p = g;  /* S = 1 here: shared votes (S > 1) take the code above */
+        const real *keep = a->keep ? a->keep + p * I : NULL;
+        FN(start_logits)(a->init ? a->init + p * IO : NULL, keep, B, I, O);
+        for (int t = 0; t < T; t++) {
+            real *C = Cs + t * IO, *out = outs + t * OD;
+            FN(coupling)(B, keep, C, I, O, a->normalize_inputs);
+            FN(simple_outputs)(v, C, Ss + t * OD, totals + t * O, out, I, O, D, a->weighted_mean);
+            FN(agreement)(v, out, B, I, O, D);
         }
+        for (int64_t k = 0; k < IO; k++) gB[k] = a->g_logits ? a->g_logits[p * IO + k] : (real)0;
+        for (int t = T - 1; t >= 0; t--) {
+            const real *C = Cs + t * IO, *St = Ss + t * OD, *out = outs + t * OD, *tot = totals + t * O;
+            for (int64_t k = 0; k < OD; k++) gout[k] = (t == T - 1 && a->g_out) ? a->g_out[p * OD + k] : (real)0;
+            /* B^{t+1} = B^t + A^t, A_io = <v_io, out_o> */
+            for (int64_t i = 0; i < I; i++)
+                for (int64_t o = 0; o < O; o++) {
+                    real ga = gB[i * O + o];
+                    const real *vio = v + (i * O + o) * D;
+                    real *gvio = gv + (i * O + o) * D;
+                    for (int64_t d = 0; d < D; d++) {
+                        gvio[d] += ga * out[o * D + d];
+                        gout[o * D + d] += ga * vio[d];
+                    }
+                }
+            /* out = squash(S); then the weighted mean */
+            for (int64_t o = 0; o < O; o++) {
+                const real *so = St + o * D;
+                real sq = 0, dot = 0;
+                for (int64_t d = 0; d < D; d++) { sq += so[d] * so[d]; dot += gout[o * D + d] * so[d]; }
+                real n = SQRT(sq + (real)NORM_EPS), n2 = n * n;
+                real f = n / ((real)1 + n2);
+                real fprime_over_n = ((real)1 - n2) / (((real)1 + n2) * ((real)1 + n2)) / n;
+                for (int64_t d = 0; d < D; d++) gS[o * D + d] = gout[o * D + d] * f + so[d] * fprime_over_n * dot;
+                gtot[o] = 0;
+                if (a->weighted_mean) {
+                    real den = tot[o] > (real)MIN_TOTAL ? tot[o] : (real)MIN_TOTAL;
+                    real gden = 0;
+                    for (int64_t d = 0; d < D; d++) { gden -= gS[o * D + d] * so[d] / den; gS[o * D + d] /= den; }
+                    gtot[o] = tot[o] >= (real)MIN_TOTAL ? gden : (real)0;
+                }
+            }
+            /* S_raw = sum_i C_io v_io, total = sum_i C_io */
+            for (int64_t i = 0; i < I; i++)
+                for (int64_t o = 0; o < O; o++) {
+                    real c = C[i * O + o], gc = gtot[o];
+                    const real *vio = v + (i * O + o) * D;
+                    real *gvio = gv + (i * O + o) * D;
+                    for (int64_t d = 0; d < D; d++) {
+                        gc += gS[o * D + d] * vio[d];
+                        gvio[d] += c * gS[o * D + d];
+                    }
+                    gC[i * O + o] = gc;
+                }
+            /* C = softmax(B^t) (times keep): the softmax backward, added to the identity path of B */
+            if (!a->normalize_inputs) {
+                for (int64_t i = 0; i < I; i++) {
+                    real dot = 0;
+                    for (int64_t o = 0; o < O; o++) dot += gC[i * O + o] * C[i * O + o];
+                    for (int64_t o = 0; o < O; o++) gB[i * O + o] += C[i * O + o] * (gC[i * O + o] - dot);
+                }
+            } else {
+                for (int64_t o = 0; o < O; o++) {
+                    real dot = 0;
+                    for (int64_t i = 0; i < I; i++) dot += gC[i * O + o] * C[i * O + o];
+                    for (int64_t i = 0; i < I; i++) gB[i * O + o] += C[i * O + o] * (gC[i * O + o] - dot);
+                }
+            }
+        }
+        if (a->g_init)
+            for (int64_t i = 0; i < I; i++)
+                for (int64_t o = 0; o < O; o++)
+                    a->g_init[p * IO + i * O + o] = (keep && keep[i] == 0) ? (real)0 : gB[i * O + o];
     }
     free(buffer);
     return 0;

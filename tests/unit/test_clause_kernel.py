@@ -43,7 +43,8 @@ def _reference(scores, ids, global_weight, level_weights):
 
 def test_spans_are_the_clauses_of_the_ids():
     structure, _ = _batch(7, 13, seed=1)
-    spans, ids = structure.spans(), structure.ids
+    spans, ids = structure.spans(), structure.ids[:, structure.distinct]
+    assert len(structure.distinct) > 1
     positions = torch.arange(13)
     inside = (positions >= spans[..., :1]) & (positions < spans[..., 1:])  # (B, L, len, len)
     torch.testing.assert_close(inside, ids[..., :, None] == ids[..., None, :])
@@ -58,12 +59,13 @@ def test_kernel_matches_the_masked_softmax_reference(batch, length, seed):
     scores = (3 * torch.randn(batch, 4, length, length, generator=gen, dtype=torch.float64)).masked_fill(
         pad[:, None, None, :], -1e18).requires_grad_()
     cg = torch.rand(batch, 4, length, generator=gen, dtype=torch.float64).requires_grad_()
-    w = torch.rand(LEVELS, batch, 4, length, generator=gen, dtype=torch.float64).requires_grad_()
+    levels = len(structure.distinct)
+    w = torch.rand(levels, batch, 4, length, generator=gen, dtype=torch.float64).requires_grad_()
     grad = torch.randn(batch, 4, length, length, generator=gen, dtype=torch.float64)
     grad = grad.masked_fill(pad[:, None, :, None], 0)  # padded queries: no gradient (their rows are not compared)
     results = []
     for compute in (lambda *a: kernels.clause_mix(*a[:1], structure.spans(), *a[1:]),
-                    lambda *a: _reference(a[0], structure.ids, *a[1:])):
+                    lambda *a: _reference(a[0], structure.ids[:, structure.distinct], *a[1:])):
         leaves = [t.detach().clone().requires_grad_() for t in (scores, cg, w)]
         out = compute(*leaves)
         (out * grad).sum().backward()
@@ -121,7 +123,8 @@ def test_clause_attention_gives_the_same_with_the_kernel_on_and_off(monkeypatch,
 def test_kernel_rejects_spans_that_do_not_fit():
     structure, _ = _batch(2, 5, seed=6)
     scores = torch.randn(2, 4, 5, 5)
+    levels = len(structure.distinct)
     with pytest.raises(ValueError, match="do not fit"):
-        kernels.clause_mix(scores, structure.spans().long(), torch.ones(2, 4, 5), torch.ones(LEVELS, 2, 4, 5))
+        kernels.clause_mix(scores, structure.spans().long(), torch.ones(2, 4, 5), torch.ones(levels, 2, 4, 5))
     with pytest.raises(ValueError, match="do not fit"):
-        kernels.clause_mix(scores, structure.spans()[:1], torch.ones(2, 4, 5), torch.ones(LEVELS, 2, 4, 5))
+        kernels.clause_mix(scores, structure.spans()[:1], torch.ones(2, 4, 5), torch.ones(levels, 2, 4, 5))
