@@ -33,6 +33,7 @@ from functools import partial
 import torch
 import torch.nn as nn
 
+from onmt_ext import kernels
 from onmt_ext.options import (OptionSpec, layers_check, model_size, options_without_effect, register_options,
                               selected_layers, tensor_parallel_problems)
 from onmt_ext.routing import call_compiled, em_routing, simple_routing
@@ -98,14 +99,17 @@ def aggregate_heads(context, input_weight, input_bias, vote_weight, beta_a, beta
     ``context`` ``(batch, len, d)`` holds the H heads side by side; returns
     the N output capsules side by side, ``(batch, len, d)``.  One function, so
     that ``-routing_compile`` compiles the capsule maps together with the
-    routing (the permutes and the bias + tanh around the two batched matrix
-    products then fuse with it: about 20% less time per layer at toy size).
+    routing.  The maps run head-major: f_h is one batched product over the
+    heads with its bias added in it (``baddbmm``), the tanh runs in place
+    (:func:`onmt_ext.kernels.tanh_`), and the votes ``(H, B*L, d)`` reach the
+    routing as a strided view ``(B, L, H, N, d/N)``, which the EM kernel reads
+    without a copy.
     """
     batch, length, d_model = context.shape
-    per_head = context.view(batch, length, heads, -1)  # (B, L, H, d/H)
-    capsules_in = torch.tanh(torch.einsum("blhk,hkd->blhd", per_head, input_weight) + input_bias)  # eq. 5
-    votes = torch.einsum("blhd,hde->blhe", capsules_in, vote_weight)  # eq. 6
-    votes = votes.view(batch, length, heads, capsules, -1)  # (B, L, H, N, d/N)
+    per_head = context.reshape(batch * length, heads, -1).transpose(0, 1)  # (H, B*L, d/H)
+    capsules_in = kernels.tanh_(torch.baddbmm(input_bias.unsqueeze(1), per_head, input_weight))  # eq. 5, (H, B*L, d)
+    votes = torch.bmm(capsules_in, vote_weight)  # eq. 6, (H, B*L, d)
+    votes = votes.view(heads, batch, length, capsules, -1).permute(1, 2, 0, 3, 4)  # (B, L, H, N, d/N)
     if method == "simple":
         out, _ = simple_routing(votes, iterations, normalize="outputs", weighted_mean=True)
     else:

@@ -17,8 +17,8 @@ round is repeated ``--repeats`` times, in reversed order every other time
 It reports, per case and as ratios to the baseline of the same run:
 
 * training target tokens/s over the steps after the warm-up (OpenNMT-py's own
-  per-report token counts and timers; the warm-up also absorbs
-  ``routing_compile``'s compilation);
+  per-report token counts and timers; the warm-up also absorbs a
+  ``routing_compile`` compilation, when a config asks for one);
 * translation sentences/s over the first ``--test-sentences`` Tatoeba test
   sentences, beam 4, with every hypothesis forced to exactly
   ``--output-length`` tokens (``-min_length = -max_length``), so that the
@@ -31,7 +31,7 @@ It reports, per case and as ratios to the baseline of the same run:
 * the parameter count of the model trained.
 
 Sizes: ``smoke`` runs the configs' smoke twins with the paper's 6+6 layers
-(toy width) and the paper config's ``routing_compile`` setting; ``paper`` runs the paper configs themselves (Base) on the same
+(toy width); ``paper`` runs the paper configs themselves (Base) on the same
 Tatoeba data and vocabularies, fp32, ``--batch-size`` tokens per step on one
 device.  Data are the shipped Tatoeba sample (``make data``).
 
@@ -137,8 +137,6 @@ def bench_config(case, size, args, workdir):
     twin = yaml.safe_load((CONFIGS / "smoke" / case.config).read_text(encoding="utf-8"))
     if size == "smoke":
         config = dict(twin, enc_layers=paper["enc_layers"], dec_layers=paper["dec_layers"])
-        if "routing_compile" in paper:  # a speed setting of the paper config: measured as shipped
-            config["routing_compile"] = paper["routing_compile"]
     else:
         config = dict(paper)
         for key in FINE_TUNING_KEYS:  # measured from scratch: the speed does not depend on the start

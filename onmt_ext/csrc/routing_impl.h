@@ -736,12 +736,15 @@ typedef struct {
     real *out, *act, *g_v, *g_beta_a, *g_beta_u;
     real min_var;
     int64_t G, I, O, D;
+    int64_t sG, sI; /* element strides of the votes (and their gradient) between groups and between inputs; the
+                     * (O, D) block of one input is contiguous */
     int T;
 } FN(em_args);
 
 /* The M-step of one iteration: w, mean m, var, log var and the activation logit la (all per output). */
-static void FN(m_step)(const real *v, const real *C, real *w, real *m, real *var, real *la, const real *beta_a,
-                       const real *beta_u, real lambda, real min_var, int64_t I, int64_t O, int64_t D)
+static void FN(m_step)(const real *v, int64_t sv, const real *C, real *w, real *m, real *var, real *la,
+                       const real *beta_a, const real *beta_u, real lambda, real min_var, int64_t I, int64_t O,
+                       int64_t D)
 {
     D = FIXED_D(D);
     int64_t OD = O * D;
@@ -751,7 +754,7 @@ static void FN(m_step)(const real *v, const real *C, real *w, real *m, real *var
         for (int64_t o = 0; o < O; o++) {
             real c = C[i * O + o];
             w[o] += c;
-            for (int64_t d = 0; d < D; d++) m[o * D + d] += c * v[(i * O + o) * D + d];
+            for (int64_t d = 0; d < D; d++) m[o * D + d] += c * v[i * sv + o * D + d];
         }
     for (int64_t o = 0; o < O; o++) {
         real den = w[o] > (real)MIN_TOTAL ? w[o] : (real)MIN_TOTAL;
@@ -761,7 +764,7 @@ static void FN(m_step)(const real *v, const real *C, real *w, real *m, real *var
         for (int64_t o = 0; o < O; o++) {
             real c = C[i * O + o];
             for (int64_t d = 0; d < D; d++) {
-                real dev = v[(i * O + o) * D + d] - m[o * D + d];
+                real dev = v[i * sv + o * D + d] - m[o * D + d];
                 var[o * D + d] += c * dev * dev;
             }
         }
@@ -779,29 +782,33 @@ static void FN(m_step)(const real *v, const real *C, real *w, real *m, real *var
 }
 
 /* The E-step: C (I, O) = softmax_o(logsigmoid(la_o) + log P_io) with the diagonal Gaussian density;
- * base (O) is scratch for the terms that do not depend on the input. */
-static void FN(e_step)(const real *v, const real *m, const real *var, const real *la, real *C, real *base, int64_t I,
-                       int64_t O, int64_t D)
+ * base (O + O * D) is scratch for the terms that do not depend on the input. */
+static void FN(e_step)(const real *v, int64_t sv, const real *m, const real *var, const real *la, real *C, real *base,
+                       int64_t I, int64_t O, int64_t D)
 {
     D = FIXED_D(D);
+    real *half_inv = base + O; /* (O, D): 1 / (2 var) */
     for (int64_t o = 0; o < O; o++) {
         real log_var_sum = 0;
-        for (int64_t d = 0; d < D; d++) log_var_sum += LOG(var[o * D + d]);
+        for (int64_t d = 0; d < D; d++) {
+            log_var_sum += LOG(var[o * D + d]);
+            half_inv[o * D + d] = (real)0.5 / var[o * D + d];
+        }
         real log_sig = la[o] < 0 ? la[o] - LOG1P(EXP(la[o])) : -LOG1P(EXP(-la[o]));
         base[o] = log_sig - (real)0.5 * ((real)D * (real)LOG_2PI + log_var_sum);
     }
     for (int64_t i = 0; i < I; i++) {
         real *c = C + i * O;
-        real top = 0;
         for (int64_t o = 0; o < O; o++) {
             real quad = 0;
             for (int64_t d = 0; d < D; d++) {
-                real dev = v[(i * O + o) * D + d] - m[o * D + d];
-                quad += dev * dev / var[o * D + d];
+                real dev = v[i * sv + o * D + d] - m[o * D + d];
+                quad += dev * dev * half_inv[o * D + d];
             }
-            c[o] = base[o] - (real)0.5 * quad;
-            if (o == 0 || c[o] > top) top = c[o];
+            c[o] = base[o] - quad;
         }
+        real top = c[0];
+        for (int64_t o = 1; o < O; o++) top = c[o] > top ? c[o] : top;
         real total = 0;
         for (int64_t o = 0; o < O; o++) { c[o] = EXP(c[o] - top); total += c[o]; }
         for (int64_t o = 0; o < O; o++) c[o] /= total;
@@ -813,15 +820,15 @@ static real FN(sigmoid)(real x) { return x >= 0 ? (real)1 / ((real)1 + EXP(-x)) 
 static int FN(em_forward_groups)(const FN(em_args) *a, int64_t g0, int64_t g1)
 {
     int64_t I = a->I, O = a->O, D = FIXED_D(a->D), IO = I * O, OD = O * D;
-    real *buffer = malloc(sizeof(real) * (IO + 2 * OD + 3 * O));
+    real *buffer = malloc(sizeof(real) * (IO + 3 * OD + 3 * O));
     if (!buffer) return -1;
     real *C = buffer, *m = C + IO, *var = m + OD, *w = var + OD, *la = w + O, *base = la + O;
     for (int64_t g = g0; g < g1; g++) {
-        const real *v = a->v + g * IO * D;
+        const real *v = a->v + g * a->sG;
         for (int64_t k = 0; k < IO; k++) C[k] = (real)1 / (real)O;
         for (int t = 0; t < a->T; t++) {
-            FN(m_step)(v, C, w, m, var, la, a->beta_a, a->beta_u, a->lambdas[t], a->min_var, I, O, D);
-            if (t < a->T - 1) FN(e_step)(v, m, var, la, C, base, I, O, D);
+            FN(m_step)(v, a->sI, C, w, m, var, la, a->beta_a, a->beta_u, a->lambdas[t], a->min_var, I, O, D);
+            if (t < a->T - 1) FN(e_step)(v, a->sI, m, var, la, C, base, I, O, D);
         }
         for (int64_t o = 0; o < O; o++) {
             real s = FN(sigmoid)(la[o]);
@@ -833,25 +840,135 @@ static int FN(em_forward_groups)(const FN(em_args) *a, int64_t g0, int64_t g1)
     return 0;
 }
 
+/* Through the activation logit la = lambda (beta_a - beta_u w - chi), chi = (1/2 sum_d log var + D c) w, of one
+ * M-step, given gla: adds to the betas' gradients gba, gbu (O), sets gw (O), the denominator's gden (O) and Q (O, D),
+ * the gradient of sum_i C dev2; glv and gvar (O, D) hold what the E-step after it gave (zeros after the last). */
+static void FN(em_activation_backward)(const real *restrict gla, const real *restrict w, const real *restrict var,
+                                       const real *restrict beta_u, real lambda, real min_var, real *restrict gba,
+                                       real *restrict gbu, real *restrict gw, real *restrict glv, real *restrict gvar,
+                                       real *restrict Q, real *restrict gden, int64_t O, int64_t D)
+{
+    D = FIXED_D(D);
+    for (int64_t o = 0; o < O; o++) {
+        real bu = beta_u ? beta_u[o] : (real)0;
+        real g_la = lambda * gla[o];
+        gba[o] += g_la;
+        gbu[o] -= g_la * w[o];
+        real gchi = -g_la;
+        real log_var_sum = 0;
+        for (int64_t d = 0; d < D; d++) log_var_sum += LOG(var[o * D + d]);
+        gw[o] = -g_la * bu + gchi * ((real)0.5 * log_var_sum + (real)D * (real)HALF_1_LOG_2PI);
+        real inv_den = (real)1 / (w[o] > (real)MIN_TOTAL ? w[o] : (real)MIN_TOTAL), gd = 0;
+        for (int64_t d = 0; d < D; d++) {
+            int64_t k = o * D + d;
+            real gv = gvar[k] + (glv[k] + (real)0.5 * gchi * w[o]) / var[k];
+            gvar[k] = gv;
+            Q[k] = gv * inv_den;                           /* gradient of sum_i C dev2 */
+            gd -= gv * (var[k] - min_var) * inv_den;
+        }
+        gden[o] = gd;
+    }
+}
+
+/* Backward of the E-step's softmax C1 = softmax_o(z) (I, O): gz_io = C1_io (gC_io - sum_o' gC_io' C1_io'),
+ * and gln_o = sum_i gz_io. */
+static void FN(em_softmax_backward)(const real *restrict C1, const real *restrict gC, real *restrict gz,
+                                    real *restrict gln, int64_t I, int64_t O)
+{
+    for (int64_t o = 0; o < O; o++) gln[o] = 0;
+    for (int64_t i = 0; i < I; i++) {
+        const real *restrict c1 = C1 + i * O, *restrict gc = gC + i * O;
+        real *restrict z = gz + i * O;
+        real dot = 0;
+        for (int64_t o = 0; o < O; o++) dot += gc[o] * c1[o];
+        for (int64_t o = 0; o < O; o++) {
+            z[o] = c1[o] * (gc[o] - dot);
+            gln[o] += z[o];
+        }
+    }
+}
+
+/* The E-step's log-density through the variance: gvar_od += sum_i gz_io (v_iod - m_od)^2 h_od, h = 1 / (2 var^2). */
+static void FN(em_density_var_backward)(const real *restrict v, int64_t sv, const real *restrict gz,
+                                        const real *restrict m, const real *restrict h, real *restrict gvar,
+                                        int64_t I, int64_t O, int64_t D)
+{
+    D = FIXED_D(D);
+    for (int64_t i = 0; i < I; i++)
+        for (int64_t o = 0; o < O; o++) {
+            real z = gz[i * O + o];
+            for (int64_t d = 0; d < D; d++) {
+                int64_t k = o * D + d;
+                real dev = v[i * sv + o * D + d] - m[k];
+                gvar[k] += z * dev * dev * h[k];
+            }
+        }
+}
+
+/* Through the deviations dev = v - m, which enter the M-step's variance (weight C_io Q_od) and, when gz is given,
+ * the E-step's density (weight -gz_io hv_od, hv = 1 / (2 var)): gC_io = sum_d Q_od dev^2, g_dev = 2 dev (C Q - gz hv),
+ * gv = g_dev (assign) or gv += g_dev, gm_od -= sum_i g_dev.  Inlined with constant flags, so that each variant's
+ * loops vectorise. */
+static inline __attribute__((always_inline)) void FN(em_deviation_backward)(
+    const real *restrict v, int64_t sv, const real *restrict C, const real *restrict gz, const real *restrict m,
+    const real *restrict Q, const real *restrict hv, real *restrict gv, real *restrict gm, real *restrict gC,
+    int64_t I, int64_t O, int64_t D, int density, int assign)
+{
+    D = FIXED_D(D);
+    for (int64_t i = 0; i < I; i++)
+        for (int64_t o = 0; o < O; o++) {
+            real c = C[i * O + o], z = density ? gz[i * O + o] : (real)0, gc = 0;
+            for (int64_t d = 0; d < D; d++) {
+                int64_t k = o * D + d, n = i * sv + o * D + d;
+                real dev = v[n] - m[k];
+                real gdev2 = density ? c * Q[k] - z * hv[k] : c * Q[k];
+                gc += Q[k] * dev * dev;
+                real gdev = 2 * dev * gdev2;
+                gv[n] = assign ? gdev : gv[n] + gdev;
+                gm[k] -= gdev;
+            }
+            gC[i * O + o] = gc;
+        }
+}
+
+/* Through the M-step's mean m = sum_i C v / den, given gm already divided by den, and through w = sum_i C
+ * (gradient gw): gC_io += gw_o + sum_d gm_od v_iod, gv_iod += C_io gm_od. */
+static void FN(em_mean_backward)(const real *restrict v, int64_t sv, const real *restrict C, const real *restrict gw,
+                                 const real *restrict gm, real *restrict gv, real *restrict gC, int64_t I, int64_t O,
+                                 int64_t D)
+{
+    D = FIXED_D(D);
+    for (int64_t i = 0; i < I; i++)
+        for (int64_t o = 0; o < O; o++) {
+            real c = C[i * O + o], gc = gw[o];
+            for (int64_t d = 0; d < D; d++) {
+                int64_t k = o * D + d, n = i * sv + o * D + d;
+                gc += gm[k] * v[n];
+                gv[n] += c * gm[k];
+            }
+            gC[i * O + o] += gc;
+        }
+}
+
 static int FN(em_backward_groups)(const FN(em_args) *a, int64_t g0, int64_t g1)
 {
     int64_t I = a->I, O = a->O, D = FIXED_D(a->D), IO = I * O, OD = O * D;
     int T = a->T;
-    size_t size = (size_t)T * (IO + 2 * OD + 2 * O) + 2 * IO + 4 * OD + 4 * O;
+    size_t size = (size_t)T * (IO + 2 * OD + 2 * O) + 2 * IO + 7 * OD + 4 * O; /* gln is also the E-step's scratch */
     real *buffer = malloc(sizeof(real) * size);
     if (!buffer) return -1;
     real *Cs = buffer, *ms = Cs + T * IO, *vars = ms + T * OD, *ws = vars + T * OD, *las = ws + T * O;
     real *gC = las + T * O, *gz = gC + IO, *gm = gz + IO, *gvar = gm + OD, *glv = gvar + OD, *Q = glv + OD;
-    real *gla = Q + OD, *gw = gla + O, *gden = gw + O, *gln = gden + O;
-    const real half_log_term = (real)HALF_1_LOG_2PI;
+    real *h = Q + OD, *hv = h + OD, *gla = hv + OD, *gw = gla + O, *gden = gw + O, *gln = gden + O;
     for (int64_t g = g0; g < g1; g++) {
-        const real *v = a->v + g * IO * D;
-        real *gv = a->g_v + g * IO * D;
+        const real *v = a->v + g * a->sG;
+        real *gv = a->g_v + g * a->sG;
         for (int64_t k = 0; k < IO; k++) Cs[k] = (real)1 / (real)O;
         for (int t = 0; t < T; t++) {
-            FN(m_step)(v, Cs + t * IO, ws + t * O, ms + t * OD, vars + t * OD, las + t * O, a->beta_a, a->beta_u,
+            FN(m_step)(v, a->sI, Cs + t * IO, ws + t * O, ms + t * OD, vars + t * OD, las + t * O, a->beta_a, a->beta_u,
                        a->lambdas[t], a->min_var, I, O, D);
-            if (t < T - 1) FN(e_step)(v, ms + t * OD, vars + t * OD, las + t * O, Cs + (t + 1) * IO, gln, I, O, D);
+            if (t < T - 1)
+                FN(e_step)(v, a->sI, ms + t * OD, vars + t * OD, las + t * O, Cs + (t + 1) * IO, gln, I, O, D);
         }
         /* the outputs: out = sigmoid(la) m, act = sigmoid(la) */
         {
@@ -874,68 +991,28 @@ static int FN(em_backward_groups)(const FN(em_args) *a, int64_t g0, int64_t g1)
             for (int64_t k = 0; k < OD; k++) { gvar[k] = 0; glv[k] = 0; }
             if (t < T - 1) {
                 /* C^{t+1} = softmax_o(z), z_io = logsigmoid(la_o) + log P_io */
-                const real *C1 = Cs + (t + 1) * IO;
-                for (int64_t o = 0; o < O; o++) { gla[o] = 0; gln[o] = 0; }
-                for (int64_t k = 0; k < OD; k++) gm[k] = 0;
-                for (int64_t i = 0; i < I; i++) {
-                    real dot = 0;
-                    for (int64_t o = 0; o < O; o++) dot += gC[i * O + o] * C1[i * O + o];
-                    for (int64_t o = 0; o < O; o++) {
-                        real z = C1[i * O + o] * (gC[i * O + o] - dot);
-                        gz[i * O + o] = z;
-                        gln[o] += z;
-                    }
+                for (int64_t o = 0; o < O; o++) gla[o] = 0;
+                for (int64_t k = 0; k < OD; k++) {
+                    gm[k] = 0;
+                    hv[k] = (real)0.5 / var[k];
+                    h[k] = hv[k] / var[k];
                 }
+                FN(em_softmax_backward)(Cs + (t + 1) * IO, gC, gz, gln, I, O);
                 for (int64_t o = 0; o < O; o++) {
                     gla[o] = gln[o] * FN(sigmoid)(-la[o]);  /* d logsigmoid(x) / dx = sigmoid(-x) */
                     for (int64_t d = 0; d < D; d++) glv[o * D + d] = (real)-0.5 * gln[o];
                 }
                 /* log P_io = -1/2 sum_d dev2 / var + log_norm_o: the var part (dev2's part is added below) */
-                for (int64_t i = 0; i < I; i++)
-                    for (int64_t o = 0; o < O; o++) {
-                        real z = gz[i * O + o];
-                        for (int64_t d = 0; d < D; d++) {
-                            real dev = v[(i * O + o) * D + d] - m[o * D + d];
-                            gvar[o * D + d] += (real)0.5 * z * dev * dev / (var[o * D + d] * var[o * D + d]);
-                        }
-                    }
+                FN(em_density_var_backward)(v, a->sI, gz, m, h, gvar, I, O, D);
             }
-            /* la = lambda (beta_a - beta_u w - chi), chi = (1/2 sum_d log var + D c) w */
-            for (int64_t o = 0; o < O; o++) {
-                real bu = a->beta_u ? a->beta_u[o] : (real)0;
-                real g_la = lambda * gla[o];
-                a->g_beta_a[g * O + o] += g_la;
-                a->g_beta_u[g * O + o] -= g_la * w[o];
-                real gchi = -g_la;
-                real log_var_sum = 0;
-                for (int64_t d = 0; d < D; d++) log_var_sum += LOG(var[o * D + d]);
-                gw[o] = -g_la * bu + gchi * ((real)0.5 * log_var_sum + (real)D * half_log_term);
-                real den = w[o] > (real)MIN_TOTAL ? w[o] : (real)MIN_TOTAL;
-                gden[o] = 0;
-                for (int64_t d = 0; d < D; d++) {
-                    int64_t k = o * D + d;
-                    glv[k] += (real)0.5 * gchi * w[o];
-                    gvar[k] += glv[k] / var[k];
-                    Q[k] = gvar[k] / den;                       /* gradient of sum_i C dev2 */
-                    gden[o] -= gvar[k] * (var[k] - a->min_var) / den;
-                }
-            }
-            /* var = sum_i C dev2 / den + min_var, dev2 = (v - m)^2, m = sum_i C v / den; then the E-step's dev2 part */
-            for (int64_t i = 0; i < I; i++)
-                for (int64_t o = 0; o < O; o++) {
-                    real c = C[i * O + o], gc = 0;
-                    real z = t < T - 1 ? gz[i * O + o] : (real)0;
-                    for (int64_t d = 0; d < D; d++) {
-                        int64_t k = o * D + d;
-                        real dev = v[(i * O + o) * D + d] - m[k];
-                        real gdev2 = c * Q[k] - (real)0.5 * z / var[k];
-                        gc += Q[k] * dev * dev;
-                        real gdev = 2 * dev * gdev2;
-                        gv[(i * O + o) * D + d] += gdev;
-                        gm[k] -= gdev;
-                    }
-                    gC[i * O + o] = gc;
-                }
+            FN(em_activation_backward)(gla, w, var, a->beta_u, lambda, a->min_var, a->g_beta_a + g * O,
+                                       a->g_beta_u + g * O, gw, glv, gvar, Q, gden, O, D);
+            /* var = sum_i C dev2 / den + min_var, dev2 = (v - m)^2, m = sum_i C v / den; then the E-step's dev2 part
+             * (the first visit writes gv, the later ones add to it) */
+            if (t < T - 1)
+                FN(em_deviation_backward)(v, a->sI, C, gz, m, Q, hv, gv, gm, gC, I, O, D, 1, 0);
+            else
+                FN(em_deviation_backward)(v, a->sI, C, NULL, m, Q, NULL, gv, gm, gC, I, O, D, 0, 1);
             for (int64_t o = 0; o < O; o++) {
                 real den = w[o] > (real)MIN_TOTAL ? w[o] : (real)MIN_TOTAL;
                 for (int64_t d = 0; d < D; d++) {
@@ -945,16 +1022,7 @@ static int FN(em_backward_groups)(const FN(em_args) *a, int64_t g0, int64_t g1)
                 }
                 gw[o] += w[o] >= (real)MIN_TOTAL ? gden[o] : (real)0;
             }
-            for (int64_t i = 0; i < I; i++)
-                for (int64_t o = 0; o < O; o++) {
-                    real c = C[i * O + o], gc = gw[o];
-                    for (int64_t d = 0; d < D; d++) {
-                        int64_t k = o * D + d;
-                        gc += gm[k] * v[(i * O + o) * D + d];
-                        gv[(i * O + o) * D + d] += c * gm[k];
-                    }
-                    gC[i * O + o] += gc;
-                }
+            FN(em_mean_backward)(v, a->sI, C, gw, gm, gv, gC, I, O, D);
         }
     }
     free(buffer);

@@ -139,19 +139,20 @@ static int run(group_fn fn, const void *args, int64_t groups, int threads)
     static int em_fw_##SUF(const void *a, int64_t g0, int64_t g1) { return em_forward_groups_##SUF(a, g0, g1); }         \
     static int em_bw_##SUF(const void *a, int64_t g0, int64_t g1) { return em_backward_groups_##SUF(a, g0, g1); }        \
     int em_routing_forward_##SUF(const T_ *v, const T_ *beta_a, const T_ *beta_u, const T_ *lambdas, T_ min_var,    \
-                                 T_ *out, T_ *act, int64_t G, int64_t I, int64_t O, int64_t D, int T, int threads)  \
+                                 T_ *out, T_ *act, int64_t G, int64_t I, int64_t O, int64_t D, int64_t sG,        \
+                                 int64_t sI, int T, int threads)                                                   \
     {                                                                                                              \
         em_args_##SUF a = {v, beta_a, beta_u, lambdas, NULL, NULL, out, act, NULL, NULL, NULL, min_var, G, I, O, D, \
-                           T};                                                                                     \
+                           sG, sI, T};                                                                             \
         return run(em_fw_##SUF, &a, G, threads);                                                                          \
                                                                                                           \
     }                                                                                                              \
     int em_routing_backward_##SUF(const T_ *v, const T_ *beta_a, const T_ *beta_u, const T_ *lambdas, T_ min_var,   \
                                   const T_ *g_out, const T_ *g_act, T_ *g_v, T_ *g_beta_a, T_ *g_beta_u, int64_t G, \
-                                  int64_t I, int64_t O, int64_t D, int T, int threads)                             \
+                                  int64_t I, int64_t O, int64_t D, int64_t sG, int64_t sI, int T, int threads)     \
     {                                                                                                              \
         em_args_##SUF a = {v, beta_a, beta_u, lambdas, g_out, g_act, NULL, NULL, g_v, g_beta_a, g_beta_u, min_var,  \
-                           G, I, O, D, T};                                                                         \
+                           G, I, O, D, sG, sI, T};                                                                 \
         return run(em_bw_##SUF, &a, G, threads);                                                                          \
                                                                                                           \
     }
@@ -164,6 +165,52 @@ EXPORT_EM(f32, float)
 EXPORT_EM(f64, double)
 EXPORT_EM(f32_d1, float)
 EXPORT_EM(f64_d1, double)
+
+/* ------------------------------------------------------------ tanh (li2019's capsule maps, eq. 5) */
+
+/* Elements per group of the element-wise kernels (the unit split over threads). */
+#define TANH_CHUNK 16384
+
+typedef struct {
+    const void *x, *g;
+    void *y;
+    int64_t n;
+} tanh_args;
+
+#define EXPORT_TANH(SUF, T_, TANH)                                                                                \
+    static int tanh_fw_##SUF(const void *p, int64_t g0, int64_t g1)                                                \
+    {                                                                                                              \
+        const tanh_args *a = p;                                                                                    \
+        const T_ *restrict x = a->x;                                                                               \
+        T_ *restrict y = a->y;                                                                                     \
+        int64_t end = g1 * TANH_CHUNK < a->n ? g1 * TANH_CHUNK : a->n;                                             \
+        for (int64_t k = g0 * TANH_CHUNK; k < end; k++) y[k] = TANH(x[k]);                                         \
+        return 0;                                                                                                  \
+    }                                                                                                              \
+    /* the gradient through y = tanh(x), from y: g (1 - y^2) */                                                    \
+    static int tanh_bw_##SUF(const void *p, int64_t g0, int64_t g1)                                                \
+    {                                                                                                              \
+        const tanh_args *a = p;                                                                                    \
+        const T_ *restrict y = a->x, *restrict g = a->g;                                                           \
+        T_ *restrict gx = a->y;                                                                                    \
+        int64_t end = g1 * TANH_CHUNK < a->n ? g1 * TANH_CHUNK : a->n;                                             \
+        for (int64_t k = g0 * TANH_CHUNK; k < end; k++) gx[k] = g[k] * ((T_)1 - y[k] * y[k]);                      \
+        return 0;                                                                                                  \
+    }                                                                                                              \
+    /* y = tanh(x) over n contiguous elements (y may be x) */                                                      \
+    int tanh_forward_##SUF(const T_ *x, T_ *y, int64_t n, int threads)                                             \
+    {                                                                                                              \
+        tanh_args a = {x, NULL, y, n};                                                                             \
+        return run(tanh_fw_##SUF, &a, (n + TANH_CHUNK - 1) / TANH_CHUNK, threads);                                 \
+    }                                                                                                              \
+    int tanh_backward_##SUF(const T_ *y, const T_ *g, T_ *gx, int64_t n, int threads)                              \
+    {                                                                                                              \
+        tanh_args a = {y, g, gx, n};                                                                               \
+        return run(tanh_bw_##SUF, &a, (n + TANH_CHUNK - 1) / TANH_CHUNK, threads);                                 \
+    }
+
+EXPORT_TANH(f32, float, tanhf)
+EXPORT_TANH(f64, double, tanh)
 
 #define EXPORT_CLAUSE(SUF, T_)                                                                                    \
     static int clause_fw_##SUF(const void *a, int64_t g0, int64_t g1) { return clause_forward_blocks_##SUF(a, g0, g1); } \

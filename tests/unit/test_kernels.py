@@ -178,6 +178,54 @@ def test_cross_aggregation_horizontal_routing_is_fused(monkeypatch, init):
         torch.testing.assert_close(weights[True][key], weights[False][key], atol=1e-10, rtol=1e-8)
 
 
+@pytest.mark.parametrize("dim", [1, 3])
+def test_em_routing_reads_strided_votes_without_a_copy(monkeypatch, dim):
+    """Head-major votes ``(I, G, O, D)`` seen as ``(G, I, O, D)`` (li2019's capsule maps) go to the kernel as
+    they are; outputs and gradients equal those of the contiguous votes and of the tensor code."""
+    head_major = _randn(6, 4, 8, dim)
+    votes = head_major.detach().transpose(0, 1)  # (G, I, O, D), inputs 4 * 8 * dim apart
+    assert kernels._block_strided(votes).data_ptr() == votes.data_ptr()
+    assert kernels._block_strided(votes).stride() == votes.stride()
+    beta_a, beta_u = _randn(8, seed=1), _randn(8, seed=2)
+    def fn(v, a, u):
+        return routing.em_routing(v.transpose(0, 1), 3, beta_a=a, beta_u=u)
+    _assert_same(monkeypatch, fn, head_major, beta_a, beta_u)
+    contiguous = lambda v, a, u: routing.em_routing(v.transpose(0, 1).contiguous(), 3, beta_a=a, beta_u=u)
+    strided, dense = _run(monkeypatch, True, fn, head_major, beta_a, beta_u), \
+        _run(monkeypatch, True, contiguous, head_major, beta_a, beta_u)
+    for a, b in zip(strided[0] + strided[1], dense[0] + dense[1]):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+
+
+def test_block_strided_copies_what_the_kernel_cannot_read():
+    votes = torch.zeros(5, 4, 3, 2, dtype=torch.float64)
+    assert kernels._block_strided(votes).data_ptr() == votes.data_ptr()
+    transposed = votes.transpose(2, 3)  # the (O, D) block is not contiguous
+    assert kernels._block_strided(transposed).is_contiguous()
+    overlapping = torch.zeros(4, 3, 2, dtype=torch.float64).unsqueeze(0).expand(5, 4, 3, 2)  # stride 0 between groups
+    assert kernels._block_strided(overlapping).is_contiguous()
+    assert kernels._block_strided(overlapping).data_ptr() != overlapping.data_ptr()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_fused_tanh_matches_torch(monkeypatch, dtype):
+    x = _randn(3, 70001, dtype=dtype) * 4  # more than one chunk of the kernel's thread split
+    monkeypatch.setenv("ONMT_EXT_FUSED", "1")
+    fused_in = x.detach().clone().requires_grad_()
+    fused = kernels.tanh_(fused_in * 1.0)  # in place on a fresh tensor
+    eager_in = x.detach().clone().requires_grad_()
+    eager = torch.tanh(eager_in * 1.0)
+    grad = torch.randn(x.shape, generator=torch.Generator().manual_seed(3), dtype=dtype)
+    fused.backward(grad)
+    eager.backward(grad)
+    tolerance = dict(atol=1e-6, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-14, rtol=1e-13)
+    torch.testing.assert_close(fused, eager, **tolerance)
+    torch.testing.assert_close(fused_in.grad, eager_in.grad, **tolerance)
+    monkeypatch.setenv("ONMT_EXT_FUSED", "0")  # off: torch.tanh itself
+    plain = x.detach() * 1.0
+    assert torch.equal(kernels.tanh_(plain), torch.tanh(x.detach()))
+
+
 def test_float32_and_half_inputs_agree(monkeypatch):
     votes = _randn(64, 4, 32, 1, grad=False, dtype=torch.float32) * 3
     for dtype in (torch.float32, torch.bfloat16):
