@@ -9,8 +9,10 @@ Usage::
 Each (variant, length) runs in a fresh child process, which builds one
 OpenNMT-py ``TransformerEncoderLayer`` (Transformer-Base sizes by default),
 with cross aggregation (vertical + horizontal routing, T = 3, cao2019) put in
-place of its attention softmax for the ``cao2019`` variant, or clause
-attention (6 levels, scalar mixing) for ``clause``, and runs a
+place of its attention softmax for the ``cao2019`` variant, clause
+attention (6 levels, scalar mixing) for ``clause``, or li2019's routing
+aggregation (N = d capsules, T = 3) in place of the self-attention's
+``final_linear`` for ``li2019-em`` and ``li2019-simple``, and runs a
 forward+backward pass on ``(batch, L, d)`` inputs.  Each cell runs in
 ``--processes`` fresh processes and the fastest is reported: on the shared
 machine this was developed on, a whole process was now and then 4-8 times
@@ -73,6 +75,11 @@ def child(args):
     elif args.variant == "clause":
         layer.self_attn.softmax, set_clauses = _clause_softmax(args, device)
         layer.self_attn.self_attn_type = "scaled-dot"
+    elif args.variant.startswith("li2019-"):
+        from onmt_ext.aggregation import RoutingAggregation
+
+        method = args.variant.split("-", 1)[1]
+        layer.self_attn.final_linear = RoutingAggregation(args.heads, args.d_model, args.d_model, method).to(device)
     x = torch.randn(args.batch, args.length, args.d_model, device=device, requires_grad=True)
     mask = torch.zeros(args.batch, 1, 1, args.length, dtype=torch.bool, device=device)
 
@@ -108,7 +115,8 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--d-model", type=int, default=512)
     parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--variants", nargs="+", choices=("baseline", "cao2019", "clause"),
+    parser.add_argument("--variants", nargs="+",
+                        choices=("baseline", "cao2019", "clause", "li2019-em", "li2019-simple"),
                         default=["baseline", "cao2019", "clause"])
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per process (their median)")
     parser.add_argument("--processes", type=int, default=3,

@@ -163,7 +163,7 @@ def test_bench_round_interleaves_translation_passes_and_takes_medians(monkeypatc
     assert figures[cases[1]]["translate_sentences_per_s"] == 3.0
 
 
-@pytest.mark.parametrize("variant", ["baseline", "cao2019", "clause"])
+@pytest.mark.parametrize("variant", ["baseline", "cao2019", "clause", "li2019-em", "li2019-simple"])
 def test_layer_cost_measures_every_variant(variant, onmt_active, capsys):
     import json
 
