@@ -335,9 +335,9 @@ def simple_routing(v, keep, init_logits, lead, iterations, normalize, weighted_m
 def _block_strided(votes):
     """``votes`` ``(G, I, O, D)`` itself when each ``(O, D)`` block is contiguous and blocks do not overlap, else a
     contiguous copy: the EM kernel takes any strides between groups and inputs (head-major votes need no copy)."""
-    groups, inputs, outputs, dim = votes.shape
+    outputs, dim = votes.shape[2:]
     blocks = (outputs * dim == 1 or (votes.stride(3) == 1 or dim == 1) and (votes.stride(2) == dim or outputs == 1))
-    if not blocks or votes.stride(0) < 0 or votes.stride(1) < 0:
+    if not blocks:
         return votes.contiguous()
     extents = sorted((votes.stride(k), votes.shape[k]) for k in (0, 1) if votes.shape[k] > 1)
     covered = outputs * dim  # each stride must step past everything the smaller ones reach

@@ -31,10 +31,7 @@ typedef struct {
  * could underflow there.  Above it, the clause's largest exponential is far from float's smallest
  * normal number, so the shared ones are exact to float rounding. */
 #define CLAUSE_MIN_SHARED_SUM 9.357622968840175e-14 /* e^-30 */
-/* Exponentials of arguments below -EXP_FLOOR are 0 to float precision relative to the row's largest (1);
- * they are set to 0, and the argument is clamped first, because the vector exp takes a slow path for the
- * huge arguments of masked keys (scores of -1e18). */
-#define EXP_FLOOR 80
+/* EXP_FLOOR: see routing_kernels.c. */
 
 /* e[s..t) = softmax(x[s..t)); t > s */
 static void FN(span_softmax)(const real *x, real *e, int64_t s, int64_t t)

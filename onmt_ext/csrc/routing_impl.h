@@ -20,6 +20,15 @@
 
 /* ------------------------------------------------------------ simple routing */
 
+/* exp(x), or 0 below -EXP_FLOOR; the argument is clamped first, so that a vectorised loop never hands
+ * glibc's vector exp an argument that sends it down its slow path. */
+static inline real FN(exp_floor)(real x)
+{
+    real arg = x > -(real)EXP_FLOOR ? x : -(real)EXP_FLOOR;
+    real e = EXP(arg);
+    return x > -(real)EXP_FLOOR ? e : (real)0;
+}
+
 /* Step 1 of simple_routing: the coupling C (I, O) from the logits B, zero where keep is 0. */
 static void FN(coupling)(const real *B, const real *keep, real *C, int64_t I, int64_t O, int normalize_inputs)
 {
@@ -31,7 +40,7 @@ static void FN(coupling)(const real *B, const real *keep, real *C, int64_t I, in
             real top = b[0];
             for (int64_t o = 1; o < O; o++) top = b[o] > top ? b[o] : top;
             real total = 0;
-            for (int64_t o = 0; o < O; o++) { c[o] = EXP(b[o] - top); total += c[o]; }
+            for (int64_t o = 0; o < O; o++) { c[o] = FN(exp_floor)(b[o] - top); total += c[o]; }
             real scale = k / total;
             for (int64_t o = 0; o < O; o++) c[o] *= scale;
         }
@@ -49,7 +58,7 @@ static void FN(coupling)(const real *B, const real *keep, real *C, int64_t I, in
         }
         real total = 0;
         for (int64_t i = 0; i < I; i++) {
-            real e = (keep && keep[i] == 0) ? (real)0 : EXP(B[i * O + o] - top);
+            real e = (keep && keep[i] == 0) ? (real)0 : FN(exp_floor)(B[i * O + o] - top);
             C[i * O + o] = e;
             total += e;
         }
@@ -251,7 +260,7 @@ static void FN(shared_coupling)(const real *Bt, const real *km, real *Ct, int64_
                 const real *b = Bt + (o0 + o) * Ip;
                 real *c = Ct + (o0 + o) * Ip, t = top[o], sum = 0;
                 for (int64_t i = 0; i < Rp; i++) {
-                    real e = EXP((b[i] - t) * km[i]) * km[i];  /* exp(0) times 0 where masked */
+                    real e = FN(exp_floor)((b[i] - t) * km[i]) * km[i];  /* exp(0) times 0 where masked */
                     c[i] = e;
                     sum += e;
                 }
@@ -269,7 +278,7 @@ static void FN(shared_coupling)(const real *Bt, const real *km, real *Ct, int64_
         real top = Bt[i];
         for (int64_t o = 1; o < O; o++) top = Bt[o * Ip + i] > top ? Bt[o * Ip + i] : top;
         real total = 0;
-        for (int64_t o = 0; o < O; o++) { Ct[o * Ip + i] = EXP(Bt[o * Ip + i] - top); total += Ct[o * Ip + i]; }
+        for (int64_t o = 0; o < O; o++) { Ct[o * Ip + i] = FN(exp_floor)(Bt[o * Ip + i] - top); total += Ct[o * Ip + i]; }
         real scale = km[i] / total;
         for (int64_t o = 0; o < O; o++) Ct[o * Ip + i] *= scale;
     }
@@ -794,7 +803,7 @@ static void FN(e_step)(const real *v, int64_t sv, const real *m, const real *var
             log_var_sum += LOG(var[o * D + d]);
             half_inv[o * D + d] = (real)0.5 / var[o * D + d];
         }
-        real log_sig = la[o] < 0 ? la[o] - LOG1P(EXP(la[o])) : -LOG1P(EXP(-la[o]));
+        real log_sig = la[o] < 0 ? la[o] - LOG1P(FN(exp_floor)(la[o])) : -LOG1P(FN(exp_floor)(-la[o]));
         base[o] = log_sig - (real)0.5 * ((real)D * (real)LOG_2PI + log_var_sum);
     }
     for (int64_t i = 0; i < I; i++) {
@@ -810,12 +819,16 @@ static void FN(e_step)(const real *v, int64_t sv, const real *m, const real *var
         real top = c[0];
         for (int64_t o = 1; o < O; o++) top = c[o] > top ? c[o] : top;
         real total = 0;
-        for (int64_t o = 0; o < O; o++) { c[o] = EXP(c[o] - top); total += c[o]; }
+        for (int64_t o = 0; o < O; o++) { c[o] = FN(exp_floor)(c[o] - top); total += c[o]; }
         for (int64_t o = 0; o < O; o++) c[o] /= total;
     }
 }
 
-static real FN(sigmoid)(real x) { return x >= 0 ? (real)1 / ((real)1 + EXP(-x)) : EXP(x) / ((real)1 + EXP(x)); }
+static real FN(sigmoid)(real x)
+{
+    real e = FN(exp_floor)(x >= 0 ? -x : x);
+    return x >= 0 ? (real)1 / ((real)1 + e) : e / ((real)1 + e);
+}
 
 static int FN(em_forward_groups)(const FN(em_args) *a, int64_t g0, int64_t g1)
 {

@@ -197,6 +197,17 @@ def test_em_routing_reads_strided_votes_without_a_copy(monkeypatch, dim):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
 
 
+@pytest.mark.parametrize("scale", [30.0, 1e3])
+def test_floored_exponentials_match_tensor_code(monkeypatch, scale):
+    """Votes of magnitude 1e3 drive simple routing's logit differences far below -EXP_FLOOR (80), where the
+    kernels clamp the exp's argument and write 0; values and gradients still equal the tensor code's (EM is
+    compared at the same scales)."""
+    votes, beta_a, beta_u = _randn(4, 6, 8, 5, 1) * scale, _randn(5, seed=1), _randn(5, seed=2)
+    _assert_same(monkeypatch, lambda v, a, u: routing.em_routing(v, 3, beta_a=a, beta_u=u), votes, beta_a, beta_u)
+    _assert_same(monkeypatch, lambda v: routing.simple_routing(v, 3, weighted_mean=True), votes)
+    _assert_same(monkeypatch, lambda v: routing.simple_routing(v, 3, normalize="inputs"), votes)
+
+
 def test_block_strided_copies_what_the_kernel_cannot_read():
     votes = torch.zeros(5, 4, 3, 2, dtype=torch.float64)
     assert kernels._block_strided(votes).data_ptr() == votes.data_ptr()

@@ -145,6 +145,13 @@ def test_every_bench_suite_has_a_stock_baseline_and_parses_strictly(suite, tmp_p
             assert (opt.encoder_type == "transformer") == (case is cases[0])
 
 
+def test_bench_ratio_cells_show_the_side_of_the_target():
+    assert bench._ratio_cell(0.9668, 0.97, 1.20 / 1.92) == "0.967 (BELOW >= 0.97) | 0.63"
+    assert bench._ratio_cell(0.9701, 0.97, None) == "0.970 (meets >= 0.97) | n/a"
+    assert bench._ratio_cell(0.84, 0.75, 1.23 / 1.92) == "0.84 (meets >= 0.75) | 0.64"
+    assert bench._ratio_cell(0.5, None, None) == "0.50 | n/a"
+
+
 def test_bench_round_interleaves_translation_passes_and_takes_medians(monkeypatch):
     """Training once per case; each search runs --translate-repeats passes, every other one reversed; medians."""
     calls, speeds = [], {"a": iter([10.0, 30.0, 20.0]), "b": iter([5.0, 1.0, 3.0])}
