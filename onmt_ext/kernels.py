@@ -382,18 +382,16 @@ def em_routing(v, iterations, lambdas, beta_a, beta_u, min_var):
 
 
 class _Tanh(torch.autograd.Function):
-    """Fused ``torch.tanh`` of a contiguous tensor (in place when ``inplace``); the backward pass reads the output."""
+    """Fused in-place ``torch.tanh`` of a contiguous tensor; the backward pass reads the output."""
 
     @staticmethod
-    def forward(ctx, x, inplace):
-        y = x if inplace else torch.empty_like(x)
-        status = getattr(library(), f"tanh_forward_{_suffix(x.dtype)}")(_ptr(x), _ptr(y), x.numel(),
+    def forward(ctx, x):
+        status = getattr(library(), f"tanh_forward_{_suffix(x.dtype)}")(_ptr(x), _ptr(x), x.numel(),
                                                                           _threads(x.numel()))
         _check(status, "tanh_forward")
-        if inplace:
-            ctx.mark_dirty(y)
-        ctx.save_for_backward(y)
-        return y
+        ctx.mark_dirty(x)
+        ctx.save_for_backward(x)
+        return x
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -404,7 +402,7 @@ class _Tanh(torch.autograd.Function):
         status = getattr(library(), f"tanh_backward_{_suffix(y.dtype)}")(_ptr(y), _ptr(grad), _ptr(grad_x), y.numel(),
                                                                            _threads(y.numel()))
         _check(status, "tanh_backward")
-        return grad_x, None
+        return grad_x
 
 
 def tanh_(x):
@@ -417,7 +415,7 @@ def tanh_(x):
     """
     if not usable(x) or not x.is_contiguous():
         return torch.tanh(x)
-    return _Tanh.apply(x, True)
+    return _Tanh.apply(x)
 
 
 class _ClauseMix(torch.autograd.Function):

@@ -278,7 +278,10 @@ static void FN(shared_coupling)(const real *Bt, const real *km, real *Ct, int64_
         real top = Bt[i];
         for (int64_t o = 1; o < O; o++) top = Bt[o * Ip + i] > top ? Bt[o * Ip + i] : top;
         real total = 0;
-        for (int64_t o = 0; o < O; o++) { Ct[o * Ip + i] = FN(exp_floor)(Bt[o * Ip + i] - top); total += Ct[o * Ip + i]; }
+        for (int64_t o = 0; o < O; o++) {
+            Ct[o * Ip + i] = FN(exp_floor)(Bt[o * Ip + i] - top);
+            total += Ct[o * Ip + i];
+        }
         real scale = km[i] / total;
         for (int64_t o = 0; o < O; o++) Ct[o * Ip + i] *= scale;
     }
@@ -750,10 +753,11 @@ typedef struct {
     int T;
 } FN(em_args);
 
-/* The M-step of one iteration: w, mean m, var, log var and the activation logit la (all per output). */
-static void FN(m_step)(const real *v, int64_t sv, const real *C, real *w, real *m, real *var, real *la,
-                       const real *beta_a, const real *beta_u, real lambda, real min_var, int64_t I, int64_t O,
-                       int64_t D)
+/* The M-step of one iteration: w, mean m, var, the sum over d of log var (lvs) and the activation logit la (all per
+ * output); the E-step after it and the backward pass read lvs rather than take the logarithms again. */
+static void FN(m_step)(const real *restrict v, int64_t sv, const real *restrict C, real *restrict w, real *restrict m,
+                       real *restrict var, real *restrict lvs, real *restrict la, const real *restrict beta_a,
+                       const real *restrict beta_u, real lambda, real min_var, int64_t I, int64_t O, int64_t D)
 {
     D = FIXED_D(D);
     int64_t OD = O * D;
@@ -784,6 +788,7 @@ static void FN(m_step)(const real *v, int64_t sv, const real *C, real *w, real *
             var[o * D + d] = var[o * D + d] / den + min_var;
             log_var_sum += LOG(var[o * D + d]);
         }
+        lvs[o] = log_var_sum;
         real chi = ((real)0.5 * log_var_sum + (real)D * (real)HALF_1_LOG_2PI) * w[o];
         real ba = beta_a ? beta_a[o] : (real)0, bu = beta_u ? beta_u[o] : (real)0;
         la[o] = lambda * (ba - bu * w[o] - chi);
@@ -792,19 +797,15 @@ static void FN(m_step)(const real *v, int64_t sv, const real *C, real *w, real *
 
 /* The E-step: C (I, O) = softmax_o(logsigmoid(la_o) + log P_io) with the diagonal Gaussian density;
  * base (O + O * D) is scratch for the terms that do not depend on the input. */
-static void FN(e_step)(const real *v, int64_t sv, const real *m, const real *var, const real *la, real *C, real *base,
-                       int64_t I, int64_t O, int64_t D)
+static void FN(e_step)(const real *v, int64_t sv, const real *m, const real *var, const real *lvs, const real *la,
+                       real *C, real *base, int64_t I, int64_t O, int64_t D)
 {
     D = FIXED_D(D);
     real *half_inv = base + O; /* (O, D): 1 / (2 var) */
     for (int64_t o = 0; o < O; o++) {
-        real log_var_sum = 0;
-        for (int64_t d = 0; d < D; d++) {
-            log_var_sum += LOG(var[o * D + d]);
-            half_inv[o * D + d] = (real)0.5 / var[o * D + d];
-        }
+        for (int64_t d = 0; d < D; d++) half_inv[o * D + d] = (real)0.5 / var[o * D + d];
         real log_sig = la[o] < 0 ? la[o] - LOG1P(FN(exp_floor)(la[o])) : -LOG1P(FN(exp_floor)(-la[o]));
-        base[o] = log_sig - (real)0.5 * ((real)D * (real)LOG_2PI + log_var_sum);
+        base[o] = log_sig - (real)0.5 * ((real)D * (real)LOG_2PI + lvs[o]);
     }
     for (int64_t i = 0; i < I; i++) {
         real *c = C + i * O;
@@ -833,15 +834,15 @@ static real FN(sigmoid)(real x)
 static int FN(em_forward_groups)(const FN(em_args) *a, int64_t g0, int64_t g1)
 {
     int64_t I = a->I, O = a->O, D = FIXED_D(a->D), IO = I * O, OD = O * D;
-    real *buffer = malloc(sizeof(real) * (IO + 3 * OD + 3 * O));
+    real *buffer = malloc(sizeof(real) * (IO + 3 * OD + 4 * O));
     if (!buffer) return -1;
-    real *C = buffer, *m = C + IO, *var = m + OD, *w = var + OD, *la = w + O, *base = la + O;
+    real *C = buffer, *m = C + IO, *var = m + OD, *w = var + OD, *lvs = w + O, *la = lvs + O, *base = la + O;
     for (int64_t g = g0; g < g1; g++) {
         const real *v = a->v + g * a->sG;
         for (int64_t k = 0; k < IO; k++) C[k] = (real)1 / (real)O;
         for (int t = 0; t < a->T; t++) {
-            FN(m_step)(v, a->sI, C, w, m, var, la, a->beta_a, a->beta_u, a->lambdas[t], a->min_var, I, O, D);
-            if (t < a->T - 1) FN(e_step)(v, a->sI, m, var, la, C, base, I, O, D);
+            FN(m_step)(v, a->sI, C, w, m, var, lvs, la, a->beta_a, a->beta_u, a->lambdas[t], a->min_var, I, O, D);
+            if (t < a->T - 1) FN(e_step)(v, a->sI, m, var, lvs, la, C, base, I, O, D);
         }
         for (int64_t o = 0; o < O; o++) {
             real s = FN(sigmoid)(la[o]);
@@ -853,13 +854,15 @@ static int FN(em_forward_groups)(const FN(em_args) *a, int64_t g0, int64_t g1)
     return 0;
 }
 
-/* Through the activation logit la = lambda (beta_a - beta_u w - chi), chi = (1/2 sum_d log var + D c) w, of one
- * M-step, given gla: adds to the betas' gradients gba, gbu (O), sets gw (O), the denominator's gden (O) and Q (O, D),
- * the gradient of sum_i C dev2; glv and gvar (O, D) hold what the E-step after it gave (zeros after the last). */
+/* Through the activation logit la = lambda (beta_a - beta_u w - chi), chi = (1/2 lvs + D c) w, of one M-step
+ * (lvs = sum_d log var), given gla: adds to the betas' gradients gba, gbu (O), sets gw (O), the denominator's
+ * gden (O) and Q (O, D), the gradient of sum_i C dev2; glv and gvar (O, D) hold what the E-step after it gave
+ * (zeros after the last). */
 static void FN(em_activation_backward)(const real *restrict gla, const real *restrict w, const real *restrict var,
-                                       const real *restrict beta_u, real lambda, real min_var, real *restrict gba,
-                                       real *restrict gbu, real *restrict gw, real *restrict glv, real *restrict gvar,
-                                       real *restrict Q, real *restrict gden, int64_t O, int64_t D)
+                                       const real *restrict lvs, const real *restrict beta_u, real lambda,
+                                       real min_var, real *restrict gba, real *restrict gbu, real *restrict gw,
+                                       real *restrict glv, real *restrict gvar, real *restrict Q, real *restrict gden,
+                                       int64_t O, int64_t D)
 {
     D = FIXED_D(D);
     for (int64_t o = 0; o < O; o++) {
@@ -868,9 +871,7 @@ static void FN(em_activation_backward)(const real *restrict gla, const real *res
         gba[o] += g_la;
         gbu[o] -= g_la * w[o];
         real gchi = -g_la;
-        real log_var_sum = 0;
-        for (int64_t d = 0; d < D; d++) log_var_sum += LOG(var[o * D + d]);
-        gw[o] = -g_la * bu + gchi * ((real)0.5 * log_var_sum + (real)D * (real)HALF_1_LOG_2PI);
+        gw[o] = -g_la * bu + gchi * ((real)0.5 * lvs[o] + (real)D * (real)HALF_1_LOG_2PI);
         real inv_den = (real)1 / (w[o] > (real)MIN_TOTAL ? w[o] : (real)MIN_TOTAL), gd = 0;
         for (int64_t d = 0; d < D; d++) {
             int64_t k = o * D + d;
@@ -967,21 +968,22 @@ static int FN(em_backward_groups)(const FN(em_args) *a, int64_t g0, int64_t g1)
 {
     int64_t I = a->I, O = a->O, D = FIXED_D(a->D), IO = I * O, OD = O * D;
     int T = a->T;
-    size_t size = (size_t)T * (IO + 2 * OD + 2 * O) + 2 * IO + 7 * OD + 4 * O; /* gln is also the E-step's scratch */
+    size_t size = (size_t)T * (IO + 2 * OD + 3 * O) + 2 * IO + 7 * OD + 4 * O; /* gln is also the E-step's scratch */
     real *buffer = malloc(sizeof(real) * size);
     if (!buffer) return -1;
-    real *Cs = buffer, *ms = Cs + T * IO, *vars = ms + T * OD, *ws = vars + T * OD, *las = ws + T * O;
-    real *gC = las + T * O, *gz = gC + IO, *gm = gz + IO, *gvar = gm + OD, *glv = gvar + OD, *Q = glv + OD;
-    real *h = Q + OD, *hv = h + OD, *gla = hv + OD, *gw = gla + O, *gden = gw + O, *gln = gden + O;
+    real *Cs = buffer, *ms = Cs + T * IO, *vars = ms + T * OD, *ws = vars + T * OD, *lvss = ws + T * O;
+    real *las = lvss + T * O, *gC = las + T * O, *gz = gC + IO, *gm = gz + IO, *gvar = gm + OD, *glv = gvar + OD;
+    real *Q = glv + OD, *h = Q + OD, *hv = h + OD, *gla = hv + OD, *gw = gla + O, *gden = gw + O, *gln = gden + O;
     for (int64_t g = g0; g < g1; g++) {
         const real *v = a->v + g * a->sG;
         real *gv = a->g_v + g * a->sG;
         for (int64_t k = 0; k < IO; k++) Cs[k] = (real)1 / (real)O;
         for (int t = 0; t < T; t++) {
-            FN(m_step)(v, a->sI, Cs + t * IO, ws + t * O, ms + t * OD, vars + t * OD, las + t * O, a->beta_a, a->beta_u,
-                       a->lambdas[t], a->min_var, I, O, D);
+            FN(m_step)(v, a->sI, Cs + t * IO, ws + t * O, ms + t * OD, vars + t * OD, lvss + t * O, las + t * O,
+                       a->beta_a, a->beta_u, a->lambdas[t], a->min_var, I, O, D);
             if (t < T - 1)
-                FN(e_step)(v, a->sI, ms + t * OD, vars + t * OD, las + t * O, Cs + (t + 1) * IO, gln, I, O, D);
+                FN(e_step)(v, a->sI, ms + t * OD, vars + t * OD, lvss + t * O, las + t * O, Cs + (t + 1) * IO, gln, I,
+                           O, D);
         }
         /* the outputs: out = sigmoid(la) m, act = sigmoid(la) */
         {
@@ -1018,7 +1020,7 @@ static int FN(em_backward_groups)(const FN(em_args) *a, int64_t g0, int64_t g1)
                 /* log P_io = -1/2 sum_d dev2 / var + log_norm_o: the var part (dev2's part is added below) */
                 FN(em_density_var_backward)(v, a->sI, gz, m, h, gvar, I, O, D);
             }
-            FN(em_activation_backward)(gla, w, var, a->beta_u, lambda, a->min_var, a->g_beta_a + g * O,
+            FN(em_activation_backward)(gla, w, var, lvss + t * O, a->beta_u, lambda, a->min_var, a->g_beta_a + g * O,
                                        a->g_beta_u + g * O, gw, glv, gvar, Q, gden, O, D);
             /* var = sum_i C dev2 / den + min_var, dev2 = (v - m)^2, m = sum_i C v / den; then the E-step's dev2 part
              * (the first visit writes gv, the later ones add to it) */
