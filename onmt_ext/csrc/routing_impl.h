@@ -154,6 +154,9 @@ typedef struct {
  * it they are <v_io, sum_t out^t_o>, computed once at the end (in the backward pass only when the logits
  * get a gradient, which cao2019 does not give them). */
 
+#ifndef EM_LANE_BYTES
+#define EM_LANE_BYTES 64
+#endif
 #ifndef SHARED_LANE_BYTES
 #define SHARED_LANE_BYTES 32
 #endif
@@ -848,6 +851,318 @@ static int FN(em_forward_groups)(const FN(em_args) *a, int64_t g0, int64_t g1)
             real s = FN(sigmoid)(la[o]);
             a->act[g * O + o] = s;
             for (int64_t d = 0; d < D; d++) a->out[g * OD + o * D + d] = s * m[o * D + d];
+        }
+    }
+    free(buffer);
+    return 0;
+}
+
+/* ------------------------------------------------------------ EM routing, lane-wise
+ * em_forward_groups and em_backward_groups with EM_LANES problems at a time, one per vector lane: the votes of a
+ * tile are gathered into V (I, O, D) of lane vectors (lanes past the last group get zero votes, whose results are
+ * dropped), and every step is the per-problem code's arithmetic in the same order, element-wise over the lanes.
+ * Small problems (li2019's toy layers: I = 4 heads, O = 32 outputs, D = 1) spend most of the per-problem code's
+ * time on loop overhead and horizontal reductions over O; here no reduction crosses lanes, and each vector call
+ * of exp/log serves EM_LANES problems.  onmt_ext/kernels.py chooses between the two by size. */
+#define EM_LANES ((int64_t)(EM_LANE_BYTES / sizeof(real)))
+/* loops over the lanes stay loops for the vectoriser (fully unrolled, their exp/log calls stayed scalar) */
+#define LANE_LOOP _Pragma("GCC unroll 0")
+typedef real FN(lanes) __attribute__((vector_size(EM_LANE_BYTES), aligned(EM_LANE_BYTES)));
+
+/* exp_floor and LOG lane by lane (each loop is one call of glibc's vector function) */
+static inline FN(lanes) FN(lanes_exp_floor)(FN(lanes) x)
+{
+    FN(lanes) y;
+    LANE_LOOP
+    for (int64_t l = 0; l < EM_LANES; l++) y[l] = FN(exp_floor)(x[l]);
+    return y;
+}
+
+static inline FN(lanes) FN(lanes_log)(FN(lanes) x)
+{
+    FN(lanes) y;
+    LANE_LOOP
+    for (int64_t l = 0; l < EM_LANES; l++) y[l] = LOG(x[l]);
+    return y;
+}
+
+static inline FN(lanes) FN(lanes_max)(FN(lanes) x, FN(lanes) z)
+{
+    FN(lanes) y;
+    LANE_LOOP
+    for (int64_t l = 0; l < EM_LANES; l++) y[l] = x[l] > z[l] ? x[l] : z[l];
+    return y;
+}
+
+/* log sigmoid(x) = min(x, 0) - log1p(exp(-|x|)) */
+static inline FN(lanes) FN(lanes_log_sigmoid)(FN(lanes) x)
+{
+    FN(lanes) y;
+    LANE_LOOP
+    for (int64_t l = 0; l < EM_LANES; l++)
+        y[l] = (x[l] < 0 ? x[l] : (real)0) - LOG1P(FN(exp_floor)(x[l] < 0 ? x[l] : -x[l]));
+    return y;
+}
+
+static inline FN(lanes) FN(lanes_sigmoid)(FN(lanes) x)
+{
+    FN(lanes) y;
+    LANE_LOOP
+    for (int64_t l = 0; l < EM_LANES; l++) {
+        real e = FN(exp_floor)(x[l] < 0 ? x[l] : -x[l]);
+        y[l] = x[l] < 0 ? e / ((real)1 + e) : (real)1 / ((real)1 + e);
+    }
+    return y;
+}
+
+/* y where x >= threshold, else 0 */
+static inline FN(lanes) FN(lanes_where_ge)(FN(lanes) x, real threshold, FN(lanes) y)
+{
+    FN(lanes) z;
+    LANE_LOOP
+    for (int64_t l = 0; l < EM_LANES; l++) z[l] = x[l] >= threshold ? y[l] : (real)0;
+    return z;
+}
+
+/* Gathers the votes of groups g .. g + lanes - 1 into V (I, O, D) of lanes (zeros in the lanes past them). */
+static void FN(lanes_gather)(const FN(em_args) *a, int64_t g, int64_t lanes, FN(lanes) *restrict V)
+{
+    int64_t I = a->I, OD = a->O * FIXED_D(a->D);
+    for (int64_t k = 0; k < I * OD; k++) V[k] = (FN(lanes)){0};
+    for (int64_t l = 0; l < lanes; l++) {
+        const real *v = a->v + (g + l) * a->sG;
+        for (int64_t i = 0; i < I; i++)
+            for (int64_t k = 0; k < OD; k++) V[i * OD + k][l] = v[i * a->sI + k];
+    }
+}
+
+/* m_step, lane-wise, output by output (the sums over the inputs in m_step's order). */
+static void FN(lanes_m_step)(const FN(lanes) *restrict V, const FN(lanes) *restrict C, FN(lanes) *restrict w,
+                             FN(lanes) *restrict m, FN(lanes) *restrict var, FN(lanes) *restrict lvs,
+                             FN(lanes) *restrict la, const real *beta_a, const real *beta_u, real lambda,
+                             real min_var, int64_t I, int64_t O, int64_t D)
+{
+    typedef FN(lanes) lv;
+    D = FIXED_D(D);
+    const lv zero = {0}, min_total = zero + (real)MIN_TOTAL;
+    const real chi_d = (real)D * (real)HALF_1_LOG_2PI;
+    for (int64_t o = 0; o < O; o++) {
+        lv wo = zero, s = zero;
+        for (int64_t i = 0; i < I; i++) wo += C[i * O + o];
+        lv den = FN(lanes_max)(wo, min_total);
+        for (int64_t d = 0; d < D; d++) {
+            lv mo = zero, vo = zero;
+            for (int64_t i = 0; i < I; i++) mo += C[i * O + o] * V[(i * O + o) * D + d];
+            mo /= den;
+            for (int64_t i = 0; i < I; i++) {
+                lv dev = V[(i * O + o) * D + d] - mo;
+                vo += C[i * O + o] * dev * dev;
+            }
+            vo = vo / den + min_var;
+            m[o * D + d] = mo;
+            var[o * D + d] = vo;
+            s += FN(lanes_log)(vo);
+        }
+        real ba = beta_a ? beta_a[o] : (real)0, bu = beta_u ? beta_u[o] : (real)0;
+        w[o] = wo;
+        lvs[o] = s;
+        la[o] = lambda * (ba - bu * wo - ((real)0.5 * s + chi_d) * wo);
+    }
+}
+
+/* e_step, lane-wise: the couplings C (I, O) of the next iteration; base (O) and hv (O, D) are scratch. */
+static void FN(lanes_e_step)(const FN(lanes) *restrict V, const FN(lanes) *restrict m, const FN(lanes) *restrict var,
+                             const FN(lanes) *restrict lvs, const FN(lanes) *restrict la, FN(lanes) *restrict C,
+                             FN(lanes) *restrict base, FN(lanes) *restrict hv, int64_t I, int64_t O, int64_t D)
+{
+    typedef FN(lanes) lv;
+    D = FIXED_D(D);
+    const lv zero = {0};
+    const real half_log_2pi_d = (real)0.5 * (real)D * (real)LOG_2PI;
+    for (int64_t o = 0; o < O; o++) base[o] = FN(lanes_log_sigmoid)(la[o]) - half_log_2pi_d - (real)0.5 * lvs[o];
+    for (int64_t k = 0; k < O * D; k++) hv[k] = (real)0.5 / var[k];
+    for (int64_t i = 0; i < I; i++) {
+        lv *c = C + i * O, best = zero, total = zero;
+        for (int64_t o = 0; o < O; o++) {
+            lv quad = zero;
+            for (int64_t d = 0; d < D; d++) {
+                lv dev = V[(i * O + o) * D + d] - m[o * D + d];
+                quad += dev * dev * hv[o * D + d];
+            }
+            c[o] = base[o] - quad;
+            best = o == 0 ? c[o] : FN(lanes_max)(c[o], best);
+        }
+        for (int64_t o = 0; o < O; o++) {
+            c[o] = FN(lanes_exp_floor)(c[o] - best);
+            total += c[o];
+        }
+        for (int64_t o = 0; o < O; o++) c[o] /= total;
+    }
+}
+
+static int FN(em_forward_lanes)(const FN(em_args) *a, int64_t g0, int64_t g1)
+{
+    typedef FN(lanes) lv;
+    int64_t I = a->I, O = a->O, D = FIXED_D(a->D), IO = I * O, OD = O * D;
+    lv *buffer = aligned_alloc(sizeof(lv), sizeof(lv) * (size_t)(IO * D + IO + 3 * OD + 4 * O));
+    if (!buffer) return -1;
+    lv *V = buffer, *C = V + IO * D, *m = C + IO, *var = m + OD, *hv = var + OD, *w = hv + OD, *lvs = w + O,
+       *la = lvs + O, *base = la + O;
+    for (int64_t g = g0; g < g1; g += EM_LANES) {
+        int64_t lanes = g1 - g < EM_LANES ? g1 - g : EM_LANES;
+        FN(lanes_gather)(a, g, lanes, V);
+        for (int64_t k = 0; k < IO; k++) C[k] = (lv){0} + (real)1 / (real)O;
+        for (int t = 0; t < a->T; t++) {
+            FN(lanes_m_step)(V, C, w, m, var, lvs, la, a->beta_a, a->beta_u, a->lambdas[t], a->min_var, I, O, D);
+            if (t < a->T - 1) FN(lanes_e_step)(V, m, var, lvs, la, C, base, hv, I, O, D);
+        }
+        for (int64_t o = 0; o < O; o++) base[o] = FN(lanes_sigmoid)(la[o]);
+        for (int64_t l = 0; l < lanes; l++)
+            for (int64_t o = 0; o < O; o++) {
+                real s = base[o][l];
+                a->act[(g + l) * O + o] = s;
+                for (int64_t d = 0; d < D; d++) a->out[(g + l) * OD + o * D + d] = s * m[o * D + d][l];
+            }
+    }
+    free(buffer);
+    return 0;
+}
+
+/* em_backward_groups, lane-wise (the same steps, in the same order, on EM_LANES problems at a time). */
+static int FN(em_backward_lanes)(const FN(em_args) *a, int64_t g0, int64_t g1)
+{
+    typedef FN(lanes) lv;
+    int64_t I = a->I, O = a->O, D = FIXED_D(a->D), IO = I * O, OD = O * D;
+    int T = a->T;
+    size_t size = (size_t)T * (IO + 2 * OD + 3 * O) + 2 * IO * D + 2 * IO + 7 * OD + 7 * O;
+    lv *buffer = aligned_alloc(sizeof(lv), sizeof(lv) * size);
+    if (!buffer) return -1;
+    lv *Cs = buffer, *ms = Cs + T * IO, *vars = ms + T * OD, *ws = vars + T * OD, *lvss = ws + T * O;
+    lv *las = lvss + T * O, *V = las + T * O, *gV = V + IO * D, *gC = gV + IO * D, *gz = gC + IO, *gm = gz + IO;
+    lv *gvar = gm + OD, *glv = gvar + OD, *Q = glv + OD, *h = Q + OD, *hv = h + OD, *go = hv + OD, *gla = go + OD;
+    lv *gw = gla + O, *gden = gw + O, *gln = gden + O, *gba = gln + O, *gbu = gba + O, *base = gbu + O;
+    const lv zero = {0}, min_total = zero + (real)MIN_TOTAL;
+    for (int64_t g = g0; g < g1; g += EM_LANES) {
+        int64_t lanes = g1 - g < EM_LANES ? g1 - g : EM_LANES;
+        FN(lanes_gather)(a, g, lanes, V);
+        for (int64_t k = 0; k < IO; k++) Cs[k] = zero + (real)1 / (real)O;
+        for (int t = 0; t < T; t++) {
+            FN(lanes_m_step)(V, Cs + t * IO, ws + t * O, ms + t * OD, vars + t * OD, lvss + t * O, las + t * O,
+                             a->beta_a, a->beta_u, a->lambdas[t], a->min_var, I, O, D);
+            if (t < T - 1)
+                FN(lanes_e_step)(V, ms + t * OD, vars + t * OD, lvss + t * O, las + t * O, Cs + (t + 1) * IO, base,
+                                 hv, I, O, D);
+        }
+        /* the outputs: out = sigmoid(la) m, act = sigmoid(la) */
+        for (int64_t k = 0; k < OD; k++) go[k] = zero;
+        for (int64_t o = 0; o < O; o++) gla[o] = zero;
+        for (int64_t l = 0; l < lanes; l++) {
+            for (int64_t k = 0; a->g_out && k < OD; k++) go[k][l] = a->g_out[(g + l) * OD + k];
+            for (int64_t o = 0; a->g_act && o < O; o++) gla[o][l] = a->g_act[(g + l) * O + o];
+        }
+        {
+            const lv *m = ms + (T - 1) * OD, *la = las + (T - 1) * O;
+            for (int64_t o = 0; o < O; o++) {
+                lv sg = FN(lanes_sigmoid)(la[o]), gs = gla[o];
+                for (int64_t d = 0; d < D; d++) {
+                    gs += go[o * D + d] * m[o * D + d];
+                    gm[o * D + d] = go[o * D + d] * sg;
+                }
+                gla[o] = gs * sg * ((real)1 - sg);
+            }
+        }
+        for (int64_t o = 0; o < O; o++) { gba[o] = zero; gbu[o] = zero; }
+        for (int t = T - 1; t >= 0; t--) {
+            const lv *C = Cs + t * IO, *m = ms + t * OD, *var = vars + t * OD, *w = ws + t * O, *la = las + t * O;
+            const lv *lvs = lvss + t * O;
+            real lambda = a->lambdas[t];
+            for (int64_t k = 0; k < OD; k++) { gvar[k] = zero; glv[k] = zero; }
+            if (t < T - 1) {
+                /* C^{t+1} = softmax_o(z), z_io = logsigmoid(la_o) + log P_io */
+                const lv *C1 = Cs + (t + 1) * IO;
+                for (int64_t k = 0; k < OD; k++) {
+                    gm[k] = zero;
+                    hv[k] = (real)0.5 / var[k];
+                    h[k] = hv[k] / var[k];
+                }
+                for (int64_t o = 0; o < O; o++) gln[o] = zero;
+                for (int64_t i = 0; i < I; i++) {
+                    lv dot = zero;
+                    for (int64_t o = 0; o < O; o++) dot += gC[i * O + o] * C1[i * O + o];
+                    for (int64_t o = 0; o < O; o++) {
+                        gz[i * O + o] = C1[i * O + o] * (gC[i * O + o] - dot);
+                        gln[o] += gz[i * O + o];
+                    }
+                }
+                for (int64_t o = 0; o < O; o++) {
+                    gla[o] = gln[o] * FN(lanes_sigmoid)(-la[o]); /* d logsigmoid(x) / dx = sigmoid(-x) */
+                    for (int64_t d = 0; d < D; d++) glv[o * D + d] = (real)-0.5 * gln[o];
+                }
+                /* log P_io = -1/2 sum_d dev2 / var + log_norm_o: the var part */
+                for (int64_t i = 0; i < I; i++)
+                    for (int64_t o = 0; o < O; o++)
+                        for (int64_t d = 0; d < D; d++) {
+                            lv dev = V[(i * O + o) * D + d] - m[o * D + d];
+                            gvar[o * D + d] += gz[i * O + o] * dev * dev * h[o * D + d];
+                        }
+            }
+            /* through la = lambda (beta_a - beta_u w - chi), chi = (1/2 lvs + D c) w */
+            for (int64_t o = 0; o < O; o++) {
+                real bu = a->beta_u ? a->beta_u[o] : (real)0;
+                lv g_la = lambda * gla[o], inv_den = (real)1 / FN(lanes_max)(w[o], min_total), gd = zero;
+                gba[o] += g_la;
+                gbu[o] -= g_la * w[o];
+                gw[o] = -g_la * bu - g_la * ((real)0.5 * lvs[o] + (real)D * (real)HALF_1_LOG_2PI);
+                for (int64_t d = 0; d < D; d++) {
+                    int64_t k = o * D + d;
+                    lv gv = gvar[k] + (glv[k] - (real)0.5 * g_la * w[o]) / var[k];
+                    Q[k] = gv * inv_den;
+                    gd -= gv * (var[k] - a->min_var) * inv_den;
+                }
+                gden[o] = gd;
+            }
+            /* through dev = v - m (the M-step's variance and, but after the last, the E-step's density) */
+            for (int64_t i = 0; i < I; i++)
+                for (int64_t o = 0; o < O; o++) {
+                    lv c = C[i * O + o], z = t < T - 1 ? gz[i * O + o] : zero, gc = zero;
+                    for (int64_t d = 0; d < D; d++) {
+                        int64_t k = o * D + d, n = (i * O + o) * D + d;
+                        lv dev = V[n] - m[k], gdev = 2 * dev * (c * Q[k] - z * hv[k]);
+                        gc += Q[k] * dev * dev;
+                        gV[n] = t == T - 1 ? gdev : gV[n] + gdev;
+                        gm[k] -= gdev;
+                    }
+                    gC[i * O + o] = gc;
+                }
+            for (int64_t o = 0; o < O; o++) {
+                lv den = FN(lanes_max)(w[o], min_total);
+                for (int64_t d = 0; d < D; d++) {
+                    int64_t k = o * D + d;
+                    gden[o] -= gm[k] * m[k] / den;
+                    gm[k] /= den; /* now the gradient of sum_i C v */
+                }
+                gw[o] += FN(lanes_where_ge)(w[o], (real)MIN_TOTAL, gden[o]);
+            }
+            /* through the mean's sum_i C v and w = sum_i C */
+            for (int64_t i = 0; i < I; i++)
+                for (int64_t o = 0; o < O; o++) {
+                    lv c = C[i * O + o], gc = gw[o];
+                    for (int64_t d = 0; d < D; d++) {
+                        int64_t k = o * D + d, n = (i * O + o) * D + d;
+                        gc += gm[k] * V[n];
+                        gV[n] += c * gm[k];
+                    }
+                    gC[i * O + o] += gc;
+                }
+        }
+        for (int64_t l = 0; l < lanes; l++) {
+            real *gv = a->g_v + (g + l) * a->sG;
+            for (int64_t i = 0; i < I; i++)
+                for (int64_t k = 0; k < OD; k++) gv[i * a->sI + k] = gV[i * OD + k][l];
+            for (int64_t o = 0; o < O; o++) {
+                a->g_beta_a[(g + l) * O + o] = gba[o][l];
+                a->g_beta_u[(g + l) * O + o] = gbu[o][l];
+            }
         }
     }
     free(buffer);

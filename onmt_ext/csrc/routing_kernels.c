@@ -143,6 +143,8 @@ static int run(group_fn fn, const void *args, int64_t groups, int threads)
 #define EXPORT_EM(SUF, T_)                                                                                        \
     static int em_fw_##SUF(const void *a, int64_t g0, int64_t g1) { return em_forward_groups_##SUF(a, g0, g1); }         \
     static int em_bw_##SUF(const void *a, int64_t g0, int64_t g1) { return em_backward_groups_##SUF(a, g0, g1); }        \
+    static int em_fl_##SUF(const void *a, int64_t g0, int64_t g1) { return em_forward_lanes_##SUF(a, g0, g1); }          \
+    static int em_bl_##SUF(const void *a, int64_t g0, int64_t g1) { return em_backward_lanes_##SUF(a, g0, g1); }         \
     int em_routing_forward_##SUF(const T_ *v, const T_ *beta_a, const T_ *beta_u, const T_ *lambdas, T_ min_var,    \
                                  T_ *out, T_ *act, int64_t G, int64_t I, int64_t O, int64_t D, int64_t sG,        \
                                  int64_t sI, int T, int threads)                                                   \
@@ -151,6 +153,24 @@ static int run(group_fn fn, const void *args, int64_t groups, int threads)
                            sG, sI, T};                                                                             \
         return run(em_fw_##SUF, &a, G, threads);                                                                          \
                                                                                                           \
+    }                                                                                                              \
+    /* the same, EM_LANES problems at a time (em_forward_lanes): faster for small problems */                     \
+    int em_routing_forward_lanes_##SUF(const T_ *v, const T_ *beta_a, const T_ *beta_u, const T_ *lambdas,          \
+                                       T_ min_var, T_ *out, T_ *act, int64_t G, int64_t I, int64_t O, int64_t D,    \
+                                       int64_t sG, int64_t sI, int T, int threads)                                  \
+    {                                                                                                              \
+        em_args_##SUF a = {v, beta_a, beta_u, lambdas, NULL, NULL, out, act, NULL, NULL, NULL, min_var, G, I, O, D, \
+                           sG, sI, T};                                                                             \
+        return run(em_fl_##SUF, &a, G, threads);                                                                   \
+    }                                                                                                              \
+    int em_routing_backward_lanes_##SUF(const T_ *v, const T_ *beta_a, const T_ *beta_u, const T_ *lambdas,         \
+                                        T_ min_var, const T_ *g_out, const T_ *g_act, T_ *g_v, T_ *g_beta_a,       \
+                                        T_ *g_beta_u, int64_t G, int64_t I, int64_t O, int64_t D, int64_t sG,      \
+                                        int64_t sI, int T, int threads)                                            \
+    {                                                                                                              \
+        em_args_##SUF a = {v, beta_a, beta_u, lambdas, g_out, g_act, NULL, NULL, g_v, g_beta_a, g_beta_u, min_var,  \
+                           G, I, O, D, sG, sI, T};                                                                 \
+        return run(em_bl_##SUF, &a, G, threads);                                                                   \
     }                                                                                                              \
     int em_routing_backward_##SUF(const T_ *v, const T_ *beta_a, const T_ *beta_u, const T_ *lambdas, T_ min_var,   \
                                   const T_ *g_out, const T_ *g_act, T_ *g_v, T_ *g_beta_a, T_ *g_beta_u, int64_t G, \

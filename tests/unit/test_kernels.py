@@ -197,6 +197,43 @@ def test_em_routing_reads_strided_votes_without_a_copy(monkeypatch, dim):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
 
 
+@pytest.mark.parametrize("lanes", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("groups, dim", [(1, 1), (21, 1), (37, 3), (16, 4)])
+@pytest.mark.parametrize("betas", [False, True])
+def test_em_kernel_paths_match_tensor_code(monkeypatch, lanes, dtype, groups, dim, betas):
+    """Both EM kernels, forward and backward, whichever the size rule picks: the per-problem one and the
+    lane-wise one (16 float32 or 8 float64 problems per tile; 1, 21 and 37 groups leave a partial last tile), on
+    head-major strided votes, with and without betas, against the tensor code in float64."""
+    monkeypatch.setattr(kernels, "_em_lanes", lambda *shape: lanes)
+    calls = []
+    real_function = kernels._function
+    monkeypatch.setattr(kernels, "_function", lambda name, *rest: calls.append(name) or real_function(name, *rest))
+    head_major = _randn(5, groups, 7 * dim, dtype=dtype)
+    tensors = [head_major] + ([_randn(7, seed=1, dtype=dtype), _randn(7, seed=2, dtype=dtype)] if betas else [])
+
+    def fn(v, *beta):  # float64 outputs, so that both runs draw the same random loss weights
+        return [out.double() for out in routing.em_routing(v.view(5, groups, 7, dim).transpose(0, 1), 3,
+                                                           **dict(zip(("beta_a", "beta_u"), beta)))]
+
+    fused = _run(monkeypatch, True, fn, *tensors)
+    assert calls == [f"em_routing_{step}{'_lanes' if lanes else ''}" for step in ("forward", "backward")]
+    reference = _run(monkeypatch, False, fn, *[t.detach().double().requires_grad_() for t in tensors])
+    tolerance = dict(atol=2e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=1e-11, rtol=1e-9)
+    for a, b in zip(fused[0] + fused[1], reference[0] + reference[1]):
+        torch.testing.assert_close(a.double(), b, **tolerance)
+
+
+def test_em_lane_rule():
+    """The lane-wise EM forward pass takes li2019's toy layers (O = 32 capsules of size 1) and small vector
+    capsules; the per-problem one takes many scalar capsules (Transformer-Base: O = 512)."""
+    assert kernels._em_lanes(4, 32, 1)
+    assert kernels._em_lanes(8, 32, 8)
+    assert not kernels._em_lanes(8, 64, 1)
+    assert not kernels._em_lanes(8, 512, 1)
+    assert not kernels._em_lanes(16, 64, 16)  # a tile of 1.1 MB
+
+
 @pytest.mark.parametrize("scale", [30.0, 1e3])
 def test_floored_exponentials_match_tensor_code(monkeypatch, scale):
     """Votes of magnitude 1e3 drive simple routing's logit differences far below -EXP_FLOOR (80), where the
