@@ -19,10 +19,10 @@ the product density and with ``beta_a``/``beta_u`` of shape ``(O,)``.  On GPU,
 and whenever the kernels cannot be built, the tensor code runs; the results
 are the same up to float rounding.  Double backward is not supported.
 
-Small EM problems (li2019's toy layers: I = 4 heads, O = 32 scalar capsules)
+Small problems (li2019's toy layers: I = 4 heads, O = 32 scalar capsules)
 run lane-wise, 64 bytes of problems at a time with one problem per vector
-lane, forward and backward (``em_forward_lanes``, ``em_backward_lanes``; see
-``_EM_LANES_MAX_BYTES`` for when, and the measurements).
+lane, forward and backward, for EM routing and for simple routing with
+unshared votes (see ``_LANES_MAX_BYTES`` for when, and the measurements).
 
 Shared votes (cao2019's horizontal routing: votes ``(B, 1, L, H, M)`` shared
 by the L problems of a sentence, problem l over the positions t <= l) have
@@ -147,18 +147,15 @@ _POINTER, _INT64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 def _declare(lib):
     for suffix, scalar in (("f32", ctypes.c_float), ("f64", ctypes.c_double), ("f32_d1", ctypes.c_float),
                            ("f64_d1", ctypes.c_double)):
-        getattr(lib, f"simple_routing_forward_{suffix}").argtypes = [_POINTER] * 6 + [_INT64] * 5 + [_INT] * 4
-        getattr(lib, f"simple_routing_backward_{suffix}").argtypes = [_POINTER] * 8 + [_INT64] * 5 + [_INT] * 4
+        getattr(lib, f"simple_routing_forward_{suffix}").argtypes = [_POINTER] * 6 + [_INT64] * 5 + [_INT] * 5
+        getattr(lib, f"simple_routing_backward_{suffix}").argtypes = [_POINTER] * 8 + [_INT64] * 5 + [_INT] * 5
         getattr(lib, f"simple_routing_state_size_{suffix}").argtypes = [_INT64] * 3 + [_INT]
         getattr(lib, f"simple_routing_state_size_{suffix}").restype = _INT64
-        for name in ("em_routing_forward", "em_routing_forward_lanes"):
-            getattr(lib, f"{name}_{suffix}").argtypes = [_POINTER] * 4 + [scalar] + [_POINTER] * 2 + [_INT64] * 6 + \
-                [_INT] * 2
-        for name in ("em_routing_backward", "em_routing_backward_lanes"):
-            getattr(lib, f"{name}_{suffix}").argtypes = [_POINTER] * 4 + [scalar] + [_POINTER] * 5 + [_INT64] * 6 + \
-                [_INT] * 2
-        for name in ("simple_routing_forward", "simple_routing_backward", "em_routing_forward",
-                     "em_routing_forward_lanes", "em_routing_backward", "em_routing_backward_lanes"):
+        getattr(lib, f"em_routing_forward_{suffix}").argtypes = [_POINTER] * 4 + [scalar] + [_POINTER] * 2 + \
+            [_INT64] * 6 + [_INT] * 3
+        getattr(lib, f"em_routing_backward_{suffix}").argtypes = [_POINTER] * 4 + [scalar] + [_POINTER] * 5 + \
+            [_INT64] * 6 + [_INT] * 3
+        for name in ("simple_routing_forward", "simple_routing_backward", "em_routing_forward", "em_routing_backward"):
             getattr(lib, f"{name}_{suffix}").restype = _INT
     for suffix in ("f32", "f64"):
         getattr(lib, f"tanh_forward_{suffix}").argtypes = [_POINTER] * 2 + [_INT64, _INT]
@@ -216,6 +213,27 @@ def _check(status, name):
         raise MemoryError(f"onmt-ext fused routing kernel {name}: could not allocate its working buffers")
 
 
+#: The routing kernels run lane-wise, 64 bytes of problems at a time with one problem per vector lane
+#: (``em_forward_lanes`` and the others in ``csrc/routing_impl.h``), when the outputs are few (O <= 32) or the
+#: capsules are vectors (D >= 4), and a tile's votes and couplings, ``I O (D + 1)`` vectors of 64 bytes, take
+#: at most this many bytes.  Measured on one thread (one-off scripts, float32, votes head-major for EM),
+#: per-problem code against lane-wise code:
+#:
+#: * EM forward: li2019's toy layer (448 problems of I = 4, O = 32, D = 1) 450 against 216 us; I = 4, O = 8,
+#:   D = 4: 777 against 133 us; I = 8, O = 32, D = 8 (200 problems): 1375 against 823 us.  With D = 1 the
+#:   per-problem code was as fast or faster from O = 64 on (I = 8, 400 problems: 869 against 845 us at
+#:   O = 64, 1335 against 1894 at O = 128; 13.6 against 20.7 ms at Transformer-Base, O = 512, 1024 problems).
+#: * Simple routing (weighted mean), forward and forward + backward: the toy layer 339 / 928 against
+#:   219 / 641 us; I = 8, O = 32, D = 8: 1083 / 4529 against 710 / 2672 us; O = 64, D = 1: 761 / 2220 against
+#:   780 / 2286 us; Base: 14.2 / 40.9 against 19.1 / 56.8 ms.
+_LANES_MAX_BYTES = 256 * 1024
+
+
+def _lanes(inputs, outputs, dim):
+    """True when routing problems of this size run lane-wise (see ``_LANES_MAX_BYTES``)."""
+    return (outputs <= 32 or dim >= 4) and inputs * outputs * (dim + 1) * 64 <= _LANES_MAX_BYTES
+
+
 class _SimpleRouting(torch.autograd.Function):
     """Fused :func:`onmt_ext.routing.simple_routing` on prepared votes ``(G, I, O, D)``, S problems per group.
 
@@ -235,7 +253,7 @@ class _SimpleRouting(torch.autograd.Function):
             state = votes.new_empty(groups * problems * size)
         status = _function("simple_routing_forward", votes.dtype, dim)(
             _ptr(votes), _ptr(keep), _ptr(init), _ptr(out), _ptr(logits), _ptr(state), *settings,
-            _threads(votes.numel() * problems))
+            _threads(votes.numel() * problems), problems == 1 and _lanes(inputs, outputs, dim))
         _check(status, "simple_routing_forward")
         ctx.save_for_backward(votes, keep, init)
         ctx.settings, ctx.state = settings, state
@@ -251,26 +269,11 @@ class _SimpleRouting(torch.autograd.Function):
         contiguous = [None if g is None else g.contiguous() for g in (grad_out, grad_logits)]
         status = _function("simple_routing_backward", votes.dtype, votes.size(-1))(
             _ptr(votes), _ptr(keep), _ptr(init), _ptr(contiguous[0]), _ptr(contiguous[1]), _ptr(ctx.state),
-            _ptr(grad_votes), _ptr(grad_init), *ctx.settings, _threads(votes.numel() * ctx.settings[1]))
+            _ptr(grad_votes), _ptr(grad_init), *ctx.settings, _threads(votes.numel() * ctx.settings[1]),
+            ctx.settings[1] == 1 and _lanes(*votes.shape[1:]))
         _check(status, "simple_routing_backward")
         ctx.state = None
         return grad_votes, None, grad_init, None, None, None, None
-
-
-#: The EM forward pass runs 64 bytes of problems at a time, one per vector lane (``em_forward_lanes``), when
-#: the outputs are few (O <= 32) or the capsules are vectors (D >= 4), and a tile's votes and couplings,
-#: ``I O (D + 1)`` vectors of 64 bytes, take at most this many bytes.  Measured forward on one thread (votes
-#: ``(G, I, O, D)`` head-major; one-off script), per-problem against lanes, float32: li2019's toy layer (448
-#: problems of I = 4, O = 32, D = 1) 450 against 216 us; I = 4, O = 8, D = 4: 777 against 133 us;
-#: I = 8, O = 32, D = 8 (200 problems): 1375 against 823 us; with D = 1 the per-problem code was as fast or
-#: faster from O = 64 on (I = 8: 869 against 845 us at O = 64, 1335 against 1894 at O = 128, and 13.6 against
-#: 20.7 ms at Transformer-Base, O = 512).
-_EM_LANES_MAX_BYTES = 256 * 1024
-
-
-def _em_lanes(inputs, outputs, dim):
-    """True when the EM forward pass should run lane-wise (see ``_EM_LANES_MAX_BYTES``)."""
-    return (outputs <= 32 or dim >= 4) and inputs * outputs * (dim + 1) * 64 <= _EM_LANES_MAX_BYTES
 
 
 class _EMRouting(torch.autograd.Function):
@@ -286,10 +289,9 @@ class _EMRouting(torch.autograd.Function):
         out = votes.new_empty(groups, outputs, dim)
         act = votes.new_empty(groups, outputs)
         settings = (groups, inputs, outputs, dim, votes.stride(0), votes.stride(1), iterations)
-        lanes = _em_lanes(inputs, outputs, dim)
-        status = _function("em_routing_forward_lanes" if lanes else "em_routing_forward", votes.dtype, dim)(
+        status = _function("em_routing_forward", votes.dtype, dim)(
             _ptr(votes), _ptr(beta_a), _ptr(beta_u), _ptr(lambdas), min_var, _ptr(out), _ptr(act), *settings,
-            _threads(votes.numel()))
+            _threads(votes.numel()), _lanes(inputs, outputs, dim))
         _check(status, "em_routing_forward")
         ctx.save_for_backward(votes, beta_a, beta_u, lambdas)
         ctx.min_var, ctx.settings = min_var, settings
@@ -304,12 +306,10 @@ class _EMRouting(torch.autograd.Function):
         grad_votes = torch.empty_strided(votes.shape, votes.stride(), dtype=votes.dtype)  # all written by the kernel
         grad_beta_a, grad_beta_u = votes.new_empty(groups, outputs), votes.new_empty(groups, outputs)
         contiguous = [None if g is None else g.contiguous() for g in (grad_out, grad_act)]
-        lanes = _em_lanes(*votes.shape[1:])
-        status = _function("em_routing_backward_lanes" if lanes else "em_routing_backward", votes.dtype,
-                           votes.size(-1))(
+        status = _function("em_routing_backward", votes.dtype, votes.size(-1))(
             _ptr(votes), _ptr(beta_a), _ptr(beta_u), _ptr(lambdas), ctx.min_var, _ptr(contiguous[0]),
             _ptr(contiguous[1]), _ptr(grad_votes), _ptr(grad_beta_a), _ptr(grad_beta_u), *ctx.settings,
-            _threads(votes.numel()))
+            _threads(votes.numel()), _lanes(*votes.shape[1:]))
         _check(status, "em_routing_backward")
         return (grad_votes, None if beta_a is None else grad_beta_a.sum(0),
                 None if beta_u is None else grad_beta_u.sum(0), None, None, None)

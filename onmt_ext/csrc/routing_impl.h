@@ -915,6 +915,14 @@ static inline FN(lanes) FN(lanes_sigmoid)(FN(lanes) x)
     return y;
 }
 
+static inline FN(lanes) FN(lanes_sqrt)(FN(lanes) x)
+{
+    FN(lanes) y;
+    LANE_LOOP
+    for (int64_t l = 0; l < EM_LANES; l++) y[l] = SQRT(x[l]);
+    return y;
+}
+
 /* y where x >= threshold, else 0 */
 static inline FN(lanes) FN(lanes_where_ge)(FN(lanes) x, real threshold, FN(lanes) y)
 {
@@ -1353,6 +1361,215 @@ static int FN(em_backward_groups)(const FN(em_args) *a, int64_t g0, int64_t g1)
                 gw[o] += w[o] >= (real)MIN_TOTAL ? gden[o] : (real)0;
             }
             FN(em_mean_backward)(v, a->sI, C, gw, gm, gv, gC, I, O, D);
+        }
+    }
+    free(buffer);
+    return 0;
+}
+
+/* ------------------------------------------------------------ simple routing, lane-wise (S = 1)
+ * simple_forward_groups and simple_backward_groups for problems with their own votes (S = 1), EM_LANES problems
+ * at a time, one per vector lane, as the EM kernels above: the same steps in the same order, element-wise over
+ * the lanes.  Lanes past the last problem get zero votes and a full mask; their results are dropped. */
+
+/* Gathers problems p .. p + lanes - 1: votes V (I, O, D), keep K (I) and starting logits B (I, O) of lanes. */
+static void FN(lanes_simple_gather)(const FN(simple_args) *a, int64_t p, int64_t lanes, FN(lanes) *restrict V,
+                                    FN(lanes) *restrict K, FN(lanes) *restrict B)
+{
+    int64_t I = a->I, O = a->O, OD = O * FIXED_D(a->D), IO = I * O;
+    for (int64_t k = 0; k < I * OD; k++) V[k] = (FN(lanes)){0};
+    for (int64_t k = 0; k < IO; k++) B[k] = (FN(lanes)){0};
+    for (int64_t i = 0; i < I; i++) K[i] = (FN(lanes)){0} + (real)1;
+    for (int64_t l = 0; l < lanes; l++) {
+        const real *v = a->v + (p + l) * I * OD;
+        for (int64_t k = 0; k < I * OD; k++) V[k][l] = v[k];
+        for (int64_t i = 0; a->keep && i < I; i++) K[i][l] = a->keep[(p + l) * I + i];
+        for (int64_t i = 0; a->init && i < I; i++)
+            for (int64_t o = 0; o < O; o++)
+                B[i * O + o][l] = K[i][l] != 0 ? a->init[(p + l) * IO + i * O + o] : (real)0;
+    }
+}
+
+/* coupling, lane-wise: C (I, O) from B (I, O) and keep K (I). */
+static void FN(lanes_coupling)(const FN(lanes) *restrict B, const FN(lanes) *restrict K, FN(lanes) *restrict C,
+                               int64_t I, int64_t O, int normalize_inputs)
+{
+    typedef FN(lanes) lv;
+    const lv zero = {0};
+    if (!normalize_inputs) {
+        for (int64_t i = 0; i < I; i++) {
+            const lv *b = B + i * O;
+            lv *c = C + i * O, top = b[0], total = zero;
+            for (int64_t o = 1; o < O; o++) top = FN(lanes_max)(b[o], top);
+            for (int64_t o = 0; o < O; o++) {
+                c[o] = FN(lanes_exp_floor)(b[o] - top);
+                total += c[o];
+            }
+            lv scale = K[i] / total;
+            for (int64_t o = 0; o < O; o++) c[o] *= scale;
+        }
+        return;
+    }
+    for (int64_t o = 0; o < O; o++) {
+        lv top = zero, any = zero, total = zero;
+        for (int64_t i = 0; i < I; i++) { /* the largest logit of the kept inputs (0 when none is kept) */
+            lv b = B[i * O + o];
+            for (int64_t l = 0; l < EM_LANES; l++)
+                if (K[i][l] != 0) {
+                    top[l] = any[l] == 0 || b[l] > top[l] ? b[l] : top[l];
+                    any[l] = 1;
+                }
+        }
+        for (int64_t i = 0; i < I; i++) {
+            lv e = FN(lanes_exp_floor)(B[i * O + o] - top);
+            e = FN(lanes_where_ge)(K[i], (real)0.5, e);
+            C[i * O + o] = e;
+            total += e;
+        }
+        lv scale;
+        for (int64_t l = 0; l < EM_LANES; l++) scale[l] = any[l] != 0 ? (real)1 / total[l] : (real)0;
+        for (int64_t i = 0; i < I; i++) C[i * O + o] *= scale;
+    }
+}
+
+/* simple_outputs and agreement, lane-wise: S (O, D) = sum_i C v [/ total], out = squash(S), B += <v, out>. */
+static void FN(lanes_simple_iteration)(const FN(lanes) *restrict V, const FN(lanes) *restrict C,
+                                       FN(lanes) *restrict S, FN(lanes) *restrict total, FN(lanes) *restrict out,
+                                       FN(lanes) *restrict B, int64_t I, int64_t O, int64_t D, int weighted_mean)
+{
+    typedef FN(lanes) lv;
+    D = FIXED_D(D);
+    const lv zero = {0}, min_total = zero + (real)MIN_TOTAL;
+    for (int64_t o = 0; o < O; o++) {
+        lv tot = zero, sq = zero;
+        for (int64_t i = 0; i < I; i++) tot += C[i * O + o];
+        total[o] = tot;
+        lv den = FN(lanes_max)(tot, min_total);
+        for (int64_t d = 0; d < D; d++) {
+            lv s = zero;
+            for (int64_t i = 0; i < I; i++) s += C[i * O + o] * V[(i * O + o) * D + d];
+            if (weighted_mean) s /= den;
+            S[o * D + d] = s;
+            sq += s * s;
+        }
+        lv n = FN(lanes_sqrt)(sq + (real)NORM_EPS), f = n / ((real)1 + n * n);
+        for (int64_t d = 0; d < D; d++) out[o * D + d] = S[o * D + d] * f;
+    }
+    for (int64_t i = 0; i < I; i++)
+        for (int64_t o = 0; o < O; o++) {
+            lv agreement = zero;
+            for (int64_t d = 0; d < D; d++) agreement += V[(i * O + o) * D + d] * out[o * D + d];
+            B[i * O + o] += agreement;
+        }
+}
+
+static int FN(simple_forward_lanes)(const FN(simple_args) *a, int64_t g0, int64_t g1)
+{
+    typedef FN(lanes) lv;
+    int64_t I = a->I, O = a->O, D = FIXED_D(a->D), IO = I * O, OD = O * D;
+    lv *buffer = aligned_alloc(sizeof(lv), sizeof(lv) * (size_t)(IO * D + 2 * IO + I + 2 * OD + O));
+    if (!buffer) return -1;
+    lv *V = buffer, *B = V + IO * D, *C = B + IO, *K = C + IO, *S = K + I, *out = S + OD, *total = out + OD;
+    for (int64_t p = g0; p < g1; p += EM_LANES) {
+        int64_t lanes = g1 - p < EM_LANES ? g1 - p : EM_LANES;
+        FN(lanes_simple_gather)(a, p, lanes, V, K, B);
+        for (int t = 0; t < a->T; t++) {
+            FN(lanes_coupling)(B, K, C, I, O, a->normalize_inputs);
+            FN(lanes_simple_iteration)(V, C, S, total, out, B, I, O, D, a->weighted_mean);
+        }
+        for (int64_t l = 0; l < lanes; l++) {
+            for (int64_t k = 0; k < OD; k++) a->out[(p + l) * OD + k] = out[k][l];
+            for (int64_t k = 0; k < IO; k++) a->logits[(p + l) * IO + k] = B[k][l];
+        }
+    }
+    free(buffer);
+    return 0;
+}
+
+static int FN(simple_backward_lanes)(const FN(simple_args) *a, int64_t g0, int64_t g1)
+{
+    typedef FN(lanes) lv;
+    int64_t I = a->I, O = a->O, D = FIXED_D(a->D), IO = I * O, OD = O * D;
+    int T = a->T;
+    size_t size = (size_t)T * (IO + 2 * OD + O) + 2 * IO * D + 3 * IO + I + 2 * OD + O;
+    lv *buffer = aligned_alloc(sizeof(lv), sizeof(lv) * size);
+    if (!buffer) return -1;
+    lv *Cs = buffer, *Ss = Cs + T * IO, *totals = Ss + T * OD, *outs = totals + T * O, *V = outs + T * OD;
+    lv *gV = V + IO * D, *B = gV + IO * D, *gB = B + IO, *gC = gB + IO, *K = gC + IO, *gout = K + I, *gS = gout + OD;
+    lv *gtot = gS + OD;
+    const lv zero = {0};
+    for (int64_t p = g0; p < g1; p += EM_LANES) {
+        int64_t lanes = g1 - p < EM_LANES ? g1 - p : EM_LANES;
+        FN(lanes_simple_gather)(a, p, lanes, V, K, B);
+        for (int t = 0; t < T; t++) {
+            FN(lanes_coupling)(B, K, Cs + t * IO, I, O, a->normalize_inputs);
+            FN(lanes_simple_iteration)(V, Cs + t * IO, Ss + t * OD, totals + t * O, outs + t * OD, B, I, O, D,
+                                       a->weighted_mean);
+        }
+        for (int64_t k = 0; k < IO; k++) gB[k] = zero;
+        for (int64_t k = 0; k < IO * D; k++) gV[k] = zero;
+        for (int64_t l = 0; a->g_logits && l < lanes; l++)
+            for (int64_t k = 0; k < IO; k++) gB[k][l] = a->g_logits[(p + l) * IO + k];
+        for (int t = T - 1; t >= 0; t--) {
+            const lv *C = Cs + t * IO, *St = Ss + t * OD, *out = outs + t * OD, *tot = totals + t * O;
+            for (int64_t k = 0; k < OD; k++) gout[k] = zero;
+            for (int64_t l = 0; t == T - 1 && a->g_out && l < lanes; l++)
+                for (int64_t k = 0; k < OD; k++) gout[k][l] = a->g_out[(p + l) * OD + k];
+            /* B^{t+1} = B^t + A^t, A_io = <v_io, out_o> */
+            for (int64_t i = 0; i < I; i++)
+                for (int64_t o = 0; o < O; o++) {
+                    lv ga = gB[i * O + o];
+                    for (int64_t d = 0; d < D; d++) {
+                        gV[(i * O + o) * D + d] += ga * out[o * D + d];
+                        gout[o * D + d] += ga * V[(i * O + o) * D + d];
+                    }
+                }
+            /* out = squash(S); then the weighted mean */
+            for (int64_t o = 0; o < O; o++) {
+                const lv *so = St + o * D;
+                lv sq = zero, dot = zero;
+                for (int64_t d = 0; d < D; d++) { sq += so[d] * so[d]; dot += gout[o * D + d] * so[d]; }
+                lv n = FN(lanes_sqrt)(sq + (real)NORM_EPS), n2 = n * n, f = n / ((real)1 + n2);
+                lv fprime_over_n = ((real)1 - n2) / (((real)1 + n2) * ((real)1 + n2)) / n;
+                for (int64_t d = 0; d < D; d++) gS[o * D + d] = gout[o * D + d] * f + so[d] * fprime_over_n * dot;
+                gtot[o] = zero;
+                if (a->weighted_mean) {
+                    lv den = FN(lanes_max)(tot[o], zero + (real)MIN_TOTAL), gden = zero;
+                    for (int64_t d = 0; d < D; d++) { gden -= gS[o * D + d] * so[d] / den; gS[o * D + d] /= den; }
+                    gtot[o] = FN(lanes_where_ge)(tot[o], (real)MIN_TOTAL, gden);
+                }
+            }
+            /* S_raw = sum_i C_io v_io, total = sum_i C_io */
+            for (int64_t i = 0; i < I; i++)
+                for (int64_t o = 0; o < O; o++) {
+                    lv c = C[i * O + o], gc = gtot[o];
+                    for (int64_t d = 0; d < D; d++) {
+                        gc += gS[o * D + d] * V[(i * O + o) * D + d];
+                        gV[(i * O + o) * D + d] += c * gS[o * D + d];
+                    }
+                    gC[i * O + o] = gc;
+                }
+            /* C = softmax(B^t) (times keep): the softmax backward, added to the identity path of B */
+            if (!a->normalize_inputs) {
+                for (int64_t i = 0; i < I; i++) {
+                    lv dot = zero;
+                    for (int64_t o = 0; o < O; o++) dot += gC[i * O + o] * C[i * O + o];
+                    for (int64_t o = 0; o < O; o++) gB[i * O + o] += C[i * O + o] * (gC[i * O + o] - dot);
+                }
+            } else {
+                for (int64_t o = 0; o < O; o++) {
+                    lv dot = zero;
+                    for (int64_t i = 0; i < I; i++) dot += gC[i * O + o] * C[i * O + o];
+                    for (int64_t i = 0; i < I; i++) gB[i * O + o] += C[i * O + o] * (gC[i * O + o] - dot);
+                }
+            }
+        }
+        for (int64_t l = 0; l < lanes; l++) {
+            real *gv = a->g_v + (p + l) * IO * D;
+            for (int64_t k = 0; k < IO * D; k++) gv[k] += gV[k][l];
+            for (int64_t i = 0; a->g_init && i < I; i++)
+                for (int64_t o = 0; o < O; o++)
+                    a->g_init[(p + l) * IO + i * O + o] = K[i][l] == 0 ? (real)0 : gB[i * O + o][l];
         }
     }
     free(buffer);

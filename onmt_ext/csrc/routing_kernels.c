@@ -5,7 +5,8 @@
  * once for double (the tests compare gradients in double).  Every exported
  * function splits the groups G over `threads` POSIX threads (no OpenMP, so
  * that no second OpenMP runtime meets torch's) and returns 0, or -1 when a
- * working buffer could not be allocated.
+ * working buffer could not be allocated.  The routing entry points take a last flag, `lanes`, that runs the
+ * lane-wise code (routing_impl.h) instead of the per-problem code; onmt_ext/kernels.py sets it by size.
  */
 #include <math.h>
 #include <pthread.h>
@@ -113,6 +114,17 @@ static int run(group_fn fn, const void *args, int64_t groups, int threads)
 #define EXPORT_SIMPLE(SUF, T_)                                                                                    \
     static int simple_fw_##SUF(const void *a, int64_t g0, int64_t g1) { return simple_forward_groups_##SUF(a, g0, g1); } \
     static int simple_bw_##SUF(const void *a, int64_t g0, int64_t g1) { return simple_backward_groups_##SUF(a, g0, g1); }\
+    /* lane-wise for problems with their own votes (S = 1); shared votes keep their own code */                   \
+    static int simple_fl_##SUF(const void *a, int64_t g0, int64_t g1)                                              \
+    {                                                                                                              \
+        const simple_args_##SUF *s = a;                                                                            \
+        return s->S > 1 ? simple_forward_groups_##SUF(a, g0, g1) : simple_forward_lanes_##SUF(a, g0, g1);          \
+    }                                                                                                              \
+    static int simple_bl_##SUF(const void *a, int64_t g0, int64_t g1)                                              \
+    {                                                                                                              \
+        const simple_args_##SUF *s = a;                                                                            \
+        return s->S > 1 ? simple_backward_groups_##SUF(a, g0, g1) : simple_backward_lanes_##SUF(a, g0, g1);        \
+    }                                                                                                              \
     /* reals per problem of the state the shared-vote forward pass keeps for the backward pass (S > 1) */          \
     int64_t simple_routing_state_size_##SUF(int64_t I, int64_t O, int64_t D, int T)                               \
     {                                                                                                              \
@@ -122,21 +134,21 @@ static int run(group_fn fn, const void *args, int64_t groups, int threads)
      * recomputing the iterations */                                                                               \
     int simple_routing_forward_##SUF(const T_ *v, const T_ *keep, const T_ *init, T_ *out, T_ *logits, T_ *state,  \
                                      int64_t G, int64_t S, int64_t I, int64_t O, int64_t D, int T,                 \
-                                     int normalize_inputs, int weighted_mean, int threads)                         \
+                                     int normalize_inputs, int weighted_mean, int threads, int lanes)              \
     {                                                                                                              \
         simple_args_##SUF a = {v, keep, init, NULL, NULL, out, logits, NULL, NULL, G, S, I, O, D, T,              \
                                normalize_inputs, weighted_mean, S > 1 ? state : NULL};                             \
-        return run(simple_fw_##SUF, &a, G, threads);                                                                      \
+        return run(lanes ? simple_fl_##SUF : simple_fw_##SUF, &a, G, threads);                                                                      \
                                                                                                           \
     }                                                                                                              \
     int simple_routing_backward_##SUF(const T_ *v, const T_ *keep, const T_ *init, const T_ *g_out,               \
                                       const T_ *g_logits, T_ *state, T_ *g_v, T_ *g_init, int64_t G, int64_t S,    \
                                       int64_t I, int64_t O, int64_t D, int T, int normalize_inputs,                \
-                                      int weighted_mean, int threads)                                              \
+                                      int weighted_mean, int threads, int lanes)                                   \
     {                                                                                                              \
         simple_args_##SUF a = {v, keep, init, g_out, g_logits, NULL, NULL, g_v, g_init, G, S, I, O, D, T,         \
                                normalize_inputs, weighted_mean, S > 1 ? state : NULL};                             \
-        return run(simple_bw_##SUF, &a, G, threads);                                                                      \
+        return run(lanes ? simple_bl_##SUF : simple_bw_##SUF, &a, G, threads);                                                                      \
                                                                                                           \
     }
 
@@ -147,38 +159,20 @@ static int run(group_fn fn, const void *args, int64_t groups, int threads)
     static int em_bl_##SUF(const void *a, int64_t g0, int64_t g1) { return em_backward_lanes_##SUF(a, g0, g1); }         \
     int em_routing_forward_##SUF(const T_ *v, const T_ *beta_a, const T_ *beta_u, const T_ *lambdas, T_ min_var,    \
                                  T_ *out, T_ *act, int64_t G, int64_t I, int64_t O, int64_t D, int64_t sG,        \
-                                 int64_t sI, int T, int threads)                                                   \
+                                 int64_t sI, int T, int threads, int lanes)                                                   \
     {                                                                                                              \
         em_args_##SUF a = {v, beta_a, beta_u, lambdas, NULL, NULL, out, act, NULL, NULL, NULL, min_var, G, I, O, D, \
                            sG, sI, T};                                                                             \
-        return run(em_fw_##SUF, &a, G, threads);                                                                          \
+        return run(lanes ? em_fl_##SUF : em_fw_##SUF, &a, G, threads);                                                                          \
                                                                                                           \
-    }                                                                                                              \
-    /* the same, EM_LANES problems at a time (em_forward_lanes): faster for small problems */                     \
-    int em_routing_forward_lanes_##SUF(const T_ *v, const T_ *beta_a, const T_ *beta_u, const T_ *lambdas,          \
-                                       T_ min_var, T_ *out, T_ *act, int64_t G, int64_t I, int64_t O, int64_t D,    \
-                                       int64_t sG, int64_t sI, int T, int threads)                                  \
-    {                                                                                                              \
-        em_args_##SUF a = {v, beta_a, beta_u, lambdas, NULL, NULL, out, act, NULL, NULL, NULL, min_var, G, I, O, D, \
-                           sG, sI, T};                                                                             \
-        return run(em_fl_##SUF, &a, G, threads);                                                                   \
-    }                                                                                                              \
-    int em_routing_backward_lanes_##SUF(const T_ *v, const T_ *beta_a, const T_ *beta_u, const T_ *lambdas,         \
-                                        T_ min_var, const T_ *g_out, const T_ *g_act, T_ *g_v, T_ *g_beta_a,       \
-                                        T_ *g_beta_u, int64_t G, int64_t I, int64_t O, int64_t D, int64_t sG,      \
-                                        int64_t sI, int T, int threads)                                            \
-    {                                                                                                              \
-        em_args_##SUF a = {v, beta_a, beta_u, lambdas, g_out, g_act, NULL, NULL, g_v, g_beta_a, g_beta_u, min_var,  \
-                           G, I, O, D, sG, sI, T};                                                                 \
-        return run(em_bl_##SUF, &a, G, threads);                                                                   \
     }                                                                                                              \
     int em_routing_backward_##SUF(const T_ *v, const T_ *beta_a, const T_ *beta_u, const T_ *lambdas, T_ min_var,   \
                                   const T_ *g_out, const T_ *g_act, T_ *g_v, T_ *g_beta_a, T_ *g_beta_u, int64_t G, \
-                                  int64_t I, int64_t O, int64_t D, int64_t sG, int64_t sI, int T, int threads)     \
+                                  int64_t I, int64_t O, int64_t D, int64_t sG, int64_t sI, int T, int threads, int lanes)     \
     {                                                                                                              \
         em_args_##SUF a = {v, beta_a, beta_u, lambdas, g_out, g_act, NULL, NULL, g_v, g_beta_a, g_beta_u, min_var,  \
                            G, I, O, D, sG, sI, T};                                                                 \
-        return run(em_bw_##SUF, &a, G, threads);                                                                          \
+        return run(lanes ? em_bl_##SUF : em_bw_##SUF, &a, G, threads);                                                                          \
                                                                                                           \
     }
 

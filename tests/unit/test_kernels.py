@@ -197,6 +197,19 @@ def test_em_routing_reads_strided_votes_without_a_copy(monkeypatch, dim):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
 
 
+def _spy_kernel_calls(monkeypatch):
+    """Records ``(entry point, lanes flag)`` for every kernel call (the flag is each entry point's last argument)."""
+    calls = []
+    real_function = kernels._function
+
+    def spy(name, *rest):
+        function = real_function(name, *rest)
+        return lambda *args: calls.append((name, bool(args[-1]))) or function(*args)
+
+    monkeypatch.setattr(kernels, "_function", spy)
+    return calls
+
+
 @pytest.mark.parametrize("lanes", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("groups, dim", [(1, 1), (21, 1), (37, 3), (16, 4)])
@@ -205,10 +218,8 @@ def test_em_kernel_paths_match_tensor_code(monkeypatch, lanes, dtype, groups, di
     """Both EM kernels, forward and backward, whichever the size rule picks: the per-problem one and the
     lane-wise one (16 float32 or 8 float64 problems per tile; 1, 21 and 37 groups leave a partial last tile), on
     head-major strided votes, with and without betas, against the tensor code in float64."""
-    monkeypatch.setattr(kernels, "_em_lanes", lambda *shape: lanes)
-    calls = []
-    real_function = kernels._function
-    monkeypatch.setattr(kernels, "_function", lambda name, *rest: calls.append(name) or real_function(name, *rest))
+    monkeypatch.setattr(kernels, "_lanes", lambda *shape: lanes)
+    calls = _spy_kernel_calls(monkeypatch)
     head_major = _randn(5, groups, 7 * dim, dtype=dtype)
     tensors = [head_major] + ([_randn(7, seed=1, dtype=dtype), _randn(7, seed=2, dtype=dtype)] if betas else [])
 
@@ -217,21 +228,51 @@ def test_em_kernel_paths_match_tensor_code(monkeypatch, lanes, dtype, groups, di
                                                            **dict(zip(("beta_a", "beta_u"), beta)))]
 
     fused = _run(monkeypatch, True, fn, *tensors)
-    assert calls == [f"em_routing_{step}{'_lanes' if lanes else ''}" for step in ("forward", "backward")]
+    assert calls == [("em_routing_forward", lanes), ("em_routing_backward", lanes)]
     reference = _run(monkeypatch, False, fn, *[t.detach().double().requires_grad_() for t in tensors])
     tolerance = dict(atol=2e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=1e-11, rtol=1e-9)
     for a, b in zip(fused[0] + fused[1], reference[0] + reference[1]):
         torch.testing.assert_close(a.double(), b, **tolerance)
 
 
-def test_em_lane_rule():
-    """The lane-wise EM forward pass takes li2019's toy layers (O = 32 capsules of size 1) and small vector
-    capsules; the per-problem one takes many scalar capsules (Transformer-Base: O = 512)."""
-    assert kernels._em_lanes(4, 32, 1)
-    assert kernels._em_lanes(8, 32, 8)
-    assert not kernels._em_lanes(8, 64, 1)
-    assert not kernels._em_lanes(8, 512, 1)
-    assert not kernels._em_lanes(16, 64, 16)  # a tile of 1.1 MB
+@pytest.mark.parametrize("lanes", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("problems, dim", [(1, 1), (21, 1), (37, 3)])
+@pytest.mark.parametrize("normalize, weighted_mean", [("outputs", True), ("outputs", False), ("inputs", False)])
+@pytest.mark.parametrize("masked", [False, True])
+def test_simple_kernel_paths_match_tensor_code(monkeypatch, lanes, dtype, problems, dim, normalize, weighted_mean,
+                                               masked):
+    """Both simple-routing kernels for problems with their own votes, forward and backward: the per-problem
+    one and the lane-wise one (partial last tiles at 1, 21 and 37 problems), with a mask (one problem without any
+    input) and starting logits or without either, both normalisations, against the tensor code in float64."""
+    monkeypatch.setattr(kernels, "_lanes", lambda *shape: lanes)
+    calls = _spy_kernel_calls(monkeypatch)
+    votes = _randn(problems, 5, 7, dim, dtype=dtype)
+    tensors = [votes] + ([_randn(problems, 5, 7, seed=3, dtype=dtype)] if masked else [])
+    mask = torch.rand(problems, 5, generator=torch.Generator().manual_seed(1)) > 0.3 if masked else None
+    if masked:
+        mask[-1] = False
+
+    def fn(v, *init):  # float64 results, so that both runs draw the same random loss weights
+        return [r.double() for r in routing.simple_routing(v, 3, normalize=normalize, weighted_mean=weighted_mean,
+                                                           mask=mask, init_logits=init[0] if init else None)]
+
+    fused = _run(monkeypatch, True, fn, *tensors)
+    assert calls == [("simple_routing_forward", lanes), ("simple_routing_backward", lanes)]
+    reference = _run(monkeypatch, False, fn, *[t.detach().double().requires_grad_() for t in tensors])
+    tolerance = dict(atol=2e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=1e-11, rtol=1e-9)
+    for a, b in zip(fused[0] + fused[1], reference[0] + reference[1]):
+        torch.testing.assert_close(a.double(), b, **tolerance)
+
+
+def test_lane_rule():
+    """The lane-wise kernels take li2019's toy layers (O = 32 capsules of size 1) and small vector capsules; the
+    per-problem ones take many scalar capsules (Transformer-Base: O = 512) and large tiles."""
+    assert kernels._lanes(4, 32, 1)
+    assert kernels._lanes(8, 32, 8)
+    assert not kernels._lanes(8, 64, 1)
+    assert not kernels._lanes(8, 512, 1)
+    assert not kernels._lanes(16, 64, 16)  # a tile of 1.1 MB
 
 
 @pytest.mark.parametrize("scale", [30.0, 1e3])
