@@ -60,7 +60,7 @@ from prepare_tatoeba import encode_file  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 #: Measured training steps at the smoke size.  With 100 (7 s per run) the same smoke model's throughput spread by
-#: up to 20% between the repeats of one run on this machine (li2019 simple routing: 5622 to 6802 tokens/s on
+#: 18% between the repeats of one run on this machine (li2019 simple routing: 6802, 6515 and 5781 tokens/s on
 #: 2026-11-25), more than the effects measured; the issue asks for a few hundred steps.
 SMOKE_STEPS = 300
 CONFIGS = REPO / "yaml_configs"

@@ -932,15 +932,31 @@ static inline FN(lanes) FN(lanes_where_ge)(FN(lanes) x, real threshold, FN(lanes
     return z;
 }
 
-/* Gathers the votes of groups g .. g + lanes - 1 into V (I, O, D) of lanes (zeros in the lanes past them). */
-static void FN(lanes_gather)(const FN(em_args) *a, int64_t g, int64_t lanes, FN(lanes) *restrict V)
+/* Gathers the votes of groups g .. g + lanes - 1 (group g at v + g sG, its input i at + i sI, each input's (O, D)
+ * block contiguous, OD reals) into V (I, O, D) of lanes, zeros in the lanes past them. */
+static void FN(lanes_gather)(const real *v, int64_t sG, int64_t sI, int64_t I, int64_t OD, int64_t g, int64_t lanes,
+                             FN(lanes) *restrict V)
 {
-    int64_t I = a->I, OD = a->O * FIXED_D(a->D);
     for (int64_t k = 0; k < I * OD; k++) V[k] = (FN(lanes)){0};
     for (int64_t l = 0; l < lanes; l++) {
-        const real *v = a->v + (g + l) * a->sG;
+        const real *vg = v + (g + l) * sG;
         for (int64_t i = 0; i < I; i++)
-            for (int64_t k = 0; k < OD; k++) V[i * OD + k][l] = v[i * a->sI + k];
+            for (int64_t k = 0; k < OD; k++) V[i * OD + k][l] = vg[i * sI + k];
+    }
+}
+
+/* The backward pass of a softmax over the O outputs of each of the I rows, C = softmax(z): r_io = C_io (gC_io -
+ * sum_o' gC_io' C_io'), stored in out, or added to it when add. */
+static void FN(lanes_softmax_rows_backward)(const FN(lanes) *restrict C, const FN(lanes) *restrict gC,
+                                            FN(lanes) *restrict out, int64_t I, int64_t O, int add)
+{
+    for (int64_t i = 0; i < I; i++) {
+        FN(lanes) dot = {0};
+        for (int64_t o = 0; o < O; o++) dot += gC[i * O + o] * C[i * O + o];
+        for (int64_t o = 0; o < O; o++) {
+            FN(lanes) r = C[i * O + o] * (gC[i * O + o] - dot);
+            out[i * O + o] = add ? out[i * O + o] + r : r;
+        }
     }
 }
 
@@ -1018,7 +1034,7 @@ static int FN(em_forward_lanes)(const FN(em_args) *a, int64_t g0, int64_t g1)
        *la = lvs + O, *base = la + O;
     for (int64_t g = g0; g < g1; g += EM_LANES) {
         int64_t lanes = g1 - g < EM_LANES ? g1 - g : EM_LANES;
-        FN(lanes_gather)(a, g, lanes, V);
+        FN(lanes_gather)(a->v, a->sG, a->sI, I, OD, g, lanes, V);
         for (int64_t k = 0; k < IO; k++) C[k] = (lv){0} + (real)1 / (real)O;
         for (int t = 0; t < a->T; t++) {
             FN(lanes_m_step)(V, C, w, m, var, lvs, la, a->beta_a, a->beta_u, a->lambdas[t], a->min_var, I, O, D);
@@ -1052,7 +1068,7 @@ static int FN(em_backward_lanes)(const FN(em_args) *a, int64_t g0, int64_t g1)
     const lv zero = {0}, min_total = zero + (real)MIN_TOTAL;
     for (int64_t g = g0; g < g1; g += EM_LANES) {
         int64_t lanes = g1 - g < EM_LANES ? g1 - g : EM_LANES;
-        FN(lanes_gather)(a, g, lanes, V);
+        FN(lanes_gather)(a->v, a->sG, a->sI, I, OD, g, lanes, V);
         for (int64_t k = 0; k < IO; k++) Cs[k] = zero + (real)1 / (real)O;
         for (int t = 0; t < T; t++) {
             FN(lanes_m_step)(V, Cs + t * IO, ws + t * O, ms + t * OD, vars + t * OD, lvss + t * O, las + t * O,
@@ -1093,15 +1109,10 @@ static int FN(em_backward_lanes)(const FN(em_args) *a, int64_t g0, int64_t g1)
                     hv[k] = (real)0.5 / var[k];
                     h[k] = hv[k] / var[k];
                 }
+                FN(lanes_softmax_rows_backward)(C1, gC, gz, I, O, 0);
                 for (int64_t o = 0; o < O; o++) gln[o] = zero;
-                for (int64_t i = 0; i < I; i++) {
-                    lv dot = zero;
-                    for (int64_t o = 0; o < O; o++) dot += gC[i * O + o] * C1[i * O + o];
-                    for (int64_t o = 0; o < O; o++) {
-                        gz[i * O + o] = C1[i * O + o] * (gC[i * O + o] - dot);
-                        gln[o] += gz[i * O + o];
-                    }
-                }
+                for (int64_t i = 0; i < I; i++)
+                    for (int64_t o = 0; o < O; o++) gln[o] += gz[i * O + o];
                 for (int64_t o = 0; o < O; o++) {
                     gla[o] = gln[o] * FN(lanes_sigmoid)(-la[o]); /* d logsigmoid(x) / dx = sigmoid(-x) */
                     for (int64_t d = 0; d < D; d++) glv[o * D + d] = (real)-0.5 * gln[o];
@@ -1132,10 +1143,12 @@ static int FN(em_backward_lanes)(const FN(em_args) *a, int64_t g0, int64_t g1)
             /* through dev = v - m (the M-step's variance and, but after the last, the E-step's density) */
             for (int64_t i = 0; i < I; i++)
                 for (int64_t o = 0; o < O; o++) {
-                    lv c = C[i * O + o], z = t < T - 1 ? gz[i * O + o] : zero, gc = zero;
+                    lv c = C[i * O + o], gc = zero;
                     for (int64_t d = 0; d < D; d++) {
                         int64_t k = o * D + d, n = (i * O + o) * D + d;
-                        lv dev = V[n] - m[k], gdev = 2 * dev * (c * Q[k] - z * hv[k]);
+                        lv gdev2 = c * Q[k];
+                        if (t < T - 1) gdev2 -= gz[i * O + o] * hv[k]; /* the E-step's density; hv is set above */
+                        lv dev = V[n] - m[k], gdev = 2 * dev * gdev2;
                         gc += Q[k] * dev * dev;
                         gV[n] = t == T - 1 ? gdev : gV[n] + gdev;
                         gm[k] -= gdev;
@@ -1377,12 +1390,10 @@ static void FN(lanes_simple_gather)(const FN(simple_args) *a, int64_t p, int64_t
                                     FN(lanes) *restrict K, FN(lanes) *restrict B)
 {
     int64_t I = a->I, O = a->O, OD = O * FIXED_D(a->D), IO = I * O;
-    for (int64_t k = 0; k < I * OD; k++) V[k] = (FN(lanes)){0};
+    FN(lanes_gather)(a->v, I * OD, OD, I, OD, p, lanes, V);
     for (int64_t k = 0; k < IO; k++) B[k] = (FN(lanes)){0};
     for (int64_t i = 0; i < I; i++) K[i] = (FN(lanes)){0} + (real)1;
     for (int64_t l = 0; l < lanes; l++) {
-        const real *v = a->v + (p + l) * I * OD;
-        for (int64_t k = 0; k < I * OD; k++) V[k][l] = v[k];
         for (int64_t i = 0; a->keep && i < I; i++) K[i][l] = a->keep[(p + l) * I + i];
         for (int64_t i = 0; a->init && i < I; i++)
             for (int64_t o = 0; o < O; o++)
@@ -1551,11 +1562,7 @@ static int FN(simple_backward_lanes)(const FN(simple_args) *a, int64_t g0, int64
                 }
             /* C = softmax(B^t) (times keep): the softmax backward, added to the identity path of B */
             if (!a->normalize_inputs) {
-                for (int64_t i = 0; i < I; i++) {
-                    lv dot = zero;
-                    for (int64_t o = 0; o < O; o++) dot += gC[i * O + o] * C[i * O + o];
-                    for (int64_t o = 0; o < O; o++) gB[i * O + o] += C[i * O + o] * (gC[i * O + o] - dot);
-                }
+                FN(lanes_softmax_rows_backward)(C, gC, gB, I, O, 1);
             } else {
                 for (int64_t o = 0; o < O; o++) {
                     lv dot = zero;

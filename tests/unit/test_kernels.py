@@ -210,6 +210,17 @@ def _spy_kernel_calls(monkeypatch):
     return calls
 
 
+def _assert_kernel_path_matches(monkeypatch, fn, tensors, dtype, calls, routing_name, lanes):
+    """``fn`` on ``tensors`` with the kernels (which must have run ``routing_name``'s forward and backward entry
+    points with the ``lanes`` flag) against the tensor code on float64 copies: outputs and gradients."""
+    fused = _run(monkeypatch, True, fn, *tensors)
+    assert calls == [(f"{routing_name}_forward", lanes), (f"{routing_name}_backward", lanes)]
+    reference = _run(monkeypatch, False, fn, *[t.detach().double().requires_grad_() for t in tensors])
+    tolerance = dict(atol=2e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=1e-11, rtol=1e-9)
+    for a, b in zip(fused[0] + fused[1], reference[0] + reference[1]):
+        torch.testing.assert_close(a.double(), b, **tolerance)
+
+
 @pytest.mark.parametrize("lanes", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("groups, dim", [(1, 1), (21, 1), (37, 3), (16, 4)])
@@ -227,12 +238,7 @@ def test_em_kernel_paths_match_tensor_code(monkeypatch, lanes, dtype, groups, di
         return [out.double() for out in routing.em_routing(v.view(5, groups, 7, dim).transpose(0, 1), 3,
                                                            **dict(zip(("beta_a", "beta_u"), beta)))]
 
-    fused = _run(monkeypatch, True, fn, *tensors)
-    assert calls == [("em_routing_forward", lanes), ("em_routing_backward", lanes)]
-    reference = _run(monkeypatch, False, fn, *[t.detach().double().requires_grad_() for t in tensors])
-    tolerance = dict(atol=2e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=1e-11, rtol=1e-9)
-    for a, b in zip(fused[0] + fused[1], reference[0] + reference[1]):
-        torch.testing.assert_close(a.double(), b, **tolerance)
+    _assert_kernel_path_matches(monkeypatch, fn, tensors, dtype, calls, "em_routing", lanes)
 
 
 @pytest.mark.parametrize("lanes", [False, True])
@@ -257,12 +263,7 @@ def test_simple_kernel_paths_match_tensor_code(monkeypatch, lanes, dtype, proble
         return [r.double() for r in routing.simple_routing(v, 3, normalize=normalize, weighted_mean=weighted_mean,
                                                            mask=mask, init_logits=init[0] if init else None)]
 
-    fused = _run(monkeypatch, True, fn, *tensors)
-    assert calls == [("simple_routing_forward", lanes), ("simple_routing_backward", lanes)]
-    reference = _run(monkeypatch, False, fn, *[t.detach().double().requires_grad_() for t in tensors])
-    tolerance = dict(atol=2e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=1e-11, rtol=1e-9)
-    for a, b in zip(fused[0] + fused[1], reference[0] + reference[1]):
-        torch.testing.assert_close(a.double(), b, **tolerance)
+    _assert_kernel_path_matches(monkeypatch, fn, tensors, dtype, calls, "simple_routing", lanes)
 
 
 def test_lane_rule():
