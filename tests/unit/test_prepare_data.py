@@ -17,7 +17,7 @@ PAYLOAD = bytes(range(256)) * 400  # 102,400 bytes
 
 
 class _RangeHandler(http.server.BaseHTTPRequestHandler):
-    """Serves PAYLOAD at any path, honouring ``Range: bytes=N-``; counts the bytes it sent."""
+    """Serves PAYLOAD at any path, honouring ``Range: bytes=N-``; counts the bytes of each body it sends."""
 
     sent = []
 
@@ -36,8 +36,10 @@ class _RangeHandler(http.server.BaseHTTPRequestHandler):
         body = PAYLOAD[start:]
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(body)
+        # Recorded before the body goes out: the client cannot finish reading before the count exists
+        # (appending afterwards raced with the client's return, and failed CI once).
         _RangeHandler.sent.append(len(body))
+        self.wfile.write(body)
 
     def log_message(self, *args):
         pass
