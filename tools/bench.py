@@ -30,6 +30,11 @@ It reports, per case and as ratios to the baseline of the same run:
   peak resident set size on CPU;
 * the parameter count of the model trained.
 
+Unless ``--no-control``, the baseline is measured twice, the second time
+under its own name as the second case (:func:`control_case`): identical
+models, so its ratios show how far the machine alone moves a ratio in that
+run.
+
 Sizes: ``smoke`` runs the configs' smoke twins with the paper's 6+6 layers
 (toy width); ``paper`` runs the paper configs themselves (Base) on the same
 Tatoeba data and vocabularies, fp32, ``--batch-size`` tokens per step on one
@@ -77,6 +82,18 @@ class Case:
     paper_train: float = None
     paper_translate: float = None
     pre_encoded: bool = False  # train on SentencePiece'd (and clause-split) copies of the data: no data transforms
+    control: bool = False  # a second copy of the baseline, measured under its own name (see control_case)
+
+
+def control_case(baseline):
+    """The baseline again, as one more case: an A/A control.
+
+    It trains from the same seed into the same weights and translates the
+    same way, so any ratio of it other than 1 is what the machine adds; the
+    report shows that noise floor beside the mechanisms' ratios.
+    """
+    return Case(f"{baseline.label}, again (A/A control)", baseline.config, pre_encoded=baseline.pre_encoded,
+                control=True)
 
 
 SUITES = {
@@ -153,7 +170,7 @@ def bench_config(case, size, args, workdir):
         config.update(model_dtype="fp32", batch_type="tokens", batch_size=args.batch_size,
                       valid_batch_size=args.batch_size, accum_count=[1], accum_steps=[0],
                       bucket_size=args.batch_size * 16, num_workers=0)
-    name = Path(case.config).stem + ("_pre_encoded" if case.pre_encoded else "")
+    name = Path(case.config).stem + ("_pre_encoded" if case.pre_encoded else "") + ("_control" if case.control else "")
     if case.pre_encoded:
         _use_pre_encoded_data(config, workdir)
     total = args.warmup_steps + args.steps
@@ -383,7 +400,9 @@ def report(suite, size, results, args):
         f"Benchmark `{suite}` at `{size}` size: {args.steps} measured training steps after {args.warmup_steps} "
         f"warm-up steps, {args.test_sentences} test sentences translated (beam 4, {args.output_length} tokens "
         f"each); medians of {args.repeats} interleaved repeat(s), translation figures medians of "
-        f"{args.translate_repeats} interleaved passes per repeat; device: {_device(args)}.",
+        f"{args.translate_repeats} interleaved passes per repeat; device: {_device(args)}."
+        + (" The A/A control is the baseline measured a second time: its ratios are the machine's noise."
+           if any(case.control for case, _ in results) else ""),
         "",
         "| case | train tok/s | train ratio (target) | paper | translate sent/s | translate ratio (target) | paper "
         "| greedy sent/s | greedy ratio | train peak MB | translate peak MB | parameters |",
@@ -426,6 +445,8 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--translate-repeats", type=int, default=3,
                         help="translation passes per search and round (interleaved; median)")
+    parser.add_argument("--control", action=argparse.BooleanOptionalAction, default=True,
+                        help="measure the baseline twice, the second time as an A/A control (default: on)")
     parser.add_argument("--test-sentences", type=int, default=1000)
     parser.add_argument("--output-length", type=int, default=20)
     parser.add_argument("--gpu", type=int, default=-1, help="GPU id; -1: CPU")
@@ -447,6 +468,8 @@ def main(argv=None):
     workdir.mkdir(parents=True, exist_ok=True)
     test_source = _test_source(workdir, args.test_sentences)
     cases = SUITES[args.suite]
+    if args.control:
+        cases = (cases[0], control_case(cases[0])) + cases[1:]
     runs = {case: [] for case in cases}
     for repeat in range(args.repeats):
         order = cases if repeat % 2 == 0 else tuple(reversed(cases))

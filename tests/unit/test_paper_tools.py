@@ -145,6 +145,22 @@ def test_every_bench_suite_has_a_stock_baseline_and_parses_strictly(suite, tmp_p
             assert (opt.encoder_type == "transformer") == (case is cases[0])
 
 
+def test_the_bench_control_is_the_baseline_under_its_own_name(tmp_path, onmt_active):
+    from onmt_ext.plugin import parse_train_config
+
+    args = argparse.Namespace(warmup_steps=10, steps=20, batch_size=512, gpu=-1)
+    for suite in ("li2019", "clause"):
+        baseline = bench.SUITES[suite][0]
+        control = bench.control_case(baseline)
+        assert control.control and control.train_target is control.translate_target is None
+        (path, checkpoint, config), (path2, checkpoint2, config2) = (
+            bench.bench_config(case, "smoke", args, tmp_path) for case in (baseline, control))
+        assert path != path2 and checkpoint.parent != checkpoint2.parent  # nothing shared on disk
+        differing = {key for key in config if config[key] != config2[key]}
+        assert differing == {"save_data", "save_model"}, differing  # same model, same seed, same data
+        assert vars(parse_train_config(path2)).keys() == vars(parse_train_config(path)).keys()
+
+
 def test_bench_ratio_cells_show_the_side_of_the_target():
     assert bench._ratio_cell(0.9668, 0.97, 1.20 / 1.92) == "0.967 (BELOW >= 0.97) | 0.63"
     assert bench._ratio_cell(0.9701, 0.97, None) == "0.970 (meets >= 0.97) | n/a"
