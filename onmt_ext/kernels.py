@@ -234,6 +234,24 @@ def _lanes(inputs, outputs, dim):
     return (outputs <= 32 or dim >= 4) and inputs * outputs * (dim + 1) * 64 <= _LANES_MAX_BYTES
 
 
+def _simple_forward(votes, keep, init, problems, iterations, normalize_inputs, weighted_mean, keep_state=False):
+    """The simple-routing kernel's forward pass: ``(outputs (G, S, O, D), logits (G, S, I, O), settings, state)``;
+    ``state`` (what the backward pass would recompute) only when ``keep_state``."""
+    groups, inputs, outputs, dim = votes.shape
+    out = votes.new_empty(groups, problems, outputs, dim)
+    logits = votes.new_empty(groups, problems, inputs, outputs)
+    settings = (groups, problems, inputs, outputs, dim, iterations, int(normalize_inputs), int(weighted_mean))
+    state = None
+    if keep_state:
+        size = _function("simple_routing_state_size", votes.dtype, dim)(inputs, outputs, dim, iterations)
+        state = votes.new_empty(groups * problems * size)
+    status = _function("simple_routing_forward", votes.dtype, dim)(
+        _ptr(votes), _ptr(keep), _ptr(init), _ptr(out), _ptr(logits), _ptr(state), *settings,
+        _threads(votes.numel() * problems), problems == 1 and _lanes(inputs, outputs, dim))
+    _check(status, "simple_routing_forward")
+    return out, logits, settings, state
+
+
 class _SimpleRouting(torch.autograd.Function):
     """Fused :func:`onmt_ext.routing.simple_routing` on prepared votes ``(G, I, O, D)``, S problems per group.
 
@@ -243,18 +261,9 @@ class _SimpleRouting(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, votes, keep, init, problems, iterations, normalize_inputs, weighted_mean):
-        groups, inputs, outputs, dim = votes.shape
-        out = votes.new_empty(groups, problems, outputs, dim)
-        logits = votes.new_empty(groups, problems, inputs, outputs)
-        settings = (groups, problems, inputs, outputs, dim, iterations, int(normalize_inputs), int(weighted_mean))
-        state = None
-        if problems > 1 and _KEEP_STATE and (ctx.needs_input_grad[0] or ctx.needs_input_grad[2]):
-            size = _function("simple_routing_state_size", votes.dtype, dim)(inputs, outputs, dim, iterations)
-            state = votes.new_empty(groups * problems * size)
-        status = _function("simple_routing_forward", votes.dtype, dim)(
-            _ptr(votes), _ptr(keep), _ptr(init), _ptr(out), _ptr(logits), _ptr(state), *settings,
-            _threads(votes.numel() * problems), problems == 1 and _lanes(inputs, outputs, dim))
-        _check(status, "simple_routing_forward")
+        keep_state = problems > 1 and _KEEP_STATE and (ctx.needs_input_grad[0] or ctx.needs_input_grad[2])
+        out, logits, settings, state = _simple_forward(votes, keep, init, problems, iterations, normalize_inputs,
+                                                       weighted_mean, keep_state)
         ctx.save_for_backward(votes, keep, init)
         ctx.settings, ctx.state = settings, state
         ctx.set_materialize_grads(False)
@@ -276,6 +285,19 @@ class _SimpleRouting(torch.autograd.Function):
         return grad_votes, None, grad_init, None, None, None, None
 
 
+def _em_forward(votes, beta_a, beta_u, lambdas, min_var, iterations):
+    """The EM kernel's forward pass: ``(outputs (G, O, D), activations (G, O), settings)``."""
+    groups, inputs, outputs, dim = votes.shape
+    out = votes.new_empty(groups, outputs, dim)
+    act = votes.new_empty(groups, outputs)
+    settings = (groups, inputs, outputs, dim, votes.stride(0), votes.stride(1), iterations)
+    status = _function("em_routing_forward", votes.dtype, dim)(
+        _ptr(votes), _ptr(beta_a), _ptr(beta_u), _ptr(lambdas), min_var, _ptr(out), _ptr(act), *settings,
+        _threads(votes.numel()), _lanes(inputs, outputs, dim))
+    _check(status, "em_routing_forward")
+    return out, act, settings
+
+
 class _EMRouting(torch.autograd.Function):
     """Fused :func:`onmt_ext.routing.em_routing` (no mask, product density) on votes ``(G, I, O, D)``.
 
@@ -285,14 +307,7 @@ class _EMRouting(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, votes, beta_a, beta_u, lambdas, min_var, iterations):
-        groups, inputs, outputs, dim = votes.shape
-        out = votes.new_empty(groups, outputs, dim)
-        act = votes.new_empty(groups, outputs)
-        settings = (groups, inputs, outputs, dim, votes.stride(0), votes.stride(1), iterations)
-        status = _function("em_routing_forward", votes.dtype, dim)(
-            _ptr(votes), _ptr(beta_a), _ptr(beta_u), _ptr(lambdas), min_var, _ptr(out), _ptr(act), *settings,
-            _threads(votes.numel()), _lanes(inputs, outputs, dim))
-        _check(status, "em_routing_forward")
+        out, act, settings = _em_forward(votes, beta_a, beta_u, lambdas, min_var, iterations)
         ctx.save_for_backward(votes, beta_a, beta_u, lambdas)
         ctx.min_var, ctx.settings = min_var, settings
         ctx.set_materialize_grads(False)
@@ -354,8 +369,11 @@ def simple_routing(v, keep, init_logits, lead, iterations, normalize, weighted_m
         keep = keep.to(v.dtype).reshape(groups, problems, inputs).contiguous()
     if init_logits is not None:
         init_logits = init_logits.to(v.dtype).reshape(groups, problems, inputs, outputs).contiguous()
-    out, logits = _SimpleRouting.apply(votes, keep, init_logits, problems, int(iterations), normalize == "inputs",
-                                       bool(weighted_mean))
+    arguments = (votes, keep, init_logits, problems, int(iterations), normalize == "inputs", bool(weighted_mean))
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (votes, init_logits)):
+        out, logits = _SimpleRouting.apply(*arguments)
+    else:  # translation: no graph to record
+        out, logits = _simple_forward(*arguments)[:2]
     return out.reshape(tuple(lead[:-1]) + (outputs, dim)), logits.reshape(tuple(lead) + (outputs,))
 
 
@@ -381,7 +399,19 @@ def _beta(beta, outputs, dtype):
         return None
     if beta.dim() > 1 or beta.numel() not in (1, outputs):
         return False
+    if beta.dtype == dtype and beta.shape == (outputs,) and beta.is_contiguous():
+        return beta  # li2019's learnt betas: used as they are
     return beta.to(dtype).expand(outputs).contiguous()
+
+
+_LAMBDAS = {}  # (schedule values, dtype) -> tensor: the same few schedules, every call
+
+
+def _lambdas(values, dtype):
+    key = (tuple(values), dtype)
+    if key not in _LAMBDAS:
+        _LAMBDAS[key] = torch.tensor(values, dtype=dtype)
+    return _LAMBDAS[key]
 
 
 def em_routing(v, iterations, lambdas, beta_a, beta_u, min_var):
@@ -403,8 +433,12 @@ def em_routing(v, iterations, lambdas, beta_a, beta_u, min_var):
         return None
     lead = tuple(v.shape[:-3])
     votes = _block_strided(v.reshape(prod(lead), inputs, outputs, dim))
-    lambdas = torch.tensor(lambdas, dtype=v.dtype)
-    out, act = _EMRouting.apply(votes, beta_a, beta_u, lambdas, float(min_var), int(iterations))
+    lambdas = _lambdas(lambdas, v.dtype)
+    arguments = (votes, beta_a, beta_u, lambdas, float(min_var), int(iterations))
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (votes, beta_a, beta_u)):
+        out, act = _EMRouting.apply(*arguments)
+    else:  # translation: no graph to record (autograd.Function's bookkeeping cost about 25 us per toy layer)
+        out, act, _ = _em_forward(*arguments)
     return out.reshape(lead + (outputs, dim)), act.reshape(lead + (outputs,))
 
 

@@ -266,6 +266,36 @@ def test_simple_kernel_paths_match_tensor_code(monkeypatch, lanes, dtype, proble
     _assert_kernel_path_matches(monkeypatch, fn, tensors, dtype, calls, "simple_routing", lanes)
 
 
+@pytest.mark.parametrize("routing_name", ["em", "simple"])
+def test_kernels_without_a_graph_skip_autograd_and_give_the_same_outputs(monkeypatch, routing_name):
+    """Under ``torch.no_grad`` (translation) the kernels run without an autograd.Function and give bitwise the
+    outputs of the graph-recording path; with a gradient wanted for any input (the betas alone too), the
+    Function runs and the gradient arrives."""
+    monkeypatch.setenv("ONMT_EXT_FUSED", "1")
+    function = kernels._EMRouting if routing_name == "em" else kernels._SimpleRouting
+    applied = []
+    real_apply = function.apply
+    monkeypatch.setattr(function, "apply", lambda *args: applied.append(1) or real_apply(*args))
+    votes, beta = _randn(6, 4, 32, 1, dtype=torch.float32), _randn(32, seed=1, dtype=torch.float32)
+
+    def run(v, b):
+        if routing_name == "em":
+            return routing.em_routing(v, 3, beta_a=b, beta_u=b)
+        return routing.simple_routing(v, 3, weighted_mean=True)
+
+    recorded = run(votes, beta)
+    assert applied == [1] and recorded[0].requires_grad
+    with torch.no_grad():
+        plain = run(votes, beta)
+    assert applied == [1] and not plain[0].requires_grad
+    for a, b in zip(recorded, plain):
+        assert torch.equal(a.detach(), b)
+    if routing_name == "em":  # votes without a gradient, learnt betas: the graph is recorded for the betas
+        out, _ = run(votes.detach(), beta)
+        out.sum().backward()
+        assert applied == [1, 1] and beta.grad is not None and beta.grad.abs().sum() > 0
+
+
 def test_lane_rule():
     """The lane-wise kernels take li2019's toy layers (O = 32 capsules of size 1) and small vector capsules; the
     per-problem ones take many scalar capsules (Transformer-Base: O = 512) and large tiles."""
