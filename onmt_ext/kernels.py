@@ -410,7 +410,8 @@ _LAMBDAS = {}  # (schedule values, dtype) -> tensor: the same few schedules, eve
 def _lambdas(values, dtype):
     key = (tuple(values), dtype)
     if key not in _LAMBDAS:
-        _LAMBDAS[key] = torch.tensor(values, dtype=dtype)
+        with torch.inference_mode(False):  # a normal tensor even when first made under inference_mode, so that
+            _LAMBDAS[key] = torch.tensor(values, dtype=dtype)  # a later training step can save it for backward
     return _LAMBDAS[key]
 
 

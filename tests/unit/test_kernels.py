@@ -296,6 +296,19 @@ def test_kernels_without_a_graph_skip_autograd_and_give_the_same_outputs(monkeyp
         assert applied == [1, 1] and beta.grad is not None and beta.grad.abs().sum() > 0
 
 
+def test_em_routing_trains_after_a_first_call_under_inference_mode(monkeypatch):
+    """The kernels' cached schedule tensor, first made under ``torch.inference_mode``, can still be saved for
+    the backward pass of a later training step."""
+    monkeypatch.setenv("ONMT_EXT_FUSED", "1")
+    monkeypatch.setattr(kernels, "_LAMBDAS", {})
+    votes, beta = _randn(5, 4, 8, 1, dtype=torch.float32), _randn(8, seed=1, dtype=torch.float32)
+    with torch.inference_mode():
+        routing.em_routing(votes, 3, beta_a=beta, beta_u=beta)
+    out, _ = routing.em_routing(votes, 3, beta_a=beta, beta_u=beta)
+    out.sum().backward()
+    assert torch.isfinite(votes.grad).all() and torch.isfinite(beta.grad).all()
+
+
 def test_lane_rule():
     """The lane-wise kernels take li2019's toy layers (O = 32 capsules of size 1) and small vector capsules; the
     per-problem ones take many scalar capsules (Transformer-Base: O = 512) and large tiles."""
