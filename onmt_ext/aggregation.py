@@ -100,14 +100,14 @@ def aggregate_heads(context, input_weight, input_bias, vote_weight, beta_a, beta
     the N output capsules side by side, ``(batch, len, d)``.  One function, so
     that ``-routing_compile`` compiles the capsule maps together with the
     routing.  The maps run head-major: f_h is one batched product over the
-    heads with its bias added in it (``baddbmm``), the tanh runs in place
+    heads, its bias is added in the in-place tanh's pass
     (:func:`onmt_ext.kernels.tanh_`), and the votes ``(H, B*L, d)`` reach the
     routing as a strided view ``(B, L, H, N, d/N)``, which the EM kernel reads
     without a copy.
     """
     batch, length, d_model = context.shape
     per_head = context.reshape(batch * length, heads, -1).transpose(0, 1)  # (H, B*L, d/H)
-    capsules_in = kernels.tanh_(torch.baddbmm(input_bias.unsqueeze(1), per_head, input_weight))  # eq. 5, (H, B*L, d)
+    capsules_in = kernels.tanh_(torch.bmm(per_head, input_weight), input_bias)  # eq. 5, (H, B*L, d)
     votes = torch.bmm(capsules_in, vote_weight)  # eq. 6, (H, B*L, d)
     votes = votes.view(heads, batch, length, capsules, -1).permute(1, 2, 0, 3, 4)  # (B, L, H, N, d/N)
     if method == "simple":

@@ -756,6 +756,49 @@ typedef struct {
     int T;
 } FN(em_args);
 
+/* m_step's sums over the inputs (w, m and the unnormalised var) for D = 1, MSUM_BLOCK vectors of outputs at a
+ * time with the sums held in registers (the loops of m_step keep them in memory, and at li2019's Base size,
+ * O = 512, reloading and storing them for every input was most of the M-step's time).  The same sums in the
+ * same order; returns the first output it left to m_step's loops (the last O mod (MSUM_BLOCK lanes)). */
+#define MSUM_BLOCK 4
+#define MLOAD(p) (*(const vec *)(p))
+static int64_t FN(m_sums_d1)(const real *restrict v, int64_t sv, const real *restrict C, real *restrict w,
+                             real *restrict m, real *restrict var, int64_t I, int64_t O)
+{
+    typedef FN(vec) vec;
+    const int64_t lanes = (int64_t)(sizeof(vec) / sizeof(real)), step = MSUM_BLOCK * lanes;
+    int64_t o0 = 0;
+    for (; o0 + step <= O; o0 += step) {
+        vec wv[MSUM_BLOCK], mv[MSUM_BLOCK], qv[MSUM_BLOCK];
+        for (int k = 0; k < MSUM_BLOCK; k++) wv[k] = mv[k] = qv[k] = (vec){0};
+        for (int64_t i = 0; i < I; i++)
+            for (int k = 0; k < MSUM_BLOCK; k++) {
+                vec c = MLOAD(C + i * O + o0 + k * lanes);
+                wv[k] += c;
+                mv[k] += c * MLOAD(v + i * sv + o0 + k * lanes);
+            }
+        for (int k = 0; k < MSUM_BLOCK; k++) {
+            vec den;
+            _Pragma("GCC unroll 0") /* a loop for the vectoriser (unrolled, it stayed scalar) */
+            for (int64_t l = 0; l < lanes; l++) den[l] = wv[k][l] > (real)MIN_TOTAL ? wv[k][l] : (real)MIN_TOTAL;
+            mv[k] /= den;
+        }
+        for (int64_t i = 0; i < I; i++)
+            for (int k = 0; k < MSUM_BLOCK; k++) {
+                vec dev = MLOAD(v + i * sv + o0 + k * lanes) - mv[k];
+                qv[k] += MLOAD(C + i * O + o0 + k * lanes) * dev * dev;
+            }
+        for (int k = 0; k < MSUM_BLOCK; k++) {
+            *(vec *)(w + o0 + k * lanes) = wv[k];
+            *(vec *)(m + o0 + k * lanes) = mv[k];
+            *(vec *)(var + o0 + k * lanes) = qv[k];
+        }
+    }
+    return o0;
+}
+#undef MSUM_BLOCK
+#undef MLOAD
+
 /* The M-step of one iteration: w, mean m, var, the sum over d of log var (lvs) and the activation logit la (all per
  * output); the E-step after it and the backward pass read lvs rather than take the logarithms again. */
 static void FN(m_step)(const real *restrict v, int64_t sv, const real *restrict C, real *restrict w, real *restrict m,
@@ -763,21 +806,21 @@ static void FN(m_step)(const real *restrict v, int64_t sv, const real *restrict 
                        const real *restrict beta_u, real lambda, real min_var, int64_t I, int64_t O, int64_t D)
 {
     D = FIXED_D(D);
-    int64_t OD = O * D;
-    for (int64_t o = 0; o < O; o++) w[o] = 0;
-    for (int64_t k = 0; k < OD; k++) { m[k] = 0; var[k] = 0; }
+    int64_t o0 = D == 1 ? FN(m_sums_d1)(v, sv, C, w, m, var, I, O) : 0; /* the outputs before o0 are summed */
+    for (int64_t o = o0; o < O; o++) w[o] = 0;
+    for (int64_t k = o0 * D; k < O * D; k++) { m[k] = 0; var[k] = 0; }
     for (int64_t i = 0; i < I; i++)
-        for (int64_t o = 0; o < O; o++) {
+        for (int64_t o = o0; o < O; o++) {
             real c = C[i * O + o];
             w[o] += c;
             for (int64_t d = 0; d < D; d++) m[o * D + d] += c * v[i * sv + o * D + d];
         }
-    for (int64_t o = 0; o < O; o++) {
+    for (int64_t o = o0; o < O; o++) {
         real den = w[o] > (real)MIN_TOTAL ? w[o] : (real)MIN_TOTAL;
         for (int64_t d = 0; d < D; d++) m[o * D + d] /= den;
     }
     for (int64_t i = 0; i < I; i++)
-        for (int64_t o = 0; o < O; o++) {
+        for (int64_t o = o0; o < O; o++) {
             real c = C[i * O + o];
             for (int64_t d = 0; d < D; d++) {
                 real dev = v[i * sv + o * D + d] - m[o * D + d];
@@ -807,7 +850,8 @@ static void FN(e_step)(const real *v, int64_t sv, const real *m, const real *var
     real *half_inv = base + O; /* (O, D): 1 / (2 var) */
     for (int64_t o = 0; o < O; o++) {
         for (int64_t d = 0; d < D; d++) half_inv[o * D + d] = (real)0.5 / var[o * D + d];
-        real log_sig = la[o] < 0 ? la[o] - LOG1P(FN(exp_floor)(la[o])) : -LOG1P(FN(exp_floor)(-la[o]));
+        /* log sigmoid(x) = min(x, 0) - log1p(exp(-|x|)), one exp and one log1p per output */
+        real log_sig = (la[o] < 0 ? la[o] : (real)0) - LOG1P(FN(exp_floor)(la[o] < 0 ? la[o] : -la[o]));
         base[o] = log_sig - (real)0.5 * ((real)D * (real)LOG_2PI + lvs[o]);
     }
     for (int64_t i = 0; i < I; i++) {
@@ -824,7 +868,8 @@ static void FN(e_step)(const real *v, int64_t sv, const real *m, const real *var
         for (int64_t o = 1; o < O; o++) top = c[o] > top ? c[o] : top;
         real total = 0;
         for (int64_t o = 0; o < O; o++) { c[o] = FN(exp_floor)(c[o] - top); total += c[o]; }
-        for (int64_t o = 0; o < O; o++) c[o] /= total;
+        real inv_total = (real)1 / total; /* one division: a vector division per output was a quarter of it */
+        for (int64_t o = 0; o < O; o++) c[o] *= inv_total;
     }
 }
 
@@ -1020,7 +1065,8 @@ static void FN(lanes_e_step)(const FN(lanes) *restrict V, const FN(lanes) *restr
             c[o] = FN(lanes_exp_floor)(c[o] - best);
             total += c[o];
         }
-        for (int64_t o = 0; o < O; o++) c[o] /= total;
+        lv inv_total = (real)1 / total;
+        for (int64_t o = 0; o < O; o++) c[o] *= inv_total;
     }
 }
 

@@ -194,7 +194,11 @@ typedef struct {
     const void *x, *g;
     void *y;
     int64_t n;
+    int64_t K, M; /* tanh_bias_forward: rows of K elements, M rows per row of the bias (x) */
 } tanh_args;
+
+/* Rows per group of tanh_bias_forward (about TANH_CHUNK elements). */
+static inline int64_t tanh_rows(int64_t K) { return K < TANH_CHUNK ? TANH_CHUNK / K : 1; }
 
 #define EXPORT_TANH(SUF, T_, TANH)                                                                                \
     static int tanh_fw_##SUF(const void *p, int64_t g0, int64_t g1)                                                \
@@ -216,15 +220,36 @@ typedef struct {
         for (int64_t k = g0 * TANH_CHUNK; k < end; k++) gx[k] = g[k] * ((T_)1 - y[k] * y[k]);                      \
         return 0;                                                                                                  \
     }                                                                                                              \
+    /* y = tanh(y + b), in place, row by row (y: n / K rows of K, row r adds row r / M of b) */                    \
+    static int tanh_bias_fw_##SUF(const void *p, int64_t g0, int64_t g1)                                           \
+    {                                                                                                              \
+        const tanh_args *a = p;                                                                                    \
+        const T_ *restrict b = a->x;                                                                               \
+        T_ *restrict y = a->y;                                                                                     \
+        int64_t K = a->K, per = tanh_rows(K), rows = a->n / K, end = g1 * per < rows ? g1 * per : rows;            \
+        for (int64_t r = g0 * per; r < end; r++) {                                                                 \
+            T_ *restrict yr = y + r * K;                                                                           \
+            const T_ *restrict br = b + r / a->M * K;                                                              \
+            for (int64_t k = 0; k < K; k++) yr[k] = TANH(yr[k] + br[k]);                                           \
+        }                                                                                                          \
+        return 0;                                                                                                  \
+    }                                                                                                              \
     /* y = tanh(x) over n contiguous elements (y may be x) */                                                      \
     int tanh_forward_##SUF(const T_ *x, T_ *y, int64_t n, int threads)                                             \
     {                                                                                                              \
-        tanh_args a = {x, NULL, y, n};                                                                             \
+        tanh_args a = {x, NULL, y, n, 0, 0};                                                                       \
         return run(tanh_fw_##SUF, &a, (n + TANH_CHUNK - 1) / TANH_CHUNK, threads);                                 \
+    }                                                                                                              \
+    /* y (P, M, K) = tanh(y + b (P, 1, K)) in place, n = P M K elements */                                         \
+    int tanh_bias_forward_##SUF(T_ *y, const T_ *b, int64_t n, int64_t K, int64_t M, int threads)                  \
+    {                                                                                                              \
+        tanh_args a = {b, NULL, y, n, K, M};                                                                       \
+        int64_t per = tanh_rows(K);                                                                                \
+        return run(tanh_bias_fw_##SUF, &a, (n / K + per - 1) / per, threads);                                      \
     }                                                                                                              \
     int tanh_backward_##SUF(const T_ *y, const T_ *g, T_ *gx, int64_t n, int threads)                              \
     {                                                                                                              \
-        tanh_args a = {y, g, gx, n};                                                                               \
+        tanh_args a = {y, g, gx, n, 0, 0};                                                                         \
         return run(tanh_bw_##SUF, &a, (n + TANH_CHUNK - 1) / TANH_CHUNK, threads);                                 \
     }
 

@@ -225,17 +225,21 @@ def _assert_kernel_path_matches(monkeypatch, fn, tensors, dtype, calls, routing_
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("groups, dim", [(1, 1), (21, 1), (37, 3), (16, 4)])
 @pytest.mark.parametrize("betas", [False, True])
-def test_em_kernel_paths_match_tensor_code(monkeypatch, lanes, dtype, groups, dim, betas):
+@pytest.mark.parametrize("outputs", [7, 37])
+def test_em_kernel_paths_match_tensor_code(monkeypatch, lanes, dtype, groups, dim, betas, outputs):
     """Both EM kernels, forward and backward, whichever the size rule picks: the per-problem one and the
     lane-wise one (16 float32 or 8 float64 problems per tile; 1, 21 and 37 groups leave a partial last tile), on
-    head-major strided votes, with and without betas, against the tensor code in float64."""
+    head-major strided votes, with and without betas, against the tensor code in float64.  With D = 1 and 37
+    outputs the per-problem M-step sums blocks of 32 float32 or 16 float64 outputs in registers
+    (``m_sums_d1``) and the rest in its loops."""
     monkeypatch.setattr(kernels, "_lanes", lambda *shape: lanes)
     calls = _spy_kernel_calls(monkeypatch)
-    head_major = _randn(5, groups, 7 * dim, dtype=dtype)
-    tensors = [head_major] + ([_randn(7, seed=1, dtype=dtype), _randn(7, seed=2, dtype=dtype)] if betas else [])
+    head_major = _randn(5, groups, outputs * dim, dtype=dtype)
+    tensors = [head_major] + ([_randn(outputs, seed=1, dtype=dtype), _randn(outputs, seed=2, dtype=dtype)]
+                              if betas else [])
 
     def fn(v, *beta):  # float64 outputs, so that both runs draw the same random loss weights
-        return [out.double() for out in routing.em_routing(v.view(5, groups, 7, dim).transpose(0, 1), 3,
+        return [out.double() for out in routing.em_routing(v.view(5, groups, outputs, dim).transpose(0, 1), 3,
                                                            **dict(zip(("beta_a", "beta_u"), beta)))]
 
     _assert_kernel_path_matches(monkeypatch, fn, tensors, dtype, calls, "em_routing", lanes)
@@ -357,6 +361,35 @@ def test_fused_tanh_matches_torch(monkeypatch, dtype):
     monkeypatch.setenv("ONMT_EXT_FUSED", "0")  # off: torch.tanh itself
     plain = x.detach() * 1.0
     assert torch.equal(kernels.tanh_(plain), torch.tanh(x.detach()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(3, 700, 70), (2, 5, 20000), (1, 1, 3)])
+def test_fused_tanh_with_a_bias_matches_torch(monkeypatch, dtype, shape):
+    """``tanh_(x, bias)`` = ``tanh(x + bias.unsqueeze(1))`` for x ``(P, M, K)``: values, the gradients of x and
+    of the bias, rows longer than a thread chunk, and the direct call without a graph (in place, no Function)."""
+    monkeypatch.setenv("ONMT_EXT_FUSED", "1")
+    monkeypatch.setattr(kernels, "_threads", lambda work: 2)  # the row split over two threads
+    x = _randn(*shape, dtype=dtype) * 3
+    bias = _randn(shape[0], shape[2], seed=5, dtype=dtype)
+    grad = torch.randn(shape, generator=torch.Generator().manual_seed(3), dtype=dtype)
+    results = []
+    for fused in (True, False):
+        x_in, bias_in = x.detach().clone().requires_grad_(), bias.detach().clone().requires_grad_()
+        out = kernels.tanh_(x_in * 1.0, bias_in) if fused else torch.tanh(x_in + bias_in.unsqueeze(1))
+        out.backward(grad)
+        results.append((out, x_in.grad, bias_in.grad))
+    tolerance = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-12, rtol=1e-12)
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, **tolerance)
+    applied = []
+    monkeypatch.setattr(kernels._Tanh, "apply", lambda *args: applied.append(args))
+    with torch.no_grad():
+        plain = x.detach().clone()
+        assert kernels.tanh_(plain, bias) is plain and not applied
+    assert torch.equal(plain, results[0][0].detach())
+    monkeypatch.setenv("ONMT_EXT_FUSED", "0")  # off: the tensor code
+    torch.testing.assert_close(kernels.tanh_(x.detach().clone(), bias), results[1][0].detach(), atol=0, rtol=0)
 
 
 def test_float32_and_half_inputs_agree(monkeypatch):
