@@ -494,19 +494,16 @@ def tanh_(x, bias=None):
     li2019's capsule maps (eq. 5, ``(H, B*L, d)`` per layer) that was 11 of a Base layer's 227 ms.  The bias
     is added inside the same pass, so that the map before it can be a plain ``bmm`` rather than a ``baddbmm``,
     which first writes the broadcast bias into its whole output (at Transformer-Base, about 0.5 ms of the
-    15 ms that one layer's aggregation takes for a batch of 224 tokens).  ``x`` must be a fresh tensor that no other autograd node needs (a matrix product's output);
-    elsewhere, or where the kernels do not apply, the result is ``torch.tanh(x)`` or
-    ``torch.tanh(x.add_(bias.unsqueeze(1)))``.  Without a graph to record (:func:`_records_graph`) the kernel
-    is called directly.
+    15 ms that one layer's aggregation takes for a batch of 224 tokens).  ``x`` must be a fresh tensor that no
+    other autograd node needs (a matrix product's output); elsewhere, or where the kernels do not apply, the
+    result is ``torch.tanh(x)`` or ``torch.tanh(x.add_(bias.unsqueeze(1)))``.  Without a graph to record
+    (:func:`_records_graph`) the kernel is called directly.
     """
-    fused = usable(x) and x.is_contiguous()
-    if bias is not None:
-        fused = fused and (x.dim() == 3 and bias.shape == (x.size(0), x.size(2)) and bias.dtype == x.dtype
-                           and bias.is_contiguous() and x.numel() > 0)
-        if not fused:
-            return torch.tanh(x.add_(bias.unsqueeze(1)))
-    elif not fused:
-        return torch.tanh(x)
+    fused = usable(x) and x.is_contiguous() and (bias is None or (
+        x.dim() == 3 and x.numel() > 0 and bias.shape == (x.size(0), x.size(2)) and bias.dtype == x.dtype
+        and bias.is_contiguous()))
+    if not fused:
+        return torch.tanh(x) if bias is None else torch.tanh(x.add_(bias.unsqueeze(1)))
     if _records_graph(x, bias):
         return _Tanh.apply(x, bias)
     return _tanh_forward(x, bias)
