@@ -4,7 +4,8 @@
 Usage::
 
     python tools/bench.py [--suite li2019] [--size smoke|paper] [--steps 300 (smoke) | 100 (paper)]
-        [--warmup-steps 20] [--repeats 3] [--translate-repeats 3] [--gpu -1] [--threads 1] [--out results/bench] [--work build/bench]
+        [--warmup-steps 20] [--repeats 3] [--translate-repeats 10] [--greedy-repeats 2] [--test-sentences 200]
+        [--gpu -1] [--threads 1] [--out results/bench] [--work build/bench]
 
 For every case of a suite (a paper config, see ``SUITES``) and its baseline,
 this trains through the real ``onmt_train`` for ``warmup + steps`` steps and
@@ -40,14 +41,28 @@ Sizes: ``smoke`` runs the configs' smoke twins with the paper's 6+6 layers
 Tatoeba data and vocabularies, fp32, ``--batch-size`` tokens per step on one
 device.  Data are the shipped Tatoeba sample (``make data``).
 
-The medians over repeats are compared with each case's target; the exit
-status is 1 when any measured ratio is below its target, so that ``make
-bench`` fails visibly.  Results go to ``<out>/<suite>-<size>.{json,md}`` (models and logs under
+Training ratios are ratios of the medians over the repeats.  Translation
+ratios are paired: in every pass, a case's sentences/s over the
+baseline's in the same pass, and the report gives the median of these
+``repeats x translate-repeats`` ratios with a distribution-free 95%
+interval for it (:func:`median_interval`).  Each translation process
+keeps a speed of its own: eight runs of the li2019 smoke baseline in a row
+(beam 4, one thread, 2026-11-25) spread with a standard deviation of 3.5%
+over the 1,000 test sentences (4.05-4.48 s) and of 2.0% over the first
+200 (0.81-0.85 s), and translating the 1,000 once untimed in the same
+process before the timed pass left it at 3.3%.  A longer run does not
+average that out, so the bench runs many short ones (200 sentences, ten
+beam passes per repeat); the pairing cancels the machine's slower drifts,
+which moved whole runs before (the eight smoke runs of that day put EM's
+ratio of medians anywhere from 0.94 to 1.00).  The ratios are compared with
+each case's target; the exit status is 1 when any is below its target, so
+that ``make bench`` fails visibly.  Results go to ``<out>/<suite>-<size>.{json,md}`` (models and logs under
 ``--work``).
 """
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -334,7 +349,7 @@ def measure_translation(search, model, args, workdir, test_source):
     return figures
 
 
-def measure_round(cases, size, args, workdir, test_source, label):
+def measure_round(cases, size, args, workdir, test_source, label, baseline=None):
     """One repeat: every case trained, then every case translated with beam search, then with greedy search.
 
     Phases, not one case at a time: each translation then follows another
@@ -344,27 +359,51 @@ def measure_round(cases, size, args, workdir, test_source, label):
     baseline when each case was trained and translated in turn, 0.97-0.99
     when the two translations alternated), which biased the ratios against
     the slower-training mechanisms.  Each search runs ``--translate-repeats``
-    interleaved passes over the cases (every other pass in reverse order), and
-    a case's figure for the round is the median of its passes: one
-    translation takes a few seconds, and single runs of the same checkpoint
-    spread by about 4% here (the baseline's beam search gave 213 to 232
-    sentences/s in six runs), as much as the effects measured.  Returns
-    ``{case: figures}``.
+    interleaved passes over the cases (every other pass in reverse order).
+    A case's sentences/s for the round is the median of its passes, and its
+    paired ratios are its speed over the ``baseline``'s in each pass (the
+    two runs minutes apart at most, so slow drifts of the machine cancel).
+    Returns ``{case: figures}``; the paired ratios are lists under
+    ``<search>_ratios`` (absent without a ``baseline``).
     """
     figures, models = {}, {}
     for case in cases:
         print(f"== bench {label}: train {case.label}", flush=True)
         figures[case], models[case] = measure_training(case, size, args, workdir)
     for search in SEARCHES:
+        key = f"{search[0]}_sentences_per_s"
         passes = {case: [] for case in cases}
-        for number in range(args.translate_repeats):  # interleaved passes, every other one in reverse order
+        repeats = args.translate_repeats if search[0] == "translate" else args.greedy_repeats
+        for number in range(repeats):  # interleaved passes, every other one in reverse order
             for case in (cases if number % 2 == 0 else tuple(reversed(cases))):
-                print(f"== bench {label}: {search[0]} {case.label} (pass {number + 1}/{args.translate_repeats})",
-                      flush=True)
+                print(f"== bench {label}: {search[0]} {case.label} (pass {number + 1}/{repeats})", flush=True)
                 passes[case].append(measure_translation(search, models[case], args, workdir, test_source))
         for case in cases:
-            figures[case].update({key: statistics.median(run[key] for run in passes[case]) for key in passes[case][0]})
+            figures[case].update({name: statistics.median(run[name] for run in passes[case])
+                                  for name in passes[case][0]})
+            if baseline is not None:
+                figures[case][f"{search[0]}_ratios"] = [
+                    run[key] / base[key] for run, base in zip(passes[case], passes[baseline])]
     return figures
+
+
+def median_interval(values, level=0.95):
+    """A distribution-free confidence interval for the median of ``values``.
+
+    The order statistics ``(x_(k), x_(n+1-k))`` of the sorted values cover
+    the population median with probability ``1 - 2 P(Binomial(n, 1/2) < k)``;
+    this takes the largest ``k`` whose coverage is at least ``level``.
+    Returns ``(low, high)``, or None when even ``k = 1`` falls short (fewer
+    than six values at 0.95).
+    """
+    ordered, n = sorted(values), len(values)
+    chosen, below = None, 0
+    for k in range(1, (n + 1) // 2 + 1):
+        below += math.comb(n, k - 1)  # the sum of C(n, i) for i < k
+        if 1 - 2 * below / 2**n < level:
+            break
+        chosen = k
+    return None if chosen is None else (ordered[chosen - 1], ordered[n - chosen])
 
 
 def _test_source(workdir, sentences):
@@ -375,11 +414,14 @@ def _test_source(workdir, sentences):
     return encode_file(data / "spm.zh.model", data / "test.zh", workdir / "test.sp.zh", limit=sentences)
 
 
-def _ratio_cell(ratio, target, paper):
-    """``ratio (meets|BELOW >= target) | paper``: three decimals where two would hide which side of the target
-    the ratio is on; the paper's ratio rounded half up, as the README quotes it (1.20 / 1.92 = 0.625: 0.63)."""
+def _ratio_cell(ratio, target, paper, interval=None):
+    """``ratio [interval] (meets|BELOW >= target) | paper``: three decimals where two would hide which side of
+    the target the ratio is on; the paper's ratio rounded half up, as the README quotes it (1.20 / 1.92 = 0.625:
+    0.63)."""
     near = target is not None and f"{ratio:.2f}" == f"{target:.2f}"
     cell = f"{ratio:.3f}" if near else f"{ratio:.2f}"
+    if interval is not None:
+        cell += f" [{interval[0]:.3f}, {interval[1]:.3f}]"
     if target is not None:
         cell += f" ({'meets' if ratio >= target else 'BELOW'} >= {target:.2f})"
     if paper is None:
@@ -393,14 +435,34 @@ def _device(args):
     return f"CPU, {args.threads} thread(s)" if args.threads else "CPU, torch's default threads"
 
 
+def _translation_ratio(figures, base, search):
+    """The median of a case's paired ratios for ``search`` and their 95% interval; without paired ratios, the
+    ratio of the medians and no interval."""
+    ratios = figures.get(f"{search}_ratios")
+    if not ratios:
+        key = f"{search}_sentences_per_s"
+        return figures[key] / base[key], None
+    return statistics.median(ratios), median_interval(ratios)
+
+
+def pool(runs):
+    """One case's figures over the repeats: medians of the scalars, the paired ratios of every repeat together."""
+    return {key: ([value for run in runs for value in run[key]] if isinstance(runs[0][key], list)
+                  else statistics.median(run[key] for run in runs)) for key in runs[0]}
+
+
 def report(suite, size, results, args):
     """Markdown table of medians and ratios; returns (text, list of missed targets)."""
     base = results[0][1]
+    passes, greedy_passes = args.repeats * args.translate_repeats, args.repeats * args.greedy_repeats
     lines = [
         f"Benchmark `{suite}` at `{size}` size: {args.steps} measured training steps after {args.warmup_steps} "
         f"warm-up steps, {args.test_sentences} test sentences translated (beam 4, {args.output_length} tokens "
-        f"each); medians of {args.repeats} interleaved repeat(s), translation figures medians of "
-        f"{args.translate_repeats} interleaved passes per repeat; device: {_device(args)}."
+        f"each); medians of {args.repeats} interleaved repeat(s); translation: {args.translate_repeats} beam and "
+        f"{args.greedy_repeats} greedy interleaved passes per repeat, sentences/s the median over the repeats of "
+        f"each repeat's median, ratios the median of the {passes} (greedy: {greedy_passes}) paired ratios (a "
+        f"case's speed over the baseline's in the same pass) with a distribution-free 95% interval for that "
+        f"median in brackets; device: {_device(args)}."
         + (" The A/A control is the baseline measured a second time: its ratios are the machine's noise."
            if any(case.control for case, _ in results) else ""),
         "",
@@ -411,7 +473,8 @@ def report(suite, size, results, args):
     missed = []
     for case, figures in results:
         train_ratio = figures["train_tokens_per_s"] / base["train_tokens_per_s"]
-        translate_ratio = figures["translate_sentences_per_s"] / base["translate_sentences_per_s"]
+        translate_ratio, translate_interval = _translation_ratio(figures, base, "translate")
+        greedy_ratio, greedy_interval = _translation_ratio(figures, base, "greedy")
         for ratio, target, what in ((train_ratio, case.train_target, "training"),
                                     (translate_ratio, case.translate_target, "translation")):
             if target is not None and ratio < target:
@@ -420,9 +483,9 @@ def report(suite, size, results, args):
             f"| {case.label} | {figures['train_tokens_per_s']:.0f} | "
             f"{_ratio_cell(train_ratio, case.train_target, case.paper_train)} | "
             f"{figures['translate_sentences_per_s']:.1f} | "
-            f"{_ratio_cell(translate_ratio, case.translate_target, case.paper_translate)} | "
+            f"{_ratio_cell(translate_ratio, case.translate_target, case.paper_translate, translate_interval)} | "
             f"{figures['greedy_sentences_per_s']:.1f} | "
-            f"{figures['greedy_sentences_per_s'] / base['greedy_sentences_per_s']:.2f} | "
+            f"{_ratio_cell(greedy_ratio, None, None, greedy_interval).removesuffix(' | n/a')} | "
             f"{figures['train_peak_memory_mb']:.0f} | {figures['translate_peak_memory_mb']:.0f} | "
             f"{figures['parameters']:,} |")
     return "\n".join(lines) + "\n", missed
@@ -443,11 +506,15 @@ def main(argv=None):
     parser.add_argument("--warmup-steps", type=int, default=20, help="unmeasured first steps")
     parser.add_argument("--batch-size", type=int, default=1024, help="tokens per step at --size paper")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--translate-repeats", type=int, default=3,
-                        help="translation passes per search and round (interleaved; median)")
+    parser.add_argument("--translate-repeats", type=int, default=10,
+                        help="beam-search passes per round (interleaved; each paired with the baseline's)")
+    parser.add_argument("--greedy-repeats", type=int, default=2,
+                        help="greedy-search passes per round (no target depends on them)")
     parser.add_argument("--control", action=argparse.BooleanOptionalAction, default=True,
                         help="measure the baseline twice, the second time as an A/A control (default: on)")
-    parser.add_argument("--test-sentences", type=int, default=1000)
+    parser.add_argument("--test-sentences", type=int, default=200,
+                        help="test sentences per translation (a process's own speed varies by a few percent "
+                             "whatever its length, so many short runs measure more precisely than few long ones)")
     parser.add_argument("--output-length", type=int, default=20)
     parser.add_argument("--gpu", type=int, default=-1, help="GPU id; -1: CPU")
     parser.add_argument("--threads", type=int, default=1,
@@ -458,10 +525,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.steps is None:  # a smoke step takes about 70 ms: 300 steps measure about 20 s per run
         args.steps = SMOKE_STEPS if args.size == "smoke" else 100
-    if min(args.steps, args.warmup_steps, args.repeats, args.translate_repeats, args.test_sentences,
-           args.output_length) < 1:
-        parser.error("--steps, --warmup-steps, --repeats, --translate-repeats, --test-sentences and --output-length "
-                     "must be >= 1")
+    if min(args.steps, args.warmup_steps, args.repeats, args.translate_repeats, args.greedy_repeats,
+           args.test_sentences, args.output_length) < 1:
+        parser.error("--steps, --warmup-steps, --repeats, --translate-repeats, --greedy-repeats, --test-sentences "
+                     "and --output-length must be >= 1")
     if args.steps % args.warmup_steps:  # training reports come every --warmup-steps steps
         parser.error(f"--steps {args.steps} must be a multiple of --warmup-steps {args.warmup_steps}")
     workdir = args.work / f"{args.suite}-{args.size}"
@@ -474,11 +541,10 @@ def main(argv=None):
     for repeat in range(args.repeats):
         order = cases if repeat % 2 == 0 else tuple(reversed(cases))
         measured = measure_round(order, args.size, args, workdir, test_source,
-                                 f"{args.suite}/{args.size} repeat {repeat + 1}/{args.repeats}")
+                                 f"{args.suite}/{args.size} repeat {repeat + 1}/{args.repeats}", baseline=cases[0])
         for case in cases:
             runs[case].append(measured[case])
-    results = [(case, {key: statistics.median(run[key] for run in runs[case]) for key in runs[case][0]})
-               for case in cases]
+    results = [(case, pool(runs[case])) for case in cases]
     text, missed = report(args.suite, args.size, results, args)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.suite}-{args.size}.md").write_text(text, encoding="utf-8")

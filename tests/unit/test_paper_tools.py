@@ -1,6 +1,7 @@
 """The paper-table tooling: generated configs, reproduction plans, benchmark configs."""
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -168,22 +169,52 @@ def test_bench_ratio_cells_show_the_side_of_the_target():
     assert bench._ratio_cell(0.5, None, None) == "0.50 | n/a"
 
 
-def test_bench_round_interleaves_translation_passes_and_takes_medians(monkeypatch):
-    """Training once per case; each search runs --translate-repeats passes, every other one reversed; medians."""
+def test_bench_round_interleaves_translation_passes_and_pairs_them_with_the_baseline(monkeypatch):
+    """Training once per case; beam search runs --translate-repeats passes and greedy search --greedy-repeats,
+    every other one reversed; medians of the passes, and each pass's speed over the baseline's in the same pass."""
     calls, speeds = [], {"a": iter([10.0, 30.0, 20.0]), "b": iter([5.0, 1.0, 3.0])}
     monkeypatch.setattr(bench, "measure_training", lambda case, *rest: ({"train": case.label}, case.label))
+
     def translation(search, model, *rest):
         calls.append((search[0], model))
         return {f"{search[0]}_sentences_per_s": next(speeds[model]) if search[0] == "translate" else 1.0}
+
     monkeypatch.setattr(bench, "measure_translation", translation)
     cases = (bench.Case("a", "a.yaml"), bench.Case("b", "b.yaml"))
-    args = argparse.Namespace(translate_repeats=3)
-    figures = bench.measure_round(cases, "smoke", args, None, None, "test")
+    args = argparse.Namespace(translate_repeats=3, greedy_repeats=2)
+    figures = bench.measure_round(cases, "smoke", args, None, None, "test", baseline=cases[0])
     assert calls[:6] == [("translate", "a"), ("translate", "b"), ("translate", "b"), ("translate", "a"),
                          ("translate", "a"), ("translate", "b")]
-    assert len(calls) == 12
-    assert figures[cases[0]] == {"train": "a", "translate_sentences_per_s": 20.0, "greedy_sentences_per_s": 1.0}
+    assert calls[6:] == [("greedy", "a"), ("greedy", "b"), ("greedy", "b"), ("greedy", "a")]
+    assert figures[cases[0]] == {"train": "a", "translate_sentences_per_s": 20.0, "greedy_sentences_per_s": 1.0,
+                                 "translate_ratios": [1.0, 1.0, 1.0], "greedy_ratios": [1.0, 1.0]}
     assert figures[cases[1]]["translate_sentences_per_s"] == 3.0
+    assert figures[cases[1]]["translate_ratios"] == [0.5, 1 / 30, 3 / 20]  # pass by pass, not median over median
+
+
+def test_bench_pools_repeats_and_reports_the_median_paired_ratio_with_its_interval():
+    runs = [{"train_tokens_per_s": 10.0, "translate_ratios": [0.9, 1.0, 0.95]},
+            {"train_tokens_per_s": 30.0, "translate_ratios": [0.97, 0.98, 0.96]},
+            {"train_tokens_per_s": 20.0, "translate_ratios": [0.99, 0.94, 0.93]}]
+    pooled = bench.pool(runs)
+    assert pooled["train_tokens_per_s"] == 20.0
+    assert sorted(pooled["translate_ratios"]) == [0.9, 0.93, 0.94, 0.95, 0.96, 0.97, 0.98, 0.99, 1.0]
+    base = {"translate_sentences_per_s": 4.0}
+    assert bench._translation_ratio(pooled, base, "translate") == (0.96, (0.93, 0.99))  # 2nd and 8th of 9
+    assert bench._translation_ratio({"translate_sentences_per_s": 3.0}, base, "translate") == (0.75, None)
+    assert bench._ratio_cell(0.96, 0.97, None, (0.93, 0.99)) == "0.96 [0.930, 0.990] (BELOW >= 0.97) | n/a"
+
+
+@pytest.mark.parametrize("n, expected", [(5, None), (6, (1, 6)), (9, (2, 8)), (15, (4, 12)), (30, (10, 21))])
+def test_median_interval_takes_the_binomial_order_statistics(n, expected):
+    """The textbook 95% intervals for the median (e.g. the 10th and 21st of 30 values)."""
+    values = [float(v) for v in range(n, 0, -1)]  # unsorted on purpose
+    assert bench.median_interval(values) == expected
+    if expected:  # its coverage reaches 95%, and the next narrower interval's does not
+        k = int(expected[0])
+        coverage = 1 - 2 * sum(math.comb(n, i) for i in range(k)) / 2**n
+        narrower = 1 - 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n
+        assert coverage >= 0.95 > narrower
 
 
 @pytest.mark.parametrize("variant", ["baseline", "cao2019", "clause", "li2019-em", "li2019-simple"])
