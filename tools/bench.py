@@ -478,7 +478,7 @@ def report(suite, size, results, args):
         for ratio, target, what in ((train_ratio, case.train_target, "training"),
                                     (translate_ratio, case.translate_target, "translation")):
             if target is not None and ratio < target:
-                missed.append(f"{case.label}: {what} speed ratio {ratio:.2f} < target {target:.2f}")
+                missed.append(f"{case.label}: {what} speed ratio {ratio:.3f} < target {target:.2f}")
         lines.append(
             f"| {case.label} | {figures['train_tokens_per_s']:.0f} | "
             f"{_ratio_cell(train_ratio, case.train_target, case.paper_train)} | "
