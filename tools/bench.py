@@ -414,19 +414,25 @@ def _test_source(workdir, sentences):
     return encode_file(data / "spm.zh.model", data / "test.zh", workdir / "test.sp.zh", limit=sentences)
 
 
-def _ratio_cell(ratio, target, paper, interval=None):
-    """``ratio [interval] (meets|BELOW >= target) | paper``: three decimals where two would hide which side of
-    the target the ratio is on; the paper's ratio rounded half up, as the README quotes it (1.20 / 1.92 = 0.625:
-    0.63)."""
+def _ratio_text(ratio, target=None, interval=None):
+    """``ratio [interval] (meets|BELOW >= target)``: three decimals where two would hide which side of the
+    target the ratio is on."""
     near = target is not None and f"{ratio:.2f}" == f"{target:.2f}"
-    cell = f"{ratio:.3f}" if near else f"{ratio:.2f}"
+    text = f"{ratio:.3f}" if near else f"{ratio:.2f}"
     if interval is not None:
-        cell += f" [{interval[0]:.3f}, {interval[1]:.3f}]"
+        text += f" [{interval[0]:.3f}, {interval[1]:.3f}]"
     if target is not None:
-        cell += f" ({'meets' if ratio >= target else 'BELOW'} >= {target:.2f})"
+        text += f" ({'meets' if ratio >= target else 'BELOW'} >= {target:.2f})"
+    return text
+
+
+def _ratio_cell(ratio, target, paper, interval=None):
+    """:func:`_ratio_text` and the paper's column: its ratio rounded half up, as the README quotes it
+    (1.20 / 1.92 = 0.625: 0.63), or n/a."""
     if paper is None:
-        return cell + " | n/a"
-    return cell + f" | {Decimal(repr(paper)).quantize(Decimal('0.01'), rounding=ROUND_HALF_UP)}"
+        return _ratio_text(ratio, target, interval) + " | n/a"
+    return (_ratio_text(ratio, target, interval)
+            + f" | {Decimal(repr(paper)).quantize(Decimal('0.01'), rounding=ROUND_HALF_UP)}")
 
 
 def _device(args):
@@ -485,7 +491,7 @@ def report(suite, size, results, args):
             f"{figures['translate_sentences_per_s']:.1f} | "
             f"{_ratio_cell(translate_ratio, case.translate_target, case.paper_translate, translate_interval)} | "
             f"{figures['greedy_sentences_per_s']:.1f} | "
-            f"{_ratio_cell(greedy_ratio, None, None, greedy_interval).removesuffix(' | n/a')} | "
+            f"{_ratio_text(greedy_ratio, interval=greedy_interval)} | "
             f"{figures['train_peak_memory_mb']:.0f} | {figures['translate_peak_memory_mb']:.0f} | "
             f"{figures['parameters']:,} |")
     return "\n".join(lines) + "\n", missed
