@@ -11,8 +11,8 @@ For every case of a suite (a paper config, see ``SUITES``) and its baseline,
 this trains through the real ``onmt_train`` for ``warmup + steps`` steps and
 translates a fixed test set through the real ``onmt_translate`` with the
 checkpoint, in child processes.  A round trains every case, then translates
-with every checkpoint (beam search, then greedy search), so that each
-translation follows another translation (see :func:`measure_round`); the
+with every checkpoint (beam search, then greedy search), each case's run
+between two of the baseline's (see :func:`measure_round`); the
 round is repeated ``--repeats`` times, in reversed order every other time
 (so that drifts of the machine hit every case alike).
 It reports, per case and as ratios to the baseline of the same run:
@@ -42,8 +42,9 @@ Tatoeba data and vocabularies, fp32, ``--batch-size`` tokens per step on one
 device.  Data are the shipped Tatoeba sample (``make data``).
 
 Training ratios are ratios of the medians over the repeats.  Translation
-ratios are paired: in every pass, a case's sentences/s over the
-baseline's in the same pass, and the report gives the median of these
+ratios are paired: for every run, a case's sentences/s over the
+geometric mean of the baseline runs just before and just after it
+(:func:`translation_schedule`), and the report gives the median of these
 ``repeats x translate-repeats`` ratios with a distribution-free 95%
 interval for it (:func:`median_interval`).  Each translation process
 keeps a speed of its own: eight runs of the li2019 smoke baseline in a row
@@ -52,9 +53,9 @@ over the 1,000 test sentences (4.05-4.48 s) and of 2.0% over the first
 200 (0.81-0.85 s), and translating the 1,000 once untimed in the same
 process before the timed pass left it at 3.3%.  A longer run does not
 average that out, so the bench runs many short ones (200 sentences, ten
-beam passes per repeat); the pairing cancels the machine's slower drifts,
-which moved whole runs before (the eight smoke runs of that day put EM's
-ratio of medians anywhere from 0.94 to 1.00).  The ratios are compared with
+beam passes per repeat); the pairing with adjacent runs cancels the
+machine's slower drifts, which moved whole runs before (the eight smoke
+runs of that day put EM's ratio of medians anywhere from 0.94 to 1.00).  The ratios are compared with
 each case's target; the exit status is 1 when any is below its target, so
 that ``make bench`` fails visibly.  Results go to ``<out>/<suite>-<size>.{json,md}`` (models and logs under
 ``--work``).
@@ -349,7 +350,27 @@ def measure_translation(search, model, args, workdir, test_source):
     return figures
 
 
-def measure_round(cases, size, args, workdir, test_source, label, baseline=None):
+def translation_schedule(cases, baseline, passes):
+    """The order of one search's translation runs: every other case between two runs of the ``baseline``.
+
+    Passes alternate in direction and share the baseline run at their
+    boundary, so the baseline never runs twice in a row and every other
+    case's run has a baseline run on each side::
+
+        B c1 B c2 B c3 B | c3 B c2 B c1 B | c1 B ...
+
+    Returns the list of cases in running order (``passes`` runs of each
+    other case, ``passes * (len(cases) - 1) + 1`` of the baseline).
+    """
+    others = [case for case in cases if case is not baseline]
+    schedule = [baseline]
+    for number in range(passes):
+        for case in (others if number % 2 == 0 else reversed(others)):
+            schedule += [case, baseline]
+    return schedule
+
+
+def measure_round(cases, size, args, workdir, test_source, label, baseline):
     """One repeat: every case trained, then every case translated with beam search, then with greedy search.
 
     Phases, not one case at a time: each translation then follows another
@@ -359,12 +380,16 @@ def measure_round(cases, size, args, workdir, test_source, label, baseline=None)
     baseline when each case was trained and translated in turn, 0.97-0.99
     when the two translations alternated), which biased the ratios against
     the slower-training mechanisms.  Each search runs ``--translate-repeats``
-    interleaved passes over the cases (every other pass in reverse order).
-    A case's sentences/s for the round is the median of its passes, and its
-    paired ratios are its speed over the ``baseline``'s in each pass (the
-    two runs minutes apart at most, so slow drifts of the machine cancel).
-    Returns ``{case: figures}``; the paired ratios are lists under
-    ``<search>_ratios`` (absent without a ``baseline``).
+    (``--greedy-repeats``) passes in the order of
+    :func:`translation_schedule`; a case's paired ratio for a pass is its
+    sentences/s over the geometric mean of the two ``baseline`` runs beside
+    it, which cancels any drift of the machine that is linear over the three
+    runs.  (With one baseline run per pass of five cases, the Base run of
+    2026-11-25 put EM's median ratio at 0.969 [0.932, 1.026], while 24 pairs
+    of adjacent runs on the same checkpoints gave 0.978 [0.969, 0.993].)
+    A case's sentences/s for the round is the median of its runs.  Returns
+    ``{case: figures}``; the paired ratios are lists under
+    ``<search>_ratios`` (the baseline's are 1.0).
     """
     figures, models = {}, {}
     for case in cases:
@@ -372,18 +397,18 @@ def measure_round(cases, size, args, workdir, test_source, label, baseline=None)
         figures[case], models[case] = measure_training(case, size, args, workdir)
     for search in SEARCHES:
         key = f"{search[0]}_sentences_per_s"
-        passes = {case: [] for case in cases}
         repeats = args.translate_repeats if search[0] == "translate" else args.greedy_repeats
-        for number in range(repeats):  # interleaved passes, every other one in reverse order
-            for case in (cases if number % 2 == 0 else tuple(reversed(cases))):
-                print(f"== bench {label}: {search[0]} {case.label} (pass {number + 1}/{repeats})", flush=True)
-                passes[case].append(measure_translation(search, models[case], args, workdir, test_source))
+        schedule = translation_schedule(cases, baseline, repeats)
+        runs = []
+        for number, case in enumerate(schedule):
+            print(f"== bench {label}: {search[0]} {case.label} (run {number + 1}/{len(schedule)})", flush=True)
+            runs.append(measure_translation(search, models[case], args, workdir, test_source))
         for case in cases:
-            figures[case].update({name: statistics.median(run[name] for run in passes[case])
-                                  for name in passes[case][0]})
-            if baseline is not None:
-                figures[case][f"{search[0]}_ratios"] = [
-                    run[key] / base[key] for run, base in zip(passes[case], passes[baseline])]
+            own = [index for index, scheduled in enumerate(schedule) if scheduled is case]
+            figures[case].update({name: statistics.median(runs[index][name] for index in own)
+                                  for name in runs[own[0]]})
+            figures[case][f"{search[0]}_ratios"] = [1.0] * repeats if case is baseline else [
+                runs[index][key] / math.sqrt(runs[index - 1][key] * runs[index + 1][key]) for index in own]
     return figures
 
 
@@ -441,13 +466,9 @@ def _device(args):
     return f"CPU, {args.threads} thread(s)" if args.threads else "CPU, torch's default threads"
 
 
-def _translation_ratio(figures, base, search):
-    """The median of a case's paired ratios for ``search`` and their 95% interval; without paired ratios, the
-    ratio of the medians and no interval."""
-    ratios = figures.get(f"{search}_ratios")
-    if not ratios:
-        key = f"{search}_sentences_per_s"
-        return figures[key] / base[key], None
+def _translation_ratio(figures, search):
+    """The median of a case's paired ratios for ``search`` and their 95% interval (None for fewer than six)."""
+    ratios = figures[f"{search}_ratios"]
     return statistics.median(ratios), median_interval(ratios)
 
 
@@ -465,10 +486,11 @@ def report(suite, size, results, args):
         f"Benchmark `{suite}` at `{size}` size: {args.steps} measured training steps after {args.warmup_steps} "
         f"warm-up steps, {args.test_sentences} test sentences translated (beam 4, {args.output_length} tokens "
         f"each); medians of {args.repeats} interleaved repeat(s); translation: {args.translate_repeats} beam and "
-        f"{args.greedy_repeats} greedy interleaved passes per repeat, sentences/s the median over the repeats of "
-        f"each repeat's median, ratios the median of the {passes} (greedy: {greedy_passes}) paired ratios (a "
-        f"case's speed over the baseline's in the same pass) with a distribution-free 95% interval for that "
-        f"median in brackets; device: {_device(args)}."
+        f"{args.greedy_repeats} greedy passes per repeat, each case's run between two of the baseline's, "
+        f"sentences/s the median over the repeats of each repeat's median, ratios the median of the {passes} "
+        f"(greedy: {greedy_passes}) paired ratios (a case's speed over the geometric mean of the baseline runs "
+        f"just before and after it) with a distribution-free 95% interval for that median in brackets; device: "
+        f"{_device(args)}."
         + (" The A/A control is the baseline measured a second time: its ratios are the machine's noise."
            if any(case.control for case, _ in results) else ""),
         "",
@@ -479,8 +501,8 @@ def report(suite, size, results, args):
     missed = []
     for case, figures in results:
         train_ratio = figures["train_tokens_per_s"] / base["train_tokens_per_s"]
-        translate_ratio, translate_interval = _translation_ratio(figures, base, "translate")
-        greedy_ratio, greedy_interval = _translation_ratio(figures, base, "greedy")
+        translate_ratio, translate_interval = _translation_ratio(figures, "translate")
+        greedy_ratio, greedy_interval = _translation_ratio(figures, "greedy")
         for ratio, target, what in ((train_ratio, case.train_target, "training"),
                                     (translate_ratio, case.translate_target, "translation")):
             if target is not None and ratio < target:
@@ -513,7 +535,7 @@ def main(argv=None):
     parser.add_argument("--batch-size", type=int, default=1024, help="tokens per step at --size paper")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--translate-repeats", type=int, default=10,
-                        help="beam-search passes per round (interleaved; each paired with the baseline's)")
+                        help="beam-search passes per round (each case's run between two of the baseline's)")
     parser.add_argument("--greedy-repeats", type=int, default=2,
                         help="greedy-search passes per round (no target depends on them)")
     parser.add_argument("--control", action=argparse.BooleanOptionalAction, default=True,

@@ -169,10 +169,18 @@ def test_bench_ratio_cells_show_the_side_of_the_target():
     assert bench._ratio_cell(0.5, None, None) == "0.50 | n/a"
 
 
-def test_bench_round_interleaves_translation_passes_and_pairs_them_with_the_baseline(monkeypatch):
-    """Training once per case; beam search runs --translate-repeats passes and greedy search --greedy-repeats,
-    every other one reversed; medians of the passes, and each pass's speed over the baseline's in the same pass."""
-    calls, speeds = [], {"a": iter([10.0, 30.0, 20.0]), "b": iter([5.0, 1.0, 3.0])}
+def test_bench_schedule_puts_every_case_run_between_two_baseline_runs():
+    base, a, b = (bench.Case(name, f"{name}.yaml") for name in "Bab")
+    assert bench.translation_schedule((base, a, b), base, 3) == [base, a, base, b, base, b, base, a, base, a, base,
+                                                                 b, base]
+    assert bench.translation_schedule((a, base, b), base, 1) == [base, a, base, b, base]  # whatever its position
+
+
+def test_bench_round_pairs_each_run_with_the_baseline_runs_beside_it(monkeypatch):
+    """Training once per case; beam search runs --translate-repeats passes and greedy search --greedy-repeats;
+    a case's figure is the median of its runs, its ratios its speed over the geometric mean of its neighbours."""
+    calls = []
+    speeds = {"B": iter([4.0, 16.0, 9.0, 1.0]), "a": iter([4.0, 6.0, 30.0])}
     monkeypatch.setattr(bench, "measure_training", lambda case, *rest: ({"train": case.label}, case.label))
 
     def translation(search, model, *rest):
@@ -180,16 +188,15 @@ def test_bench_round_interleaves_translation_passes_and_pairs_them_with_the_base
         return {f"{search[0]}_sentences_per_s": next(speeds[model]) if search[0] == "translate" else 1.0}
 
     monkeypatch.setattr(bench, "measure_translation", translation)
-    cases = (bench.Case("a", "a.yaml"), bench.Case("b", "b.yaml"))
+    cases = (bench.Case("B", "B.yaml"), bench.Case("a", "a.yaml"))
     args = argparse.Namespace(translate_repeats=3, greedy_repeats=2)
-    figures = bench.measure_round(cases, "smoke", args, None, None, "test", baseline=cases[0])
-    assert calls[:6] == [("translate", "a"), ("translate", "b"), ("translate", "b"), ("translate", "a"),
-                         ("translate", "a"), ("translate", "b")]
-    assert calls[6:] == [("greedy", "a"), ("greedy", "b"), ("greedy", "b"), ("greedy", "a")]
-    assert figures[cases[0]] == {"train": "a", "translate_sentences_per_s": 20.0, "greedy_sentences_per_s": 1.0,
+    figures = bench.measure_round(cases, "smoke", args, None, None, "test", cases[0])
+    assert calls == [("translate", name) for name in "BaBaBaB"] + [("greedy", name) for name in "BaBaB"]
+    assert figures[cases[0]] == {"train": "B", "translate_sentences_per_s": 6.5, "greedy_sentences_per_s": 1.0,
                                  "translate_ratios": [1.0, 1.0, 1.0], "greedy_ratios": [1.0, 1.0]}
-    assert figures[cases[1]]["translate_sentences_per_s"] == 3.0
-    assert figures[cases[1]]["translate_ratios"] == [0.5, 1 / 30, 3 / 20]  # pass by pass, not median over median
+    assert figures[cases[1]]["translate_sentences_per_s"] == 6.0
+    assert figures[cases[1]]["translate_ratios"] == [0.5, 0.5, 10.0]  # 4 / sqrt(4 * 16), 6 / 12, 30 / 3
+    assert figures[cases[1]]["greedy_ratios"] == [1.0, 1.0]
 
 
 def test_bench_pools_repeats_and_reports_the_median_paired_ratio_with_its_interval():
@@ -199,9 +206,8 @@ def test_bench_pools_repeats_and_reports_the_median_paired_ratio_with_its_interv
     pooled = bench.pool(runs)
     assert pooled["train_tokens_per_s"] == 20.0
     assert sorted(pooled["translate_ratios"]) == [0.9, 0.93, 0.94, 0.95, 0.96, 0.97, 0.98, 0.99, 1.0]
-    base = {"translate_sentences_per_s": 4.0}
-    assert bench._translation_ratio(pooled, base, "translate") == (0.96, (0.93, 0.99))  # 2nd and 8th of 9
-    assert bench._translation_ratio({"translate_sentences_per_s": 3.0}, base, "translate") == (0.75, None)
+    assert bench._translation_ratio(pooled, "translate") == (0.96, (0.93, 0.99))  # 2nd and 8th of 9
+    assert bench._translation_ratio({"greedy_ratios": [0.9, 1.0, 0.8]}, "greedy") == (0.9, None)  # too few
     assert bench._ratio_cell(0.96, 0.97, None, (0.93, 0.99)) == "0.96 [0.930, 0.990] (BELOW >= 0.97) | n/a"
 
 
