@@ -55,9 +55,9 @@ process before the timed pass left it at 3.3%.  A longer run does not
 average that out, so the bench runs many short ones (200 sentences, ten
 beam passes per repeat); the pairing with adjacent runs cancels the
 machine's slower drifts, which moved whole runs before (the eight smoke
-runs of that day put EM's ratio of medians anywhere from 0.94 to 1.00).  The ratios are compared with
-each case's target; the exit status is 1 when any is below its target, so
-that ``make bench`` fails visibly.  Results go to ``<out>/<suite>-<size>.{json,md}`` (models and logs under
+runs of that day put EM's ratio of medians anywhere from 0.94 to 1.00).
+The ratios are compared with each case's target; the exit status is 1
+when any is below its target, so that ``make bench`` fails visibly.  Results go to ``<out>/<suite>-<size>.{json,md}`` (models and logs under
 ``--work``).
 """
 
@@ -384,10 +384,9 @@ def measure_round(cases, size, args, workdir, test_source, label, baseline):
     :func:`translation_schedule`; a case's paired ratio for a pass is its
     sentences/s over the geometric mean of the two ``baseline`` runs beside
     it, which cancels any drift of the machine that is linear over the three
-    runs.  (With one baseline run per pass of five cases, the Base run of
-    2026-11-25 put EM's median ratio at 0.969 [0.932, 1.026], while 24 pairs
-    of adjacent runs on the same checkpoints gave 0.978 [0.969, 0.993].)
-    A case's sentences/s for the round is the median of its runs.  Returns
+    runs.  (Pairing each case with the baseline's run in the same pass, as
+    the bench did before, left up to four runs between the two, and ran the
+    baseline twice in a row at every pass boundary.)  A case's sentences/s for the round is the median of its runs.  Returns
     ``{case: figures}``; the paired ratios are lists under
     ``<search>_ratios`` (the baseline's are 1.0).
     """
@@ -454,10 +453,8 @@ def _ratio_text(ratio, target=None, interval=None):
 def _ratio_cell(ratio, target, paper, interval=None):
     """:func:`_ratio_text` and the paper's column: its ratio rounded half up, as the README quotes it
     (1.20 / 1.92 = 0.625: 0.63), or n/a."""
-    if paper is None:
-        return _ratio_text(ratio, target, interval) + " | n/a"
-    return (_ratio_text(ratio, target, interval)
-            + f" | {Decimal(repr(paper)).quantize(Decimal('0.01'), rounding=ROUND_HALF_UP)}")
+    quoted = "n/a" if paper is None else Decimal(repr(paper)).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
+    return f"{_ratio_text(ratio, target, interval)} | {quoted}"
 
 
 def _device(args):
