@@ -5,7 +5,8 @@ Usage::
 
     python tools/bench.py [--suite li2019] [--size smoke|paper] [--steps 300 (smoke) | 100 (paper)]
         [--warmup-steps 20] [--repeats 3] [--translate-repeats 10] [--greedy-repeats 2] [--test-sentences 200]
-        [--gpu -1] [--threads 1] [--out results/bench] [--work build/bench]
+        [--output-length 0 (the references' mean length)] [--gpu -1] [--threads 1] [--out results/bench]
+        [--work build/bench]
 
 For every case of a suite (a paper config, see ``SUITES``) and its baseline,
 this trains through the real ``onmt_train`` for ``warmup + steps`` steps and
@@ -20,11 +21,19 @@ It reports, per case and as ratios to the baseline of the same run:
 * training target tokens/s over the steps after the warm-up (OpenNMT-py's own
   per-report token counts and timers; the warm-up also absorbs a
   ``routing_compile`` compilation, when a config asks for one);
-* translation sentences/s over the first ``--test-sentences`` Tatoeba test
-  sentences, beam 4, with every hypothesis forced to exactly
-  ``--output-length`` tokens (``-min_length = -max_length``), so that the
-  decoding work is the same for every model and the ratio measures the
-  mechanism, not how long an undertrained model's outputs happen to be;
+* translation sentences/s over ``--test-sentences`` Tatoeba test sentences
+  spread evenly over the test set, beam 4, with every hypothesis forced to
+  exactly ``--output-length`` decoding steps (``-min_length =
+  -max_length``), so that the decoding work is the same for every model and
+  the ratio measures the mechanism, not how long an undertrained model's
+  outputs happen to be.  By default that length is the selected sentences'
+  mean reference length plus the end-of-sentence step, so that the decoder's
+  share of the work is the one of translating them for real: an encoder-side
+  mechanism's ratio depends on it (at Base, routing on six encoder layers
+  costs the same 0.19 s per 100 sentences whether the outputs take 5 or 20
+  steps; see ``tools/translate_profile.py``).  Runs before 2026-11-25
+  translated the first sentences (4.5 source pieces on average for 200)
+  into 20 steps, which made the encoder's share about five times smaller;
 * the same for greedy search (``-beam_size 1 -random_sampling_topk 1``,
   OpenNMT-py's greedy decoder);
 * peak memory: ``torch.cuda.max_memory_allocated`` on GPU, the process's
@@ -430,12 +439,43 @@ def median_interval(values, level=0.95):
     return None if chosen is None else (ordered[chosen - 1], ordered[n - chosen])
 
 
+def spread_indices(total, count):
+    """``count`` line numbers spread evenly over ``total`` lines (all of them when ``count >= total``).
+
+    The Tatoeba test set is sorted by length (its first 200 sentences
+    average 4.5 source pieces, the whole set 7.4), so its head would
+    under-represent the encoder's share of the work.
+    """
+    count = min(count, total)
+    return [index * total // count for index in range(count)]
+
+
 def _test_source(workdir, sentences):
-    """The first ``sentences`` Tatoeba test sentences, SentencePiece-encoded."""
+    """``sentences`` Tatoeba test sentences spread over the test set, SentencePiece-encoded.
+
+    Returns ``(path of the encoded source, mean source pieces, mean reference
+    pieces)``, the reference being the first of each sentence's references.
+    """
+    import sentencepiece as spm
+
     data = REPO / "build/tatoeba"
     if not (data / "spm.zh.model").exists():
         raise SystemExit("bench.py: build/tatoeba is missing; run `make data` first")
-    return encode_file(data / "spm.zh.model", data / "test.zh", workdir / "test.sp.zh", limit=sentences)
+    sources = (data / "test.zh").read_text(encoding="utf-8").splitlines()
+    references = (data / "test.en.ref0").read_text(encoding="utf-8").splitlines()
+    chosen = spread_indices(len(sources), sentences)
+    raw = workdir / "test.zh"
+    raw.write_text("".join(sources[index] + "\n" for index in chosen), encoding="utf-8")
+    path = encode_file(data / "spm.zh.model", raw, workdir / "test.sp.zh")
+    pieces = spm.SentencePieceProcessor(model_file=str(data / "spm.en.model"))
+    source_pieces = sum(len(line.split()) for line in path.read_text(encoding="utf-8").splitlines()) / len(chosen)
+    reference_pieces = sum(len(pieces.encode(references[index])) for index in chosen) / len(chosen)
+    return path, source_pieces, reference_pieces
+
+
+def natural_output_length(reference_pieces):
+    """Decoding steps of an output as long as the mean reference: its pieces plus the end-of-sentence step."""
+    return max(1, round(reference_pieces + 1))
 
 
 def _ratio_text(ratio, target=None, interval=None):
@@ -481,9 +521,11 @@ def report(suite, size, results, args):
     passes, greedy_passes = args.repeats * args.translate_repeats, args.repeats * args.greedy_repeats
     lines = [
         f"Benchmark `{suite}` at `{size}` size: {args.steps} measured training steps after {args.warmup_steps} "
-        f"warm-up steps, {args.test_sentences} test sentences translated (beam 4, {args.output_length} tokens "
-        f"each); medians of {args.repeats} interleaved repeat(s); translation: {args.translate_repeats} beam and "
-        f"{args.greedy_repeats} greedy passes per repeat, each case's run between two of the baseline's, "
+        f"warm-up steps, {args.test_sentences} test sentences spread over the Tatoeba test set (sources "
+        f"{args.source_pieces:.1f} pieces on average, first references {args.reference_pieces:.1f}) translated "
+        f"(beam 4, every output forced to {args.output_length} decoding steps); medians of {args.repeats} "
+        f"interleaved repeat(s); translation: {args.translate_repeats} beam and {args.greedy_repeats} greedy "
+        f"passes per repeat, each case's run between two of the baseline's, "
         f"sentences/s the median over the repeats of each repeat's median, ratios the median of the {passes} "
         f"(greedy: {greedy_passes}) paired ratios (a case's speed over the geometric mean of the baseline runs "
         f"just before and after it) with a distribution-free 95% interval for that median in brackets; device: "
@@ -540,7 +582,9 @@ def main(argv=None):
     parser.add_argument("--test-sentences", type=int, default=200,
                         help="test sentences per translation (a process's own speed varies by a few percent "
                              "whatever its length, so many short runs measure more precisely than few long ones)")
-    parser.add_argument("--output-length", type=int, default=20)
+    parser.add_argument("--output-length", type=int, default=0,
+                        help="decoding steps of every translation (-min_length = -max_length); 0 (default): "
+                             "the test sentences' mean reference length plus the end-of-sentence step")
     parser.add_argument("--gpu", type=int, default=-1, help="GPU id; -1: CPU")
     parser.add_argument("--threads", type=int, default=1,
                         help="CPU threads per run (OMP_NUM_THREADS; 0: torch's default). One thread gives "
@@ -551,14 +595,15 @@ def main(argv=None):
     if args.steps is None:  # a smoke step takes about 70 ms: 300 steps measure about 20 s per run
         args.steps = SMOKE_STEPS if args.size == "smoke" else 100
     if min(args.steps, args.warmup_steps, args.repeats, args.translate_repeats, args.greedy_repeats,
-           args.test_sentences, args.output_length) < 1:
-        parser.error("--steps, --warmup-steps, --repeats, --translate-repeats, --greedy-repeats, --test-sentences "
-                     "and --output-length must be >= 1")
+           args.test_sentences) < 1 or args.output_length < 0:
+        parser.error("--steps, --warmup-steps, --repeats, --translate-repeats, --greedy-repeats and "
+                     "--test-sentences must be >= 1, --output-length >= 0")
     if args.steps % args.warmup_steps:  # training reports come every --warmup-steps steps
         parser.error(f"--steps {args.steps} must be a multiple of --warmup-steps {args.warmup_steps}")
     workdir = args.work / f"{args.suite}-{args.size}"
     workdir.mkdir(parents=True, exist_ok=True)
-    test_source = _test_source(workdir, args.test_sentences)
+    test_source, args.source_pieces, args.reference_pieces = _test_source(workdir, args.test_sentences)
+    args.output_length = args.output_length or natural_output_length(args.reference_pieces)
     cases = SUITES[args.suite]
     if args.control:
         cases = (cases[0], control_case(cases[0])) + cases[1:]

@@ -7,6 +7,7 @@ must keep working unchanged when the extension is loaded).
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -48,6 +49,22 @@ def test_extension_model_through_stock_commands(sample_data, onmt_active, tmp_pa
     assert all("▁" not in h for h in hyps), "translations must come out detokenized"
     saved = torch.load(checkpoint)
     assert saved["opt"].encoder_type == saved["opt"].decoder_type == "ext_transformer"
+    # tools/translate_profile.py on the same two checkpoints: every run timed and split into its parts
+    report = tmp_path / "profile.json"
+    support.run_cli("python", "tools/translate_profile.py", checkpoint, tmp_path / "model_step_20.pt",
+                    "--src", tmp_path / "src.zh", "--pairs", 2, "--output-lengths", 2, 4, "--beam-size", 2,
+                    "--json", report, "--", "-transforms", "sentencepiece",
+                    "-src_subword_model", support.TATOEBA / "spm.zh.model",
+                    "-tgt_subword_model", support.TATOEBA / "spm.en.model")
+    runs = json.loads(report.read_text(encoding="utf-8"))["runs"]
+    assert [(run["steps"], run["pair"], Path(run["model"]).name) for run in runs] == [
+        (steps, pair, name) for steps in (2, 4) for pair in range(2)
+        for name in (("avg.pt", "model_step_20.pt") if pair == 0 else ("model_step_20.pt", "avg.pt"))]
+    for run in runs:
+        parts = [run[name] for name in ("encoder", "decoder", "generator", "map_state")]
+        assert min(parts) > 0 and run["other"] >= 0 and sum(parts) + run["other"] == pytest.approx(run["total"])
+        assert run["calls"]["decoder"] == run["steps"]  # one batch of 12 sentences, every output forced
+        assert run["calls"]["encoder"] == 1
 
 
 def test_stock_model_trained_without_extension_works_with_it(sample_data, onmt_active, tmp_path):

@@ -233,3 +233,40 @@ def test_layer_cost_measures_every_variant(variant, onmt_active, capsys):
     layer_cost.child(args)
     measured = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert measured["seconds"] > 0 and measured["peak_mb"] >= 0
+
+
+def test_bench_spreads_its_test_sentences_over_the_sorted_test_set():
+    assert bench.spread_indices(10, 4) == [0, 2, 5, 7]
+    assert bench.spread_indices(3, 5) == [0, 1, 2]  # never more than there are
+    assert bench.natural_output_length(7.63) == 9  # the mean reference's pieces and the end-of-sentence step
+    assert bench.natural_output_length(0.2) == 1
+
+
+def test_bench_test_source_reports_its_lengths(sample_data, tmp_path):
+    import sentencepiece as spm
+
+    path, source_pieces, reference_pieces = bench._test_source(tmp_path, 50)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    everything = (sample_data / "test.zh").read_text(encoding="utf-8").splitlines()
+    chosen = bench.spread_indices(len(everything), 50)
+    assert len(lines) == 50 and chosen[-1] > len(everything) * 0.9  # reaches the end of the sorted set
+    zh = spm.SentencePieceProcessor(model_file=str(sample_data / "spm.zh.model"))
+    assert lines[7].split() == zh.encode(everything[chosen[7]], out_type=str)
+    assert source_pieces == sum(len(line.split()) for line in lines) / 50
+    # the head of the set is shorter than the spread sample: the reason for spreading
+    (tmp_path / "head").mkdir()
+    head, head_source, head_reference = bench._test_source(tmp_path / "head", 1)
+    assert head_source < source_pieces and head_reference < reference_pieces
+
+
+def test_translate_profile_pairs_each_run_with_the_first_model_of_its_pair():
+    import translate_profile
+
+    parts = {"encoder": 0.1, "decoder": 0.5, "generator": 0.1, "map_state": 0.1, "other": 0.2}
+    totals = {("a", 0): 1.0, ("b", 0): 1.25, ("a", 1): 2.0, ("b", 1): 2.0, ("a", 2): 1.0, ("b", 2): 2.0}
+    runs = [{"steps": 5, "pair": pair, "model": model, "total": total, **parts}
+            for (model, pair), total in totals.items()]
+    rows = translate_profile.summarise(runs, ["a", "b"])
+    assert [(row["model"], row["ratio"], row["total"]) for row in rows] == [("a", 1.0, 1.0), ("b", 0.8, 2.0)]
+    assert rows[1]["interval"] is None  # three pairs are too few for a 95% interval
+    assert "| 5 | b | 2.000 | 0.100 | 0.500 | 0.100 | 0.100 | 0.200 | 0.800 |" in translate_profile.report(rows)

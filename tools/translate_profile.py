@@ -1,0 +1,168 @@
+#!/usr/bin/env python
+"""Where beam-search translation time goes, for checkpoints translated in turn in one process.
+
+Usage::
+
+    python tools/translate_profile.py BASELINE.pt OTHER.pt [...] --src SOURCE [--pairs 8]
+        [--output-lengths 5 10 20] [--beam-size 4] [--batch-size 32] [--threads 1] [--json OUT.json]
+        [-- further onmt_translate options, e.g. -transforms sentencepiece ...]
+
+Every checkpoint is loaded once, through OpenNMT-py's own inference engine
+with onmt-ext active, and the checkpoints translate ``SOURCE`` in turn
+(``A B``, then ``B A``, ...) ``--pairs`` times for each output length, every
+output forced to exactly that many decoding steps (``-min_length =
+-max_length``), so that all models do the same decoding work.  Timers around
+the encoder's and the decoder's ``forward``, the generator and the decoder's
+``map_state`` (beam tiling and reordering of the decoding state) split each
+run, and count their calls; ``other`` is the rest (the beam search's own
+bookkeeping, batching, writing the output).  The report gives, per output
+length and checkpoint, the median of each part, and for every checkpoint
+after the first its median paired speed ratio to the first one (the first
+one's time over its time in the same pair) with a distribution-free 95%
+interval.
+
+What it leaves out: ``make bench`` translates each checkpoint in a process
+of its own, as users do, and so also meets each process's own speed and any
+effect of a bigger model's memory on the rest of the run; here the models
+share one process, so those drop out.  It is a decomposition of a ratio
+(for example how an encoder-side mechanism's share shrinks as the outputs
+grow longer), not a replacement for the bench.
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench import median_interval  # noqa: E402
+
+#: The timed parts of a translation: (report name, attribute path from the model, method).
+PARTS = (("encoder", "encoder", "forward"), ("decoder", "decoder", "forward"),
+         ("generator", "generator", "forward"), ("map_state", "decoder", "map_state"))
+
+
+def _timed(owner, method, totals, name):
+    inner = getattr(owner, method)
+
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            totals[name] += time.perf_counter() - start
+            totals[f"{name}_calls"] += 1
+
+    setattr(owner, method, timed)  # an instance attribute: other models are untouched
+
+
+def build_engine(model, source, options, batch_size, beam_size, totals):
+    """OpenNMT-py's inference engine for ``model``, with its parts timed into ``totals``."""
+    import onmt  # noqa: F401  (onmt-ext's start-up hook)
+    from onmt.bin.translate import _get_parser
+    from onmt.inference_engine import InferenceEnginePY
+    from onmt.utils.parse import ArgumentParser
+
+    opt = _get_parser().parse_args(["-model", str(model), "-src", str(source), "-output", "/dev/null",
+                                    "-batch_size", str(batch_size), "-batch_type", "sents",
+                                    "-beam_size", str(beam_size), "-gpu", "-1", *options])
+    ArgumentParser.validate_translate_opts(opt)
+    ArgumentParser._get_all_transform_translate(opt)
+    ArgumentParser._validate_transforms_opts(opt)
+    ArgumentParser.validate_translate_opts_dynamic(opt)
+    engine = InferenceEnginePY(opt)
+    for name, attribute, method in PARTS:
+        _timed(getattr(engine.translator.model, attribute), method, totals, name)
+    return engine
+
+
+def translate_once(engine, steps, totals):
+    """One translation of the source, every output forced to ``steps`` decoding steps; returns its parts."""
+    translator = engine.translator
+    translator.min_length = translator.max_length = steps
+    translator.max_length_ratio = 0
+    totals.clear()
+    start = time.perf_counter()
+    engine.infer_file()
+    run = {"total": time.perf_counter() - start, **{name: totals[name] for name, _, _ in PARTS}}
+    run["other"] = run["total"] - sum(run[name] for name, _, _ in PARTS)
+    run["calls"] = {name: int(totals[f"{name}_calls"]) for name, _, _ in PARTS}
+    return run
+
+
+def summarise(runs, models):
+    """Medians per (steps, model) and paired ratios to ``models[0]``; ``runs`` as :func:`main` records them."""
+    rows = []
+    for steps in sorted({run["steps"] for run in runs}):
+        these = [run for run in runs if run["steps"] == steps]
+        first = {run["pair"]: run["total"] for run in these if run["model"] == models[0]}
+        for model in models:
+            own = [run for run in these if run["model"] == model]
+            ratios = [first[run["pair"]] / run["total"] for run in own]
+            row = {"steps": steps, "model": model,
+                   **{part: statistics.median(run[part] for run in own)
+                      for part in ("total", *(name for name, _, _ in PARTS), "other")},
+                   "ratio": statistics.median(ratios), "interval": median_interval(ratios)}
+            rows.append(row)
+    return rows
+
+
+def report(rows):
+    """A Markdown table of :func:`summarise`'s rows."""
+    lines = ["| steps | checkpoint | total s | encoder | decoder | generator | map_state | other | speed ratio |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        interval = f" [{row['interval'][0]:.3f}, {row['interval'][1]:.3f}]" if row["interval"] else ""
+        parts = " | ".join(f"{row[part]:.3f}" for part in ("total", "encoder", "decoder", "generator", "map_state",
+                                                            "other"))
+        lines.append(f"| {row['steps']} | {row['model']} | {parts} | {row['ratio']:.3f}{interval} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("models", nargs="+", type=Path, help="checkpoints; ratios are to the first")
+    parser.add_argument("--src", type=Path, required=True, help="source file, in the form onmt_translate reads")
+    parser.add_argument("--pairs", type=int, default=8, help="alternations per output length")
+    parser.add_argument("--output-lengths", type=int, nargs="+", default=[20], help="decoding steps per output")
+    parser.add_argument("--beam-size", type=int, default=4)
+    parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--json", type=Path, help="write every run's parts here")
+    args = parser.parse_args(argv)
+    for path in (*args.models, args.src):
+        if not path.is_file():
+            parser.error(f"no such file: {path}")
+    if len(args.models) < 2:
+        parser.error("give at least two checkpoints (the first is the reference of the ratios)")
+    if min(args.pairs, args.beam_size, args.batch_size, args.threads, *args.output_lengths) < 1:
+        parser.error("--pairs, --output-lengths, --beam-size, --batch-size and --threads must be >= 1")
+    import torch
+
+    torch.set_num_threads(args.threads)
+    names = [str(model) for model in args.models]
+    totals = defaultdict(float)
+    engines = [build_engine(model, args.src, extra, args.batch_size, args.beam_size, totals)
+               for model in args.models]
+    runs = []
+    for steps in args.output_lengths:
+        for pair in range(args.pairs):
+            for index in (range(len(engines)) if pair % 2 == 0 else reversed(range(len(engines)))):
+                runs.append({"steps": steps, "pair": pair, "model": names[index],
+                             **translate_once(engines[index], steps, totals)})
+    text = report(summarise(runs, names))
+    if args.json:
+        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "options": extra,
+                                         "runs": runs}, indent=1), encoding="utf-8")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
