@@ -66,7 +66,8 @@ beam passes per repeat); the pairing with adjacent runs cancels the
 machine's slower drifts, which moved whole runs before (the eight smoke
 runs of that day put EM's ratio of medians anywhere from 0.94 to 1.00).
 The ratios are compared with each case's target; the exit status is 1
-when any is below its target, so that ``make bench`` fails visibly.  Results go to ``<out>/<suite>-<size>.{json,md}`` (models and logs under
+when any is below its target, so that ``make bench`` fails visibly.
+Results go to ``<out>/<suite>-<size>.{json,md}`` (models and logs under
 ``--work``).
 """
 
@@ -395,9 +396,10 @@ def measure_round(cases, size, args, workdir, test_source, label, baseline):
     it, which cancels any drift of the machine that is linear over the three
     runs.  (Pairing each case with the baseline's run in the same pass, as
     the bench did before, left up to four runs between the two, and ran the
-    baseline twice in a row at every pass boundary.)  A case's sentences/s for the round is the median of its runs.  Returns
-    ``{case: figures}``; the paired ratios are lists under
-    ``<search>_ratios`` (the baseline's are 1.0).
+    baseline twice in a row at every pass boundary.)  A case's sentences/s
+    for the round is the median of its runs.  Returns ``{case: figures}``;
+    the paired ratios are lists under ``<search>_ratios`` (the baseline's
+    are 1.0).
     """
     figures, models = {}, {}
     for case in cases:

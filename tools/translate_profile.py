@@ -40,9 +40,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import median_interval  # noqa: E402
 
-#: The timed parts of a translation: (report name, attribute path from the model, method).
+#: The timed parts of a translation: (report name, attribute of the model, method of that attribute).
 PARTS = (("encoder", "encoder", "forward"), ("decoder", "decoder", "forward"),
          ("generator", "generator", "forward"), ("map_state", "decoder", "map_state"))
+#: The seconds reported per run: the whole run, each timed part, and the rest.
+COLUMNS = ("total", *(name for name, _, _ in PARTS), "other")
 
 
 def _timed(owner, method, totals, name):
@@ -103,8 +105,7 @@ def summarise(runs, models):
             own = [run for run in these if run["model"] == model]
             ratios = [first[run["pair"]] / run["total"] for run in own]
             row = {"steps": steps, "model": model,
-                   **{part: statistics.median(run[part] for run in own)
-                      for part in ("total", *(name for name, _, _ in PARTS), "other")},
+                   **{column: statistics.median(run[column] for run in own) for column in COLUMNS},
                    "ratio": statistics.median(ratios), "interval": median_interval(ratios)}
             rows.append(row)
     return rows
@@ -112,12 +113,11 @@ def summarise(runs, models):
 
 def report(rows):
     """A Markdown table of :func:`summarise`'s rows."""
-    lines = ["| steps | checkpoint | total s | encoder | decoder | generator | map_state | other | speed ratio |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| steps | checkpoint | " + " | ".join(f"{column} s" for column in COLUMNS) + " | speed ratio |",
+             "|---:|---|" + "---:|" * (len(COLUMNS) + 1)]
     for row in rows:
         interval = f" [{row['interval'][0]:.3f}, {row['interval'][1]:.3f}]" if row["interval"] else ""
-        parts = " | ".join(f"{row[part]:.3f}" for part in ("total", "encoder", "decoder", "generator", "map_state",
-                                                            "other"))
+        parts = " | ".join(f"{row[column]:.3f}" for column in COLUMNS)
         lines.append(f"| {row['steps']} | {row['model']} | {parts} | {row['ratio']:.3f}{interval} |")
     return "\n".join(lines) + "\n"
 
