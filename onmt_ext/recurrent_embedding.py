@@ -206,23 +206,38 @@ class RecurrentPositionalEmbeddings(DecodingStateModule):
         lengths = keep.sum(dim=1, keepdim=True)  # right padding: the first `length` tokens are real
         reverse = lengths - 1 - positions[None]  # (B, L): an involution on the real tokens
         reverse = torch.where(reverse >= 0, reverse, positions[None]).unsqueeze(-1)
-        forward_states, _ = self.rnn(x_r)
+        forward_states, _ = self._recur(self.rnn, x_r)
         flipped = x_r.gather(1, reverse.expand_as(x_r))
-        backward_states, _ = self.rnn_backward(flipped)
+        backward_states, _ = self._recur(self.rnn_backward, flipped)
         backward_states = backward_states.gather(1, reverse.expand_as(backward_states))
         return torch.cat([forward_states, backward_states], dim=-1)
+
+    def _recur(self, rnn, x_r, hidden=None):
+        """``rnn(x_r, hidden)``, except that under CPU autocast an LSTM runs in its weights' dtype.
+
+        CPU autocast hands ``nn.LSTM`` to oneDNN in bfloat16, and on CPUs without AVX-512 (seen on an AVX2 AMD
+        EPYC, torch 2.13) oneDNN refuses it with "could not create a primitive descriptor".  The recurrence is
+        ``d_r`` wide, so running it in float32 costs little; GRU and RNN cells, and GPU autocast, are unchanged.
+        """
+        if self.cell != "lstm" or x_r.device.type != "cpu" or not torch.is_autocast_enabled("cpu"):
+            return rnn(x_r, hidden)
+        dtype = rnn.weight_ih_l0.dtype
+        if hidden is not None:
+            hidden = tuple(h.to(dtype) for h in hidden)
+        with torch.autocast("cpu", enabled=False):
+            return rnn(x_r.to(dtype), hidden)
 
     def _forward_rnn(self, x_r, step):
         """Forward RNN states ``(B, L, d_r)``; during decoding (``step`` set) it continues from the saved state."""
         if step is None:
-            states, _ = self.rnn(x_r)
+            states, _ = self._recur(self.rnn, x_r)
             return states
         saved = None if step == 0 else self.decoding_state.get("hidden")
         if saved is not None:  # stored batch-first for the beam's reordering; the RNN wants (1, B, units)
             saved = saved.transpose(0, 1).contiguous()
             if self.cell == "lstm":
                 saved = (saved, self.decoding_state["cell"].transpose(0, 1).contiguous())
-        states, final = self.rnn(x_r, saved)
+        states, final = self._recur(self.rnn, x_r, saved)
         if self.cell == "lstm":
             final, cell_state = final
             self.decoding_state["cell"] = cell_state.transpose(0, 1)
