@@ -24,9 +24,22 @@ def smoke_configs():
 
 
 def ensure_sample_data():
-    """Prepare the shipped Tatoeba sample and its vocabularies (``make data``) if missing."""
-    if not all((TATOEBA / name).exists() for name in ("vocab.en", "signal_tagger.zh.pt")):
-        subprocess.run(["make", "-s", "data"], cwd=REPO, check=True)
+    """Prepare the shipped Tatoeba sample and its vocabularies (``make data``) if missing.
+
+    ``make test`` builds them first; the lock is for ``pytest -n`` run directly, whose workers would
+    otherwise all start ``make data`` at once.
+    """
+    from filelock import FileLock
+
+    def ready():
+        return all((TATOEBA / name).exists() for name in ("vocab.en", "signal_tagger.zh.pt"))
+
+    if ready():
+        return
+    TATOEBA.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(TATOEBA.parent / ".sample-data.lock")):
+        if not ready():
+            subprocess.run(["make", "-s", "data"], cwd=REPO, check=True)
 
 
 def cli_env(**extra):
