@@ -82,6 +82,32 @@ def test_target_rnn_step_by_step_equals_full_pass_and_follows_beam_reordering(ce
     torch.testing.assert_close(module(tgt[:, 1:2], step=1), full[:, 1:2], atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("cell", ["rnn", "gru", "lstm", "sru"])
+def test_cpu_autocast_both_sides_and_step_by_step(cell, onmt_active):
+    """Under CPU bf16 autocast every cell runs on both sides, and the target side's steps equal its full pass.
+
+    The LSTM's recurrence runs in float32 there (oneDNN refuses a bf16 LSTM on CPUs without AVX-512), so its
+    states are exactly the fp32 ones, and so is the decoding state it keeps.
+    """
+    source = RecurrentPositionalEmbeddings(_embeddings(), 4, 8, "rpehead", cell, bidirectional=True).eval()
+    target = RecurrentPositionalEmbeddings(_embeddings(), 4, 8, "mprhead", cell, bidirectional=False).eval()
+    src = torch.randint(4, 30, (3, 6, 1))
+    src[1, 4:, 0] = 1  # padding
+    tgt = torch.randint(4, 30, (3, 6, 1))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.isfinite(source(src)).all()
+        full = target(tgt)
+        steps = torch.cat([target(tgt[:, j : j + 1], step=j) for j in range(6)], dim=1)
+        if cell == "lstm":
+            x_r = target.make_embedding(tgt)[..., 8:]
+            states, _ = target._recur(target.rnn, x_r)
+            assert states.dtype == torch.float32 and target.decoding_state["cell"].dtype == torch.float32
+            with torch.autocast("cpu", enabled=False):
+                torch.testing.assert_close(states, target.rnn(x_r.float())[0], atol=0, rtol=0)
+    assert torch.isfinite(full).all()
+    torch.testing.assert_close(steps.float(), full.float(), atol=1e-2, rtol=0)
+
+
 def test_sru_follows_its_recurrence_and_ignores_padding_on_the_source_side(onmt_active):
     from onmt_ext.recurrent_embedding import SRU
 
