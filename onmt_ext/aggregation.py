@@ -28,6 +28,7 @@ as the paper's tables; empty: all layers); ``li2019_capsules`` is N (0:
 d_model); ``li2019_iterations`` is T.
 """
 
+from contextlib import contextmanager
 from functools import partial
 
 import torch
@@ -55,8 +56,13 @@ class RoutingAggregation(nn.Module):
             evaluation/translation path stays eager.
 
     ``forward(context)`` maps the concatenated heads ``(batch, len, d)`` to
-    ``(batch, len, d)``.
+    ``(batch, len, d)``.  Inside :func:`skipping_padding` (the encoder's
+    self-attention) only the positions that are not padding are aggregated,
+    and the padded ones are set to zero.
     """
+
+    #: ``(batch, len)`` and the flat indices of the positions in use, set by :func:`skipping_padding`.
+    positions = None
 
     def __init__(self, heads, d_model, capsules, method, iterations=3, compile_routing=False):
         super().__init__()
@@ -87,34 +93,74 @@ class RoutingAggregation(nn.Module):
     def forward(self, context):
         fast = self.compile_routing and self.training and torch.is_grad_enabled()
         call = partial(call_compiled, aggregate_heads) if fast else aggregate_heads
+        rows = None
+        # the compiled path keeps every position: a different count each batch would recompile it
+        if self.positions is not None and not fast and self.positions[0] == context.shape[:2]:
+            rows = self.positions[1]
         return call(context, self.input_weight, self.input_bias, self.vote_weight, getattr(self, "beta_a", None),
                     getattr(self, "beta_u", None), heads=self.heads, capsules=self.capsules, method=self.method,
-                    iterations=self.iterations)
+                    iterations=self.iterations, rows=rows)
+
+
+@contextmanager
+def skipping_padding(aggregations, padding):
+    """Let ``aggregations`` work only on the positions of ``padding`` ``(batch, len)`` (True at padding) that are False.
+
+    The aggregation treats every position on its own, so leaving out the
+    padded ones changes no other position's output, and a padded query
+    position's output never reaches a real one (its key is masked in every
+    attention).  In translation a batch of sentences sorted by length is
+    about 14% padding at 200 Tatoeba test sentences in batches of 32, and
+    21% at 100.  Without padding this does nothing.
+    """
+    if not aggregations or not bool(padding.any()):
+        yield
+        return
+    positions = (tuple(padding.shape), (~padding).reshape(-1).nonzero().squeeze(1))
+    for module in aggregations:
+        module.positions = positions
+    try:
+        yield
+    finally:
+        for module in aggregations:
+            module.positions = None
 
 
 def aggregate_heads(context, input_weight, input_bias, vote_weight, beta_a, beta_u, *, heads, capsules, method,
-                    iterations):
+                    iterations, rows=None):
     """The computation of :class:`RoutingAggregation` on its parameters (eq. 5-12).
 
     ``context`` ``(batch, len, d)`` holds the H heads side by side; returns
-    the N output capsules side by side, ``(batch, len, d)``.  One function, so
+    the N output capsules side by side, ``(batch, len, d)``.  With ``rows``
+    ``(R,)``, flat indices into ``batch * len``, only those positions are
+    aggregated and the others are zero.  One function, so
     that ``-routing_compile`` compiles the capsule maps together with the
     routing.  The maps run head-major: f_h is one batched product over the
     heads, its bias is added in the in-place tanh's pass
     (:func:`onmt_ext.kernels.tanh_`), and the votes ``(H, B*L, d)`` reach the
-    routing as a strided view ``(B, L, H, N, d/N)``, which the EM kernel reads
+    routing as a strided view ``(B*L, H, N, d/N)``, which the EM kernel reads
     without a copy.
     """
     batch, length, d_model = context.shape
-    per_head = context.reshape(batch * length, heads, -1).transpose(0, 1)  # (H, B*L, d/H)
-    capsules_in = kernels.tanh_(torch.bmm(per_head, input_weight), input_bias)  # eq. 5, (H, B*L, d)
-    votes = torch.bmm(capsules_in, vote_weight)  # eq. 6, (H, B*L, d)
-    votes = votes.view(heads, batch, length, capsules, -1).permute(1, 2, 0, 3, 4)  # (B, L, H, N, d/N)
+    parameters = (input_weight, input_bias, vote_weight, beta_a, beta_u, heads, capsules, method, iterations)
+    if rows is None:
+        return _aggregate(context.reshape(batch * length, d_model), *parameters).view(batch, length, d_model)
+    out = _aggregate(context.reshape(batch * length, d_model).index_select(0, rows), *parameters)
+    return out.new_zeros(batch * length, d_model).index_copy(0, rows, out).view(batch, length, d_model)
+
+
+def _aggregate(context, input_weight, input_bias, vote_weight, beta_a, beta_u, heads, capsules, method, iterations):
+    """:func:`aggregate_heads` on the positions ``context`` ``(positions, d)``; returns ``(positions, d)``."""
+    positions, d_model = context.shape
+    per_head = context.reshape(positions, heads, -1).transpose(0, 1)  # (H, P, d/H)
+    capsules_in = kernels.tanh_(torch.bmm(per_head, input_weight), input_bias)  # eq. 5, (H, P, d)
+    votes = torch.bmm(capsules_in, vote_weight)  # eq. 6, (H, P, d)
+    votes = votes.view(heads, positions, capsules, -1).transpose(0, 1)  # (P, H, N, d/N)
     if method == "simple":
         out, _ = simple_routing(votes, iterations, normalize="outputs", weighted_mean=True)
     else:
         out, _ = em_routing(votes, iterations, beta_a=beta_a, beta_u=beta_u)
-    return out.reshape(batch, length, d_model)
+    return out.reshape(positions, d_model)
 
 
 def _capsules_check(value, opt):
@@ -184,8 +230,11 @@ def attach_encoder(encoder, config):
     method = config.option("li2019_enc_self")
     if method == "concat":
         return
-    for i in selected_layers(config.option("li2019_enc_layers"), config.enc_layers):
+    layers = selected_layers(config.option("li2019_enc_layers"), config.enc_layers)
+    for i in layers:
         encoder.transformer[i].self_attn.final_linear = _aggregator(config, method)
+    # for skipping_padding (a tuple, so that nn.Module does not register the layers' modules twice)
+    encoder.routing_aggregations = tuple(encoder.transformer[i].self_attn.final_linear for i in layers)
 
 
 def attach_decoder(decoder, config):

@@ -66,17 +66,23 @@ class ExtTransformerEncoder(_ExtConfigured, TransformerEncoder):
                    recurrent_embedding.attach_encoder, clause_attention.attach_encoder, gret.attach_encoder)
 
     def forward(self, src, src_len=None):
-        """The stock forward; with GRET the final state is the global state ``(batch, d_model)``."""
+        """The stock forward; with GRET the final state is the global state ``(batch, d_model)``.
+
+        li2019's encoder aggregations skip the padded positions
+        (:func:`onmt_ext.aggregation.skipping_padding`).
+        """
         clauses, summary = getattr(self, "clause", None), getattr(self, "gret", None)
-        if clauses is None and summary is None:
+        routed = getattr(self, "routing_aggregations", ())
+        if clauses is None and summary is None and not routed:
             return super().forward(src, src_len)
         padding = sequence_mask(src_len, src.size(1))  # (OpenNMT-py's mask: True at padding)
         if clauses is not None:  # clause ids of this batch, read by the clause attentions
             clauses.start(src, padding)
-        if summary is None:
-            return super().forward(src, src_len)
-        summary.start()
-        enc_out, _, src_len = super().forward(src, src_len)
+        with aggregation.skipping_padding(routed, padding):
+            if summary is None:
+                return super().forward(src, src_len)
+            summary.start()
+            enc_out, _, src_len = super().forward(src, src_len)
         return enc_out, summary.summarise(~padding), src_len
 
 

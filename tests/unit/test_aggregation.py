@@ -24,6 +24,63 @@ def test_module_shapes_and_padding_independence(method):
     torch.testing.assert_close(module(context[:, :2]), out[:, :2])
 
 
+@pytest.mark.parametrize("method", ["simple", "em"])
+def test_selected_rows_match_the_full_aggregation_forward_and_backward(method):
+    """``rows``: the positions in use give what the full aggregation gives there, the others are zero."""
+    from onmt_ext.aggregation import aggregate_heads
+
+    torch.manual_seed(0)
+    module = RoutingAggregation(heads=4, d_model=16, capsules=16, method=method).double()
+    context = torch.randn(3, 5, 16, dtype=torch.float64, requires_grad=True)
+    rows = torch.tensor([0, 1, 2, 5, 6, 10])
+    args = (module.input_weight, module.input_bias, module.vote_weight, getattr(module, "beta_a", None),
+            getattr(module, "beta_u", None))
+    kw = dict(heads=4, capsules=16, method=method, iterations=3)
+    full = aggregate_heads(context, *args, **kw).reshape(15, 16)
+    part = aggregate_heads(context, *args, rows=rows, **kw).reshape(15, 16)
+    torch.testing.assert_close(part[rows], full[rows], atol=1e-12, rtol=1e-10)
+    others = torch.ones(15, dtype=torch.bool)
+    others[rows] = False
+    assert part[others].eq(0).all() and full[others].abs().sum() > 0
+    weights = torch.randn(len(rows), 16, dtype=torch.float64)
+    grads_full = torch.autograd.grad((full[rows] * weights).sum(), (context, *module.parameters()))
+    grads_part = torch.autograd.grad((part[rows] * weights).sum(), (context, *module.parameters()))
+    for g_full, g_part in zip(grads_full, grads_part):
+        torch.testing.assert_close(g_part, g_full, atol=1e-12, rtol=1e-10)
+
+
+@pytest.mark.parametrize("method", ["simple", "em"])
+def test_encoder_routing_skips_padding_and_changes_no_real_position(method, sample_data, onmt_active):
+    """The encoder's aggregations see only the unpadded positions; the encoder output there is unchanged."""
+    from onmt_ext import aggregation
+
+    opt = support.load_train_opts(SMOKE, *EXT, "-li2019_enc_self", method)
+    model = support.build_model(opt, support.load_vocabs(opt))
+    src, src_len, _ = support.random_batch(support.load_vocabs(opt), [7, 3, 5], [2, 2, 2])
+    routed = model.encoder.routing_aggregations
+    assert len(routed) == len(model.encoder.transformer)
+    seen = []
+    original = aggregation.aggregate_heads
+
+    def recording(context, *args, rows=None, **kw):
+        seen.append(None if rows is None else rows.tolist())
+        return original(context, *args, rows=rows, **kw)
+
+    with torch.no_grad():
+        aggregation.aggregate_heads = recording
+        try:
+            skipped = model.encoder(src, src_len)[0]
+        finally:
+            aggregation.aggregate_heads = original
+        model.encoder.routing_aggregations = ()  # every position, as before this saving
+        full = model.encoder(src, src_len)[0]
+    real = [b * 7 + t for b, n in enumerate([7, 3, 5]) for t in range(n)]
+    assert seen == [real] * len(routed)
+    assert all(module.positions is None for module in routed)  # nothing left behind for the next batch
+    for b, n in enumerate([7, 3, 5]):
+        torch.testing.assert_close(skipped[b, :n], full[b, :n], atol=1e-6, rtol=1e-5)
+
+
 def test_compiled_routing_matches_eager_in_training_and_is_off_in_evaluation(monkeypatch):
     """``routing_compile``: the same function, compiled (fused kernels), forward and backward."""
     from onmt_ext import routing
