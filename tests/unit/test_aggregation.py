@@ -50,10 +50,11 @@ def test_selected_rows_match_the_full_aggregation_forward_and_backward(method):
 
 
 @pytest.mark.parametrize("method", ["simple", "em"])
-def test_encoder_routing_skips_padding_and_changes_no_real_position(method, sample_data, onmt_active):
+def test_encoder_routing_skips_padding_and_changes_no_real_position(method, sample_data, onmt_active, monkeypatch):
     """The encoder's aggregations see only the unpadded positions; the encoder output there is unchanged."""
     from onmt_ext import aggregation
 
+    monkeypatch.setattr(aggregation, "MIN_SKIPPED_WORK", 1)  # (the smoke model is far too small to skip)
     opt = support.load_train_opts(SMOKE, *EXT, "-li2019_enc_self", method)
     model = support.build_model(opt, support.load_vocabs(opt))
     src, src_len, _ = support.random_batch(support.load_vocabs(opt), [7, 3, 5], [2, 2, 2])
@@ -79,6 +80,21 @@ def test_encoder_routing_skips_padding_and_changes_no_real_position(method, samp
     assert all(module.positions is None for module in routed)  # nothing left behind for the next batch
     for b, n in enumerate([7, 3, 5]):
         torch.testing.assert_close(skipped[b, :n], full[b, :n], atol=1e-6, rtol=1e-5)
+
+
+def test_padding_is_skipped_only_where_that_saves_work():
+    from onmt_ext.aggregation import MIN_SKIPPED_WORK, skipping_padding
+
+    small, base = RoutingAggregation(4, 32, 32, "em"), RoutingAggregation(8, 512, 512, "em", iterations=1)
+    padding = torch.tensor([[False, False, True], [False, False, False]])
+    assert 1 * 5 * 32 * 32 < MIN_SKIPPED_WORK <= 1 * 9 * 512 * 512
+    with skipping_padding((small,), padding):
+        assert small.positions is None
+    with skipping_padding((base,), padding):
+        assert base.positions[0] == (2, 3) and base.positions[1].tolist() == [0, 1, 3, 4, 5]
+    assert base.positions is None
+    with skipping_padding((base,), torch.zeros(2, 3, dtype=torch.bool)):
+        assert base.positions is None
 
 
 def test_compiled_routing_matches_eager_in_training_and_is_off_in_evaluation(monkeypatch):
