@@ -170,6 +170,34 @@ def _misspelt_dashes(parser, unknown):
     return messages
 
 
+#: Counts of stock OpenNMT-py options that 3.5.1 takes without a check and then fails on deep inside (a
+#: modulo by zero, an empty range, an index past a list) when they are below 1.
+_POSITIVE_STOCK_OPTIONS = ("report_every", "valid_steps", "accum_count", "world_size", "beam_size", "n_best",
+                           "max_length")
+
+
+def stock_option_problems(opt):
+    """Messages for stock options that OpenNMT-py 3.5.1 would accept and then crash on (empty: none).
+
+    Each of :data:`_POSITIVE_STOCK_OPTIONS` that ``opt`` has must be at least 1
+    (every element, for a list such as ``accum_count``), and ``-n_best`` cannot
+    exceed ``-beam_size``: beam search keeps only ``beam_size`` finished
+    hypotheses per sentence.
+    """
+    problems = []
+    for name in _POSITIVE_STOCK_OPTIONS:
+        value = getattr(opt, name, None)
+        if value is None:
+            continue
+        if any(item < 1 for item in (value if isinstance(value, (list, tuple)) else [value])):
+            shown = " ".join(map(str, value)) if isinstance(value, (list, tuple)) else value
+            problems.append(f"-{name} {shown}: must be >= 1")
+    n_best, beam_size = getattr(opt, "n_best", None), getattr(opt, "beam_size", None)
+    if n_best is not None and beam_size is not None and 1 <= beam_size < n_best:
+        problems.append(f"-n_best {n_best}: must be <= -beam_size ({beam_size})")
+    return problems
+
+
 def _strict_parse_known_args(stock):
     def parse_known_args(self, args=None, namespace=None, **kwargs):
         # Abbreviations make a misspelled YAML key silently set another option.
@@ -180,6 +208,8 @@ def _strict_parse_known_args(stock):
         if names & {"train_steps", "n_sample"}:  # onmt_train / onmt_build_vocab
             names = names | _shared_config_names()
         problems = unknown_option_messages(unknown, names, argv) + _misspelt_dashes(self, unknown)
+        if argv:
+            problems += stock_option_problems(opt)
         if hasattr(opt, "encoder_type") and argv:
             from onmt_ext.compat import save_format_problems
             from onmt_ext.options import check_options

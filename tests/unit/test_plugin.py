@@ -257,6 +257,43 @@ def test_safetensors_save_format_is_refused_by_name(onmt_active, capsys):
     assert "use -save_format pytorch" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("option, values, message", [
+    ("report_every", 0, "-report_every 0: must be >= 1"),
+    ("valid_steps", 0, "-valid_steps 0: must be >= 1"),
+    ("accum_count", [2, 0], "-accum_count 2 0: must be >= 1"),
+    ("world_size", 0, "-world_size 0: must be >= 1"),
+    ("beam_size", 0, "-beam_size 0: must be >= 1"),
+    ("n_best", 0, "-n_best 0: must be >= 1"),
+    ("max_length", 0, "-max_length 0: must be >= 1"),
+])
+def test_stock_counts_below_one_are_refused_by_name(option, values, message):
+    from argparse import Namespace
+
+    from onmt_ext.plugin import stock_option_problems
+
+    assert stock_option_problems(Namespace(**{option: values})) == [message]
+    assert stock_option_problems(Namespace(**{option: [1, 3] if isinstance(values, list) else 1})) == []
+
+
+def test_n_best_beyond_the_beam_is_refused():
+    from argparse import Namespace
+
+    from onmt_ext.plugin import stock_option_problems
+
+    assert stock_option_problems(Namespace(n_best=3, beam_size=2)) == ["-n_best 3: must be <= -beam_size (2)"]
+    assert stock_option_problems(Namespace(n_best=2, beam_size=2)) == []
+
+
+def test_training_with_report_every_0_stops_at_parsing_with_the_option_named(onmt_active, capsys):
+    from onmt_ext.plugin import parse_train_config
+
+    with pytest.raises(SystemExit):  # stock OpenNMT-py 3.5.1 trains, then divides by zero at the first step
+        parse_train_config(support.REPO / "yaml_configs/smoke/baseline/transformer_base_wmt14_ende.yaml",
+                           "-report_every", "0")
+    err = capsys.readouterr().err
+    assert "error: -report_every 0: must be >= 1" in err and "Traceback" not in err
+
+
 # ---------------------------------------------------------------------------
 # over-long sentences
 
