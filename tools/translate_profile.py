@@ -4,8 +4,8 @@
 Usage::
 
     python tools/translate_profile.py BASELINE.pt OTHER.pt [...] --src SOURCE [--pairs 8]
-        [--output-lengths 5 10 20] [--beam-size 4] [--batch-size 32] [--threads 1] [--json OUT.json]
-        [-- further onmt_translate options, e.g. -transforms sentencepiece ...]
+        [--output-lengths 5 10 20] [--beam-size 4] [--batch-size 32] [--threads 1] [--count-flops]
+        [--json OUT.json] [-- further onmt_translate options, e.g. -transforms sentencepiece ...]
 
 Every checkpoint is loaded once, through OpenNMT-py's own inference engine
 with onmt-ext active, and the checkpoints translate ``SOURCE`` in turn
@@ -20,6 +20,17 @@ length and checkpoint, the median of each part, and for every checkpoint
 after the first its median paired speed ratio to the first one (the first
 one's time over its time in the same pair) with a distribution-free 95%
 interval.
+
+``--count-flops`` also translates once per output length and checkpoint
+under torch's ``FlopCounterMode`` and reports the floating-point operations
+of the whole run and of the encoder, the decoder and the generator, with the
+first checkpoint's total over each one's.  Unlike times, these counts are
+exact and do not depend on the machine.  The counter sees matrix products
+only (``mm``, ``bmm``, ``addmm``, attention): element-wise work, softmax and
+the routing iterations are not in them.  On a device whose time follows its
+arithmetic, as a CPU's does, the ratio of the counts is about as high as the
+speed ratio can get when one model adds products (a routing layer's vote
+maps, say) and nothing else.  ``--pairs 0`` counts without timing.
 
 What it leaves out: ``make bench`` translates each checkpoint in a process
 of its own, as users do, and so also meets each process's own speed and any
@@ -95,6 +106,40 @@ def translate_once(engine, steps, totals):
     return run
 
 
+def count_flops(engine, steps, totals):
+    """Floating-point operations of one translation forced to ``steps`` steps: the whole run and each part.
+
+    Returns ``{"total": ..., "encoder": ..., "decoder": ..., "generator": ...}``
+    as counted by ``torch.utils.flop_counter.FlopCounterMode``, which
+    attributes every operation to the modules it ran in.  The engine calls
+    the encoder, the decoder and the generator directly, so each is a
+    top-level module of the count, named by its class.
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = engine.translator.model
+    with FlopCounterMode(display=False) as counter:
+        translate_once(engine, steps, totals)
+    counts = counter.get_flop_counts()
+    flops = {"total": sum(counts.get("Global", {}).values())}
+    for name, attribute, method in PARTS:
+        if method == "forward":
+            flops[name] = sum(counts.get(type(getattr(model, attribute)).__name__, {}).values())
+    return flops
+
+
+def flops_report(counts, models):
+    """A Markdown table of :func:`count_flops`' results, in GFLOP, with ``models[0]``'s total over each one's."""
+    parts = [name for name, _, method in PARTS if method == "forward"]
+    lines = ["| steps | checkpoint | total GFLOP | " + " | ".join(f"{name} GFLOP" for name in parts)
+             + " | ratio of totals |", "|---:|---|" + "---:|" * (len(parts) + 2)]
+    for entry in counts:
+        first = next(other for other in counts if other["steps"] == entry["steps"] and other["model"] == models[0])
+        cells = " | ".join(f"{entry[name] / 1e9:.3f}" for name in ("total", *parts))
+        lines.append(f"| {entry['steps']} | {entry['model']} | {cells} | {first['total'] / entry['total']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
 def summarise(runs, models):
     """Medians per (steps, model) and paired ratios to ``models[0]``; ``runs`` as :func:`main` records them."""
     rows = []
@@ -134,6 +179,8 @@ def main(argv=None):
     parser.add_argument("--beam-size", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--count-flops", action="store_true",
+                        help="also count each checkpoint's floating-point operations (matrix products) per length")
     parser.add_argument("--json", type=Path, help="write every run's parts here")
     args = parser.parse_args(argv)
     for path in (*args.models, args.src):
@@ -141,8 +188,10 @@ def main(argv=None):
             parser.error(f"no such file: {path}")
     if len(args.models) < 2:
         parser.error("give at least two checkpoints (the first is the reference of the ratios)")
-    if min(args.pairs, args.beam_size, args.batch_size, args.threads, *args.output_lengths) < 1:
-        parser.error("--pairs, --output-lengths, --beam-size, --batch-size and --threads must be >= 1")
+    if min(args.beam_size, args.batch_size, args.threads, *args.output_lengths) < 1:
+        parser.error("--output-lengths, --beam-size, --batch-size and --threads must be >= 1")
+    if args.pairs < (0 if args.count_flops else 1):
+        parser.error("--pairs must be >= 1 (or 0 with --count-flops: counting only)")
     import torch
 
     torch.set_num_threads(args.threads)
@@ -156,10 +205,12 @@ def main(argv=None):
             for index in (range(len(engines)) if pair % 2 == 0 else reversed(range(len(engines)))):
                 runs.append({"steps": steps, "pair": pair, "model": names[index],
                              **translate_once(engines[index], steps, totals)})
-    text = report(summarise(runs, names))
+    counts = [{"steps": steps, "model": names[index], **count_flops(engines[index], steps, totals)}
+              for steps in args.output_lengths for index in range(len(engines))] if args.count_flops else []
+    text = "\n".join(([report(summarise(runs, names))] if runs else []) + ([flops_report(counts, names)] if counts else []))
     if args.json:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "options": extra,
-                                         "runs": runs}, indent=1), encoding="utf-8")
+                                         "runs": runs, "flops": counts}, indent=1), encoding="utf-8")
     print(text)
     return 0
 

@@ -270,3 +270,14 @@ def test_translate_profile_pairs_each_run_with_the_first_model_of_its_pair():
     assert [(row["model"], row["ratio"], row["total"]) for row in rows] == [("a", 1.0, 1.0), ("b", 0.8, 2.0)]
     assert rows[1]["interval"] is None  # three pairs are too few for a 95% interval
     assert "| 5 | b | 2.000 | 0.100 | 0.500 | 0.100 | 0.100 | 0.200 | 0.800 |" in translate_profile.report(rows)
+
+
+def test_translate_profile_flops_report_divides_the_first_models_total_by_each_ones_at_the_same_length():
+    import translate_profile
+
+    counts = [{"steps": steps, "model": model, "total": total, "encoder": 1e9, "decoder": 2e9, "generator": 5e8}
+              for steps, model, total in ((9, "a", 4e9), (9, "b", 5e9), (20, "a", 8e9), (20, "b", 1e10))]
+    table = translate_profile.flops_report(counts, ["a", "b"])
+    assert "| 9 | a | 4.000 | 1.000 | 2.000 | 0.500 | 1.000 |" in table
+    assert "| 9 | b | 5.000 | 1.000 | 2.000 | 0.500 | 0.800 |" in table
+    assert "| 20 | b | 10.000 | 1.000 | 2.000 | 0.500 | 0.800 |" in table
