@@ -27,10 +27,11 @@ of the whole run and of the encoder, the decoder and the generator, with the
 first checkpoint's total over each one's.  Unlike times, these counts are
 exact and do not depend on the machine.  The counter sees matrix products
 only (``mm``, ``bmm``, ``addmm``, attention): element-wise work, softmax and
-the routing iterations are not in them.  On a device whose time follows its
-arithmetic, as a CPU's does, the ratio of the counts is about as high as the
-speed ratio can get when one model adds products (a routing layer's vote
-maps, say) and nothing else.  ``--pairs 0`` counts without timing.
+the routing iterations are not in them.  The ratio of the counts is what the
+speed ratio would be if every product ran at the same rate; it is an
+estimate, not a bound, since large products (a routing layer's vote maps,
+say) run faster than the small ones of a decoding step.  ``--pairs 0``
+counts without timing.
 
 What it leaves out: ``make bench`` translates each checkpoint in a process
 of its own, as users do, and so also meets each process's own speed and any
