@@ -64,9 +64,26 @@ imported, and is idempotent.
    give the length, the limit and what to do, names the source lines in
    ``onmt_translate`` and ends ``onmt_translate`` with that message instead
    of a traceback.
+8. ``import onmt`` imports every OpenNMT-py transform, and the
+   ``terminology`` transform imports spaCy at module level.  That import alone
+   took about 1.2 s of the 5.3 s of ``import onmt`` (one-off ``python -X
+   importtime``, 2026-11-26), in every ``onmt_*`` command and every data-loader
+   process, whether or not any transform uses spaCy.  :func:`defer_spacy`
+   puts a stand-in module under ``spacy`` in ``sys.modules`` before ``onmt``
+   runs: ``import spacy`` then binds the stand-in, and the first attribute
+   read from it (``spacy.load`` in the terminology transform's or the clause
+   splitter's warm-up, or any import of a submodule) imports spaCy itself and
+   is answered by it.  ``importlib.util.LazyLoader`` does not serve here: on
+   Python 3.11 the import statement itself reads the module's ``__spec__``,
+   which runs a lazy module at once.  Where spaCy is already imported, or
+   not installed, nothing changes.
 """
 
 import argparse
+import importlib
+import importlib.util
+import sys
+import types
 import warnings
 
 # Regular expressions over the warning text (``warnings.filterwarnings`` matches
@@ -96,6 +113,46 @@ def allow_checkpoint_classes():
     add = getattr(torch.serialization, "add_safe_globals", None)
     if add is not None:  # torch < 2.4 has no safe unpickler to configure
         add(list(SAFE_GLOBALS))
+
+
+class _DeferredModule(types.ModuleType):
+    """Stands in for a module in ``sys.modules`` until an attribute is read from it (see :func:`defer_spacy`).
+
+    It carries the module's name, import spec, file and loader, which the
+    import statement and ``inspect`` read, and no ``__path__``, so importing a
+    submodule reads that attribute and so imports the real package first.
+    Any attribute it lacks is looked up in the real module, imported on the
+    first such read.
+    """
+
+    def __getattr__(self, name):  # only for attributes the stand-in does not have
+        real = sys.modules.get(self.__name__)
+        if real is None or real is self:
+            sys.modules.pop(self.__name__, None)
+            try:
+                real = importlib.import_module(self.__name__)
+            except BaseException:
+                sys.modules.setdefault(self.__name__, self)
+                raise
+        return getattr(real, name)
+
+
+def defer_spacy():
+    """Defer importing spaCy until it is used, in this process (see the module docstring).
+
+    Returns True when the stand-in was installed.
+    """
+    if "spacy" in sys.modules:
+        return False
+    spec = importlib.util.find_spec("spacy")
+    if spec is None:
+        return False
+    stand_in = _DeferredModule("spacy")
+    # what the import statement and inspect.getmodule (which torch calls when it registers an operator)
+    # read from every module in sys.modules; a read of anything else imports spaCy
+    stand_in.__spec__, stand_in.__file__, stand_in.__loader__ = spec, spec.origin, spec.loader
+    sys.modules["spacy"] = stand_in
+    return True
 
 
 def keep_log_file():
@@ -345,4 +402,5 @@ def apply():
         return
     silence_deprecations()
     allow_checkpoint_classes()
+    defer_spacy()
     _applied = True

@@ -33,6 +33,26 @@ def test_hook_registers_types_on_first_onmt_import():
     assert result.stdout.split() == ["ExtTransformerEncoder", "ExtTransformerDecoder"]
 
 
+def test_onmt_import_leaves_spacy_unimported_until_it_is_used():
+    result = _python(
+        """
+        import sys, importlib.util
+        import onmt
+        import onmt.transforms.terminology as terminology  # stock: `import spacy` at module level
+        assert "spacy.cli" not in sys.modules and "thinc" not in sys.modules, "spaCy was imported by `import onmt`"
+        import inspect
+        inspect.getmodule(sys._getframe())  # reads every module's __file__, as torch does when it registers an op
+        assert "spacy.cli" not in sys.modules, "inspect.getmodule imported spaCy"
+        assert importlib.util.find_spec("spacy").name == "spacy"
+        import spacy.tokens  # a submodule first: imports the real package
+        assert type(sys.modules["spacy"]).__name__ == "module"
+        print(type(terminology.spacy.blank("en")).__name__, spacy.tokens.Doc.__name__)
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["English", "Doc"]
+
+
 def test_hook_can_be_switched_off():
     result = _python(
         "import onmt; from onmt.encoders import str2enc; print('ext_transformer' in str2enc)",
