@@ -187,11 +187,9 @@ def stock_option_problems(opt):
     problems = []
     for name in _POSITIVE_STOCK_OPTIONS:
         value = getattr(opt, name, None)
-        if value is None:
-            continue
-        if any(item < 1 for item in (value if isinstance(value, (list, tuple)) else [value])):
-            shown = " ".join(map(str, value)) if isinstance(value, (list, tuple)) else value
-            problems.append(f"-{name} {shown}: must be >= 1")
+        values = value if isinstance(value, (list, tuple)) else [] if value is None else [value]
+        if any(item < 1 for item in values):
+            problems.append(f"-{name} {' '.join(map(str, values))}: must be >= 1")
     n_best, beam_size = getattr(opt, "n_best", None), getattr(opt, "beam_size", None)
     if n_best is not None and beam_size is not None and 1 <= beam_size < n_best:
         problems.append(f"-n_best {n_best}: must be <= -beam_size ({beam_size})")

@@ -55,6 +55,8 @@ from bench import median_interval  # noqa: E402
 #: The timed parts of a translation: (report name, attribute of the model, method of that attribute).
 PARTS = (("encoder", "encoder", "forward"), ("decoder", "decoder", "forward"),
          ("generator", "generator", "forward"), ("map_state", "decoder", "map_state"))
+#: The parts that are modules, whose floating-point operations ``--count-flops`` reports: (name, attribute).
+COUNTED = tuple((name, attribute) for name, attribute, method in PARTS if method == "forward")
 #: The seconds reported per run: the whole run, each timed part, and the rest.
 COLUMNS = ("total", *(name for name, _, _ in PARTS), "other")
 
@@ -123,15 +125,14 @@ def count_flops(engine, steps, totals):
         translate_once(engine, steps, totals)
     counts = counter.get_flop_counts()
     flops = {"total": sum(counts.get("Global", {}).values())}
-    for name, attribute, method in PARTS:
-        if method == "forward":
-            flops[name] = sum(counts.get(type(getattr(model, attribute)).__name__, {}).values())
+    for name, attribute in COUNTED:
+        flops[name] = sum(counts.get(type(getattr(model, attribute)).__name__, {}).values())
     return flops
 
 
 def flops_report(counts, models):
     """A Markdown table of :func:`count_flops`' results, in GFLOP, with ``models[0]``'s total over each one's."""
-    parts = [name for name, _, method in PARTS if method == "forward"]
+    parts = [name for name, _ in COUNTED]
     lines = ["| steps | checkpoint | total GFLOP | " + " | ".join(f"{name} GFLOP" for name in parts)
              + " | ratio of totals |", "|---:|---|" + "---:|" * (len(parts) + 2)]
     for entry in counts:
