@@ -4,10 +4,13 @@
 #                 Transformer on the CPU, translate the test set, score it
 #   make length-demo  clause attention vs. baseline on the shipped WMT14 En-De sample, BLEU by
 #                 source length with per-bucket significance and a plot (CPU)
-#   make test     unit + integration tests (runs setup and data preparation first)
+#   make test     the default test tier: unit tests and fast integration tests, at most 5 minutes on a
+#                 2-core CPU (runs setup and data preparation first; tests/README.md)
+#   make test-all every test: the default tier and the slow one (system tests, trainings through the
+#                 CLI, the whole decoding-property suite); what CI runs
 #   make smoke    train every config of yaml_configs/smoke/ for a few steps
-#   make compare  baseline vs one config per paper and a combination, 3 seeds, on the CPU
-#                 (45 minutes here; results/compare/)
+#   make compare  baseline vs one config per paper and a combination, 3 seeds, on the CPU, trained until the
+#                 baseline's validation perplexity plateaus; learning curves (at most 2 hours; docs/compare.md)
 #   make scale    long translation runs and long training sentences per mechanism (results/scale/)
 #   make split-speed  clause_split sentences/s with rules and a trained tagger, English and Chinese
 #   make cao2019-weights  share of near-zero routing weights of cross aggregation for T = 1..5, from
@@ -15,9 +18,13 @@
 #   make data-<task>  download and prepare a paper corpus into build/data/<task>/ (wmt14_ende,
 #                 wmt14_deen, wmt16_ende, wmt16_roen, wmt17_zhen, wmt15_envi, nist_zhen (NIST_DIR=),
 #                 niutrans_enzh (NIUTRANS_DIR=), sample_ende)
-#   make setup    create .venv with pinned packages (done by the two above)
-#   make bench    speed/memory of the mechanisms against the baseline (CPU, smoke
-#                 size; BENCH_ARGS="--size paper --gpu 0" for the paper size)
+#   make setup    create .venv with pinned packages (done by the two above); SYSTEM_TORCH=1 keeps the
+#                 machine's own (CUDA) torch, WHEELS=dir installs offline from a folder of wheels (docs/install.md)
+#   make wheelhouse  download every dependency but torch as wheels for PY= (default 3.12) into wheelhouse/
+#   make gpu-check  decoding properties, training and translation speed on one CUDA GPU (about 8 minutes;
+#                 results/gpu/<gpu model>.{md,json}; docs/gpu-check.md)
+#   make bench    speed/memory of the mechanisms against the baseline, for information (CPU, smoke
+#                 size; BENCH_ARGS="--size paper --gpu 0" for the paper size; docs/benchmarks-method.md)
 #   make reproduce-li2019-table2 (-table3, -table4-wmt14_ende, -table4-wmt17_zhen),
 #        reproduce-cao2019-table1 (-table2-wmt17_zhen, -table2-wmt14_ende),
 #        reproduce-chen2019-table1 (-table2-nist_zhen, -table3), sweep-chen2019-dr (Figure 2),
@@ -33,7 +40,7 @@
 #
 # Variables: PYTHON (interpreter used to create the venv), VENV, TORCH (pip
 # requirement for torch; pick your CUDA build here, e.g.
-# TORCH="torch==2.13.0 --index-url <your torch index>"), GPUS, AVERAGE, DRY_RUN, RESULTS_DIR,
+# TORCH="torch==2.13.0 --index-url <your torch index>"), SYSTEM_TORCH, WHEELS, OPTIONAL, GPUS, GPU_CHECK_ARGS, AVERAGE, DRY_RUN, RESULTS_DIR,
 # DATA_WORKERS, NIST_DIR, NIUTRANS_DIR, WMT17_EXTRA_DIR, BENCH_ARGS, COMPARE_ARGS.
 
 SHELL := /bin/bash
@@ -68,29 +75,72 @@ REPRODUCE_TABLES := li2019-table2 li2019-table3 li2019-table4-wmt14_ende li2019-
 	gret-main-wmt14_ende gret-main-wmt14_deen gret-main-wmt17_zhen gret-main-wmt16_roen gret-ablation gret-big \
 	clause-table5 clause-table10 clause-table11 sample-li2019
 
-.PHONY: help setup data demo compare scale cao2019-weights split-speed length-demo test test-unit smoke bench paper-configs clean distclean \
+.PHONY: help setup wheelhouse gpu-check data demo compare scale cao2019-weights split-speed length-demo test test-all test-unit smoke bench paper-configs clean distclean \
 	reproduce-li2019 reproduce-cao2019 reproduce-chen2019 reproduce-gret reproduce-clause sweep-chen2019-dr $(addprefix reproduce-,$(REPRODUCE_TABLES)) $(addprefix report-,$(REPRODUCE_TABLES)) reproduce-sample
 
 help:
 	@awk 'NR > 1 && !/^#/ {exit} NR > 1' Makefile | sed 's/^# \{0,1\}//'
 
 # ---------------------------------------------------------------- setup
+# SYSTEM_TORCH=1: a venv that sees the system's site-packages and installs no torch (a cluster's CUDA build
+# stays the one used).  WHEELS=dir: pip --no-index --find-links dir, nothing from the network (with
+# SYSTEM_TORCH=1, `make wheelhouse` fills dir; without it, dir must hold torch and its dependencies too).
+# OPTIONAL=1 (the default without WHEELS) adds requirements-optional.txt (spaCy, its model, fasttext).
+SYSTEM_TORCH ?=
+WHEELS ?=
+OPTIONAL ?= $(if $(WHEELS),0,1)
+PIP_INSTALL = $(PY) -m pip install -q --disable-pip-version-check $(if $(WHEELS),--no-index --find-links $(WHEELS))
+
 setup: $(SETUP_STAMP)
 
-# torch first (pinned, overridable), then the exact versions of everything
-# else, then OpenNMT-py without its torch<2.3 pin, then onmt-ext (editable)
-# and its start-up hook.  A second run finds the stamp and does nothing.
-$(SETUP_STAMP): requirements.txt pyproject.toml
-	@echo "== setup: creating $(VENV) (torch: $(TORCH))"
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check $(TORCH)
-	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
-	$(PY) -m pip install -q --disable-pip-version-check --no-deps $(ONMT_PY)
-	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+# torch first (pinned, overridable; or the system's), then the exact versions of everything else, then
+# OpenNMT-py without its torch<2.3 pin, then onmt-ext (editable) and its start-up hook.  A second run finds
+# the stamp and does nothing.
+$(SETUP_STAMP): requirements.txt requirements-torch.txt requirements-optional.txt pyproject.toml
+	@echo "== setup: creating $(VENV) (torch: $(if $(SYSTEM_TORCH),the system's,$(TORCH))$(if $(WHEELS),; offline from $(WHEELS)))"
+	@if [ -n "$(WHEELS)" ] && [ ! -d "$(WHEELS)" ]; then echo "setup: error: WHEELS=$(WHEELS) is not a directory"; exit 1; fi
+	@if [ -n "$(SYSTEM_TORCH)" ] && [ -e $(VENV)/pyvenv.cfg ] && ! grep -qi '^include-system-site-packages *= *true' $(VENV)/pyvenv.cfg; then \
+	  echo "setup: error: $(VENV) exists without the system's site-packages; remove it (make distclean) or pick VENV=..."; exit 1; fi
+	test -x $(PY) || $(PYTHON) -m venv $(if $(SYSTEM_TORCH),--system-site-packages) $(VENV)
+ifneq ($(SYSTEM_TORCH),)
+	@$(PY) -c "import torch" 2>/dev/null || { echo "setup: error: SYSTEM_TORCH=1 but 'import torch' fails in $(VENV) ($(PYTHON) has no working torch)"; exit 1; }
+	@$(PY) -c "import torch; print('== setup: using the system torch', torch.__version__, 'CUDA', torch.version.cuda)"
+else
+	$(PIP_INSTALL) $(TORCH)
+	$(PIP_INSTALL) -r requirements-torch.txt
+endif
+	$(PIP_INSTALL) -r requirements.txt
+	$(if $(filter 1,$(OPTIONAL)),$(PIP_INSTALL) -r requirements-optional.txt,@echo "== setup: without the optional packages of requirements-optional.txt")
+	$(PIP_INSTALL) --no-deps $(ONMT_PY)
+	$(PIP_INSTALL) --no-deps --no-build-isolation -e .
 	$(PY) -m onmt_ext.hook install
-	$(PY) -m onmt_ext.kernels build || echo "== setup: continuing without the fused CPU kernels (slower on the CPU)"
 	$(PY) -c "import onmt, onmt_ext.plugin as p; assert p.is_active(), 'onmt-ext did not load'"
 	touch $@
+
+# make wheelhouse PY=3.12: every package of requirements.txt, OpenNMT-py and the editable install's build
+# dependency (setuptools, pinned there) as wheels for CPython $(WHEEL_PY) on manylinux x86_64, torch and
+# requirements-optional.txt left out, for `make setup SYSTEM_TORCH=1 WHEELS=wheelhouse` on an offline
+# machine (pip install --no-index with it checks that nothing is missing).  Packages published without
+# wheels (WHEEL_BUILD) are built here with `pip wheel --no-deps`.
+WHEELHOUSE ?= wheelhouse
+WHEEL_BUILD ?= jieba
+# names of requirements.txt packages the target machine already has (their wheels are not fetched), e.g.
+# WHEEL_SKIP="numpy PyYAML sacrebleu sentencepiece pytest regex tqdm"
+WHEEL_SKIP ?=
+WHEEL_PLATFORMS := manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_5_x86_64 manylinux1_x86_64
+# PY= on the command line names the target's Python version here (elsewhere PY is the venv's interpreter)
+WHEEL_PY = $(if $(filter command line,$(origin PY)),$(PY),3.12)
+wheelhouse:
+	@case "$(WHEEL_PY)" in 3.[0-9]|3.[0-9][0-9]) ;; *) echo "wheelhouse: error: PY=$(WHEEL_PY) is not a Python version such as 3.12"; exit 1;; esac
+	mkdir -p $(WHEELHOUSE)
+	grep -v -i -E '^($(subst $() ,|,$(strip $(WHEEL_BUILD) $(WHEEL_SKIP))))==' requirements.txt > $(WHEELHOUSE)/.binary-requirements.txt
+	$(PYTHON) -m pip download -q --disable-pip-version-check -d $(WHEELHOUSE) --only-binary=:all: \
+	  --python-version $(WHEEL_PY) --implementation cp --abi cp$(subst .,,$(WHEEL_PY)) --abi abi3 --abi none \
+	  $(addprefix --platform ,$(WHEEL_PLATFORMS)) -r $(WHEELHOUSE)/.binary-requirements.txt $(ONMT_PY) --no-deps
+	grep -i -E '^($(subst $() ,|,$(WHEEL_BUILD)))==' requirements.txt | grep -v -i -E '^($(subst $() ,|,$(strip $(WHEEL_SKIP) -)))==' | \
+	  xargs -r $(PYTHON) -m pip wheel -q --disable-pip-version-check --no-deps -w $(WHEELHOUSE)
+	rm -f $(WHEELHOUSE)/.binary-requirements.txt
+	@echo "== wheelhouse: $$(ls $(WHEELHOUSE)/*.whl | wc -l) wheels, $$(du -sh $(WHEELHOUSE) | cut -f1) in $(WHEELHOUSE)/ (CPython $(WHEEL_PY))"
 
 # ---------------------------------------------------------------- data
 data: $(TATOEBA)/vocab.en $(TATOEBA)/signal_tagger.zh.pt
@@ -157,7 +207,7 @@ $(DEMO_MODEL): $(TATOEBA)/vocab.en $(DEMO_CONFIG) | $(SETUP_STAMP)
 	@echo "== demo: training (progress every 100 steps; about 8-10 minutes on 2 CPU cores)"
 	mkdir -p $(DEMO)
 	date +%s > $(DEMO)/train.start
-	$(BIN)/onmt_train -config $(DEMO_CONFIG) -log_file $(DEMO)/train.log
+	$(BIN)/onmt_train -config $(DEMO_CONFIG) -log_file $(DEMO)/train.log -overwrite_checkpoints
 	date +%s > $(DEMO)/train.end
 
 $(DEMO)/test.hyp.en: $(DEMO_MODEL)
@@ -193,7 +243,7 @@ $(WMT14)/vocab.de: $(WMT14)/spm.de.model yaml_configs/demo/wmt14_sample_baseline
 
 $(LENGTH_DEMO)/%/model_step_$(LENGTH_STEPS).pt: yaml_configs/demo/wmt14_sample_%.yaml $(WMT14)/vocab.de
 	mkdir -p $(@D)
-	$(BIN)/onmt_train -config $< -log_file $(@D)/train.log
+	$(BIN)/onmt_train -config $< -log_file $(@D)/train.log -overwrite_checkpoints
 
 $(LENGTH_DEMO)/baseline/test.hyp.de: $(LENGTH_DEMO)/baseline/model_step_$(LENGTH_STEPS).pt
 	$(BIN)/onmt_translate -model $< -src $(WMT14)/test.en -output $@ -beam_size 4 -batch_size 32 \
@@ -210,8 +260,11 @@ $(LENGTH_DEMO)/report.txt: $(LENGTH_DEMO)/baseline/test.hyp.de $(LENGTH_DEMO)/ca
 	  --names baseline "CA with rule" --plot $(LENGTH_DEMO)/by_length.png > $@
 
 # ---------------------------------------------------------------- compare (CPU)
-# The baseline, one row of each paper and one combination, 3 seeds each, on the Tatoeba zh-en sample:
-# BLEU mean/sd, bootstrap against the baseline, speed, parameters -> results/compare/ (about an hour here).
+# The baseline, one row of each paper and one combination, 3 seeds each, on the Tatoeba zh-en sample. A speed
+# probe prints the estimate of the run; the baseline trains until its mean validation perplexity plateaus and
+# every config trains to that step, validating every 100 steps. BLEU mean/sd, bootstrap against the baseline,
+# learning curves (curves.png), from which step each mechanism beats the baseline beside its paper's claim,
+# speed, parameters -> results/compare/. Sized to at most 2 hours on 2 cores (docs/compare.md).
 COMPARE_ARGS ?=
 compare: $(TATOEBA)/vocab.en | $(SETUP_STAMP)
 	$(PY) tools/compare.py $(COMPARE_ARGS)
@@ -230,7 +283,7 @@ cao2019-weights: $(TATOEBA)/vocab.en | $(SETUP_STAMP)
 	  test -f $(CAO2019_WEIGHTS)/T$$t/model_step_600.pt || { mkdir -p $(CAO2019_WEIGHTS)/T$$t && $(BIN)/onmt_train \
 	    -config yaml_configs/compare/cao2019_cross.yaml -cao2019_iterations $$t -seed 1 \
 	    -save_model $(CAO2019_WEIGHTS)/T$$t/model -save_data $(CAO2019_WEIGHTS)/T$$t/samples \
-	    -log_file $(CAO2019_WEIGHTS)/T$$t/train.log; }; \
+	    -log_file $(CAO2019_WEIGHTS)/T$$t/train.log -overwrite_checkpoints; }; \
 	done
 	$(PY) tools/cao2019_weights.py -model $(foreach t,3 4 5,$(CAO2019_WEIGHTS)/T$(t)/model_step_600.pt) \
 	  -src $(TATOEBA)/test.zh --src-subword-model $(TATOEBA)/spm.zh.model --limit 500 \
@@ -255,32 +308,56 @@ split-speed: $(WMT14)/signal_tagger.en.pt $(TATOEBA)/signal_tagger.zh.pt | $(SET
 	cat $(SPLIT_SPEED)
 
 # ---------------------------------------------------------------- tests
-# Two pytest workers (pytest-xdist), one file each at a time, one torch thread per process: 8.3 minutes
-# on the 2-core CPU machine of 2026-11-25, against 13.6 serially with torch's two threads (two workers with
-# two threads each were slower than serial).  The data come first, so that no worker builds them.
+# Two tiers (tests/README.md): `make test` runs the default tier (pytest -m "not slow": unit tests and fast
+# integration tests); `make test-all` runs every test, the slow tier too (system tests, trainings through the
+# CLI, the whole decoding-property suite), and is what CI runs (.ci/run).  Two pytest workers (pytest-xdist),
+# one file each at a time, one torch thread per process; the data come first, so that no worker builds them.
+# pytest's exit status 5 (no test selected) becomes a failure with a message of its own.  PYTEST_ARGS adds
+# options (e.g. PYTEST_ARGS="-k routing" or "--durations=20").
 TEST_WORKERS ?= 2
+PYTEST_ARGS ?=
+run_pytest = status=0; OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) $(1) \
+	  || status=$$?; \
+	if [ $$status -eq 5 ]; then echo "make $@: error: pytest selected no test" >&2; exit 1; fi; exit $$status
+
 test: data | $(SETUP_STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
+	@$(call run_pytest,-m "not slow" tests)
+
+test-all: data | $(SETUP_STAMP)
+	@$(call run_pytest,tests)
 
 test-unit: | $(SETUP_STAMP)
-	$(PY) -m pytest -q tests/unit
+	$(PY) -m pytest -q -m "not slow" tests/unit
 
 smoke: $(TATOEBA)/vocab.en | $(SETUP_STAMP)
 	@for c in $(SMOKE_CONFIGS); do \
 	  echo "== smoke: $$c"; \
-	  $(BIN)/onmt_train -config $$c -log_file_level WARNING || exit 1; \
+	  $(BIN)/onmt_train -config $$c -log_file_level WARNING -overwrite_checkpoints || exit 1; \
 	done
 
 # ---------------------------------------------------------------- benchmark
 BENCH_SUITES ?= li2019 cao2019 chen2019 gret clause
 
-# the cost of cao2019's horizontal routing as the length grows, then every
-# suite (each runs and reports even when an earlier one misses a target)
+# the cost of cao2019's horizontal routing as the length grows, then every suite, for information: a ratio
+# below its target is reported, not a failure; a suite that cannot run fails make bench after the others ran
+# (docs/benchmarks-method.md)
 bench: $(TATOEBA)/vocab.en | $(SETUP_STAMP)
 	$(PY) tools/layer_cost.py
 	@status=0; for suite in $(BENCH_SUITES); do \
 	  $(PY) tools/bench.py --suite $$suite $(BENCH_ARGS) || status=1; \
 	done; exit $$status
+
+# ---------------------------------------------------------------- GPU check
+# On one CUDA GPU (about 8 minutes): the decoding properties in fp32 and under fp16/bf16 autocast, then training
+# and translation speed of every mechanism at Base, eager and with -ext_compile, as ratios to the baseline ->
+# results/gpu/<gpu model>.{md,json} (docs/gpu-check.md).  Without CUDA: one line and exit status 2; the CPU dry
+# run is `python tools/gpu_check.py --device cpu --tiny` (in make test).
+GPU_CHECK_ARGS ?=
+gpu-check: | $(SETUP_STAMP)
+	@$(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 2)" || { \
+	  echo "gpu-check: error: torch in $(VENV) sees no CUDA device (a system CUDA torch: make setup SYSTEM_TORCH=1, docs/install.md)"; exit 2; }
+	@$(MAKE) --no-print-directory data
+	$(PY) tools/gpu_check.py $(GPU_CHECK_ARGS)
 
 # ---------------------------------------------------------------- paper tables
 paper-configs:

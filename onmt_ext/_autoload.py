@@ -7,10 +7,14 @@ imports nothing heavy.  The first time ``onmt`` is imported (by
 ``onmt_train``, ``onmt_translate``, ``python -m onmt.bin.train``, a notebook,
 ...), the hook
 
-1. *before* ``onmt`` runs: applies the current-torch fixes of
-   :mod:`onmt_ext.compat` (some of OpenNMT-py's warnings fire at import time);
+1. *before* ``onmt`` runs: applies the fixes of :mod:`onmt_ext.compat` that
+   must precede it (warnings that fire at import time, the ``torch.load``
+   allow-list, stand-ins for a missing spaCy or fasttext);
 2. *after* ``onmt`` has run: calls :func:`onmt_ext.plugin.activate`, which
    registers our encoder/decoder types, options and option checks.
+
+Every change is recorded by :mod:`onmt_ext.patches`;
+``python -m onmt_ext.hook status`` lists them.
 
 A failure in either step never breaks plain OpenNMT-py: the error is printed
 once, with the way to switch the extension off, and ``onmt`` is left as
@@ -48,6 +52,12 @@ def _before_onmt():
 
 
 def _after_onmt():
+    try:
+        from onmt_ext import compat
+
+        compat.drop_stand_ins()  # onmt's modules keep theirs; later imports see the truth
+    except Exception as exc:  # never break plain OpenNMT-py
+        _report_failure("tidy up after the torch compatibility fixes", exc)
     try:
         from onmt_ext import plugin
 

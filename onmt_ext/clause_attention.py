@@ -51,10 +51,9 @@ import contextlib
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from onmt_ext import kernels
-from onmt_ext.ops import softmax_width
+from onmt_ext import compile as ext_compile
+from onmt_ext import initialisation
 from onmt_ext.options import (OptionSpec, layers_check, options_without_effect, register_options,
                               selected_layers, tensor_parallel_problems)
 
@@ -131,8 +130,8 @@ class ClauseStructure(nn.Module):
     without markers in the batch repeat the coarser one), and ``distinct``,
     the levels that start a partition (coarse to fine).  Every layer shares
     them, and what is derived from them, each computed on first use for the
-    batch, at the distinct levels only: :meth:`outside_bias` (the tensor
-    code's), :meth:`spans` (the fused kernel's) and :meth:`slots`.  The table
+    batch, at the distinct levels only: :meth:`outside_bias` and
+    :meth:`slots`.  The table
     is a non-persistent buffer, rebuilt from the vocabulary whenever the model
     is built.
     """
@@ -164,42 +163,18 @@ class ClauseStructure(nn.Module):
         return self._derived["slots"]
 
     def outside_bias(self):
-        """``(batch, D, len, width)`` score bias at the D distinct levels: -1e18 where the key lies outside the
+        """``(batch, D, len, len)`` score bias at the D distinct levels: -1e18 where the key lies outside the
         query's clause, else 0.
 
-        It is built at the width the local softmax runs at
-        (:func:`onmt_ext.ops.softmax_width` of len); the extra key columns are
-        not outside (the attention fills them with -inf itself).  Adding a
-        bias leaves the inside scores exact and, unlike ``masked_fill``, costs
-        no masking pass in the backward.
+        Adding a bias leaves the inside scores exact and, unlike
+        ``masked_fill``, costs no masking pass in the backward.
         """
         if "outside_bias" not in self._derived:
             ids = self.ids[:, self.distinct]
-            width = softmax_width(ids.size(-1), ids.device)
-            outside = F.pad(ids[:, :, :, None] != ids[:, :, None, :], (0, width - ids.size(-1)), value=False)
+            outside = ids[:, :, :, None] != ids[:, :, None, :]
             self._derived["outside_bias"] = torch.zeros(outside.shape, device=ids.device).masked_fill_(
                 outside, _MASKED)
         return self._derived["outside_bias"]
-
-    def spans(self):
-        """``(batch, D, len, 2)`` int32: the keys ``[s, e)`` of each query's clause at each distinct level.
-
-        Equal ids are contiguous (the ids of the tokens count up, padding
-        follows them with -1), so a clause is the span from the first to the
-        last position carrying its id; a padded query's span is the padding.
-        """
-        if "spans" not in self._derived:
-            ids = self.ids[:, self.distinct]
-            length = ids.size(-1)
-            positions = torch.arange(length, device=ids.device).expand_as(ids)
-            first = torch.ones_like(ids, dtype=torch.bool)
-            first[..., 1:] = ids[..., 1:] != ids[..., :-1]
-            starts = torch.where(first, positions, 0).cummax(dim=-1).values
-            # the end of q's span is the first clause start after q (or len)
-            following = torch.where(first, positions, length)[..., 1:].flip(-1).cummin(dim=-1).values.flip(-1)
-            ends = F.pad(following, (0, 1), value=length)
-            self._derived["spans"] = torch.stack([starts, ends], dim=-1).to(torch.int32).contiguous()
-        return self._derived["spans"]
 
 
 class ClauseAttention(nn.Module):
@@ -212,9 +187,12 @@ class ClauseAttention(nn.Module):
         d_model: size of the layer input (for ``gate``).
 
     ``forward(scores)`` maps the masked scores ``(batch, H, len, len)`` to
-    the mixed attention probabilities, same shape.  With ``gate``, a forward
-    pre-hook on the attention (:meth:`remember_query`) keeps the query input.
+    the mixed attention probabilities, same shape, through :func:`clause_mix`
+    (compiled with ``-ext_compile``).  With ``gate``, a forward pre-hook on
+    the attention (:meth:`remember_query`) keeps the query input.
     """
+
+    ext_compile = False
 
     def __init__(self, structure, heads, mixing="scalar", d_model=None):
         super().__init__()
@@ -227,8 +205,7 @@ class ClauseAttention(nn.Module):
             self.mix_logits = nn.Parameter(torch.zeros(levels, heads))
         else:
             self.mix_gate = nn.Linear(d_model, levels * heads)
-            nn.init.zeros_(self.mix_gate.weight)
-            nn.init.zeros_(self.mix_gate.bias)
+        initialisation.initialise(self)  # zero logits: every p starts at 1/2
         self.query = None
 
     def remember_query(self, attention, args, kwargs):
@@ -244,41 +221,18 @@ class ClauseAttention(nn.Module):
         return torch.sigmoid(logits).permute(2, 0, 3, 1).unsqueeze(-1)
 
     def forward(self, scores):
-        """Eq. 4-5 unrolled: ``(1 - p_1) g + sum_l w_l b^l`` with the weights of :meth:`level_weights`.
-
-        The local softmaxes of the distinct partitions of the batch are one
-        masked softmax over a stacked ``(batch, D, H, len, len)`` tensor, and
-        the mix one weighted sum, so the op count does not grow with L.
-        On the CPU (float32/float64, eager) this runs as one fused kernel
-        instead (:func:`onmt_ext.kernels.clause_mix`): each row's global and
-        local softmaxes and their mix in one pass over the row, the local
-        ones over the query's clause, a contiguous span of keys
-        (:meth:`ClauseStructure.spans`).  In the tensor code,
-        the local softmaxes, which the stock attention does not have, run at
-        :func:`onmt_ext.ops.softmax_width` (rows of 4-15 keys padded to 16 on
-        the CPU, where torch's kernel is slow below 16; the extra keys are
-        ``-inf`` and are cut off after the mix); the global one is the stock
-        attention's and keeps ``torch.softmax`` at the real width.
-        """
+        """Eq. 4-5 unrolled: ``(1 - p_1) g + sum_l w_l b^l`` with the weights of :meth:`level_weights`."""
         structure = self._structure[0]
         ids = structure.ids
         if ids is None or ids.shape[0] != scores.shape[0] or ids.shape[-1] != scores.shape[-1]:
             raise RuntimeError("clause attention: no clause ids for this batch (the encoder sets them; "
                                "this attention runs only inside ExtTransformerEncoder)")
-        scores = scores.float()
         p = self.mixing_weights()
-        distinct = structure.distinct
         weights = self.level_weights(p)  # (L, ...) per level
-        if len(distinct) < self.levels:  # levels that repeat a coarser partition add to its weight
-            weights = weights.new_zeros((len(distinct),) + weights.shape[1:]).index_add_(0, structure.slots(), weights)
-        if kernels.usable(scores):
-            return kernels.clause_mix(scores, structure.spans(), (1 - p[0]).squeeze(-1), weights.squeeze(-1))
-        outside = structure.outside_bias().unsqueeze(2)  # (B, D, 1, len, width): 0 or -1e18
-        length, width = scores.size(-1), outside.size(-1)
-        wide = F.pad(scores, (0, width - length), value=float("-inf"))  # (B, H, len, width)
-        local = torch.softmax(wide.unsqueeze(1) + outside, dim=-1)  # b: (B, D, H, len, width)
-        mixed = (weights.movedim(0, 1) * local).sum(dim=1)[..., :length]  # (B, H, len, len)
-        return (1 - p[0]) * torch.softmax(scores, dim=-1) + mixed
+        if len(structure.distinct) < self.levels:  # levels that repeat a coarser partition add to its weight
+            weights = weights.new_zeros((len(structure.distinct),) + weights.shape[1:]).index_add_(
+                0, structure.slots(), weights)
+        return ext_compile.run(self.ext_compile, clause_mix, scores, p[0], weights, structure.outside_bias())
 
     @staticmethod
     def level_weights(p):
@@ -291,6 +245,33 @@ class ClauseAttention(nn.Module):
         products = torch.cumprod(p, dim=0)
         rest = torch.cat([1 - p[1:], torch.ones_like(p[:1])], dim=0)
         return products * rest
+
+
+def clause_mix(scores, first_level, weights, outside):
+    """Global and clause-local attention mixed (eq. 4-5): ``(1 - p_1) g + sum_D w_D b^D``.
+
+    Args:
+        scores: masked scores ``(batch, H, len, len)``.
+        first_level: p_1, ``(1, H, 1, 1)`` or ``(batch, H, len, 1)``.
+        weights: the weight of each distinct partition's local attention,
+            ``(D, 1, H, 1, 1)`` or ``(D, batch, H, len, 1)``.
+        outside: ``(batch, D, len, len)``, -1e18 where the key lies outside
+            the query's clause (:meth:`ClauseStructure.outside_bias`).
+
+    The local softmaxes of the D distinct partitions are one softmax over a
+    stacked ``(batch, D, H, len, len)`` tensor, and the mix one weighted sum,
+    so the op count does not grow with the number of levels.  Computed in
+    float32; returns float32 probabilities ``(batch, H, len, len)``.
+    """
+    scores = scores.float()
+    local = torch.softmax(scores.unsqueeze(1) + outside.unsqueeze(2), dim=-1)  # b: (B, D, H, len, len)
+    mixed = (weights.movedim(0, 1) * local).sum(dim=1)  # (B, H, len, len)
+    return (1 - first_level) * torch.softmax(scores, dim=-1) + mixed
+
+
+initialisation.register("onmt_ext.clause_attention.ClauseAttention", lambda m: (
+    {"mix_logits": initialisation.ZEROS} if m.mixing == "scalar"
+    else {"mix_gate.weight": initialisation.ZEROS, "mix_gate.bias": initialisation.ZEROS}))
 
 
 def _combination_check(opt):

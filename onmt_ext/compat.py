@@ -1,9 +1,11 @@
-"""Fixes that let OpenNMT-py 3.5.1 (which declares ``torch<2.3``) run on current torch.
+"""Fixes of OpenNMT-py 3.5.1 (which declares ``torch<2.3``) for current torch, and of its crashes and data loss.
 
-Everything onmt-ext changes in OpenNMT-py's behaviour for the sake of a newer
-torch lives here, so that it is easy to audit and to drop once upstream is
-fixed.  :func:`apply` is called by the start-up hook *before* ``onmt`` is
-imported, and is idempotent.
+Everything onmt-ext changes in OpenNMT-py's own behaviour lives here (the
+option and checkpoint checks that the extension needs are in
+:mod:`onmt_ext.plugin`, the corpus checks in :mod:`onmt_ext.corpus`), so that
+it is easy to audit and to drop once upstream is fixed.  :func:`apply` is
+called by the start-up hook *before* ``onmt`` is imported, and is idempotent;
+the rest is called by :func:`onmt_ext.plugin.activate`.
 
 1. ``torch.load`` defaults to ``weights_only=True`` since torch 2.6.
    OpenNMT-py checkpoints pickle the training options as an
@@ -64,27 +66,29 @@ imported, and is idempotent.
    give the length, the limit and what to do, names the source lines in
    ``onmt_translate`` and ends ``onmt_translate`` with that message instead
    of a traceback.
-8. ``import onmt`` imports every OpenNMT-py transform, and the
-   ``terminology`` transform imports spaCy at module level.  That import alone
-   took about 1.2 s of the 5.3 s of ``import onmt`` (one-off ``python -X
-   importtime``, 2026-11-26), in every ``onmt_*`` command and every data-loader
-   process, whether or not any transform uses spaCy.  :func:`defer_spacy`
-   puts a stand-in module under ``spacy`` in ``sys.modules`` before ``onmt``
-   runs: ``import spacy`` then binds the stand-in, and the first attribute
-   read from it (``spacy.load`` in the terminology transform's or the clause
-   splitter's warm-up, or any import of a submodule) imports spaCy itself and
-   is answered by it.  ``importlib.util.LazyLoader`` does not serve here: on
-   Python 3.11 the import statement itself reads the module's ``__spec__``,
-   which runs a lazy module at once.  Where spaCy is already imported, or
-   not installed, nothing changes.
+8. ``import onmt`` imports every OpenNMT-py transform; the ``terminology``
+   transform imports spaCy and the ``clean`` transform fasttext at module
+   level, so stock ``import onmt`` fails when either is missing, although
+   only those two transforms use them.  :func:`stand_in_for_missing_packages`
+   puts a stand-in module under each missing name in ``sys.modules`` while
+   ``onmt`` is imported (and :func:`drop_stand_ins` takes it out afterwards,
+   so that ``importlib.util.find_spec`` and later imports see the truth).
+   The transforms keep the stand-in: using it raises
+   :class:`MissingPackageError`, and :func:`missing_package_problems` refuses
+   such a transform when the options are parsed, in one line naming the
+   package and how to install it.
+
+Every change to OpenNMT-py goes through :func:`onmt_ext.patches.patch`,
+which records it for ``python -m onmt_ext.hook status``.
 """
 
 import argparse
-import importlib
 import importlib.util
 import sys
 import types
 import warnings
+
+from onmt_ext.patches import FIX, NEEDED, QUIET, patch, record
 
 # Regular expressions over the warning text (``warnings.filterwarnings`` matches
 # them against the start of the message).
@@ -98,12 +102,25 @@ SAFE_GLOBALS = (argparse.Namespace,)
 
 _applied = False
 
+#: Optional packages that stock OpenNMT-py imports at module level: name -> (what needs it, pip requirement).
+OPTIONAL_PACKAGES = {
+    "spacy": ("the terminology transform (and clause_split with -clause_lang en)", "spacy==3.8.18"),
+    "fasttext": ("the clean transform", "fasttext-wheel==0.9.2"),
+}
+#: Transforms that need an optional package: transform name -> package.
+TRANSFORM_PACKAGES = {"terminology": "spacy", "clean": "fasttext"}
+_PACKAGE_NAMES = {"spacy": "spaCy", "fasttext": "fasttext"}
+
 
 def silence_deprecations():
     """Filter the known FutureWarnings caused by OpenNMT-py's old torch API use."""
     for message in _DEPRECATION_MESSAGES:
         warnings.filterwarnings("ignore", message=message, category=FutureWarning)
         warnings.filterwarnings("ignore", message=message, category=DeprecationWarning)
+    record("warnings filters (torch.cuda.amp, sdp_kernel)", kind=QUIET,
+           reason="OpenNMT-py 3.5.1 calls deprecated torch.cuda.amp/sdp_kernel APIs; torch's FutureWarnings about "
+                  "them name OpenNMT-py's code, which a user cannot change",
+           test="tests/unit/test_plugin.py::test_no_torch_amp_deprecation_noise")
 
 
 def allow_checkpoint_classes():
@@ -113,46 +130,93 @@ def allow_checkpoint_classes():
     add = getattr(torch.serialization, "add_safe_globals", None)
     if add is not None:  # torch < 2.4 has no safe unpickler to configure
         add(list(SAFE_GLOBALS))
+        record("torch.serialization safe globals (argparse.Namespace)", kind=NEEDED,
+               reason="checkpoints pickle their options as an argparse.Namespace, which torch.load refuses with "
+                      "weights_only=True; allow-listing that one class keeps weights_only on",
+               test="tests/unit/test_plugin.py::test_checkpoint_namespace_loads_with_weights_only")
 
 
-class _DeferredModule(types.ModuleType):
-    """Stands in for a module in ``sys.modules`` until an attribute is read from it (see :func:`defer_spacy`).
+class MissingPackageError(ImportError):
+    """An optional package that a transform needs is not installed; the message says which and how to install it."""
 
-    It carries the module's name, import spec, file and loader, which the
-    import statement and ``inspect`` read, and no ``__path__``, so importing a
-    submodule reads that attribute and so imports the real package first.
-    Any attribute it lacks is looked up in the real module, imported on the
-    first such read.
+
+def missing_package_message(package, user=None):
+    """``the <user> needs <Package> (pip install <requirement>)``."""
+    what, requirement = OPTIONAL_PACKAGES[package]
+    return f"{user or what} needs {_PACKAGE_NAMES[package]} (pip install {requirement})"
+
+
+class _MissingModule(types.ModuleType):
+    """Stands in for an optional package that is not installed (see :func:`stand_in_for_missing_packages`).
+
+    Reading any public attribute raises :class:`MissingPackageError`; dunder
+    reads (``inspect``, the import system) get ``AttributeError`` as from a
+    module that lacks them.
     """
 
-    def __getattr__(self, name):  # only for attributes the stand-in does not have
-        real = sys.modules.get(self.__name__)
-        if real is None or real is self:
-            sys.modules.pop(self.__name__, None)
-            try:
-                real = importlib.import_module(self.__name__)
-            except BaseException:
-                sys.modules.setdefault(self.__name__, self)
-                raise
-        return getattr(real, name)
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise MissingPackageError(missing_package_message(self.__name__))
 
 
-def defer_spacy():
-    """Defer importing spaCy until it is used, in this process (see the module docstring).
+_stand_ins = {}
 
-    Returns True when the stand-in was installed.
+
+def stand_in_for_missing_packages():
+    """Put a :class:`_MissingModule` under each missing :data:`OPTIONAL_PACKAGES` name while ``onmt`` is imported.
+
+    Returns the names that got a stand-in.  :func:`drop_stand_ins` removes
+    them from ``sys.modules`` once ``onmt`` is imported.
     """
-    if "spacy" in sys.modules:
-        return False
-    spec = importlib.util.find_spec("spacy")
-    if spec is None:
-        return False
-    stand_in = _DeferredModule("spacy")
-    # what the import statement and inspect.getmodule (which torch calls when it registers an operator)
-    # read from every module in sys.modules; a read of anything else imports spaCy
-    stand_in.__spec__, stand_in.__file__, stand_in.__loader__ = spec, spec.origin, spec.loader
-    sys.modules["spacy"] = stand_in
-    return True
+    added = []
+    for name in OPTIONAL_PACKAGES:
+        if name in sys.modules:
+            continue
+        try:
+            missing = importlib.util.find_spec(name) is None
+        except (ImportError, ValueError):
+            missing = True
+        if missing:
+            module = _stand_ins.setdefault(name, _MissingModule(name))
+            sys.modules[name] = module
+            added.append(name)
+    if added:
+        record("sys.modules (" + ", ".join(added) + ") while onmt is imported", kind=FIX,
+               reason="stock `import onmt` fails without spaCy or fasttext, which only the terminology and clean "
+                      "transforms use; those transforms are refused in one line instead",
+               test="tests/integration/test_user_errors.py::test_onmt_works_without_spacy_and_fasttext")
+    return added
+
+
+def drop_stand_ins():
+    """Take the stand-ins of :func:`stand_in_for_missing_packages` out of ``sys.modules`` (the modules keep theirs)."""
+    for name, module in _stand_ins.items():
+        if sys.modules.get(name) is module:
+            del sys.modules[name]
+
+
+def package_missing(package):
+    """True when the optional ``package`` cannot be imported (a stand-in counts as missing)."""
+    if sys.modules.get(package) is _stand_ins.get(package, object()):
+        return True
+    try:
+        return importlib.util.find_spec(package) is None
+    except (ImportError, ValueError):
+        return True
+
+
+def missing_package_problems(opt):
+    """One message per transform of ``opt.transforms`` whose optional package is not installed."""
+    problems = []
+    for transform in getattr(opt, "transforms", None) or []:
+        package = TRANSFORM_PACKAGES.get(transform)
+        if package and package_missing(package):
+            problems.append(missing_package_message(package, f"the {transform} transform"))
+    if "clause_split" in (getattr(opt, "transforms", None) or []) and getattr(opt, "clause_lang", None) == "en" \
+            and package_missing("spacy"):
+        problems.append(missing_package_message("spacy", "the clause_split transform with -clause_lang en"))
+    return problems
 
 
 def keep_log_file():
@@ -162,22 +226,20 @@ def keep_log_file():
     process whose ``onmt`` logger has no handler yet (a data-loader worker)
     still gets the console handler it asked for.
     """
+    from onmt.inputters import dynamic_iterator
+
+    patch(dynamic_iterator, "init_logger", _init_logger_keeping_handlers, kind=FIX,
+          reason="the data iterator re-initialises the logger without a file, which silently stops -log_file",
+          test="tests/unit/test_plugin.py::test_log_file_keeps_training_lines_after_the_data_iterator_starts")
+
+
+def _init_logger_keeping_handlers(stock, log_file=None, *args, **kwargs):
     import logging
 
-    from onmt.inputters import dynamic_iterator
-    from onmt.utils.logging import init_logger
-
-    if getattr(dynamic_iterator.init_logger, "_onmt_ext", False):
-        return
-
-    def init_logger_keeping_handlers(log_file=None, *args, **kwargs):
-        logger = logging.getLogger("onmt")
-        if log_file is None and not args and not kwargs and logger.handlers:
-            return logger
-        return init_logger(log_file, *args, **kwargs)
-
-    init_logger_keeping_handlers._onmt_ext = True
-    dynamic_iterator.init_logger = init_logger_keeping_handlers
+    logger = logging.getLogger("onmt")
+    if log_file is None and not args and not kwargs and logger.handlers:
+        return logger
+    return stock(log_file, *args, **kwargs)
 
 
 def atomic_save(obj, path, *args, **kwargs):
@@ -219,8 +281,10 @@ def atomic_checkpoints():
     from onmt.models import model_saver
 
     for module in (model_saver, average_models):
-        if not isinstance(module.torch, _TorchWithAtomicSave):
-            module.torch = _TorchWithAtomicSave()
+        patch(module, "torch", _TorchWithAtomicSave(), wrap=False, kind=FIX,
+              reason="torch.save writes the checkpoint in place: a run killed while saving leaves a truncated "
+                     "file under the final name",
+              test="tests/unit/test_plugin.py::test_checkpoints_are_written_atomically")
 
 
 def batches_consumed(trainer, steps_done):
@@ -230,27 +294,27 @@ def batches_consumed(trainer, steps_done):
 
 def resume_data_position():
     """Make a resumed ``Trainer.train`` skip the batches already trained on (see the module docstring)."""
+    from onmt.trainer import Trainer
+
+    patch(Trainer, "train", _train_from_data_position, kind=FIX,
+          reason="-train_from restarts the corpora at their first batch: a resumed run trains the first batches "
+                 "twice, and a run resumed again and again never reaches the end of its corpus",
+          test="tests/integration/test_faults.py::test_resumed_training_matches_the_uninterrupted_run")
+
+
+def _train_from_data_position(stock, self, train_iter, train_steps, *args, **kwargs):
     import itertools
 
-    from onmt.trainer import Trainer
     from onmt.utils.logging import logger
 
-    stock = Trainer.train
-    if getattr(stock, "_onmt_ext", False):
-        return
-
-    def train(self, train_iter, train_steps, *args, **kwargs):
-        done = self.optim.training_step - 1
-        if done > 0 and train_iter is not None:
-            skip = batches_consumed(self, done)
-            logger.info(f"onmt-ext: resuming at step {done + 1}: skipping the {skip} training batches that "
-                        f"steps 1-{done} used, so that training continues where it stopped (exact when the "
-                        "data, accum_count and number of GPUs are those of the run being resumed)")
-            train_iter = itertools.islice(train_iter, skip, None)
-        return stock(self, train_iter, train_steps, *args, **kwargs)
-
-    train._onmt_ext = True
-    Trainer.train = train
+    done = self.optim.training_step - 1
+    if done > 0 and train_iter is not None:
+        skip = batches_consumed(self, done)
+        logger.info(f"onmt-ext: resuming at step {done + 1}: skipping the {skip} training batches that "
+                    f"steps 1-{done} used, so that training continues where it stopped (exact when the "
+                    "data, accum_count and number of GPUs are those of the run being resumed)")
+        train_iter = itertools.islice(train_iter, skip, None)
+    return stock(self, train_iter, train_steps, *args, **kwargs)
 
 
 def save_format_problems(opt):
@@ -281,42 +345,42 @@ def count_filtered_examples():
     The counts live on the transform object, so each data-loader process
     logs its own share.  Idempotent.
     """
-    from onmt.constants import CorpusName
     from onmt.transforms.misc import FilterTooLongTransform
+
+    patch(FilterTooLongTransform, "apply", _filter_too_long, kind=FIX,
+          reason="filtertoolong drops training pairs without a word until a full pass, and drops (or crashes on) "
+                 "lines to be translated, which shifts every later translation",
+          test="tests/unit/test_plugin.py::test_filtertoolong_logs_its_first_drop_and_the_running_count")
+
+
+def _filter_too_long(stock, self, example, is_train=False, stats=None, **kwargs):
+    from onmt.constants import CorpusName
     from onmt.utils.logging import logger
 
-    stock = FilterTooLongTransform.apply
-    if getattr(stock, "_onmt_ext", False):
-        return
-
-    def apply(self, example, is_train=False, stats=None, **kwargs):
-        if example.get("cid") == CorpusName.INFER or example.get("tgt") is None:
-            if not getattr(self, "_onmt_ext_told_infer", False):
-                self._onmt_ext_told_infer = True
-                logger.warning("filtertoolong drops nothing that is to be translated (the onmt_translate source, "
-                               "the -valid_metrics source): a dropped sentence would put every later translation on "
-                               "the wrong line")
-            return example
-        kept = stock(self, example, is_train=is_train, stats=stats, **kwargs)
-        self._onmt_ext_seen = getattr(self, "_onmt_ext_seen", 0) + 1
-        if kept is not None:
-            return kept
-        dropped = self._onmt_ext_dropped = getattr(self, "_onmt_ext_dropped", 0) + 1
-        limits = f"-src_seq_length {self.src_seq_length}, -tgt_seq_length {self.tgt_seq_length}"
-        if dropped == 1:
-            logger.warning(
-                f"{_worker_prefix()}filtertoolong: dropped a pair of corpus {example.get('cid')!r} with "
-                f"{len(example['src'])} source and {len(example['tgt'])} target tokens ({limits}; a target may "
-                f"have at most -tgt_seq_length - 2 tokens, for <s> and </s>); every pair over the limits is left "
-                "out of training and counted here; raise the limits to keep such pairs")
-        elif dropped in _FILTER_LOG_AT or dropped % _FILTER_LOG_EVERY == 0:
-            seen = self._onmt_ext_seen
-            logger.info(f"{_worker_prefix()}filtertoolong: {dropped} of {seen} pairs dropped so far "
-                        f"({100.0 * dropped / seen:.2f}%; {limits})")
-        return None
-
-    apply._onmt_ext = True
-    FilterTooLongTransform.apply = apply
+    if example.get("cid") == CorpusName.INFER or example.get("tgt") is None:
+        if not getattr(self, "_onmt_ext_told_infer", False):
+            self._onmt_ext_told_infer = True
+            logger.warning("filtertoolong drops nothing that is to be translated (the onmt_translate source, "
+                           "the -valid_metrics source): a dropped sentence would put every later translation on "
+                           "the wrong line")
+        return example
+    kept = stock(self, example, is_train=is_train, stats=stats, **kwargs)
+    self._onmt_ext_seen = getattr(self, "_onmt_ext_seen", 0) + 1
+    if kept is not None:
+        return kept
+    dropped = self._onmt_ext_dropped = getattr(self, "_onmt_ext_dropped", 0) + 1
+    limits = f"-src_seq_length {self.src_seq_length}, -tgt_seq_length {self.tgt_seq_length}"
+    if dropped == 1:
+        logger.warning(
+            f"{_worker_prefix()}filtertoolong: dropped a pair of corpus {example.get('cid')!r} with "
+            f"{len(example['src'])} source and {len(example['tgt'])} target tokens ({limits}; a target may "
+            f"have at most -tgt_seq_length - 2 tokens, for <s> and </s>); every pair over the limits is left "
+            "out of training and counted here; raise the limits to keep such pairs")
+    elif dropped in _FILTER_LOG_AT or dropped % _FILTER_LOG_EVERY == 0:
+        seen = self._onmt_ext_seen
+        logger.info(f"{_worker_prefix()}filtertoolong: {dropped} of {seen} pairs dropped so far "
+                    f"({100.0 * dropped / seen:.2f}%; {limits})")
+    return None
 
 
 def position_limit_message(positions, limit, step=None):
@@ -330,77 +394,60 @@ def position_limit_message(positions, limit, step=None):
 
 
 def explain_position_limit():
-    """Give ``SequenceTooLongError`` a message that says what to do, and end ``onmt_translate`` with it.
+    """Give ``SequenceTooLongError`` a message that says what to do (see the module docstring).
 
     ``PositionalEncoding.forward`` checks the length itself (the stock check
     reports the size of the wrong dimension); ``Translator._run_encoder``
     adds the 1-based line numbers of the too-long sources of the batch;
-    ``onmt.bin.translate.translate`` turns the error into a one-line exit.
-    Idempotent.
+    :func:`onmt_ext.plugin.activate`'s command wrapper turns the error into a
+    one-line exit.  Idempotent.
     """
-    from onmt.bin import translate as translate_bin
-    from onmt.modules.embeddings import PositionalEncoding, SequenceTooLongError
+    from onmt.modules.embeddings import PositionalEncoding
     from onmt.translate.translator import Translator
 
-    stock_forward = PositionalEncoding.forward
-    if getattr(stock_forward, "_onmt_ext", False):
-        return
-
-    def forward(self, emb, step=None):
-        limit, positions = self.pe.size(0), (step or 0) + emb.size(1)
-        if positions > limit:
-            error = SequenceTooLongError(position_limit_message(positions, limit, step))
-            error.limit = limit
-            raise error
-        return stock_forward(self, emb, step)
-
-    forward._onmt_ext = True
-    PositionalEncoding.forward = forward
-
-    stock_encoder = Translator._run_encoder
-
-    def _run_encoder(self, batch):
-        try:
-            return stock_encoder(self, batch)
-        except SequenceTooLongError as error:
-            limit = getattr(error, "limit", None)
-            lengths = batch["srclen"].tolist()
-            numbers = batch.get("cid_line_number") or list(range(len(lengths)))
-            long = sorted((number + 1, length) for number, length in zip(numbers, lengths)
-                          if limit is None or length > limit)
-            if not long:
-                raise
-            where = ", ".join(f"line {number} ({length} tokens)" for number, length in long)
-            better = SequenceTooLongError(f"source {where}: {error}")
-            better.limit = limit
-            raise better from None
-
-    _run_encoder._onmt_ext = True
-    Translator._run_encoder = _run_encoder
-
-    translate_bin.translate = exit_on_long_sequences(translate_bin.translate)
+    test = "tests/unit/test_plugin.py::test_a_sequence_beyond_the_position_encoding_gets_a_clear_error"
+    patch(PositionalEncoding, "forward", _positional_encoding_forward, kind=FIX, test=test,
+          reason="a sequence over the 5000 sinusoidal positions ends in a traceback that says 'limited to 1'")
+    patch(Translator, "_run_encoder", _run_encoder_naming_lines, kind=FIX, test=test,
+          reason="names the source lines that are too long for the position encoding")
 
 
-def exit_on_long_sequences(translate):
-    """Wrap ``onmt_translate``'s ``translate(opt)``: a ``SequenceTooLongError`` ends it with its message."""
+def _positional_encoding_forward(stock, self, emb, step=None):
     from onmt.modules.embeddings import SequenceTooLongError
 
-    def translate_or_exit(opt):
-        try:
-            return translate(opt)
-        except SequenceTooLongError as error:
-            raise SystemExit(f"onmt_translate: error: {error}") from None
+    limit, positions = self.pe.size(0), (step or 0) + emb.size(1)
+    if positions > limit:
+        error = SequenceTooLongError(position_limit_message(positions, limit, step))
+        error.limit = limit
+        raise error
+    return stock(self, emb, step)
 
-    translate_or_exit._onmt_ext = True
-    return translate_or_exit
+
+def _run_encoder_naming_lines(stock, self, batch):
+    from onmt.modules.embeddings import SequenceTooLongError
+
+    try:
+        return stock(self, batch)
+    except SequenceTooLongError as error:
+        limit = getattr(error, "limit", None)
+        lengths = batch["srclen"].tolist()
+        numbers = batch.get("cid_line_number") or list(range(len(lengths)))
+        long = sorted((number + 1, length) for number, length in zip(numbers, lengths)
+                      if limit is None or length > limit)
+        if not long:
+            raise
+        where = ", ".join(f"line {number} ({length} tokens)" for number, length in long)
+        better = SequenceTooLongError(f"source {where}: {error}")
+        better.limit = limit
+        raise better from None
 
 
 def apply():
-    """Apply every fix once (safe to call repeatedly)."""
+    """Apply the fixes that must precede ``import onmt`` once (safe to call repeatedly)."""
     global _applied
     if _applied:
         return
     silence_deprecations()
     allow_checkpoint_classes()
-    defer_spacy()
+    stand_in_for_missing_packages()
     _applied = True

@@ -43,6 +43,8 @@ import os
 import re
 from typing import NamedTuple, Tuple
 
+from onmt_ext.patches import FIX, patch
+
 _BOM = "\ufeff"
 _BLOCK = 1 << 24
 #: The newline before a whitespace-only line (what ``str.strip`` empties), in ``"\n"`` + complete lines of text.
@@ -50,13 +52,20 @@ _BEFORE_EMPTY_LINE = re.compile(r"\n(?=[^\S\n]*\n)")
 #: How many line numbers a message lists.
 SHOWN_LINES = 5
 _checked = {}
+#: Messages already logged in this process (OpenNMT-py validates the data options more than once per run).
+_logged = set()
 
 
 class CorpusError(SystemExit):
-    """A corpus file cannot be used as it is; the message names the corpus, the file and the line."""
+    """A corpus file cannot be used as it is; the message names the corpus, the file and the line.
 
-    def __init__(self, message):
+    ``status`` is the exit status the command ends with: 1 (the file's
+    content), or 2 for a path that names no file (a usage error).
+    """
+
+    def __init__(self, message, status=1):
         super().__init__(f"error: {message}")
+        self.message, self.status = message, status
 
 
 class FileScan(NamedTuple):
@@ -191,7 +200,9 @@ def report_empty_lines(name, src, tgt=None, level="warning"):
     messages = [f"corpus {name!r}: {text}: pairs with an empty source or target are skipped (-skip_empty_level "
                 "error would stop instead)" for text in found]
     for message in messages:
-        (logger.info if level == "silent" else logger.warning)(message)
+        if message not in _logged:
+            _logged.add(message)
+            (logger.info if level == "silent" else logger.warning)(message)
     return messages
 
 
@@ -208,7 +219,7 @@ def check_translation_source(src, tgt=None):
 
     found = _empty_line_messages((src,))
     if found:
-        raise CorpusError(f"onmt_translate -src {found[0]}: OpenNMT-py would leave such lines out of the output and "
+        raise CorpusError(f"-src {found[0]}: OpenNMT-py would leave such lines out of the output and "
                           "write every later translation on the wrong line; remove them before translating (e.g. "
                           "grep -v '^[[:space:]]*$') and put empty lines back at those line numbers in the output, "
                           "or put a placeholder token on them")
@@ -216,8 +227,8 @@ def check_translation_source(src, tgt=None):
         logger.warning(f"onmt_translate -tgt {message}: their GOLD scores are those of an <unk> target")
 
 
-def _skip_empty_pairs(stock):
-    """Wrap ``ParallelCorpusIterator._process``: drop the pairs of a training/validation corpus with an empty side.
+def _skip_empty_pairs(stock, self, stream):
+    """``ParallelCorpusIterator._process`` that drops the pairs of a training/validation corpus with an empty side.
 
     The stock iterator has already split each side into tokens, so an empty or
     whitespace-only line is ``[""]``.  The translation corpus (``infer``) is
@@ -225,16 +236,12 @@ def _skip_empty_pairs(stock):
     """
     from onmt.constants import CorpusName
 
-    def _process(self, stream):
-        skip = self.cid != CorpusName.INFER
-        for item in stock(self, stream):
-            example = item[0]
-            if skip and example.get("tgt") is not None and (example["src"] == [""] or example["tgt"] == [""]):
-                continue
-            yield item
-
-    _process._onmt_ext = True
-    return _process
+    skip = self.cid != CorpusName.INFER
+    for item in stock(self, stream):
+        example = item[0]
+        if skip and example.get("tgt") is not None and (example["src"] == [""] or example["tgt"] == [""]):
+            continue
+        yield item
 
 
 def _starts_with_bom(path):
@@ -265,11 +272,48 @@ def _check_data_option(data, skip_empty_level="warning"):
         src, tgt = entry.get(src_key), entry.get("path_tgt")
         for key, path in ((src_key, src), ("path_tgt", tgt)):
             if path is not None and not os.path.isfile(path):
-                raise CorpusError(f"corpus {name!r}: {key} {path}: no such file")
+                raise CorpusError(f"corpus {name!r}: {key} {path}: no such file", status=2)
         if src is not None:
             check_corpus(name, src, tgt)
             if src_key == "path_src":
                 report_empty_lines(name, src, tgt, skip_empty_level)
+
+
+def _load_without_bom(stock, self, offset=0, stride=1):
+    """``ParallelCorpus.load`` that takes a leading byte-order mark off the first example (logged)."""
+    from onmt.utils.logging import logger
+
+    bom = False
+    if isinstance(self.src, (str, os.PathLike)) and os.path.isfile(self.src):
+        tgt = self.tgt if isinstance(self.tgt, (str, os.PathLike)) and os.path.isfile(self.tgt) else None
+        bom = any(_starts_with_bom(path) for path in (self.src, tgt) if path is not None)
+        if bom:
+            message = (f"corpus {self.id!r}: byte-order mark at the start of {self.src}"
+                       + (f" or {tgt}" if tgt else "") + " removed from the first line")
+            if message not in _logged:
+                _logged.add(message)
+                logger.warning(message)
+    for index, example in enumerate(stock(self, offset, stride)):
+        yield _strip_bom(example) if bom and index == 0 else example
+
+
+def _validate_data(stock, cls, opt):
+    _check_data_option(opt.data, getattr(opt, "skip_empty_level", "warning"))
+    return stock(cls, opt)
+
+
+def _translate_checked(stock, opt, *args, **kwargs):
+    """``onmt_translate``'s ``translate(opt)`` after checking ``-src`` (and ``-tgt``)."""
+    src, tgt = getattr(opt, "src", None), getattr(opt, "tgt", None)
+    for key, path in (("-src", src), ("-tgt", tgt)):
+        if path and path != "-" and not os.path.isfile(path):
+            raise CorpusError(f"{key} {path}: no such file", status=2)
+    if src and src != "-":
+        lines, _ = check_corpus("-src/-tgt" if tgt else "-src", src, tgt or None)
+        if lines == 0:
+            raise CorpusError(f"-src {src}: the file is empty; there is nothing to translate")
+        check_translation_source(src, tgt if tgt and tgt != "-" else None)
+    return stock(opt, *args, **kwargs)
 
 
 def install():
@@ -279,57 +323,33 @@ def install():
     runs :func:`check_corpus` and :func:`report_empty_lines` on every corpus,
     and ``onmt.bin.translate.translate`` (``onmt_translate``) runs
     :func:`check_corpus` and :func:`check_translation_source` on its
-    ``-src``/``-tgt``, so a bad file stops the command before any model is
-    built; ``ParallelCorpus.load`` drops a byte-order mark from the first line
+    ``-src``/``-tgt`` (and refuses an empty ``-src``), so a bad file stops the
+    command before any model is built or any output file is created;
+    ``ParallelCorpus.load`` drops a byte-order mark from the first line
     (logged); ``ParallelCorpusIterator._process`` skips the training and
     validation pairs with an empty side.  Idempotent.
+
+    The check reads every corpus file once per process at start-up (one pass
+    over the raw bytes); that is the price of never training on silently
+    truncated or misaligned pairs.
     """
+    from onmt.bin import translate as translate_bin
     from onmt.inputters import text_corpus
-    from onmt.utils.logging import logger
     from onmt.utils.parse import ArgumentParser
 
-    stock = text_corpus.ParallelCorpus.load
-    if getattr(stock, "_onmt_ext", False):
-        return
-
-    def load(self, offset=0, stride=1):
-        bom = False
-        if isinstance(self.src, (str, os.PathLike)) and os.path.isfile(self.src):
-            tgt = self.tgt if isinstance(self.tgt, (str, os.PathLike)) and os.path.isfile(self.tgt) else None
-            bom = any(_starts_with_bom(path) for path in (self.src, tgt) if path is not None)
-            if bom:
-                logger.warning(f"corpus {self.id!r}: byte-order mark at the start of {self.src}"
-                               + (f" or {tgt}" if tgt else "") + " removed from the first line")
-        for index, example in enumerate(stock(self, offset, stride)):
-            yield _strip_bom(example) if bom and index == 0 else example
-
-    load._onmt_ext = True
-    text_corpus.ParallelCorpus.load = load
-    text_corpus.ParallelCorpusIterator._process = _skip_empty_pairs(text_corpus.ParallelCorpusIterator._process)
-
-    stock_data = ArgumentParser._validate_data.__func__
-
-    def _validate_data(cls, opt):
-        _check_data_option(opt.data, getattr(opt, "skip_empty_level", "warning"))
-        return stock_data(cls, opt)
-
-    ArgumentParser._validate_data = classmethod(_validate_data)
-
-    # onmt_translate's own entry point (not validate_translate_opts, which OpenNMT-py also calls with
-    # placeholder sources: validation with -valid_metrics, the translation server)
-    from onmt.bin import translate as translate_bin
-
-    stock_translate = translate_bin.translate
-
-    def translate(opt):
-        src, tgt = getattr(opt, "src", None), getattr(opt, "tgt", None)
-        for key, path in (("-src", src), ("-tgt", tgt)):
-            if path and path != "-" and not os.path.isfile(path):
-                raise CorpusError(f"onmt_translate {key} {path}: no such file")
-        if src and src != "-":
-            check_corpus("-src/-tgt" if tgt else "-src", src, tgt or None)
-            check_translation_source(src, tgt if tgt and tgt != "-" else None)
-        return stock_translate(opt)
-
-    translate._onmt_ext = True
-    translate_bin.translate = translate
+    tests = "tests/unit/test_corpus.py::"
+    patch(text_corpus.ParallelCorpus, "load", _load_without_bom, kind=FIX, test=tests +
+          "test_a_byte_order_mark_is_taken_off_the_first_example",
+          reason="a byte-order mark stays glued to the first token of the first line")
+    patch(text_corpus.ParallelCorpusIterator, "_process", _skip_empty_pairs, kind=FIX, test=tests +
+          "test_pairs_with_an_empty_side_are_skipped_in_training_not_in_translation",
+          reason="a pair with an empty target is trained as '<s> <unk> </s>', one with an empty source dropped "
+                 "without a word")
+    patch(ArgumentParser, "_validate_data", _validate_data, kind=FIX, test=tests +
+          "test_train_refuses_misaligned_files_without_a_traceback",
+          reason="reads every corpus once at start-up: files of different lengths are cut to the shorter without a "
+                 "word, a non-UTF-8 line ends in a traceback naming no file, empty lines go unreported")
+    patch(translate_bin, "translate", _translate_checked, kind=FIX, test=tests +
+          "test_translate_refuses_a_source_with_empty_lines_by_name",
+          reason="an empty -src line is left out of the output (every later line shifts); an empty -src file ends "
+                 "in an UnboundLocalError after creating an empty output")

@@ -34,9 +34,9 @@ score tensor.  OpenNMT-py's fused attention on GPU (SDPA / flash) never builds
 that tensor, so the attention of those layers is switched to the explicit
 ``scaled-dot`` path when the module is attached.
 
-It runs eager: compiled with ``torch.compile`` (torch 2.13, inductor on CPU),
-the backward pass of training failed on a stride assertion about the
-incoming gradient, so ``routing_compile`` applies to li2019 only.
+With ``-ext_compile`` the full pass (:func:`cross_aggregate`) and the
+decoding step (:func:`causal_step`) run through ``torch.compile``
+(:mod:`onmt_ext.compile`).
 
 The paper applies it to encoder self-attention.  ``cao2019_dec_self`` adds a
 causal variant to decoder self-attention (:class:`CausalCrossAggregation`):
@@ -52,6 +52,8 @@ import torch.nn as nn
 
 import torch.nn.functional as F
 
+from onmt_ext import compile as ext_compile
+from onmt_ext import initialisation
 from onmt_ext.options import (EXT_TYPE, OptionSpec, layers_check, options_without_effect, register_options,
                               selected_layers, tensor_parallel_problems)
 from onmt_ext.routing import _check_iterations, coupling_coefficients, simple_routing
@@ -60,6 +62,7 @@ from onmt_ext.state import DecodingStateModule
 # OpenNMT-py fills masked scores with -1e18 before the softmax.
 _MASKED_BELOW = -1e17
 INITS = ("zero", "self")
+SCALES = ("model", "head")
 
 
 class CrossAggregation(nn.Module):
@@ -71,6 +74,9 @@ class CrossAggregation(nn.Module):
         horizontal: add the positional horizontal routing output (eq. 14).
         init: ``"zero"`` or ``"self"`` (eq. 15) routing logits of the horizontal routing.
         iterations: routing iterations T.
+        scale: ``"model"`` (eq. 4: E = Q_h K_h^T / sqrt(d), OpenNMT-py's
+            scores times ``1 / sqrt(H)``) or ``"head"`` (OpenNMT-py's
+            ``1 / sqrt(d / H)`` as they come); :func:`logit_factor`.
 
     ``forward(scores)`` takes the masked scores ``(batch, H, L, L)`` of a
     self-attention (masked entries at OpenNMT-py's -1e18) and returns the
@@ -78,23 +84,59 @@ class CrossAggregation(nn.Module):
     ``MultiHeadedAttention.softmax``.
     """
 
-    def __init__(self, heads, vertical, horizontal, init="zero", iterations=3):
+    ext_compile = False
+
+    def __init__(self, heads, vertical, horizontal, init="zero", iterations=3, scale="model"):
         super().__init__()
         if not (vertical or horizontal):
             raise ValueError("cross aggregation needs the vertical or the horizontal routing (or both)")
-        if init not in INITS:
-            raise ValueError(f"init must be one of {INITS}, got {init!r}")
+        if init not in INITS or scale not in SCALES:
+            raise ValueError(f"init must be one of {INITS} and scale one of {SCALES}, got {init!r}, {scale!r}")
         self.heads, self.vertical, self.horizontal = heads, vertical, horizontal
         self.init, self.iterations = init, iterations
+        self.scale, self.factor = scale, logit_factor(scale, heads)
         if vertical:
             self.head_weight = nn.Parameter(torch.zeros(heads, heads))  # W of eq. 13
+        initialisation.initialise(self)
 
     def forward(self, scores):
-        return cross_aggregate(scores, self.head_weight if self.vertical else None, self.horizontal, self.init,
-                               self.iterations)
+        return ext_compile.run(self.ext_compile, cross_aggregate, scores, self.head_weight if self.vertical else None,
+                               self.horizontal, self.init, self.iterations, factor=self.factor)
 
 
-def cross_aggregate(scores, head_weight, horizontal, init, iterations, causal=False):
+def logit_factor(scale, heads):
+    """The factor from OpenNMT-py's scores (``Q_h K_h^T / sqrt(d / H)``) to the E the routing reads.
+
+    eq. 4-5 define ``E_h = Q_h K_h^T / sqrt(d)`` with d the model size, and
+    eq. 9-15 use that E throughout: as the votes, as the self-initialised
+    routing logits and as the base of ``E_hat``.  ``model`` follows it
+    (``1 / sqrt(H)``); ``head`` keeps OpenNMT-py's (and Vaswani et al.'s)
+    ``1 / sqrt(d_k)``, votes ``sqrt(H)`` times longer, in case eq. 4's
+    ``sqrt(d)`` stands for ``sqrt(d_k)``.
+    """
+    return heads ** -0.5 if scale == "model" else 1.0
+
+
+def _float32(device):
+    """A region where autocast is off: the routing arithmetic runs in (at least) float32, its inputs cast
+    by :func:`_wide`."""
+    return torch.autocast(device.type, enabled=False)
+
+
+def _wide(tensor):
+    """``tensor`` in float32, or float64 if it is already."""
+    return tensor.to(torch.promote_types(tensor.dtype, torch.float32))
+
+
+def _eq4(scores, factor):
+    """E of eq. 4 in (at least) float32 from OpenNMT-py's masked scores; masked entries stay at -1e18."""
+    scores = _wide(scores)
+    if factor == 1.0:
+        return scores
+    return torch.where(scores <= _MASKED_BELOW, scores, scores * factor)
+
+
+def cross_aggregate(scores, head_weight, horizontal, init, iterations, causal=False, factor=1.0):
     """``softmax(E + Omega_vertical + Omega_horizontal)`` (eq. 9); see :class:`CrossAggregation`.
 
     Args:
@@ -105,30 +147,33 @@ def cross_aggregate(scores, head_weight, horizontal, init, iterations, causal=Fa
         iterations: T.
         causal: eq. 13's sum over positions runs over l' <= l (decoder
             self-attention; the scores then carry OpenNMT-py's future mask).
+        factor: applied to the scores to give eq. 4's E (:func:`logit_factor`).
 
     Returns:
-        attention probabilities ``(batch, H, L, L)``.
+        attention probabilities ``(batch, H, L, L)`` in the dtype of
+        ``scores``.  All of the arithmetic runs in float32 (float64 for
+        float64 scores), autocast or not.
     """
     batch, heads, length, keys = scores.shape
     if length != keys or (head_weight is not None and head_weight.size(0) != heads):
         raise ValueError(f"cross aggregation expects self-attention scores (batch, heads, L, L), "
                          f"got {tuple(scores.shape)}")
-    logits, valid = _votes_and_positions(scores)
-    total = scores
-    if head_weight is not None:
-        total = total + vertical_output(logits, valid, head_weight, iterations, causal)
-    if horizontal:
-        total = total + horizontal_output(logits, valid, init, iterations)
-    return _probabilities(total, scores.dtype)
+    with _float32(scores.device):
+        energies = _eq4(scores, factor)
+        logits, valid = _votes_and_positions(energies)
+        total = energies
+        if head_weight is not None:
+            total = total + vertical_output(logits, valid, _wide(head_weight), iterations, causal)
+        if horizontal:
+            total = total + horizontal_output(logits, valid, init, iterations)
+        return _probabilities(total, scores.dtype)
 
 
 def _probabilities(total, dtype):
     """``softmax(E_hat)`` over the keys, in the dtype of the scores.
 
-    The routing logits, and so the head weights of eq. 13, are at least
-    float32 (:func:`onmt_ext.routing.simple_routing`); E_hat then is too,
-    and the attention probabilities go back to the dtype OpenNMT-py's
-    attention multiplies them with (bf16/fp16 models).
+    Callers compute E_hat in float32 with autocast off (:func:`_float32`);
+    the attention probabilities go back to the dtype of the scores.
     """
     return torch.softmax(total, dim=-1).to(dtype)
 
@@ -173,7 +218,7 @@ def _horizontal_problem(logits, valid, init):
     return votes, mask, init_logits
 
 
-def routing_weights(scores, iterations, init="zero"):
+def routing_weights(scores, iterations, init="zero", factor=1.0):
     """The coupling coefficients C of iteration T of both routings, for cao2019's near-zero observation.
 
     Section 4 of the paper reports that with T = 4 or 5 "over half of the
@@ -184,13 +229,16 @@ def routing_weights(scores, iterations, init="zero"):
     Padding is left out: only non-padding query positions, and for the
     horizontal routing only the keys t <= l that are not padding.
 
+    ``factor`` turns the scores into eq. 4's E (:func:`logit_factor`, the
+    layer's ``factor`` attribute).
+
     Returns:
         ``{"vertical": (n,), "horizontal": (n',)}``: every coupling
         coefficient that takes part, flattened (vertical: H per position,
         summing to 1; horizontal: l + 1 inputs per head and position l).
     """
     _check_iterations(iterations)
-    logits, valid = _votes_and_positions(scores)
+    logits, valid = _votes_and_positions(_eq4(scores, factor))
     if iterations == 1:
         vertical_logits = logits.new_zeros(logits.shape[:-1])
     else:
@@ -225,35 +273,62 @@ class CausalCrossAggregation(CrossAggregation, DecodingStateModule):
 
     def forward(self, scores):
         head_weight = self.head_weight if self.vertical else None
-        if self.stepwise:
-            return self._step(scores, head_weight)
-        return cross_aggregate(scores, head_weight, self.horizontal, self.init, self.iterations, causal=True)
-
-    def _step(self, scores, head_weight):
-        """One decoding step: the last row of the full pass, from the cached rows."""
+        if not self.stepwise:
+            return ext_compile.run(self.ext_compile, cross_aggregate, scores, head_weight, self.horizontal, self.init,
+                                   self.iterations, causal=True, factor=self.factor)
         if scores.size(2) != 1:
             raise ValueError(f"step-by-step cross aggregation expects one query, got scores {tuple(scores.shape)}")
-        masked = scores <= _MASKED_BELOW
-        row = scores.masked_fill(masked, 0.0)  # (B, H, 1, M)
-        keys = row.size(-1)
         previous = self.decoding_state.get("rows")
         if previous is None:
-            previous = row.new_zeros(row.size(0), row.size(1), 0, keys)
-        rows = torch.cat([F.pad(previous, (0, keys - previous.size(-1))), row], dim=2)  # (B, H, l + 1, M)
+            previous = scores.new_zeros(scores.size(0), scores.size(1), 0, scores.size(-1))
+        routing_sum = self.decoding_state.get("routing_sum")
+        if routing_sum is None:
+            routing_sum = scores.new_zeros(scores.size(0), scores.size(1), dtype=torch.float32)
+        probabilities, rows, routing_sum = ext_compile.run(
+            self.ext_compile, causal_step, scores, previous, routing_sum, head_weight, self.horizontal, self.init,
+            self.iterations, factor=self.factor)
         self.decoding_state["rows"] = rows
-        total = scores
         if head_weight is not None:
-            out, routing_logits = simple_routing(row, self.iterations, normalize="inputs")  # (B, 1, M), (B, H, 1)
-            running = routing_logits[..., 0] + self.decoding_state.get("routing_sum", 0.0)
-            self.decoding_state["routing_sum"] = running
-            lam = torch.softmax(running @ head_weight.t().to(running.dtype), dim=-1)  # (B, H)
+            self.decoding_state["routing_sum"] = routing_sum
+        return probabilities
+
+
+def causal_step(scores, previous, routing_sum, head_weight, horizontal, init, iterations, factor=1.0):
+    """One decoding step of :class:`CausalCrossAggregation`: the last row of the full causal pass.
+
+    Args:
+        scores: masked scores of step l ``(batch, H, 1, l + 1)``.
+        previous: masked logits of the earlier steps ``(batch, H, l, M')``,
+            zero where masked (``M' <= l + 1`` keys).
+        routing_sum: running sum of eq. 13 over the earlier steps ``(batch, H)``.
+        head_weight, horizontal, init, iterations, factor: as :func:`cross_aggregate`.
+
+    Returns:
+        the attention probabilities ``(batch, H, 1, l + 1)``, the rows (of E, eq. 4, at least float32) with
+        this step's appended ``(batch, H, l + 1, l + 1)`` and the new running
+        sum ``(batch, H)`` (unchanged without the vertical routing).
+    """
+    with _float32(scores.device):
+        energies = _eq4(scores, factor)
+        row = energies.masked_fill(energies <= _MASKED_BELOW, 0.0)  # (B, H, 1, M)
+        keys = row.size(-1)
+        rows = torch.cat([F.pad(_wide(previous).to(row.dtype), (0, keys - previous.size(-1))), row], dim=2)
+        total = energies
+        if head_weight is not None:
+            out, routing_logits = simple_routing(row, iterations, normalize="inputs")  # (B, 1, M), (B, H, 1)
+            routing_sum = routing_logits[..., 0] + _wide(routing_sum)
+            lam = torch.softmax(routing_sum @ _wide(head_weight).t().to(routing_sum.dtype), dim=-1)  # (B, H)
             total = total + lam[:, :, None, None] * out[:, None]
-        if self.horizontal:
+        if horizontal:
             votes = rows.permute(0, 2, 1, 3)  # (B, t = l + 1, H, M)
-            init = row[:, :, 0, :].permute(0, 2, 1) if self.init == "self" else None  # alpha^h_{l,t}: (B, t, H)
-            out, _ = simple_routing(votes, self.iterations, normalize="inputs", init_logits=init)  # (B, H, M)
+            init_logits = row[:, :, 0, :].permute(0, 2, 1) if init == "self" else None  # alpha^h_{l,t}: (B, t, H)
+            out, _ = simple_routing(votes, iterations, normalize="inputs", init_logits=init_logits)  # (B, H, M)
             total = total + out[:, :, None, :]
-        return _probabilities(total, scores.dtype)
+        return _probabilities(total, scores.dtype), rows, routing_sum
+
+
+initialisation.register("onmt_ext.cross_aggregation.CrossAggregation",
+                        lambda m: {"head_weight": initialisation.ZEROS} if m.vertical else {})
 
 
 def _combination_check(opt):
@@ -282,6 +357,9 @@ _SPECS = [
                "-cao2019_dec_self)"),
     OptionSpec("cao2019_init", str, "zero", "cao2019: initial logits of the horizontal routing: zero, or "
                "self (the raw attention logits, eq. 15)", choices=INITS),
+    OptionSpec("cao2019_scale", str, "model", "cao2019: scale of the attention logits E the routing reads and "
+               "adds to: model (eq. 4, Q_h K_h^T / sqrt(d)) or head (OpenNMT-py's / sqrt(d / H))",
+               choices=SCALES),
     OptionSpec("cao2019_iterations", int, 3, "cao2019: routing iterations T",
                check=lambda v, opt: None if v >= 1 else "must be >= 1"),
     OptionSpec("cao2019_enc_layers", int, [], "cao2019: encoder layers (1-based) with cross aggregation; "
@@ -300,7 +378,7 @@ def _attach(attentions, selected, module_class, config):
     for i in selected_layers(selected, len(attentions)):
         attention = attentions[i]
         attention.softmax = module_class(config.heads, vertical, horizontal, config.option("cao2019_init"),
-                                         config.option("cao2019_iterations"))
+                                         config.option("cao2019_iterations"), config.option("cao2019_scale"))
         # the fused SDPA/flash path on GPU never forms the scores: take the explicit one
         attention.self_attn_type = "scaled-dot"
 

@@ -38,6 +38,7 @@ fused SDPA/flash path never forms them) and a wrapper around the layer's
 import torch
 import torch.nn as nn
 
+from onmt_ext import compile as ext_compile
 from onmt_ext.options import (OptionSpec, layers_check, options_without_effect, register_options, selected_layers,
                               tensor_parallel_problems)
 
@@ -57,17 +58,25 @@ class DirectionalSoftmax(nn.Module):
     """Softmax over the keys allowed by the directional masks; rows without any allowed key are zero.
 
     ``forward(scores)`` maps the masked scores ``(batch, H, len, len)`` to
-    attention probabilities of the same shape.
+    attention probabilities of the same shape (:func:`directional_softmax`,
+    compiled with ``-ext_compile``).
     """
+
+    ext_compile = False
 
     def __init__(self, heads):
         super().__init__()
         self.heads = heads
 
     def forward(self, scores):
-        allowed = directional_mask(scores.size(-1), self.heads, scores.device) & (scores > _MASKED_BELOW)
-        probs = torch.softmax(scores.masked_fill(~allowed, -1e18), dim=-1)
-        return probs * allowed.any(dim=-1, keepdim=True)
+        return ext_compile.run(self.ext_compile, directional_softmax, scores, self.heads)
+
+
+def directional_softmax(scores, heads):
+    """Softmax of ``scores`` ``(batch, H, len, len)`` over the keys the directional masks allow; empty rows are 0."""
+    allowed = directional_mask(scores.size(-1), heads, scores.device) & (scores > _MASKED_BELOW)
+    probs = torch.softmax(scores.masked_fill(~allowed, -1e18), dim=-1)
+    return probs * allowed.any(dim=-1, keepdim=True)
 
 
 class FusionGate(nn.Module):

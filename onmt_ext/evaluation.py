@@ -187,13 +187,21 @@ def read_references(paths: Union[PathLike, Sequence[PathLike]]) -> References:
     sacreBLEU's layout: ``refs[k][i]`` is line *i* of file *k*.  All files must
     have the same number of lines, otherwise :class:`EvaluationError` names
     every file with its line count.  Lines are read as by
-    :func:`read_hypotheses`.
+    :func:`read_hypotheses`.  A file in which half of the lines or more hold
+    a tab is a TSV (source and references) given by mistake:
+    :class:`EvaluationError` points to :func:`read_reference_tsv`.
     """
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     if not paths:
         raise EvaluationError("no reference file given")
     streams = [_read_lines(path, "reference file") for path in paths]
+    for path, stream in zip(paths, streams):
+        tabbed = [number for number, line in enumerate(stream, 1) if "\t" in line]
+        if tabbed and len(tabbed) * 2 >= len(stream):  # a TSV of source and references, not plain references
+            raise EvaluationError(f"reference file {path}: {len(tabbed)} of its {len(stream)} lines hold a tab "
+                                  f"(first: line {tabbed[0]}), so it looks like a source<TAB>references TSV; "
+                                  "give it with --ref-tsv, or the scores would count the source as reference text")
     if len({len(stream) for stream in streams}) > 1:
         counts = ", ".join(f"{path} has {len(stream)}" for path, stream in zip(paths, streams))
         raise EvaluationError(f"reference files have different numbers of lines: {counts}")

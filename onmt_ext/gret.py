@@ -1,7 +1,7 @@
 """GRET: a global sentence representation from capsules over every encoder layer (Weng et al. 2020, "weng2020").
 
 Our copy of the paper lost its equations and numbers; what follows is what
-its text and NOTES.md make legible, with every missing detail chosen here,
+its text makes legible (listed in docs/gret.md), with every missing detail chosen here,
 made an option where it matters, and marked "(choice)".
 
 **Encoder: the global state** (:class:`GlobalRepresentation`).  For each
@@ -62,6 +62,8 @@ is which (installed by the plug-in on OpenNMT-py's model loading).
 import torch
 import torch.nn as nn
 
+from onmt_ext import compile as ext_compile
+from onmt_ext import initialisation
 from onmt_ext.options import EXT_TYPE, OptionSpec, options_without_effect, register_options
 from onmt_ext.routing import simple_routing
 from onmt_ext.state import DecodingStateModule
@@ -85,8 +87,12 @@ class GlobalRepresentation(nn.Module):
 
     Usage: :meth:`observe` is registered as a forward hook on every encoder
     layer; :meth:`summarise` then maps the observed outputs and the
-    ``(batch, len)`` mask to ``s^M`` ``(batch, d)``.
+    ``(batch, len)`` mask to ``s^M`` ``(batch, d)``: the layer norms, routing
+    and pooling run in :func:`global_summary` (compiled with ``-ext_compile``),
+    the GRU over the M layers eager.
     """
+
+    ext_compile = False
 
     def __init__(self, d_model, layers, capsules=4, capsule_dim=None, iterations=3, pooling="capsules",
                  aggregate="all", eps=1e-6):
@@ -103,12 +109,12 @@ class GlobalRepresentation(nn.Module):
         pooled = d_model
         if pooling == "capsules":
             self.vote_maps = nn.Parameter(torch.empty(capsules, d_model, self.capsule_dim))  # W_k
-            nn.init.xavier_uniform_(self.vote_maps.view(capsules * d_model, self.capsule_dim))
             self.pool_scorer = nn.Sequential(nn.Linear(self.capsule_dim, self.capsule_dim), nn.ReLU(),
                                              nn.Linear(self.capsule_dim, 1))
             pooled = self.capsule_dim
         self.gru = nn.GRU(pooled, d_model, batch_first=True)  # runs over the layers, s^0 = 0
         self._seen = []
+        initialisation.initialise(self)
 
     def observe(self, layer, args, output):
         """Forward hook of an encoder layer: remember its output ``(batch, len, d)``."""
@@ -128,27 +134,50 @@ class GlobalRepresentation(nn.Module):
         if len(seen) <= self.used[-1]:
             raise RuntimeError(f"GRET saw {len(seen)} encoder layer outputs, expected {self.used[-1] + 1}")
         hidden = torch.stack([seen[index] for index in self.used])  # (M, B, L, d)
-        hidden = torch.nn.functional.layer_norm(hidden, hidden.shape[-1:], eps=self.eps)
-        hidden = torch.addcmul(self.norm_bias[:, None, None].to(hidden.dtype), hidden,
-                               self.norm_weight[:, None, None].to(hidden.dtype))
-        pooled = self.pool(hidden, keep)  # (M, B, d_c or d)
+        scorer = self.pool_scorer if self.pooling == "capsules" else None
+        pooled = ext_compile.run(
+            self.ext_compile, global_summary, hidden, keep, self.norm_weight, self.norm_bias,
+            getattr(self, "vote_maps", None), scorer[0].weight if scorer else None, scorer[0].bias if scorer else None,
+            scorer[2].weight if scorer else None, scorer[2].bias if scorer else None, eps=self.eps,
+            capsules=self.capsules, iterations=self.iterations)  # (M, B, d_c or d)
         _, final = self.gru(pooled.transpose(0, 1))  # over the M layers: (1, B, d)
         return final[0]
 
-    def pool(self, hidden, keep):
-        """Pooled summaries ``(M, batch, d_c)`` (ATP over K capsules) or ``(M, batch, d)`` (masked mean).
+def global_summary(hidden, keep, norm_weight, norm_bias, vote_maps, scorer_weight, scorer_bias, score_weight,
+                   score_bias, *, eps, capsules, iterations):
+    """The GRU's inputs: every summarised layer normalised and pooled, ``(M, batch, d_c)`` or ``(M, batch, d)``.
 
-        ``hidden`` is ``(M, batch, len, d)``, ``keep`` ``(batch, len)``.
-        """
-        if self.pooling == "mean":
-            weights = keep.to(hidden.dtype).unsqueeze(-1)
-            return (hidden * weights).sum(dim=2) / weights.sum(dim=1).clamp(min=1.0)
-        maps = self.vote_maps.to(hidden.dtype).transpose(0, 1).reshape(hidden.size(-1), -1)  # (d, K * d_c)
-        votes = (hidden @ maps).unflatten(-1, (self.capsules, self.capsule_dim))  # W_k h_i: (M, B, I, K, d_c)
-        mask = keep.expand(hidden.size(0), *keep.shape)
-        capsules, _ = simple_routing(votes, self.iterations, normalize="inputs", mask=mask)  # (M, B, K, d_c)
-        attention = torch.softmax(self.pool_scorer(capsules).squeeze(-1).float(), dim=-1).to(capsules.dtype)
-        return (attention.unsqueeze(-1) * capsules).sum(dim=2)
+    Args:
+        hidden: the M layer outputs ``(M, batch, len, d)``.
+        keep: ``(batch, len)``, True at real tokens.
+        norm_weight, norm_bias: the per-layer layer norms ``(M, d)``.
+        vote_maps: W_k ``(K, d, d_c)``; None pools by a masked mean (the
+            "no capsules" ablation).
+        scorer_weight, scorer_bias, score_weight, score_bias: the ATP scorer
+            ``Linear(d_c, d_c), ReLU, Linear(d_c, 1)``.
+        eps: epsilon of the layer norms.
+        capsules: K.  iterations: routing iterations T.
+
+    Every layer is normalised, routed and pooled in one batched pass: votes
+    ``W_k h_i`` ``(M, batch, len, K, d_c)``, simple routing over the real
+    tokens to K capsules, then attentive pooling over the capsules.
+    """
+    hidden = torch.nn.functional.layer_norm(hidden, hidden.shape[-1:], eps=eps)
+    hidden = torch.addcmul(norm_bias[:, None, None].to(hidden.dtype), hidden, norm_weight[:, None, None].to(hidden.dtype))
+    if vote_maps is None:
+        weights = keep.to(hidden.dtype).unsqueeze(-1)
+        return (hidden * weights).sum(dim=2) / weights.sum(dim=1).clamp(min=1.0)
+    capsule_dim = vote_maps.size(-1)
+    maps = vote_maps.to(hidden.dtype).transpose(0, 1).reshape(hidden.size(-1), -1)  # (d, K * d_c)
+    votes = (hidden @ maps).unflatten(-1, (capsules, capsule_dim))  # W_k h_i: (M, B, I, K, d_c)
+    mask = keep.expand(hidden.size(0), *keep.shape)
+    capsule_out, _ = simple_routing(votes, iterations, normalize="inputs", mask=mask)  # (M, B, K, d_c)
+    dtype = capsule_out.dtype
+    scores = torch.nn.functional.linear(
+        torch.relu(torch.nn.functional.linear(capsule_out, scorer_weight.to(dtype), scorer_bias.to(dtype))),
+        score_weight.to(dtype), score_bias.to(dtype))
+    attention = torch.softmax(scores.squeeze(-1).float(), dim=-1).to(dtype)
+    return (attention.unsqueeze(-1) * capsule_out).sum(dim=2)
 
 
 class GlobalFusion(DecodingStateModule):
@@ -160,12 +189,16 @@ class GlobalFusion(DecodingStateModule):
 
     ``forward(dec_out)`` maps ``(batch, len, d)`` to ``(batch, len, d)``; the
     global state ``(batch, d)`` is the decoding state ``"global"``, set from
-    the encoder's final state by :meth:`init_decoding_state`.
+    the encoder's final state by :meth:`init_decoding_state`.  The fusion is
+    :func:`fuse` (compiled with ``-ext_compile``).
     """
+
+    ext_compile = False
 
     def __init__(self, d_model, gate=True):
         super().__init__()
         self.gate = nn.Linear(2 * d_model, d_model) if gate else None
+        initialisation.initialise(self)
 
     def init_decoding_state(self, src, enc_out, enc_final_hs):
         if not torch.is_tensor(enc_final_hs) or enc_final_hs.dim() != 2:
@@ -181,17 +214,48 @@ class GlobalFusion(DecodingStateModule):
         state = self.decoding_state.get("global")
         if state is None:
             raise RuntimeError("GRET's decoder state is missing: decoder.init_state was not called")
-        state = state.to(dec_out.dtype).unsqueeze(1).expand_as(dec_out)  # (B, T, d)
         if self.gate is None:
-            return dec_out + state
-        d = dec_out.size(-1)
-        # sigmoid(W_g[:, :d] r + (W_g[:, d:] s + b_g)): one matrix product per step (the s part is per sentence)
-        bias = self.decoding_state["gate_bias"].to(dec_out.dtype).unsqueeze(1)
-        gate = torch.sigmoid(torch.nn.functional.linear(dec_out, self.gate.weight[:, :d].to(dec_out.dtype)) + bias)
-        return torch.addcmul(dec_out, gate, state)
+            return ext_compile.run(self.ext_compile, fuse, dec_out, state, None, None)
+        return ext_compile.run(self.ext_compile, fuse, dec_out, state, self.gate.weight,
+                               self.decoding_state["gate_bias"])
+
+
+def fuse(dec_out, state, gate_weight, gate_bias):
+    """``r' = r + g * s`` with ``g = sigmoid(W_g[:, :d] r + (W_g[:, d:] s + b_g))``, or ``r + s`` without a gate.
+
+    Args:
+        dec_out: the decoder output r ``(batch, len, d)``.
+        state: the global state s ``(batch, d)``.
+        gate_weight: W_g ``(d, 2d)``, or None (no gate).
+        gate_bias: the per-sentence part ``W_g[:, d:] s + b_g`` ``(batch, d)``, computed once per sentence.
+    """
+    state = state.to(dec_out.dtype).unsqueeze(1).expand_as(dec_out)  # (B, T, d)
+    if gate_weight is None:
+        return dec_out + state
+    d = dec_out.size(-1)
+    gate = torch.sigmoid(torch.nn.functional.linear(dec_out, gate_weight[:, :d].to(dec_out.dtype))
+                         + gate_bias.to(dec_out.dtype).unsqueeze(1))
+    return torch.addcmul(dec_out, gate, state)
 
 
 # ----------------------------------------------------------------------------- options
+
+def _representation_rules(module):
+    """:class:`GlobalRepresentation`: layer-norm gains one and shifts zero, each capsule map ``W_k`` (d by d_c)
+    and the ATP scorer's linears Glorot uniform with zero biases, the GRU Glorot per gate with zero biases."""
+    rules = {"norm_weight": initialisation.ONES, "norm_bias": initialisation.ZEROS}
+    if module.pooling == "capsules":
+        rules["vote_maps"] = initialisation.GLOROT
+        rules.update({f"pool_scorer.{i}.{kind}": initialisation.GLOROT if kind == "weight" else initialisation.ZEROS
+                      for i in (0, 2) for kind in ("weight", "bias")})
+    rules.update({f"gru.{name}": rule for name, rule in initialisation.rnn_rules(module.gru).items()})
+    return rules
+
+
+initialisation.register("onmt_ext.gret.GlobalRepresentation", _representation_rules)
+initialisation.register("onmt_ext.gret.GlobalFusion", lambda m: {} if m.gate is None else {
+    "gate.weight": initialisation.GLOROT, "gate.bias": initialisation.ZEROS})
+
 
 def _combination_check(opt):
     problems = []
@@ -255,8 +319,8 @@ def load_with_new_parameters(stock_load):
     When a strict load would fail only because tensors of onmt-ext mechanism
     modules are missing from the checkpoint (fine-tuning a mechanism from a
     baseline, as GRET is trained), the checkpoint's tensors are loaded, the
-    missing ones are initialised as in a model trained from scratch with
-    ``-param_init_glorot`` (see :func:`_initialise`), and both lists are
+    missing ones are initialised as in a model trained from scratch (each by
+    its stated rule, see :func:`_initialise`), and both lists are
     logged.  Any other missing tensor still fails as in stock OpenNMT-py.
     """
 
@@ -265,7 +329,7 @@ def load_with_new_parameters(stock_load):
             return stock_load(self, checkpoint, *args, strict=strict, **kwargs)
         names = set(checkpoint["model"]) | {f"generator.{k}" for k in (checkpoint.get("generator") or {})}
         missing = [name for name, _ in _tensors(self) if name not in names]
-        new = [name for name in missing if _owned_by_extension(self, name)]
+        new = [name for name in missing if initialisation.added_by_mechanism(self, name)]
         if not missing or len(new) != len(missing):
             return stock_load(self, checkpoint, *args, strict=strict, **kwargs)
         _initialise(self, new)
@@ -284,34 +348,7 @@ def _tensors(model):
     yield from model.named_buffers()
 
 
-def _owned_by_extension(model, name):
-    """True when the tensor ``name`` lies inside a mechanism module of onmt-ext.
-
-    onmt-ext's encoder and decoder classes (``onmt_ext.transformer``) hold the
-    stock sub-modules too, so they do not count.
-    """
-    parts = name.split(".")[:-1]
-    for end in range(len(parts), 0, -1):
-        owner = type(model.get_submodule(".".join(parts[:end]))).__module__
-        if owner.startswith("onmt_ext.") and owner != "onmt_ext.transformer":
-            return True
-    return False
-
-
 def _initialise(model, names):
-    """Initialise the new tensors ``names`` as a fresh model with ``-param_init_glorot`` has them.
-
-    OpenNMT-py's Glorot rule goes by the tensor's own name: a matrix called
-    ``weight`` gets ``xavier_uniform_`` and a tensor called ``bias`` zeros.
-    Every other tensor (layer-norm gains of one, cao2019's zero head weights,
-    GRU matrices, the routing maps) keeps the value its constructor gave it,
-    as it does when the model is trained from scratch.
-    """
-    tensors = dict(_tensors(model))
-    with torch.no_grad():
-        for name in names:
-            tensor, own_name = tensors[name], name.rsplit(".", 1)[-1]
-            if own_name == "weight" and tensor.dim() > 1:
-                nn.init.xavier_uniform_(tensor)
-            elif own_name == "bias":
-                tensor.zero_()
+    """Initialise the new tensors ``names`` as a fresh model has them: each by its stated rule
+    (:mod:`onmt_ext.initialisation`); buffers keep the value their constructor gave them."""
+    initialisation.initialise(model, set(names))

@@ -4,7 +4,7 @@ Usage::
 
     python -m onmt_ext.hook install     # write onmt_ext.pth into site-packages
     python -m onmt_ext.hook uninstall   # remove it (stock OpenNMT-py again)
-    python -m onmt_ext.hook status
+    python -m onmt_ext.hook status      # is it installed, and what it changes in OpenNMT-py
 
 The hook is one line in ``<site-packages>/onmt_ext.pth``.  It imports
 :mod:`onmt_ext._autoload` only if ``onmt_ext`` is importable, so a removed
@@ -61,8 +61,41 @@ def main(argv=None):
         print(f"{'removed' if uninstall() else 'not installed'}: {path}")
     else:
         print(f"{'installed' if os.path.exists(path) else 'not installed'}: {path}")
+        print_patches()
     return 0
 
 
+def print_patches(out=None):
+    """Print the changes onmt-ext makes to OpenNMT-py, one per line (see :mod:`onmt_ext.patches`).
+
+    Imports ``onmt`` through the hook (or activates the extension by hand
+    when the hook is not installed, to show what it would change).
+    """
+    out = out or sys.stdout
+    from onmt_ext._autoload import DISABLE_ENV, disabled
+
+    if disabled():
+        print(f"{DISABLE_ENV} is set: onmt-ext changes nothing in OpenNMT-py", file=out)
+        return
+    from onmt_ext import patches
+
+    if not patches.applied():
+        import onmt  # noqa: F401  (the hook, when installed, activates the extension)
+        from onmt_ext import plugin
+
+        if not plugin.is_active():
+            plugin.activate()
+    listed = patches.applied()
+    mood = "changes" if os.path.exists(pth_path()) else "changes it would make once installed"
+    print(f"{len(listed)} {mood} to OpenNMT-py 3.5.1 (target [kind]: reason (test)); "
+          "docs/differences-from-stock.md describes each fix:", file=out)
+    for item in listed:
+        print(f"  {item.line()}", file=out)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BrokenPipeError:  # `... status | head`: the reader stopped early
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)

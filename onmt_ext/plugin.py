@@ -8,18 +8,34 @@ right after ``onmt`` has been imported.  It
 2. adds onmt-ext's options to ``onmt.opts.model_opts``, so ``onmt_train``
    accepts them from YAML and the command line, the checkpoint stores them,
    and ``onmt_translate`` restores them (with defaults for older checkpoints);
-3. makes option parsing strict: an unknown or misspelled key (YAML or command
-   line) stops ``onmt_train``/``onmt_build_vocab``/``onmt_translate`` with a
-   message naming it, where it was written, and the closest valid key; invalid
-   values or combinations of onmt-ext options stop the run the same way;
+3. makes option parsing strict: an unknown, misspelled, abbreviated or
+   repeated key (YAML or command line) stops ``onmt_train``/
+   ``onmt_build_vocab``/``onmt_translate`` with a message naming it, where it
+   was written, and the closest valid key; invalid values or combinations of
+   onmt-ext options stop the run the same way, and so does a GPU option on a
+   torch without CUDA or a transform whose package is not installed;
 4. runs onmt-ext's option checks wherever OpenNMT-py validates model options
-   (training, and loading a checkpoint for translation).
+   (training, and loading a checkpoint for translation), and refuses a
+   ``-train_from`` whose architecture or mechanism options differ from the
+   checkpoint's (adding mechanisms with ``--override_opts`` stays allowed);
+5. ends the commands' errors in one line each, ``<command>: error: ...``
+   (usage errors exit 2, run-time errors 1, Ctrl-C 130 with the last
+   checkpoint and the command that resumes from it), refuses to train into a
+   ``-save_model`` that holds another run's checkpoints unless
+   ``-overwrite_checkpoints`` is given, and warns when every translation is
+   empty.
 
-Everything is idempotent.  ``ONMT_EXT_DISABLE=1`` prevents all of it.
+Every change goes through :func:`onmt_ext.patches.patch`; everything is
+idempotent.  ``ONMT_EXT_DISABLE=1`` prevents all of it.
 """
 
 import difflib
+import glob
+import os
+import re
 import sys
+
+from onmt_ext.patches import FIX, NEEDED, patch
 
 _active = False
 
@@ -40,19 +56,53 @@ def _register_models():
 def _extend_model_options():
     import onmt.opts
 
+    patch(onmt.opts, "model_opts", _model_opts, kind=NEEDED,
+          reason="adds onmt-ext's options (and -overwrite_checkpoints) to onmt_train, so checkpoints store them",
+          test="tests/unit/test_options.py::test_options_reach_the_train_parser_with_defaults")
+
+
+def _translation_compile():
+    """``onmt_translate -ext_compile``: compile the mechanisms' cores for this translation (off by default)."""
+    import onmt.bin.translate
+    import onmt.model_builder as builder
+    import onmt.opts
+
+    for owner in (onmt.opts, onmt.bin.translate):  # onmt_translate's parser calls the name it imported
+        patch(owner, "translate_opts", _translate_opts, kind=NEEDED,
+              reason="adds -ext_compile to onmt_translate (torch.compile of the mechanisms' cores when translating)",
+              test="tests/unit/test_compile.py::test_onmt_translate_compiles_only_when_asked")
+    patch(builder, "load_test_model", _load_test_model, kind=NEEDED,
+          reason="onmt_translate's -ext_compile, not the training run's, decides whether translation compiles",
+          test="tests/unit/test_compile.py::test_onmt_translate_compiles_only_when_asked")
+
+
+def _translate_opts(stock, parser, *args, **kwargs):
+    stock(parser, *args, **kwargs)
+    if not any("-ext_compile" in action.option_strings for action in parser._actions):
+        group = parser.add_argument_group("onmt-ext translation")
+        group.add("--ext_compile", "-ext_compile", action="store_true",
+                  help="Run the onmt-ext mechanisms' tensor cores through torch.compile while translating (the "
+                       "first batches compile); without it translation is eager, whatever training used.")
+
+
+def _load_test_model(stock, opt, *args, **kwargs):
+    from onmt_ext import compile as ext_compile
+
+    vocabs, model, model_opt = stock(opt, *args, **kwargs)
+    ext_compile.enable(model, getattr(opt, "ext_compile", False))
+    return vocabs, model, model_opt
+
+
+def _model_opts(stock, parser):
     from onmt_ext.options import add_model_options
 
-    stock = onmt.opts.model_opts
-    if getattr(stock, "_onmt_ext", False):
-        return
-
-    def model_opts(parser):
-        stock(parser)
-        add_model_options(parser)
-
-    model_opts.__doc__ = stock.__doc__
-    model_opts._onmt_ext = True
-    onmt.opts.model_opts = model_opts
+    stock(parser)
+    add_model_options(parser)
+    if not any("-overwrite_checkpoints" in action.option_strings for action in parser._actions):
+        group = parser.add_argument_group("onmt-ext training")
+        group.add("--overwrite_checkpoints", "-overwrite_checkpoints", action="store_true",
+                  help="Train into a -save_model that already holds <save_model>_step_N.pt files of another run "
+                       "(they are overwritten step by step); without it onmt_train refuses to start.")
 
 
 # --------------------------------------------------------------------------
@@ -102,6 +152,37 @@ def _config_key_lines(path):
     return {key.value: key.start_mark.line + 1 for key, _ in node.value}
 
 
+def duplicate_key_messages(path):
+    """``key 'x' is set 2 times in <path>, lines 3 and 9`` for each mapping key written more than once (any depth).
+
+    PyYAML keeps the last value of a repeated key without a word.
+    """
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            root = yaml.compose(handle)
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return []
+    messages, stack = [], [("", root)]
+    while stack:
+        prefix, node = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            lines = {}
+            for key, value in node.value:
+                name = f"{prefix}{key.value}"
+                lines.setdefault(name, []).append(key.start_mark.line + 1)
+                stack.append((f"{name}.", value))
+            for name, where in lines.items():
+                if len(where) > 1:
+                    listed = ", ".join(map(str, where[:-1])) + f" and {where[-1]}"
+                    messages.append(f"key '{name}' is set {len(where)} times in {path}, lines {listed}; "
+                                    "YAML would keep the last value silently: keep one")
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((prefix, item) for item in node.value)
+    return sorted(messages)
+
+
 def _config_paths(args):
     """Config files named on the command line (``-config``/``--config``)."""
     paths = []
@@ -144,8 +225,9 @@ def unknown_option_messages(unknown, valid_names, args):
         if name in key_lines and not any(a.lstrip("-").split("=", 1)[0] == name for a in args):
             path, line = key_lines[name]
             where = f"in {path}, line {line}"
-        close = difflib.get_close_matches(name, sorted(valid_names), n=1, cutoff=0.6)
-        hint = f"; did you mean '{close[0]}'?" if close else ""
+        close = sorted(n for n in valid_names if n.startswith(name))[:3]  # an abbreviation first
+        close = close or difflib.get_close_matches(name, sorted(valid_names), n=1, cutoff=0.6)
+        hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
         messages.append(f"unknown option '{name}' {where}{hint}")
     return messages
 
@@ -196,56 +278,86 @@ def stock_option_problems(opt):
     return problems
 
 
-def _strict_parse_known_args(stock):
-    def parse_known_args(self, args=None, namespace=None, **kwargs):
-        # Abbreviations make a misspelled YAML key silently set another option.
-        self.allow_abbrev = False
-        argv = list(sys.argv[1:] if args is None else args)
-        opt, unknown = stock(self, args, namespace, **kwargs)
-        names = _option_names(self)
-        if names & {"train_steps", "n_sample"}:  # onmt_train / onmt_build_vocab
-            names = names | _shared_config_names()
-        problems = unknown_option_messages(unknown, names, argv) + _misspelt_dashes(self, unknown)
-        if argv:
-            problems += stock_option_problems(opt)
-        if hasattr(opt, "encoder_type") and argv:
-            from onmt_ext.compat import save_format_problems
-            from onmt_ext.options import check_options
+def cuda_problems(opt):
+    """One message when ``opt`` asks for a GPU (``-gpu``, ``-gpu_ranks``) that this torch cannot give."""
+    import torch
 
-            problems += check_options(opt) + save_format_problems(opt)
-        if problems:
-            self.exit(2, "".join(f"{self.prog}: error: {p}\n" for p in problems))
-        return opt, [u for u in unknown if u.lstrip("-").split("=", 1)[0] in names]
+    asked = [f"-gpu {opt.gpu}"] if isinstance(getattr(opt, "gpu", None), int) and opt.gpu >= 0 else []
+    ranks = getattr(opt, "gpu_ranks", None) or []
+    asked += [f"-gpu_ranks {' '.join(map(str, ranks))}"] if ranks else []
+    if not asked or torch.cuda.is_available():
+        return []
+    if torch.version.cuda is None:
+        why = f"this torch ({torch.__version__}) has no CUDA"
+        fix = ("drop it to run on the CPU, or install a CUDA build of torch (README.md, Install: "
+               "make setup TORCH=\"torch==<version> --index-url <your CUDA index>\")")
+    else:
+        why = f"torch {torch.__version__} sees no CUDA device"
+        fix = "drop it to run on the CPU, or check the driver and CUDA_VISIBLE_DEVICES"
+    return [f"{' and '.join(asked)}: {why}; {fix}"]
 
-    parse_known_args._onmt_ext = True
-    return parse_known_args
+
+def _strict_parse_known_args(stock, self, args=None, namespace=None, **kwargs):
+    # Abbreviations make a misspelled YAML key or option silently set another option.
+    self.allow_abbrev = False
+    argv = list(sys.argv[1:] if args is None else args)
+    problems = [m for path in _config_paths(argv) for m in duplicate_key_messages(path)]
+    if problems:
+        self.exit(2, "".join(f"{self.prog}: error: {p}\n" for p in problems))
+    opt, unknown = stock(self, args, namespace, **kwargs)
+    names = _option_names(self)
+    if names & {"train_steps", "n_sample"}:  # onmt_train / onmt_build_vocab
+        names = names | _shared_config_names()
+    problems = unknown_option_messages(unknown, names, argv) + _misspelt_dashes(self, unknown)
+    if argv:
+        problems += stock_option_problems(opt)
+    if hasattr(opt, "encoder_type") and argv:
+        from onmt_ext.compat import save_format_problems
+        from onmt_ext.options import check_options
+
+        problems += check_options(opt) + save_format_problems(opt)
+    if problems:
+        self.exit(2, "".join(f"{self.prog}: error: {p}\n" for p in problems))
+    return opt, [u for u in unknown if u.lstrip("-").split("=", 1)[0] in names]
+
+
+def _no_single_dash_abbreviations(stock, self, option_string):
+    """argparse (3.11) expands ``-beam`` to ``-beam_size`` even with ``allow_abbrev=False``; not here."""
+    if not self.allow_abbrev and option_string[:1] in self.prefix_chars \
+            and option_string[1:2] not in self.prefix_chars:
+        return []
+    return stock(self, option_string)
 
 
 def _make_parsing_strict():
     from onmt.utils.parse import ArgumentParser
 
-    if getattr(ArgumentParser.parse_known_args, "_onmt_ext", False):
-        return
-    ArgumentParser.parse_known_args = _strict_parse_known_args(ArgumentParser.parse_known_args)
+    test = "tests/unit/test_plugin.py::test_train_rejects_misspelled_yaml_keys_with_line_and_suggestion"
+    patch(ArgumentParser, "parse_known_args", _strict_parse_known_args, kind=NEEDED, test=test,
+          reason="refuses unknown, misspelled, repeated or invalid options in one line each, instead of ignoring "
+                 "them")
+    patch(ArgumentParser, "_get_option_tuples", _no_single_dash_abbreviations, kind=FIX,
+          test="tests/integration/test_user_errors.py::test_abbreviated_options_are_refused_with_a_suggestion",
+          reason="argparse takes -beam for -beam_size and -train_step for -train_steps although abbreviations are "
+                 "off")
+
+
+def _validate_model_opts(stock, cls, model_opt):
+    from onmt_ext import __version__
+    from onmt_ext.options import validate
+
+    stock(cls, model_opt)
+    validate(model_opt)
+    setattr(model_opt, VERSION_KEY, __version__)  # saved with the checkpoint
 
 
 def _check_on_model_validation():
     from onmt.utils.parse import ArgumentParser
 
-    stock = ArgumentParser.validate_model_opts.__func__
-    if getattr(stock, "_onmt_ext", False):
-        return
-
-    def validate_model_opts(cls, model_opt):
-        from onmt_ext import __version__
-        from onmt_ext.options import validate
-
-        stock(cls, model_opt)
-        validate(model_opt)
-        setattr(model_opt, VERSION_KEY, __version__)  # saved with the checkpoint
-
-    validate_model_opts._onmt_ext = True
-    ArgumentParser.validate_model_opts = classmethod(validate_model_opts)
+    patch(ArgumentParser, "validate_model_opts", _validate_model_opts, kind=NEEDED,
+          reason="checks onmt-ext's options wherever OpenNMT-py validates model options (also those of a "
+                 "checkpoint) and records the onmt-ext version in the checkpoint",
+          test="tests/unit/test_options.py::test_checkpoint_with_invalid_options_fails_on_load")
 
 
 def _load_checkpoints_with_new_parameters():
@@ -254,9 +366,10 @@ def _load_checkpoints_with_new_parameters():
 
     from onmt_ext.gret import load_with_new_parameters
 
-    if not getattr(BaseModel.load_state_dict, "_onmt_ext", False):
-        BaseModel.load_state_dict = load_with_new_parameters(BaseModel.load_state_dict)
-        BaseModel.load_state_dict._onmt_ext = True
+    patch(BaseModel, "load_state_dict", load_with_new_parameters(BaseModel.load_state_dict), wrap=False,
+          kind=NEEDED, reason="fine-tuning a mechanism from a baseline checkpoint (GRET) initialises the tensors the "
+                              "baseline lacks and logs them",
+          test="tests/integration/test_cli_pipeline.py::test_gret_fine_tunes_from_a_baseline_checkpoint")
 
 
 #: Attribute onmt-ext adds to the saved model options: the version that wrote the checkpoint.
@@ -305,44 +418,354 @@ def checkpoint_problems(path, checkpoint):
             f"with {' and '.join(what)}; load it with the onmt-ext version that wrote it"]
 
 
+def _load_checkpoint(stock, ckpt_path):
+    """Load a checkpoint; one line naming the file when it is none, or of an unknown onmt-ext mechanism."""
+    if ckpt_path and not os.path.isfile(ckpt_path):
+        raise UsageError(f"{ckpt_path}: no such checkpoint file")
+    try:
+        checkpoint = stock(ckpt_path)
+    except Exception as error:  # torch.load: UnpicklingError, RuntimeError (zip), EOFError, KeyError, ...
+        import torch
+
+        if not isinstance(error, (torch.serialization.pickle.UnpicklingError, RuntimeError, EOFError, KeyError,
+                                  AttributeError, ValueError, IndexError, TypeError)):
+            raise
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        if "weights_only" in first or "WeightsUnpickler" in first or len(first) > 160:
+            first = type(error).__name__
+        raise UserError(f"{ckpt_path} is not an OpenNMT-py checkpoint that this onmt-ext can read ({first}); give "
+                        "a <model>_step_N.pt file written by onmt_train") from None
+    if checkpoint is not None and not (isinstance(checkpoint, dict) and "model" in checkpoint and "opt" in checkpoint):
+        raise UserError(f"{ckpt_path} is not an OpenNMT-py checkpoint (no model and options in it); give a "
+                        "<model>_step_N.pt file written by onmt_train")
+    problems = checkpoint_problems(ckpt_path, checkpoint)
+    if problems:
+        raise UserError("\n".join(problems))
+    return checkpoint
+
+
+def _load_state_dict_clearly(stock, self, *args, **kwargs):
+    try:
+        return stock(self, *args, **kwargs)
+    except (ValueError, AssertionError) as error:  # stock: missing/extra keys (ValueError), shapes (assert)
+        text = str(error)
+        if not (isinstance(error, AssertionError) or "missing key" in text.lower()
+                or "extra keys" in text.lower()):
+            raise
+        raise UserError(f"the checkpoint's tensors do not fit the model built from its options "
+                        f"({' '.join(text.split()) or 'a tensor has the wrong shape'}); was it written by another "
+                        "version of onmt-ext or OpenNMT-py, or altered?") from None
+
+
 def _check_checkpoints():
-    """Refuse checkpoints of an unknown onmt-ext mechanism, and turn state-dict mismatches into clear errors."""
+    """Refuse what is no checkpoint or one of an unknown onmt-ext mechanism; explain state-dict mismatches."""
     import onmt.model_builder as builder
     import onmt.train_single as train_single
     from onmt.models import model_saver
     from onmt.models.model import BaseModel
 
-    stock = model_saver.load_checkpoint
-    if getattr(stock, "_onmt_ext", False):
-        return
-
-    def load_checkpoint(ckpt_path):
-        checkpoint = stock(ckpt_path)
-        problems = checkpoint_problems(ckpt_path, checkpoint)
-        if problems:
-            raise SystemExit("error: " + "\n".join(problems))
-        return checkpoint
-
-    load_checkpoint._onmt_ext = True
     for module in (model_saver, builder, train_single):
-        module.load_checkpoint = load_checkpoint
+        patch(module, "load_checkpoint", _load_checkpoint, kind=FIX,
+              reason="a file that is no checkpoint ends in a torch traceback that advises weights_only=False; a "
+                     "checkpoint of a mechanism this onmt-ext lacks would load without it",
+              test="tests/integration/test_user_errors.py::test_a_model_file_that_is_no_checkpoint_is_named")
+    patch(BaseModel, "load_state_dict", _load_state_dict_clearly, kind=FIX,
+          reason="tensors that do not fit the model end in an assertion traceback",
+          test="tests/integration/test_faults.py::test_a_checkpoint_whose_tensors_do_not_fit_gives_a_clear_error")
 
-    stock_load = BaseModel.load_state_dict
 
-    def load_state_dict(self, *args, **kwargs):
-        try:
-            return stock_load(self, *args, **kwargs)
-        except (ValueError, AssertionError) as error:  # stock: missing/extra keys (ValueError), shapes (assert)
-            text = str(error)
-            if not (isinstance(error, AssertionError) or "missing key" in text.lower()
-                    or "extra keys" in text.lower()):
-                raise
-            raise SystemExit(f"error: the checkpoint's tensors do not fit the model built from its options "
-                             f"({text or 'a tensor has the wrong shape'}); was it written by another version of "
-                             "onmt-ext or OpenNMT-py, or altered?") from None
+#: Stock options that decide the shape of the model (with every onmt-ext option): a resumed run must keep them.
+ARCHITECTURE_OPTIONS = (
+    "model_type", "encoder_type", "decoder_type", "layers", "enc_layers", "dec_layers", "hidden_size",
+    "enc_hid_size", "dec_hid_size", "word_vec_size", "src_word_vec_size", "tgt_word_vec_size", "heads",
+    "transformer_ff", "position_encoding", "position_encoding_type", "max_relative_positions", "share_embeddings",
+    "share_decoder_embeddings", "self_attn_type", "add_qkvbias", "add_ffnbias", "layer_norm", "norm_eps",
+    "pos_ffn_activation_fn", "num_kv", "parallel_residual", "shared_layer_norm", "rotary_interleave",
+    "rotary_theta", "rotary_dim", "copy_attn", "global_attention", "self_attn_func",
+)
 
-    load_state_dict._onmt_ext = True
-    BaseModel.load_state_dict = load_state_dict
+
+def _normalise(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
+def train_from_differences(opt, model_opt):
+    """``(added, differing)`` between the options of a run (``opt``) and of the checkpoint it starts from.
+
+    ``added``: ``(name, value)`` of onmt-ext mechanisms that ``opt`` switches on and the checkpoint does not
+    have (its value is the option's "off" default; ``transformer`` becoming ``ext_transformer`` counts too).
+    ``differing``: ``(name, run value, checkpoint value)`` of every other architecture or mechanism option that
+    differs.
+    """
+    from onmt_ext.options import EXT_TYPE, OPTION_SPECS
+
+    defaults = {spec.name: spec.default for spec in OPTION_SPECS}
+    added, differing = [], []
+    for name in ARCHITECTURE_OPTIONS + tuple(defaults):
+        if not hasattr(opt, name):
+            continue
+        mine, theirs = _normalise(getattr(opt, name)), _normalise(getattr(model_opt, name, defaults.get(name)))
+        if mine == theirs:
+            continue
+        if name in defaults and theirs == defaults[name] or \
+                name in ("encoder_type", "decoder_type") and (theirs, mine) == ("transformer", EXT_TYPE):
+            added.append((name, mine))
+        else:
+            differing.append((name, mine, theirs))
+    return added, differing
+
+
+def _model_opts_checked(stock, opt, checkpoint=None):
+    """``train_single._get_model_opts``, refusing a resumed run whose model options differ from the checkpoint's."""
+    if checkpoint is None:
+        return stock(opt, checkpoint)
+    from onmt.utils.logging import logger
+    from onmt.utils.parse import ArgumentParser
+
+    saved = ArgumentParser.ckpt_model_opts(checkpoint["opt"])
+    ArgumentParser.update_model_opts(saved)
+    added, differing = train_from_differences(opt, saved)
+    if differing:
+        listed = "; ".join(f"-{name} {mine!r} (checkpoint: {theirs!r})" for name, mine, theirs in differing)
+        raise UsageError(f"-train_from {opt.train_from}: these options differ from the checkpoint's: {listed}; "
+                         "set them as the checkpoint has them (a resumed model keeps its shape)")
+    if added and not opt.override_opts:
+        listed = ", ".join(f"-{name} {value!r}" for name, value in added)
+        raise UsageError(f"-train_from {opt.train_from}: the checkpoint has none of {listed}; to fine-tune them "
+                         "from it add --override_opts -reset_optim all, or drop them to resume the checkpoint's model")
+    for name, value in added:
+        logger.info(f"onmt-ext: fine-tuning adds to the checkpoint's model: -{name} {value!r}")
+    return stock(opt, checkpoint)
+
+
+def _check_train_from_options():
+    import onmt.train_single as train_single
+
+    patch(train_single, "_get_model_opts", _model_opts_checked, kind=FIX,
+          reason="-train_from silently builds the checkpoint's model when the config's architecture or mechanism "
+                 "options differ (a d=32 config trained a d=64 model)",
+          test="tests/integration/test_user_errors.py::test_train_from_with_other_architecture_options_is_refused")
+
+
+# --------------------------------------------------------------------------
+# One-line errors of the commands
+
+
+class UserError(SystemExit):
+    """A mistake in the user's input or environment, found at run time: ``<command>: error: ...``, exit 1.
+
+    The command's name is added by the command wrapper (:func:`_run_command`).
+    """
+
+    status = 1
+
+    def __init__(self, message):
+        super().__init__(message)
+        self.message = message
+
+
+class UsageError(UserError):
+    """A mistake in the command line or config (an option or a path that names nothing): exit 2."""
+
+    status = 2
+
+
+#: The stock entry point modules, by command name.
+COMMANDS = {"onmt.bin.train": "onmt_train", "onmt.bin.translate": "onmt_translate",
+            "onmt.bin.build_vocab": "onmt_build_vocab"}
+
+
+_ERROR_PREFIX = re.compile(r"^(?:(\S+): )?error: ?")
+
+
+def _one_line(prog, text):
+    """``<prog>: error: ...`` for each line of ``text``.
+
+    A leading ``error:`` or ``<prog>: error:`` is not repeated; another
+    command's ``<name>: error:`` (e.g. a transform's) becomes ``<name>:``.
+    """
+    lines = []
+    for line in str(text).strip().splitlines():
+        line = line.strip()
+        if not line or line == "invalid onmt-ext options:":  # the header of OptionError's list
+            continue
+        match = _ERROR_PREFIX.match(line)
+        if match:
+            named = match.group(1)
+            line = line[match.end():] if named in (None, prog) else f"{named}: {line[match.end():]}"
+        lines.append(f"{prog}: error: {line}")
+    return "\n".join(lines)
+
+
+def _run_command(stock, *args, **kwargs):
+    """The stock ``main``/``train``/``translate`` of a command, ending every known error in one line per problem.
+
+    Usage errors exit 2, run-time errors 1; Ctrl-C in ``onmt_train`` names the
+    last checkpoint and the command that resumes from it (exit 130).
+    """
+    from onmt.modules.embeddings import SequenceTooLongError
+
+    from onmt_ext.clause_split import ClauseSplitError
+    from onmt_ext.compat import MissingPackageError
+    from onmt_ext.corpus import CorpusError
+    from onmt_ext.options import OptionError
+
+    prog = COMMANDS.get(stock.__module__, os.path.basename(sys.argv[0]))
+    try:
+        return stock(*args, **kwargs)
+    except (UserError, CorpusError) as error:
+        sys.stderr.write(_one_line(prog, getattr(error, "message", error.code)) + "\n")
+        raise SystemExit(getattr(error, "status", 1)) from None
+    except (SequenceTooLongError, MissingPackageError, ClauseSplitError, OptionError) as error:
+        sys.stderr.write(_one_line(prog, error) + "\n")
+        raise SystemExit(1) from None
+    except SystemExit as error:
+        if isinstance(error.code, str):  # sys.exit("message") somewhere: one line with the command's name
+            sys.stderr.write(_one_line(prog, error.code) + "\n")
+            raise SystemExit(1) from None
+        raise
+    except KeyboardInterrupt:
+        _end_interrupted(prog, args)
+    except Exception as error:
+        if not _caused_by_interrupt(error):
+            raise
+        _end_interrupted(prog, args)  # Ctrl-C inside torch.save's writer surfaces as its RuntimeError
+
+
+def _caused_by_interrupt(error):
+    """True when ``error`` was raised while a KeyboardInterrupt was being handled (its ``__context__`` chain)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, KeyboardInterrupt):
+            return True
+        seen.add(id(error))
+        error = error.__context__
+    return False
+
+
+def _end_interrupted(prog, args):
+    """One line for Ctrl-C (for ``onmt_train``: the last checkpoint and how to resume), exit 130."""
+    if prog == "onmt_train" and args and hasattr(args[0], "save_model"):
+        sys.stderr.write(f"{prog}: error: {interrupted_message(args[0])}\n")
+    else:
+        sys.stderr.write(f"{prog}: error: interrupted (Ctrl-C)\n")
+    raise SystemExit(130) from None
+
+
+def step_checkpoints(save_model):
+    """``(step, path)`` of the ``<save_model>_step_N.pt`` files, by step."""
+    found = []
+    for path in glob.glob(glob.escape(save_model) + "_step_*.pt"):
+        tail = path[len(save_model) + len("_step_"):-len(".pt")]
+        if tail.isdigit():
+            found.append((int(tail), path))
+    return sorted(found)
+
+
+def _resume_command(last):
+    """The command line of this run with ``-train_from last`` (replacing any ``-train_from``)."""
+    import shlex
+
+    argv, words = sys.argv[1:], []
+    skip = False
+    for word in argv:
+        if skip:
+            skip = False
+            continue
+        if word in ("-train_from", "--train_from"):
+            skip = True
+            continue
+        if word.startswith(("-train_from=", "--train_from=")):
+            continue
+        words.append(word)
+    return shlex.join(["onmt_train", *words, "-train_from", last])
+
+
+def interrupted_message(opt):
+    """What to say when ``onmt_train`` with options ``opt`` is interrupted: the last checkpoint and how to resume."""
+    checkpoints = step_checkpoints(getattr(opt, "save_model", "model"))
+    if not checkpoints:
+        return (f"interrupted before the first checkpoint (-save_checkpoint_steps "
+                f"{getattr(opt, 'save_checkpoint_steps', '?')}); nothing to resume from")
+    step, last = checkpoints[-1]
+    return f"interrupted; the last checkpoint is {last} (step {step}); resume with: {_resume_command(last)}"
+
+
+def _check_machine(opt):
+    """Refuse (exit 1) a GPU option on a torch without CUDA, and a transform whose package is not installed.
+
+    Run by the commands, not by the option parser: tools parse paper configs
+    that name GPUs on machines without one.
+    """
+    from onmt_ext.compat import missing_package_problems
+
+    lacking = cuda_problems(opt) + missing_package_problems(opt)
+    if lacking:
+        raise UserError("\n".join(lacking))
+
+
+def _build_vocab_checked(stock, opt, *args, **kwargs):
+    """``onmt.bin.build_vocab.build_vocab_main`` after :func:`_check_machine`."""
+    _check_machine(opt)
+    return stock(opt, *args, **kwargs)
+
+
+def _train_checked(stock, opt, *args, **kwargs):
+    """``onmt.bin.train.train``: refuse missing vocabularies and a -save_model that holds another run's files."""
+    _check_machine(opt)
+    problems = []
+    reads_vocabs = not getattr(opt, "train_from", None) or getattr(opt, "update_vocab", False)
+    for key in ("src_vocab", "tgt_vocab") if reads_vocabs else ():  # a resumed run takes the checkpoint's
+        path = getattr(opt, key, None)
+        if path and not os.path.isfile(path):
+            problems.append(f"-{key} {path}: no such file (onmt_build_vocab -config <your config> writes it)")
+    if problems:
+        raise UsageError("\n".join(problems))
+    existing = step_checkpoints(getattr(opt, "save_model", "model"))
+    if existing and not getattr(opt, "train_from", None) and not getattr(opt, "overwrite_checkpoints", False):
+        shown = ", ".join(path for _, path in existing[:3]) + (", …" if len(existing) > 3 else "")
+        raise UsageError(f"-save_model {opt.save_model}: holds checkpoints of another run ({shown}); resume it with "
+                         f"-train_from {existing[-1][1]}, or pass -overwrite_checkpoints to train over them, or "
+                         "choose another -save_model")
+    return _run_command(stock, opt, *args, **kwargs)
+
+
+def _translate_checked(stock, opt, *args, **kwargs):
+    """``onmt.bin.translate.translate``: one-line errors, and a warning when every translation is empty."""
+    _check_machine(opt)
+    result = _run_command(stock, opt, *args, **kwargs)
+    output = getattr(opt, "output", None)
+    if output and os.path.isfile(output):
+        with open(output, encoding="utf-8", errors="replace") as handle:
+            lines = handle.read().splitlines()
+        if lines and not any(line.strip() for line in lines):
+            from onmt.utils.logging import logger
+
+            logger.warning(f"onmt_translate: every one of the {len(lines)} translations in {output} is empty: is "
+                           "the model trained enough (see its validation accuracy), and do -src and -transforms "
+                           "match what it was trained on?")
+    return result
+
+
+def _one_line_errors():
+    from onmt.bin import build_vocab, train, translate
+
+    reason = "errors a user causes end in one line `<command>: error: ...` (usage: exit 2, run time: exit 1)"
+    machine = ("-gpu/-gpu_ranks on a torch without CUDA end in a misleading error or an AttributeError; a "
+               "transform whose package (spaCy, fasttext) is missing fails deep inside the data loader")
+    machine_test = "tests/integration/test_user_errors.py::test_onmt_works_without_spacy_and_fasttext"
+    test = "tests/integration/test_user_errors.py::test_a_missing_vocabulary_is_named_in_one_line"
+    for module in (train, translate, build_vocab):
+        patch(module, "main", _run_command, kind=FIX, reason=reason, test=test)
+    patch(train, "train", _train_checked, kind=FIX, test="tests/integration/test_user_errors.py::"
+          "test_training_into_another_runs_checkpoints_is_refused",
+          reason="a missing -src_vocab ends in a long traceback; training into a -save_model of another run "
+                 "overwrites its checkpoints silently; Ctrl-C ends in a bare KeyboardInterrupt traceback; "
+                 + machine)
+    patch(build_vocab, "build_vocab_main", _build_vocab_checked, kind=FIX, reason=machine, test=machine_test)
+    patch(translate, "translate", _translate_checked, kind=FIX,
+          test="tests/unit/test_plugin.py::test_all_empty_translations_give_a_warning",
+          reason="a translation whose every line is empty ends without a word; " + machine)
 
 
 def train_parser():
@@ -370,22 +793,20 @@ def parse_train_config(config, *overrides):
     return opt
 
 
+def _build_base_model_with_vocabs(stock, model_opt, vocabs, *args, **kwargs):
+    from onmt_ext.clause_attention import building_with
+
+    with building_with(vocabs):
+        return stock(model_opt, vocabs, *args, **kwargs)
+
+
 def _tell_builders_the_vocabs():
     """Wrap ``build_base_model`` so that mechanisms can read the vocabularies (clause markers' ids)."""
     import onmt.model_builder as builder
 
-    stock = builder.build_base_model
-    if getattr(stock, "_onmt_ext", False):
-        return
-
-    def build_base_model(model_opt, vocabs):
-        from onmt_ext.clause_attention import building_with
-
-        with building_with(vocabs):
-            return stock(model_opt, vocabs)
-
-    build_base_model._onmt_ext = True
-    builder.build_base_model = build_base_model
+    patch(builder, "build_base_model", _build_base_model_with_vocabs, kind=NEEDED,
+          reason="clause attention reads the ids of the clause markers from the vocabularies while it is built",
+          test="tests/unit/test_clause_attention.py::test_model_has_clause_attention_in_the_selected_layers_only")
 
 
 #: clause_split options that must be the same at translation as in training.
@@ -410,23 +831,21 @@ def translation_split_problems(opt, model_opt):
     return problems
 
 
+def _load_test_model_split_checked(stock, opt, *args, **kwargs):
+    vocabs, model, model_opt = stock(opt, *args, **kwargs)
+    problems = translation_split_problems(opt, model_opt)
+    if problems:
+        raise UsageError("\n".join(problems))
+    return vocabs, model, model_opt
+
+
 def _check_translation_split():
     """Refuse to translate with clause attention unless the source is split as in training."""
     import onmt.model_builder as builder
 
-    stock = builder.load_test_model
-    if getattr(stock, "_onmt_ext", False):
-        return
-
-    def load_test_model(opt, device_id=0, model_path=None):
-        vocabs, model, model_opt = stock(opt, device_id, model_path)
-        problems = translation_split_problems(opt, model_opt)
-        if problems:
-            raise SystemExit("".join(f"onmt_translate: error: {p}\n" for p in problems).rstrip("\n"))
-        return vocabs, model, model_opt
-
-    load_test_model._onmt_ext = True
-    builder.load_test_model = load_test_model
+    patch(builder, "load_test_model", _load_test_model_split_checked, kind=NEEDED,
+          reason="a clause-attention model must translate a source split as in its training",
+          test="tests/unit/test_clause_attention.py::test_translation_must_split_as_training")
 
 
 def _register_transforms():
@@ -439,7 +858,7 @@ def activate():
     global _active
     if _active:
         return
-    from onmt_ext import compat, corpus
+    from onmt_ext import compat, corpus, initialisation
 
     compat.apply()
     compat.keep_log_file()
@@ -450,13 +869,17 @@ def activate():
     corpus.install()
     _register_models()
     _extend_model_options()
+    _translation_compile()
     _make_parsing_strict()
     _check_on_model_validation()
     _load_checkpoints_with_new_parameters()
     _check_checkpoints()
+    _check_train_from_options()
     _register_transforms()
     _tell_builders_the_vocabs()
+    initialisation.install()  # the mechanisms' stated initialisation, after OpenNMT-py's own
     _check_translation_split()
+    _one_line_errors()
     _active = True
 
 

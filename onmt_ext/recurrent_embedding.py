@@ -11,12 +11,19 @@ Each word embedding ``x_j`` (``d_model``) is split into ``x^p_j`` (the first
   ``rnn`` (Elman, tanh; the paper's "RNN (Bahdanau et al., 2015)"), ``gru``,
   ``lstm`` or ``sru`` (:class:`SRU`, plain PyTorch); one layer, zero initial
   state (footnote 1).
-* ``P``: the sinusoidal input representation of sec. 2.1 at size ``d_p``:
-  exactly what OpenNMT-py computes for a ``d_p``-dimensional model,
-  ``sqrt(d_p) x^p_j + pe_j`` (its ``PositionalEncoding``, with the configured
-  ``position_encoding_type``).  Where the side has no position encoding
-  (``-position_encoding false``, or the side listed in ``chen2019_pe_off``:
-  the ablations of Table 3), ``P = x^p`` as in stock OpenNMT-py.
+* ``P``: the input representation of sec. 2.1 (eq. 2) at size ``d_p``,
+  ``p_j = x^p_j + pe_j`` with OpenNMT-py's ``PositionalEncoding`` of size
+  ``d_p`` (the configured ``position_encoding_type``).  Where the side has
+  no position encoding (``-position_encoding false``, or the side listed in
+  ``chen2019_pe_off``: the ablations of Table 3), ``P = x^p``.
+* **Scale** (``chen2019_scale``).  The paper follows Vaswani et al. for
+  what it does not state, and there the word embedding ``x_j`` is the
+  looked-up vector times ``sqrt(d_model)``; sec. 3 splits that ``x_j``.  So
+  by default (``embedding``) both ``x^p_j`` and ``x^r_j`` carry
+  ``sqrt(d_model)``.  ``parts`` scales each part as a model of its own
+  size (``sqrt(d_p)``, ``sqrt(d_r)``); ``none`` leaves ``x^r`` unscaled (an
+  RNN input some ``sqrt(d)`` times smaller than P: R then carries almost no
+  word signal at the start of training).
 * **RPEHead** (sec. 4.1, eq. 7-8): the layer input is ``[P; R]``.  With
   ``d_r = t * d_model / H`` the last t heads read only R and the first H - t
   only P.
@@ -24,7 +31,7 @@ Each word embedding ``x_j`` (``d_model``) is split into ``x^p_j`` (the first
   interleaved, ``m_j = [p^1_j : r^1_j, ..., p^H_j : r^H_j]``, so every head
   reads ``d_p / H`` dimensions of P and ``d_r / H`` of R.
 
-**Head projections** (the question NOTES.md raises).  With OpenNMT-py's
+**Head projections** (docs/chen2019.md, *Head projections*).  With OpenNMT-py's
 full-width Q/K/V projections every head reads the whole input, so [P; R] and
 its per-head interleaving are the same model up to a fixed permutation of the
 input dimensions, and RPEHead's "two types of heads" do not exist.
@@ -32,7 +39,7 @@ input dimensions, and RPEHead's "two types of heads" do not exist.
 
 * ``full`` (default): stock projections.  The mechanism then adds the RNNs
   and ``W^r`` only; this is the variant whose parameter count matches the
-  paper's Table 1 (measured by ``tools/param_report.py``: see the README).
+  paper's Table 1 (measured by ``tools/param_report.py``: see docs/chen2019.md).
 * ``restricted``: in the first layer's self-attention of each side with RPE,
   head h reads only its own ``d_model / H`` slice of the input: the Q/K/V
   projections are block-diagonal (:class:`BlockDiagonalLinear`) and the
@@ -66,11 +73,15 @@ import math
 import torch
 import torch.nn as nn
 
+from onmt_ext import compile as ext_compile
+from onmt_ext import initialisation
 from onmt_ext.options import (EXT_TYPE, OptionSpec, model_size, options_without_effect, register_options,
                               tensor_parallel_problems)
 from onmt_ext.state import DecodingStateModule
 
 LAYOUTS = ("none", "rpehead", "mprhead")
+SCALES = ("embedding", "parts", "none")
+INITS = ("glorot", "pytorch")
 
 
 class SRU(nn.Module):
@@ -133,15 +144,22 @@ class RecurrentPositionalEmbeddings(DecodingStateModule):
             direction), False on the target side (``d_r`` units).
         position_encoding: add the sinusoidal encoding of size ``d_p`` to P.
         position_encoding_type: OpenNMT-py's ``-position_encoding_type``.
+        scale: ``"embedding"``, ``"parts"`` or ``"none"`` (:func:`input_factors`).
+        init: ``"glorot"`` or ``"pytorch"``, the RNN's initialisation
+            (docs/chen2019.md, "Parameters and initialisation").
 
     ``forward(source, step=None)`` maps token ids ``(batch, len, 1)`` to the
     layer input ``(batch, len, d_model)``.  ``step`` is the position of the
     first token during step-by-step decoding (target side); None is a full
-    pass from position 0.
+    pass from position 0.  The recurrence runs eager (cuDNN's fused RNN on
+    a GPU); eq. 6 and the layout (:func:`recurrent_output`) are compiled with
+    ``-ext_compile``.
     """
 
+    ext_compile = False
+
     def __init__(self, embeddings, heads, d_r, layout, cell="rnn", bidirectional=False, position_encoding=True,
-                 position_encoding_type="SinusoidalInterleaved"):
+                 position_encoding_type="SinusoidalInterleaved", scale="embedding", init="glorot"):
         super().__init__()
         if len(embeddings.emb_luts) != 1:
             raise ValueError("recurrent positional embeddings do not support word features (-n_src_feats)")
@@ -151,6 +169,8 @@ class RecurrentPositionalEmbeddings(DecodingStateModule):
             raise ValueError(problem)
         if cell not in CELLS:
             raise ValueError(f"cell must be one of {tuple(CELLS)}, got {cell!r}")
+        if scale not in SCALES or init not in INITS:
+            raise ValueError(f"scale must be one of {SCALES} and init one of {INITS}, got {scale!r}, {init!r}")
         self.make_embedding = embeddings.make_embedding
         if "pe" in self.make_embedding._modules:  # P gets its own encoding of size d_p
             del self.make_embedding.pe
@@ -168,6 +188,9 @@ class RecurrentPositionalEmbeddings(DecodingStateModule):
         self.rnn = CELLS[cell](d_r, units, batch_first=True)
         self.rnn_backward = CELLS[cell](d_r, units, batch_first=True) if bidirectional else None
         self.proj = nn.Linear(d_r, d_r)  # W^r, b^r of eq. 6
+        self.scale, self.init = scale, init
+        self.p_factor, self.r_factor = input_factors(scale, d_model, d_r, self.pe is not None)
+        initialisation.initialise(self)
 
     @property
     def word_lut(self):
@@ -191,13 +214,15 @@ class RecurrentPositionalEmbeddings(DecodingStateModule):
     def forward(self, source, step=None):
         x = self.make_embedding(source)  # (B, L, d_model)
         x_p, x_r = x[..., : self.d_p], x[..., self.d_p:]
+        x_p = x_p * self.p_factor if self.p_factor != 1.0 else x_p
+        x_r = x_r * self.r_factor if self.r_factor != 1.0 else x_r
         p = self.pe(x_p, step=step) if self.pe is not None else x_p
         if self.bidirectional:
             states = self._bidirectional(x_r, source[..., 0] != self.word_padding_idx)
         else:
             states = self._forward_rnn(x_r, step)
-        r = torch.tanh(self.proj(states))  # eq. 6: (B, L, d_r)
-        out = combine(p, r, self.heads, self.layout)
+        out = ext_compile.run(self.ext_compile, recurrent_output, p, states, self.proj.weight, self.proj.bias,
+                              self.heads, self.layout)
         return self.dropout(out) if self.dropout_p > 0 else out
 
     def _bidirectional(self, x_r, keep):
@@ -245,6 +270,53 @@ class RecurrentPositionalEmbeddings(DecodingStateModule):
         return states
 
 
+def recurrent_output(p, states, weight, bias, heads, layout):
+    """The layer input from P ``(..., d_p)`` and the RNN states ``(..., d_r)``: R = tanh(W^r h + b^r) (eq. 6),
+    then :func:`combine`."""
+    r = torch.tanh(torch.nn.functional.linear(states, weight.to(states.dtype), bias.to(states.dtype)))
+    return combine(p, r, heads, layout)
+
+
+def input_factors(scale, d_model, d_r, position_encoding):
+    """The factors ``(a_p, a_r)`` applied to the looked-up ``x^p`` and ``x^r`` (``-chen2019_scale``).
+
+    OpenNMT-py multiplies a word embedding by ``sqrt(dim)`` inside its
+    position encoding (Vaswani et al. sec. 3.4); P's encoding of size
+    ``d_p`` does so by ``sqrt(d_p)`` on its own, so ``a_p`` is what is
+    applied before it.  ``embedding``: ``x_j`` is scaled as one vector by
+    ``sqrt(d_model)`` and then split (sec. 3), so both parts carry
+    ``sqrt(d_model)``.  ``parts``: each part as the embedding of a model of
+    its own size, ``sqrt(d_p)`` (with the encoding) and ``sqrt(d_r)``.
+    ``none``: ``x^r`` unscaled, ``x^p`` as ``parts``.
+    """
+    d_p = d_model - d_r
+    if scale == "embedding":
+        return (math.sqrt(d_model / d_p) if position_encoding else math.sqrt(d_model)), math.sqrt(d_model)
+    return 1.0, (math.sqrt(d_r) if scale == "parts" else 1.0)
+
+
+def _rules(module):
+    """Parameters of :class:`RecurrentPositionalEmbeddings` (docs/chen2019.md, "Parameters and initialisation")."""
+    rules = {f"make_embedding.{name}": initialisation.STOCK for name, _ in module.make_embedding.named_parameters()}
+    rules.update({"proj.weight": initialisation.GLOROT, "proj.bias": initialisation.ZEROS})
+    for name in ("rnn", "rnn_backward"):
+        rnn = getattr(module, name)
+        if rnn is None:
+            continue
+        own = sru_rules(rnn, module.init) if isinstance(rnn, SRU) else initialisation.rnn_rules(rnn, module.init)
+        rules.update({f"{name}.{key}": rule for key, rule in own.items()})
+    return rules
+
+
+def sru_rules(sru, init="glorot"):
+    """:class:`SRU`: the stacked input maps Glorot per map (``pytorch``: ``nn.Linear``'s ``U(-1/sqrt(in),
+    1/sqrt(in))``); ``v_f``, ``v_r`` and the biases zero (the gates start without the cell-state term or an offset)."""
+    maps = sru.weight.out_features // sru.hidden_size
+    weight = (initialisation.Rule("glorot", blocks=maps) if init == "glorot"
+              else initialisation.Rule("uniform", bound=1.0 / math.sqrt(sru.weight.in_features)))
+    return {"weight.weight": weight, "recurrent": initialisation.ZEROS, "bias": initialisation.ZEROS}
+
+
 def combine(p, r, heads, layout):
     """The layer input from P ``(..., d_p)`` and R ``(..., d_r)``.
 
@@ -285,7 +357,9 @@ class BlockDiagonalLinear(nn.Module):
         bias: add a bias (OpenNMT-py's ``-add_qkvbias``).
 
     ``forward(x)``: ``(..., dim)`` -> ``(..., dim)``.  Parameters: ``weight``
-    ``(H, dim / H, dim / H)`` (output by input, per block) and ``bias``.
+    ``(H, dim / H, dim / H)`` (output by input, per block; each block Glorot
+    uniform, so an output has the variance the stock Glorot projection gives
+    it) and ``bias`` (zeros).
     """
 
     def __init__(self, dim, blocks, bias=False):
@@ -294,8 +368,7 @@ class BlockDiagonalLinear(nn.Module):
         size = dim // blocks
         self.weight = nn.Parameter(torch.empty(blocks, size, size))
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
-        for block in self.weight.data:  # as nn.Linear initialises each (size x size) map
-            nn.init.kaiming_uniform_(block, a=math.sqrt(5))
+        initialisation.initialise(self)  # each block Glorot, as the stock full projection
 
     def forward(self, x):
         lead = x.shape[:-1]
@@ -350,6 +423,15 @@ def restrict_heads(layer_norm, attention, heads):
     return HeadwiseNorm(dim, heads, eps, kind)
 
 
+initialisation.register("onmt_ext.recurrent_embedding.RecurrentPositionalEmbeddings", _rules)
+initialisation.register("onmt_ext.recurrent_embedding.BlockDiagonalLinear",
+                        lambda m: {"weight": initialisation.GLOROT,
+                                   **({"bias": initialisation.ZEROS} if m.bias is not None else {})})
+initialisation.register("onmt_ext.recurrent_embedding.HeadwiseNorm",
+                        lambda m: {"weight": initialisation.ONES,
+                                   **({"bias": initialisation.ZEROS} if m.bias is not None else {})})
+
+
 # ----------------------------------------------------------------------------- options
 
 def _used(opt):
@@ -361,7 +443,8 @@ def _combination_check(opt):
     dim = getattr(opt, "chen2019_dim", 0)
     if not _used(opt):
         problems += options_without_effect(opt, [_SPEC_BY_NAME[name] for name in ("chen2019_dim", "chen2019_rnn",
-                                                                                 "chen2019_heads")],
+                                                                                 "chen2019_heads", "chen2019_scale",
+                                                                                 "chen2019_init")],
                                            "-chen2019_enc and -chen2019_dec are both none")
     for side, bidirectional in (("enc", True), ("dec", False)):
         layout = getattr(opt, f"chen2019_{side}", "none")
@@ -405,6 +488,12 @@ _SPECS = [
     OptionSpec("chen2019_heads", str, "full", "chen2019: full Q/K/V projections (parameter count of the paper's "
                "Table 1) or restricted (first-layer heads read only their own input slice)",
                choices=HEAD_PROJECTIONS),
+    OptionSpec("chen2019_scale", str, "embedding", "chen2019: scaling of the looked-up embedding before the "
+               "split (sec. 3): embedding (x_j times sqrt(d_model), then split: x^p and x^r alike), parts "
+               "(x^p times sqrt(d_p), x^r times sqrt(d_r)), none (x^r unscaled)", choices=SCALES),
+    OptionSpec("chen2019_init", str, "glorot", "chen2019: initialisation of the RNN of eq. 6: glorot (every "
+               "gate's map Glorot uniform, biases zero) or pytorch (U(-1/sqrt(units), 1/sqrt(units)))",
+               choices=INITS),
     OptionSpec("chen2019_pe_off", str, [], "chen2019 Table 3 ablations: sides (enc, dec) without the sinusoidal "
                "position encoding (stock OpenNMT-py embeddings without it)", nargs="*", choices=SIDES),
 ]
@@ -426,7 +515,8 @@ def _attach(module, config, side, layer_norm_name, layers):
     module.embeddings = RecurrentPositionalEmbeddings(
         embeddings, config.heads, config.option("chen2019_dim"), layout, config.option("chen2019_rnn"),
         bidirectional=side == "enc", position_encoding=pe_on,
-        position_encoding_type=config.position_encoding_type)
+        position_encoding_type=config.position_encoding_type, scale=config.option("chen2019_scale"),
+        init=config.option("chen2019_init"))
     if config.option("chen2019_heads") == "restricted":
         first = layers[0]
         setattr(first, layer_norm_name, restrict_heads(getattr(first, layer_norm_name), first.self_attn,

@@ -11,18 +11,19 @@ routed independently and in one vectorised pass (only the iterations loop).
 ``mask`` is ``(..., I)`` bool, True where input ``i`` takes part.
 
 Numerics: the routing runs in at least float32 whatever the input dtype
-(fp16/bf16 votes are up-cast, capsule outputs cast back), masked votes are zeroed before use (so
+and also under autocast (fp16/bf16 votes are up-cast and autocast is off
+inside the routing functions, so no product is silently run in half
+precision; capsule outputs are cast back), masked votes are zeroed before use (so
 NaN/Inf there cannot leak), norms and variances are floored, and the EM
 densities are computed in log space.  Tests check finite outputs and
 gradients for all-zero votes, votes of magnitude 1e4 and half precision.
 """
 
+import functools
 import math
 
 import torch
 import torch.nn.functional as F
-
-from onmt_ext import kernels
 
 _NORM_EPS = 1e-12  # inside the square root of squash()
 _MIN_TOTAL = 1e-6  # floor of coupling totals used as denominators
@@ -69,6 +70,23 @@ def _prepare(votes, mask):
     keep_votes = keep.any(dim=shared, keepdim=True) if shared else keep
     v = v.masked_fill(~keep_votes[..., None, None], 0.0)
     return v, keep[..., None].float(), tuple(mask.shape)
+
+
+def _without_autocast(fn):
+    """Run ``fn(tensor, ...)`` with autocast off on ``tensor``'s device (the routing promises float32 arithmetic).
+
+    Under ``torch.autocast`` the matrix products inside ``einsum`` would
+    otherwise run in fp16/bf16 even on float32 inputs.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(tensor, *args, **kwargs):
+        if tensor.device.type not in ("cpu", "cuda"):
+            return fn(tensor, *args, **kwargs)
+        with torch.autocast(tensor.device.type, enabled=False):
+            return fn(tensor, *args, **kwargs)
+
+    return wrapper
 
 
 def _positive(total):
@@ -121,6 +139,7 @@ def _coupling(logits, normalize, keep):
     return coupling if keep is None else coupling * keep
 
 
+@_without_autocast
 def coupling_coefficients(logits, normalize="outputs", mask=None):
     """The coupling ``C`` that routing logits ``B`` ``(..., I, O)`` give (step 1 of :func:`simple_routing`).
 
@@ -137,6 +156,7 @@ def coupling_coefficients(logits, normalize="outputs", mask=None):
     return _coupling(logits, normalize, None if mask is None else mask.bool()[..., None].to(logits.dtype))
 
 
+@_without_autocast
 def simple_routing(votes, iterations=3, *, normalize="outputs", weighted_mean=False, init_logits=None, mask=None):
     """Iterative dynamic routing (li2019 Alg. 1, eq. 7-8; cao2019 Alg. 1; GRET).
 
@@ -172,9 +192,6 @@ def simple_routing(votes, iterations=3, *, normalize="outputs", weighted_mean=Fa
     logits_shape = lead + (v.shape[-2],)
     if init_logits is not None and init_logits.shape != logits_shape:
         raise ValueError(f"init_logits must be (..., I, O) = {tuple(logits_shape)}, got {tuple(init_logits.shape)}")
-    fused = kernels.simple_routing(v, keep, init_logits, lead, iterations, normalize, weighted_mean)
-    if fused is not None:
-        return fused[0].to(votes.dtype), fused[1]
     logits = torch.zeros(logits_shape, dtype=v.dtype, device=v.device)
     if init_logits is not None:
         logits = logits + init_logits.to(v.dtype)
@@ -201,6 +218,7 @@ def linear_inverse_temperature(start=1.0, end=1.0):
     return schedule
 
 
+@_without_autocast
 def em_routing(
     votes,
     iterations=3,
@@ -228,7 +246,7 @@ def em_routing(
 
     The output is ``A_o * mu_o`` (eq. 9).
 
-    Choices (see NOTES.md), each an argument:
+    Choices (discussed in docs/li2019.md), each an argument:
 
     * ``density="product"``: ``P`` is the product of the per-dimension
       densities (a diagonal Gaussian, Hinton et al.), i.e. a sum of
@@ -260,11 +278,6 @@ def em_routing(
         raise ValueError(f"min_var must be > 0, got {min_var!r}")
     schedule = inverse_temperature or linear_inverse_temperature()
     v, keep, lead = _prepare(votes, mask)
-    if mask is None and density == "product":
-        lambdas = [schedule(t, int(iterations)) for t in range(int(iterations))]
-        fused = kernels.em_routing(v, iterations, lambdas, beta_a, beta_u, min_var)
-        if fused is not None:
-            return fused[0].to(votes.dtype), fused[1].to(votes.dtype)
     n_out, n_dim = v.shape[-2], v.shape[-1]
     zero = v.new_zeros(())
     beta_a = zero if beta_a is None else beta_a.to(v.dtype)
@@ -299,32 +312,3 @@ def em_routing(
     activations = torch.sigmoid(logit_a)
     outputs = activations[..., None] * mean
     return outputs.to(votes.dtype), activations.to(votes.dtype)
-
-
-_COMPILED = {}
-
-
-def compiled(fn):
-    """``torch.compile(fn, dynamic=True)``, built once per process and routing function.
-
-    The routing iterations are chains of element-wise operations and
-    reductions over the vote tensor; compiled, each chain runs as a few fused
-    kernels, forward and backward (about 5x faster for li2019's EM routing on
-    CPU at Transformer-Base size).  The first call compiles (tens of seconds);
-    later calls with other batch shapes reuse the dynamic-shape graph.
-    """
-    if fn not in _COMPILED:
-        _COMPILED[fn] = torch.compile(fn, dynamic=True)
-    return _COMPILED[fn]
-
-
-def call_compiled(fn, *args, **kwargs):
-    """``compiled(fn)(*args, **kwargs)``; a torch.compile failure becomes an error naming ``-routing_compile``."""
-    try:
-        return compiled(fn)(*args, **kwargs)
-    except Exception as error:  # torch.compile's backend failures are many exception types
-        if "dynamo" not in type(error).__module__ and "inductor" not in type(error).__module__:
-            raise
-        first_line = str(error).splitlines()[0] if str(error) else ""
-        raise RuntimeError(f"-routing_compile: torch.compile could not compile the routing "
-                           f"({type(error).__name__}: {first_line}); train with -routing_compile false") from error

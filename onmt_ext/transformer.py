@@ -18,6 +18,7 @@ from onmt.encoders.transformer import TransformerEncoder
 from onmt.utils.misc import sequence_mask
 
 from onmt_ext import aggregation, clause_attention, cross_aggregation, directional, gret, recurrent_embedding
+from onmt_ext import compile as ext_compile
 from onmt_ext.options import ExtConfig
 from onmt_ext.state import stateful_modules
 
@@ -31,6 +32,8 @@ class _ExtConfigured:
     ``_mechanisms`` lists ``attach(module, config)`` functions that put each
     enabled mechanism into the freshly built stock module (a mechanism that
     is off attaches nothing, so the module stays exactly the stock one).
+    With ``-ext_compile`` the attached modules then run their tensor cores
+    compiled (:mod:`onmt_ext.compile`).
     """
 
     _stock = None
@@ -41,6 +44,7 @@ class _ExtConfigured:
         self.ext_config = ext_config
         for attach in self._mechanisms:
             attach(self, ext_config)
+        ext_compile.enable(self, ext_config.option("ext_compile"))
 
     @classmethod
     def from_opt(cls, opt, embeddings):
@@ -66,23 +70,17 @@ class ExtTransformerEncoder(_ExtConfigured, TransformerEncoder):
                    recurrent_embedding.attach_encoder, clause_attention.attach_encoder, gret.attach_encoder)
 
     def forward(self, src, src_len=None):
-        """The stock forward; with GRET the final state is the global state ``(batch, d_model)``.
-
-        li2019's encoder aggregations skip the padded positions
-        (:func:`onmt_ext.aggregation.skipping_padding`).
-        """
+        """The stock forward; with GRET the final state is the global state ``(batch, d_model)``."""
         clauses, summary = getattr(self, "clause", None), getattr(self, "gret", None)
-        routed = getattr(self, "routing_aggregations", ())
-        if clauses is None and summary is None and not routed:
+        if clauses is None and summary is None:
             return super().forward(src, src_len)
         padding = sequence_mask(src_len, src.size(1))  # (OpenNMT-py's mask: True at padding)
         if clauses is not None:  # clause ids of this batch, read by the clause attentions
             clauses.start(src, padding)
-        with aggregation.skipping_padding(routed, padding):
-            if summary is None:
-                return super().forward(src, src_len)
-            summary.start()
-            enc_out, _, src_len = super().forward(src, src_len)
+        if summary is None:
+            return super().forward(src, src_len)
+        summary.start()
+        enc_out, _, src_len = super().forward(src, src_len)
         return enc_out, summary.summarise(~padding), src_len
 
 

@@ -5,6 +5,9 @@ from the same YAML files users train with, so that the tests exercise the
 real option path (strict parsing, onmt-ext options, registration).
 """
 
+import contextlib
+import copy
+import functools
 import os
 import subprocess
 import sys
@@ -21,6 +24,97 @@ SMOKE_DIR = REPO / "yaml_configs" / "smoke"
 def smoke_configs():
     """Every config under yaml_configs/smoke/, as paths relative to the repository."""
     return sorted(p.relative_to(REPO) for p in SMOKE_DIR.rglob("*.yaml"))
+
+
+# ---------------------------------------------------------------------------
+# What the decoding-property suite runs on, from the environment (see tests/README.md)
+
+#: ``ONMT_EXT_TEST_DEVICE``: where the in-process checks run their models (``cpu`` or ``cuda``).
+DEVICE_VARIABLE = "ONMT_EXT_TEST_DEVICE"
+#: ``ONMT_EXT_TEST_AUTOCAST``: the autocast dtype of the in-process checks (``none``, ``bf16`` or ``fp16``).
+AUTOCAST_VARIABLE = "ONMT_EXT_TEST_AUTOCAST"
+#: ``ONMT_EXT_TEST_CONFIGS``: comma-separated smoke configs (relative to yaml_configs/smoke/) to restrict the
+#: property suite to.
+CONFIGS_VARIABLE = "ONMT_EXT_TEST_CONFIGS"
+
+AUTOCAST_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def device_under_test():
+    """The torch device named by ``ONMT_EXT_TEST_DEVICE`` (default ``cpu``); a clear error if it cannot run."""
+    name = os.environ.get(DEVICE_VARIABLE, "cpu").strip() or "cpu"
+    if name not in ("cpu", "cuda"):
+        raise ValueError(f"{DEVICE_VARIABLE}={name!r}: expected cpu or cuda")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{DEVICE_VARIABLE}=cuda, but this torch sees no CUDA device")
+    return torch.device(name)
+
+
+def autocast_name():
+    """``none``, ``bf16`` or ``fp16``, from ``ONMT_EXT_TEST_AUTOCAST`` (default ``none``)."""
+    name = os.environ.get(AUTOCAST_VARIABLE, "none").strip() or "none"
+    if name not in AUTOCAST_DTYPES:
+        raise ValueError(f"{AUTOCAST_VARIABLE}={name!r}: expected one of {', '.join(AUTOCAST_DTYPES)}")
+    return name
+
+
+def autocast(device):
+    """The autocast context of ``ONMT_EXT_TEST_AUTOCAST`` on ``device`` (a no-op context for ``none``)."""
+    dtype = AUTOCAST_DTYPES[autocast_name()]
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def selected_smoke_configs():
+    """The smoke configs named by ``ONMT_EXT_TEST_CONFIGS`` (in that order), or all of them when it is unset.
+
+    Names are relative to yaml_configs/smoke/ (``li2019/em_all_components.yaml``); an unknown name is an error,
+    so that a misspelt selection never runs an empty suite.
+    """
+    value = os.environ.get(CONFIGS_VARIABLE, "").strip()
+    if not value:
+        return smoke_configs()
+    chosen = []
+    for name in (part.strip() for part in value.split(",")):
+        if not name:
+            continue
+        path = (SMOKE_DIR / name).resolve()
+        if not path.is_file() or SMOKE_DIR.resolve() not in path.parents:
+            raise ValueError(f"{CONFIGS_VARIABLE}: {name!r} is not a config under yaml_configs/smoke/")
+        if path.relative_to(REPO) not in chosen:
+            chosen.append(path.relative_to(REPO))
+    if not chosen:
+        raise ValueError(f"{CONFIGS_VARIABLE}={value!r} names no config")
+    return chosen
+
+
+def read_yaml(config):
+    """The raw mapping of a repository-relative YAML config (C loader when available), read once per path and
+    shared by every caller: read it, do not change it."""
+    return _read_yaml(str(config))
+
+
+@functools.lru_cache(maxsize=None)
+def _read_yaml(config):
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return yaml.load((REPO / config).read_text(encoding="utf-8"), Loader=loader) or {}
+
+
+def cached_train_opts(config):
+    """``load_train_opts(config)`` parsed once per config and process; each caller gets its own copy.
+
+    For suites that read the options of many configs several times.  Not for tests that change the
+    registered options between parses (they must call ``load_train_opts``).
+    """
+    return copy.deepcopy(_cached_train_opts(str(config)))
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_train_opts(config):
+    return load_train_opts(config)
 
 
 def ensure_sample_data():

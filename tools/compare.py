@@ -4,38 +4,80 @@
 Usage::
 
     python tools/compare.py [--seeds 1 2 3] [--jobs 2] [--configs baseline gret ...]
-                            [--train-steps N] [--test-lines N] [--out results/compare]
+                            [--valid-every 100] [--plateau-window 400] [--plateau-tolerance 0.01]
+                            [--max-steps N] [--budget-minutes 120] [--train-steps N]
+                            [--test-lines N] [--work build/compare] [--out results/compare]
 
 Every config of ``yaml_configs/compare/`` (the stock baseline, one
 representative row of each paper and one combination) is trained with each
-seed for the same number of steps on the same data, translates the Tatoeba
-multi-reference test set (beam 4), and is scored with sacreBLEU through
-:mod:`onmt_ext.evaluation`:
+seed on the same data, validated every ``--valid-every`` steps on the
+held-out validation set of the config (``build/tatoeba/valid.*``), then
+translates the Tatoeba multi-reference test set (beam 4) and is scored with
+sacreBLEU through :mod:`onmt_ext.evaluation`.  The run has four phases:
 
-* BLEU (13a, case-sensitive, all references) and chrF per run; mean and
-  sample standard deviation over the seeds;
-* a paired bootstrap test (1000 resamples) of each run against the baseline
-  trained with the same seed; the table counts the seeds on which the
-  difference is significant (p < 0.05) and says in which direction;
-* training tokens per second (target side, from OpenNMT-py's step reports)
-  and its ratio to the baseline's, the wall-clock time of each run, and the
-  parameter count.
+1. **Probe.**  Each config trains ``--probe-steps`` steps (first seed,
+   ``--jobs`` at a time, as later) and validates once; the speed of those
+   steps (seconds per step between OpenNMT-py's step reports), the time of a
+   validation and the start-up give the estimate of the whole run that is
+   printed before the real trainings start, and the speed column of the
+   report (every config measured alike).
+2. **Baseline to its plateau.**  The baseline trains with all seeds at once,
+   saving a checkpoint at every validation.  Its learning curve is the mean
+   validation perplexity over the seeds, v(s).  The *plateau step* P is the
+   first validation step s at which the next ``--plateau-window`` steps do
+   not improve the mean by ``--plateau-tolerance`` or more, relative:
+   ``min v(t) for s < t <= s + window  >  (1 - tolerance) * v(s)``.
+   The baseline is stopped as soon as P is known.  When no step up to
+   ``--max-steps`` qualifies, P = ``--max-steps`` and the report says that
+   the baseline had not plateaued.  (``--train-steps N`` skips the search:
+   every config trains N steps.)
+3. **Every other config trains P steps** per seed, ``--jobs`` at a time, and
+   every model (the baseline's checkpoint of step P included) translates the
+   test set.
+4. **Report** (``<out>/compare.{md,json}``, ``compare.png``, ``curves.png``):
 
-``--jobs 2`` runs two trainings at once with one thread each (on two cores
-that is faster than one run with two threads for models this small); the
-speed ratios are then measured with the other core busy and are coarser than
-``make bench``'s, which measures speed alone and should be preferred for
-speed.  Runs whose checkpoint (or translation) exists are not redone.  The
-report goes to ``<out>/compare.{json,md,png}`` with the commands that were
-run.
+   * BLEU (13a, case-sensitive, all references) and chrF per run, mean and
+     sample standard deviation over the seeds; a paired bootstrap test (1000
+     resamples) of each run against the baseline of the same seed;
+   * the learning curves: mean validation perplexity over the seeds with the
+     min-max band (``curves.png``);
+   * the *beats-the-baseline rule*: at a validation step, a config beats the
+     baseline when its worst seed has a lower validation perplexity than the
+     baseline's best seed (the min-max ranges do not overlap; with three
+     seeds each, two exchangeable sets of runs fall apart like this in a
+     given direction with probability 1/20).  The report gives the first
+     step from which the config beats the baseline at every later step up to
+     P (or is beaten, the same way), beside the gain its paper reports;
+   * the probe's training speed relative to the baseline's, tokens per
+     second of every run (target side, step reports that hold no
+     validation), wall-clock times and parameter counts.  The speed is
+     coarser than ``make bench``'s.
+
+Sizing for a 2-hour run on 2 cores: the 18 trainings of phase 3 cost about
+eight times the baseline's phase 2 (by the speed ratios of the mechanisms)
+and dominate.  Two runs at a time with one thread each use both cores best
+for models this small.  A validation (1,000 sentences, teacher-forced)
+costs about as much as five training steps, so validating every 100 steps
+adds about 5% and places a crossing of two curves within 100 steps.  The
+test set is translated in full, a small part of each run.  Unless
+``--max-steps`` is given, the largest multiple of ``--valid-every`` is
+chosen such that the estimate of the whole run, with the plateau at that
+cap, stays within 90% of ``--budget-minutes``: a baseline that plateaus
+later is cut at the cap rather than overrunning the budget, and a machine
+busy with other work gets a lower cap (docs/compare.md).
+
+Runs whose checkpoint (or translation) exists are not redone; a baseline
+whose logs already decide the plateau and whose checkpoint of step P exists
+is not retrained.  The baseline's other checkpoints are deleted once P is
+known.
 """
 
 import argparse
 import json
 import math
 import os
-import re
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -45,6 +87,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from onmt_ext import train_log  # noqa: E402
+
 CONFIG_DIR = Path("yaml_configs/compare")
 #: Order of the rows; the first is the baseline every other row is tested against.
 CONFIGS = ("baseline", "li2019_em", "cao2019_cross", "chen2019_mprhead", "clause_ca_rule", "gret", "combined")
@@ -57,10 +102,28 @@ LABELS = {
     "gret": "GRET (weng2020)",
     "combined": "MPRHead + EM routing + GRET",
 }
+#: What each paper reports for the row's mechanism: (table of tools/reproduce.py, index of its baseline row,
+#: index of the mechanism's row, what the rows are) or a sentence where the paper gives no legible number.
+PAPER_CLAIMS = {
+    "li2019_em": ("li2019-table2", 0, 2, "EM routing on the encoder self-attention, WMT14 En-De, base (Table 2)"),
+    "cao2019_cross": ("cao2019-table1", 0, 3, "vertical + horizontal, zero init., WMT17 Zh-En, base (Table 1)"),
+    "chen2019_mprhead": ("chen2019-table1", 0, 4, "MPRHead, WMT14 En-De, base (Table 1)"),
+    "clause_ca_rule": ("clause-table5", 0, 1, "CA with rule, NiuTrans En-Zh (Table 5; gains said to grow "
+                                              "with sentence length)"),
+    "gret": "significant gains over the Transformer on four WMT tasks; the BLEU scores of our copy of the "
+            "paper are not legible",
+    "combined": "no paper combines these mechanisms",
+}
 TEST_SOURCE = Path("build/tatoeba/test.zh")
 TEST_REFS = Path("build/tatoeba/test.en.refs.tsv")
-_STEP = re.compile(r"Step\s+(\d+)/\s*\d+;.*?(\d+)/\s*(\d+) tok/s")
-_PARAMS = re.compile(r"\* number of parameters: (\d+)")
+#: Seconds set aside per translation of the whole test set before one has been timed (phase 2 times the
+#: baseline's and replaces it); the 600-step models of the earlier fixed-step comparison took 14-26 s.
+TRANSLATE_ALLOWANCE = 30.0
+#: Share of ``--budget-minutes`` that the estimate may fill when ``--max-steps`` is chosen.
+BUDGET_SHARE = 0.9
+#: Highest cap ``--max-steps`` is chosen from.
+MAX_STEPS_CEILING = 20000
+POLL_SECONDS = 5.0
 
 
 @dataclass
@@ -82,7 +145,8 @@ class Run:
 
     @property
     def train_log(self):
-        return self.directory / "train.console.log"
+        """OpenNMT-py's ``-log_file`` of the training."""
+        return self.directory / "train.log"
 
 
 def _config_values(name):
@@ -91,25 +155,28 @@ def _config_values(name):
     return yaml.safe_load((REPO / CONFIG_DIR / f"{name}.yaml").read_text(encoding="utf-8"))
 
 
-def train_command(run, train_steps=None):
-    """``onmt_train`` arguments of a run: the compare config with its seed and its own output paths."""
+def train_command(run, train_steps=None, valid_every=None, save_every=None, keep=None, report_every=None):
+    """``onmt_train`` arguments of a run: the compare config with its seed, its own output paths and the
+    given schedule (the config's own where an argument is None)."""
     command = ["onmt_train", "-config", str(CONFIG_DIR / f"{run.config}.yaml"), "-seed", str(run.seed),
                "-save_model", str(run.directory / "model"), "-save_data", str(run.directory / "samples"),
-               "-log_file", str(run.directory / "train.log")]
-    if train_steps:
-        command += ["-train_steps", str(train_steps), "-valid_steps", str(train_steps),
-                    "-save_checkpoint_steps", str(train_steps), "-report_every", str(max(1, train_steps // 2))]
+               "-log_file", str(run.train_log), "-overwrite_checkpoints"]
+    for option, value in (("-train_steps", train_steps), ("-valid_steps", valid_every),
+                          ("-save_checkpoint_steps", save_every), ("-keep_checkpoint", keep),
+                          ("-report_every", report_every)):
+        if value is not None:
+            command += [option, str(value)]
     return command
 
 
 def checkpoint(run, train_steps=None):
-    return run.directory / f"model_step_{run.train_steps}.pt"
+    """The checkpoint a run translates: the one of its ``train_steps``."""
+    return run.directory / f"model_step_{train_steps or run.train_steps}.pt"
 
 
 def translate_command(run, source, train_steps=None):
     """``onmt_translate`` arguments: beam 4 with the model's SentencePiece models and, for clause attention,
     the same on-the-fly clause split as in training."""
-    sys.path.insert(0, str(REPO))
     from onmt_ext.clause_split import translate_options
 
     values = _config_values(run.config)
@@ -120,41 +187,319 @@ def translate_command(run, source, train_steps=None):
             "-log_file", str(run.directory / "translate.log")]
 
 
+def _environment(threads):
+    return dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+
+
+def _binary(command):
+    return [str(Path(sys.executable).parent / command[0]), *command[1:]]
+
+
 def _execute(command, threads, log):
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    bin_dir = Path(sys.executable).parent
+    """Run a command with its output to ``log``; its wall-clock seconds.  A failure ends the tool."""
     start = time.perf_counter()
     with open(log, "w", encoding="utf-8") as out:
         out.write(f"$ {shlex.join(command)}\n")
         out.flush()
-        result = subprocess.run([str(bin_dir / command[0]), *command[1:]], env=env, stdout=out,
-                                stderr=subprocess.STDOUT)
+        result = subprocess.run(_binary(command), env=_environment(threads), stdout=out, stderr=subprocess.STDOUT)
     if result.returncode:
-        raise SystemExit(f"compare.py: {command[0]} failed (exit {result.returncode}); see {log}")
+        raise SystemExit(f"compare.py: error: {command[0]} failed (exit {result.returncode}); see {log}")
     return time.perf_counter() - start
 
 
-def execute_run(run, threads, source, train_steps=None):
-    """Train (unless the checkpoint exists) and translate (unless the output exists) one run."""
+def _fresh_training(run):
+    """Remove what an earlier training of the run left (OpenNMT-py appends to an existing log)."""
     run.directory.mkdir(parents=True, exist_ok=True)
-    if not checkpoint(run, train_steps).exists():
-        run.train_seconds = _execute(train_command(run, train_steps), threads, run.train_log)
-    if run.train_seconds is not None or not run.hypotheses.exists():  # a new model is translated again
-        run.translate_seconds = _execute(translate_command(run, source, train_steps), threads,
-                                         run.directory / "translate.console.log")
+    run.train_log.unlink(missing_ok=True)
+    for old in run.directory.glob("model_step_*.pt"):
+        old.unlink()
+
+
+def train_run(run, threads, valid_every, report_every):
+    """Train a run to its ``train_steps``, validating every ``valid_every``, unless its checkpoint exists
+    and its log holds all those validations."""
+    wanted = set(range(valid_every, run.train_steps + 1, valid_every))
+    if checkpoint(run).exists() and wanted <= {r.step for r in train_log.read(run.train_log).valid}:
+        return run
+    _fresh_training(run)
+    run.train_seconds = _execute(train_command(run, run.train_steps, valid_every, run.train_steps, 1, report_every),
+                                 threads, run.directory / "train.console.log")
     return run
 
 
+def translate_run(run, threads, source):
+    """Translate the test source with a run's checkpoint unless the output exists or the model is older."""
+    if run.hypotheses.exists() and run.hypotheses.stat().st_mtime >= checkpoint(run).stat().st_mtime:
+        return run
+    run.translate_seconds = _execute(translate_command(run, source), threads, run.directory / "translate.console.log")
+    return run
+
+
+# --------------------------------------------------------------------------
+# The rules
+# --------------------------------------------------------------------------
+
+
+def seed_curves(logs):
+    """Validation perplexity of several runs at the steps all of them have validated: ``{step: [ppl, ...]}``."""
+    per_run = [{r.step: r.ppl for r in log.valid if r.ppl is not None} for log in logs]
+    if not per_run:
+        return {}
+    common = sorted(set.intersection(*(set(curve) for curve in per_run)))
+    return {step: [curve[step] for curve in per_run] for step in common}
+
+
+def find_plateau(steps, values, window, tolerance, max_steps):
+    """The plateau step of a learning curve (validation steps and mean perplexities, ascending steps).
+
+    Returns ``(P, True)`` for the first step s <= ``max_steps`` at which no
+    value in (s, s + window] is below ``(1 - tolerance)`` times the value at
+    s, once the curve reaches s + window; ``(max_steps, False)`` when every
+    step up to ``max_steps`` is followed within the window by such an
+    improvement; None while the curve is too short to say.
+    """
+    for i, step in enumerate(steps):
+        if step > max_steps:
+            return max_steps, False
+        bound = (1.0 - tolerance) * values[i]
+        if any(later <= step + window and value < bound for later, value in zip(steps[i + 1:], values[i + 1:])):
+            continue
+        return (step, True) if steps[-1] >= step + window else None
+    return None
+
+
+def compare_at_steps(baseline, other):
+    """The beats-the-baseline rule at every step both curves (``{step: [ppl per seed]}``) have:
+    ``{step: "better" | "worse" | "tie"}``; better: the other's highest perplexity is below the baseline's
+    lowest, worse: its lowest is above the baseline's highest."""
+    verdicts = {}
+    for step in sorted(set(baseline) & set(other)):
+        if max(other[step]) < min(baseline[step]):
+            verdicts[step] = "better"
+        elif min(other[step]) > max(baseline[step]):
+            verdicts[step] = "worse"
+        else:
+            verdicts[step] = "tie"
+    return verdicts
+
+
+def sustained_from(verdicts, kind):
+    """The first step from which every later verdict is ``kind`` (None if the last one is not)."""
+    first = None
+    for step in sorted(verdicts):
+        if verdicts[step] == kind:
+            first = step if first is None else first
+        else:
+            first = None
+    return first
+
+
+def verdict_text(verdicts):
+    """One sentence on a config's curve against the baseline's, by :func:`compare_at_steps`."""
+    if not verdicts:
+        return "no common validation step"
+    for kind, words in (("better", "beats the baseline"), ("worse", "behind the baseline")):
+        start = sustained_from(verdicts, kind)
+        if start is not None:
+            return f"{words} from step {start} on"
+    better = [s for s, v in verdicts.items() if v == "better"]
+    worse = [s for s, v in verdicts.items() if v == "worse"]
+    if better:
+        return f"beats the baseline at steps {_ranges(better)} but not at the last step"
+    if worse:
+        return f"behind the baseline at steps {_ranges(worse)} but not at the last step"
+    return "never apart from the baseline (seed ranges overlap at every step)"
+
+
+def _ranges(steps):
+    return f"{steps[0]}-{steps[-1]}" if len(steps) > 1 else str(steps[0])
+
+
+def paper_claim(config):
+    """What the paper of a config reports (one line), from the paper BLEU of tools/reproduce.py's tables."""
+    claim = PAPER_CLAIMS.get(config)
+    if claim is None or isinstance(claim, str):
+        return claim or ""
+    sys.path.insert(0, str(REPO / "tools"))
+    import reproduce
+
+    table, base_index, index, what = claim
+    rows = reproduce.TABLES[table]
+    base, row = rows[base_index].paper_bleu, rows[index].paper_bleu
+    return f"{row - base:+.2f} BLEU ({base:.2f} -> {row:.2f}): {what}"
+
+
+# --------------------------------------------------------------------------
+# Speed and the estimate
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class Speed:
+    """What the probe measured for one config: seconds per training step, per validation and to start."""
+
+    step: float
+    valid: float
+    startup: float
+
+
+def probe(configs, seed, steps, jobs, threads, work):
+    """Train every config ``steps`` steps (``jobs`` at a time) and measure its :class:`Speed`."""
+    report_every = max(1, steps // 6)
+
+    def one(name):
+        run = Run(name, seed, work / "probe" / name, steps)
+        _fresh_training(run)
+        wall = _execute(train_command(run, steps, steps, steps, 1, report_every), threads,
+                        run.directory / "train.console.log")
+        log = train_log.read(run.train_log)
+        per_step, valid = log.seconds_per_step(), log.valid_seconds() or 0.0
+        if per_step is None:
+            raise SystemExit(f"compare.py: error: the probe of {name} logged too few step reports; see {run.train_log}")
+        return name, Speed(per_step, valid, max(0.0, wall - steps * per_step - valid))
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return dict(pool.map(one, configs))
+
+
+def schedule_seconds(durations, jobs):
+    """Wall-clock seconds of tasks given to ``jobs`` workers in order, each to the first worker free."""
+    free = [0.0] * jobs
+    for duration in durations:
+        k = free.index(min(free))
+        free[k] += duration
+    return max(free) if durations else 0.0
+
+
+def estimate(speeds, configs, seeds, jobs, plateau_step, window, valid_every, translate_seconds,
+             search=True):
+    """Estimated seconds of phases 2-3 (a dict: ``baseline``, ``others``, ``total``) for a plateau step.
+
+    The baseline trains ``plateau_step + window`` steps with all seeds at
+    once (slower by ``seeds / jobs`` when there are more seeds than jobs);
+    every other config trains ``plateau_step`` steps per seed in ``jobs``
+    slots; every run validates every ``valid_every`` steps and translates
+    once.
+    """
+    base = speeds[configs[0]]
+    base_steps = plateau_step + window if search else plateau_step
+    crowding = max(1.0, len(seeds) / jobs) if search else 1.0
+    baseline = base.startup + crowding * (base.step * base_steps + base.valid * (base_steps // valid_every))
+    if not search:  # the baseline is one more config in the queue
+        baseline = 0.0
+    tasks = []
+    for _ in seeds:
+        for name in configs[1 if search else 0:]:
+            speed = speeds[name]
+            tasks.append(speed.startup + speed.step * plateau_step + speed.valid * (plateau_step // valid_every)
+                         + translate_seconds)
+    others = schedule_seconds(tasks, jobs)
+    if search:
+        others += math.ceil(len(seeds) / jobs) * translate_seconds  # the baseline's translations
+    return {"baseline": baseline, "others": others, "total": baseline + others}
+
+
+def choose_max_steps(speeds, configs, seeds, jobs, window, valid_every, translate_seconds, budget_seconds):
+    """The largest multiple of ``valid_every`` (at least ``valid_every``) whose :func:`estimate` with the
+    plateau there fits ``budget_seconds``."""
+    best = valid_every
+    for steps in range(valid_every, MAX_STEPS_CEILING + 1, valid_every):
+        if estimate(speeds, configs, seeds, jobs, steps, window, valid_every, translate_seconds)["total"] \
+                > budget_seconds:
+            break
+        best = steps
+    return best
+
+
+def _minutes(seconds):
+    return f"{seconds / 60:.0f} min" if seconds >= 600 else f"{seconds / 60:.1f} min"
+
+
+# --------------------------------------------------------------------------
+# Phase 2: the baseline until its plateau
+# --------------------------------------------------------------------------
+
+
+def _plateau_of(runs, window, tolerance, max_steps):
+    curves = seed_curves([train_log.read(run.train_log) for run in runs])
+    steps = sorted(curves)
+    return find_plateau(steps, [statistics.fmean(curves[s]) for s in steps], window, tolerance, max_steps)
+
+
+def baseline_until_plateau(runs, cores, valid_every, report_every, window, tolerance, max_steps):
+    """Train the baseline's runs at once until :func:`find_plateau` decides; ``(P, found, seconds)``."""
+    decided = _plateau_of(runs, window, tolerance, max_steps) if all(r.train_log.exists() for r in runs) else None
+    if decided and all(checkpoint(r, decided[0]).exists() for r in runs):
+        print(f"compare.py: the baseline's logs in {runs[0].directory.parent} already decide the plateau", flush=True)
+        return decided[0], decided[1], None
+    threads = max(1, cores // len(runs))
+    limit = max_steps + window
+    processes = []
+    start = time.perf_counter()
+    try:
+        for run in runs:
+            _fresh_training(run)
+            command = train_command(run, limit, valid_every, valid_every, -1, report_every)
+            console = open(run.directory / "train.console.log", "w", encoding="utf-8")
+            console.write(f"$ {shlex.join(command)}\n")
+            console.flush()
+            processes.append((run, console, subprocess.Popen(_binary(command), env=_environment(threads),
+                                                             stdout=console, stderr=subprocess.STDOUT)))
+        shown = 0
+        while True:
+            time.sleep(POLL_SECONDS)
+            decided = _plateau_of(runs, window, tolerance, max_steps)
+            curves = seed_curves([train_log.read(run.train_log) for run in runs])
+            if curves and max(curves) > shown:
+                shown = max(curves)
+                print(f"  baseline step {shown}: mean validation perplexity "
+                      f"{statistics.fmean(curves[shown]):.2f} ({_minutes(time.perf_counter() - start)})", flush=True)
+            if decided:
+                break
+            if all(process.poll() is not None for _, _, process in processes):
+                failed = [(run, p.returncode) for run, _, p in processes if p.returncode]
+                if failed:
+                    run, code = failed[0]
+                    raise SystemExit(f"compare.py: error: onmt_train failed (exit {code}); see "
+                                     f"{run.directory / 'train.console.log'}")
+                decided = _plateau_of(runs, window, tolerance, max_steps)
+                if not decided:
+                    raise SystemExit("compare.py: error: the baseline's logs end before the plateau rule can "
+                                     f"decide; see {runs[0].train_log}")
+                break
+    finally:
+        for _, console, process in processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+            console.close()
+    step = decided[0]
+    for run in runs:
+        if not checkpoint(run, step).exists():
+            raise SystemExit(f"compare.py: error: no checkpoint of step {step} in {run.directory}")
+        for other in run.directory.glob("model_step_*.pt"):
+            if other.name != checkpoint(run, step).name:
+                other.unlink()
+    return step, decided[1], time.perf_counter() - start
+
+
+# --------------------------------------------------------------------------
+# Scores and the report
+# --------------------------------------------------------------------------
+
+
 def training_speed(log_text):
-    """Mean target tokens/s over OpenNMT-py's step reports (the first report, with start-up, left out)."""
-    speeds = [int(m.group(3)) for m in _STEP.finditer(log_text)]
-    speeds = speeds[1:] or speeds
-    return statistics.fmean(speeds) if speeds else None
+    """Mean target tokens/s over OpenNMT-py's step reports (:meth:`onmt_ext.train_log.TrainLog.tokens_per_second`)."""
+    return train_log.parse(log_text).tokens_per_second()
 
 
 def parameter_count(log_text):
-    match = _PARAMS.search(log_text)
-    return int(match.group(1)) if match else None
+    """The parameter count an OpenNMT-py log reports, None if it has none."""
+    return train_log.parse(log_text).parameters
 
 
 def _mean_sd(values):
@@ -164,9 +509,13 @@ def _mean_sd(values):
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def score(runs, configs, seeds, refs_path, test_lines=None):
-    """Per-config summary dicts (BLEU/chrF mean and sd, bootstrap per seed, speed, parameters)."""
-    sys.path.insert(0, str(REPO))
+def score(runs, configs, seeds, refs_path, test_lines=None, speeds=None):
+    """Per-config summary dicts (BLEU/chrF mean and sd, bootstrap per seed, speed, parameters).
+
+    The speed ratio to the baseline is that of the probe's seconds per step when ``speeds`` (the probe's
+    :class:`Speed` per config) are given: the probe runs every config under the same conditions, whereas
+    the baseline's seeds train three at once.  Without them it is the ratio of the runs' tokens/s.
+    """
     from onmt_ext import evaluation as ev
 
     refs = ev.read_reference_tsv(refs_path)
@@ -179,10 +528,10 @@ def score(runs, configs, seeds, refs_path, test_lines=None):
         per_seed = []
         for seed in seeds:
             run = by_key[(name, seed)]
-            log_text = run.train_log.read_text(encoding="utf-8", errors="replace") if run.train_log.exists() else ""
+            log = train_log.read(run.train_log)
             entry = {"seed": seed, "bleu": ev.nist_bleu(hyps[(name, seed)], refs).score,
                      "chrf": ev.chrf(hyps[(name, seed)], refs).score,
-                     "tok_per_s": training_speed(log_text), "parameters": parameter_count(log_text),
+                     "tok_per_s": log.tokens_per_second(), "parameters": log.parameters,
                      "train_seconds": run.train_seconds, "translate_seconds": run.translate_seconds}
             if name != configs[0]:
                 test = ev.paired_bootstrap(hyps[(configs[0], seed)], hyps[(name, seed)], refs)
@@ -196,29 +545,79 @@ def score(runs, configs, seeds, refs_path, test_lines=None):
                      "tok_per_s": speed, "parameters": per_seed[0]["parameters"], "seeds": per_seed})
     base = rows[0]
     for row in rows:
-        row["speed_ratio"] = (row["tok_per_s"] / base["tok_per_s"]
-                              if row["tok_per_s"] and base["tok_per_s"] else None)
+        if speeds:
+            row["speed_ratio"] = speeds[configs[0]].step / speeds[row["config"]].step
+        else:
+            row["speed_ratio"] = (row["tok_per_s"] / base["tok_per_s"]
+                                  if row["tok_per_s"] and base["tok_per_s"] else None)
         significant = [e for e in row["seeds"] if e.get("p_value") is not None and e["p_value"] < 0.05]
         row["significant_better"] = sum(e["delta"] > 0 for e in significant)
         row["significant_worse"] = sum(e["delta"] < 0 for e in significant)
     return rows
 
 
+def learning_curves(runs, configs, seeds, last_step):
+    """Per config: validation perplexity per seed, mean, min and max at the steps every seed has (the
+    baseline's up to its last validation, the others' up to ``last_step``), and the verdicts of the
+    beats-the-baseline rule up to ``last_step``."""
+    by_key = {(r.config, r.seed): r for r in runs}
+    curves = {}
+    for name in configs:
+        per_seed = seed_curves([train_log.read(by_key[(name, seed)].train_log) for seed in seeds])
+        steps = sorted(per_seed)
+        curves[name] = {"step": steps, "mean": [statistics.fmean(per_seed[s]) for s in steps],
+                        "min": [min(per_seed[s]) for s in steps], "max": [max(per_seed[s]) for s in steps],
+                        "seeds": {str(seed): [per_seed[s][k] for s in steps] for k, seed in enumerate(seeds)}}
+    base = curves[configs[0]]
+    base_by_step = {s: [base["seeds"][str(seed)][i] for seed in seeds] for i, s in enumerate(base["step"])
+                    if s <= last_step}
+    for name in configs[1:]:
+        curve = curves[name]
+        by_step = {s: [curve["seeds"][str(seed)][i] for seed in seeds] for i, s in enumerate(curve["step"])
+                   if s <= last_step}
+        verdicts = compare_at_steps(base_by_step, by_step)
+        curve["verdicts"] = {str(s): v for s, v in verdicts.items()}
+        curve["verdict"] = verdict_text(verdicts)
+        curve["paper"] = paper_claim(name)
+    return curves
+
+
 def _fmt(value, digits=2):
     return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
 
 
+def _at(curve, step):
+    """(mean, min, max) of a curve at ``step``, None when it has no such step."""
+    if step not in curve["step"]:
+        return None
+    i = curve["step"].index(step)
+    return curve["mean"][i], curve["min"][i], curve["max"][i]
+
+
 def markdown(report):
-    """The Markdown table of a report dict (one row per config)."""
+    """The Markdown report: BLEU table with significance, per seed, and the learning curves when present."""
     seeds = report["seeds"]
-    lines = [f"# Mechanisms compared on the Tatoeba zh-en sample ({len(seeds)} seeds: {seeds})", "",
-             f"{report['train_steps']} training steps each; test set {report['test_sentences']} sentences with "
-             "all their references (multi-reference BLEU, 13a, case-sensitive; chrF).  Significance: paired "
-             "bootstrap (1000 resamples) against the baseline of the same seed; the column counts the seeds "
-             "with p < 0.05, better/worse.  Speed: mean target tokens/s of training relative to the baseline "
-             f"({report['jobs']} runs at a time, {report['threads']} thread(s) each: coarser than `make bench`).",
-             "", "| config | BLEU (mean ± sd) | chrF (mean ± sd) | seeds sig. better / worse | train speed vs "
-             "baseline | parameters |", "|---|---:|---:|---:|---:|---:|"]
+    plateau = report.get("plateau")
+    lines = [f"# Mechanisms compared on the Tatoeba zh-en sample ({len(seeds)} seeds: {seeds})", ""]
+    if plateau and plateau.get("rule"):
+        found = (f"plateaued at step {plateau['step']}" if plateau["found"] else
+                 f"had not plateaued by step {plateau['max_steps']} (the cap), so every config stops there")
+        lines += [f"Every config trained {report['train_steps']} steps: the baseline's mean validation perplexity "
+                  f"{found}.  Rule: the plateau step is the first validation step s after which the next "
+                  f"{plateau['window']} steps lower the mean validation perplexity over the seeds by less than "
+                  f"{plateau['tolerance']:.1%} (validation every {plateau['valid_every']} steps on "
+                  f"{plateau['valid_set']}).", ""]
+    else:
+        lines += [f"{report['train_steps']} training steps each.", ""]
+    lines += [f"Test set {report['test_sentences']} sentences with all their references (multi-reference BLEU, "
+              "13a, case-sensitive; chrF).  Significance: paired bootstrap (1000 resamples) against the baseline "
+              "of the same seed; the column counts the seeds with p < 0.05, better/worse.  Speed: "
+              + ("training steps per second of the speed probe (every config alike) " if report.get("probe") else
+                 "mean target tokens/s of training ")
+              + f"relative to the baseline ({report['jobs']} runs at a time, {report['threads']} thread(s) each: "
+              "coarser than `make bench`).",
+              "", "| config | BLEU (mean ± sd) | chrF (mean ± sd) | seeds sig. better / worse | train speed vs "
+              "baseline | parameters |", "|---|---:|---:|---:|---:|---:|"]
     for row in report["rows"]:
         sig = "—" if row is report["rows"][0] else f"{row['significant_better']} / {row['significant_worse']}"
         params = "n/a" if row["parameters"] is None else f"{row['parameters']:,}"
@@ -235,18 +634,41 @@ def markdown(report):
                 f" ({entry['delta']:+.2f}, p {entry['p_value']:.3f}{entry['marker'] and ' ' + entry['marker']})"
             cells.append(f"{entry['bleu']:.2f}{extra}")
         lines.append(f"| {row['config']} | " + " | ".join(cells) + " |")
+    curves = report.get("curves")
+    if curves:
+        step = report["train_steps"]
+        lines += ["", "## Learning curves", "", "![validation perplexity, mean and min-max over the seeds](curves.png)",
+                  "", "A config *beats the baseline* at a validation step when its worst seed has a lower validation "
+                  "perplexity than the baseline's best seed (the min-max ranges over the seeds do not overlap; "
+                  f"for {len(seeds)} seeds each, exchangeable runs fall apart like this in a given direction with "
+                  f"probability {1 / math.comb(2 * len(seeds), len(seeds)):.3f}); *behind* is the mirror case.  "
+                  "\"From step s on\" means at every validation step from s to the last one.", "",
+                  f"| config | validation ppl at step {step}: mean (min-max) | against the baseline | what the paper "
+                  "reports (BLEU, its task) |", "|---|---:|---|---|"]
+        for name, curve in curves.items():
+            point = _at(curve, step)
+            value = "n/a" if point is None else f"{point[0]:.2f} ({point[1]:.2f}-{point[2]:.2f})"
+            lines.append(f"| {name} | {value} | {curve.get('verdict', '—')} | {curve.get('paper', '—')} |")
+    estimate_text = report.get("estimate_text")
+    if estimate_text:
+        lines += ["", f"Estimate printed before the trainings: {estimate_text}"]
     lines += ["", f"Wall-clock time of the whole comparison: {report['wall_seconds'] / 60:.1f} min "
                   f"(`{report['command']}`).", ""]
     return "\n".join(lines)
 
 
-def plot(report, path):
-    """Bar chart of mean BLEU with the seed standard deviation, and the speed ratios, to ``path``."""
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def plot(report, path):
+    """Bar chart of mean BLEU with the seed standard deviation, and the speed ratios, to ``path``."""
+    plt = _pyplot()
     rows = report["rows"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     names = [row["config"] for row in rows]
@@ -268,13 +690,89 @@ def plot(report, path):
     plt.close(fig)
 
 
+def plot_curves(report, path):
+    """The learning curves to ``path``: left, validation perplexity (log scale), mean over the seeds with
+    the min-max band; right, each config's over the baseline's mean (below 1: lower perplexity).  A dotted
+    line marks the step every config trained to."""
+    plt = _pyplot()
+    from matplotlib.ticker import MaxNLocator
+
+    curves = report["curves"]
+    names = list(curves)
+    base = curves[names[0]]
+    base_mean = dict(zip(base["step"], base["mean"]))
+    colours = plt.get_cmap("tab10")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
+    for k, name in enumerate(names):
+        curve = curves[name]
+        colour = "black" if k == 0 else colours(k % 10)
+        left.plot(curve["step"], curve["mean"], color=colour, linewidth=1.6 if k == 0 else 1.2, marker=".",
+                  markersize=4, label=name)
+        left.fill_between(curve["step"], curve["min"], curve["max"], color=colour, alpha=0.15, linewidth=0)
+        steps = [s for s in curve["step"] if s in base_mean]
+        if steps:
+            index = [curve["step"].index(s) for s in steps]
+            ratio = [curve["mean"][i] / base_mean[s] for i, s in zip(index, steps)]
+            low = [curve["min"][i] / base_mean[s] for i, s in zip(index, steps)]
+            high = [curve["max"][i] / base_mean[s] for i, s in zip(index, steps)]
+            right.plot(steps, ratio, color=colour, linewidth=1.6 if k == 0 else 1.2, marker=".", markersize=4,
+                       label=name)
+            right.fill_between(steps, low, high, color=colour, alpha=0.15, linewidth=0)
+    for axis in (left, right):
+        axis.axvline(report["train_steps"], color="grey", linestyle=":", linewidth=1)
+        axis.annotate(f" step {report['train_steps']}", (report["train_steps"], 1.0),
+                      xycoords=("data", "axes fraction"), va="top", fontsize=8, color="grey")
+        axis.set_xlabel("training step")
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axis.grid(alpha=0.3)
+    left.set_yscale("log")
+    left.set_ylabel("validation perplexity (mean, min-max over seeds)")
+    left.set_title(f"Tatoeba zh-en validation set, seeds {report['seeds']}")
+    right.axhline(1.0, color="black", linewidth=0.8)
+    right.set_ylabel("validation perplexity / baseline's mean")
+    right.set_title("relative to the baseline (below 1: better)")
+    # the early steps, where every perplexity is still falling fast, would squash the interesting range
+    late = [v for name in names for s, lo, hi in zip(curves[name]["step"], curves[name]["min"], curves[name]["max"])
+            if s in base_mean and s >= report["train_steps"] / 4 for v in (lo / base_mean[s], hi / base_mean[s])]
+    if late:
+        right.set_ylim(min(late + [1.0]) * 0.97, max(late + [1.0]) * 1.03)
+    left.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------
+# main
+# --------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments: one line, ``compare.py: error: ...``, exit status 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = _Parser(prog="compare.py", description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS),
                         help="configs of yaml_configs/compare/ to run; the first is the baseline")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (each gets cores/jobs threads)")
-    parser.add_argument("--train-steps", type=int, default=None, help="override train_steps (tests)")
+    parser.add_argument("--valid-every", type=int, default=100, help="validation interval in steps (default 100)")
+    parser.add_argument("--plateau-window", type=int, default=400,
+                        help="steps after a validation step within which the mean validation perplexity must "
+                             "improve by the tolerance for training to go on (default 400)")
+    parser.add_argument("--plateau-tolerance", type=float, default=0.01,
+                        help="relative improvement of the mean validation perplexity that counts (default 0.01)")
+    parser.add_argument("--max-steps", type=int, default=None,
+                        help="cap of the plateau step (default: the largest that fits --budget-minutes)")
+    parser.add_argument("--budget-minutes", type=float, default=120.0,
+                        help="time the run may take; sizes the default --max-steps (default 120)")
+    parser.add_argument("--probe-steps", type=int, default=40, help="steps of each config's speed probe (default 40)")
+    parser.add_argument("--train-steps", type=int, default=None,
+                        help="train every config this many steps, without the plateau search")
     parser.add_argument("--test-lines", type=int, default=None, help="translate only the first N test lines")
     parser.add_argument("--work", type=Path, default=Path("build/compare"))
     parser.add_argument("--out", type=Path, default=Path("results/compare"))
@@ -282,43 +780,147 @@ def main(argv=None):
     for name in args.configs:
         if not (REPO / CONFIG_DIR / f"{name}.yaml").exists():
             parser.error(f"--configs: no {CONFIG_DIR / (name + '.yaml')}")
-    if args.jobs < 1 or (args.train_steps is not None and args.train_steps < 1) or len(set(args.seeds)) != len(
-            args.seeds):
-        parser.error("--jobs and --train-steps must be >= 1 and --seeds distinct")
+    if len(set(args.configs)) != len(args.configs) or len(set(args.seeds)) != len(args.seeds):
+        parser.error("--configs and --seeds must be distinct")
+    for option in ("jobs", "valid_every", "plateau_window", "probe_steps", "max_steps", "train_steps", "test_lines"):
+        value = getattr(args, option)
+        if value is not None and value < 1:
+            parser.error(f"--{option.replace('_', '-')} must be >= 1")
+    if args.probe_steps < 6:
+        parser.error("--probe-steps must be >= 6 (the speed is read between step reports)")
+    if not 0 <= args.plateau_tolerance < 1:
+        parser.error("--plateau-tolerance must be in [0, 1)")
+    if args.budget_minutes <= 0:
+        parser.error("--budget-minutes must be > 0")
+    for option in ("plateau_window", "max_steps", "train_steps"):
+        value = getattr(args, option)
+        if value is not None and value % args.valid_every:
+            parser.error(f"--{option.replace('_', '-')} must be a multiple of --valid-every ({args.valid_every})")
     os.chdir(REPO)
-    for needed in (TEST_SOURCE, TEST_REFS):
+    for needed in (TEST_SOURCE, TEST_REFS, Path("build/tatoeba/valid.zh")):
         if not needed.exists():
-            raise SystemExit(f"compare.py: {needed} is missing; run `make data` first")
+            raise SystemExit(f"compare.py: error: {needed} is missing; run `make data` first")
+    started = time.perf_counter()
+    cores = os.cpu_count() or 1
+    threads = max(1, cores // args.jobs)
+    test_sentences = all_sentences = sum(1 for _ in TEST_SOURCE.open(encoding="utf-8"))
     source = TEST_SOURCE
     if args.test_lines:
         source = args.work / f"test.first{args.test_lines}.zh"
         source.parent.mkdir(parents=True, exist_ok=True)
         with open(TEST_SOURCE, encoding="utf-8", newline="\n") as handle:
             source.write_text("".join(line for _, line in zip(range(args.test_lines), handle)), encoding="utf-8")
-    threads = max(1, (os.cpu_count() or 1) // args.jobs)
-    steps = args.train_steps or _config_values(args.configs[0])["train_steps"]
-    runs = [Run(name, seed, args.work / name / f"seed{seed}", steps, args.test_lines)
-            for seed in args.seeds for name in args.configs]
-    start = time.perf_counter()
+        test_sentences = min(test_sentences, args.test_lines)
+    report_every = max(1, min(args.valid_every, 100) // 2)
+    search = args.train_steps is None
+    window = args.plateau_window if search else 0
+
+    # 1. the probe and the estimate
+    print(f"compare.py: probing the speed of {len(args.configs)} configs ({args.probe_steps} steps each, "
+          f"{args.jobs} at a time)", flush=True)
+    speeds = probe(args.configs, args.seeds[0], args.probe_steps, args.jobs, threads, args.work)
+    for name, speed in speeds.items():
+        print(f"  {name}: {speed.step:.3f} s/step, {speed.valid:.1f} s/validation, {speed.startup:.0f} s start-up",
+              flush=True)
+    translate_allowance = TRANSLATE_ALLOWANCE * test_sentences / all_sentences
+    budget = args.budget_minutes * 60 - (time.perf_counter() - started)
+    max_steps = args.max_steps or args.train_steps or choose_max_steps(
+        speeds, args.configs, args.seeds, args.jobs, window, args.valid_every, translate_allowance,
+        BUDGET_SHARE * budget)
+    if search:
+        worst = estimate(speeds, args.configs, args.seeds, args.jobs, max_steps, window, args.valid_every,
+                         translate_allowance)
+        half_step = max(args.valid_every, max_steps // 2 // args.valid_every * args.valid_every)
+        half = estimate(speeds, args.configs, args.seeds, args.jobs, half_step, window, args.valid_every,
+                        translate_allowance)
+        estimate_text = (f"at most {_minutes(worst['total'])} more (baseline until its plateau, at most "
+                         f"{max_steps + window} steps: {_minutes(worst['baseline'])}; the other configs to a plateau "
+                         f"at the cap of {max_steps} steps: {_minutes(worst['others'])}); "
+                         f"{_minutes(half['total'])} if the plateau is at step {half_step}; translation counted "
+                         f"at {translate_allowance:.0f} s per model until the baseline's is timed")
+    else:
+        worst = estimate(speeds, args.configs, args.seeds, args.jobs, max_steps, 0, args.valid_every,
+                         translate_allowance, search=False)
+        estimate_text = f"about {_minutes(worst['total'])} more ({max_steps} steps per run)"
+    print(f"compare.py: estimate: {estimate_text}; the probe took {_minutes(time.perf_counter() - started)}",
+          flush=True)
+    if worst["total"] > budget:
+        print(f"compare.py: warning: the estimate exceeds --budget-minutes {args.budget_minutes:g}", flush=True)
+
+    # 2. the baseline until its plateau
+    base_runs = [Run(args.configs[0], seed, args.work / args.configs[0] / f"seed{seed}", None, args.test_lines)
+                 for seed in args.seeds]
+    plateau = None
+    if search:
+        print(f"compare.py: training the baseline with seeds {args.seeds} until its plateau (at most "
+              f"{max_steps + window} steps)", flush=True)
+        step, found, seconds = baseline_until_plateau(base_runs, cores, args.valid_every, report_every,
+                                                      window, args.plateau_tolerance, max_steps)
+        for run in base_runs:
+            run.train_steps, run.train_seconds = step, seconds
+        plateau = {"rule": "first validation step s with min(v(t), s < t <= s + window) > (1 - tolerance) v(s), "
+                           "v the mean validation perplexity over the seeds; the cap if none",
+                   "window": window, "tolerance": args.plateau_tolerance, "valid_every": args.valid_every,
+                   "max_steps": max_steps, "step": step, "found": found,
+                   "valid_set": str(_config_values(args.configs[0])["data"]["valid"]["path_src"]).rsplit(".", 1)[0]
+                   + ".{zh,en}"}
+        print(f"compare.py: plateau step {step}" + ("" if found else f" (the cap: no plateau up to {max_steps})"),
+              flush=True)
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            list(pool.map(lambda run: translate_run(run, threads, source), base_runs))
+        timed = [run.translate_seconds for run in base_runs if run.translate_seconds]
+        translate_seconds = statistics.fmean(timed) if timed else translate_allowance
+        rest = estimate(speeds, args.configs, args.seeds, args.jobs, step, window, args.valid_every,
+                        translate_seconds)
+        print(f"compare.py: the other configs: about {_minutes(rest['others'])} more (less for runs already done)",
+              flush=True)
+        steps = step
+    else:
+        steps = args.train_steps
+        for run in base_runs:
+            run.train_steps = steps
+
+    # 3. the other configs
+    runs = list(base_runs)
+    todo = [] if search else list(base_runs)
+    for seed in args.seeds:
+        for name in args.configs[1:]:
+            run = Run(name, seed, args.work / name / f"seed{seed}", steps, args.test_lines)
+            runs.append(run)
+            todo.append(run)
+
+    def train_and_translate(run):
+        return translate_run(train_run(run, threads, args.valid_every, report_every), threads, source)
+
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        list(pool.map(lambda run: execute_run(run, threads, source, args.train_steps), runs))
-    wall = time.perf_counter() - start
-    rows = score(runs, args.configs, args.seeds, TEST_REFS, args.test_lines)
+        list(pool.map(train_and_translate, todo))
+    wall = time.perf_counter() - started
+
+    # 4. the report
+    rows = score(runs, args.configs, args.seeds, TEST_REFS, args.test_lines, speeds)
+    curves = learning_curves(runs, args.configs, args.seeds, steps)
     report = {"seeds": args.seeds, "train_steps": steps, "jobs": args.jobs, "threads": threads,
-              "test_sentences": args.test_lines or sum(1 for _ in TEST_SOURCE.open(encoding="utf-8")),
-              "wall_seconds": wall, "command": shlex.join(["python", "tools/compare.py", *(argv or sys.argv[1:])]),
-              "commands": {f"{r.config}/seed{r.seed}": [shlex.join(train_command(r, args.train_steps)),
-                                                       shlex.join(translate_command(r, source, args.train_steps))]
-                           for r in runs},
-              "rows": rows}
+              "test_sentences": test_sentences, "wall_seconds": wall, "estimate_text": estimate_text,
+              "command": shlex.join(["python", "tools/compare.py", *(sys.argv[1:] if argv is None else argv)]),
+              "plateau": plateau, "probe": {name: vars(speed) for name, speed in speeds.items()},
+              "commands": {f"{r.config}/seed{r.seed}": [
+                  shlex.join(train_command(r, max_steps + window, args.valid_every, args.valid_every, -1, report_every)
+                             if search and r in base_runs else
+                             train_command(r, steps, args.valid_every, steps, 1, report_every)),
+                  shlex.join(translate_command(r, source))] for r in runs},
+              "rows": rows, "curves": curves}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "compare.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     text = markdown(report)
     (args.out / "compare.md").write_text(text, encoding="utf-8")
     plot(report, args.out / "compare.png")
+    plot_curves(report, args.out / "curves.png")
     print(text)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        sys.exit("compare.py: error: interrupted; finished runs are kept under the --work directory")

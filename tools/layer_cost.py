@@ -6,24 +6,13 @@ Usage::
     python tools/layer_cost.py [--lengths 25 50 100 200] [--batch 8] [--d-model 512] [--heads 8]
         [--variants baseline cao2019 clause] [--repeats 3] [--threads 1] [--gpu -1]
 
-Each (variant, length) runs in a fresh child process, which builds one
-OpenNMT-py ``TransformerEncoderLayer`` (Transformer-Base sizes by default),
-with cross aggregation (vertical + horizontal routing, T = 3, cao2019) put in
-place of its attention softmax for the ``cao2019`` variant, clause
-attention (6 levels, scalar mixing) for ``clause``, or li2019's routing
-aggregation (N = d capsules, T = 3) in place of the self-attention's
-``final_linear`` for ``li2019-em`` and ``li2019-simple``, and runs a
-forward+backward pass on ``(batch, L, d)`` inputs.  Each cell runs in
-``--processes`` fresh processes and the fastest is reported: on the shared
-machine this was developed on, a whole process was now and then 4-8 times
-slower than the others at the same command.  The ``clause`` variant
-needs a clause structure: a marker every ``CLAUSE_EVERY`` tokens, its level
-cycling through 1..6 (so the six levels give six distinct partitions, the
-most work per layer), set before every pass as the encoder does.  One warm-up, then the
-median time of ``--repeats`` passes.  Peak memory is the child's peak
-resident set size minus its size before the first pass (CPU), or
-``torch.cuda.max_memory_allocated`` (``--gpu``).  The growth exponent is the
-slope of log(cost) against log(L) between successive lengths.
+Each (variant, length) builds one OpenNMT-py ``TransformerEncoderLayer``
+(Transformer-Base sizes by default) with the variant's mechanism in place
+(cao2019 cross aggregation, clause attention with ``CLAUSE_LEVELS`` levels
+and a marker every ``CLAUSE_EVERY`` tokens, li2019 routing) and times its
+forward+backward pass on ``(batch, L, d)`` inputs in fresh child processes,
+keeping the fastest, with the peak memory and the growth exponent of the
+cost in L.  Method: docs/benchmarks-method.md.
 """
 
 import argparse

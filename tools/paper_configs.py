@@ -87,7 +87,7 @@ def _li2019_rows():
         Row("em_dec_self", "Table 2 row 6: EM routing in decoder self-attention, all layers",
             {"li2019_dec_self": "em"}),
         Row("em_enc_self_dec_self", "Table 2 row 7: EM routing in encoder and decoder self-attention "
-            "(the two components are inferred: see README)",
+            "(the two components are inferred: see docs/li2019.md)",
             {"li2019_enc_self": "em", "li2019_dec_self": "em"}),
         Row("em_all", "Table 2 row 8: EM routing in all three attention components",
             {"li2019_enc_self": "em", "li2019_enc_dec": "em", "li2019_dec_self": "em"}),

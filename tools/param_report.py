@@ -64,7 +64,8 @@ def report(configs, vocab_size, overrides=()):
 
     rows = []
     for config in configs:
-        opt = parse_train_config(config, *overrides)
+        # the count needs no device: a config's GPU ranks are dropped so that it parses on a CPU-only torch
+        opt = parse_train_config(config, *overrides, "-gpu_ranks", "-world_size", "1")
         total = count_parameters(opt, vocab_size)
         base = count_parameters(baseline_of(opt), vocab_size)
         rows.append((str(config), total, base, total - base))

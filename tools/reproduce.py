@@ -442,7 +442,7 @@ def plan(row, gpus=(0,), average=AVERAGE):
     steps = list(_clause_preparation(values, task))
     devices = ["-world_size", n_gpus, "-gpu_ranks", *range(n_gpus)] if gpus else []
     train = ["onmt_train", "-config", f"yaml_configs/{row.config}", *devices,
-             "-accum_count", accum_total // n_gpus, "-log_file", run_dir / "train.log"]
+             "-accum_count", accum_total // n_gpus, "-log_file", run_dir / "train.log", "-overwrite_checkpoints"]
     if row.overrides:
         train += ["-save_model", save_model, *row.overrides]
     steps.append(Step(tuple(train), checkpoints[-1], _training_inputs(values)))
@@ -647,51 +647,24 @@ def score(plans, task, by_length=False, test_set=0):
 # Training curves
 # --------------------------------------------------------------------------
 
-_STEP_LINE = re.compile(r"Step\s+(\d+)(?:/\s*\d+)?;\s*acc:\s*([^;]+);\s*ppl:\s*([^;]+);\s*xent:\s*([^;]+);")
-_VALID_LINE = re.compile(r"Validation (perplexity|accuracy):\s*(\S+)")
-
-
-def _number(text):
-    """``float(text)``, or None for text that is not a number."""
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
 
 def parse_train_log(text):
-    """The training and validation curves in the text of an OpenNMT-py ``train.log``.
+    """The training and validation curves in the text of an OpenNMT-py ``train.log``, columnar.
 
-    Training points come from the lines ``Step <n>/<total>; acc: <a>; ppl:
-    <p>; xent: <x>; ...`` (``onmt.utils.Statistics.output``), validation
-    points from ``Validation perplexity: <p>`` and ``Validation accuracy:
-    <a>`` (``onmt.utils.ReportMgr``), which do not name their step: they are
-    given the step of the last ``Step`` line before them (OpenNMT-py
-    validates right after reporting that step when ``report_every`` divides
-    ``valid_steps``, as in every config here; validation lines before any
-    ``Step`` line are dropped).  A step seen twice (a resumed run appends to
-    its log) keeps its last values.  Returns ``{"train": {"step": [...],
-    "acc": [...], "ppl": [...], "xent": [...]}, "valid": {"step": [...],
-    "acc": [...], "ppl": [...]}}`` sorted by step (a missing validation value
-    is None).
+    The records are read by :mod:`onmt_ext.train_log` (the reader every tool
+    shares; it says how a validation is given its step).  Returns
+    ``{"train": {"step": [...], "acc": [...], "ppl": [...], "xent": [...]},
+    "valid": {"step": [...], "acc": [...], "ppl": [...]}}`` sorted by step (a
+    missing validation value is None).
     """
-    train, valid = {}, {}
-    last_step = None
-    for line in text.splitlines():
-        match = _STEP_LINE.search(line)
-        if match:
-            last_step = int(match.group(1))
-            train[last_step] = tuple(_number(value.strip()) for value in match.group(2, 3, 4))
-            continue
-        match = _VALID_LINE.search(line)
-        if match and last_step is not None:
-            key = "ppl" if match.group(1) == "perplexity" else "acc"
-            valid.setdefault(last_step, {})[key] = _number(match.group(2))
-    train_steps, valid_steps = sorted(train), sorted(valid)
-    return {"train": {"step": train_steps, **{key: [train[s][i] for s in train_steps]
-                                              for i, key in enumerate(("acc", "ppl", "xent"))}},
-            "valid": {"step": valid_steps, **{key: [valid[s].get(key) for s in valid_steps]
-                                              for key in ("acc", "ppl")}}}
+    sys.path.insert(0, str(REPO))
+    from onmt_ext import train_log
+
+    log = train_log.parse(text)
+    return {"train": {"step": [r.step for r in log.steps], **{key: [getattr(r, key) for r in log.steps]
+                                                              for key in ("acc", "ppl", "xent")}},
+            "valid": {"step": [r.step for r in log.valid], **{key: [getattr(r, key) for r in log.valid]
+                                                              for key in ("acc", "ppl")}}}
 
 
 def thin_curve(curve, limit=CURVE_POINTS):

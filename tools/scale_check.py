@@ -153,7 +153,7 @@ def main(argv=None):
         run = work / name
         run.mkdir(exist_ok=True)
         common = ["-config", config, "-save_data", str(run / "samples"), "-report_every", "10",
-                  "-valid_steps", "1000"]
+                  "-valid_steps", "1000", "-overwrite_checkpoints"]
         short_peak = run_peak([_bin("onmt_train"), *common, "-save_model", str(run / "model"), "-train_steps", "30",
                                "-save_checkpoint_steps", "30"], run / "train.log")
         data = json.dumps({"corpus_1": {"path_src": str(work / "long.zh"), "path_tgt": str(work / "long.en")},

@@ -10,35 +10,14 @@ Usage::
 Every checkpoint is loaded once, through OpenNMT-py's own inference engine
 with onmt-ext active, and the checkpoints translate ``SOURCE`` in turn
 (``A B``, then ``B A``, ...) ``--pairs`` times for each output length, every
-output forced to exactly that many decoding steps (``-min_length =
--max_length``), so that all models do the same decoding work.  Timers around
-the encoder's and the decoder's ``forward``, the generator and the decoder's
-``map_state`` (beam tiling and reordering of the decoding state) split each
-run, and count their calls; ``other`` is the rest (the beam search's own
-bookkeeping, batching, writing the output).  The report gives, per output
-length and checkpoint, the median of each part, and for every checkpoint
-after the first its median paired speed ratio to the first one (the first
-one's time over its time in the same pair) with a distribution-free 95%
-interval.
-
-``--count-flops`` also translates once per output length and checkpoint
-under torch's ``FlopCounterMode`` and reports the floating-point operations
-of the whole run and of the encoder, the decoder and the generator, with the
-first checkpoint's total over each one's.  Unlike times, these counts are
-exact and do not depend on the machine.  The counter sees matrix products
-only (``mm``, ``bmm``, ``addmm``, attention): element-wise work, softmax and
-the routing iterations are not in them.  The ratio of the counts is what the
-speed ratio would be if every product ran at the same rate; it is an
-estimate, not a bound, since large products (a routing layer's vote maps,
-say) run faster than the small ones of a decoding step.  ``--pairs 0``
-counts without timing.
-
-What it leaves out: ``make bench`` translates each checkpoint in a process
-of its own, as users do, and so also meets each process's own speed and any
-effect of a bigger model's memory on the rest of the run; here the models
-share one process, so those drop out.  It is a decomposition of a ratio
-(for example how an encoder-side mechanism's share shrinks as the outputs
-grow longer), not a replacement for the bench.
+output forced to exactly that many decoding steps.  Timers around the
+encoder's and the decoder's ``forward``, the generator and the decoder's
+``map_state`` split each run (``other`` is the rest); the report gives each
+part's median per output length and checkpoint, and each checkpoint's median
+paired speed ratio to the first one with a distribution-free 95% interval.
+``--count-flops`` also counts each run's matrix-product operations
+(``FlopCounterMode``); ``--pairs 0`` counts without timing.  What the
+counts and the shared process leave out: docs/benchmarks-method.md.
 """
 
 import argparse

@@ -2,7 +2,9 @@
 
 Runs once with onmt-ext's own model type and once with a stock Transformer
 trained while the extension is switched off (a stock model and checkpoint
-must keep working unchanged when the extension is loaded).
+must keep working unchanged when the extension is loaded).  Every test here
+that trains is in the slow tier (tests/README.md); the console scripts' start
+and ``python -m`` entry points are in the default tier.
 """
 
 import json
@@ -43,6 +45,7 @@ def _pipeline(config, out, train_env=None):
     return out / "avg.pt", (out / "hyp.en").read_text(encoding="utf-8").splitlines()
 
 
+@pytest.mark.slow
 def test_extension_model_through_stock_commands(sample_data, onmt_active, tmp_path):
     checkpoint, hyps = _pipeline(EXT, tmp_path)
     assert len(hyps) == 12
@@ -93,6 +96,7 @@ def _check_flop_counts(counts, opt, source):
     assert by_steps[4][0]["generator"] == 2 * by_steps[2][0]["generator"]
 
 
+@pytest.mark.slow
 def test_stock_model_trained_without_extension_works_with_it(sample_data, onmt_active, tmp_path):
     checkpoint, hyps = _pipeline(STOCK, tmp_path, train_env=support.cli_env(ONMT_EXT_DISABLE="1"))
     assert len(hyps) == 12
@@ -118,6 +122,7 @@ def test_console_scripts_start(command):
         assert "onmt-ext:" in result.stdout and "ext_transformer" in result.stdout
 
 
+@pytest.mark.slow
 def test_gret_fine_tunes_from_a_baseline_checkpoint(sample_data, onmt_active, tmp_path):
     """As the paper trains GRET and as yaml_configs/gret/*_gret.yaml do: -train_from the baseline's checkpoint."""
     support.run_cli("onmt_train", "-config", STOCK, "-save_model", tmp_path / "base", "-save_data", tmp_path / "s",

@@ -14,15 +14,26 @@ change.  With dropout 0 (the models are in eval mode):
 6. ``onmt_translate`` gives identical output for -batch_size 1 and 16.
 
 1-4 run in-process on randomly initialised models, once per distinct model:
-configs whose options differ only in output paths (e.g. the Base and Big smoke
+configs whose YAML differs only in output paths (e.g. the Base and Big smoke
 twins of one paper row, identical at toy size) share one run, and the test id
 names all of them.  5-6 run the real console scripts on a checkpoint trained
 for 100 steps (300 with a decoder-side mechanism), once per representative
 config: a config is covered by one with the same stock options that switches
 on everything it switches on (see ``_code_paths``).
+
+Tiers (tests/README.md): 1-4 of one config per smoke directory (the one that
+switches on most) and of ``combined/all_mechanisms.yaml`` are in the default
+tier; the other configs' 1-4 and every 5-6 are marked ``slow``.  The
+environment picks the device, the autocast dtype and the configs
+(``ONMT_EXT_TEST_DEVICE``, ``ONMT_EXT_TEST_AUTOCAST``, ``ONMT_EXT_TEST_CONFIGS``);
+configs named there run 1-4 in the default tier.
+
+Collection parses no option: groups and features come from the raw YAML
+(see ``_raw_features``); the console-script fixture checks, on the parsed
+options, that each representative does cover its configs.
 """
 
-import hashlib
+import os
 import re
 import sys
 
@@ -31,22 +42,36 @@ import torch
 
 import support
 
-CONFIGS = support.smoke_configs()
-ATOL = 1e-5
+import onmt  # noqa: F401,E402  (activates onmt-ext: the options and transforms that collection reads)
+
+CONFIGS = support.selected_smoke_configs()
+RESTRICTED = bool(os.environ.get(support.CONFIGS_VARIABLE, "").strip())
+DEVICE = support.device_under_test()
+AUTOCAST = support.autocast_name()
+
+# Tolerances of the in-process checks (1-4), per autocast dtype.  Under autocast both sides of a
+# comparison run under the same autocast, so they differ only by rounding: the order and blocking of the
+# reductions (one decoding step against the whole sequence, one sentence against a padded batch).  fp32
+# keeps the absolute 1e-5 of the suite; under autocast an element may differ by 16 unit roundoffs u of the
+# format relative to 1 + |expected| (atol = rtol = 16u: u = 2**-8 for bf16, 2**-11 for fp16).  On the CPU
+# every smoke config stayed within 5u (bf16) and 4u (fp16), while an off-by-one decoding step failed check 1
+# under bf16 for every default-tier config by 0.8 to 2.0 (tests/README.md).
+UNIT_ROUNDOFF = {"bf16": 2.0**-8, "fp16": 2.0**-11}
+TOLERANCES = {
+    "none": dict(atol=1e-5, rtol=0.0),
+    **{name: dict(atol=16 * u, rtol=16 * u) for name, u in UNIT_ROUNDOFF.items()},
+}
+TOLERANCE = TOLERANCES[AUTOCAST]
+
+# The config of combined/ in the default tier: every mechanism that can be combined at once.
+FAST_COMBINED = "combined/all_mechanisms.yaml"
 
 
-def _ids(paths):
-    return [str(p.relative_to("yaml_configs/smoke")) for p in paths]
+def _id(path):
+    return str(path.relative_to("yaml_configs/smoke"))
 
 
 PATHS = {"save_data", "save_model", "config", "log_file"}
-
-
-def _model_signature(config, ignore):
-    """Configs with identical options (``ignore`` aside) share a signature."""
-    opt = support.load_train_opts(config)
-    text = repr(sorted((k, repr(v)) for k, v in vars(opt).items() if k not in ignore))
-    return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
 def _layer_options():
@@ -56,46 +81,17 @@ def _layer_options():
     return {"enc_layers", "dec_layers", "layers"} | {spec.name for spec in OPTION_SPECS if spec.name.endswith("_layers")}
 
 
-def _groups(configs, ignore):
-    """Configs grouped by the signature of their options (``ignore`` aside), in order of first appearance."""
+def _raw_signature(config, ignore):
+    """The config's YAML mapping without the ``ignore`` keys, as a comparable text."""
+    return repr(sorted((key, repr(value)) for key, value in support.read_yaml(config).items() if key not in ignore))
+
+
+def _groups(configs, key):
+    """Configs grouped by ``key(config)``, in order of first appearance."""
     groups = {}
     for config in configs:
-        groups.setdefault(_model_signature(config, ignore), []).append(config)
+        groups.setdefault(key(config), []).append(config)
     return list(groups.values())
-
-
-def _distinct(ignore):
-    """One representative config per signature, with an id naming every config it covers."""
-    import onmt  # noqa: F401  (activates onmt-ext for the option parser)
-
-    groups = _groups(CONFIGS, ignore)
-    return [paths[0] for paths in groups], ["+".join(_ids(paths)) for paths in groups]
-
-
-def _mechanism_features(config):
-    """What a config switches on: ``(option, value)`` for every onmt-ext option away from its default.
-
-    List options give one pair per element; options that are sizes or counts
-    (not a choice, not a switch) give ``(option,)``, since every value runs
-    the same code; layer selections are left out (see ``_layer_options``).
-    """
-    from onmt_ext.options import OPTION_SPECS
-
-    opt = support.load_train_opts(config)
-    defaults = support.train_parser()
-    features = {(name, str(getattr(opt, name))) for name in _TRANSFORM_FEATURES
-                if getattr(opt, name, None) != defaults.get_default(name)}
-    for spec in OPTION_SPECS:
-        value = getattr(opt, spec.name, spec.default)
-        if value == spec.default or spec.name in _layer_options():
-            continue
-        if spec.nargs:
-            features.update((spec.name, item) for item in value)
-        elif spec.choices or spec.type is bool:
-            features.add((spec.name, value))
-        else:
-            features.add((spec.name,))
-    return frozenset(features)
 
 
 # Options of onmt-ext's data transforms that choose a code path (the clause splitter's tagger, language,
@@ -104,79 +100,215 @@ def _mechanism_features(config):
 _TRANSFORM_FEATURES = ("clause_lang", "clause_levels", "clause_tagger_model", "clause_presplit")
 
 
-def _code_paths():
-    """Representatives for the console-script checks, each with an id naming the configs it covers.
+def _as_bool(value):
+    return value if isinstance(value, bool) else str(value).strip().lower() in ("true", "1", "yes", "on")
 
-    Configs with the same stock options (paths and layer counts aside) are
-    covered by a representative that switches on everything they switch on
-    (a superset of their ``_mechanism_features``): that run takes every one
-    of their mechanism settings through ``onmt_train`` and ``onmt_translate``.
-    The representatives are chosen greedily, largest feature set first.
+
+def _normalised(spec, value):
+    """A YAML value of ``spec`` as the parser would type it (lists for list options)."""
+    if spec.nargs:
+        items = value if isinstance(value, (list, tuple)) else [value]
+        return [_normalised_item(spec, item) for item in items]
+    return _normalised_item(spec, value)
+
+
+def _normalised_item(spec, value):
+    if value is None:
+        return None
+    if spec.type is bool:
+        return _as_bool(value)
+    try:
+        return spec.type(value)
+    except (TypeError, ValueError):  # left as written: the strict parse of the config reports it
+        return value
+
+
+def _features(values, transform_defaults):
+    """What a config switches on, from ``values(name, default)``: see ``_raw_features``."""
+    from onmt_ext.options import OPTION_SPECS
+
+    layers = _layer_options()
+    features = set()
+    for name in _TRANSFORM_FEATURES:
+        value = values(name, transform_defaults[name])
+        if value != transform_defaults[name]:
+            features.add((name, str(value)))
+    for spec in OPTION_SPECS:
+        if spec.name in layers:
+            continue
+        value = values(spec.name, spec.default)
+        if value == spec.default:
+            continue
+        if spec.nargs:
+            features.update((spec.name, str(item)) for item in value)
+        elif spec.choices or spec.type is bool:
+            features.add((spec.name, str(value)))
+        else:
+            features.add((spec.name,))
+    return frozenset(features)
+
+
+_TRANSFORM_DEFAULTS = {}
+
+
+def _transform_defaults():
+    """Parser defaults of ``_TRANSFORM_FEATURES`` (one parser built, once)."""
+    if not _TRANSFORM_DEFAULTS:
+        parser = support.train_parser()
+        _TRANSFORM_DEFAULTS.update((name, parser.get_default(name)) for name in _TRANSFORM_FEATURES)
+    return _TRANSFORM_DEFAULTS
+
+
+def _raw_features(config):
+    """What a config switches on, read from its YAML: ``(option, value)`` for every onmt-ext option away from
+    its default.
+
+    List options give one pair per element; options that are sizes or counts
+    (not a choice, not a switch) give ``(option,)``, since every value runs
+    the same code; layer selections are left out (see ``_layer_options``).
     """
     from onmt_ext.options import OPTION_SPECS
 
-    stock_ignore = PATHS | _layer_options() | {spec.name for spec in OPTION_SPECS} | set(_TRANSFORM_FEATURES)
-    reps, ids = [], []
-    for group in _groups(CONFIGS, stock_ignore):
-        features = {config: _mechanism_features(config) for config in group}
+    specs = {spec.name: spec for spec in OPTION_SPECS}
+    raw = support.read_yaml(config)
+
+    def value(name, default):
+        if name not in raw:
+            return default
+        return _normalised(specs[name], raw[name]) if name in specs else raw[name]
+
+    return _features(value, _transform_defaults())
+
+
+def _parsed_features(config):
+    """``_raw_features`` on the options as ``onmt_train`` parses them (used to check the raw reading)."""
+    opt = support.cached_train_opts(config)
+    return _features(lambda name, default: getattr(opt, name, default), _transform_defaults())
+
+
+def _stock_ignore():
+    from onmt_ext.options import OPTION_SPECS
+
+    return PATHS | _layer_options() | {spec.name for spec in OPTION_SPECS} | set(_TRANSFORM_FEATURES)
+
+
+def _fast_configs(configs):
+    """The configs whose checks 1-4 are in the default tier: all of them when ``ONMT_EXT_TEST_CONFIGS`` names
+    them; otherwise, per directory of yaml_configs/smoke/, the config that switches on most (ties: by name),
+    and ``combined/all_mechanisms.yaml`` for combined/."""
+    if RESTRICTED:
+        return set(configs)
+    by_directory = _groups(configs, lambda config: config.parent)
+    fast = set()
+    for directory in by_directory:
+        named = [config for config in directory if _id(config) == FAST_COMBINED]
+        fast.add(named[0] if named else min(directory, key=lambda c: (-len(_raw_features(c)), str(c))))
+    return fast
+
+
+def _distinct():
+    """One param per distinct model: its representative (a default-tier config if the group has one), the
+    configs it stands for, and the slow mark unless it is a default-tier config."""
+    fast = _fast_configs(CONFIGS)
+    params = []
+    for group in _groups(CONFIGS, lambda config: _raw_signature(config, PATHS)):
+        group = sorted(group, key=lambda config: config not in fast)  # stable: a fast config first
+        marks = () if group[0] in fast else (pytest.mark.slow,)
+        params.append(pytest.param(group[0], id="+".join(map(_id, group)), marks=marks))
+    return params
+
+
+def _code_paths():
+    """Representatives for the console-script checks, each with the configs it covers.
+
+    Configs with the same stock options (paths and layer counts aside) are
+    covered by a representative that switches on everything they switch on
+    (a superset of their ``_raw_features``): that run takes every one
+    of their mechanism settings through ``onmt_train`` and ``onmt_translate``.
+    The representatives are chosen greedily, largest feature set first.
+    """
+    stock_ignore = _stock_ignore()
+    chosen = {}
+    for group in _groups(CONFIGS, lambda config: _raw_signature(config, stock_ignore)):
+        features = {config: _raw_features(config) for config in group}
         ordered = sorted(group, key=lambda c: (-len(features[c]), str(c)))
-        chosen = {}
+        covering = {}
         for config in ordered:
-            cover = next((rep for rep in chosen if features[config] <= features[rep]), None)
-            chosen.setdefault(cover or config, []).append(config)
-        for rep, covered in chosen.items():
-            reps.append(rep)
-            ids.append("+".join(_ids(covered)))
-    return reps, ids
+            cover = next((rep for rep in covering if features[config] <= features[rep]), None)
+            covering.setdefault(cover or config, []).append(config)
+        chosen.update(covering)
+    return chosen
 
 
-DISTINCT, DISTINCT_IDS = _distinct(PATHS)
-CODE_PATHS, CODE_PATH_IDS = _code_paths()
+DISTINCT = _distinct()
+CODE_PATHS = _code_paths()
 
 
-@pytest.fixture(scope="module", params=DISTINCT, ids=DISTINCT_IDS)
+def _to_device(*tensors):
+    return tuple(tensor.to(DEVICE) for tensor in tensors)
+
+
+def _batch(vocabs, src_lens, tgt_lens, seed, pad_to=None):
+    """``support.random_batch`` on the device under test."""
+    return _to_device(*support.random_batch(vocabs, src_lens, tgt_lens, seed=seed, pad_to=pad_to))
+
+
+def _assert_close(actual, expected):
+    """Equal within the tolerance of the autocast dtype under test (compared in fp32)."""
+    torch.testing.assert_close(actual.float(), expected.float(), **TOLERANCE)
+
+
+@pytest.fixture(scope="module", params=DISTINCT)
 def model_and_vocabs(request, sample_data, onmt_active):
     opt = support.load_train_opts(request.param, "-dropout", "0", "-attention_dropout", "0")
     vocabs = support.load_vocabs(opt)
-    model = support.build_model(opt, vocabs, seed=7)
+    model = support.build_model(opt, vocabs, seed=7).to(DEVICE)
     return model, vocabs
 
 
-@torch.no_grad()
-def test_stepwise_equals_full_pass(model_and_vocabs):
+@pytest.fixture
+def under_autocast():
+    """Each in-process check runs under the autocast of ``ONMT_EXT_TEST_AUTOCAST``, without gradients."""
+    with torch.no_grad(), support.autocast(DEVICE):
+        yield
+
+
+def test_stepwise_equals_full_pass(model_and_vocabs, under_autocast):
     model, vocabs = model_and_vocabs
-    src, src_len, tgt = support.random_batch(vocabs, [7, 4, 9], [6, 6, 6], seed=1)
+    src, src_len, tgt = _batch(vocabs, [7, 4, 9], [6, 6, 6], seed=1)
     _, full = support.full_forward(model, src, src_len, tgt)
     enc_out, src_len = support.start_decoding(model, src, src_len)
     stepwise = support.decode_steps(model, tgt, enc_out, src_len, 0, tgt.size(1))
-    torch.testing.assert_close(stepwise, full, atol=ATOL, rtol=0)
+    _assert_close(stepwise, full)
     # and the generator's log-probabilities, which is what search consumes
-    torch.testing.assert_close(model.generator(stepwise), model.generator(full), atol=ATOL, rtol=0)
+    _assert_close(model.generator(stepwise), model.generator(full))
 
 
-@torch.no_grad()
-def test_padding_and_batch_independence(model_and_vocabs):
+def test_padding_and_batch_independence(model_and_vocabs, under_autocast):
     model, vocabs = model_and_vocabs
     src_lens, tgt_lens = [5, 11, 3], [4, 9, 7]
-    src, src_len, tgt = support.random_batch(vocabs, src_lens, tgt_lens, seed=2, pad_to=(11, 12))
+    src, src_len, tgt = _batch(vocabs, src_lens, tgt_lens, seed=2, pad_to=(11, 12))
     enc_b, dec_b = support.full_forward(model, src, src_len, tgt)
     for i, (s, t) in enumerate(zip(src_lens, tgt_lens)):
         enc_1, dec_1 = support.full_forward(model, src[i : i + 1, :s], src_len[i : i + 1], tgt[i : i + 1, :t])
-        torch.testing.assert_close(enc_b[i : i + 1, :s], enc_1, atol=ATOL, rtol=0)
-        torch.testing.assert_close(dec_b[i : i + 1, :t], dec_1, atol=ATOL, rtol=0)
+        _assert_close(enc_b[i : i + 1, :s], enc_1)
+        _assert_close(dec_b[i : i + 1, :t], dec_1)
 
 
-@torch.no_grad()
-def test_no_dependence_on_future_targets(model_and_vocabs):
+def test_no_dependence_on_future_targets(model_and_vocabs, under_autocast):
     model, vocabs = model_and_vocabs
-    src, src_len, tgt = support.random_batch(vocabs, [6, 8], [9, 9], seed=3)
+    src, src_len, tgt = _batch(vocabs, [6, 8], [9, 9], seed=3)
     _, base = support.full_forward(model, src, src_len, tgt)
+    gen = torch.Generator().manual_seed(3)
     for j in (0, 3, 7):
         changed = tgt.clone()
-        changed[:, j + 1 :, 0] = torch.randint(10, len(vocabs["tgt"]), changed[:, j + 1 :, 0].shape)
+        shape = changed[:, j + 1 :, 0].shape
+        changed[:, j + 1 :, 0] = torch.randint(10, len(vocabs["tgt"]), shape, generator=gen).to(DEVICE)
         _, out = support.full_forward(model, src, src_len, changed)
-        torch.testing.assert_close(out[:, : j + 1], base[:, : j + 1], atol=ATOL, rtol=0)
-        assert not torch.allclose(out[:, j + 1 :], base[:, j + 1 :]), "future tokens had no effect at all"
+        _assert_close(out[:, : j + 1], base[:, : j + 1])
+        # and the new tokens do change the later outputs, by more than the tolerance
+        assert not torch.allclose(out[:, j + 1 :].float(), base[:, j + 1 :].float(), **TOLERANCE), \
+            "future tokens had no effect at all"
 
 
 REORDERINGS = {
@@ -187,11 +319,10 @@ REORDERINGS = {
 
 
 @pytest.mark.parametrize("reorder", sorted(REORDERINGS))
-@torch.no_grad()
-def test_map_state_permutation_mid_decoding(model_and_vocabs, reorder):
+def test_map_state_permutation_mid_decoding(model_and_vocabs, under_autocast, reorder):
     model, vocabs = model_and_vocabs
-    src, src_len, tgt = support.random_batch(vocabs, [5, 9, 3, 7], [8, 8, 8, 8], seed=4)
-    perm = torch.tensor([2, 0, 3, 1])
+    src, src_len, tgt = _batch(vocabs, [5, 9, 3, 7], [8, 8, 8, 8], seed=4)
+    perm = torch.tensor([2, 0, 3, 1], device=DEVICE)
     k, steps = 3, tgt.size(1)
 
     enc_out, lens = support.start_decoding(model, src, src_len)
@@ -201,15 +332,14 @@ def test_map_state_permutation_mid_decoding(model_and_vocabs, reorder):
 
     enc_p, lens_p = support.start_decoding(model, src[perm], src_len[perm])
     scratch = support.decode_steps(model, tgt[perm], enc_p, lens_p, 0, steps)[:, k:]
-    torch.testing.assert_close(after, scratch, atol=ATOL, rtol=0)
+    _assert_close(after, scratch)
 
 
-@torch.no_grad()
-def test_map_state_beam_tiling(model_and_vocabs):
+def test_map_state_beam_tiling(model_and_vocabs, under_autocast):
     from onmt.utils.misc import tile
 
     model, vocabs = model_and_vocabs
-    src, src_len, tgt = support.random_batch(vocabs, [6, 4], [7, 7], seed=5)
+    src, src_len, tgt = _batch(vocabs, [6, 4], [7, 7], seed=5)
     beam = 3
     enc_out, lens = support.start_decoding(model, src, src_len)
     # as the translator does: init_state on the batch, then tile every state
@@ -220,7 +350,7 @@ def test_map_state_beam_tiling(model_and_vocabs):
     src_t, src_len_t = tile(src, beam, 0), tile(src_len, beam, 0)
     enc_s, lens_s = support.start_decoding(model, src_t, src_len_t)
     scratch = support.decode_steps(model, tgt_t, enc_s, lens_s, 0, tgt.size(1))
-    torch.testing.assert_close(tiled, scratch, atol=ATOL, rtol=0)
+    _assert_close(tiled, scratch)
 
 
 # ---------------------------------------------------------------------------
@@ -238,21 +368,45 @@ SENTENCES = 40
 def _train_steps(config):
     from onmt_ext.options import OPTION_SPECS
 
-    opt = support.load_train_opts(config)
+    opt = support.cached_train_opts(config)
     decoder_side = any(spec.side == "decoder" and getattr(opt, spec.name, spec.default) != spec.default
                        for spec in OPTION_SPECS)
     return DECODER_MECHANISM_TRAIN_STEPS if decoder_side else TRAIN_STEPS
 
 
-@pytest.fixture(scope="module", params=CODE_PATHS, ids=CODE_PATH_IDS)
+def _check_covers(rep, covered):
+    """On the options as ``onmt_train`` parses them, ``rep`` covers ``covered`` (the raw-YAML reading agrees)."""
+    stock_ignore = _stock_ignore()
+
+    def stock(config):
+        return {k: v for k, v in vars(support.cached_train_opts(config)).items() if k not in stock_ignore}
+
+    features = _parsed_features(rep)
+    for config in covered:
+        assert stock(config) == stock(rep), f"{config} and {rep} differ in stock options"
+        missing = _parsed_features(config) - features
+        assert not missing, f"{rep} does not switch on {sorted(missing)} of {config}"
+
+
+def _console_params():
+    return [pytest.param(rep, id="+".join(map(_id, covered)), marks=pytest.mark.slow)
+            for rep, covered in CODE_PATHS.items()]
+
+
+@pytest.fixture(scope="module", params=_console_params())
 def trained_model(request, sample_data, onmt_active, tmp_path_factory):
     """A checkpoint of the config trained through onmt_train (see TRAIN_STEPS)."""
+    if AUTOCAST != "none":
+        pytest.skip("the console-script checks run in fp32: onmt_translate has no autocast mode "
+                    "(its -precision fp16 casts the whole model instead)")
+    _check_covers(request.param, CODE_PATHS[request.param])
     out = tmp_path_factory.mktemp("model")
     steps = _train_steps(request.param)
+    on_device = ["-world_size", 1, "-gpu_ranks", 0] if DEVICE.type == "cuda" else []
     support.run_cli(
         "onmt_train", "-config", request.param, "-save_model", out / "model", "-save_data", out / "samples",
         "-train_steps", steps, "-save_checkpoint_steps", steps, "-valid_steps", 10 * steps,
-        "-log_file_level", "WARNING",
+        "-log_file_level", "WARNING", *on_device,
     )
     model = out / f"model_step_{steps}.pt"
     _SPLIT_ARGS[model] = _split_args(request.param)
@@ -267,7 +421,7 @@ def _split_args(config):
     """``-transforms clause_split -clause_*`` for a clause-attention config (the test source is SentencePiece'd)."""
     from onmt_ext.clause_split import translate_options
 
-    return translate_options(vars(support.load_train_opts(config)))
+    return translate_options(vars(support.cached_train_opts(config)))
 
 
 @pytest.fixture(scope="module")
@@ -295,7 +449,8 @@ def _translate(model, src, out, *args):
     # output, and OpenNMT-py cannot score an empty -tgt line as GOLD.
     return support.run_cli(
         "onmt_translate", "-model", model, "-src", src, "-output", out, "-max_length", MAX_LENGTH,
-        "-max_length_ratio", 0, "-min_length", 1, *_SPLIT_ARGS.get(model, []), *args
+        "-max_length_ratio", 0, "-min_length", 1, *_SPLIT_ARGS.get(model, []),
+        *(["-gpu", 0] if DEVICE.type == "cuda" else []), *args
     )
 
 

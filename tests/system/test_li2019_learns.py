@@ -11,6 +11,8 @@ import pytest
 
 import support
 
+pytestmark = pytest.mark.slow
+
 STEPS = 600
 BASELINE = "yaml_configs/smoke/baseline/transformer_base_wmt17_zhen.yaml"
 # EM, the paper's default aggregation (simple routing measured 89.4 under the same settings;

@@ -4,35 +4,63 @@
 ``onmt_build_vocab``), trains the two rows of the ``sample-li2019`` table (a toy stock Transformer and the
 same with EM routing), averages each row's last five checkpoints, translates, scores against the baseline
 and writes the report.  The models are toys: the test checks the chain, not the BLEU.
+
+The chain runs in a scratch copy of what it reads (the Makefile, tools/, yaml_configs/, the WMT14 sample),
+with the repository's virtual environment, so that it starts from nothing and its build/ never touches the
+repository's.
 """
 
 import json
 import shutil
 import subprocess
 
+import pytest
+
 import support
+
+pytestmark = pytest.mark.slow
 
 TIMEOUT = 900
 
 
-def _make(*args):
-    return subprocess.run(["make", "--no-print-directory", *args], cwd=support.REPO, capture_output=True, text=True,
-                          timeout=TIMEOUT, env=support.cli_env())
+@pytest.fixture
+def checkout(tmp_path):
+    """A scratch checkout of what `make reproduce-sample` reads: the top-level files (the Makefile and what
+    its rules name), tools/, yaml_configs/ and the WMT14 sample."""
+    root = tmp_path / "checkout"
+    root.mkdir()
+    for path in support.REPO.iterdir():
+        if path.is_file():
+            shutil.copy2(path, root / path.name)
+    for name in ("tools", "yaml_configs", "data/wmt14-ende-sample"):
+        shutil.copytree(support.REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+    return root
 
 
-def test_make_reproduce_sample_runs_every_step_and_reports(tmp_path, onmt_active):
-    for stale in ("build/data/sample_ende", "build/runs/sample"):
-        shutil.rmtree(support.REPO / stale, ignore_errors=True)
-    result = _make("reproduce-sample", f"RESULTS_DIR={tmp_path}")
+def _make(root, *args):
+    """make in the scratch checkout with the repository's virtual environment.  Its set-up stamp is a fresh file
+    of the checkout (newer than the copied files it depends on), so that neither this make nor the ones it
+    starts reinstall packages into the repository's environment."""
+    stamp = root / ".setup-done"
+    if not stamp.exists():
+        stamp.touch()
+    return subprocess.run(["make", "--no-print-directory", f"VENV={support.REPO / '.venv'}", f"SETUP_STAMP={stamp}",
+                           *args], cwd=root, capture_output=True, text=True, timeout=TIMEOUT, env=support.cli_env())
+
+
+def test_make_reproduce_sample_runs_every_step_and_reports(checkout, tmp_path, onmt_active):
+    results = tmp_path / "results"
+    result = _make(checkout, "reproduce-sample", f"RESULTS_DIR={results}")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert any((checkout / "build/runs").rglob("average_last5.pt"))  # the runs went into the scratch checkout
 
-    data = support.REPO / "build/data/sample_ende"
+    data = checkout / "build/data/sample_ende"
     for name in ("train.bpe.en", "train.bpe.de", "valid.bpe.en", "test.bpe.en", "test.de", "test.tok.de",
                  "vocab.shared", "bpe.codes"):
         assert (data / name).stat().st_size > 0, name
     assert "@@ " in (data / "train.bpe.en").read_text(encoding="utf-8")
 
-    out = tmp_path / "sample" / "sample_ende"
+    out = results / "sample" / "sample_ende"
     report = json.loads((out / "sample-li2019.json").read_text(encoding="utf-8"))
     rows = report["rows"]
     assert [row["config"] for row in rows] == ["sample/transformer_tiny_sample_ende_baseline.yaml",
@@ -49,7 +77,7 @@ def test_make_reproduce_sample_runs_every_step_and_reports(tmp_path, onmt_active
     assert (out / "sample-li2019.curves.png").stat().st_size > 1000
 
     # a second run finds everything done and only rescored
-    again = _make("reproduce-sample", f"RESULTS_DIR={tmp_path}")
+    again = _make(checkout, "reproduce-sample", f"RESULTS_DIR={results}")
     assert again.returncode == 0, again.stderr[-3000:]
     report = json.loads((out / "sample-li2019.json").read_text(encoding="utf-8"))
     assert all(entry["status"].startswith("skipped") for entry in report["commands"])

@@ -410,35 +410,3 @@ def test_registered_with_options_and_reimport_is_harmless():
 class _Namespace:
     def __init__(self, **kwargs):
         self.__dict__.update(kwargs)
-
-
-def test_presplit_corpus_equals_the_transform_on_the_fly(tmp_path, sample_data):
-    """tools/clause_split_corpus.py writes what the transform inserts; -clause_presplit passes it through."""
-    import subprocess
-    import sys
-
-    lines = (sample_data / "train.zh").read_text(encoding="utf-8").splitlines()[-300:] + [""]  # segmented Chinese
-    source = tmp_path / "src.zh"
-    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    out = tmp_path / "src.zh.clause"
-    subprocess.run([sys.executable, str(support.REPO / "tools/clause_split_corpus.py"), "--lang", "zh",
-                    "--input", source, "--output", out, "--levels", "4"], check=True, capture_output=True)
-    written = out.read_text(encoding="utf-8").split("\n")[:-1]
-    assert len(written) == len(lines) and written[-1] == ""
-    on_the_fly = cs.ClauseSplitTransform.__new__(cs.ClauseSplitTransform)
-    on_the_fly.splitter, on_the_fly.presplit = cs.ClauseSplitter("zh", 4), False
-    expected = []
-    for line in lines:
-        example = {"src": line.split(" "), "tgt": None}
-        on_the_fly.apply(example)
-        expected.append(" ".join(token for token in example["src"] if token))
-    assert written == expected and any(cs.is_marker(t) for line in written for t in line.split())
-    passing = cs.ClauseSplitTransform.__new__(cs.ClauseSplitTransform)
-    passing.splitter, passing.presplit = None, True
-    stats = cs.ClauseSplitStats(0, 0)
-    for line in written:
-        example = {"src": line.split(" "), "tgt": None}
-        passing.apply(example, stats=stats)
-        assert " ".join(example["src"]) == line
-    assert stats.sentences == len(lines) and stats.markers == sum(
-        cs.is_marker(t) for line in written for t in line.split())

@@ -59,15 +59,19 @@ def test_pairs_with_an_empty_side_are_skipped_in_training_not_in_translation(onm
     assert [e["cid_line_number"] for e, _, _ in infer] == [0, 1, 2, 3, 4]
 
 
-def test_translate_refuses_a_source_with_empty_lines_by_name(onmt_active, tmp_path, caplog):
+def test_translate_refuses_a_source_with_empty_lines_by_name(onmt_active, tmp_path, caplog, capsys):
     import argparse
+    import re
 
     from onmt.bin import translate as translate_bin
 
     src, tgt = _empty_corpus(tmp_path)
-    with pytest.raises(SystemExit, match=rf"onmt_translate -src {src} has 2 empty lines \(lines 2, 5\): .*wrong "
-                                         r"line; remove them"):
+    with pytest.raises(SystemExit) as stop:
         translate_bin.translate(argparse.Namespace(src=str(src), tgt=None))
+    assert stop.value.code == 1
+    err = capsys.readouterr().err
+    assert re.fullmatch(rf"onmt_translate: error: -src {re.escape(str(src))} has 2 empty lines \(lines 2, 5\): .*wrong "
+                        r"line; remove them.*\n", err), err
     full = _write(tmp_path / "full.zh", "一\n二\n三\n四\n五\n".encode())
     with caplog.at_level("WARNING", logger="onmt"):
         corpus.check_translation_source(str(full), str(tgt))

@@ -26,7 +26,7 @@ def _scores(lengths, heads=3, seed=0):
 
 def _reference(module, scores, n):
     """E_hat for one unpadded sentence of length n, one query position at a time (eq. 9-15)."""
-    e = scores[:, :, :n, :n]  # (1, H, n, n)
+    e = scores[:, :, :n, :n] * module.factor  # (1, H, n, n): eq. 4's E from OpenNMT-py's scores
     total = e.clone()
     if module.vertical:
         out, b = simple_routing(e, module.iterations, normalize="inputs")  # heads -> positions
@@ -41,13 +41,14 @@ def _reference(module, scores, n):
     return torch.softmax(total, dim=-1)
 
 
-@pytest.mark.parametrize("vertical, horizontal, init", [
-    (True, False, "zero"), (False, True, "zero"), (False, True, "self"), (True, True, "zero"), (True, True, "self"),
+@pytest.mark.parametrize("vertical, horizontal, init, scale", [
+    (True, False, "zero", "model"), (False, True, "zero", "model"), (False, True, "self", "model"),
+    (True, True, "zero", "model"), (True, True, "self", "model"), (True, True, "self", "head"),
 ])
-def test_matches_the_per_position_reference_with_padding(vertical, horizontal, init):
+def test_matches_the_per_position_reference_with_padding(vertical, horizontal, init, scale):
     lengths = [6, 4, 1]
     scores = _scores(lengths)
-    module = CrossAggregation(3, vertical, horizontal, init)
+    module = CrossAggregation(3, vertical, horizontal, init, scale=scale)
     if vertical:
         torch.nn.init.normal_(module.head_weight)
     probs = module(scores)
@@ -56,6 +57,43 @@ def test_matches_the_per_position_reference_with_padding(vertical, horizontal, i
         expected = _reference(module, scores[b : b + 1], n)
         torch.testing.assert_close(probs[b : b + 1, :, :n, :n], expected, atol=1e-5, rtol=1e-5)
         assert probs[b, :, :n, n:].abs().sum() == 0  # padded keys get no attention
+
+
+def test_logits_follow_eq_4_by_default():
+    """OpenNMT-py's scores are Q_h K_h^T / sqrt(d / H); eq. 4's E is Q_h K_h^T / sqrt(d), i.e. sqrt(H) smaller."""
+    heads = 4
+    scores = _scores([5, 3], heads=heads)
+    eq4 = scores.masked_fill(scores > -1e17, 0) + scores.masked_fill(scores <= -1e17, 0) / heads ** 0.5
+    default, head = CrossAggregation(heads, True, True, "self"), CrossAggregation(heads, True, True, "self", scale="head")
+    assert default.factor == 0.5 and head.factor == 1.0
+    torch.testing.assert_close(default(scores), head(eq4), atol=1e-6, rtol=0)
+    assert (default(scores) - head(scores)).abs().max() > 1e-2  # the two readings differ
+
+
+@pytest.mark.parametrize("vertical, horizontal, init", [(True, False, "zero"), (False, True, "self"),
+                                                        (True, True, "self")])
+def test_routing_runs_in_float32_under_cpu_bf16_autocast(vertical, horizontal, init):
+    """Under autocast the routing's einsums and eq. 13's product would run in bfloat16; they must not."""
+    scores = _scores([7, 5], heads=4) * 3
+    module = CrossAggregation(4, vertical, horizontal, init)
+    if vertical:
+        torch.nn.init.normal_(module.head_weight)
+    reference = module(scores)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = module(scores)
+    assert mixed.dtype == torch.float32
+    torch.testing.assert_close(mixed, reference, atol=1e-4, rtol=0)
+    causal = CausalCrossAggregation(4, vertical, horizontal, init)
+    causal.load_state_dict(module.state_dict())
+    future = _causal_scores(6, heads=4)
+    reference = causal(future)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.testing.assert_close(causal(future), reference, atol=1e-4, rtol=0)
+        causal.decoding_state, causal.stepwise = {}, True
+        steps = [causal(future[:, :, l : l + 1, : l + 1].contiguous()) for l in range(6)]  # decoding, step l
+    for l, step in enumerate(steps):
+        assert step.dtype == torch.float32
+        torch.testing.assert_close(step[:, :, 0], reference[:, :, l, : l + 1], atol=1e-4, rtol=0)
 
 
 def test_starts_from_equal_head_weights_and_is_not_the_plain_softmax():
@@ -138,7 +176,7 @@ def test_attached_to_the_selected_layers_on_the_explicit_path(sample_data, onmt_
 def _opt(**kw):
     base = dict(encoder_type="ext_transformer", decoder_type="ext_transformer", enc_layers=2, dec_layers=2, layers=-1,
                 cao2019_vertical=False, cao2019_horizontal=False, cao2019_init="zero", cao2019_iterations=3,
-                cao2019_enc_layers=[], cao2019_dec_self=False, cao2019_dec_layers=[], routing_compile=False,
+                cao2019_enc_layers=[], cao2019_dec_self=False, cao2019_dec_layers=[], ext_compile=False,
                 self_attn_type="scaled-dot", parallel_mode="data_parallel", world_size=1, hidden_size=32)
     base.update(kw)
     return argparse.Namespace(**base)
@@ -146,6 +184,7 @@ def _opt(**kw):
 
 @pytest.mark.parametrize("kw, message", [
     (dict(cao2019_init="self"), "-cao2019_init has no effect while -cao2019_vertical and -cao2019_horizontal"),
+    (dict(cao2019_scale="head"), "-cao2019_scale has no effect while -cao2019_vertical and -cao2019_horizontal"),
     (dict(cao2019_vertical=True, cao2019_init="self"), "-cao2019_init applies to the horizontal routing"),
     (dict(cao2019_horizontal=True, cao2019_enc_layers=[3]), "-cao2019_enc_layers [3]: layers are numbered 1..2"),
     (dict(cao2019_horizontal=True, cao2019_iterations=0), "-cao2019_iterations 0: must be >= 1"),
@@ -153,7 +192,6 @@ def _opt(**kw):
     (dict(encoder_type="transformer", cao2019_vertical=True), "have no effect with -encoder_type 'transformer'"),
     (dict(cao2019_vertical=True, cao2019_dec_self=True, self_attn_type="average"), "-self_attn_type average"),
     (dict(cao2019_dec_self=True), "-cao2019_dec_self has no effect while"),
-    (dict(cao2019_vertical=True, routing_compile=True), "-routing_compile has no effect without li2019"),
     (dict(decoder_type="transformer", cao2019_vertical=True, cao2019_dec_self=True),
      "-cao2019_dec_self True has no effect with -decoder_type"),
 ])

@@ -196,6 +196,14 @@ def test_read_references_layout(files):
     assert ev.read_references(files["ref1"]) == [REF1]
 
 
+def test_a_tsv_given_as_plain_references_is_refused_naming_ref_tsv(tmp_path):
+    tsv = _write(tmp_path / "refs.tsv", ["源 一\tthe cat\ta cat", "源 二\tthe dog", "plain line"])
+    with pytest.raises(ev.EvaluationError, match=r"refs\.tsv: 2 of its 3 lines hold a tab \(first: line 1\).*--ref-tsv"):
+        ev.read_references([tsv])
+    plain = _write(tmp_path / "plain.txt", ["one\ttab in a real reference", "two", "three"])
+    assert ev.read_references([plain]) == [["one\ttab in a real reference", "two", "three"]]
+
+
 def test_read_references_unequal_files_names_files_and_counts(tmp_path, files):
     short = _write(tmp_path / "short.txt", REF2[:-1])
     with pytest.raises(ev.EvaluationError) as info:

@@ -123,7 +123,7 @@ def test_bench_configs_parse_strictly_and_keep_the_mechanism(size, tmp_path, onm
         assert (opt.enc_layers, opt.dec_layers) == (paper["enc_layers"], paper["dec_layers"])
         assert opt.li2019_enc_self == paper.get("li2019_enc_self", "concat")
         assert opt.li2019_enc_layers == paper.get("li2019_enc_layers", [])
-        assert opt.routing_compile == paper.get("routing_compile", False)
+        assert opt.ext_compile == paper.get("ext_compile", False)
         assert opt.train_steps == 30 and checkpoint.name == "model_step_30.pt"
         if size == "paper":
             assert opt.hidden_size == paper["hidden_size"] and opt.model_dtype == "fp32"

@@ -33,26 +33,6 @@ def test_hook_registers_types_on_first_onmt_import():
     assert result.stdout.split() == ["ExtTransformerEncoder", "ExtTransformerDecoder"]
 
 
-def test_onmt_import_leaves_spacy_unimported_until_it_is_used():
-    result = _python(
-        """
-        import sys, importlib.util
-        import onmt
-        import onmt.transforms.terminology as terminology  # stock: `import spacy` at module level
-        assert "spacy.cli" not in sys.modules and "thinc" not in sys.modules, "spaCy was imported by `import onmt`"
-        import inspect
-        inspect.getmodule(sys._getframe())  # reads every module's __file__, as torch does when it registers an op
-        assert "spacy.cli" not in sys.modules, "inspect.getmodule imported spaCy"
-        assert importlib.util.find_spec("spacy").name == "spacy"
-        import spacy.tokens  # a submodule first: imports the real package
-        assert type(sys.modules["spacy"]).__name__ == "module"
-        print(type(terminology.spacy.blank("en")).__name__, spacy.tokens.Doc.__name__)
-        """
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["English", "Doc"]
-
-
 def test_hook_can_be_switched_off():
     result = _python(
         "import onmt; from onmt.encoders import str2enc; print('ext_transformer' in str2enc)",
@@ -346,14 +326,14 @@ def test_filtertoolong_logs_its_first_drop_and_the_running_count(onmt_active, mo
     assert messages[2][0] == "WARNING" and "drops nothing that is to be translated" in messages[2][1]
 
 
-def test_a_sequence_beyond_the_position_encoding_gets_a_clear_error(onmt_active):
+def test_a_sequence_beyond_the_position_encoding_gets_a_clear_error(onmt_active, capsys):
     import types
 
     import torch
     from onmt.modules.embeddings import PositionalEncoding, SequenceTooLongError
     from onmt.translate.translator import Translator
 
-    from onmt_ext import compat
+    from onmt_ext import plugin
 
     pe = PositionalEncoding(4, "SinusoidalInterleaved", max_len=3)
     assert pe(torch.zeros(2, 3, 4)).shape == (2, 3, 4)  # within the limit: the stock encoding
@@ -373,5 +353,56 @@ def test_a_sequence_beyond_the_position_encoding_gets_a_clear_error(onmt_active)
     def translate(opt):
         raise error.value
 
-    with pytest.raises(SystemExit, match=r"^onmt_translate: error: source line 8 \(5 tokens\)"):
-        compat.exit_on_long_sequences(translate)(None)
+    translate.__module__ = "onmt.bin.translate"
+    with pytest.raises(SystemExit) as stop:
+        plugin._run_command(translate, None)
+    assert stop.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("onmt_translate: error: source line 8 (5 tokens)") and err.count("\n") == 1
+
+
+def test_all_empty_translations_give_a_warning(onmt_active, tmp_path, caplog):
+    import argparse
+
+    from onmt_ext import plugin
+
+    def translate(opt):  # what OpenNMT-py's translate leaves behind when every hypothesis is empty
+        with open(opt.output, "w", encoding="utf-8") as handle:
+            handle.write(opt.text)
+
+    translate.__module__ = "onmt.bin.translate"
+    with caplog.at_level("WARNING", logger="onmt"):
+        plugin._translate_checked(translate, argparse.Namespace(output=str(tmp_path / "hyp"), text="\n \n\n"))
+    assert [r.getMessage() for r in caplog.records] == [
+        f"onmt_translate: every one of the 3 translations in {tmp_path / 'hyp'} is empty: is the model trained "
+        "enough (see its validation accuracy), and do -src and -transforms match what it was trained on?"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="onmt"):
+        plugin._translate_checked(translate, argparse.Namespace(output=str(tmp_path / "hyp"), text="\na b\n"))
+    assert not caplog.records
+
+
+def test_errors_become_one_line_per_problem_with_the_command_name():
+    from onmt_ext.plugin import _one_line
+
+    assert _one_line("onmt_train", "error: a\n  b") == "onmt_train: error: a\nonmt_train: error: b"
+    assert _one_line("onmt_train", "onmt_train: error: c") == "onmt_train: error: c"
+    assert _one_line("onmt_train", "clause_split: error: d") == "onmt_train: error: clause_split: d"
+    assert _one_line("onmt_train", "invalid onmt-ext options:\n  -heads 3: e") == "onmt_train: error: -heads 3: e"
+
+
+def test_train_from_differences_allow_only_added_mechanisms(onmt_active):
+    import argparse
+
+    from onmt_ext.options import OPTION_SPECS
+    from onmt_ext.plugin import train_from_differences
+
+    defaults = {spec.name: spec.default for spec in OPTION_SPECS}
+    checkpoint = argparse.Namespace(**defaults, encoder_type="transformer", decoder_type="transformer",
+                                    hidden_size=64, heads=8)
+    run = argparse.Namespace(**{**defaults, "gret": True}, encoder_type="ext_transformer",
+                             decoder_type="transformer", hidden_size=64, heads=8)
+    assert train_from_differences(run, checkpoint) == ([("encoder_type", "ext_transformer"), ("gret", True)], [])
+    run.hidden_size, checkpoint.gret = 32, True
+    run.gret = False
+    assert train_from_differences(run, checkpoint)[1] == [("hidden_size", 32, 64), ("gret", False, True)]

@@ -1,15 +1,13 @@
-"""tools/prepare_tatoeba.py: robust reading, test-set removal, split, segmentation, determinism.
+"""tools/prepare_tatoeba.py: robust reading, test-set removal, split, segmentation.
 
 The real shipped data (data/tatoeba-zh-en) is prepared once per module with
-small SentencePiece vocabularies; the determinism checks use a small
-synthetic corpus.
+small SentencePiece vocabularies.  The command itself in a subprocess (its
+exit status, and identical outputs across processes and hash seeds) is
+tested in tests/integration/test_tool_commands.py.
 """
 
-import filecmp
 import logging
-import os
 import random
-import subprocess
 import sys
 from pathlib import Path
 
@@ -97,12 +95,7 @@ def test_cli_invalid_utf8_exits_2_without_traceback(tmp_path, capsys):
     assert rc == 2
     assert "cmn.txt: line 4: invalid UTF-8" in err
     assert "Traceback" not in err
-
-    # Same through a real subprocess: exit status 2, one clean message.
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "prepare_tatoeba.py"), "--data-dir", str(data),
-                           "--out-dir", str(tmp_path / "out")], capture_output=True, text=True)
-    assert proc.returncode == 2
-    assert "line 4: invalid UTF-8" in proc.stderr and "Traceback" not in proc.stderr
+    # (the same through the command in a subprocess: tests/integration/test_tool_commands.py)
 
 
 def test_read_multiref(tmp_path):
@@ -223,56 +216,3 @@ def test_real_data_sentencepiece_models(prepared):
         assert len(_lines(prepared / f"spm.{lang}.vocab")) == size
         line = _lines(prepared / f"valid.{lang}")[0]
         assert sp.decode(sp.encode(line)).replace(" ", "") == line.replace(" ", "")
-
-
-# ------------------------------------------------------------------ determinism
-def _synthetic_corpus(data_dir):
-    """A small deterministic zh-en corpus with a BOM, CRLF, a blank and a malformed line, and a test set."""
-    rng = random.Random(11)
-    subj = [("我", "I"), ("你", "You"), ("他", "He"), ("我们", "We"), ("汤姆", "Tom")]
-    verb = [("喜欢", "like"), ("看见", "see"), ("想要", "want"), ("买", "buy"), ("画", "draw")]
-    obj = [("苹果", "apples"), ("猫", "cats"), ("书", "books"), ("狗", "dogs"), ("花", "flowers"), ("鱼", "fish")]
-    lines = []
-    for i in range(400):
-        (zs, es), (zv, ev), (zo, eo) = rng.choice(subj), rng.choice(verb), rng.choice(obj)
-        lines.append(f"{es} {ev} {eo}.\t{zs}{zv}{zo}。\tCC-BY 2.0 (France) Attribution: synthetic #{i}")
-    lines[5] = "malformed line without a tab"
-    lines[9] = ""
-    (data_dir / "cmn.txt").write_bytes(("\ufeff" + "\r\n".join(lines) + "\r\n").encode("utf-8"))
-    test = [f"{zs}{zv}{zo}。\t{es} {ev} {eo}.\t{es} {ev} some {eo}."
-            for (zs, es), (zv, ev), (zo, eo) in [(subj[0], verb[0], obj[0]), (subj[4], verb[3], obj[2])]]
-    (data_dir / "zh2en.multiref.tsv").write_text("\n".join(test) + "\n", encoding="utf-8")
-
-
-def test_two_runs_give_identical_outputs(tmp_path):
-    data = tmp_path / "data"
-    data.mkdir()
-    _synthetic_corpus(data)
-    args = ["--data-dir", str(data), "--valid-size", "40", "--zh-vocab", "60", "--en-vocab", "60"]
-    a, b = tmp_path / "a", tmp_path / "b"
-    assert pt.main(args + ["--out-dir", str(a)]) == 0
-    # second run in a fresh process with a different hash seed, into another directory
-    env = dict(os.environ, PYTHONHASHSEED="12345")
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "prepare_tatoeba.py"), *args, "--out-dir", str(b)],
-                          env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    assert "summary:" in proc.stdout
-    before = {p.name: p.read_bytes() for p in a.iterdir()}
-    assert set(before) == OUTPUTS
-    _, mismatch, errors = filecmp.cmpfiles(a, b, sorted(OUTPUTS), shallow=False)
-    assert not mismatch and not errors
-    assert {p.name for p in b.iterdir()} == OUTPUTS
-    # rerun into the first directory: overwritten with identical content, nothing else left behind
-    assert pt.main(args + ["--out-dir", str(a)]) == 0
-    assert {p.name: p.read_bytes() for p in a.iterdir()} == before
-
-    import json
-
-    stats = json.loads(before["stats.json"])
-    assert stats["inputs"]["cmn.txt"]["skipped_malformed"] == 1
-    assert stats["inputs"]["cmn.txt"]["skipped_empty"] == 1
-    assert stats["splits"]["valid"] == 40
-    assert stats["removed_test_pairs"] > 0  # the synthetic test sentences do occur in the corpus
-    test_src = {"我喜欢苹果。", "汤姆买书。"}
-    for name in ("train.zh", "valid.zh"):
-        assert not {_nospace(z) for z in _lines(a / name)} & test_src

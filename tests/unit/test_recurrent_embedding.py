@@ -47,23 +47,50 @@ def test_source_birnn_matches_a_per_sentence_bidirectional_rnn_and_ignores_paddi
             getattr(reference, name).copy_(value)
             getattr(reference, name + "_reverse").copy_(getattr(module.rnn_backward, name))
     for b, n in enumerate(lengths):
-        x_r = module.make_embedding(src[b : b + 1, :n])[..., 8:]
+        x_r = module.make_embedding(src[b : b + 1, :n])[..., 8:] * 16 ** 0.5  # x_j times sqrt(d_model), split
         states, _ = reference(x_r)
         expected_r = torch.tanh(module.proj(states))
         torch.testing.assert_close(out[b : b + 1, :n, 8:], expected_r, atol=1e-6, rtol=0)
         torch.testing.assert_close(out[b : b + 1, :n], module(src[b : b + 1, :n]), atol=1e-6, rtol=0)
 
 
-def test_p_is_opennmt_sinusoidal_encoding_at_size_d_p(onmt_active):
+def test_p_is_the_scaled_x_p_plus_opennmt_sinusoidal_encoding_at_size_d_p(onmt_active):
     from onmt.modules.embeddings import PositionalEncoding
 
-    module = RecurrentPositionalEmbeddings(_embeddings(), 4, 8, "rpehead", bidirectional=True)
+    pe = PositionalEncoding(8, "SinusoidalInterleaved")
+    zeros = torch.zeros(2, 6, 8)
     src = torch.randint(4, 30, (2, 6, 1))
-    x_p = module.make_embedding(src)[..., :8]
-    torch.testing.assert_close(module(src)[..., :8], PositionalEncoding(8, "SinusoidalInterleaved")(x_p))
+    for scale, factor in (("embedding", 16 ** 0.5), ("parts", 8 ** 0.5), ("none", 8 ** 0.5)):
+        module = RecurrentPositionalEmbeddings(_embeddings(), 4, 8, "rpehead", bidirectional=True, scale=scale)
+        x_p = module.make_embedding(src)[..., :8]
+        torch.testing.assert_close(module(src)[..., :8], factor * x_p + pe(zeros))  # eq. 2 at size d_p
     without = RecurrentPositionalEmbeddings(_embeddings(), 4, 8, "rpehead", bidirectional=True,
-                                            position_encoding=False)
+                                            position_encoding=False, scale="none")
     assert torch.equal(without(src)[..., :8], x_p)  # no PE: stock OpenNMT-py embeddings (unscaled)
+
+
+@pytest.mark.parametrize("scale, factor", [("embedding", 16 ** 0.5), ("parts", 8 ** 0.5), ("none", 1.0)])
+def test_the_rnn_reads_x_r_scaled_by_chen2019_scale(scale, factor, onmt_active):
+    module = RecurrentPositionalEmbeddings(_embeddings(), 4, 8, "mprhead", bidirectional=False, scale=scale).eval()
+    src = torch.randint(4, 30, (2, 6, 1))
+    x_r = module.make_embedding(src)[..., 8:]
+    r = torch.tanh(module.proj(module.rnn(factor * x_r)[0]))
+    torch.testing.assert_close(module(src).reshape(2, 6, 4, 4)[..., 2:].reshape(2, 6, 8), r)  # eq. 6, then eq. 9
+
+
+def test_rnn_initialisation_follows_chen2019_init(onmt_active):
+    from onmt_ext.initialisation import declared
+
+    for cell in ("rnn", "gru", "lstm", "sru"):
+        glorot = RecurrentPositionalEmbeddings(_embeddings(), 4, 8, "rpehead", cell, bidirectional=True)
+        for name, rule in declared(glorot).items():
+            assert rule.mismatch(dict(glorot.named_parameters())[name]) is None, (cell, name)
+        assert glorot.rnn.bias.abs().sum() == 0 if cell == "sru" else glorot.rnn.bias_ih_l0.abs().sum() == 0
+        pytorch = RecurrentPositionalEmbeddings(_embeddings(), 4, 8, "rpehead", cell, bidirectional=True,
+                                                init="pytorch")
+        matrix = pytorch.rnn.weight.weight if cell == "sru" else pytorch.rnn.weight_hh_l0
+        bound = 1 / 8 ** 0.5 if cell == "sru" else 1 / 4 ** 0.5  # nn.Linear: 1/sqrt(in); RNN: 1/sqrt(units)
+        assert matrix.abs().max() <= bound and matrix.abs().max() > bound / 2
 
 
 @pytest.mark.parametrize("cell", ["rnn", "gru", "lstm", "sru"])
@@ -221,9 +248,8 @@ def test_parameter_delta_is_the_rnns_and_w_r(sample_data, onmt_active):
     finally:
         sys.path.remove(str(sys_path_tools))
     for name, dim in (("mprhead", 256), ("rpehead", 320)):
-        opt = support.load_train_opts(f"yaml_configs/chen2019/transformer_base_wmt14_ende_{name}.yaml")
-        delta = param_report.count_parameters(opt, 1000) - param_report.count_parameters(
-            param_report.baseline_of(opt), 1000)
+        [(_, _, _, delta)] = param_report.report(
+            [support.REPO / f"yaml_configs/chen2019/transformer_base_wmt14_ende_{name}.yaml"], 1000)
         assert delta == _rnn_parameters(dim, True) + _rnn_parameters(dim, False)
     assert _rnn_parameters(256, True) + _rnn_parameters(256, False) == 361984
 
@@ -244,6 +270,8 @@ def _opt(**kw):
     (dict(chen2019_enc="mprhead", chen2019_dim=32), "d_r must be between 1 and d_model - 1"),
     (dict(chen2019_dim=16), "-chen2019_dim has no effect while -chen2019_enc and -chen2019_dec are both none"),
     (dict(chen2019_rnn="gru"), "-chen2019_rnn has no effect"),
+    (dict(chen2019_scale="parts"), "-chen2019_scale has no effect"),
+    (dict(chen2019_init="pytorch"), "-chen2019_init has no effect"),
     (dict(chen2019_pe_off=["dec"], position_encoding=False), "has no effect with -position_encoding false"),
     (dict(chen2019_pe_off=["enc"], encoder_type="transformer"), "-chen2019_pe_off enc needs -encoder_type"),
     (dict(chen2019_enc="rpehead", chen2019_dim=16, n_src_feats=1), "does not support source word features"),

@@ -440,26 +440,6 @@ def test_clause_table_scored_and_reported_from_hypotheses_on_disk(tmp_path, monk
     assert json.loads(written["json"].read_text(encoding="utf-8"))["commands"] == [{"command": "x", "status": "ran"}]
 
 
-def test_make_dry_run_prints_the_data_preparation_and_every_row(tmp_path):
-    """`make reproduce-<table> DRY_RUN=1` prints the data steps (make -n) and every row's commands, runs nothing."""
-    import subprocess
-
-    result = subprocess.run(["make", "--no-print-directory", "reproduce-cao2019-table1", "DRY_RUN=1",
-                             f"RESULTS_DIR={tmp_path}"], cwd=reproduce.REPO, capture_output=True, text=True,
-                            timeout=300)
-    assert result.returncode == 0, result.stderr
-    out = result.stdout
-    if not (reproduce.REPO / "build/data/wmt17_zhen/.vocab").exists():  # prepared data: nothing left to print
-        for step in ("fetch", "raw", "tok", "clean", "bpe"):
-            assert f"tools/prepare_data.py {step} wmt17_zhen" in out
-        assert "onmt_build_vocab -config yaml_configs/baseline/transformer_base_wmt17_zhen.yaml" in out
-    rows = len(reproduce.TABLES["cao2019-table1"])
-    assert out.count("CUDA_VISIBLE_DEVICES=0 onmt_train ") == rows
-    assert out.count("CUDA_VISIBLE_DEVICES=0 onmt_average_models ") == rows
-    assert out.count("CUDA_VISIBLE_DEVICES=0 onmt_translate ") == rows
-    assert not any(tmp_path.iterdir())  # nothing written
-
-
 def test_nist_table_is_scored_on_all_three_test_sets_with_big_rows_against_the_big_baseline(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(reproduce, "BOOTSTRAP_SAMPLES", 100)

@@ -1,0 +1,238 @@
+"""The stated initialisation of every parameter the mechanisms add.
+
+OpenNMT-py's ``-param_init_glorot`` goes by a tensor's own name: a matrix
+called ``weight`` gets ``xavier_uniform_`` over the whole tensor and a tensor
+called ``bias`` zeros; anything else (``weight_ih_l0`` of an RNN, a capsule
+map, a mixing logit) keeps whatever its constructor drew, and a 3-D
+``weight`` is treated as a convolution kernel.  So every mechanism module
+here declares a :class:`Rule` for each parameter it adds (:data:`RULES`,
+one function per module class), and :func:`initialise` applies them:
+
+* in the mechanism's constructor (a module built on its own is initialised
+  as stated), and
+* once more right after OpenNMT-py's own initialisation in ``build_model``
+  (:func:`install`), where the by-name rule may have overwritten some
+  (clause attention's zero gate, the head-restricted projections).  This
+  holds for ``-param_init a`` too: there OpenNMT-py draws the stock
+  parameters from ``U(-a, a)`` and the mechanism parameters still get their
+  stated rule.
+
+A parameter in the subtree of a mechanism module that the mechanism did not
+add (the word look-up kept inside chen2019's embeddings) is declared
+``stock``: it is left to OpenNMT-py's initialisation, as in the baseline.
+The per-paper tables are in ``docs/<paper>.md`` under "Parameters and
+initialisation"; ``tests/unit/test_initialisation.py`` fails on a mechanism
+parameter that no rule covers and on a value that does not look like its rule.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+KINDS = ("glorot", "zeros", "ones", "uniform", "stock")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How one parameter is initialised.
+
+    ``kind``:
+
+    * ``glorot``: Glorot/Xavier uniform ``U(-b, b)``, ``b = sqrt(6 / (fan_in + fan_out))``, for each
+      matrix over the last two dimensions (a tensor ``(H, a, c)`` holds H maps of ``a`` by ``c``); with
+      ``blocks = g`` the rows are cut into g stacked maps (the gates of a GRU/LSTM: ``(g * units, in)``).
+    * ``zeros`` / ``ones``: the constant.
+    * ``uniform``: ``U(-bound, bound)`` (PyTorch's own RNN initialisation, ``bound = 1 / sqrt(units)``).
+    * ``stock``: left to OpenNMT-py's initialisation (a stock parameter inside a mechanism module).
+    """
+
+    kind: str
+    blocks: int = 1
+    bound: float = 0.0
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"rule kind must be one of {KINDS}, got {self.kind!r}")
+
+    def glorot_bound(self, shape):
+        """The Glorot bound of one matrix of a tensor of ``shape``."""
+        rows = shape[-2] // self.blocks if len(shape) > 1 else 1
+        return math.sqrt(6.0 / (rows + shape[-1]))
+
+    @torch.no_grad()
+    def apply(self, tensor):
+        """Draw ``tensor`` in place by this rule (``stock``: untouched)."""
+        if self.kind == "glorot":
+            nn.init.uniform_(tensor, -self.glorot_bound(tensor.shape), self.glorot_bound(tensor.shape))
+        elif self.kind == "zeros":
+            tensor.zero_()
+        elif self.kind == "ones":
+            tensor.fill_(1.0)
+        elif self.kind == "uniform":
+            nn.init.uniform_(tensor, -self.bound, self.bound)
+
+    def describe(self):
+        """The rule in words, as in the docs' tables."""
+        if self.kind == "glorot":
+            return "Glorot uniform" + (f" per gate ({self.blocks} stacked maps)" if self.blocks > 1 else "")
+        if self.kind == "uniform":
+            return f"U(-{self.bound:.4g}, {self.bound:.4g})"
+        return {"zeros": "zeros", "ones": "ones", "stock": "OpenNMT-py's (stock parameter)"}[self.kind]
+
+    def mismatch(self, tensor):
+        """Why ``tensor`` cannot have been drawn by this rule (a message), or None.
+
+        Constants must match exactly; a uniform draw must stay inside its bound and, from 64 values on,
+        have a standard deviation within 30% of ``bound / sqrt(3)``.
+        """
+        values = tensor.detach().float()
+        if self.kind == "stock":
+            return None
+        if self.kind in ("zeros", "ones"):
+            target = 0.0 if self.kind == "zeros" else 1.0
+            return None if bool((values == target).all()) else f"expected all {target}"
+        bound = self.glorot_bound(tensor.shape) if self.kind == "glorot" else self.bound
+        if values.abs().max() > bound * (1 + 1e-6):
+            return f"a value {values.abs().max():.4g} beyond the bound {bound:.4g}"
+        if values.numel() >= 64:
+            std, expected = values.std().item(), bound / math.sqrt(3)
+            if not 0.7 * expected <= std <= 1.3 * expected:
+                return f"std {std:.4g}, expected about {expected:.4g}"
+        return None
+
+
+GLOROT, ZEROS, ONES, STOCK = Rule("glorot"), Rule("zeros"), Rule("ones"), Rule("stock")
+
+#: Number of stacked maps in the matrices of PyTorch's recurrent cells.
+GATES = {nn.RNN: 1, nn.GRU: 3, nn.LSTM: 4}
+
+
+def rnn_rules(rnn, init="glorot"):
+    """Rules for a one-layer ``nn.RNN``/``nn.GRU``/``nn.LSTM`` (either direction).
+
+    ``glorot``: every gate's input and recurrent map Glorot uniform, biases zero.  ``pytorch``: PyTorch's
+    own ``U(-1/sqrt(units), 1/sqrt(units))`` for all of them.
+    """
+    gates = next(count for cell, count in GATES.items() if isinstance(rnn, cell))
+    names = [name for name, _ in rnn.named_parameters()]
+    if init == "pytorch":
+        rule = Rule("uniform", bound=1.0 / math.sqrt(rnn.hidden_size))
+        return {name: rule for name in names}
+    return {name: Rule("glorot", blocks=gates) if name.startswith("weight") else ZEROS for name in names}
+
+
+#: ``"module.Class"`` -> function(module) giving ``{parameter name within the module: Rule}``.
+RULES = {}
+
+
+def register(class_path, rules):
+    """Declare ``rules(module)`` for the mechanism class ``class_path`` (``"onmt_ext.module.Class"``)."""
+    RULES[class_path] = rules
+
+
+def _class_path(cls):
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def rules_of(module):
+    """The rules ``module`` declares for its own subtree (looked up along its class hierarchy), or None."""
+    for cls in type(module).__mro__:
+        rules = RULES.get(_class_path(cls))
+        if rules is not None:
+            return rules(module)
+    return None
+
+
+def declared(model):
+    """``{full parameter name: Rule}`` over every mechanism module inside ``model``.
+
+    A mechanism module nested in another declares its own parameters; the outer one does not repeat them.
+    """
+    out = {}
+    for prefix, module in model.named_modules():
+        rules = rules_of(module)
+        if rules is None:
+            continue
+        own = dict(module.named_parameters())
+        for name, rule in rules.items():
+            if name not in own:
+                raise KeyError(f"{_class_path(type(module))} declares a rule for {name!r}, which it does not have")
+            out[f"{prefix}.{name}" if prefix else name] = rule
+    return out
+
+
+def initialise(model, names=None):
+    """Apply the declared rules to ``model``'s mechanism parameters (only those in ``names`` if given)."""
+    parameters = dict(model.named_parameters())
+    for name, rule in declared(model).items():
+        if names is None or name in names:
+            rule.apply(parameters[name])
+
+
+def added_by_mechanism(model, name):
+    """True when the parameter or buffer ``name`` lies in a module defined by onmt-ext.
+
+    onmt-ext's encoder and decoder classes (``onmt_ext.transformer``) hold the stock sub-modules too, so they
+    do not count.
+    """
+    parts = name.split(".")[:-1]
+    for end in range(len(parts), 0, -1):
+        owner = type(model.get_submodule(".".join(parts[:end]))).__module__
+        if owner.startswith("onmt_ext.") and owner != "onmt_ext.transformer":
+            return True
+    return False
+
+
+def uncovered(model):
+    """Names of the parameters a mechanism added that no rule covers."""
+    rules = declared(model)
+    return [name for name, _ in model.named_parameters() if added_by_mechanism(model, name) and name not in rules]
+
+
+def install():
+    """Re-apply the declared rules after OpenNMT-py's initialisation in ``onmt.model_builder.build_model``.
+
+    Only for a fresh model (no checkpoint): OpenNMT-py loads a checkpoint inside ``build_model``, so a
+    model built from one is left alone (a baseline checkpoint's missing mechanism tensors are drawn by
+    :func:`onmt_ext.gret.load_with_new_parameters` through :func:`initialise`).
+    """
+    import sys
+
+    import onmt.model_builder as builder
+
+    stock = builder.build_model
+    if getattr(stock, "_onmt_ext_init", False):
+        return
+
+    def build_model(model_opt, opt, vocabs, checkpoint, *args, **kwargs):
+        model = stock(model_opt, opt, vocabs, checkpoint, *args, **kwargs)
+        if checkpoint is None:
+            initialise(model)
+        return model
+
+    build_model._onmt_ext_init = True
+    builder.build_model = build_model
+    single = sys.modules.get("onmt.train_single")
+    if single is not None and getattr(single, "build_model", None) is stock:
+        single.build_model = build_model
+
+
+def _routing_aggregation(module):
+    """li2019's :class:`onmt_ext.aggregation.RoutingAggregation` (its ``reset_parameters`` draws the same)."""
+    rules = {"input_weight": GLOROT, "input_bias": ZEROS, "vote_weight": GLOROT}
+    rules.update({name: ZEROS for name in ("beta_a", "beta_u") if hasattr(module, name)})
+    return rules
+
+
+def _fusion_gate(module):
+    """DiSAN's :class:`onmt_ext.directional.FusionGate` (a chen2019 baseline): the gate maps as stock linears;
+    the attention it wraps is the stock one."""
+    rules = {f"attention.{name}": STOCK for name, _ in module.attention.named_parameters()}
+    return {**rules, "gate_s.weight": GLOROT, "gate_s.bias": ZEROS, "gate_h.weight": GLOROT}
+
+
+# Modules whose files declare nothing themselves (the others call register() next to their class).
+register("onmt_ext.aggregation.RoutingAggregation", _routing_aggregation)
+register("onmt_ext.directional.FusionGate", _fusion_gate)

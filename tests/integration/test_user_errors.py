@@ -1,0 +1,283 @@
+"""Mistakes a new user makes, through the real console scripts: each ends in one line ``<command>: error: ...``.
+
+Usage errors (an option or a path that names nothing) exit 2, run-time errors exit 1.  The trainings are the toy
+``ext_transformer`` smoke config for two steps.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+import support
+
+CONFIG = "yaml_configs/smoke/foundation/ext_transformer.yaml"
+SPM = ("-transforms", "sentencepiece", "-src_subword_model", support.TATOEBA / "spm.zh.model",
+       "-tgt_subword_model", support.TATOEBA / "spm.en.model")
+
+
+def _one_error_line(result, command, status):
+    """The error line of ``result``: exactly one line of stderr starts with ``<command>: error:``, no traceback."""
+    assert result.returncode == status, (result.returncode, result.stderr[-3000:])
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith(f"{command}: error: ")]
+    assert len(errors) == 1, result.stderr[-3000:]
+    return errors[0]
+
+
+def _train(out, *extra, check=True, env=None, steps=2):
+    return support.run_cli("onmt_train", "-config", CONFIG, "-save_data", out / "samples", "-save_model",
+                           out / "model", "-train_steps", steps, "-save_checkpoint_steps", 2, "-valid_steps", 100,
+                           "-report_every", 1, *extra, check=check, env=env)
+
+
+@pytest.fixture(scope="module")
+def trained(sample_data, onmt_active, tmp_path_factory):
+    """A toy model trained for two steps; its directory."""
+    out = tmp_path_factory.mktemp("trained")
+    _train(out)
+    return out
+
+
+def _source(tmp_path, lines=2):
+    src = tmp_path / "src.zh"
+    src.write_text("\n".join((support.TATOEBA / "test.zh").read_text(encoding="utf-8").splitlines()[:lines]) + "\n",
+                   encoding="utf-8")
+    return src
+
+
+# 1, 2 ---------------------------------------------------------------- GPU options on a torch without CUDA
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where torch sees no CUDA device")
+def test_gpu_options_without_cuda_are_refused_in_one_line(trained, tmp_path):
+    result = support.run_cli("onmt_translate", "-model", trained / "model_step_2.pt", "-src", _source(tmp_path),
+                             "-output", tmp_path / "hyp", "-gpu", 0, check=False)
+    line = _one_error_line(result, "onmt_translate", 1)
+    assert line.startswith("onmt_translate: error: -gpu 0: this torch (") and "has no CUDA" in line
+    assert "install a CUDA build of torch (README.md" in line and "do not fit" not in result.stderr
+    assert not (tmp_path / "hyp").exists()
+    result = _train(tmp_path, "-gpu_ranks", 0, check=False)
+    line = _one_error_line(result, "onmt_train", 1)
+    assert line.startswith("onmt_train: error: -gpu_ranks 0: this torch (") and "_cuda_setDevice" not in result.stderr
+
+
+# 3 ------------------------------------------------------------------ tensorboard: true
+
+
+def test_tensorboard_writes_event_files_and_corpus_warnings_are_printed_once(sample_data, onmt_active, tmp_path):
+    """Also: a corpus warning is printed once per run, not once per pass over the corpus (epoch) or check."""
+    data = tmp_path / "data"
+    data.mkdir()
+    zh = (support.TATOEBA / "train.zh").read_text(encoding="utf-8").splitlines()[:30]
+    en = (support.TATOEBA / "train.en").read_text(encoding="utf-8").splitlines()[:30]
+    zh[5] = ""  # an empty source line: a warning naming the file
+    (data / "train.zh").write_text("\ufeff" + "\n".join(zh) + "\n", encoding="utf-8")  # and a byte-order mark
+    (data / "train.en").write_text("\n".join(en) + "\n", encoding="utf-8")
+    corpora = (f"{{corpus_1: {{path_src: {data / 'train.zh'}, path_tgt: {data / 'train.en'}}}, "
+               f"valid: {{path_src: {support.TATOEBA / 'valid.zh'}, path_tgt: {support.TATOEBA / 'valid.en'}}}}}")
+    config = tmp_path / "tensorboard.yaml"  # as a user writes it
+    config.write_text((support.REPO / CONFIG).read_text(encoding="utf-8") + "tensorboard: true\n"
+                      f"tensorboard_log_dir: {tmp_path / 'runs'}\n", encoding="utf-8")
+    result = support.run_cli("onmt_train", "-config", config, "-save_data", tmp_path / "samples", "-save_model",
+                             tmp_path / "model", "-train_steps", 6, "-valid_steps", 100, "-report_every", 1,
+                             "-save_checkpoint_steps", 6, "-data", corpora)  # 30 pairs: several passes over them
+    events = list((tmp_path / "runs").rglob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 0
+    log = result.stdout + result.stderr
+    assert log.count(f"{data / 'train.zh'} has 1 empty line (line 6)") == 1, log[-3000:]
+    assert log.count("byte-order mark at the start of") == 1, log[-3000:]
+
+
+# 4 ------------------------------------------------------------------ an empty -src
+
+
+def test_an_empty_source_file_is_named_and_no_output_is_created(trained, tmp_path):
+    (tmp_path / "empty.zh").write_text("", encoding="utf-8")
+    result = support.run_cli("onmt_translate", "-model", trained / "model_step_2.pt", "-src", tmp_path / "empty.zh",
+                             "-output", tmp_path / "hyp", check=False)
+    line = _one_error_line(result, "onmt_translate", 1)
+    assert f"-src {tmp_path / 'empty.zh'}: the file is empty" in line
+    assert "UnboundLocalError" not in result.stderr and not (tmp_path / "hyp").exists()
+
+
+# 5 ------------------------------------------------------------------ -model that is no checkpoint
+
+
+def test_a_model_file_that_is_no_checkpoint_is_named(sample_data, onmt_active, tmp_path):
+    fake = tmp_path / "notes.pt"
+    fake.write_text("these are my notes, not a model\n", encoding="utf-8")
+    result = support.run_cli("onmt_translate", "-model", fake, "-src", _source(tmp_path), "-output",
+                             tmp_path / "hyp", check=False)
+    line = _one_error_line(result, "onmt_translate", 1)
+    assert line.startswith(f"onmt_translate: error: {fake} is not an OpenNMT-py checkpoint")
+    assert "weights_only" not in result.stderr
+    result = support.run_cli("onmt_translate", "-model", tmp_path / "missing.pt", "-src", _source(tmp_path),
+                             "-output", tmp_path / "hyp", check=False)
+    assert _one_error_line(result, "onmt_translate", 2).endswith(f"{tmp_path / 'missing.pt'}: no such checkpoint file")
+
+
+# 6 ------------------------------------------------------------------ misspelled vocabulary path
+
+
+def test_a_missing_vocabulary_is_named_in_one_line(sample_data, onmt_active, tmp_path):
+    result = _train(tmp_path, "-src_vocab", "build/tatoeba/vocab.zhh", check=False)
+    line = _one_error_line(result, "onmt_train", 2)
+    assert line.startswith("onmt_train: error: -src_vocab build/tatoeba/vocab.zhh: no such file")
+
+
+# 7 ------------------------------------------------------------------ Ctrl-C
+
+
+def test_ctrl_c_names_the_last_checkpoint_and_the_resume_command(sample_data, onmt_active, tmp_path):
+    argv = [str(support.BIN / "onmt_train"), "-config", CONFIG, "-save_data", str(tmp_path / "samples"),
+            "-save_model", str(tmp_path / "model"), "-train_steps", "100000", "-save_checkpoint_steps", "2",
+            "-valid_steps", "100000", "-report_every", "1"]
+    process = subprocess.Popen(argv, cwd=support.REPO, env=support.cli_env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 240
+        while not (tmp_path / "model_step_2.pt").exists() and time.time() < deadline and process.poll() is None:
+            time.sleep(0.5)
+        assert (tmp_path / "model_step_2.pt").exists(), "no checkpoint within 240 s"
+        time.sleep(1)  # let a save in progress finish renaming
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    errors = [line for line in err.splitlines() if line.startswith("onmt_train: error: ")]
+    assert len(errors) == 1, err[-3000:]
+    assert "interrupted; the last checkpoint is " + str(tmp_path / "model_step_") in errors[0]
+    assert "resume with: onmt_train -config " in errors[0] and errors[0].split(" -train_from ")[-1].endswith(".pt")
+
+
+# 8 ------------------------------------------------------------------ -train_from with other options
+
+
+def test_train_from_with_other_architecture_options_is_refused(trained, tmp_path):
+    result = _train(tmp_path, "-train_from", trained / "model_step_2.pt", "-hidden_size", 64, "-word_vec_size",
+                    64, "-heads", 2, steps=4, check=False)
+    line = _one_error_line(result, "onmt_train", 2)
+    assert "-hidden_size 64 (checkpoint: 32)" in line and "-heads 2 (checkpoint: 4)" in line
+    assert "-word_vec_size 64 (checkpoint: 32)" in line
+    assert not list(tmp_path.glob("model_step_*.pt"))
+    # adding GRET to a checkpoint without it (the paper's fine-tuning) needs --override_opts; it is logged
+    result = _train(tmp_path, "-train_from", trained / "model_step_2.pt", "-gret", "true", steps=4,
+                    check=False)
+    line = _one_error_line(result, "onmt_train", 2)
+    assert "the checkpoint has none of -gret True" in line and "--override_opts -reset_optim all" in line
+    result = _train(tmp_path, "-train_from", trained / "model_step_2.pt", "-gret", "true",
+                    "--override_opts", "-reset_optim", "all", steps=2)
+    assert "fine-tuning adds to the checkpoint's model: -gret True" in result.stdout + result.stderr
+
+
+# 9 ------------------------------------------------------------------ abbreviations
+
+
+def test_abbreviated_options_are_refused_with_a_suggestion(trained, tmp_path):
+    result = support.run_cli("onmt_translate", "-model", trained / "model_step_2.pt", "-src", _source(tmp_path),
+                             "-output", tmp_path / "hyp", "-beam", 2, check=False)
+    assert _one_error_line(result, "onmt_translate", 2) == \
+        "onmt_translate: error: unknown option 'beam' on the command line; did you mean 'beam_size'?"
+    result = _train(tmp_path, "-train_step", 2, check=False)
+    assert _one_error_line(result, "onmt_train", 2) == \
+        "onmt_train: error: unknown option 'train_step' on the command line; did you mean 'train_steps'?"
+
+
+# 10 ----------------------------------------------------------------- a YAML key twice
+
+
+def test_a_yaml_key_set_twice_is_named_with_both_lines(sample_data, onmt_active, tmp_path):
+    config = tmp_path / "twice.yaml"
+    text = (support.REPO / CONFIG).read_text(encoding="utf-8")
+    config.write_text(text + "hidden_size: 64\n", encoding="utf-8")
+    first = next(i for i, line in enumerate(text.splitlines(), 1) if line.startswith("hidden_size:"))
+    last = len(text.splitlines()) + 1
+    result = support.run_cli("onmt_train", "-config", config, "-save_model", tmp_path / "m", "-save_data",
+                             tmp_path / "s", check=False)
+    assert _one_error_line(result, "onmt_train", 2).startswith(
+        f"onmt_train: error: key 'hidden_size' is set 2 times in {config}, lines {first} and {last}")
+
+
+# 11 ----------------------------------------------------------------- evaluate.py --refs with a TSV
+
+
+def test_evaluate_points_a_tsv_given_to_refs_to_ref_tsv(tmp_path):
+    (tmp_path / "hyp").write_text("a b c\nd e f\n", encoding="utf-8")
+    (tmp_path / "refs.tsv").write_text("源 一\ta b c\tx y\n源 二\td e f\n", encoding="utf-8")
+    result = subprocess.run([sys.executable, "tools/evaluate.py", "--hyp", tmp_path / "hyp", "--refs",
+                             tmp_path / "refs.tsv"], cwd=support.REPO, capture_output=True, text=True, timeout=120)
+    line = _one_error_line(result, "evaluate.py", 2)
+    assert f"{tmp_path / 'refs.tsv'}" in line and "--ref-tsv" in line and "tab" in line
+
+
+# 12 ----------------------------------------------------------------- every translation empty: unit test in
+# tests/unit/test_plugin.py (test_all_empty_translations_give_a_warning); no model reliably writes only empty lines
+
+
+# 13 ----------------------------------------------------------------- save_model with another run's checkpoints
+
+
+def test_training_into_another_runs_checkpoints_is_refused(trained, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "model_step_2.pt").write_bytes((trained / "model_step_2.pt").read_bytes())
+    before = (out / "model_step_2.pt").stat().st_mtime_ns
+    result = _train(out, check=False)
+    line = _one_error_line(result, "onmt_train", 2)
+    assert f"-save_model {out / 'model'}: holds checkpoints of another run ({out / 'model_step_2.pt'})" in line
+    assert f"-train_from {out / 'model_step_2.pt'}" in line and "-overwrite_checkpoints" in line
+    assert (out / "model_step_2.pt").stat().st_mtime_ns == before
+    _train(out, "-overwrite_checkpoints")
+    assert (out / "model_step_2.pt").stat().st_mtime_ns != before
+
+
+# optional packages ----------------------------------------------------------------------------------------------
+
+_HIDE = """
+import importlib.abc, sys
+
+class _Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("spacy", "fasttext"):
+            raise ModuleNotFoundError(f"No module named {name!r} (hidden by the test)", name=name)
+        return None
+
+sys.meta_path.insert(0, _Refuse())
+"""
+
+
+def test_onmt_works_without_spacy_and_fasttext(sample_data, onmt_active, tmp_path):
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(textwrap.dedent(_HIDE), encoding="utf-8")
+    env = support.cli_env(PYTHONPATH=os.pathsep.join([str(hide), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    code = textwrap.dedent("""
+        import sys
+        import onmt
+        from onmt.transforms import AVAILABLE_TRANSFORMS
+        from onmt_ext import plugin
+        assert plugin.is_active()
+        assert "terminology" in AVAILABLE_TRANSFORMS and "clean" in AVAILABLE_TRANSFORMS
+        assert "spacy" not in sys.modules and "fasttext" not in sys.modules  # the stand-ins are gone
+        for name in ("spacy", "fasttext"):
+            try:
+                __import__(name)
+            except ImportError:
+                print("ok")
+    """)
+    result = subprocess.run([sys.executable, "-c", code], cwd=support.REPO, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0 and result.stdout.split() == ["ok", "ok"], result.stderr[-3000:]
+    for transform, message in (("terminology", "the terminology transform needs spaCy (pip install spacy=="),
+                               ("clean", "the clean transform needs fasttext (pip install fasttext-wheel==")):
+        result = _train(tmp_path, "-transforms", "sentencepiece", transform, check=False, env=env)
+        assert _one_error_line(result, "onmt_train", 1).startswith(f"onmt_train: error: {message}")
