@@ -120,7 +120,7 @@ def silence_deprecations():
     record("warnings filters (torch.cuda.amp, sdp_kernel)", kind=QUIET,
            reason="OpenNMT-py 3.5.1 calls deprecated torch.cuda.amp/sdp_kernel APIs; torch's FutureWarnings about "
                   "them name OpenNMT-py's code, which a user cannot change",
-           test="tests/unit/test_plugin.py::test_no_torch_amp_deprecation_noise")
+           test="tests/integration/test_plugin_cli.py::test_no_torch_amp_deprecation_noise")
 
 
 def allow_checkpoint_classes():
@@ -230,7 +230,8 @@ def keep_log_file():
 
     patch(dynamic_iterator, "init_logger", _init_logger_keeping_handlers, kind=FIX,
           reason="the data iterator re-initialises the logger without a file, which silently stops -log_file",
-          test="tests/unit/test_plugin.py::test_log_file_keeps_training_lines_after_the_data_iterator_starts")
+          test="tests/integration/test_plugin_cli.py::"
+               "test_log_file_keeps_training_lines_after_the_data_iterator_starts")
 
 
 def _init_logger_keeping_handlers(stock, log_file=None, *args, **kwargs):

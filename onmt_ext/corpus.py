@@ -345,8 +345,8 @@ def install():
           "test_pairs_with_an_empty_side_are_skipped_in_training_not_in_translation",
           reason="a pair with an empty target is trained as '<s> <unk> </s>', one with an empty source dropped "
                  "without a word")
-    patch(ArgumentParser, "_validate_data", _validate_data, kind=FIX, test=tests +
-          "test_train_refuses_misaligned_files_without_a_traceback",
+    patch(ArgumentParser, "_validate_data", _validate_data, kind=FIX,
+          test="tests/integration/test_corpus_cli.py::test_train_refuses_misaligned_files_without_a_traceback",
           reason="reads every corpus once at start-up: files of different lengths are cut to the shorter without a "
                  "word, a non-UTF-8 line ends in a traceback naming no file, empty lines go unreported")
     patch(translate_bin, "translate", _translate_checked, kind=FIX, test=tests +

@@ -332,7 +332,7 @@ def _no_single_dash_abbreviations(stock, self, option_string):
 def _make_parsing_strict():
     from onmt.utils.parse import ArgumentParser
 
-    test = "tests/unit/test_plugin.py::test_train_rejects_misspelled_yaml_keys_with_line_and_suggestion"
+    test = "tests/integration/test_plugin_cli.py::test_train_rejects_misspelled_yaml_keys_with_line_and_suggestion"
     patch(ArgumentParser, "parse_known_args", _strict_parse_known_args, kind=NEEDED, test=test,
           reason="refuses unknown, misspelled, repeated or invalid options in one line each, instead of ignoring "
                  "them")

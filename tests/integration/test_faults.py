@@ -9,6 +9,8 @@ import torch
 
 import support
 
+pytestmark = pytest.mark.slow  # three trainings through onmt_train (20 steps, 10 + 10 resumed) and translations
+
 CONFIG = "yaml_configs/smoke/foundation/ext_transformer.yaml"
 COMMON = ("-accum_count", 2, "-save_checkpoint_steps", 10, "-valid_steps", 100, "-report_every", 5,
           "-dropout", 0, "-attention_dropout", 0, "-seed", 4321)

@@ -38,8 +38,7 @@ def dry_run(tmp_path_factory):
     return done, out
 
 
-@pytest.mark.slow
-def test_dry_run_writes_every_section(dry_run):
+def test_dry_run_writes_every_section(dry_run):  # the default tier: the check must not rot between GPU runs
     done, out = dry_run
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((out / "cpu-tiny.json").read_text(encoding="utf-8"))
@@ -54,7 +53,6 @@ def test_dry_run_writes_every_section(dry_run):
         assert 0 <= section["seconds"] <= section["budget_s"] + 30  # a started run may end just past the budget
 
 
-@pytest.mark.slow
 def test_dry_run_figures_are_sane(dry_run):
     _, out = dry_run
     sections = json.loads((out / "cpu-tiny.json").read_text(encoding="utf-8"))["sections"]

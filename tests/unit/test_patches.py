@@ -1,8 +1,9 @@
-"""The patch helper and the list of changes onmt-ext makes to OpenNMT-py (``python -m onmt_ext.hook status``)."""
+"""The patch helper and the list of changes onmt-ext makes to OpenNMT-py, in-process.
+
+The list as ``python -m onmt_ext.hook status`` prints it is checked in tests/integration/test_patches_cli.py.
+"""
 
 import ast
-import subprocess
-import sys
 import types
 
 import pytest
@@ -104,15 +105,3 @@ def test_every_fix_is_described_in_the_differences_from_stock(onmt_active):
     doc = (support.REPO / "docs" / "differences-from-stock.md").read_text(encoding="utf-8")
     undocumented = [p.target for p in patches.applied() if p.kind != patches.NEEDED and f"`{p.target}`" not in doc]
     assert not undocumented, undocumented
-
-
-def test_hook_status_lists_the_patches():
-    result = subprocess.run([sys.executable, "-m", "onmt_ext.hook", "status"], capture_output=True, text=True,
-                            cwd=support.REPO, env=support.cli_env(), timeout=300)
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
-    assert lines[0].startswith("installed: ") and lines[0].endswith("onmt_ext.pth")
-    listed = [line.strip() for line in lines[2:]]
-    assert int(lines[1].split()[0]) == len(listed)
-    assert any(line.startswith("onmt.trainer.Trainer.train [fix]: -train_from restarts") for line in listed)
-    assert all(" (test: tests/" in line for line in listed)

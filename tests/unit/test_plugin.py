@@ -1,72 +1,13 @@
-"""The start-up hook, registration, strict option parsing and the torch fixes."""
+"""The plug-in, in-process: installing the start-up hook, strict option parsing and checks, and the fixes to
+OpenNMT-py and torch (checkpoints, over-long sentences, empty translations, one-line errors).
 
-import subprocess
-import sys
-import textwrap
+The start-up hook and registration in fresh interpreters, the log file after the data iterator starts, and the
+console scripts refusing unknown options are in tests/integration/test_plugin_cli.py.
+"""
 
 import pytest
 
 import support
-
-
-def _python(code, **env):
-    """Run ``code`` in a fresh interpreter of this venv (so the .pth hook runs)."""
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True, text=True, cwd=support.REPO, env=support.cli_env(**env), timeout=120,
-    )
-
-
-def test_hook_registers_types_on_first_onmt_import():
-    result = _python(
-        """
-        import sys
-        assert "torch" not in sys.modules, "the start-up hook must stay cheap"
-        import onmt
-        from onmt.encoders import str2enc
-        from onmt.decoders import str2dec
-        import onmt.opts
-        print(str2enc["ext_transformer"].__name__, str2dec["ext_transformer"].__name__)
-        """
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["ExtTransformerEncoder", "ExtTransformerDecoder"]
-
-
-def test_hook_can_be_switched_off():
-    result = _python(
-        "import onmt; from onmt.encoders import str2enc; print('ext_transformer' in str2enc)",
-        ONMT_EXT_DISABLE="1",
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "False"
-
-
-def test_failing_registration_leaves_plain_onmt_working():
-    result = _python(
-        """
-        import onmt_ext.plugin
-        def broken():
-            raise RuntimeError("simulated bug")
-        onmt_ext.plugin.activate = broken
-        import onmt
-        from onmt.encoders import str2enc
-        print("transformer" in str2enc, "ext_transformer" in str2enc)
-        """
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["True", "False"]
-    assert "onmt-ext: could not register with OpenNMT-py (RuntimeError: simulated bug)" in result.stderr
-    assert "ONMT_EXT_DISABLE=1" in result.stderr
-
-
-def test_no_torch_amp_deprecation_noise():
-    result = subprocess.run(
-        [sys.executable, "-W", "always", "-c", "import onmt, onmt.bin.train, onmt.bin.translate"],
-        capture_output=True, text=True, env=support.cli_env(), timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    assert "torch.cuda.amp" not in result.stderr
 
 
 def test_hook_install_is_idempotent(tmp_path, monkeypatch):
@@ -82,43 +23,6 @@ def test_hook_install_is_idempotent(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------------------
 # strict options
-
-
-def _write(path, text):
-    path.write_text(textwrap.dedent(text).lstrip(), encoding="utf-8")
-    return path
-
-
-@pytest.fixture
-def bad_config(tmp_path):
-    return _write(
-        tmp_path / "bad.yaml",
-        """
-        save_data: build/x
-        src_vocab: build/tatoeba/vocab.zh
-        data:
-          corpus_1:
-            path_src: build/tatoeba/train.zh
-            path_tgt: build/tatoeba/train.en
-        enc_layer: 2
-        heads: 4
-        trian_steps: 10
-        """,
-    )
-
-
-def test_train_rejects_misspelled_yaml_keys_with_line_and_suggestion(bad_config):
-    result = support.run_cli("onmt_train", "-config", bad_config, check=False)
-    assert result.returncode == 2
-    assert f"unknown option 'enc_layer' in {bad_config}, line 7; did you mean 'enc_layers'?" in result.stderr
-    assert f"unknown option 'trian_steps' in {bad_config}, line 9; did you mean 'train_steps'?" in result.stderr
-    assert "Traceback" not in result.stderr
-
-
-def test_build_vocab_rejects_unknown_command_line_option(bad_config):
-    result = support.run_cli("onmt_build_vocab", "-config", bad_config, "-n_sampel", "5", check=False)
-    assert result.returncode == 2
-    assert "unknown option 'n_sampel' on the command line; did you mean 'n_sample'?" in result.stderr
 
 
 def test_option_with_the_wrong_dashes_is_an_error_not_silently_dropped(onmt_active):
@@ -138,12 +42,6 @@ def test_option_with_the_wrong_dashes_is_an_error_not_silently_dropped(onmt_acti
     assert _misspelt_dashes(parser, ["-override_opts"]) == [
         "'-override_opts' is not an option; write --override_opts or -override-opts"]
     assert _misspelt_dashes(parser, ["--no_such_option"]) == []
-
-
-def test_translate_rejects_unknown_option():
-    result = support.run_cli("onmt_translate", "-model", "m.pt", "-src", "x", "-beam_sise", "4", check=False)
-    assert result.returncode == 2
-    assert "unknown option 'beam_sise' on the command line; did you mean 'beam_size'?" in result.stderr
 
 
 def test_shared_yaml_with_train_keys_is_accepted_by_build_vocab(onmt_active):
@@ -197,26 +95,6 @@ def test_weights_only_is_still_enforced(tmp_path, onmt_active):
     torch.save({"opt": _NotAllowed()}, path)
     with pytest.raises(pickle.UnpicklingError):
         torch.load(path)
-
-
-def test_log_file_keeps_training_lines_after_the_data_iterator_starts(tmp_path):
-    """OpenNMT-py 3.5.1's data iterator re-initialises the logger without the file; onmt-ext keeps the file."""
-    log = tmp_path / "train.log"
-    result = _python(
-        f"""
-        import onmt
-        from onmt.utils.logging import init_logger
-        from onmt.inputters import dynamic_iterator
-        logger = init_logger({str(log)!r})
-        logger.info("before")
-        dynamic_iterator.init_logger().info("corpora loaded")  # what the iterator does on every corpus pass
-        logger.info("Step 100/200")
-        """
-    )
-    assert result.returncode == 0, result.stderr
-    lines = log.read_text().splitlines()
-    assert [line.split("] ", 1)[1] for line in lines] == ["before", "corpora loaded", "Step 100/200"]
-    assert result.stderr.count("Step 100/200") == 1  # console still once, not duplicated
 
 
 def test_checkpoints_are_written_atomically(tmp_path, monkeypatch, onmt_active):

@@ -1,4 +1,8 @@
-"""chen2019 recurrent positional embeddings: layouts, the BiRNN and padding, decoding state, head isolation, options."""
+"""chen2019 recurrent positional embeddings: layouts, the BiRNN and padding, decoding state, head isolation, options.
+
+A bad option value through ``onmt_train`` is in tests/integration/test_recurrent_embedding_cli.py, which
+imports ``SMOKE`` and ``EXT`` from here.
+"""
 
 import argparse
 
@@ -287,13 +291,3 @@ def _opt(**kw):
 def test_option_checks(kw, message, onmt_active):
     problems = options.check_options(_opt(**kw))
     assert any(message in p for p in problems), problems
-
-
-def test_bad_option_value_is_a_clean_cli_error(sample_data, tmp_path):
-    result = support.run_cli("onmt_train", "-config", support.REPO / SMOKE, *EXT, "-chen2019_enc", "rpehead",
-                             "-chen2019_dim", "12", "-save_model", tmp_path / "m", "-train_steps", "1", check=False)
-    assert result.returncode != 0
-    assert "-chen2019_dim 12 with -chen2019_enc rpehead" in result.stderr
-    assert "Traceback" not in result.stderr
-
-

@@ -1,0 +1,36 @@
+"""onmt_ext.corpus through the real console scripts: a damaged corpus stops the command with the file and line.
+
+Moved out of tests/unit/test_corpus.py (unit/ runs in-process only): ``onmt_train`` refuses training files of
+different lengths, and ``onmt_translate`` a source that is not UTF-8 before it loads a model, each with the files
+or the line named and no traceback.
+"""
+
+import support
+
+
+def test_train_refuses_misaligned_files_without_a_traceback(sample_data, onmt_active, tmp_path):
+    src = tmp_path / "train.zh"
+    lines = (support.TATOEBA / "train.zh").read_text(encoding="utf-8").splitlines()[:50]
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    tgt = tmp_path / "train.en"
+    tgt.write_text("\n".join((support.TATOEBA / "train.en").read_text(encoding="utf-8").splitlines()[:49]) + "\n",
+                   encoding="utf-8")
+    config = tmp_path / "bad.yaml"
+    base = (support.REPO / "yaml_configs/smoke/baseline/transformer_base_wmt14_ende.yaml").read_text(encoding="utf-8")
+    config.write_text(base.replace("path_src: build/tatoeba/train.zh", f"path_src: {src}")
+                      .replace("path_tgt: build/tatoeba/train.en", f"path_tgt: {tgt}"), encoding="utf-8")
+    result = support.run_cli("onmt_train", "-config", config, "-save_model", tmp_path / "m", "-save_data",
+                             tmp_path / "s", "-train_steps", 2, check=False)
+    assert result.returncode != 0
+    assert f"{src} has 50 lines but {tgt} has 49" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_translate_refuses_a_source_that_is_not_utf8_before_loading_anything(onmt_active, tmp_path):
+    bad = tmp_path / "bad.zh"
+    bad.write_bytes("你好\n".encode() + "再见\n".encode("gb18030"))
+    result = support.run_cli("onmt_translate", "-model", tmp_path / "never_read.pt", "-src", bad, "-output",
+                             tmp_path / "out", check=False)
+    assert result.returncode != 0
+    assert f"{bad}, line 2: not UTF-8" in result.stderr
+    assert "Traceback" not in result.stderr
