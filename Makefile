@@ -145,7 +145,7 @@ wheelhouse:
 # ---------------------------------------------------------------- data
 data: $(TATOEBA)/vocab.en $(TATOEBA)/signal_tagger.zh.pt
 
-$(TATOEBA)/stats.json: Makefile tools/prepare_tatoeba.py $(TATOEBA_SRC)/cmn.txt $(TATOEBA_SRC)/zh2en.multiref.tsv | $(SETUP_STAMP)
+$(TATOEBA)/stats.json: tools/prepare_tatoeba.py $(TATOEBA_SRC)/cmn.txt $(TATOEBA_SRC)/zh2en.multiref.tsv | $(SETUP_STAMP)
 	@echo "== data: splitting and segmenting the Tatoeba zh-en sample into $(TATOEBA)"
 	$(PY) tools/prepare_tatoeba.py --data-dir $(TATOEBA_SRC) --out-dir $(TATOEBA) --zh-vocab 4000 --en-vocab 4000
 
@@ -167,7 +167,9 @@ $(TATOEBA)/signal_tagger.zh.pt: $(TATOEBA)/stats.json tools/train_signal_tagger.
 # WMT17_EXTRA_DIR=... (UN + CWMT pairs) for wmt17_zhen; see `python tools/prepare_data.py --help`.
 DATA_TASKS := wmt14_ende wmt14_deen wmt16_ende wmt16_roen wmt17_zhen wmt15_envi nist_zhen niutrans_enzh sample_ende
 DATA_WORKERS ?= $(shell nproc)
-PREPARE := $(PY) tools/prepare_data.py
+# Progress bars (bytes and rate for downloads, lines for tokenization and BPE) go to stderr when it is a
+# terminal; DATA_PROGRESS=1 keeps them when stderr is a log file, DATA_PROGRESS=0 drops them. docs/data.md.
+PREPARE := $(PY) tools/prepare_data.py$(if $(filter 1,$(DATA_PROGRESS)), --progress)$(if $(filter 0,$(DATA_PROGRESS)), --no-progress)
 # the config whose vocabulary section builds the task's vocabularies
 vocab_config = $(firstword $(wildcard yaml_configs/baseline/transformer_base_$(1).yaml yaml_configs/sample/*_$(1)_baseline.yaml))
 

@@ -41,6 +41,13 @@ what changed is redone):
     with sacremoses for a corpus released tokenized), the layout
     ``tools/reproduce.py`` reads.
 
+Progress: downloads (bytes and rate; a resumed download starts at the bytes
+already on disk), SHA-256 checks, archive extraction, tokenization and BPE
+(lines, per file) show tqdm bars on stderr.  By default the bars appear only
+when stderr is a terminal (tqdm's ``disable=None``), so a log file gets the
+one-line messages alone; ``--progress`` forces them on, ``--no-progress`` off.
+``docs/data.md`` describes the steps, sources, checksums and disk space.
+
 The vocabularies are then built by ``onmt_build_vocab`` with the task's
 baseline config (the Makefile's ``data-<task>`` rule).  NIST Chinese-English
 is licensed: set ``NIST_DIR`` (see ``NIST_LAYOUT``).  The step stamps do not
@@ -67,6 +74,25 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 DOWNLOADS = Path("build/downloads")
 DATA = Path("build/data")
+
+#: Progress bars: None shows them when stderr is a terminal (tqdm's ``disable=None``), True/False force them
+#: on/off (``--progress`` / ``--no-progress``).
+PROGRESS = None
+#: Lines per job handed to a worker process by tokenization and BPE; the line bar advances per finished job.
+CHUNK_LINES = 2000
+
+
+def progress_bar(**kwargs):
+    """A tqdm bar on stderr, shown as ``PROGRESS`` says; usable as a context manager."""
+    from tqdm import tqdm
+
+    kwargs.setdefault("mininterval", 0.5)
+    return tqdm(file=sys.stderr, disable=None if PROGRESS is None else not PROGRESS, dynamic_ncols=True,
+                **kwargs)
+
+
+def _byte_bar(desc, total, initial=0):
+    return progress_bar(desc=desc, total=total, initial=initial, unit="B", unit_scale=True, unit_divisor=1024)
 
 
 @dataclass(frozen=True)
@@ -204,11 +230,12 @@ def task_dir(task):
 
 # ---------------------------------------------------------------- fetch
 def sha256_of(path):
-    """Hex SHA-256 of a file, read in 1 MB blocks."""
+    """Hex SHA-256 of a file, read in 1 MB blocks (a byte bar: a WMT archive takes a while to hash)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    with open(path, "rb") as handle, _byte_bar(f"sha256 {Path(path).name}", os.path.getsize(path)) as bar:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
+            bar.update(len(block))
     return digest.hexdigest()
 
 
@@ -273,8 +300,12 @@ def _fetch(archive, dest, timeout):
         with urllib.request.urlopen(request, timeout=timeout) as response:
             resumed = bool(have) and getattr(response, "status", None) == 206
             expected = _expected_size(response, have if resumed else 0)
-            with open(part, "ab" if resumed else "wb") as out:
-                shutil.copyfileobj(response, out, 1 << 20)
+            # the bar counts the whole file: a resumed download starts at the bytes already in the part file
+            with open(part, "ab" if resumed else "wb") as out, \
+                    _byte_bar(dest.name, expected, have if resumed else 0) as bar:
+                for block in iter(lambda: response.read(1 << 20), b""):
+                    out.write(block)
+                    bar.update(len(block))
     except urllib.error.HTTPError as error:
         if not (error.code == 416 and have):  # 416: the part is already complete
             raise PrepareError(_cannot_fetch(archive, dest, error)) from None
@@ -392,14 +423,17 @@ def _member_lines(archive_path, member):
         import zipfile
 
         archive = zipfile.ZipFile(archive_path)
-        raw = archive.open(_find_member(archive.namelist(), member, archive_path))
+        name = _find_member(archive.namelist(), member, archive_path)
+        raw, size = archive.open(name), archive.getinfo(name).file_size
     else:
         archive = tarfile.open(archive_path)
-        names = [m.name for m in archive.getmembers() if m.isfile()]
-        raw = archive.extractfile(_find_member(names, member, archive_path))
-    with archive, raw:
+        members = {m.name: m for m in archive.getmembers() if m.isfile()}
+        name = _find_member(list(members), member, archive_path)
+        raw, size = archive.extractfile(members[name]), members[name].size
+    with archive, raw, _byte_bar(f"extract {name.rsplit('/', 1)[-1]}", size) as bar:
         lines = []
         for number, line in enumerate(raw, 1):
+            bar.update(len(line))
             try:
                 text = line.decode("utf-8")
             except UnicodeDecodeError as error:
@@ -647,13 +681,38 @@ def _tokenize_line(args):
                               return_str=True)
 
 
-def tokenize_lines(lines, lang, workers=1):
+def _chunk_job(job):
+    """Worker side of ``map_lines``: ``function((key, line))`` over one chunk, returned with its index."""
+    function, key, index, lines = job
+    return index, [function((key, line)) for line in lines]
+
+
+def map_lines(function, key, lines, workers=1, desc=None):
+    """``[function((key, line)) for line in lines]``, in order, with a line bar (``desc``).
+
+    With ``workers`` > 1 the lines go to a process pool in chunks of ``CHUNK_LINES``; the bar advances by
+    each chunk a worker finishes, in whatever order they finish, and the results are put back in order.
+    """
+    lines = lines if isinstance(lines, list) else list(lines)
+    chunks = [lines[start:start + CHUNK_LINES] for start in range(0, len(lines), CHUNK_LINES)]
+    done = [None] * len(chunks)
+    with progress_bar(desc=desc, total=len(lines), unit=" lines", unit_scale=True) as bar:
+        if workers <= 1:
+            for index, chunk in enumerate(chunks):
+                done[index] = _chunk_job((function, key, index, chunk))[1]
+                bar.update(len(chunk))
+        else:
+            with Pool(workers) as pool:
+                jobs = ((function, key, index, chunk) for index, chunk in enumerate(chunks))
+                for index, result in pool.imap_unordered(_chunk_job, jobs):
+                    done[index] = result
+                    bar.update(len(result))
+    return [line for chunk in done for line in chunk]
+
+
+def tokenize_lines(lines, lang, workers=1, desc=None):
     """Tokenized lines (sacremoses for alphabetic languages, jieba for Chinese), in order."""
-    jobs = ((lang, line) for line in lines)
-    if workers <= 1:
-        return [_tokenize_line(job) for job in jobs]
-    with Pool(workers) as pool:
-        return pool.map(_tokenize_line, jobs, chunksize=2000)
+    return map_lines(_tokenize_line, lang, lines, workers, desc or f"tok {lang}")
 
 
 def _split_files(directory):
@@ -671,8 +730,8 @@ def tok(task_name, workers=1):
     base = task_dir(task_name)
     for name, path in _split_files(base / "raw").items():
         lines = list(_open_text(path))
-        _write_lines(base / "tok" / name, lines if task.pretokenized else tokenize_lines(lines, _lang_of(name),
-                                                                                          workers))
+        _write_lines(base / "tok" / name, lines if task.pretokenized else tokenize_lines(
+            lines, _lang_of(name), workers, desc=f"tok {name}"))
 
 
 # ---------------------------------------------------------------- clean
@@ -710,26 +769,38 @@ def _apply_line(args):
     return _BPE[codes].process_line(line)
 
 
-def apply_bpe(lines, codes, workers=1):
+def apply_bpe(lines, codes, workers=1, desc=None):
     """BPE-segmented lines (subword-nmt, ``@@`` separator) with the codes file ``codes``."""
-    jobs = ((str(codes), line) for line in lines)
-    if workers <= 1:
-        return [_apply_line(job) for job in jobs]
-    with Pool(workers) as pool:
-        return pool.map(_apply_line, jobs, chunksize=2000)
+    return map_lines(_apply_line, str(codes), lines, workers, desc or f"bpe {Path(codes).name}")
 
 
 def learn_bpe(inputs, codes, merges, workers=1):
-    """Learn ``merges`` BPE operations with subword-nmt over the lines of the files ``inputs`` into ``codes``."""
-    from subword_nmt.learn_bpe import learn_bpe as learn
+    """Learn ``merges`` BPE operations with subword-nmt over the lines of the files ``inputs`` into ``codes``.
+
+    subword-nmt draws its own tqdm bar over the merges, on stderr whether or not it is a terminal; for the
+    call its module's ``tqdm`` is swapped for ``progress_bar``, so that the bar follows ``PROGRESS`` too.
+    """
+    from subword_nmt import learn_bpe as module
 
     joined = codes.with_name(codes.name + ".input")
     with open(joined, "w", encoding="utf-8") as out:
         for path in inputs:
             for line in _open_text(path):
                 out.write(line + "\n")
-    with open(joined, encoding="utf-8") as infile, open(codes, "w", encoding="utf-8") as outfile:
-        learn(infile, outfile, merges, num_workers=workers)
+    bars = []
+
+    def merges_bar(iterable, *args, **kwargs):
+        bars.append(progress_bar(iterable=iterable, desc=f"learn {codes.name}", unit=" merges"))
+        return bars[-1]
+
+    own_bar, module.tqdm = module.tqdm, merges_bar
+    try:
+        with open(joined, encoding="utf-8") as infile, open(codes, "w", encoding="utf-8") as outfile:
+            module.learn_bpe(infile, outfile, merges, num_workers=workers)
+    finally:
+        module.tqdm = own_bar
+        for bar in bars:  # learning may stop before the last merge, leaving the bar open
+            bar.close()
     joined.unlink()
 
 
@@ -747,14 +818,16 @@ def bpe(task_name, workers=1, merges=None):
         for lang, path in train.items():
             learn_bpe([path], codes[lang], merges, workers)
     for lang, path in train.items():
-        _write_lines(base / f"train.bpe.{lang}", apply_bpe(_open_text(path), codes[lang], workers))
+        _write_lines(base / f"train.bpe.{lang}", apply_bpe(_open_text(path), codes[lang], workers,
+                                                            desc=f"bpe train.{lang}"))
     for name, path in _split_files(base / "tok").items():
         split, lang = name.split(".", 1)
         if split == "train":
             continue
         plain = lang.rstrip("0123456789")
         if plain == task.src or split == "valid":
-            _write_lines(base / f"{split}.bpe.{lang}", apply_bpe(_open_text(path), codes[plain], workers))
+            _write_lines(base / f"{split}.bpe.{lang}", apply_bpe(_open_text(path), codes[plain], workers,
+                                                                 desc=f"bpe {name}"))
         if plain == task.tgt and split != "valid":  # references: tokenized (multi-bleu) and raw (sacreBLEU)
             shutil.copyfile(path, base / f"{split}.tok.{lang}")
             if task.pretokenized:  # released tokenized (and HTML-escaped): detokenize for sacreBLEU
@@ -778,7 +851,11 @@ def main(argv=None):
                         help="processes for tokenization and BPE (default: every CPU)")
     parser.add_argument("--merges", type=int, default=None, help="BPE merges (default: the task's, 32000)")
     parser.add_argument("--list", action="store_true", help="list the tasks and their sources")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="progress bars on stderr (default: only when stderr is a terminal)")
     args = parser.parse_args(argv)
+    global PROGRESS
+    PROGRESS = args.progress
     if args.list or not args.step:
         for name, task in TASKS.items():
             if task.manual in ("NIST_DIR", "NIUTRANS_DIR"):

@@ -1,4 +1,5 @@
-"""tools/prepare_data.py: resumable checksummed downloads, archive extraction, NIST SGML, tokenization, filtering."""
+"""tools/prepare_data.py: resumable checksummed downloads, archive extraction, NIST SGML, tokenization, filtering,
+progress bars."""
 
 import hashlib
 import http.server
@@ -296,3 +297,107 @@ def test_a_pretokenized_task_gets_a_detokenized_reference_for_sacrebleu(tmp_path
     pd.bpe("sample_ende", merges=10)
     assert (base / "test.tok.de").read_text(encoding="utf-8") == "Das ist &apos; gut &apos; , oder ?\n"
     assert (base / "test.de").read_text(encoding="utf-8") == "Das ist 'gut', oder?\n"
+
+
+# ---------------------------------------------------------------- progress bars
+@pytest.fixture
+def bars(monkeypatch):
+    """Forces the bars on (as ``--progress``) and records every bar made, to read its counts afterwards."""
+    made = []
+    make = pd.progress_bar
+
+    def recording(**kwargs):
+        made.append(make(**kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(pd, "PROGRESS", True)
+    monkeypatch.setattr(pd, "progress_bar", recording)
+    return made
+
+
+def _bar(bars, desc):
+    [bar] = [b for b in bars if b.desc.startswith(desc)]
+    return bar
+
+
+def test_a_download_reports_its_bytes(server, tmp_path, bars):
+    pd.download(pd.Archive(f"{server}/corpus.tgz", SHA), tmp_path)
+    bar = _bar(bars, "corpus.tgz")
+    assert (bar.total, bar.n, bar.initial, bar.unit) == (len(PAYLOAD), len(PAYLOAD), 0, "B")
+    assert _bar(bars, "sha256 corpus.tgz").n == len(PAYLOAD)  # the check that follows has its own bar
+
+
+def test_a_resumed_download_starts_its_bar_at_the_bytes_already_there(server, tmp_path, bars):
+    (tmp_path / "corpus.tgz.part").write_bytes(PAYLOAD[:30000])
+    pd.download(pd.Archive(f"{server}/corpus.tgz", SHA), tmp_path)
+    bar = _bar(bars, "corpus.tgz")
+    assert (bar.initial, bar.n, bar.total) == (30000, len(PAYLOAD), len(PAYLOAD))
+
+
+def test_bars_are_quiet_unless_stderr_is_a_terminal_or_progress_is_asked(monkeypatch, capsys):
+    monkeypatch.setattr(pd, "PROGRESS", None)
+    with pd.progress_bar(total=3) as bar:  # pytest's captured stderr is no terminal
+        bar.update(3)
+        shown = not bar.disable  # read before close(), which disables every bar
+    assert not shown and capsys.readouterr().err == ""
+
+    class Terminal(__import__("io").StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    with pd.progress_bar(total=3) as bar:
+        bar.update(3)
+        shown = not bar.disable
+    assert shown and bar.n == 3 and sys.stderr.getvalue()
+    monkeypatch.setattr(pd, "PROGRESS", False)  # --no-progress: quiet even on a terminal
+    assert pd.progress_bar(total=1).disable
+
+
+def test_the_progress_flag_sets_the_mode(monkeypatch, capsys):
+    monkeypatch.setattr(pd, "PROGRESS", None)
+    pd.main(["--list", "--progress"])
+    assert pd.PROGRESS is True
+    pd.main(["--list", "--no-progress"])
+    assert pd.PROGRESS is False
+    pd.main(["--list"])
+    assert pd.PROGRESS is None
+    capsys.readouterr()
+
+
+def test_worker_processes_advance_one_line_bar_and_keep_the_order(monkeypatch, bars):
+    monkeypatch.setattr(pd, "CHUNK_LINES", 2)  # five chunks for two workers, finishing in any order
+    lines = [f"It's line {n}, isn't it?" for n in range(9)]
+    assert pd.tokenize_lines(lines, "en", workers=2, desc="tok train.en") == pd.tokenize_lines(lines, "en")
+    pooled, single = [b for b in bars if b.desc == "tok train.en"] + [b for b in bars if b.desc == "tok en"]
+    assert (pooled.total, pooled.n) == (single.total, single.n) == (9, 9)
+
+
+def test_learning_and_applying_bpe_report_merges_and_lines(tmp_path, bars):
+    text = tmp_path / "train.en"
+    text.write_text("the lower newer widest\n" * 30, encoding="utf-8")
+    pd.learn_bpe([text], tmp_path / "codes", merges=5)
+    merges = len((tmp_path / "codes").read_text(encoding="utf-8").splitlines()) - 1  # less the #version line
+    learned = _bar(bars, "learn codes")
+    assert learned.total == learned.n == merges == 5
+    pd.apply_bpe(["the newer lower"] * 4, tmp_path / "codes", desc="bpe valid.en")
+    assert (_bar(bars, "bpe valid.en").n, _bar(bars, "bpe valid.en").total) == (4, 4)
+
+
+def test_extracting_a_member_reports_its_bytes(tmp_path, bars):
+    _tar(tmp_path / "nc.tgz", {"top/news.en": "Hello .\nBye .\n"})
+    assert pd._member_lines(tmp_path / "nc.tgz", "news.en") == ["Hello .", "Bye ."]
+    bar = _bar(bars, "extract news.en")
+    assert bar.n == bar.total == len("Hello .\nBye .\n")
+
+
+def test_subword_nmt_draws_no_bar_of_its_own_on_a_log(tmp_path, monkeypatch, capsys):
+    """subword-nmt's learn_bpe draws a tqdm bar even into a pipe; here it follows PROGRESS (auto: quiet)."""
+    monkeypatch.setattr(pd, "PROGRESS", None)
+    text = tmp_path / "train.en"
+    text.write_text("the lower newer widest\n" * 30, encoding="utf-8")
+    pd.learn_bpe([text], tmp_path / "codes", merges=5)
+    assert capsys.readouterr().err == ""
+    from subword_nmt import learn_bpe as module
+
+    assert module.tqdm.__module__.startswith("tqdm")  # its own bar is back after the call
