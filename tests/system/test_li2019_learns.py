@@ -5,11 +5,10 @@ for the same number of steps through ``onmt_train``; the measure is
 OpenNMT-py's validation perplexity on the 1,000 held-out sentence pairs.
 """
 
-import re
-
 import pytest
 
 import support
+from onmt_ext import train_log
 
 pytestmark = pytest.mark.slow
 
@@ -31,9 +30,9 @@ def _validation_ppl(config, out):
         "-train_steps", STEPS, "-valid_steps", STEPS, "-save_checkpoint_steps", STEPS, "-warmup_steps", 100,
         "-hidden_size", 64, "-word_vec_size", 64, "-transformer_ff", 256,
     )
-    found = re.findall(r"Validation perplexity: ([\d.]+)", result.stdout + result.stderr)
-    assert found, f"no validation perplexity in the log of {config}"
-    return float(found[-1])
+    validations = train_log.parse(result.stdout + result.stderr).valid
+    assert validations, f"no validation perplexity in the log of {config}"
+    return validations[-1].ppl
 
 
 @pytest.fixture(scope="module")
