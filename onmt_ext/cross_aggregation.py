@@ -56,7 +56,8 @@ from onmt_ext import compile as ext_compile
 from onmt_ext import initialisation
 from onmt_ext.options import (EXT_TYPE, OptionSpec, layers_check, options_without_effect, register_options,
                               selected_layers, tensor_parallel_problems)
-from onmt_ext.routing import _check_iterations, coupling_coefficients, simple_routing
+from onmt_ext.routing import (_check_iterations, at_least_float32, coupling_coefficients, simple_routing,
+                              without_autocast)
 from onmt_ext.state import DecodingStateModule
 
 # OpenNMT-py fills masked scores with -1e18 before the softmax.
@@ -117,25 +118,15 @@ def logit_factor(scale, heads):
     return heads ** -0.5 if scale == "model" else 1.0
 
 
-def _float32(device):
-    """A region where autocast is off: the routing arithmetic runs in (at least) float32, its inputs cast
-    by :func:`_wide`."""
-    return torch.autocast(device.type, enabled=False)
-
-
-def _wide(tensor):
-    """``tensor`` in float32, or float64 if it is already."""
-    return tensor.to(torch.promote_types(tensor.dtype, torch.float32))
-
-
 def _eq4(scores, factor):
     """E of eq. 4 in (at least) float32 from OpenNMT-py's masked scores; masked entries stay at -1e18."""
-    scores = _wide(scores)
+    scores = at_least_float32(scores)
     if factor == 1.0:
         return scores
     return torch.where(scores <= _MASKED_BELOW, scores, scores * factor)
 
 
+@without_autocast
 def cross_aggregate(scores, head_weight, horizontal, init, iterations, causal=False, factor=1.0):
     """``softmax(E + Omega_vertical + Omega_horizontal)`` (eq. 9); see :class:`CrossAggregation`.
 
@@ -158,21 +149,20 @@ def cross_aggregate(scores, head_weight, horizontal, init, iterations, causal=Fa
     if length != keys or (head_weight is not None and head_weight.size(0) != heads):
         raise ValueError(f"cross aggregation expects self-attention scores (batch, heads, L, L), "
                          f"got {tuple(scores.shape)}")
-    with _float32(scores.device):
-        energies = _eq4(scores, factor)
-        logits, valid = _votes_and_positions(energies)
-        total = energies
-        if head_weight is not None:
-            total = total + vertical_output(logits, valid, _wide(head_weight), iterations, causal)
-        if horizontal:
-            total = total + horizontal_output(logits, valid, init, iterations)
-        return _probabilities(total, scores.dtype)
+    energies = _eq4(scores, factor)
+    logits, valid = _votes_and_positions(energies)
+    total = energies
+    if head_weight is not None:
+        total = total + vertical_output(logits, valid, at_least_float32(head_weight), iterations, causal)
+    if horizontal:
+        total = total + horizontal_output(logits, valid, init, iterations)
+    return _probabilities(total, scores.dtype)
 
 
 def _probabilities(total, dtype):
     """``softmax(E_hat)`` over the keys, in the dtype of the scores.
 
-    Callers compute E_hat in float32 with autocast off (:func:`_float32`);
+    Callers compute E_hat in float32 with autocast off (:func:`onmt_ext.routing.without_autocast`);
     the attention probabilities go back to the dtype of the scores.
     """
     return torch.softmax(total, dim=-1).to(dtype)
@@ -293,6 +283,7 @@ class CausalCrossAggregation(CrossAggregation, DecodingStateModule):
         return probabilities
 
 
+@without_autocast
 def causal_step(scores, previous, routing_sum, head_weight, horizontal, init, iterations, factor=1.0):
     """One decoding step of :class:`CausalCrossAggregation`: the last row of the full causal pass.
 
@@ -308,23 +299,22 @@ def causal_step(scores, previous, routing_sum, head_weight, horizontal, init, it
         this step's appended ``(batch, H, l + 1, l + 1)`` and the new running
         sum ``(batch, H)`` (unchanged without the vertical routing).
     """
-    with _float32(scores.device):
-        energies = _eq4(scores, factor)
-        row = energies.masked_fill(energies <= _MASKED_BELOW, 0.0)  # (B, H, 1, M)
-        keys = row.size(-1)
-        rows = torch.cat([F.pad(_wide(previous).to(row.dtype), (0, keys - previous.size(-1))), row], dim=2)
-        total = energies
-        if head_weight is not None:
-            out, routing_logits = simple_routing(row, iterations, normalize="inputs")  # (B, 1, M), (B, H, 1)
-            routing_sum = routing_logits[..., 0] + _wide(routing_sum)
-            lam = torch.softmax(routing_sum @ _wide(head_weight).t().to(routing_sum.dtype), dim=-1)  # (B, H)
-            total = total + lam[:, :, None, None] * out[:, None]
-        if horizontal:
-            votes = rows.permute(0, 2, 1, 3)  # (B, t = l + 1, H, M)
-            init_logits = row[:, :, 0, :].permute(0, 2, 1) if init == "self" else None  # alpha^h_{l,t}: (B, t, H)
-            out, _ = simple_routing(votes, iterations, normalize="inputs", init_logits=init_logits)  # (B, H, M)
-            total = total + out[:, :, None, :]
-        return _probabilities(total, scores.dtype), rows, routing_sum
+    energies = _eq4(scores, factor)
+    row = energies.masked_fill(energies <= _MASKED_BELOW, 0.0)  # (B, H, 1, M)
+    keys = row.size(-1)
+    rows = torch.cat([F.pad(previous.to(row.dtype), (0, keys - previous.size(-1))), row], dim=2)
+    total = energies
+    if head_weight is not None:
+        out, routing_logits = simple_routing(row, iterations, normalize="inputs")  # (B, 1, M), (B, H, 1)
+        routing_sum = routing_logits[..., 0] + at_least_float32(routing_sum)
+        lam = torch.softmax(routing_sum @ head_weight.t().to(routing_sum.dtype), dim=-1)  # (B, H)
+        total = total + lam[:, :, None, None] * out[:, None]
+    if horizontal:
+        votes = rows.permute(0, 2, 1, 3)  # (B, t = l + 1, H, M)
+        init_logits = row[:, :, 0, :].permute(0, 2, 1) if init == "self" else None  # alpha^h_{l,t}: (B, t, H)
+        out, _ = simple_routing(votes, iterations, normalize="inputs", init_logits=init_logits)  # (B, H, M)
+        total = total + out[:, :, None, :]
+    return _probabilities(total, scores.dtype), rows, routing_sum
 
 
 initialisation.register("onmt_ext.cross_aggregation.CrossAggregation",

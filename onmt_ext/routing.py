@@ -54,7 +54,7 @@ def _prepare(votes, mask):
     """
     if votes.dim() < 3:
         raise ValueError(f"votes must be (..., I, O, D), got shape {tuple(votes.shape)}")
-    v = votes.to(torch.promote_types(votes.dtype, torch.float32))  # at least float32
+    v = at_least_float32(votes)
     if mask is None:
         return v, None, tuple(v.shape[:-2])
     lead = tuple(votes.shape[:-2])
@@ -72,7 +72,12 @@ def _prepare(votes, mask):
     return v, keep[..., None].float(), tuple(mask.shape)
 
 
-def _without_autocast(fn):
+def at_least_float32(tensor):
+    """``tensor`` in float32, or unchanged if it is float32 or float64 already."""
+    return tensor.to(torch.promote_types(tensor.dtype, torch.float32))
+
+
+def without_autocast(fn):
     """Run ``fn(tensor, ...)`` with autocast off on ``tensor``'s device (the routing promises float32 arithmetic).
 
     Under ``torch.autocast`` the matrix products inside ``einsum`` would
@@ -139,7 +144,7 @@ def _coupling(logits, normalize, keep):
     return coupling if keep is None else coupling * keep
 
 
-@_without_autocast
+@without_autocast
 def coupling_coefficients(logits, normalize="outputs", mask=None):
     """The coupling ``C`` that routing logits ``B`` ``(..., I, O)`` give (step 1 of :func:`simple_routing`).
 
@@ -152,11 +157,11 @@ def coupling_coefficients(logits, normalize="outputs", mask=None):
     """
     if normalize not in ("outputs", "inputs"):
         raise ValueError(f"normalize must be 'outputs' or 'inputs', got {normalize!r}")
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    logits = at_least_float32(logits)
     return _coupling(logits, normalize, None if mask is None else mask.bool()[..., None].to(logits.dtype))
 
 
-@_without_autocast
+@without_autocast
 def simple_routing(votes, iterations=3, *, normalize="outputs", weighted_mean=False, init_logits=None, mask=None):
     """Iterative dynamic routing (li2019 Alg. 1, eq. 7-8; cao2019 Alg. 1; GRET).
 
@@ -218,7 +223,7 @@ def linear_inverse_temperature(start=1.0, end=1.0):
     return schedule
 
 
-@_without_autocast
+@without_autocast
 def em_routing(
     votes,
     iterations=3,
