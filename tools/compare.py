@@ -9,7 +9,8 @@ Usage::
                             [--test-lines N] [--work build/compare] [--out results/compare]
 
 Every config of ``yaml_configs/compare/`` (the stock baseline, one
-representative row of each paper and one combination) is trained with each
+representative row of each paper, chen2019's two layouts, and one
+combination) is trained with each
 seed on the same data, validated every ``--valid-every`` steps on the
 held-out validation set of the config (``build/tatoeba/valid.*``), then
 translates the Tatoeba multi-reference test set (beam 4) and is scored with
@@ -53,8 +54,8 @@ sacreBLEU through :mod:`onmt_ext.evaluation`.  The run has four phases:
      validation), wall-clock times and parameter counts.  The speed is
      coarser than ``make bench``'s.
 
-Sizing for a 2-hour run on 2 cores: the 18 trainings of phase 3 cost about
-eight times the baseline's phase 2 (by the speed ratios of the mechanisms)
+Sizing for a 2-hour run on 2 cores: the 21 trainings of phase 3 cost about
+nine times the baseline's phase 2 (by the speed ratios of the mechanisms)
 and dominate.  Two runs at a time with one thread each use both cores best
 for models this small.  A validation (1,000 sentences, teacher-forced)
 costs about as much as five training steps, so validating every 100 steps
@@ -92,12 +93,14 @@ from onmt_ext import train_log  # noqa: E402
 
 CONFIG_DIR = Path("yaml_configs/compare")
 #: Order of the rows; the first is the baseline every other row is tested against.
-CONFIGS = ("baseline", "li2019_em", "cao2019_cross", "chen2019_mprhead", "clause_ca_rule", "gret", "combined")
+CONFIGS = ("baseline", "li2019_em", "cao2019_cross", "chen2019_mprhead", "chen2019_rpehead", "clause_ca_rule", "gret",
+           "combined")
 LABELS = {
     "baseline": "Transformer (stock OpenNMT-py)",
     "li2019_em": "li2019: EM routing, enc-self",
     "cao2019_cross": "cao2019: cross aggregation",
     "chen2019_mprhead": "chen2019: MPRHead",
+    "chen2019_rpehead": "chen2019: RPEHead",
     "clause_ca_rule": "clause attention (rule)",
     "gret": "GRET (weng2020)",
     "combined": "MPRHead + EM routing + GRET",
@@ -108,6 +111,7 @@ PAPER_CLAIMS = {
     "li2019_em": ("li2019-table2", 0, 2, "EM routing on the encoder self-attention, WMT14 En-De, base (Table 2)"),
     "cao2019_cross": ("cao2019-table1", 0, 3, "vertical + horizontal, zero init., WMT17 Zh-En, base (Table 1)"),
     "chen2019_mprhead": ("chen2019-table1", 0, 4, "MPRHead, WMT14 En-De, base (Table 1)"),
+    "chen2019_rpehead": ("chen2019-table1", 0, 3, "RPEHead, WMT14 En-De, base (Table 1)"),
     "clause_ca_rule": ("clause-table5", 0, 1, "CA with rule, NiuTrans En-Zh (Table 5; gains said to grow "
                                               "with sentence length)"),
     "gret": "significant gains over the Transformer on four WMT tasks; the BLEU scores of our copy of the "
@@ -302,17 +306,26 @@ def verdict_text(verdicts):
         start = sustained_from(verdicts, kind)
         if start is not None:
             return f"{words} from step {start} on"
-    better = [s for s, v in verdicts.items() if v == "better"]
-    worse = [s for s, v in verdicts.items() if v == "worse"]
-    if better:
-        return f"beats the baseline at steps {_ranges(better)} but not at the last step"
-    if worse:
-        return f"behind the baseline at steps {_ranges(worse)} but not at the last step"
+    parts = []
+    for kind, words in (("better", "beats the baseline"), ("worse", "behind the baseline")):
+        held = [s for s, v in verdicts.items() if v == kind]
+        if held:
+            parts.append(f"{words} at {_ranges(held, sorted(verdicts))}")
+    if parts:
+        return "; ".join(parts) + "; not at the last step"
     return "never apart from the baseline (seed ranges overlap at every step)"
 
 
-def _ranges(steps):
-    return f"{steps[0]}-{steps[-1]}" if len(steps) > 1 else str(steps[0])
+def _ranges(steps, all_steps):
+    """``step 300``, ``steps 100-300`` or ``steps 100-200, 500``: runs of consecutive validation steps."""
+    groups = []
+    for step in sorted(steps):
+        if groups and all_steps.index(step) == all_steps.index(groups[-1][-1]) + 1:
+            groups[-1].append(step)
+        else:
+            groups.append([step])
+    text = ", ".join(f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0]) for g in groups)
+    return ("step " if len(steps) == 1 else "steps ") + text
 
 
 def paper_claim(config):

@@ -140,7 +140,9 @@ def test_from_which_step_counts_only_a_lead_kept_to_the_end():
     assert compare.verdict_text(verdicts) == "beats the baseline from step 500 on"
     assert compare.verdict_text({100: "worse", 200: "worse"}) == "behind the baseline from step 100 on"
     assert compare.verdict_text({100: "better", 200: "better", 300: "tie"}) == \
-        "beats the baseline at steps 100-200 but not at the last step"
+        "beats the baseline at steps 100-200; not at the last step"
+    assert compare.verdict_text({100: "better", 200: "tie", 300: "better", 400: "worse", 500: "tie"}) == \
+        "beats the baseline at steps 100, 300; behind the baseline at step 400; not at the last step"
     assert compare.verdict_text({100: "tie"}).startswith("never apart")
     assert compare.verdict_text({}) == "no common validation step"
 
@@ -153,6 +155,7 @@ def test_the_rule_is_a_one_in_twenty_chance_for_three_seeds_each():
 def test_paper_claims_come_from_the_reproduce_tables():
     assert compare.paper_claim("li2019_em").startswith("+0.97 BLEU (27.31 -> 28.28)")
     assert compare.paper_claim("chen2019_mprhead").startswith("+1.10 BLEU (27.25 -> 28.35)")
+    assert compare.paper_claim("chen2019_rpehead").startswith("+0.86 BLEU (27.25 -> 28.11)")
     assert "not legible" in compare.paper_claim("gret") and compare.paper_claim("baseline") == ""
     assert set(compare.PAPER_CLAIMS) == set(compare.CONFIGS) - {"baseline"}
 
