@@ -665,9 +665,39 @@ def markdown(report):
     estimate_text = report.get("estimate_text")
     if estimate_text:
         lines += ["", f"Estimate printed before the trainings: {estimate_text}"]
-    lines += ["", f"Wall-clock time of the whole comparison: {report['wall_seconds'] / 60:.1f} min "
-                  f"(`{report['command']}`).", ""]
+    earlier = report.get("earlier_invocations", [])
+    if earlier is None:
+        lines += ["", f"Wall-clock time of this invocation: {report['wall_seconds'] / 60:.1f} min "
+                      f"(`{report['command']}`); it reused {len(report['reused_runs'])} finished runs of "
+                      "an earlier invocation whose report does not record them, so the whole comparison took "
+                      "longer.", ""]
+    elif earlier:
+        times = [f"{e['wall_seconds'] / 60:.1f} min (`{e['command']}`)" for e in earlier]
+        total = sum(e["wall_seconds"] for e in earlier) + report["wall_seconds"]
+        lines += ["", f"Wall-clock time: {total / 60:.1f} min in {len(earlier) + 1} invocations sharing the runs of "
+                      f"the work folder: {', then '.join(times)}, then {report['wall_seconds'] / 60:.1f} min "
+                      f"(`{report['command']}`), which reused {len(report['reused_runs'])} finished runs.", ""]
+    else:
+        lines += ["", f"Wall-clock time of the whole comparison: {report['wall_seconds'] / 60:.1f} min "
+                      f"(`{report['command']}`).", ""]
     return "\n".join(lines)
+
+
+def earlier_invocations(previous, reused, logs):
+    """The invocations whose runs this report includes besides its own.
+
+    ``previous`` is the report that ``--out`` held before (or None), ``reused`` the keys (``config/seedN``) of
+    the runs this invocation found finished, ``logs`` the modification time of every run's training log.  The
+    previous report's invocations count when it recorded every reused run with the same log; otherwise the
+    reused runs come from elsewhere (an interrupted invocation, say) and ``None`` says so.
+    """
+    if not reused:
+        return []
+    recorded = (previous or {}).get("run_logs") or {}
+    if any(recorded.get(key) != logs[key] for key in reused):
+        return None
+    own = {key: previous[key] for key in ("command", "wall_seconds", "estimate_text") if key in previous}
+    return list(previous.get("earlier_invocations") or []) + [own]
 
 
 def _pyplot():
@@ -693,7 +723,8 @@ def plot(report, path):
     left.set_title(f"Tatoeba zh-en, {report['train_steps']} steps, seeds {report['seeds']}")
     right.bar(names, [row["speed_ratio"] or 0 for row in rows], color=["grey"] + ["tab:orange"] * (len(rows) - 1))
     right.axhline(1.0, color="k", linewidth=0.8)
-    right.set_ylabel("training tokens/s relative to the baseline")
+    right.set_ylabel("training speed (probe steps/s) relative to the baseline" if report.get("probe") else
+                     "training tokens/s relative to the baseline")
     for axis in (left, right):
         axis.tick_params(axis="x", rotation=35)
         for label in axis.get_xticklabels():
@@ -714,11 +745,12 @@ def plot_curves(report, path):
     names = list(curves)
     base = curves[names[0]]
     base_mean = dict(zip(base["step"], base["mean"]))
-    colours = plt.get_cmap("tab10")
+    tab10 = plt.get_cmap("tab10")
+    colours = [tab10(i) for i in range(10) if i != 7]  # no grey: the baseline's band is grey-black
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
     for k, name in enumerate(names):
         curve = curves[name]
-        colour = "black" if k == 0 else colours(k % 10)
+        colour = "black" if k == 0 else colours[(k - 1) % len(colours)]
         left.plot(curve["step"], curve["mean"], color=colour, linewidth=1.6 if k == 0 else 1.2, marker=".",
                   markersize=4, label=name)
         left.fill_between(curve["step"], curve["min"], curve["max"], color=colour, alpha=0.15, linewidth=0)
@@ -908,6 +940,8 @@ def main(argv=None):
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         list(pool.map(train_and_translate, todo))
     wall = time.perf_counter() - started
+    reused = [f"{run.config}/seed{run.seed}" for run in runs if run.train_seconds is None]
+    logs = {f"{run.config}/seed{run.seed}": run.train_log.stat().st_mtime for run in runs}
 
     # 4. the report
     rows = score(runs, args.configs, args.seeds, TEST_REFS, args.test_lines, speeds)
@@ -921,7 +955,10 @@ def main(argv=None):
                              if search and r in base_runs else
                              train_command(r, steps, args.valid_every, steps, 1, report_every)),
                   shlex.join(translate_command(r, source))] for r in runs},
-              "rows": rows, "curves": curves}
+              "rows": rows, "curves": curves, "reused_runs": reused, "run_logs": logs}
+    previous = args.out / "compare.json"
+    report["earlier_invocations"] = earlier_invocations(
+        json.loads(previous.read_text(encoding="utf-8")) if previous.exists() else None, reused, logs)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "compare.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     text = markdown(report)

@@ -61,3 +61,28 @@ def test_report_from_fixed_results(tmp_path):
     assert "10.0 min" in text
     compare.plot(report, tmp_path / "c.png")
     assert (tmp_path / "c.png").stat().st_size > 1000
+
+
+def test_a_report_that_reuses_runs_names_the_invocations_that_trained_them():
+    first = {"command": "python tools/compare.py", "wall_seconds": 3000.0, "estimate_text": "x",
+             "run_logs": {"baseline/seed1": 1.0, "gret/seed1": 2.0}}
+    logs = {"baseline/seed1": 1.0, "gret/seed1": 2.0, "new/seed1": 3.0}
+    assert compare.earlier_invocations(first, [], logs) == []  # nothing reused: a report of its own
+    earlier = compare.earlier_invocations(first, ["baseline/seed1", "gret/seed1"], logs)
+    assert earlier == [{"command": "python tools/compare.py", "wall_seconds": 3000.0, "estimate_text": "x"}]
+    # a reused run retrained since (another log) or unknown to the previous report: its provenance is not known
+    assert compare.earlier_invocations(first, ["gret/seed1"], {**logs, "gret/seed1": 9.0}) is None
+    assert compare.earlier_invocations(None, ["gret/seed1"], logs) is None
+    second = {**first, "earlier_invocations": earlier, "command": "python tools/compare.py --max-steps 9",
+              "wall_seconds": 600.0, "run_logs": logs}
+    assert len(compare.earlier_invocations(second, ["new/seed1"], logs)) == 2
+
+    report = {"seeds": [1], "train_steps": 600, "jobs": 2, "threads": 1, "test_sentences": 10,
+              "wall_seconds": 600.0, "command": "python tools/compare.py --max-steps 9",
+              "rows": [_row("baseline", [18.0])], "reused_runs": ["baseline/seed1", "gret/seed1"],
+              "earlier_invocations": earlier}
+    assert ("Wall-clock time: 60.0 min in 2 invocations sharing the runs of the work folder: 50.0 min "
+            "(`python tools/compare.py`), then 10.0 min (`python tools/compare.py --max-steps 9`), which reused 2 "
+            "finished runs.") in compare.markdown(report)
+    assert "does not record them" in compare.markdown({**report, "earlier_invocations": None})
+    assert "of the whole comparison: 10.0 min" in compare.markdown({**report, "earlier_invocations": []})
