@@ -694,8 +694,8 @@ def earlier_invocations(previous, reused, logs):
     if not reused:
         return []
     recorded = (previous or {}).get("run_logs") or {}
-    if any(recorded.get(key) != logs[key] for key in reused):
-        return None
+    if any(recorded.get(key) != logs[key] for key in reused) or previous.get("earlier_invocations", []) is None:
+        return None  # (the previous report did not know all of its own runs' invocations either)
     own = {key: previous[key] for key in ("command", "wall_seconds", "estimate_text") if key in previous}
     return list(previous.get("earlier_invocations") or []) + [own]
 

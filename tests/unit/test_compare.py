@@ -76,6 +76,7 @@ def test_a_report_that_reuses_runs_names_the_invocations_that_trained_them():
     second = {**first, "earlier_invocations": earlier, "command": "python tools/compare.py --max-steps 9",
               "wall_seconds": 600.0, "run_logs": logs}
     assert len(compare.earlier_invocations(second, ["new/seed1"], logs)) == 2
+    assert compare.earlier_invocations({**second, "earlier_invocations": None}, ["new/seed1"], logs) is None
 
     report = {"seeds": [1], "train_steps": 600, "jobs": 2, "threads": 1, "test_sentences": 10,
               "wall_seconds": 600.0, "command": "python tools/compare.py --max-steps 9",
