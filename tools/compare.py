@@ -666,21 +666,24 @@ def markdown(report):
     if estimate_text:
         lines += ["", f"Estimate printed before the trainings: {estimate_text}"]
     earlier = report.get("earlier_invocations", [])
+    own = _invocation_time(report)
     if earlier is None:
-        lines += ["", f"Wall-clock time of this invocation: {report['wall_seconds'] / 60:.1f} min "
-                      f"(`{report['command']}`); it reused {len(report['reused_runs'])} finished runs of "
-                      "an earlier invocation whose report does not record them, so the whole comparison took "
-                      "longer.", ""]
+        lines += ["", f"Wall-clock time of this invocation: {own}; it reused {len(report['reused_runs'])} finished "
+                      "runs of an earlier invocation whose report does not record them, so the whole comparison "
+                      "took longer.", ""]
     elif earlier:
-        times = [f"{e['wall_seconds'] / 60:.1f} min (`{e['command']}`)" for e in earlier]
         total = sum(e["wall_seconds"] for e in earlier) + report["wall_seconds"]
         lines += ["", f"Wall-clock time: {total / 60:.1f} min in {len(earlier) + 1} invocations sharing the runs of "
-                      f"the work folder: {', then '.join(times)}, then {report['wall_seconds'] / 60:.1f} min "
-                      f"(`{report['command']}`), which reused {len(report['reused_runs'])} finished runs.", ""]
+                      f"the work folder: {', then '.join(map(_invocation_time, earlier))}, then {own}, which "
+                      f"reused {len(report['reused_runs'])} finished runs.", ""]
     else:
-        lines += ["", f"Wall-clock time of the whole comparison: {report['wall_seconds'] / 60:.1f} min "
-                      f"(`{report['command']}`).", ""]
+        lines += ["", f"Wall-clock time of the whole comparison: {own}.", ""]
     return "\n".join(lines)
+
+
+def _invocation_time(invocation):
+    """``12.3 min (`python tools/compare.py ...`)`` for a report or an entry of its ``earlier_invocations``."""
+    return f"{invocation['wall_seconds'] / 60:.1f} min (`{invocation['command']}`)"
 
 
 def earlier_invocations(previous, reused, logs):
