@@ -1,0 +1,92 @@
+"""Counting host reads of tensor values: each is a host-device synchronisation on a GPU.
+
+A training step that reads a value of a device tensor on the host (``.item()``,
+``float(t)``, ``.tolist()``, a tensor passed where a Python number is needed,
+as in ``torch.arange(0, lengths.max())``) waits for the GPU to finish all the
+work queued before it, so the host can never run ahead.  :class:`HostReads`
+counts such reads on any device, the CPU included (where they cost nothing,
+but show where a GPU would wait); :func:`cuda_sync_warnings` counts what
+torch's own sync debug mode reports on a CUDA device.
+"""
+
+import traceback
+import warnings
+from contextlib import contextmanager
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+#: Tensor methods that copy values to the host without going through an aten operator on a CPU tensor.
+_PYTHON_READS = ("tolist", "cpu", "numpy")
+
+
+def _caller():
+    """``file:line (function)`` of the innermost frame outside torch and this module."""
+    for frame in reversed(traceback.extract_stack()[:-2]):
+        name = frame.filename.replace("\\", "/")
+        if "/torch/" not in name and not name.endswith("onmt_ext/hostsync.py"):
+            return f"{name}:{frame.lineno} ({frame.name})"
+    return "unknown"
+
+
+class HostReads(TorchDispatchMode):
+    """Context manager recording every read of tensor values by the host while it is active.
+
+    ``reads`` lists ``(what, where)``: ``what`` is ``item`` for a scalar read
+    (``aten._local_scalar_dense``: ``.item()``, ``float()``, ``int()``,
+    ``bool()``, a tensor used as a Python number) or the method name for
+    ``.tolist()``, ``.cpu()`` and ``.numpy()``; ``where`` is the caller
+    outside torch.  ``device`` limits the count to tensors on that device type
+    (``None``: every tensor).
+    """
+
+    def __init__(self, device=None):
+        super().__init__()
+        self.device = device
+        self.reads = []
+        self._saved = {}
+
+    def _counts(self, tensor):
+        return isinstance(tensor, torch.Tensor) and (self.device is None or tensor.device.type == self.device)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default and self._counts(args[0]):
+            self.reads.append(("item", _caller()))
+        return func(*args, **(kwargs or {}))
+
+    def __enter__(self):
+        for name in _PYTHON_READS:
+            stock = getattr(torch.Tensor, name)
+            self._saved[name] = stock
+
+            def counted(tensor, *args, _stock=stock, _name=name, **kwargs):
+                if self._counts(tensor):
+                    self.reads.append((_name, _caller()))
+                return _stock(tensor, *args, **kwargs)
+
+            setattr(torch.Tensor, name, counted)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for name, stock in self._saved.items():
+            setattr(torch.Tensor, name, stock)
+        self._saved.clear()
+        return super().__exit__(*exc)
+
+
+@contextmanager
+def cuda_sync_warnings():
+    """Record torch's warnings for synchronising CUDA calls (``torch.cuda.set_sync_debug_mode``).
+
+    Yields the list that fills with one message per synchronising call.
+    """
+    found = []
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield found
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+            found.extend(str(w.message) for w in caught if "synchroniz" in str(w.message))
