@@ -22,9 +22,10 @@ object, a function that does not call the stock one).
 
 ``kind`` says why a change exists: :data:`NEEDED` (the extension cannot work
 without it: options, checks, checkpoint loading), :data:`FIX` (a crash or
-silent data loss of OpenNMT-py 3.5.1) or :data:`QUIET` (a warnings filter).
-Every :data:`FIX` and :data:`QUIET` change is described in
-``docs/differences-from-stock.md``.
+silent data loss of OpenNMT-py 3.5.1), :data:`QUIET` (a warnings filter) or
+:data:`SPEED` (a host stall of training removed, with the same data and
+numbers).  Every :data:`FIX`, :data:`QUIET` and :data:`SPEED` change is
+described in ``docs/differences-from-stock.md``.
 """
 
 import functools
@@ -37,7 +38,9 @@ NEEDED = "needed"
 FIX = "fix"
 #: The change filters warnings about OpenNMT-py's own code that a user cannot act on.
 QUIET = "quiet"
-KINDS = (NEEDED, FIX, QUIET)
+#: The change removes a host stall of stock OpenNMT-py's training; same data, same numbers (tested).
+SPEED = "speed"
+KINDS = (NEEDED, FIX, QUIET, SPEED)
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,7 @@ class Patch:
 
     Attributes:
         target: dotted name of what was replaced, e.g. ``onmt.trainer.Trainer.train``.
-        kind: :data:`NEEDED`, :data:`FIX` or :data:`QUIET`.
+        kind: :data:`NEEDED`, :data:`FIX`, :data:`QUIET` or :data:`SPEED`.
         reason: one sentence: what stock does wrong or what the extension needs.
         test: the test that covers it, ``tests/<file>.py::<test name>``.
     """
@@ -65,6 +68,8 @@ class Patch:
 APPLIED: List[Patch] = []
 #: ``(target, identity of the replacement)`` of each applied patch (to make :func:`patch` idempotent).
 _DONE: Dict[tuple, object] = {}
+#: what each target was before its first patch (as stored: descriptors unresolved), by target name
+_ORIGINALS: Dict[str, object] = {}
 
 
 def target_name(owner, attribute):
@@ -111,7 +116,7 @@ def patch(owner, attribute, replacement, *, kind, reason, test, wrap=True):
         attribute: its name.
         replacement: with ``wrap`` a function ``replacement(stock, *args, **kwargs)``;
             otherwise the new value itself.
-        kind: :data:`NEEDED`, :data:`FIX` or :data:`QUIET`.
+        kind: :data:`NEEDED`, :data:`FIX`, :data:`QUIET` or :data:`SPEED`.
         reason: what stock does wrong or what the extension needs (one sentence).
         test: ``tests/<file>.py::<test name>`` of the test that covers the change.
         wrap: call ``replacement`` with the stock callable first (default).
@@ -137,6 +142,7 @@ def patch(owner, attribute, replacement, *, kind, reason, test, wrap=True):
         new = descriptor(wrapper) if descriptor else wrapper
     else:
         new = replacement
+    _ORIGINALS.setdefault(target, raw)
     setattr(owner, attribute, new)
     _DONE[key] = new
     _record(target, kind, reason, test)
@@ -146,6 +152,11 @@ def patch(owner, attribute, replacement, *, kind, reason, test, wrap=True):
 def record(target, *, kind, reason, test):
     """Record a change that is not an attribute replacement (e.g. a warnings filter)."""
     _record(target, kind, reason, test)
+
+
+def original(owner, attribute):
+    """What ``owner.attribute`` was before onmt-ext patched it (itself when it was never patched)."""
+    return _ORIGINALS.get(target_name(owner, attribute), _raw_attribute(owner, attribute))
 
 
 def applied() -> List[Patch]:

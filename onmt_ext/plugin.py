@@ -858,7 +858,7 @@ def activate():
     global _active
     if _active:
         return
-    from onmt_ext import compat, corpus, initialisation
+    from onmt_ext import batches, compat, corpus, initialisation, train_step
 
     compat.apply()
     compat.keep_log_file()
@@ -867,6 +867,8 @@ def activate():
     compat.count_filtered_examples()
     compat.explain_position_limit()
     corpus.install()
+    batches.install()  # training batches: tensors only, copied to the GPU without waiting
+    train_step.install()  # the training step: no host-device synchronisation between reports
     _register_models()
     _extend_model_options()
     _translation_compile()

@@ -1,0 +1,268 @@
+"""A training step that never waits for the GPU between report steps.
+
+Stock OpenNMT-py 3.5.1 reads device values on the host several times a step
+(``.item()`` of the token count for the loss normalisation, of the source
+length sum, of the loss and of the accuracy counts; ``lengths.max()`` for the
+encoder's padding mask; the AMP scaler's inf check before a non-fused Adam
+step), so the host cannot queue step k+1 while the GPU runs step k.  Here:
+
+* token counts come from the batch's CPU tensors (:data:`onmt_ext.batches.HOST`);
+* loss, target-token and correct-token sums accumulate on the device, in
+  float64 in the stock order, and are read once per report
+  (:func:`settle`, called where OpenNMT-py reports);
+* the encoder's padding mask takes the batch width instead of ``lengths.max()``;
+* Adam on a CUDA model is torch's fused Adam, which the AMP scaler steps
+  without reading its inf flag on the host.
+
+The parameters after each step equal stock's bit for bit (fused Adam aside),
+and so do the reported statistics (``tests/unit/test_train_step.py``).
+"""
+
+import traceback
+
+import torch
+from onmt.utils.misc import sequence_mask
+
+from onmt_ext.batches import HOST
+from onmt_ext.patches import SPEED, patch
+
+#: attribute of an onmt.utils.Statistics holding its device sums ``[loss, n_words, n_correct]`` (float64)
+_SUMS = "_onmt_ext_device_sums"
+_TEST = "tests/unit/test_train_step.py"
+
+
+# ---------------------------------------------------------------- statistics on the device
+
+
+def add_to(stats, sums):
+    """Add ``sums`` ``(3,)`` (loss, target tokens, correct tokens) to ``stats``' device sums."""
+    held = getattr(stats, _SUMS, None)
+    if held is None:  # what the host fields hold now is the base that settle() adds the device sums to
+        setattr(stats, _SUMS, (sums.clone(), (stats.loss, stats.n_words, stats.n_correct)))
+    else:
+        held[0].add_(sums)
+
+
+def settle(stats, keep=True):
+    """Set ``stats``' host fields to its base plus its device sums (one read of the device); returns ``stats``.
+
+    With fresh statistics the base is 0 and the loss is the stock running sum
+    in the stock order.  ``keep=False`` drops the device sums (statistics that
+    are pickled or thrown away next).
+    """
+    held = getattr(stats, _SUMS, None) if stats is not None else None
+    if held is None:
+        return stats
+    sums, (loss, words, correct) = held
+    total_loss, total_words, total_correct = sums.tolist()
+    stats.loss = loss + total_loss if loss else total_loss
+    stats.n_words, stats.n_correct = words + int(total_words), correct + int(total_correct)
+    if not keep:
+        delattr(stats, _SUMS)
+    return stats
+
+
+def _plain_loss(compute):
+    """True when ``compute`` (a LossCompute) is the generator and a cross entropy, nothing else."""
+    return (type(compute.criterion) is torch.nn.CrossEntropyLoss and not compute.copy_attn
+            and not compute.lambda_align and not compute.lambda_coverage
+            and compute.lm_generator is None and compute.lm_prior_model is None)
+
+
+def loss_on_device(compute, batch, output, attns, start, size):
+    """The loss of target positions ``start .. start + size`` and its sums, without reading the device.
+
+    Args:
+        compute: the trainer's ``LossCompute``.
+        batch: the batch; ``batch["tgt"]`` ``(batch, len, 1)``.
+        output: decoder output ``(batch, len - 1, d_model)``.
+    Returns:
+        ``(loss, sums)``: the summed loss (a scalar tensor) and ``(3,)`` float64
+        ``[loss, target tokens, correct tokens]``.  A loss other than the plain
+        one (copy attention, alignment, coverage, LM prior, sparsemax) is the
+        stock ``LossCompute``'s, which reads the device.
+    """
+    if not _plain_loss(compute):
+        loss, stats = compute(batch, output, attns, trunc_start=start, trunc_size=size)
+        return loss, torch.tensor([stats.loss, stats.n_words, stats.n_correct], dtype=torch.float64,
+                                  device=output.device)
+    end = start + size
+    target = batch["tgt"][:, start + compute.tgt_shift_index:end, 0].reshape(-1)  # (tokens,)
+    hidden = output[:, start:end, :]
+    scores = compute.generator(hidden.reshape(-1, hidden.size(-1)))  # (tokens, vocab)
+    loss = compute.criterion(scores.to(torch.float32), target)
+    real = target.ne(compute.padding_idx)
+    correct = scores.max(1)[1].eq(target) & real
+    sums = torch.stack([loss.detach().sum().double(), real.sum().double(), correct.sum().double()])
+    return loss, sums
+
+
+# ---------------------------------------------------------------- the trainer's step
+
+
+def host_counts(batch, padding_idx):
+    """``(source words, target tokens after BOS)`` of ``batch``, from its CPU tensors (kept under HOST)."""
+    host = batch.setdefault(HOST, {"srclen": batch.get("srclen"), "tgt": batch["tgt"]})
+    if "counts" not in host:
+        lengths, tgt = host["srclen"], host["tgt"]
+        host["counts"] = (None if lengths is None else int(lengths.sum()),
+                          int(tgt[:, 1:, 0].ne(padding_idx).sum()))
+    return host["counts"]
+
+
+def accum_batches(self, iterator):
+    """``Trainer._accum_batches`` counting the normalisation on the CPU copy of each batch."""
+    batches, normalization = [], 0
+    self.accum_count = self._accum_count(self.optim.training_step)
+    for batch, _ in iterator:
+        batches.append(batch)
+        _, tokens = host_counts(batch, self.train_loss.padding_idx)
+        # stock: target tokens after BOS without each sentence's EOS, or sentences
+        normalization += tokens - len(batch["tgt"]) if self.norm_method == "tokens" else len(batch["tgt"])
+        if len(batches) == self.accum_count:
+            yield batches, normalization
+            self.accum_count = self._accum_count(self.optim.training_step)
+            batches, normalization = [], 0
+    if batches:
+        yield batches, normalization
+
+
+def gradient_accumulation(self, true_batches, normalization, total_stats, report_stats):
+    """``Trainer._gradient_accumulation`` with the statistics kept on the device (see the module docstring)."""
+    import onmt
+
+    if self.accum_count > 1:
+        self.optim.zero_grad(set_to_none=True)
+    for batch in true_batches:
+        words, _ = host_counts(batch, self.train_loss.padding_idx)
+        if words is not None:
+            report_stats.n_src_words += words
+            total_stats.n_src_words += words
+        tgt_full, length = batch["tgt"], batch["tgt"].size(1)
+        size = self.trunc_size or length
+        bptt = False
+        for start in range(0, length - 1, size):
+            if self.accum_count == 1:
+                self.optim.zero_grad(set_to_none=True)
+            try:
+                with torch.autocast("cuda", enabled=self.optim.amp):
+                    model_out, attns = self.model(batch["src"], tgt_full[:, start:start + size, :], batch["srclen"],
+                                                  bptt=bptt, with_align=self.with_align)
+                    bptt = True
+                    if self.zero_out_prompt_loss:
+                        batch = self.train_loss.ignore_prompt(batch)
+                    loss, sums = loss_on_device(self.train_loss, batch, model_out, attns, start, size)
+                if loss is not None:
+                    loss /= normalization
+                    self.optim.backward(loss)
+                sentences = len(batch["srclen"]) if start == 0 else 0
+                for stats in (total_stats, report_stats):
+                    stats.n_sents += sentences
+                    stats.n_batchs += 1 if sentences else 0
+                    add_to(stats, sums)
+            except Exception as error:
+                if "CUDA out of memory" not in traceback.format_exc():
+                    raise
+                _skip_out_of_memory(self, error)
+            if self.model.decoder.state != {}:
+                self.model.decoder.detach_state()
+    if self.n_gpu > 1 and self.parallel_mode == "data_parallel":
+        grads = [p.grad.data for p in self.model.parameters() if p.requires_grad and p.grad is not None]
+        onmt.utils.distributed.all_reduce_and_rescale_tensors(grads, float(self.n_gpu))
+    self.optim.step()
+
+
+def _skip_out_of_memory(trainer, error):
+    """Stock's answer to running out of GPU memory: log, drop the batch, free the cache."""
+    import sys
+
+    from onmt.utils.logging import logger
+
+    logger.info("Step %d, cuda OOM - batch removed", trainer.optim.training_step)
+    torch.cuda.empty_cache()
+    if trainer.n_gpu > 1 and trainer.parallel_mode == "tensor_parallel":
+        torch.distributed.destroy_process_group()
+        sys.exit()
+
+
+def _report_training(stock, self, step, num_steps, learning_rate, patience, report_stats, multigpu=False):
+    if step % self.report_every == 0:
+        settle(report_stats, keep=False)  # thrown away after the report (pickled first with several GPUs)
+    return stock(self, step, num_steps, learning_rate, patience, report_stats, multigpu=multigpu)
+
+
+def _report_step(stock, self, lr, patience, step, train_stats=None, valid_stats=None):
+    return stock(self, lr, patience, step, train_stats=settle(train_stats), valid_stats=settle(valid_stats))
+
+
+# ---------------------------------------------------------------- model and optimiser
+
+
+def encoder_forward(self, src, src_len=None):
+    """``TransformerEncoder.forward`` with the padding mask as wide as the batch (no ``lengths.max()`` read).
+
+    ``src`` ``(batch, len, feats)`` is padded to its longest sentence, so the
+    width is ``len``, which stock reads from the device as ``src_len.max()``.
+    """
+    enc_out = self.embeddings(src)
+    mask = sequence_mask(src_len, src.size(1)).unsqueeze(1).unsqueeze(1)  # (batch, 1, 1, len)
+    mask = mask.expand(-1, -1, mask.size(3), -1)  # (batch, 1, len, len)
+    for layer in self.transformer:
+        enc_out = layer(enc_out, mask)
+    return self.layer_norm(enc_out), None, src_len
+
+
+def fused_adam(optimizer, devices=("cuda",)):
+    """torch's fused Adam in place of a plain ``torch.optim.Adam`` whose parameters are all on ``devices``.
+
+    The state (moments, steps) and hyper-parameters carry over.  Returns the
+    new optimiser, or ``optimizer`` itself when it is not such an Adam.
+    """
+    if type(optimizer) is not torch.optim.Adam:
+        return optimizer
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if not params or not all(p.device.type in devices and p.is_floating_point() for p in params):
+        return optimizer
+    if any(group.get("differentiable") or group.get("capturable") for group in optimizer.param_groups):
+        return optimizer
+    state = optimizer.state_dict()
+    for group in state["param_groups"]:
+        group.update(fused=True, foreach=None)
+    fused = torch.optim.Adam([{"params": group["params"]} for group in optimizer.param_groups],
+                             lr=optimizer.defaults["lr"], fused=True)
+    fused.load_state_dict(state)  # hyper-parameters, moments and steps (moved to the parameters' device)
+    return fused
+
+
+def _optimizer_from_opt(stock, cls, model, opt, checkpoint=None):
+    optimizer = stock(cls, model, opt, checkpoint=checkpoint)
+    optimizer._optimizer = fused_adam(optimizer._optimizer)
+    return optimizer
+
+
+def install():
+    """Register the changes (idempotent)."""
+    from onmt.encoders.transformer import TransformerEncoder
+    from onmt.trainer import Trainer
+    from onmt.utils.optimizers import Optimizer
+    from onmt.utils.report_manager import ReportMgrBase
+
+    same = "the same parameters and statistics as stock at every step"
+    patch(Trainer, "_accum_batches", accum_batches, wrap=False, kind=SPEED,
+          test=f"{_TEST}::test_steps_equal_stock_and_read_nothing_from_the_device",
+          reason="the loss normalisation reads each batch's token count from the GPU (.item()); " + same)
+    patch(Trainer, "_gradient_accumulation", gradient_accumulation, wrap=False, kind=SPEED,
+          test=f"{_TEST}::test_steps_equal_stock_and_read_nothing_from_the_device",
+          reason="every batch reads the source length sum, the loss and the accuracy counts from the GPU "
+                 "(.item()); " + same)
+    patch(ReportMgrBase, "report_training", _report_training, kind=SPEED,
+          test=f"{_TEST}::test_reports_equal_stock",
+          reason="reads the device sums of the report interval once, when a report is written")
+    patch(ReportMgrBase, "report_step", _report_step, kind=SPEED, test=f"{_TEST}::test_reports_equal_stock",
+          reason="reads the device sums of the training statistics when a validation step reports them")
+    patch(TransformerEncoder, "forward", encoder_forward, wrap=False, kind=SPEED,
+          test=f"{_TEST}::test_encoder_equals_stock",
+          reason="the padding mask's width is read from the GPU (src_len.max()) although it is the batch width")
+    patch(Optimizer, "from_opt", _optimizer_from_opt, kind=SPEED, test=f"{_TEST}::test_fused_adam_follows_adam",
+          reason="with AMP, the scaler reads a non-fused Adam's inf flag from the GPU before every step; fused "
+                 "Adam takes the flag on the device")

@@ -1,0 +1,92 @@
+"""Training batches with tensors only (onmt_ext.batches): the same data, in the same order, as stock."""
+
+import itertools
+
+import pytest
+import torch
+
+import support
+
+pytestmark = pytest.mark.usefixtures("onmt_active", "sample_data")
+
+CONFIG = "yaml_configs/demo/tatoeba_zhen.yaml"
+BATCHES = 12
+
+
+def training_opts(*overrides):
+    """The demo config's options, validated as onmt_train does (corpus paths read from the repository root)."""
+    from onmt.utils.parse import ArgumentParser
+
+    opt = support.load_train_opts(CONFIG, "-num_workers", 0, "-bucket_size", 512, *overrides)
+    ArgumentParser.validate_train_opts(opt)
+    return opt
+
+
+def first_batches(opt, stock, monkeypatch, count=BATCHES):
+    """The first ``count`` training batches of ``opt`` with the stock or onmt-ext's ``DynamicDatasetIter``."""
+    from onmt import train_single
+    from onmt.constants import CorpusTask
+    from onmt.inputters import dynamic_iterator
+    from onmt.utils.misc import set_random_seed
+
+    from onmt_ext import patches
+
+    with monkeypatch.context() as patched:
+        if stock:
+            patched.setattr(dynamic_iterator.DynamicDatasetIter, "__iter__",
+                            patches.original(dynamic_iterator.DynamicDatasetIter, "__iter__"))
+        set_random_seed(opt.seed, False)
+        _, vocabs, transforms_cls = train_single._init_train(opt)
+        data = dynamic_iterator.build_dynamic_dataset_iter(opt, transforms_cls, vocabs, task=CorpusTask.TRAIN)
+        return [batch for batch, _ in itertools.islice(data, count)], list(opt.data)
+
+
+def test_batches_carry_tensors_only_and_the_same_data(monkeypatch):
+    monkeypatch.chdir(support.REPO)
+    stock, _ = first_batches(training_opts(), True, monkeypatch)
+    ours, corpora = first_batches(training_opts(), False, monkeypatch)
+    assert len(ours) == len(stock) == BATCHES
+    for number, (mine, theirs) in enumerate(zip(ours, stock)):
+        assert set(mine) == set(theirs), number
+        assert all(torch.is_tensor(value) for value in mine.values()), (number, mine.keys())
+        assert isinstance(theirs["cid"], list)  # (stock: per-example Python lists)
+        for key in ("src", "tgt", "srclen", "tgtlen"):
+            assert torch.equal(mine[key], theirs[key]), (number, key)
+        assert mine["ind_in_bucket"].tolist() == theirs["ind_in_bucket"]
+        assert mine["cid_line_number"].tolist() == theirs["cid_line_number"]
+        assert [corpora[i] for i in mine["cid"].tolist()] == theirs["cid"]
+
+
+def test_translation_batches_stay_stock():
+    from onmt_ext.batches import tensor_bookkeeping
+
+    batch = {"src_ex_vocab": [object()], "cid": ["corpus_1"], "ind_in_bucket": [0], "cid_line_number": [4]}
+    assert tensor_bookkeeping(dict(batch), ["corpus_1"]) == batch  # the copy mechanism's vocabularies stay
+
+
+def test_batches_reach_the_device_unchanged():
+    from onmt_ext.batches import HOST, to_device
+
+    src, tgt = torch.randint(0, 50, (3, 7, 1)), torch.randint(0, 50, (3, 5, 1))
+    batch = {"src": src, "tgt": tgt, "srclen": torch.tensor([7, 4, 2]), "cid": torch.tensor([0, 0, 1])}
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    moved = to_device(dict(batch), device)
+    assert moved[HOST]["tgt"] is tgt and moved[HOST]["srclen"] is batch["srclen"]
+    assert moved["src"].device.type == device.type and moved["cid"].device.type == "cpu"
+    assert torch.equal(moved["src"].cpu(), src) and torch.equal(moved["tgt"].cpu(), tgt)
+
+
+def test_training_iterators_build_on_the_cpu(monkeypatch):
+    from onmt import train_single
+    from onmt.constants import CorpusTask
+    from onmt.inputters.dynamic_iterator import DynamicDatasetIter, OnDeviceDatasetIter
+
+    monkeypatch.chdir(support.REPO)
+    opt = training_opts()
+    _, vocabs, transforms_cls = train_single._init_train(opt)
+    built = train_single.build_dynamic_dataset_iter(opt, transforms_cls, vocabs, task=CorpusTask.TRAIN,
+                                                    device_id=0)
+    assert isinstance(built, OnDeviceDatasetIter) and built.device == torch.device("cuda", 0)
+    assert isinstance(built.data_iter, DynamicDatasetIter) and built.data_iter.device == torch.device("cpu")
+    on_cpu = train_single.build_dynamic_dataset_iter(opt, transforms_cls, vocabs, task=CorpusTask.TRAIN)
+    assert isinstance(on_cpu, DynamicDatasetIter)  # stock's own iterator off the GPU

@@ -1,0 +1,168 @@
+"""The training step without host reads (onmt_ext.train_step) against stock OpenNMT-py's, in-process."""
+
+import copy
+
+import pytest
+import torch
+
+import support
+
+pytestmark = pytest.mark.usefixtures("onmt_active", "sample_data")
+
+CONFIG = "yaml_configs/demo/tatoeba_zhen.yaml"
+#: (source lengths, target lengths) of the batches fed to the trainer, in order
+SHAPES = [([7, 5, 3], [6, 8, 4]), ([4, 9], [5, 3]), ([6, 6, 2, 5], [7, 2, 6, 3]), ([3, 8], [9, 4]),
+          ([5, 5, 5], [4, 6, 5]), ([2, 7], [3, 8])]
+
+
+def _trainer(opt, vocabs):
+    from onmt.trainer import build_trainer
+    from onmt.utils.optimizers import Optimizer
+
+    model = support.build_model(opt, vocabs, seed=3)
+    model.train()
+    optim = Optimizer.from_opt(model, opt)
+    return build_trainer(opt, -1, model, vocabs, optim, model_saver=None)
+
+
+def _batches(vocabs):
+    batches = []
+    for seed, (src_lens, tgt_lens) in enumerate(SHAPES):
+        src, src_len, tgt = support.random_batch(vocabs, src_lens, tgt_lens, seed=seed)
+        batches.append(({"src": src, "srclen": src_len, "tgt": tgt}, 0))
+    return batches
+
+
+STOCK_METHODS = ("_accum_batches", "_gradient_accumulation")
+
+
+def _train(monkeypatch, stock, accum_count=1, reads=None, fused=False):
+    """Train on _batches() with the stock or onmt-ext's step; returns parameters after each step and reports.
+
+    ``fused``: torch's fused Adam, as onmt-ext uses on CUDA (a plain Adam keeps its step counts on the
+    CPU and reads them there, which is no synchronisation).
+    """
+    from onmt.trainer import Trainer
+    from onmt.utils import Statistics
+    from onmt.utils.report_manager import ReportMgrBase
+
+    from onmt_ext import patches
+    from onmt_ext.hostsync import HostReads
+    from onmt_ext.train_step import fused_adam
+
+    opt = support.load_train_opts(CONFIG, "-accum_count", accum_count, "-report_every", 2, "-seed", 1)
+    opt.data = {}  # (no corpus is read: the batches are made here)
+    vocabs = support.load_vocabs(opt)
+    with monkeypatch.context() as patched:
+        if stock:
+            for name in STOCK_METHODS:
+                patched.setattr(Trainer, name, patches.original(Trainer, name))
+            patched.setattr(ReportMgrBase, "report_training", patches.original(ReportMgrBase, "report_training"))
+        reports = []
+        patched.setattr(Statistics, "output", lambda self, step, *args: reports.append(
+            (step, self.loss, self.n_words, self.n_correct, self.n_src_words, self.n_sents, self.n_batchs)))
+        torch.manual_seed(1)
+        trainer = _trainer(opt, vocabs)
+        if fused:
+            trainer.optim._optimizer = fused_adam(trainer.optim._optimizer, devices=("cpu",))
+        trainer.report_manager.start()
+        total, report = Statistics(), Statistics()
+        states = []
+        for batches, normalization in trainer._accum_batches(iter(_batches(vocabs))):
+            step = trainer.optim.training_step
+            with HostReads() as found:
+                trainer._gradient_accumulation(batches, normalization, total, report)
+                if step % 2:  # not a report step: nothing may be read
+                    report = trainer._maybe_report_training(step, 100, 1.0, report)
+            if not step % 2:
+                report = trainer._maybe_report_training(step, 100, 1.0, report)
+            if reads is not None:
+                reads.extend(found.reads)
+            states.append({name: p.detach().clone() for name, p in trainer.model.named_parameters()})
+    return states, reports
+
+
+@pytest.mark.parametrize("accum_count", [1, 2])
+def test_steps_equal_stock_and_read_nothing_from_the_device(monkeypatch, accum_count):
+    stock_states, _ = _train(monkeypatch, stock=True, accum_count=accum_count)
+    states, _ = _train(monkeypatch, stock=False, accum_count=accum_count)
+    assert len(states) == len(stock_states) == len(SHAPES) // accum_count
+    for step, (ours, theirs) in enumerate(zip(states, stock_states), start=1):
+        for name in theirs:
+            assert torch.equal(ours[name], theirs[name]), f"step {step}: {name} differs from stock"
+    stock_reads, ours_reads = [], []
+    _train(monkeypatch, stock=True, accum_count=accum_count, reads=stock_reads, fused=True)
+    _train(monkeypatch, stock=False, accum_count=accum_count, reads=ours_reads, fused=True)
+    assert stock_reads, "stock OpenNMT-py's step reads device values (the test would not see a regression)"
+    assert not ours_reads, f"host reads in the step: {ours_reads[:5]}"
+
+
+def test_reports_equal_stock(monkeypatch):
+    _, stock_reports = _train(monkeypatch, stock=True)
+    _, reports = _train(monkeypatch, stock=False)
+    assert [r[0] for r in reports] == [2, 4, 6]
+    assert reports == stock_reports  # the loss too: summed in float64 in the stock order
+
+
+def test_device_sums_settle_onto_what_the_statistics_held():
+    from onmt.utils import Statistics
+
+    from onmt_ext.train_step import add_to, settle
+
+    stats = Statistics(loss=1.5, n_words=10, n_correct=4)
+    add_to(stats, torch.tensor([2.25, 7.0, 3.0], dtype=torch.float64))
+    add_to(stats, torch.tensor([0.5, 1.0, 1.0], dtype=torch.float64))
+    assert (stats.loss, stats.n_words) == (1.5, 10)  # nothing read until settled
+    settle(stats)
+    assert (stats.loss, stats.n_words, stats.n_correct) == (4.25, 18, 8)
+    add_to(stats, torch.tensor([1.0, 1.0, 0.0], dtype=torch.float64))
+    settle(stats)  # still from the base it held before the first device sum
+    assert (stats.loss, stats.n_words, stats.n_correct) == (5.25, 19, 8)
+
+
+def test_encoder_equals_stock():
+    from onmt.encoders.transformer import TransformerEncoder
+
+    from onmt_ext import patches
+    from onmt_ext.hostsync import HostReads
+
+    opt = support.load_train_opts(CONFIG)
+    vocabs = support.load_vocabs(opt)
+    model = support.build_model(opt, vocabs)
+    src, src_len, _ = support.random_batch(vocabs, [6, 3, 9, 1], [2, 2, 2, 2])
+    stock_forward = patches.original(TransformerEncoder, "forward")
+    with torch.no_grad(), HostReads() as ours_reads:
+        ours = model.encoder(src, src_len)
+    with torch.no_grad(), HostReads() as stock_reads:
+        stock = stock_forward(model.encoder, src, src_len)
+    assert torch.equal(ours[0], stock[0]) and ours[2] is stock[2] is src_len
+    assert stock_reads.reads and not ours_reads.reads
+
+
+def test_fused_adam_follows_adam():
+    from onmt_ext.train_step import fused_adam
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Linear(5, 2))
+    twin = copy.deepcopy(model)
+    plain = torch.optim.Adam(model.parameters(), lr=0.01, betas=(0.9, 0.98), eps=1e-8)
+    reference = torch.optim.Adam(twin.parameters(), lr=0.01, betas=(0.9, 0.98), eps=1e-8)
+    assert fused_adam(plain) is plain  # the parameters are not on CUDA
+
+    def step(net, optimizer, seed):
+        x = torch.randn(4, 6, generator=torch.Generator().manual_seed(seed))
+        optimizer.zero_grad()
+        net(x).square().sum().backward()
+        optimizer.step()
+
+    for seed in range(3):
+        step(model, plain, seed)
+        step(twin, reference, seed)
+    fused = fused_adam(plain, devices=("cpu",))
+    assert fused is not plain and fused._step_supports_amp_scaling
+    assert all(group["fused"] and group["betas"] == (0.9, 0.98) for group in fused.param_groups)
+    for seed in range(3, 6):  # the moments and step counts carried over: the same updates, up to rounding
+        step(model, fused, seed)
+        step(twin, reference, seed)
+    for ours, theirs in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
