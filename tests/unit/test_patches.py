@@ -56,7 +56,7 @@ def test_patch_needs_a_reason_a_test_and_a_known_kind(fresh_record):
     with pytest.raises(ValueError, match="reason and the test"):
         patches.patch(module, "f", lambda stock: 2, kind=patches.FIX, reason="", test="t")
     with pytest.raises(ValueError, match="kind must be one of"):
-        patches.patch(module, "f", lambda stock: 3, kind="speed", reason="r", test="t")
+        patches.patch(module, "f", lambda stock: 3, kind="cosmetic", reason="r", test="t")
     assert module.f() == 1 and not patches.applied()
 
 

@@ -1,0 +1,146 @@
+#!/usr/bin/env python
+"""Host milliseconds per training step, onmt-ext against stock OpenNMT-py, in one run (a CPU proxy).
+
+Usage::
+
+    python tools/bench_host.py [--steps 40] [--warmup-steps 10] [--repeats 2] [--batch-size 8192]
+        [--num-workers 2] [--out results/bench] [--work build/bench-host] [--label NAME]
+
+A trivial model (one encoder and one decoder layer, width 16) trains on the
+shipped Tatoeba sample (SentencePiece on the fly, as a user's config does)
+with 8,192-token batches through the real ``onmt_train``, once with onmt-ext
+and once with ``ONMT_EXT_DISABLE=1``, alternating, ``--repeats`` times each.
+With so little arithmetic, a step's time is what the host spends on it: the
+data path, the training loop, the optimiser.  The figure is the wall time per
+step between the step reports after the warm-up (log timestamps).  It is
+information for work without a GPU, not a GPU figure.  Writes
+``<out>/host-<label>.{json,md}``.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from onmt_ext import train_log  # noqa: E402
+
+MODEL = {"enc_layers": 1, "dec_layers": 1, "hidden_size": 16, "word_vec_size": 16, "transformer_ff": 16,
+         "heads": 2}
+VARIANTS = {"onmt-ext": {}, "stock OpenNMT-py": {"ONMT_EXT_DISABLE": "1"}}
+
+
+def config_text(args, work):
+    """The demo config with the trivial model and this run's batch, steps and paths."""
+    import yaml
+
+    config = yaml.safe_load((REPO / "yaml_configs/demo/tatoeba_zhen.yaml").read_text(encoding="utf-8"))
+    steps = args.warmup_steps + args.steps
+    config.update(MODEL, batch_size=args.batch_size, valid_batch_size=args.batch_size, num_workers=args.num_workers,
+                  train_steps=steps, valid_steps=10 * steps, save_checkpoint_steps=10 * steps,
+                  report_every=args.report_every, seed=1, save_model=str(work / "model"))
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+def one_run(args, work, name, env, number):
+    """Train once; returns seconds per step after the warm-up, from the log's timestamps."""
+    folder = work / f"{name.split()[0]}-{number}"
+    folder.mkdir(parents=True, exist_ok=True)
+    config = folder / "config.yaml"
+    config.write_text(config_text(args, folder), encoding="utf-8")
+    for old in folder.glob("model_step_*.pt"):
+        old.unlink()
+    log = folder / "train.log"
+    command = [str(Path(sys.executable).parent / "onmt_train"), "-config", str(config), "-log_file", str(log)]
+    log.unlink(missing_ok=True)
+    done = subprocess.run(command, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+                          capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise SystemExit(f"bench_host.py: error: {name} run {number} failed (exit {done.returncode}); "
+                         f"see {log}: {done.stderr.strip().splitlines()[-1:]}")
+    records = [r for r in train_log.read(log).steps if r.step >= args.warmup_steps and r.time]
+    if len(records) < 2:
+        return None, str(log)
+    first, last = records[0], records[-1]  # from the report that ends the warm-up to the last one
+    return (last.time - first.time).total_seconds() / (last.step - first.step), str(log)
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="bench_host.py", description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=40, help="measured steps (default 40)")
+    parser.add_argument("--warmup-steps", type=int, default=10, help="steps before them (default 10)")
+    parser.add_argument("--report-every", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each variant, alternating (default 2)")
+    parser.add_argument("--batch-size", type=int, default=8192, help="tokens per batch (default 8192)")
+    parser.add_argument("--num-workers", type=int, default=2, help="data workers (default 2, as the paper configs)")
+    parser.add_argument("--out", type=Path, default=REPO / "results/bench")
+    parser.add_argument("--work", type=Path, default=REPO / "build/bench-host")
+    parser.add_argument("--label", default="proxy", help="report name: <out>/host-<label>.{json,md}")
+    args = parser.parse_args(argv)
+    if min(args.steps, args.warmup_steps, args.report_every, args.repeats, args.batch_size) < 1:
+        parser.error("steps, warm-up, report interval, repeats and batch size must be >= 1")
+    if args.steps % args.report_every or args.warmup_steps % args.report_every:
+        parser.error("--steps and --warmup-steps must be multiples of --report-every")
+    return args
+
+
+def markdown(report):
+    lines = [f"# Host milliseconds per training step: {report['label']}", "",
+             f"- machine: {report['machine']}; {report['date']} UTC; commit {report['commit'] or 'unknown'}",
+             f"- `{report['command']}`",
+             f"- trivial model ({', '.join(f'{k} {v}' for k, v in MODEL.items())}), {report['batch_size']}-token "
+             f"batches, {report['num_workers']} data workers, {report['steps']} measured steps after "
+             f"{report['warmup_steps']}; one torch thread", "",
+             "| variant | host ms per step (median) | runs (ms) |", "|---|---:|---|"]
+    for name, row in report["variants"].items():
+        runs = ", ".join(f"{1000 * s:.1f}" if s else "n/a" for s in row["seconds_per_step"])
+        median = row["median_ms"]
+        lines.append(f"| {name} | {median:.1f} | {runs} |" if median else f"| {name} | n/a | {runs} |")
+    ratio = report.get("stock_over_ext")
+    if ratio:
+        lines += ["", f"Stock's time per step over onmt-ext's: {ratio:.2f}."]
+    lines += ["", "A CPU proxy for the host's share of a GPU step; information only, not a GPU figure."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if not (REPO / "build/tatoeba/vocab.en").exists():
+        print("bench_host.py: error: build/tatoeba is missing; run `make data` first", file=sys.stderr)
+        return 2
+    results = {name: [] for name in VARIANTS}
+    for number in range(args.repeats):
+        for name, env in VARIANTS.items():
+            seconds, log = one_run(args, args.work, name, env, number)
+            print(f"== bench-host: {name}, run {number + 1}: "
+                  + (f"{1000 * seconds:.1f} ms per step" if seconds else "no figure") + f" ({log})", flush=True)
+            results[name].append(seconds)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                            check=False).stdout.strip()
+    variants = {}
+    for name, runs in results.items():
+        found = [s for s in runs if s]
+        variants[name] = {"seconds_per_step": runs, "median_ms": 1000 * statistics.median(found) if found else None}
+    ext, stock = variants["onmt-ext"]["median_ms"], variants["stock OpenNMT-py"]["median_ms"]
+    report = {"label": args.label, "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} "
+              f"cores, Python {platform.python_version()}", "commit": commit or None,
+              "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+              "command": "python tools/bench_host.py " + " ".join(sys.argv[1:] if argv is None else argv),
+              "batch_size": args.batch_size, "num_workers": args.num_workers, "steps": args.steps,
+              "warmup_steps": args.warmup_steps, "variants": variants,
+              "stock_over_ext": stock / ext if ext and stock else None}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"host-{args.label}.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    (args.out / f"host-{args.label}.md").write_text(markdown(report), encoding="utf-8")
+    print(markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
