@@ -23,6 +23,8 @@
 #   make wheelhouse  download every dependency but torch as wheels for PY= (default 3.12) into wheelhouse/
 #   make gpu-check  decoding properties, training and translation speed on one CUDA GPU (about 8 minutes;
 #                 results/gpu/<gpu model>.{md,json}; docs/gpu-check.md)
+#   make bench-host  host ms per 8k-token training step (trivial model), onmt-ext and stock OpenNMT-py: a CPU
+#                 proxy for the GPU work (results/bench/host-proxy.md)
 #   make bench    speed/memory of the mechanisms against the baseline, for information (CPU, smoke
 #                 size; BENCH_ARGS="--size paper --gpu 0" for the paper size; docs/benchmarks-method.md)
 #   make reproduce-li2019-table2 (-table3, -table4-wmt14_ende, -table4-wmt17_zhen),
@@ -65,6 +67,7 @@ DEMO_MODEL := $(DEMO)/model_step_$(DEMO_STEPS).pt
 SMOKE_CONFIGS := $(shell find yaml_configs/smoke -name '*.yaml' | sort)
 
 GPUS ?= 0
+PASSES ?=
 AVERAGE ?= 5
 DRY_RUN ?=
 RESULTS_DIR ?=
@@ -75,7 +78,7 @@ REPRODUCE_TABLES := li2019-table2 li2019-table3 li2019-table4-wmt14_ende li2019-
 	gret-main-wmt14_ende gret-main-wmt14_deen gret-main-wmt17_zhen gret-main-wmt16_roen gret-ablation gret-big \
 	clause-table5 clause-table10 clause-table11 sample-li2019
 
-.PHONY: help setup wheelhouse gpu-check data demo compare scale cao2019-weights split-speed length-demo test test-all test-unit smoke bench paper-configs clean distclean \
+.PHONY: help setup wheelhouse gpu-check data demo compare scale cao2019-weights split-speed length-demo test test-all test-unit smoke bench bench-host paper-configs clean distclean \
 	reproduce-li2019 reproduce-cao2019 reproduce-chen2019 reproduce-gret reproduce-clause sweep-chen2019-dr $(addprefix reproduce-,$(REPRODUCE_TABLES)) $(addprefix report-,$(REPRODUCE_TABLES)) reproduce-sample
 
 help:
@@ -349,6 +352,12 @@ bench: $(TATOEBA)/vocab.en | $(SETUP_STAMP)
 	  $(PY) tools/bench.py --suite $$suite $(BENCH_ARGS) || status=1; \
 	done; exit $$status
 
+# host milliseconds per 8k-token training step with a trivial model, onmt-ext and stock OpenNMT-py in one run:
+# a CPU proxy for the host's share of a GPU step (information only) -> results/bench/host-proxy.{md,json}
+BENCH_HOST_ARGS ?=
+bench-host: $(TATOEBA)/vocab.en | $(SETUP_STAMP)
+	$(PY) tools/bench_host.py $(BENCH_HOST_ARGS)
+
 # ---------------------------------------------------------------- GPU check
 # On one CUDA GPU (about 8 minutes): the decoding properties in fp32 and under fp16/bf16 autocast, then training
 # and translation speed of every mechanism at Base, eager and with -ext_compile, as ratios to the baseline ->
@@ -383,7 +392,7 @@ $(addprefix reproduce-,$(REPRODUCE_TABLES)): reproduce-%: | $(SETUP_STAMP)
 	@task=$$($(PY) tools/reproduce.py $* --task); \
 	  $(MAKE) --no-print-directory $(if $(DRY_RUN),-n) data-$$task
 	$(PY) tools/reproduce.py $* --gpus $(GPUS) --average $(AVERAGE) $(if $(DRY_RUN),--dry-run) \
-	  $(if $(RESULTS_DIR),--results-dir $(RESULTS_DIR))
+	  $(if $(PASSES),--passes $(PASSES)) $(if $(RESULTS_DIR),--results-dir $(RESULTS_DIR))
 
 # rewrite a table's report (results/<paper>/<task>/) from its results JSON, without training anything
 $(addprefix report-,$(REPRODUCE_TABLES)): report-%: | $(SETUP_STAMP)

@@ -17,7 +17,9 @@ step whose output is already on disk:
    -gpu_ranks 0 .. n-1``), with the config's ``accum_count`` divided by the
    number of GPUs ``n``, so that every update sees the paper's batch whatever
    the GPU count (the configs hold the one-GPU equivalent: li2019's 8 GPUs x
-   4096 tokens are 4096 x 8); ``n`` must divide ``accum_count``;
+   4096 tokens are 4096 x 8); ``n`` must divide ``accum_count``; ``--passes
+   p`` trains each update in ``p`` larger batches per GPU instead (e.g. one
+   32,768-token batch on an 80 GB GPU: same tokens per update);
 2. ``onmt_average_models`` of the last ``--average N`` checkpoints (default 5)
    into ``<run dir>/average_last<N>.pt``.  OpenNMT-py saves a checkpoint every
    ``save_checkpoint_steps`` and one at ``train_steps``, and keeps the last
@@ -422,8 +424,29 @@ def _training_inputs(values):
     return tuple(dict.fromkeys(Path(path) for path in paths))
 
 
-def plan(row, gpus=(0,), average=AVERAGE):
-    """The :class:`RowPlan` of one row trained on the CUDA devices ``gpus`` with ``average`` checkpoints averaged."""
+def update_passes(values, n_gpus, passes=None):
+    """``(batch_size, accum_count)`` per GPU for one update of the config's tokens in ``passes`` passes.
+
+    The configs hold the paper's update as ``batch_size`` x ``accum_count`` on
+    one GPU; ``n_gpus`` GPUs share its passes, and ``passes`` (default: all of
+    them, the config's batch) merges them into fewer, larger batches with the
+    same tokens per update.
+    """
+    accum_total, batch = values.get("accum_count", [1])[0], int(values["batch_size"])
+    if accum_total % n_gpus:
+        raise SystemExit(f"reproduce.py: {n_gpus} GPUs do not divide accum_count {accum_total}, so the paper's "
+                         "batch cannot be kept")
+    per_gpu = accum_total // n_gpus
+    passes = per_gpu if passes is None else passes
+    if passes < 1 or per_gpu % passes:
+        raise SystemExit(f"reproduce.py: --passes {passes} must divide the {per_gpu} passes per GPU of one update "
+                         f"(accum_count {accum_total} over {n_gpus} GPU(s))")
+    return batch * (per_gpu // passes), passes
+
+
+def plan(row, gpus=(0,), average=AVERAGE, passes=None):
+    """The :class:`RowPlan` of one row trained on the CUDA devices ``gpus`` with ``average`` checkpoints averaged
+    (``passes``: batches per update and GPU, see :func:`update_passes`)."""
     values = _with_overrides(_config_values(row.config), row.overrides)
     save_model = Path(values["save_model"])
     if row.overrides:
@@ -433,16 +456,19 @@ def plan(row, gpus=(0,), average=AVERAGE):
     task = _task_of(row.config)
     src, _ = LANGS[task]
     n_gpus = max(1, len(gpus))
-    accum_total = values.get("accum_count", [1])[0]
-    if accum_total % n_gpus:
+    if values.get("accum_count", [1])[0] % n_gpus:
         raise SystemExit(f"reproduce.py: --gpus {','.join(map(str, gpus))} ({n_gpus} GPUs) does not divide "
-                         f"accum_count {accum_total} of {row.config}, so the paper's batch cannot be kept")
+                         f"accum_count {values['accum_count'][0]} of {row.config}, so the paper's batch cannot be "
+                         "kept")
+    batch_size, accum_count = update_passes(values, n_gpus, passes)
     train_steps = int(values["train_steps"])
     checkpoints = tuple(Path(f"{save_model}_step_{step}.pt") for step in averaged_steps(values, average, row.config))
     steps = list(_clause_preparation(values, task))
     devices = ["-world_size", n_gpus, "-gpu_ranks", *range(n_gpus)] if gpus else []
     train = ["onmt_train", "-config", f"yaml_configs/{row.config}", *devices,
-             "-accum_count", accum_total // n_gpus, "-log_file", run_dir / "train.log", "-overwrite_checkpoints"]
+             "-accum_count", accum_count, *(["-batch_size", batch_size] if batch_size != int(values["batch_size"])
+                                            else []),
+             "-log_file", run_dir / "train.log", "-overwrite_checkpoints"]
     if row.overrides:
         train += ["-save_model", save_model, *row.overrides]
     steps.append(Step(tuple(train), checkpoints[-1], _training_inputs(values)))
@@ -951,6 +977,9 @@ def main(argv=None):
     parser.add_argument("--gpus", default="0",
                         help="comma-separated CUDA device ids to train on, e.g. 0,1,2,3 (default 0); their number "
                              "must divide each config's accum_count; 'cpu' runs on the CPU")
+    parser.add_argument("--passes", type=int, default=None,
+                        help="batches per update on each GPU (default: the config's accum_count over the GPUs); "
+                             "fewer, larger batches with the same tokens per update, as GPU memory allows")
     parser.add_argument("--average", type=int, default=AVERAGE,
                         help=f"average the last N checkpoints and translate with the average (default {AVERAGE}; "
                              "1: translate the last checkpoint)")
@@ -988,7 +1017,7 @@ def main(argv=None):
     if args.report_only:
         rows_done, commands = load_results(results_json or out_dir / f"{table}.json", table)
     else:
-        plans = [plan(row, gpus, args.average) for row in rows]
+        plans = [plan(row, gpus, args.average, args.passes) for row in rows]
         clause = table.startswith("clause-")  # the paper's claim is about long sentences (Tables 6-9)
         if args.dry_run:
             for p in plans:

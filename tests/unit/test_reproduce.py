@@ -484,3 +484,20 @@ def test_nist_table_is_scored_on_all_three_test_sets_with_big_rows_against_the_b
     written["json"].write_text(json.dumps(document), encoding="utf-8")
     with pytest.raises(SystemExit, match="has no tok_bleu on NIST04"):
         reproduce.load_results(written["json"], table)
+
+
+def test_passes_keep_the_tokens_of_an_update():
+    row = reproduce.TABLES["li2019-table3"][0]  # 4096 tokens x accum_count 8
+
+    def batch_and_accum(gpus, passes=None):
+        [command] = [list(map(str, step.command)) for step in reproduce.plan(row, gpus, passes=passes).steps
+                     if step.command[0] == "onmt_train"]
+        batch = int(_option(command, "-batch_size")[0]) if "-batch_size" in command else 4096
+        return batch, int(_option(command, "-accum_count")[0])
+
+    assert batch_and_accum((0,)) == (4096, 8)  # the config's own batch
+    assert batch_and_accum((0,), passes=1) == (32768, 1)
+    assert batch_and_accum((0, 1), passes=2) == (8192, 2)
+    assert batch_and_accum((0, 1, 2, 3)) == (4096, 2)
+    with pytest.raises(SystemExit, match="--passes 3 must divide"):
+        reproduce.plan(row, (0,), passes=3)
