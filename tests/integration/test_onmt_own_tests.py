@@ -3,7 +3,7 @@
 The wheel ships them as ``onmt/tests``; they read ``data/`` by relative paths, which is OpenNMT-py's ``data/``
 folder at v3.5.1, kept in ``../shared/opennmt-py-3.5.1-data/`` beside the repository (its SOURCE.md). Each run gets
 its own scratch copy of both and runs pytest there, once as installed and once with ``ONMT_EXT_DISABLE=1``; the two
-runs go side by side (about 25 s of wall time on 2 cores). Deselected, by name: the tests that load model files
+runs go side by side (40 to 75 s of wall time on 2 busy cores). Deselected, by name: the tests that load model files
 which neither the wheel nor that folder holds, and one whose outcome is random (:data:`DESELECTED`).
 """
 
