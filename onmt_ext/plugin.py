@@ -8,12 +8,12 @@ right after ``onmt`` has been imported.  It
 2. adds onmt-ext's options to ``onmt.opts.model_opts``, so ``onmt_train``
    accepts them from YAML and the command line, the checkpoint stores them,
    and ``onmt_translate`` restores them (with defaults for older checkpoints);
-3. makes option parsing strict: an unknown, misspelled, abbreviated or
-   repeated key (YAML or command line) stops ``onmt_train``/
-   ``onmt_build_vocab``/``onmt_translate`` with a message naming it, where it
-   was written, and the closest valid key; invalid values or combinations of
-   onmt-ext options stop the run the same way, and so does a GPU option on a
-   torch without CUDA or a transform whose package is not installed;
+3. makes the commands' option parsing strict (other parses stay stock): an
+   unknown, misspelled, abbreviated or repeated key (YAML or command line)
+   stops ``onmt_train``/``onmt_build_vocab``/``onmt_translate`` with a message
+   naming it, where it was written, and the closest valid key; invalid values
+   or combinations of onmt-ext options stop the run the same way, and so does
+   a GPU option on a torch without CUDA or a transform whose package is missing;
 4. runs onmt-ext's option checks wherever OpenNMT-py validates model options
    (training, and loading a checkpoint for translation), and refuses a
    ``-train_from`` whose architecture or mechanism options differ from the
@@ -29,6 +29,7 @@ Every change goes through :func:`onmt_ext.patches.patch`; everything is
 idempotent.  ``ONMT_EXT_DISABLE=1`` prevents all of it.
 """
 
+import contextvars
 import difflib
 import glob
 import os
@@ -297,7 +298,33 @@ def cuda_problems(opt):
     return [f"{' and '.join(asked)}: {why}; {fix}"]
 
 
+#: Set on a parser that parses strictly: a command's own, or one that :func:`strict` marked.
+_STRICT = "_onmt_ext_strict"
+#: True while the ``main`` of an OpenNMT-py command runs (:func:`_run_main`).
+_IN_COMMAND = contextvars.ContextVar("onmt_ext_in_command", default=False)
+
+
+def strict(parser):
+    """Make ``parser`` parse strictly, as the commands do (for onmt-ext's own helpers); returns it."""
+    setattr(parser, _STRICT, True)
+    return parser
+
+
+def _run_as_command():
+    """True in ``python -m onmt.bin.<command>``: runpy runs that module as ``__main__``, with its spec."""
+    return getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", None) in COMMANDS
+
+
+def _parses_strictly(parser, args):
+    """Strict: a parser that :func:`strict` marked, or an OpenNMT-py command parsing its own command line."""
+    if args is None and (_IN_COMMAND.get() or _run_as_command()):
+        strict(parser)
+    return getattr(parser, _STRICT, False)
+
+
 def _strict_parse_known_args(stock, self, args=None, namespace=None, **kwargs):
+    if not _parses_strictly(self, args):
+        return stock(self, args, namespace, **kwargs)
     # Abbreviations make a misspelled YAML key or option silently set another option.
     self.allow_abbrev = False
     argv = list(sys.argv[1:] if args is None else args)
@@ -321,25 +348,25 @@ def _strict_parse_known_args(stock, self, args=None, namespace=None, **kwargs):
     return opt, [u for u in unknown if u.lstrip("-").split("=", 1)[0] in names]
 
 
-def _no_single_dash_abbreviations(stock, self, option_string):
-    """argparse (3.11) expands ``-beam`` to ``-beam_size`` even with ``allow_abbrev=False``; not here."""
-    if not self.allow_abbrev and option_string[:1] in self.prefix_chars \
-            and option_string[1:2] not in self.prefix_chars:
-        return []
-    return stock(self, option_string)
+def _no_abbreviations_when_strict(stock, self, option_string):
+    """argparse (3.11) expands ``-beam`` to ``-beam_size`` even with ``allow_abbrev=False``; a strict parse takes
+    no abbreviation (every other parser: stock)."""
+    return [] if getattr(self, _STRICT, False) else stock(self, option_string)
 
 
 def _make_parsing_strict():
     from onmt.utils.parse import ArgumentParser
 
-    test = "tests/integration/test_plugin_cli.py::test_train_rejects_misspelled_yaml_keys_with_line_and_suggestion"
-    patch(ArgumentParser, "parse_known_args", _strict_parse_known_args, kind=NEEDED, test=test,
+    scope = ("in the commands' own parses (onmt_train, onmt_build_vocab, onmt_translate, also as python -m "
+             "onmt.bin.*) and onmt-ext's parse_train_config; every other caller gets stock argparse")
+    patch(ArgumentParser, "parse_known_args", _strict_parse_known_args, kind=NEEDED,
+          test="tests/unit/test_plugin.py::test_only_the_commands_parse_strictly",
           reason="refuses unknown, misspelled, repeated or invalid options in one line each, instead of ignoring "
-                 "them")
-    patch(ArgumentParser, "_get_option_tuples", _no_single_dash_abbreviations, kind=FIX,
+                 "them, " + scope)
+    patch(ArgumentParser, "_get_option_tuples", _no_abbreviations_when_strict, kind=FIX,
           test="tests/integration/test_user_errors.py::test_abbreviated_options_are_refused_with_a_suggestion",
           reason="argparse takes -beam for -beam_size and -train_step for -train_steps although abbreviations are "
-                 "off")
+                 "off; refused " + scope)
 
 
 def _validate_model_opts(stock, cls, model_opt):
@@ -632,6 +659,16 @@ def _run_command(stock, *args, **kwargs):
         _end_interrupted(prog, args)  # Ctrl-C inside torch.save's writer surfaces as its RuntimeError
 
 
+def _run_main(stock, *args, **kwargs):
+    """A command's ``main``: its command line is parsed strictly (:func:`_parses_strictly`), its errors end in one
+    line (:func:`_run_command`)."""
+    token = _IN_COMMAND.set(True)
+    try:
+        return _run_command(stock, *args, **kwargs)
+    finally:
+        _IN_COMMAND.reset(token)
+
+
 def _caused_by_interrupt(error):
     """True when ``error`` was raised while a KeyboardInterrupt was being handled (its ``__context__`` chain)."""
     seen = set()
@@ -750,13 +787,14 @@ def _translate_checked(stock, opt, *args, **kwargs):
 def _one_line_errors():
     from onmt.bin import build_vocab, train, translate
 
-    reason = "errors a user causes end in one line `<command>: error: ...` (usage: exit 2, run time: exit 1)"
+    reason = ("errors a user causes end in one line `<command>: error: ...` (usage: exit 2, run time: exit 1); "
+              "the command line is parsed strictly (see parse_known_args)")
     machine = ("-gpu/-gpu_ranks on a torch without CUDA end in a misleading error or an AttributeError; a "
                "transform whose package (spaCy, fasttext) is missing fails deep inside the data loader")
     machine_test = "tests/integration/test_user_errors.py::test_onmt_works_without_spacy_and_fasttext"
     test = "tests/integration/test_user_errors.py::test_a_missing_vocabulary_is_named_in_one_line"
     for module in (train, translate, build_vocab):
-        patch(module, "main", _run_command, kind=FIX, reason=reason, test=test)
+        patch(module, "main", _run_main, kind=FIX, reason=reason, test=test)
     patch(train, "train", _train_checked, kind=FIX, test="tests/integration/test_user_errors.py::"
           "test_training_into_another_runs_checkpoints_is_refused",
           reason="a missing -src_vocab ends in a long traceback; training into a -save_model of another run "
@@ -769,13 +807,13 @@ def _one_line_errors():
 
 
 def train_parser():
-    """OpenNMT-py's ``onmt_train`` parser (with onmt-ext's options once active)."""
+    """OpenNMT-py's ``onmt_train`` parser (with onmt-ext's options once active), strict as the command's."""
     import onmt.opts
     from onmt.utils.parse import ArgumentParser
 
     parser = ArgumentParser(description="train.py")
     onmt.opts.train_opts(parser)
-    return parser
+    return strict(parser)
 
 
 def parse_train_config(config, *overrides):

@@ -5,6 +5,8 @@ The start-up hook and registration in fresh interpreters, the log file after the
 console scripts refusing unknown options are in tests/integration/test_plugin_cli.py.
 """
 
+import sys
+
 import pytest
 
 import support
@@ -49,10 +51,59 @@ def test_shared_yaml_with_train_keys_is_accepted_by_build_vocab(onmt_active):
     from onmt.opts import data_prepare_opts
     from onmt.utils.parse import ArgumentParser
 
-    parser = ArgumentParser(description="build_vocab.py")
+    from onmt_ext.plugin import strict
+
+    parser = strict(ArgumentParser(description="build_vocab.py"))  # as onmt_build_vocab parses
     data_prepare_opts(parser, build_vocab_only=True)
     opt, _ = parser.parse_known_args(["-config", str(support.REPO / "yaml_configs/demo/tatoeba_zhen.yaml")])
     assert opt.src_vocab == "build/tatoeba/vocab.zh"
+
+
+def _test_models_parser():
+    """The parser of OpenNMT-py's own onmt/tests/test_models.py."""
+    import onmt.opts
+    from onmt.utils.parse import ArgumentParser
+
+    parser = ArgumentParser(description="train.py")
+    onmt.opts.model_opts(parser)
+    onmt.opts.distributed_opts(parser)
+    onmt.opts._add_train_general_opts(parser)
+    return parser
+
+
+def test_other_callers_of_parse_known_args_get_stock_argparse(onmt_active, monkeypatch):
+    """Strictness belongs to the commands: a plain parser returns unknown options and takes abbreviations."""
+    parser = _test_models_parser()
+    opt, unknown = parser.parse_known_args(["-data", "dummy", "-enc_layer", "3", "-no_such_option", "x"])
+    assert unknown == ["-no_such_option", "x"]
+    # argparse takes -data for -data_type and -enc_layer for -enc_layers, as in stock OpenNMT-py
+    assert (opt.data_type, opt.enc_layers, parser.allow_abbrev) == ("dummy", 3, True)
+    monkeypatch.setattr("sys.argv", ["script.py", "-no_such_option"])  # its own command line, outside a command
+    assert _test_models_parser().parse_known_args()[1] == ["-no_such_option"]
+
+
+def test_only_the_commands_parse_strictly(onmt_active, monkeypatch, capsys):
+    """onmt_build_vocab's main (the console script) and the module run as ``python -m`` refuse an unknown option;
+    the same parse outside them returns it."""
+    import types
+    from importlib.machinery import ModuleSpec
+
+    from onmt.bin import build_vocab
+
+    argv = ["onmt_build_vocab", "-config", str(support.REPO / "yaml_configs/demo/tatoeba_zhen.yaml"), "-n_sampel", "5"]
+    monkeypatch.setattr("sys.argv", argv)
+    message = "onmt_build_vocab: error: unknown option 'n_sampel' on the command line; did you mean 'n_sample'?"
+    with pytest.raises(SystemExit) as exit_info:
+        build_vocab.main()
+    assert exit_info.value.code == 2 and capsys.readouterr().err.strip() == message
+    assert "-n_sampel" in build_vocab._get_parser().parse_known_args()[1]  # after main: stock again
+    main = types.ModuleType("__main__")  # what runpy makes of python -m onmt.bin.build_vocab
+    main.__spec__ = ModuleSpec("onmt.bin.build_vocab", None)
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    with pytest.raises(SystemExit) as exit_info:
+        build_vocab._get_parser().parse_known_args()
+    assert exit_info.value.code == 2 and capsys.readouterr().err.strip() == message
+    assert "-n_sampel" in build_vocab._get_parser().parse_known_args(argv[1:])[1]  # not its command line
 
 
 def test_unknown_option_messages_unit():
