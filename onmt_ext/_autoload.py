@@ -69,8 +69,8 @@ def _after_onmt():
 class _HookedLoader(importlib.abc.Loader):
     """Wraps the real loader of ``onmt`` to run our steps around its execution."""
 
-    def __init__(self, loader):
-        self._loader = loader
+    def __init__(self, loader, finder):
+        self._loader, self._finder = loader, finder
 
     def create_module(self, spec):
         return self._loader.create_module(spec)
@@ -81,6 +81,8 @@ class _HookedLoader(importlib.abc.Loader):
         module.__loader__ = self._loader
         if module.__spec__ is not None:
             module.__spec__.loader = self._loader
+        if self._finder in sys.meta_path:  # onmt is being imported: the finder's work is done
+            sys.meta_path.remove(self._finder)
         _before_onmt()
         self._loader.exec_module(module)
         _after_onmt()
@@ -90,17 +92,22 @@ class _HookedLoader(importlib.abc.Loader):
 
 
 class _OnmtFinder(importlib.abc.MetaPathFinder):
-    """One-shot finder: wraps the loader of the top-level ``onmt`` package."""
+    """Wraps the loader of the top-level ``onmt`` package; leaves ``sys.meta_path`` once ``onmt`` is imported
+    (a mere ``importlib.util.find_spec("onmt")`` keeps it in place)."""
+
+    _searching = False
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != "onmt":
+        if fullname != "onmt" or self._searching:
             return None
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
-        spec = importlib.util.find_spec("onmt")
+        self._searching = True  # the other finders' spec, without coming back here
+        try:
+            spec = importlib.util.find_spec("onmt")
+        finally:
+            self._searching = False
         if spec is None or spec.loader is None:
             return spec
-        spec.loader = _HookedLoader(spec.loader)
+        spec.loader = _HookedLoader(spec.loader, self)
         return spec
 
 

@@ -40,6 +40,20 @@ def test_hook_registers_types_on_first_onmt_import():
     assert result.stdout.split() == ["ExtTransformerEncoder", "ExtTransformerDecoder"]
 
 
+def test_hook_survives_a_lookup_of_onmt_before_its_import():
+    # pytest and other tools look packages up (importlib.util.find_spec) without importing them
+    result = _python(
+        """
+        import importlib.util
+        assert importlib.util.find_spec("onmt") is not None
+        import onmt, onmt_ext.plugin
+        print(onmt_ext.plugin.is_active())
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True"]
+
+
 def test_hook_can_be_switched_off():
     result = _python(
         "import onmt; from onmt.encoders import str2enc; print('ext_transformer' in str2enc)",
