@@ -83,8 +83,11 @@ help:
 
 # ---------------------------------------------------------------- setup
 # SYSTEM_TORCH=1: a venv that sees the system's site-packages and installs no torch (a cluster's CUDA build
-# stays the one used).  WHEELS=dir: pip --no-index --find-links dir, nothing from the network (with
-# SYSTEM_TORCH=1, `make wheelhouse` fills dir; without it, dir must hold torch and its dependencies too).
+# stays the one used).  tools/stage_venv.py makes it: when $(PYTHON) is itself a venv, a .pth file adds that
+# venv's site-packages too (a conda environment's are its interpreter's own, which --system-site-packages
+# sees), and it checks that $(VENV) imports $(PYTHON)'s torch and says which.  WHEELS=dir: pip --no-index
+# --find-links dir, nothing from the network (with SYSTEM_TORCH=1, `make wheelhouse` fills dir; without it,
+# dir must hold torch and its dependencies too).
 # OPTIONAL=1 (the default without WHEELS) adds requirements-optional.txt (spaCy, its model, fasttext).
 SYSTEM_TORCH ?=
 WHEELS ?=
@@ -99,13 +102,11 @@ setup: $(SETUP_STAMP)
 $(SETUP_STAMP): requirements.txt requirements-torch.txt requirements-optional.txt pyproject.toml
 	@echo "== setup: creating $(VENV) (torch: $(if $(SYSTEM_TORCH),the system's,$(TORCH))$(if $(WHEELS),; offline from $(WHEELS)))"
 	@if [ -n "$(WHEELS)" ] && [ ! -d "$(WHEELS)" ]; then echo "setup: error: WHEELS=$(WHEELS) is not a directory"; exit 1; fi
-	@if [ -n "$(SYSTEM_TORCH)" ] && [ -e $(VENV)/pyvenv.cfg ] && ! grep -qi '^include-system-site-packages *= *true' $(VENV)/pyvenv.cfg; then \
-	  echo "setup: error: $(VENV) exists without the system's site-packages; remove it (make distclean) or pick VENV=..."; exit 1; fi
-	test -x $(PY) || $(PYTHON) -m venv $(if $(SYSTEM_TORCH),--system-site-packages) $(VENV)
 ifneq ($(SYSTEM_TORCH),)
-	@$(PY) -c "import torch" 2>/dev/null || { echo "setup: error: SYSTEM_TORCH=1 but 'import torch' fails in $(VENV) ($(PYTHON) has no working torch)"; exit 1; }
-	@$(PY) -c "import torch; print('== setup: using the system torch', torch.__version__, 'CUDA', torch.version.cuda)"
+	@command -v $(PYTHON) >/dev/null || { echo "setup: error: PYTHON=$(PYTHON) is not a command"; exit 1; }
+	@$(PYTHON) tools/stage_venv.py --prog setup --var VENV $(VENV)
 else
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP_INSTALL) $(TORCH)
 	$(PIP_INSTALL) -r requirements-torch.txt
 endif
