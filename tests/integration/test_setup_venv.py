@@ -14,8 +14,9 @@ The machine is built here from the interpreter that runs the tests, without inst
   ``conda-meta`` folder, as a conda environment is laid out (its sys.prefix equals sys.base_prefix).
 
 The copy of the repository (tracked and new files, ``build/tatoeba`` without the signal tagger) is staged
-as it would be on the GPU machine, from a wheelhouse of one small wheel.  The slow test installs a real
-torch into a fresh venv and runs ``make setup SYSTEM_TORCH=1`` against the package index.
+as it would be on the GPU machine, from a wheelhouse of one small wheel and setuptools.  The slow tier holds
+the conda-like case and a fresh venv where pip installs a real torch, for ``make setup SYSTEM_TORCH=1``
+against the package index.
 """
 
 import base64
@@ -208,6 +209,7 @@ def test_make_setup_system_torch_uses_the_torch_of_a_venv(machine, repo_copy, wh
     assert staged(venv)["torch"] == machine["torch"]
 
 
+@pytest.mark.slow
 def test_gpu_stage_with_a_conda_like_python(repo_copy, wheelhouse, tmp_path):
     """A conda environment's packages are its interpreter's own: --system-site-packages sees them, no .pth."""
     env = tmp_path / "conda-env"
