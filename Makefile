@@ -86,8 +86,11 @@ help:
 
 # ---------------------------------------------------------------- setup
 # SYSTEM_TORCH=1: a venv that sees the system's site-packages and installs no torch (a cluster's CUDA build
-# stays the one used).  WHEELS=dir: pip --no-index --find-links dir, nothing from the network (with
-# SYSTEM_TORCH=1, `make wheelhouse` fills dir; without it, dir must hold torch and its dependencies too).
+# stays the one used).  tools/stage_venv.py makes it: when $(PYTHON) is itself a venv, a .pth file adds that
+# venv's site-packages too (a conda environment's are its interpreter's own, which --system-site-packages
+# sees), and it checks that $(VENV) imports $(PYTHON)'s torch and says which.  WHEELS=dir: pip --no-index
+# --find-links dir, nothing from the network (with SYSTEM_TORCH=1, `make wheelhouse` fills dir; without it,
+# dir must hold torch and its dependencies too).
 # OPTIONAL=1 (the default without WHEELS) adds requirements-optional.txt (spaCy, its model, fasttext).
 SYSTEM_TORCH ?=
 WHEELS ?=
@@ -102,13 +105,11 @@ setup: $(SETUP_STAMP)
 $(SETUP_STAMP): requirements.txt requirements-torch.txt requirements-optional.txt pyproject.toml
 	@echo "== setup: creating $(VENV) (torch: $(if $(SYSTEM_TORCH),the system's,$(TORCH))$(if $(WHEELS),; offline from $(WHEELS)))"
 	@if [ -n "$(WHEELS)" ] && [ ! -d "$(WHEELS)" ]; then echo "setup: error: WHEELS=$(WHEELS) is not a directory"; exit 1; fi
-	@if [ -n "$(SYSTEM_TORCH)" ] && [ -e $(VENV)/pyvenv.cfg ] && ! grep -qi '^include-system-site-packages *= *true' $(VENV)/pyvenv.cfg; then \
-	  echo "setup: error: $(VENV) exists without the system's site-packages; remove it (make distclean) or pick VENV=..."; exit 1; fi
-	test -x $(PY) || $(PYTHON) -m venv $(if $(SYSTEM_TORCH),--system-site-packages) $(VENV)
 ifneq ($(SYSTEM_TORCH),)
-	@$(PY) -c "import torch" 2>/dev/null || { echo "setup: error: SYSTEM_TORCH=1 but 'import torch' fails in $(VENV) ($(PYTHON) has no working torch)"; exit 1; }
-	@$(PY) -c "import torch; print('== setup: using the system torch', torch.__version__, 'CUDA', torch.version.cuda)"
+	@command -v $(PYTHON) >/dev/null || { echo "setup: error: PYTHON=$(PYTHON) is not a command"; exit 1; }
+	@$(PYTHON) tools/stage_venv.py --prog setup --var VENV $(VENV)
 else
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP_INSTALL) $(TORCH)
 	$(PIP_INSTALL) -r requirements-torch.txt
 endif
@@ -122,27 +123,44 @@ endif
 
 # make wheelhouse PY=3.12: every package of requirements.txt, OpenNMT-py and the editable install's build
 # dependency (setuptools, pinned there) as wheels for CPython $(WHEEL_PY) on manylinux x86_64, torch and
-# requirements-optional.txt left out, for `make setup SYSTEM_TORCH=1 WHEELS=wheelhouse` on an offline
-# machine (pip install --no-index with it checks that nothing is missing).  Packages published without
-# wheels (WHEEL_BUILD) are built here with `pip wheel --no-deps`.
+# requirements-optional.txt left out, for `make setup SYSTEM_TORCH=1 WHEELS=wheelhouse` or tools/gpu_stage.sh on
+# an offline machine (pip install --no-index with it checks that nothing is missing).  Packages published
+# without wheels (WHEEL_BUILD) are built here with `pip wheel --no-deps`.
 WHEELHOUSE ?= wheelhouse
 WHEEL_BUILD ?= jieba
 # names of requirements.txt packages the target machine already has (their wheels are not fetched), e.g.
 # WHEEL_SKIP="numpy PyYAML sacrebleu sentencepiece pytest regex tqdm"
 WHEEL_SKIP ?=
+# WHEEL_HAVE=file: what the target has (pip freeze, pip list or conda list output, e.g.
+# tools/gpu-machine-packages.txt); tools/wheel_have.py leaves out those packages and, from the pinned
+# packages' metadata (pip install --dry-run --report: metadata only), everything they depend on
+WHEEL_HAVE ?=
 WHEEL_PLATFORMS := manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_5_x86_64 manylinux1_x86_64
 # PY= on the command line names the target's Python version here (elsewhere PY is the venv's interpreter)
 WHEEL_PY = $(if $(filter command line,$(origin PY)),$(PY),3.12)
+WHEEL_TARGET = --only-binary=:all: --python-version $(WHEEL_PY) --implementation cp --abi cp$(subst .,,$(WHEEL_PY)) \
+	--abi abi3 --abi none $(addprefix --platform ,$(WHEEL_PLATFORMS))
+WHEEL_BUILT = -i -E '^($(subst $() ,|,$(WHEEL_BUILD)))=='
 wheelhouse:
 	@case "$(WHEEL_PY)" in 3.[0-9]|3.[0-9][0-9]) ;; *) echo "wheelhouse: error: PY=$(WHEEL_PY) is not a Python version such as 3.12"; exit 1;; esac
+	@if [ -n "$(WHEEL_HAVE)" ] && [ ! -f "$(WHEEL_HAVE)" ]; then echo "wheelhouse: error: WHEEL_HAVE=$(WHEEL_HAVE) is not a file"; exit 1; fi
+	@old=$$(ls $(WHEELHOUSE)/*.whl 2>/dev/null | wc -l || true); [ "$$old" = 0 ] || \
+	  echo "== wheelhouse: $(WHEELHOUSE)/ already holds $$old wheels; they stay (a new WHEELHOUSE= folder has only this list's)"
 	mkdir -p $(WHEELHOUSE)
-	grep -v -i -E '^($(subst $() ,|,$(strip $(WHEEL_BUILD) $(WHEEL_SKIP))))==' requirements.txt > $(WHEELHOUSE)/.binary-requirements.txt
-	$(PYTHON) -m pip download -q --disable-pip-version-check -d $(WHEELHOUSE) --only-binary=:all: \
-	  --python-version $(WHEEL_PY) --implementation cp --abi cp$(subst .,,$(WHEEL_PY)) --abi abi3 --abi none \
-	  $(addprefix --platform ,$(WHEEL_PLATFORMS)) -r $(WHEELHOUSE)/.binary-requirements.txt $(ONMT_PY) --no-deps
-	grep -i -E '^($(subst $() ,|,$(WHEEL_BUILD)))==' requirements.txt | grep -v -i -E '^($(subst $() ,|,$(strip $(WHEEL_SKIP) -)))==' | \
+	grep -v -i -E '^($(subst $() ,|,$(strip $(WHEEL_SKIP) -)))==' requirements.txt | grep -E '^[A-Za-z0-9]' > $(WHEELHOUSE)/.requirements.txt
+ifneq ($(WHEEL_HAVE),)
+	grep -v $(WHEEL_BUILT) $(WHEELHOUSE)/.requirements.txt > $(WHEELHOUSE)/.binary-requirements.txt
+	$(PYTHON) -m pip install -q --disable-pip-version-check --dry-run --ignore-installed --no-deps --target $(WHEELHOUSE)/.dry-run \
+	  --report $(WHEELHOUSE)/.report.json $(WHEEL_TARGET) -r $(WHEELHOUSE)/.binary-requirements.txt
+	$(PYTHON) tools/wheel_have.py --prog wheelhouse --have $(WHEEL_HAVE) --report $(WHEELHOUSE)/.report.json \
+	  --python-version $(WHEEL_PY) -o $(WHEELHOUSE)/.requirements.txt $(WHEELHOUSE)/.requirements.txt
+endif
+	grep -v $(WHEEL_BUILT) $(WHEELHOUSE)/.requirements.txt > $(WHEELHOUSE)/.binary-requirements.txt || true
+	$(PYTHON) -m pip download -q --disable-pip-version-check -d $(WHEELHOUSE) $(WHEEL_TARGET) \
+	  -r $(WHEELHOUSE)/.binary-requirements.txt $(ONMT_PY) --no-deps
+	{ grep $(WHEEL_BUILT) $(WHEELHOUSE)/.requirements.txt || true; } | \
 	  xargs -r $(PYTHON) -m pip wheel -q --disable-pip-version-check --no-deps -w $(WHEELHOUSE)
-	rm -f $(WHEELHOUSE)/.binary-requirements.txt
+	rm -rf $(WHEELHOUSE)/.requirements.txt $(WHEELHOUSE)/.binary-requirements.txt $(WHEELHOUSE)/.report.json $(WHEELHOUSE)/.dry-run
 	@echo "== wheelhouse: $$(ls $(WHEELHOUSE)/*.whl | wc -l) wheels, $$(du -sh $(WHEELHOUSE) | cut -f1) in $(WHEELHOUSE)/ (CPython $(WHEEL_PY))"
 
 # ---------------------------------------------------------------- data

@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
 # Run the GPU check on an offline machine that has Python and a CUDA torch but not this project's packages.
 #
-# Usage, from the repository root, with wheelhouse/ (make wheelhouse PY=<its Python>) and build/tatoeba
-# (make data) copied over:
+# Usage, from the repository root, with wheelhouse/ and build/tatoeba copied over (docs/install.md, "Running
+# the GPU check on a bare offline machine", says how to make both small):
 #
 #     OUT=/some/dir bash tools/gpu_stage.sh [further tools/gpu_check.py options]
+#     bash tools/gpu_stage.sh --stage-only     (or GPU_STAGE_ONLY=1): stage, then stop before the check
+#     bash tools/gpu_stage.sh --help           this text
 #
-# It makes a venv that sees the machine's own packages (torch first), installs every wheel of wheelhouse/
-# (pip --no-index --no-deps; `make wheelhouse WHEEL_SKIP=...` leaves out what the machine already has, e.g. its
-# numpy), onmt-ext (editable) and onmt-ext's start-up hook, then runs tools/gpu_check.py --out "$OUT"/gpu.  spaCy and
-# fasttext are not in the wheelhouse; if `import onmt` still asked for them, one-line stand-in modules are put on
-# PYTHONPATH for the check.  Variables: PYTHON (default python3), WHEELS (default wheelhouse), OUT (default
-# results), STAGE (default build/gpu-stage: the venv and stand-ins).  Exit status: gpu_check.py's, or 2 when
-# staging fails.
+# tools/stage_venv.py makes a venv that sees the machine's own packages, with the torch of $PYTHON: when that
+# Python is itself a venv (as on many GPU machines), that venv's site-packages are added through a .pth file;
+# a conda environment's are seen as they are.  It says which torch (version, path) the venv uses.  Then every
+# wheel of wheelhouse/ is installed (pip --no-index --no-deps; `make wheelhouse WHEEL_HAVE=<list>` leaves out
+# what the machine already has), onmt-ext (editable) and onmt-ext's start-up hook.  build/tatoeba/
+# signal_tagger.zh.pt need not be copied: the checked configs use the rule splitter, and if it is missing it
+# is trained here from build/tatoeba/train.zh (a few seconds, as `make data` does), since the test suite's
+# data check asks for it.  spaCy and fasttext are not in the wheelhouse; if `import onmt` still asked for
+# them, one-line stand-in modules are put on PYTHONPATH for the check.  Last, tools/gpu_check.py --out
+# "$OUT"/gpu runs.  Variables: PYTHON (default python3), WHEELS (default wheelhouse), OUT (default results),
+# STAGE (default build/gpu-stage: the venv and stand-ins), GPU_STAGE_ONLY.  Exit status: gpu_check.py's, or
+# 2 when staging fails (one line, "gpu_stage.sh: error: ...").
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -21,28 +28,29 @@ WHEELS=${WHEELS:-wheelhouse}
 OUT=${OUT:-results}
 STAGE=${STAGE:-build/gpu-stage}
 VENV=$STAGE/venv
+TAGGER=build/tatoeba/signal_tagger.zh.pt
 
 fail() { echo "gpu_stage.sh: error: $*" >&2; exit 2; }
 
+case "${1:-}" in
+  -h|--help) sed -n '2,/^set -/{/^set -/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"; exit 0 ;;
+  --stage-only) GPU_STAGE_ONLY=1; shift ;;
+esac
+
 [ -d "$WHEELS" ] || fail "$WHEELS/ is missing (make wheelhouse PY=<this machine's Python version>)"
 [ -f build/tatoeba/vocab.en ] || fail "build/tatoeba is missing (make data, then copy it here)"
-"$PYTHON" -c "import torch" 2>/dev/null || fail "'import torch' fails with $PYTHON; install the machine's CUDA torch first"
+command -v "$PYTHON" >/dev/null || fail "PYTHON=$PYTHON is not a command"
 
 mkdir -p "$STAGE"
-if [ ! -x "$VENV/bin/python" ]; then
-  "$PYTHON" -m venv --system-site-packages "$VENV" 2>/dev/null ||
-    "$PYTHON" -m venv --system-site-packages --without-pip "$VENV" ||
-    fail "could not create a venv with $PYTHON"
-fi
+"$PYTHON" tools/stage_venv.py --prog gpu_stage.sh --var STAGE --allow-without-pip "$VENV" || exit 2
 VPY=$VENV/bin/python
 if "$VPY" -m pip --version >/dev/null 2>&1; then
   pip_install() { "$VPY" -m pip install -q --disable-pip-version-check --no-index --no-deps "$@"; }
 else  # a venv without its own pip: the machine's pip installs into it
   pip_install() { "$PYTHON" -m pip --python "$VPY" install -q --disable-pip-version-check --no-index --no-deps "$@"; }
 fi
-"$VPY" -c "import torch" 2>/dev/null || fail "the venv $VENV does not see the machine's torch"
 
-# every wheel of the wheelhouse (make wheelhouse WHEEL_SKIP=... leaves out what the machine has)
+# every wheel of the wheelhouse (make wheelhouse WHEEL_HAVE=<list> leaves out what the machine has)
 wheels=("$WHEELS"/*.whl)
 [ -e "${wheels[0]}" ] || fail "$WHEELS/ holds no wheels"
 echo "== gpu_stage: installing ${#wheels[@]} wheel(s) from $WHEELS into $VENV"
@@ -52,6 +60,7 @@ pip_install --no-build-isolation -e . || fail "pip could not install onmt-ext (e
 
 # stand-ins for spaCy and fasttext, only if `import onmt` asks for them
 STUBS=$STAGE/stand-ins
+case "$STUBS" in /*) ;; *) STUBS=$PWD/$STUBS ;; esac
 for attempt in 1 2 3; do
   missing_module=$({ "$VPY" -c "import onmt" 2>&1 || true; } | sed -n "s/^ModuleNotFoundError: No module named '\([a-z_]*\)'.*/\1/p" | head -n1)
   [ -z "$missing_module" ] && break
@@ -59,7 +68,7 @@ for attempt in 1 2 3; do
     spacy|fasttext)
       mkdir -p "$STUBS"
       echo "\"\"\"Stand-in for $missing_module, which gpu_stage.sh does not install; unusable.\"\"\"" > "$STUBS/$missing_module.py"
-      export PYTHONPATH="$PWD/$STUBS${PYTHONPATH:+:$PYTHONPATH}"
+      export PYTHONPATH="$STUBS${PYTHONPATH:+:$PYTHONPATH}"
       echo "== gpu_stage: import onmt needs $missing_module: a stand-in module is on PYTHONPATH"
       ;;
     *) fail "import onmt needs $missing_module, which is not in $WHEELS" ;;
@@ -67,5 +76,15 @@ for attempt in 1 2 3; do
 done
 "$VPY" -c "import onmt, onmt_ext.plugin as p; assert p.is_active()" || fail "onmt-ext does not load in $VENV"
 
+if [ ! -f "$TAGGER" ]; then  # not copied: the same command as `make data`
+  echo "== gpu_stage: training $TAGGER from build/tatoeba/train.zh (it was not copied)"
+  "$VPY" tools/train_signal_tagger.py --lang zh --input build/tatoeba/train.zh --output "$TAGGER" >"$STAGE/tagger.log" 2>&1 ||
+    fail "could not train $TAGGER ($(tail -n1 "$STAGE/tagger.log"); log: $STAGE/tagger.log)"
+fi
+
+if [ -n "${GPU_STAGE_ONLY:-}" ]; then
+  echo "== gpu_stage: staged in $VENV; the check would run: $VPY tools/gpu_check.py --out $OUT/gpu${*:+ $*}"
+  exit 0
+fi
 mkdir -p "$OUT"
 exec "$VPY" tools/gpu_check.py --out "$OUT/gpu" "$@"

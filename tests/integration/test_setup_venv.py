@@ -1,0 +1,270 @@
+"""Staging with the machine's torch when that torch lives in a venv or a conda environment (issue 36).
+
+A GPU machine's ``python3`` is often a venv that holds torch.  A venv made from it with
+``--system-site-packages`` sees the *base* interpreter's site-packages, not that venv's, so
+``tools/gpu_stage.sh`` and ``make setup SYSTEM_TORCH=1`` must add them (tools/stage_venv.py).
+
+The machine is built here from the interpreter that runs the tests, without installing anything:
+
+- ``base``: a copy of the base interpreter (its own prefix, the standard library linked) whose
+  site-packages hold a stand-in ``torch`` package, the "other torch" a venv must not pick up;
+- ``machine venv``: a venv made from ``base`` whose own site-packages hold the real torch and the project's
+  dependencies (links to the entries of the test run's site-packages, onmt-ext left out);
+- ``conda-like``: a copy of the base interpreter with those packages in its *own* site-packages and a
+  ``conda-meta`` folder, as a conda environment is laid out (its sys.prefix equals sys.base_prefix).
+
+The copy of the repository (tracked and new files, ``build/tatoeba`` without the signal tagger) is staged
+as it would be on the GPU machine, from a wheelhouse of one small wheel and setuptools.  The slow tier holds
+the conda-like case and a fresh venv where pip installs a real torch, for ``make setup SYSTEM_TORCH=1``
+against the package index.
+"""
+
+import base64
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+
+import pytest
+
+from support import REPO
+
+VERSION = f"{sys.version_info[0]}.{sys.version_info[1]}"
+STANDIN_VERSION = "0.0+base.standin"
+PROBE = "onmt_ext_stage_probe"
+# what the packages of the test run's site-packages are linked without: onmt-ext itself and its hook
+OWN = ("onmt_ext", "__editable__", "_onmt_ext", "__pycache__")
+
+# what a staged venv imports: torch's file and version, the probe wheel's file, and its sys.path
+REPORT = ("import json, sys, torch, importlib.util as u; "
+          f"probe = u.find_spec('{PROBE}'); "
+          "print(json.dumps({'torch': torch.__file__, 'version': torch.__version__, "
+          "'probe': probe and probe.origin, 'path': sys.path}))")
+
+
+def clean_env(**extra):
+    """The environment for the staging commands: no PYTHONPATH, no venv or make of the test run."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "MAKEFLAGS", "MFLAGS", "MAKELEVEL", "GPU_STAGE_ONLY")}
+    env.update(extra)
+    return env
+
+
+def run(argv, **kwargs):
+    kwargs.setdefault("env", clean_env())
+    return subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=600, **kwargs)
+
+
+def site_packages(prefix):
+    return prefix / "lib" / f"python{VERSION}" / "site-packages"
+
+
+def copy_interpreter(target):
+    """A copy of the base interpreter under ``target`` (own prefix; standard library and libpython linked).
+
+    Skips the test where the base interpreter is not laid out as <prefix>/bin/pythonX.Y with
+    <prefix>/lib/pythonX.Y, or the copy does not take ``target`` as its prefix.
+    """
+    base = os.path.realpath(sys.base_prefix)
+    executable = os.path.join(base, "bin", f"python{VERSION}")
+    stdlib = os.path.join(base, "lib", f"python{VERSION}")
+    if not (os.path.isfile(executable) and os.path.isdir(stdlib)):
+        pytest.skip(f"the base interpreter {base} is not laid out as bin/python{VERSION} + lib/python{VERSION}")
+    (target / "bin").mkdir(parents=True)
+    shutil.copy2(executable, target / "bin" / f"python{VERSION}")
+    lib = target / "lib"
+    (lib / f"python{VERSION}").mkdir(parents=True)
+    for name in os.listdir(stdlib):
+        if name != "site-packages":
+            (lib / f"python{VERSION}" / name).symlink_to(os.path.join(stdlib, name))
+    for name in os.listdir(os.path.join(base, "lib")):
+        if name.startswith("libpython"):
+            (lib / name).symlink_to(os.path.join(base, "lib", name))
+    site_packages(target).mkdir()
+    python = target / "bin" / f"python{VERSION}"
+    prefix = run([python, "-I", "-c", "import sys; print(sys.prefix)"]).stdout.strip()
+    if prefix != str(target):
+        pytest.skip(f"a copy of {executable} does not take its own folder as its prefix ({prefix!r})")
+    return python
+
+
+def link_packages(target):
+    """Link every entry of the test run's site-packages (torch and the dependencies) into ``target``."""
+    source = sysconfig.get_paths()["purelib"]
+    for name in os.listdir(source):
+        if not name.startswith(OWN) and name != "onmt_ext.pth":
+            (target / name).symlink_to(os.path.join(source, name))
+
+
+def standin_torch(target):
+    """A stand-in ``torch`` package: what a venv must not import in place of the machine's torch."""
+    (target / "torch").mkdir()
+    (target / "torch" / "__init__.py").write_text(
+        f"import types\n__version__ = {STANDIN_VERSION!r}\nversion = types.SimpleNamespace(cuda=None)\n")
+
+
+@pytest.fixture(scope="module")
+def machine(tmp_path_factory):
+    """The base interpreter with a stand-in torch, and a venv made from it that holds the real torch."""
+    root = tmp_path_factory.mktemp("machine")
+    base = copy_interpreter(root / "base")
+    standin_torch(site_packages(root / "base"))
+    venv = root / "venv"
+    made = run([base, "-m", "venv", "--without-pip", venv])
+    assert made.returncode == 0, made.stderr
+    link_packages(site_packages(venv))
+    python = venv / "bin" / "python"
+    torch_file = run([python, "-c", "import torch; print(torch.__file__)"]).stdout.strip()
+    assert torch_file == str(site_packages(venv) / "torch" / "__init__.py"), torch_file
+    return {"base": base, "venv": venv, "python": python, "torch": torch_file}
+
+
+@pytest.fixture(scope="module")
+def repo_copy(tmp_path_factory, sample_data):
+    """The repository's tracked and new files, and build/tatoeba without the signal tagger, as transferred."""
+    target = tmp_path_factory.mktemp("transfer") / "repo"
+    listed = run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO)
+    assert listed.returncode == 0, listed.stderr
+    for name in filter(None, listed.stdout.split("\0")):
+        if (REPO / name).is_file():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, target / name)
+    shutil.copytree(sample_data, target / "build" / "tatoeba",
+                    ignore=shutil.ignore_patterns("signal_tagger.zh.pt"))
+    return target
+
+
+def _record_hash(data):
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+@pytest.fixture(scope="module")
+def wheelhouse(tmp_path_factory):
+    """A wheelhouse of one small pure-Python wheel, and setuptools (as in make wheelhouse's).
+
+    setuptools is the editable install's build dependency: a venv of Python 3.10/3.11 gets setuptools 65 from
+    ensurepip, too old for it, so the wheelhouse always brings the pinned one.
+    """
+    from importlib.metadata import version
+
+    folder = tmp_path_factory.mktemp("wheelhouse")
+    fetched = run([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps",
+                   "-d", folder, f"setuptools=={version('setuptools')}"])
+    if fetched.returncode != 0:
+        pytest.skip(f"no setuptools wheel from the package index: {fetched.stderr.strip()[-300:]}")
+    info = f"{PROBE}-1.0.dist-info"
+    files = {
+        f"{PROBE}.py": b"VALUE = 1\n",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {PROBE}\nVersion: 1.0\n".encode(),
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test_setup_venv\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = "".join(f"{name},{_record_hash(data)},{len(data)}\n" for name, data in files.items())
+    with zipfile.ZipFile(folder / f"{PROBE}-1.0-py3-none-any.whl", "w") as wheel:
+        for name, data in files.items():
+            wheel.writestr(name, data)
+        wheel.writestr(f"{info}/RECORD", record + f"{info}/RECORD,,\n")
+    return folder
+
+
+def staged(venv):
+    """What the staged venv imports (REPORT)."""
+    result = run([venv / "bin" / "python", "-c", REPORT])
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def stage(repo, python, stage_dir, wheels, *args):
+    return run(["bash", repo / "tools" / "gpu_stage.sh", *args],
+               env=clean_env(PYTHON=str(python), STAGE=str(stage_dir), WHEELS=str(wheels), OUT=str(stage_dir / "out")))
+
+
+def test_gpu_stage_uses_the_torch_of_a_venv(machine, repo_copy, wheelhouse, tmp_path):
+    """PYTHON is a venv holding torch over a base with another torch: the staged venv imports the venv's."""
+    result = stage(repo_copy, machine["python"], tmp_path / "stage", wheelhouse, "--stage-only")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"from {os.path.dirname(machine['torch'])}" in result.stdout
+    seen = staged(tmp_path / "stage" / "venv")
+    assert seen["torch"] == machine["torch"]
+    assert seen["version"] != STANDIN_VERSION
+    # the wheelhouse's packages are the staged venv's own, and come before the machine venv's
+    own = str(site_packages(tmp_path / "stage" / "venv"))
+    assert seen["probe"] == os.path.join(own, f"{PROBE}.py")
+    assert seen["path"].index(own) < seen["path"].index(str(site_packages(machine["venv"])))
+    # the signal tagger was not transferred: staging trains it; the check itself did not run
+    assert (repo_copy / "build" / "tatoeba" / "signal_tagger.zh.pt").stat().st_size > 0
+    assert not (tmp_path / "stage" / "out").exists()
+
+
+def test_make_setup_system_torch_uses_the_torch_of_a_venv(machine, repo_copy, wheelhouse, tmp_path):
+    """`make setup SYSTEM_TORCH=1 PYTHON=<venv python>`: the torch of that venv, named in the output."""
+    venv = tmp_path / "venv"
+    result = run(["make", "-C", repo_copy, "--no-print-directory", "setup", "SYSTEM_TORCH=1",
+                  f"PYTHON={machine['python']}", f"VENV={venv}", f"WHEELS={wheelhouse}"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"torch {staged(venv)['version']} (CUDA none) from {os.path.dirname(machine['torch'])}" in result.stdout
+    assert staged(venv)["torch"] == machine["torch"]
+
+
+@pytest.mark.slow
+def test_gpu_stage_with_a_conda_like_python(repo_copy, wheelhouse, tmp_path):
+    """A conda environment's packages are its interpreter's own: --system-site-packages sees them, no .pth."""
+    env = tmp_path / "conda-env"
+    python = copy_interpreter(env)
+    (env / "conda-meta").mkdir()
+    link_packages(site_packages(env))
+    result = stage(repo_copy, python, tmp_path / "stage", wheelhouse, "--stage-only")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"(conda environment {env})" in result.stdout
+    assert "through its system site-packages" in result.stdout
+    venv = tmp_path / "stage" / "venv"
+    assert not list(venv.glob("lib/python*/site-packages/_onmt_ext_parent_env.pth"))
+    assert staged(venv)["torch"] == str(site_packages(env) / "torch" / "__init__.py")
+
+
+def test_errors_are_one_line_and_an_existing_venv_is_kept(machine, repo_copy, wheelhouse, tmp_path):
+    """No torch with PYTHON, or a venv of the user's without the system's site-packages: one line, nothing changed."""
+    no_torch = tmp_path / "no-torch"
+    made = run([machine["base"], "-m", "venv", "--without-pip", no_torch])  # its base's torch is hidden from it
+    assert made.returncode == 0, made.stderr
+    result = stage(repo_copy, no_torch / "bin" / "python", tmp_path / "stage", wheelhouse, "--stage-only")
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"gpu_stage.sh: error: 'import torch' fails with {no_torch}/bin/python, the venv {no_torch} "
+        "(ModuleNotFoundError: No module named 'torch')"]
+
+    users = tmp_path / "users-venv"
+    made = run([machine["base"], "-m", "venv", "--without-pip", users])
+    assert made.returncode == 0, made.stderr
+    before = sorted(p.relative_to(users) for p in users.rglob("*"))
+    result = run([machine["python"], repo_copy / "tools" / "stage_venv.py", "--prog", "setup", users])
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"setup: error: {users} exists without the system's site-packages; remove it (rm -r {users}) "
+        "or pick another VENV="]
+    assert sorted(p.relative_to(users) for p in users.rglob("*")) == before
+
+
+@pytest.mark.slow
+def test_make_setup_with_torch_installed_in_a_fresh_venv(machine, repo_copy, tmp_path):
+    """A fresh venv where pip installed torch (from the package index) is the PYTHON of make setup SYSTEM_TORCH=1."""
+    import torch
+
+    parent = tmp_path / "torch-venv"
+    made = run([machine["base"], "-m", "venv", parent])
+    assert made.returncode == 0, made.stderr
+    pip = run([parent / "bin" / "python", "-m", "pip", "install", "-q", "--disable-pip-version-check",
+               f"torch=={torch.__version__.split('+')[0]}", "numpy"])
+    assert pip.returncode == 0, pip.stderr
+    torch_file = run([parent / "bin" / "python", "-c", "import torch; print(torch.__file__)"]).stdout.strip()
+    assert torch_file == str(site_packages(parent) / "torch" / "__init__.py")
+    venv = tmp_path / "venv"
+    result = run(["make", "-C", repo_copy, "--no-print-directory", "setup", "SYSTEM_TORCH=1", "OPTIONAL=0",
+                  f"PYTHON={parent}/bin/python", f"VENV={venv}"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert staged(venv)["torch"] == torch_file
+    # the project's packages went into the new venv, not into the one that holds torch
+    assert (site_packages(venv) / "onmt").is_dir() and not (site_packages(parent) / "onmt").exists()
