@@ -31,6 +31,8 @@ import statistics
 import subprocess
 import sys
 import time
+import traceback
+import warnings
 import xml.etree.ElementTree as ElementTree
 from collections import Counter
 from itertools import islice
@@ -258,29 +260,56 @@ def _top_sites(sites, count=5):
     return [[site, number] for site, number in Counter(short).most_common(count)]
 
 
-class _SyncWindow:
-    """Host-device synchronisations between :meth:`open` and :meth:`close`: on CUDA torch's sync warnings
-    (onmt_ext.hostsync.cuda_sync_warnings), on the CPU the host's reads of tensor values (HostReads)."""
+def _call_site():
+    """``file:line (function)`` of the innermost frame outside torch, the warnings module and this file."""
+    for frame in reversed(traceback.extract_stack()):
+        name = frame.filename.replace("\\", "/")
+        if "/torch/" not in name and not name.endswith(("/warnings.py", "/gpu_check.py")):
+            return f"{name}:{frame.lineno} ({frame.name})"
+    return "unknown"
 
-    def __init__(self, cuda, sites_only=False):
+
+def record_warning_sites(sites):
+    """Inside ``warnings.catch_warnings(record=True)`` (as onmt_ext.hostsync.cuda_sync_warnings uses), also
+    append the Python call site of every synchronisation warning to ``sites`` as it is issued (the recorded
+    warnings keep only their messages).  The context's exit restores what it replaced, this included."""
+    record = getattr(warnings, "_showwarnmsg_impl", None)
+    if record is None:  # a Python without this hook: no call sites
+        return
+
+    def with_site(message):
+        record(message)
+        if "synchroniz" in str(message.message):
+            sites.append(_call_site())
+
+    warnings._showwarnmsg_impl = with_site
+
+
+class _SyncWindow:
+    """Host-device synchronisations between :meth:`open` and :meth:`close`, with their call sites: on CUDA
+    torch's sync warnings (onmt_ext.hostsync.cuda_sync_warnings), on the CPU the host's reads of tensor
+    values (HostReads)."""
+
+    def __init__(self, cuda):
         from onmt_ext import hostsync
 
-        self.cuda, self.sites_only, self.hostsync = cuda, sites_only, hostsync
+        self.cuda, self.hostsync, self.sites = cuda, hostsync, []
         self.context = self.found = None
 
     def open(self):
-        if self.cuda and not self.sites_only:
+        if self.cuda:
             self.context = self.hostsync.cuda_sync_warnings()
             self.found = self.context.__enter__()
+            record_warning_sites(self.sites)
         else:
-            self.context = self.hostsync.HostReads(device="cuda" if self.cuda else None)
+            self.context = self.hostsync.HostReads()
             self.context.__enter__()
 
     def close(self):
-        """``(count, call sites)``; the sites are known for host reads only."""
+        """``(count, call sites)``."""
         self.context.__exit__(None, None, None)
         if self.found is not None:
-            return len(self.found), []
+            return len(self.found), self.sites
         return len(self.context.reads), [where for _, where in self.context.reads]
 
 
@@ -396,14 +425,12 @@ class Meter:
         if self.sync_window is not None:
             count, sites = self.sync_window.close()
             self.sites += sites
-            if not self.sync_window.sites_only:
-                self.syncs[self.sync_step] = count
+            self.syncs[self.sync_step] = count
             self.sync_window = None
         first, last = self.job["counted"]
         reads = self.job["host_reads"]  # HostReads is a dispatch mode, which torch.compile refuses
-        if step is not None and (self.cuda or reads) and (
-                first <= step <= last or (reads and step == self.job["sample_step"])):
-            self.sync_window, self.sync_step = _SyncWindow(self.cuda, sites_only=not first <= step <= last), step
+        if step is not None and (self.cuda or reads) and first <= step <= last:
+            self.sync_window, self.sync_step = _SyncWindow(self.cuda), step
             self.sync_window.open()
 
     def _profile(self, step, start):
@@ -459,10 +486,9 @@ class Meter:
             "sync_sites": _top_sites(self.sites),
             "sync_kind": "torch CUDA sync warnings" if self.cuda else "host reads of tensor values (HostReads)",
             "sync_counted_steps": job["counted"],
-            "sync_sites_from": ("not sampled (HostReads is a dispatch mode, which torch.compile refuses)"
-                                if not job["host_reads"] else f"HostReads(device='cuda') over step "
-                                f"{job['sample_step']}, the warm-up step before a report" if self.cuda
-                                else "the counted steps"),
+            "sync_sites_from": ("the Python caller of each sync warning" if self.cuda else "the caller of each host "
+                                "read" if job["host_reads"] else "not counted (HostReads is a dispatch mode, which "
+                                "torch.compile refuses)"),
         }
         if self.model_built is not None and self.first_step_end is not None:
             figures["first_step_s"] = self.first_step_end - self.model_built - self.replay_s
@@ -546,13 +572,13 @@ def step_plan(args):
     """Which training steps measure what (1-based, inclusive): ``measure`` (tokens/s, step time, data wait),
     ``profile`` (first step, count: the busy share), ``counted`` (synchronisations per step: on CUDA the measured
     steps, whose sync warnings cost nothing; on the CPU more steps after the profiled ones, since counting host
-    reads slows every operator), ``sample`` (CUDA: the step whose host reads name the call sites), ``total``."""
+    reads slows every operator), ``total``."""
     warmup, cuda = args.warmup_steps, args.device == "cuda"
     first, last = warmup + 1, warmup + args.steps
     end = last + args.profile_steps
     counted = [first, last] if cuda else [end + 1, end + warmup]
     return {"measure": [first, last], "profile": [last + 1, args.profile_steps], "counted": counted,
-            "sample": warmup - 1 if cuda else None, "total": counted[1] if not cuda else end}
+            "total": counted[1] if not cuda else end}
 
 
 class Settings:
@@ -666,7 +692,7 @@ def run_training_process(args, work, group, env, rows, configs, deadlines):
              "batches": steps["total"] + 2, "save": row["group"] == IN_PROCESS and row["mode"] == "eager",
              "weight": 1 + math.log2(row["batch_tokens"] / args.batch_size) / 4,  # a guess: much is fixed cost
              "measure": steps["measure"], "profile": steps["profile"], "counted": steps["counted"],
-             "sample_step": steps["sample"], "host_reads": row["mode"] == "eager", "deadline": deadlines[row["mode"]],
+             "host_reads": row["mode"] == "eager", "deadline": deadlines[row["mode"]],
              "report_every": args.warmup_steps} for row, _, _, _ in rows]
     if group == IN_PROCESS:  # the first run in a process pays one-off costs: an untimed run of the first case
         jobs.insert(0, dict(jobs[0], key="process warm-up", warmup=True, save=False))
@@ -1185,8 +1211,8 @@ def markdown(report):
                 f"| {_fmt(row.get('syncs_per_step'), 1)} | {_fmt(row.get('first_step_s'), 2)} | "
                 f"{_fmt(row.get('startup_s'), 1)} | {peak} | {row['status']}"
                 f"{': ' + row['reason'] if row.get('reason') else ''} |")
-        lines += ["", "Host-device synchronisation call sites (top 5 per run; on CUDA sampled with HostReads over "
-                  "one warm-up step, elsewhere over the counted steps):", ""]
+        lines += ["", "Host-device synchronisation call sites over the counted steps (top 5 per run; on CUDA the "
+                  "Python caller of each sync warning):", ""]
         lines += [f"- {row['case']}, {row['mode']}, {row['group']}, {row['batch_tokens']}: {_sites_text(row)}"
                   for row in b["rows"] if row.get("status") == "measured"]
         lines += ["", "Configs trained:", ""]
@@ -1339,8 +1365,6 @@ def parse_args(argv):
             or args.num_workers < 0 or args.output_length < 0 or args.min_run_seconds < 0:
         parser.error("sizes, steps, sentences and passes must be >= 1, --num-workers, --output-length and "
                      "--min-run-seconds >= 0")
-    if args.warmup_steps < 2:
-        parser.error("--warmup-steps must be >= 2 (the step before the first report samples the sync call sites)")
     if args.steps % args.warmup_steps:
         parser.error("--steps must be a multiple of --warmup-steps (the report interval)")
     if any(getattr(args, f"budget_{name}") <= 0 for name in "abc"):

@@ -262,3 +262,19 @@ def test_schedule_blocks_and_nearest_baselines():
     runs = [{"name": name} for name in schedule]
     assert (gpu_check._nearest(runs, 2, base, -1), gpu_check._nearest(runs, 2, base, 1)) == (0, 3)
     assert gpu_check._nearest(runs, 10, base, 1) is None
+
+
+def test_sync_warnings_name_their_call_sites():
+    """On CUDA the sync warnings (recorded by onmt_ext.hostsync.cuda_sync_warnings) keep only their messages;
+    record_warning_sites adds where each was issued, and the context's exit undoes it."""
+    import warnings
+
+    sites = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gpu_check.record_warning_sites(sites)
+        warnings.warn("called a synchronizing CUDA operation")  # the line below is this one's call site
+        line = sys._getframe().f_lineno - 1
+        warnings.warn("something else")
+    assert len(caught) == 2 and sites == [f"{__file__}:{line} (test_sync_warnings_name_their_call_sites)"]
+    assert warnings._showwarnmsg_impl.__name__ != "with_site"
