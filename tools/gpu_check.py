@@ -1,21 +1,18 @@
 #!/usr/bin/env python
 """The GPU check: decoding properties, training and translation speed of every mechanism on one CUDA GPU.
 
-Usage::
-
-    python tools/gpu_check.py [--device cuda|cpu] [--tiny] [--out DIR] [--work DIR] [--sections abc] [--commit REV]
-        [--budget-a S] [--budget-b S] [--budget-c S] [--batch-size 8192] [--paper-batch-size 32768]
-        [--num-workers 2] [--warmup-steps N] [--steps N] [--profile-steps N] [--test-sentences N]
-        [--translate-passes N] [--min-run-seconds S] [--compile-backend NAME]
+Usage: ``python tools/gpu_check.py [--device cuda|cpu] [--tiny] [--out DIR] [--commit REV] [--budget-a/-b/-c S]
+...`` (``--help`` lists every option).
 
 a. the decoding-property suite in fp32, fp16 and bf16 at once (three pytest processes);
 b. training at Transformer-Base: the onmt-ext baseline and stock OpenNMT-py (ONMT_EXT_DISABLE=1) each in a
-   fresh process on the users' data path, then the baseline, an A/A control and every mechanism in one
-   process that builds each case in turn, eager, and later compiled (-ext_compile) in another;
+   fresh process on the users' data path, then the baseline, an A/A control and every mechanism, eager and
+   then compiled (-ext_compile), in one process that trains each case in turn;
 c. translation sentences/s, beam 4 and greedy, eager and compiled, interleaved with the baseline.
-The parts run in the order a, b fresh, b eager, b compiled, c eager, c compiled, each within its share of
-the budgets; time a part leaves goes to the compiled parts, and what cannot run is reported "not run: budget".  ``--device cpu --tiny`` is the CPU dry run.  The report (<out>/<device>.md and .json) is described in
-docs/gpu-check.md.  Exit status: 0 report written; 1 written but a test or run failed; 2 nothing could run.
+The parts run in the order a, b fresh, b eager, b compiled, c eager, c compiled, each before its deadline;
+what cannot run is reported "not run: budget".  ``--device cpu --tiny`` is the CPU dry run.  The report
+(<out>/<device>.md and .json): docs/gpu-check.md.  Exit status: 0 report written; 1 written but a test or run
+failed; 2 nothing could run.
 """
 
 import argparse
