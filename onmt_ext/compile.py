@@ -26,6 +26,8 @@ same call; grad mode and autocast are part of the compiled graph's guards,
 so training and translation each compile their own graph once.
 """
 
+import os
+
 import torch
 
 from onmt_ext.options import OPTION_SPECS, OptionSpec, register_options
@@ -33,8 +35,9 @@ from onmt_ext.options import OPTION_SPECS, OptionSpec, register_options
 _COMPILED = {}
 
 #: ``torch.compile``'s backend; the tests swap in ``"aot_eager"`` (the same graphs, forward and backward,
-#: without generating code) where they check the wiring rather than Inductor's arithmetic.
-BACKEND = "inductor"
+#: without generating code) where they check the wiring rather than Inductor's arithmetic, and so does the GPU
+#: check's CPU dry run through ``ONMT_EXT_COMPILE_BACKEND`` (unset: Inductor).
+BACKEND = os.environ.get("ONMT_EXT_COMPILE_BACKEND", "").strip() or "inductor"
 
 
 def compiled(fn):

@@ -288,15 +288,16 @@ class ChildFailed(Exception):
         self.timed_out = timed_out
 
 
-def run_child(kind, argv, log, threads, script=None, timeout=None, head=()):
+def run_child(kind, argv, log, threads, script=None, timeout=None, head=(), env=None):
     """Runs ``script --child kind RESULT [head...] -- argv`` (``script``: this file) with its output in
-    ``log``; returns the JSON the child wrote.  Raises :class:`ChildFailed` if it fails or outlives
-    ``timeout`` seconds (then its whole process group is killed)."""
+    ``log`` and ``env`` (variables) added to the environment; returns the JSON the child wrote.  Raises
+    :class:`ChildFailed` if it fails or outlives ``timeout`` seconds (then its whole process group is killed)."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as handle:
         result_file = handle.name
     command = [sys.executable, str(script or Path(__file__).resolve()), "--child", kind, result_file,
                *map(str, head), "--", *map(str, argv)]
-    env = dict(os.environ, **({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {}))
+    env = dict(os.environ, **({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {}),
+               **(env or {}))
     try:
         with open(log, "w", encoding="utf-8") as out:
             child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -362,23 +363,27 @@ def measure_translation(search, model, args, workdir, test_source):
     return figures
 
 
-def translation_schedule(cases, baseline, passes):
-    """The order of one search's translation runs: every other case between two runs of the ``baseline``.
+def translation_schedule(cases, baseline, passes, block=1):
+    """The order of one search's translation runs: every ``block`` other cases between two runs of the
+    ``baseline``.
 
     Passes alternate in direction and share the baseline run at their
     boundary, so the baseline never runs twice in a row and every other
-    case's run has a baseline run on each side::
+    case's run has a baseline run on each side (``block`` 1; with 2 the
+    baseline runs a third of the time, one case away at most)::
 
-        B c1 B c2 B c3 B | c3 B c2 B c1 B | c1 B ...
+        B c1 B c2 B c3 B | c3 B c2 B c1 B | c1 B ...        block 1
+        B c1 c2 B c3 B | c3 c2 B c1 B | ...                 block 2
 
     Returns the list of cases in running order (``passes`` runs of each
-    other case, ``passes * (len(cases) - 1) + 1`` of the baseline).
+    other case; ``passes * (len(cases) - 1) + 1`` of the baseline with ``block`` 1).
     """
     others = [case for case in cases if case is not baseline]
     schedule = [baseline]
     for number in range(passes):
-        for case in (others if number % 2 == 0 else reversed(others)):
-            schedule += [case, baseline]
+        ordered = others if number % 2 == 0 else others[::-1]
+        for start in range(0, len(ordered), block):
+            schedule += [*ordered[start:start + block], baseline]
     return schedule
 
 

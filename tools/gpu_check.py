@@ -1,36 +1,23 @@
 #!/usr/bin/env python
 """The GPU check: decoding properties, training and translation speed of every mechanism on one CUDA GPU.
 
-Usage::
+Usage: ``python tools/gpu_check.py [--device cuda|cpu] [--tiny] [--out DIR] [--commit REV] [--budget-a/-b/-c S]
+...`` (``--help`` lists every option).
 
-    python tools/gpu_check.py [--device cuda|cpu] [--tiny] [--out DIR] [--work DIR] [--sections abc]
-        [--budget-a S] [--budget-b S] [--budget-c S] [--batch-size 8192] [--num-workers 2]
-        [--warmup-steps N] [--steps N] [--profile-steps N] [--test-sentences N] [--translate-passes N]
-
-Three sections, each with a time budget (a started run is stopped when its
-section's budget is spent, and what did not run is listed in the report):
-
-a. the decoding-property suite (tests/integration/test_decoding_properties.py)
-   through pytest, on one smoke config per mechanism and combined/all_mechanisms,
-   in fp32 and under fp16 and bf16 autocast;
-b. training at Transformer-Base (the paper configs on the Tatoeba sample,
-   pre-encoded once and repeated so that no epoch ends while measuring): target
-   tokens/s, ratio to the baseline, GPU-busy share of the step time, peak memory,
-   eager and with ``-ext_compile``, with an A/A control;
-c. translation sentences/s, beam 4 and greedy, eager and compiled, every output
-   forced to the same length, as ratios to the baseline in the same run.
-
-``--device cpu --tiny`` runs every section at toy size (the smoke configs, a
-few steps and sentences) on the CPU, into build/gpu-check-tiny/ by default.
-The report is ``<out>/<device name>.md`` and ``.json``; its format is in
-docs/gpu-check.md.  Exit status: 0 when the report is written and everything
-that ran passed or was measured; 1 when the report is written but a property
-test failed or a run failed; 2 when nothing could run (no CUDA device, missing
-data, bad arguments).  Targets missed are reported, not failures.
+a. the decoding-property suite in fp32, fp16 and bf16 at once (three pytest processes);
+b. training at Transformer-Base: the onmt-ext baseline and stock OpenNMT-py (ONMT_EXT_DISABLE=1) each in a
+   fresh process on the users' data path, then the baseline, an A/A control and every mechanism, eager and
+   then compiled (-ext_compile), in one process that trains each case in turn;
+c. translation sentences/s, beam 4 and greedy, eager and compiled, interleaved with the baseline.
+The parts run in the order a, b fresh, b eager, b compiled, c eager, c compiled, each before its deadline;
+what cannot run is reported "not run: budget".  ``--device cpu --tiny`` is the CPU dry run.  The report
+(<out>/<device>.md and .json): docs/gpu-check.md.  Exit status: 0 report written; 1 written but a test or run
+failed; 2 nothing could run.
 """
 
 import argparse
 import datetime
+import gc
 import json
 import math
 import os
@@ -41,7 +28,11 @@ import statistics
 import subprocess
 import sys
 import time
+import traceback
+import warnings
 import xml.etree.ElementTree as ElementTree
+from collections import Counter
+from itertools import islice
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -68,7 +59,7 @@ PROPERTY_DTYPES = ("none", "fp16", "bf16")
 TINY_PROPERTY_DTYPES = ("none", "bf16")
 
 BASELINE = Case("baseline", "baseline/transformer_base_wmt17_zhen.yaml", pre_encoded=True)
-#: Section b and c cases with the targets of issue 29 (section 5): training and decoding ratios to the baseline.
+#: Section b and c cases with the targets of issues 29 and 35: training and decoding ratios to the baseline.
 #: Decoding targets apply to the encoder-side mechanisms (0.97) and to EM on all three components (0.80).
 MECHANISMS = (
     Case("li2019 EM routing, enc-self [1-6]", "li2019/transformer_base_wmt17_zhen_em_enc_self.yaml",
@@ -94,34 +85,50 @@ MECHANISMS = (
          pre_encoded=True),
 )
 TINY_MECHANISMS = MECHANISMS[:1]
-#: the baseline's own targets (issue 29, section 5)
+#: issue 35's targets for the baseline
 BASELINE_TOKENS_TARGET = 100_000
 BASELINE_BUSY_TARGET = 0.90
+STOCK_SPEEDUP_TARGET = 3.0
+SYNCS_TARGET = 0
+FIRST_STEP_TARGET_S = 5.0
+STARTUP_OVERHEAD_TARGET_S = 1.0
+#: peak memory of EM routing over the baseline's: (case, at most)
+MEMORY_TARGETS = ((MECHANISMS[0], 2.0), (MECHANISMS[3], 4.0))
 
-#: per-section seconds on a GPU and in the CPU dry mode (the whole GPU run is meant to fit in 8 minutes)
-BUDGETS = {"a": 90.0, "b": 290.0, "c": 80.0}
-TINY_BUDGETS = {"a": 42.0, "b": 45.0, "c": 22.0}
-#: a new run is not started with less than this many seconds of its section's budget left
+#: per-section seconds on a GPU and in the CPU dry run (the whole GPU run fits in 8 minutes: 480 s)
+BUDGETS = {"a": 70.0, "b": 230.0, "c": 180.0}
+TINY_BUDGETS = {"a": 30.0, "b": 110.0, "c": 30.0}
+#: the parts, in running order, with their shares of their section's budget on a GPU and in the dry run (where
+#: starting data workers outweighs everything else); the compiled parts also get what the parts before left
+PARTS = (("a", 1.0, 1.0), ("b fresh", 0.33, 0.6), ("b eager", 0.43, 0.2), ("b compiled", 0.24, 0.2),
+         ("c eager", 0.83, 0.5), ("c compiled", 0.17, 0.5))
+#: a new run is not started with less than this many seconds of its part's budget left
 MIN_START_S = 3.0
-#: a compiled run is assumed to take at least this many times as long as its eager twin (it compiles first)
-COMPILE_FACTOR = 1.5
+#: a child process gets this long after its deadline to write what it has before it is stopped
+GRACE_S = 5.0
 
 
 def _now():
     return time.monotonic()
 
 
-class Section:
-    """A section's clock: its budget, its start, and whether a new run may still begin."""
+class Schedule:
+    """The parts' deadlines (monotonic): an eager part ends at most its budget (its share of its section's) after
+    it starts; a compiled part ends when the budgets of every part so far, its own included, are spent from the
+    check's start, so it also gets what the parts before it left.  ``parts`` keeps each part's time."""
 
-    def __init__(self, name, budget):
-        self.name, self.budget, self.start = name, budget, _now()
+    def __init__(self, args):
+        self.args, self.start, self.planned, self.parts = args, _now(), 0.0, []
 
-    def left(self):
-        return self.budget - (_now() - self.start)
+    def deadline(self, name):
+        gpu, tiny = next((gpu, tiny) for part, gpu, tiny in PARTS if part == name)
+        budget = (tiny if self.args.tiny else gpu) * getattr(self.args, f"budget_{name[0]}")
+        self.planned += budget
+        return self.start + self.planned if "compiled" in name else _now() + budget
 
-    def elapsed(self):
-        return _now() - self.start
+    def record(self, name, began, deadline, ended, status):
+        self.parts.append({"part": name, "budget_s": round(deadline - began, 1), "seconds": round(ended - began, 1),
+                           "status": status})
 
 
 # ---------------------------------------------------------------- section a
@@ -157,56 +164,62 @@ def junit_counts(path):
     return counts
 
 
-def section_a(args, clock, work):
-    result = {"title": "decoding properties", "budget_s": clock.budget, "runs": []}
+def start_section_a(args, work):
+    """Starts one pytest process per dtype, all at once on the one device, each with an even share of the CPU
+    threads; returns what :func:`finish_section_a` needs."""
+    result = {"title": "decoding properties", "runs": []}
     reason = property_suite_support()
     if reason:
         result.update(status="not run", reason=reason)
-        return result
+        return result, []
     configs = TINY_PROPERTY_CONFIGS if args.tiny else PROPERTY_CONFIGS
     dtypes = TINY_PROPERTY_DTYPES if args.tiny else PROPERTY_DTYPES
-    for index, dtype in enumerate(dtypes):
-        share = clock.left() / (len(dtypes) - index)  # what is left, shared by the dtypes still to run
+    threads = max(1, (os.cpu_count() or 1) // len(dtypes))
+    started = []
+    for dtype in dtypes:
         env = dict(os.environ, ONMT_EXT_TEST_DEVICE=args.device, ONMT_EXT_TEST_AUTOCAST=dtype,
-                   ONMT_EXT_TEST_CONFIGS=",".join(configs))
-        xml = work / f"properties-{dtype}.xml"
+                   ONMT_EXT_TEST_CONFIGS=",".join(configs), OMP_NUM_THREADS=str(threads),
+                   MKL_NUM_THREADS=str(threads))
+        xml, log = work / f"properties-{dtype}.xml", work / f"properties-{dtype}.log"
         # the dry run leaves out the suite's slow tier (the console-script checks, which train a model first)
         tier = ["-m", "not slow"] if args.tiny else []
         command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", PROPERTY_TEST, *tier,
                    f"--junitxml={xml}"]
         shown = (f"ONMT_EXT_TEST_DEVICE={args.device} ONMT_EXT_TEST_AUTOCAST={dtype} "
-                 f"ONMT_EXT_TEST_CONFIGS={','.join(configs)} python -m pytest -q {PROPERTY_TEST} {shlex.join(tier)}"
-                 ).rstrip()
-        run = {"dtype": "fp32" if dtype == "none" else dtype, "configs": list(configs), "command": shown}
-        if share < MIN_START_S:
-            run.update(status="not run", reason="time budget spent")
-            result["runs"].append(run)
-            continue
-        print(f"== gpu-check a: properties, autocast {dtype} ({share:.0f} s at most)", flush=True)
-        start = _now()
-        log = work / f"properties-{dtype}.log"
+                 f"ONMT_EXT_TEST_CONFIGS={','.join(configs)} OMP_NUM_THREADS={threads} python -m pytest -q "
+                 f"{PROPERTY_TEST} {shlex.join(tier)}").rstrip()
+        run = {"dtype": "fp32" if dtype == "none" else dtype, "configs": list(configs), "command": shown,
+               "log": str(log)}
         xml.unlink(missing_ok=True)
         with open(log, "w", encoding="utf-8") as out:
             child = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
                                      start_new_session=True)
-            try:
-                code = child.wait(timeout=share)
-            except subprocess.TimeoutExpired:
-                os.killpg(child.pid, 9)
-                child.wait()
-                code = None
-        run["seconds"] = round(_now() - start, 1)
-        run["log"] = str(log)
+        started.append((run, child, xml, _now()))
+        result["runs"].append(run)
+    print(f"== gpu-check a: properties, {', '.join(dtypes)} at once ({threads} threads each)", flush=True)
+    return result, started
+
+
+def finish_section_a(result, started, deadline):
+    """Waits for section a's processes until the monotonic ``deadline`` (then stops them)."""
+    for run, child, xml, began in started:
+        try:
+            code = child.wait(timeout=max(0.1, deadline - _now()))
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, 9)
+            child.wait()
+            code = None
+        run["seconds"] = round(_now() - began, 1)
         if code is None:
-            run.update(status="stopped", reason=f"time budget spent after {run['seconds']} s")
+            run.update(status="stopped", reason=f"not run: budget (stopped after {run['seconds']} s)")
         elif not xml.exists():
-            run.update(status="failed", reason=f"pytest exited {code} without a report; see {log}")
+            run.update(status="failed", reason=f"pytest exited {code} without a report; see {run['log']}")
         else:
             run.update(junit_counts(xml))
             run["status"] = "passed" if code == 0 and run["tests"] else "failed"
-        result["runs"].append(run)
-    statuses = {run["status"] for run in result["runs"]}
-    result["status"] = "ran" if statuses <= {"passed", "failed"} else "partly run"
+    if "status" not in result:
+        statuses = {run["status"] for run in result["runs"]}
+        result["status"] = "ran" if statuses <= {"passed", "failed"} else "partly run"
     return result
 
 
@@ -238,71 +251,310 @@ def busy_seconds(events, cuda):
     return _merge(intervals) / 1e6
 
 
-def _instrument_training(first_step, count, cuda):
-    """Patches OpenNMT-py's trainer to time the data wait of every step and to profile steps
-    ``first_step .. first_step + count - 1`` (wall time, busy time); returns the collecting function."""
-    import torch
-    from onmt import trainer as trainer_module
+def _top_sites(sites, count=5):
+    """The ``count`` commonest call sites, as paths from the repository or from site-packages."""
+    short = [re.sub(r"^.*/site-packages/", "", site.replace(f"{REPO}/", "")) for site in sites]
+    return [[site, number] for site, number in Counter(short).most_common(count)]
 
-    trainer_class = trainer_module.Trainer
-    waits, window = [], {}
-    accum, accumulate = trainer_class._accum_batches, trainer_class._gradient_accumulation
 
-    def timed_batches(self, iterator):
-        batches = accum(self, iterator)
-        while True:
-            start = time.perf_counter()
-            try:
-                item = next(batches)
-            except StopIteration:
-                return
-            waits.append(time.perf_counter() - start)
-            yield item
+def _call_site():
+    """``file:line (function)`` of the innermost frame outside torch, the warnings module and this file."""
+    for frame in reversed(traceback.extract_stack()):
+        name = frame.filename.replace("\\", "/")
+        if "/torch/" not in name and not name.endswith(("/warnings.py", "/gpu_check.py")):
+            return f"{name}:{frame.lineno} ({frame.name})"
+    return "unknown"
 
-    def sync():
-        if cuda:
-            torch.cuda.synchronize()
 
-    def profiled(self, *args, **kwargs):
-        step = self.optim.training_step  # the step this call makes (1-based)
-        if step == first_step:
-            sync()
-            activities = [torch.profiler.ProfilerActivity.CPU]
-            if cuda:
-                activities.append(torch.profiler.ProfilerActivity.CUDA)
-            window["profiler"] = torch.profiler.profile(activities=activities)
-            window["profiler"].__enter__()
-            window["start"] = time.perf_counter() - (waits[-1] if waits else 0.0)  # this step's data wait too
-        out = accumulate(self, *args, **kwargs)
-        if step == first_step + count - 1 and "profiler" in window:
-            sync()
-            window["end"] = time.perf_counter()
-            window["profiler"].__exit__(None, None, None)
-        return out
+def record_warning_sites(sites):
+    """Inside ``warnings.catch_warnings(record=True)`` (as onmt_ext.hostsync.cuda_sync_warnings uses), also
+    append the Python call site of every synchronisation warning to ``sites`` as it is issued (the recorded
+    warnings keep only their messages).  The context's exit restores what it replaced, this included."""
+    record = getattr(warnings, "_showwarnmsg_impl", None)
+    if record is None:  # a Python without this hook: no call sites
+        return
 
-    trainer_class._accum_batches = timed_batches
-    trainer_class._gradient_accumulation = profiled
+    def with_site(message):
+        record(message)
+        if "synchroniz" in str(message.message):
+            sites.append(_call_site())
 
-    def collect():
-        figures = {"data_wait_s": waits}
-        if "end" in window:
-            wall = window["end"] - window["start"]
-            events = window["profiler"].events()
-            figures.update(profile_wall_s=wall, profile_busy_s=busy_seconds(events, cuda), profile_steps=count)
+    warnings._showwarnmsg_impl = with_site
+
+
+class _SyncWindow:
+    """Host-device synchronisations between :meth:`open` and :meth:`close`, with their call sites: on CUDA
+    torch's sync warnings (onmt_ext.hostsync.cuda_sync_warnings), on the CPU the host's reads of tensor
+    values (HostReads)."""
+
+    def __init__(self, cuda):
+        from onmt_ext import hostsync
+
+        self.cuda, self.hostsync, self.sites = cuda, hostsync, []
+        self.context = self.found = None
+
+    def open(self):
+        if self.cuda:
+            self.context = self.hostsync.cuda_sync_warnings()
+            self.found = self.context.__enter__()
+            record_warning_sites(self.sites)
+        else:
+            self.context = self.hostsync.HostReads()
+            self.context.__enter__()
+
+    def close(self):
+        """``(count, call sites)``."""
+        self.context.__exit__(None, None, None)
+        if self.found is not None:
+            return len(self.found), self.sites
+        return len(self.context.reads), [where for _, where in self.context.reads]
+
+
+class Meter:
+    """What section b measures of each training run in a process, through OpenNMT-py's trainer: data waits,
+    report statistics, synchronisations per step, the first step's time, a profiled window, peak memory.
+    Installed once per process; :meth:`begin` and :meth:`end` frame each run (``job``)."""
+
+    def __init__(self, cuda):
+        import torch
+        from onmt import train_single
+        from onmt import trainer as trainer_module
+        from onmt.constants import CorpusTask
+        from onmt.models import model as models
+        from onmt.models import model_saver
+        from onmt.utils import statistics as stats
+
+        self.torch, self.cuda, self.job = torch, cuda, None
+        meter = self
+        trainer_class = trainer_module.Trainer
+        accum, accumulate = trainer_class._accum_batches, trainer_class._gradient_accumulation
+
+        def timed_batches(trainer, iterator):
+            batches = accum(trainer, iterator)
+            while True:
+                step = trainer.optim.training_step  # the step whose batches are fetched now
+                meter._step_begins(step)
+                start = time.perf_counter()
+                try:
+                    item = next(batches)
+                except StopIteration:
+                    meter._step_begins(None)
+                    return
+                meter.waits[step] = time.perf_counter() - start
+                yield item
+
+        def measured_step(trainer, *args, **kwargs):
+            step = trainer.optim.training_step
+            meter._profile(step, start=True)
+            out = accumulate(trainer, *args, **kwargs)
+            meter._profile(step, start=False)
+            if step == 1:
+                meter._sync()
+                meter.first_step_end, meter.first_step_wall = time.perf_counter(), time.time()
+            return out
+
+        trainer_class._accum_batches, trainer_class._gradient_accumulation = timed_batches, measured_step
+        output = stats.Statistics.output
+
+        def recording_output(statistics, step, *args, **kwargs):
+            meter.reports.append({"step": step, "tgt_tokens": statistics.n_words, "seconds": statistics.elapsed_time()})
+            return output(statistics, step, *args, **kwargs)
+
+        stats.Statistics.output = recording_output
+
+        def recording(count):
+            def recording_count(model, *args, **kwargs):
+                meter.parameters = sum(p.numel() for p in model.parameters())
+                return count(model, *args, **kwargs)
+
+            return recording_count
+
+        for cls in (models.BaseModel, models.NMTModel, models.LanguageModel):  # each defines its own
+            cls.count_parameters = recording(cls.__dict__["count_parameters"])
+        save = model_saver.ModelSaverBase.save
+        model_saver.ModelSaverBase.save = lambda saver, *a, **k: save(saver, *a, **k) if meter.job["save"] else None
+        build_model = getattr(train_single, "build_model", None)
+        if build_model is not None:
+            def timed_build(*args, **kwargs):
+                model = build_model(*args, **kwargs)
+                meter._sync()
+                meter.model_built = time.perf_counter()
+                return model
+
+            train_single.build_model = timed_build
+        build_iter = getattr(train_single, "build_dynamic_dataset_iter", None)
+        if build_iter is not None:
+            def replayed_iter(*args, **kwargs):
+                """The training batches built ahead of the first step, then replayed from memory."""
+                built = build_iter(*args, **kwargs)
+                if not meter.job["replay"] or kwargs.get("task", CorpusTask.TRAIN) != CorpusTask.TRAIN:
+                    return built
+                start = time.perf_counter()
+                items = list(islice(iter(built), meter.job["batches"]))
+                meter._sync()
+                meter.replay_s, meter.replayed = time.perf_counter() - start, len(items)
+                return items
+
+            train_single.build_dynamic_dataset_iter = replayed_iter
+
+    def _sync(self):
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+    def begin(self, job):
+        self.job, self.waits, self.reports, self.parameters = job, {}, [], None
+        self.model_built = self.first_step_end = self.first_step_wall = None
+        self.replay_s, self.replayed, self.window, self.syncs, self.sites = 0.0, None, {}, {}, []
+        self.sync_window, self.sync_step = None, None
+        gc.collect()
+        if self.cuda:
+            self.torch.cuda.empty_cache()
+            self.torch.cuda.reset_peak_memory_stats()
+        else:
+            try:  # "5": reset the peak resident set of this process (VmHWM)
+                Path("/proc/self/clear_refs").write_text("5")
+                self.peak_reset = True
+            except OSError:
+                self.peak_reset = False
+
+    def _step_begins(self, step):
+        """Closes the synchronisation window of the step before and opens ``step``'s when it is counted."""
+        if self.sync_window is not None:
+            count, sites = self.sync_window.close()
+            self.sites += sites
+            self.syncs[self.sync_step] = count
+            self.sync_window = None
+        first, last = self.job["counted"]
+        reads = self.job["host_reads"]  # HostReads is a dispatch mode, which torch.compile refuses
+        if step is not None and (self.cuda or reads) and first <= step <= last:
+            self.sync_window, self.sync_step = _SyncWindow(self.cuda), step
+            self.sync_window.open()
+
+    def _profile(self, step, start):
+        first, count = self.job["profile"]
+        if start and step == first:
+            self._sync()
+            activities = [self.torch.profiler.ProfilerActivity.CPU]
+            if self.cuda:
+                activities.append(self.torch.profiler.ProfilerActivity.CUDA)
+            self.window["profiler"] = self.torch.profiler.profile(activities=activities)
+            self.window["profiler"].__enter__()
+            self.window["start"] = time.perf_counter() - self.waits.get(step, 0.0)  # this step's data wait too
+        elif not start and step == first + count - 1 and "profiler" in self.window:
+            self._sync()
+            self.window["end"] = time.perf_counter()
+            self.window["profiler"].__exit__(None, None, None)
+
+    def _peak_mb(self):
+        if self.cuda:
+            return self.torch.cuda.max_memory_allocated() / 2**20
+        try:
+            for line in Path("/proc/self/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+        except OSError:
+            pass
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+    def end(self, t0_wall):
+        """The run's figures; ``t0_wall``: when the parent started this process (None: not the first run)."""
+        if self.sync_window is not None:
+            self._step_begins(None)
+        job, every = self.job, self.job["report_every"]
+        first, last = job["measure"]
+        measured = [r for r in self.reports if first <= r["step"] <= last]
+        if not measured:
+            raise RuntimeError(f"no training report of steps {first}-{last} (reports at "
+                               f"{[r['step'] for r in self.reports]})")
+        tokens, seconds = sum(r["tgt_tokens"] for r in measured), sum(r["seconds"] for r in measured)
+        steps = measured[-1]["step"] - measured[0]["step"] + every
+        waits = [self.waits.get(step, 0.0) for step in range(first, last + 1)]
+        between = [count for step, count in self.syncs.items() if step % every]
+        at_reports = [count for step, count in self.syncs.items() if not step % every]
+        figures = {
+            "tokens_per_s": tokens / seconds, "measured_steps": steps, "step_ms": 1000 * seconds / steps,
+            "data_wait_share": sum(waits) / seconds, "peak_memory_mb": self._peak_mb(),
+            "peak_memory_since": "the run" if self.cuda or self.peak_reset else "the process start",
+            "parameters": self.parameters, "replayed_batches": self.replayed,
+            "syncs_per_step": statistics.mean(between) if between else None, "sync_steps": len(between),
+            "syncs_per_report_step": statistics.mean(at_reports) if at_reports else None,
+            "sync_sites": _top_sites(self.sites),
+            "sync_kind": "torch CUDA sync warnings" if self.cuda else "host reads of tensor values (HostReads)",
+            "sync_counted_steps": job["counted"],
+            "sync_sites_from": ("the Python caller of each sync warning" if self.cuda else "the caller of each host "
+                                "read" if job["host_reads"] else "not counted (HostReads is a dispatch mode, which "
+                                "torch.compile refuses)"),
+        }
+        if self.model_built is not None and self.first_step_end is not None:
+            figures["first_step_s"] = self.first_step_end - self.model_built - self.replay_s
+        if t0_wall is not None and self.first_step_wall is not None:
+            figures["startup_s"] = self.first_step_wall - t0_wall
+        if "end" in self.window:
+            wall = self.window["end"] - self.window["start"]
+            figures["busy_share"] = busy_seconds(self.window["profiler"].events(), self.cuda) / wall
+            figures["busy_kind"] = "CUDA kernels" if self.cuda else "CPU operators"
         return figures
 
-    return collect
+
+def _parse_train_options(config, stock):
+    """``onmt_train -config`` options as the command parses them; stock OpenNMT-py ignores unknown options
+    silently, so here they are an error (the stock row must train only stock options)."""
+    from onmt.bin.train import _get_parser
+
+    opt, unknown = _get_parser().parse_known_args(["-config", str(config)])
+    if unknown and stock:
+        raise RuntimeError(f"options unknown to stock OpenNMT-py in {config}: {' '.join(unknown)}")
+    return opt
 
 
-def child_train(result_file, head, argv):
-    """bench.child_train with steps timed and profiled; ``head``: the first profiled step, their number, the
-    device, and ``save`` or ``nosave`` (a compiled run's checkpoint is not used, so it is not written)."""
-    first, count, device, save = int(head[0]), int(head[1]), head[2], head[3]
-    if save == "nosave":
-        from onmt.models import model_saver
+def child_train_many(result_file, head, argv):
+    """Section b's training process: trains every job of the jobs file ``head[0]`` in turn through OpenNMT-py's
+    own ``onmt_train`` code (``onmt.bin.train.train``), appending each run's figures to ``head[1]`` (JSON lines)
+    as it ends.  ``head[2]``: the wall time when the parent started this process; ``head[3]``: the device.  A
+    run is not started when the time left before its ``deadline`` (monotonic) is shorter than it is likely to
+    take (the runs before it, per unit of ``weight``)."""
+    import torch
+    from onmt.bin import train as train_command
 
-        model_saver.ModelSaverBase.save = lambda self, *args, **kwargs: None
-    bench.child_train(result_file, argv, instrument=lambda: _instrument_training(first, count, device == "cuda"))
+    jobs = json.loads(Path(head[0]).read_text(encoding="utf-8"))
+    runs_file, t0_wall, cuda = Path(head[1]), float(head[2]), head[3] == "cuda"
+    stock = os.environ.get("ONMT_EXT_DISABLE", "") not in ("", "0")
+    meter = Meter(cuda)
+    per_weight = []
+
+    def record(entry):
+        with open(runs_file, "a", encoding="utf-8") as out:
+            out.write(json.dumps(entry) + "\n")
+
+    first_run = True
+    for job in jobs:
+        left, estimate = job["deadline"] - time.monotonic(), max(per_weight, default=0.0) * job["weight"]
+        if left < max(MIN_START_S, estimate):
+            record({"key": job["key"], "status": "not run",
+                    "reason": f"budget ({left:.0f} s left, about {estimate:.0f} s needed)"})
+            continue
+        record({"key": job["key"], "phase": "start"})
+        start = time.monotonic()
+        meter.begin(job)
+        try:
+            opt = _parse_train_options(job["config"], stock)
+            train_command.train(opt)
+            figures = meter.end(t0_wall if first_run else None)
+            entry = {"key": job["key"], "status": "warmed up" if job.get("warmup") else "measured",
+                     **({} if job.get("warmup") else figures)}
+        except (Exception, SystemExit) as error:  # the run fails, the next one starts
+            text = str(error).strip().splitlines()
+            entry = {"key": job["key"], "status": "failed",
+                     "reason": f"{type(error).__name__}: {text[-1] if text else ''}"[:300]}
+        entry["seconds"], entry["ended"], first_run = round(time.monotonic() - start, 1), time.monotonic(), False
+        if entry["status"] == "measured":
+            per_weight.append(entry["seconds"] / job["weight"])
+        record(entry)
+        if cuda:
+            torch.cuda.empty_cache()
+    Path(result_file).write_text(json.dumps({"done": True}), encoding="utf-8")
 
 
 def _repeat_factor(config, tokens_needed):
@@ -313,118 +565,187 @@ def _repeat_factor(config, tokens_needed):
     return max(1, math.ceil(2 * tokens_needed / tokens))  # twice: batches are padded and buckets cut short
 
 
+def step_plan(args):
+    """Which training steps measure what (1-based, inclusive): ``measure`` (tokens/s, step time, data wait),
+    ``profile`` (first step, count: the busy share), ``counted`` (synchronisations per step: on CUDA the measured
+    steps, whose sync warnings cost nothing; on the CPU more steps after the profiled ones, since counting host
+    reads slows every operator), ``total``."""
+    warmup, cuda = args.warmup_steps, args.device == "cuda"
+    first, last = warmup + 1, warmup + args.steps
+    end = last + args.profile_steps
+    counted = [first, last] if cuda else [end + 1, end + warmup]
+    return {"measure": [first, last], "profile": [last + 1, args.profile_steps], "counted": counted,
+            "total": counted[1] if not cuda else end}
+
+
 class Settings:
     """What section b's configs need from bench.bench_config (its ``args``)."""
 
-    def __init__(self, args):
-        self.batch_size = args.batch_size
+    def __init__(self, args, batch_size):
+        self.batch_size = batch_size
         self.warmup_steps = args.warmup_steps
-        self.steps = args.steps + args.profile_steps  # the profiled steps come last; their reports are not used
+        self.steps = step_plan(args)["total"] - args.warmup_steps  # the steps after the warm-up, all uses
         self.gpu = 0 if args.device == "cuda" else -1
 
 
-def training_config(case, mode, args, work, repeat_cache):
-    """Writes the config of ``case`` in ``mode`` (eager/compiled); returns (path, checkpoint, options)."""
-    settings = Settings(args)
+#: onmt-ext's own training options that its configs may hold besides the mechanisms' (stock has none of them)
+EXT_TRAIN_OPTIONS = ("overwrite_checkpoints",)
+
+
+def training_config(case, mode, args, work, repeat_cache, batch_size=None, replay=False, stock=False, name=""):
+    """Writes the config of ``case`` in ``mode`` (eager/compiled); returns (path, checkpoint, options).
+
+    ``replay``: no data workers (the batches are built ahead in the training process); otherwise
+    ``--num-workers``, the users' path.  ``stock``: the config without onmt-ext's options, for stock
+    OpenNMT-py (a case with a mechanism cannot be one)."""
+    batch_size = batch_size or args.batch_size
+    settings = Settings(args, batch_size)
     size = "smoke" if args.tiny else "paper"
     paper = bench.yaml.safe_load((bench.CONFIGS / case.config).read_text(encoding="utf-8"))
-    overrides = {"num_workers": args.num_workers, "report_every": args.warmup_steps}
+    overrides = {"num_workers": 0 if replay else args.num_workers, "report_every": args.warmup_steps,
+                 "batch_size": batch_size, "valid_batch_size": batch_size}
     if args.tiny:
         twin = bench.yaml.safe_load((bench.CONFIGS / "smoke" / case.config).read_text(encoding="utf-8"))
-        overrides.update(enc_layers=twin["enc_layers"], dec_layers=twin["dec_layers"], batch_size=args.batch_size,
-                         valid_batch_size=args.batch_size)
+        overrides.update(enc_layers=twin["enc_layers"], dec_layers=twin["dec_layers"])
     else:
-        overrides.update(bucket_size=max(2048, 2 * args.batch_size),
-                         model_dtype=paper.get("model_dtype", "fp32") if args.device == "cuda" else "fp32")
+        overrides["model_dtype"] = paper.get("model_dtype", "fp32") if args.device == "cuda" else "fp32"
+    overrides["bucket_size"] = max(2048, 2 * batch_size)
     if mode == "compiled":
         overrides["ext_compile"] = True
     total = args.warmup_steps + settings.steps
-    key = case.config
+    key = (case.config, batch_size)
+    suffix = f"_{name or mode}"
     if key not in repeat_cache:  # the corpus as the case reads it, to count its tokens once
-        _, _, plain = bench.bench_config(case, size, settings, work, overrides=overrides, suffix=f"_{mode}")
-        repeat_cache[key] = _repeat_factor(plain, args.batch_size * total)
-    return bench.bench_config(case, size, settings, work, overrides=overrides, suffix=f"_{mode}",
-                              repeat=repeat_cache[key])
+        _, _, plain = bench.bench_config(case, size, settings, work, overrides=overrides, suffix=suffix)
+        repeat_cache[key] = _repeat_factor(plain, batch_size * total)
+    path, checkpoint, config = bench.bench_config(case, size, settings, work, overrides=overrides, suffix=suffix,
+                                                  repeat=repeat_cache[key])
+    if stock:  # any other option stock OpenNMT-py does not know fails its run (child_train_many)
+        if "ext_transformer" in (config.get("encoder_type"), config.get("decoder_type")) or mode != "eager":
+            raise ValueError(f"{case.config} ({mode}) uses onmt-ext: it has no stock OpenNMT-py twin")
+        config = {key: value for key, value in config.items() if key not in EXT_TRAIN_OPTIONS}
+        path.write_text(bench.yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return path, checkpoint, config
 
 
-def _train_figures(result, args, cuda):
-    """Section b's figures of one run from the child's result."""
-    reports = result["reports"]
-    measured = reports[1:1 + args.steps // args.warmup_steps]  # after the warm-up's, before the profiled steps
-
-    if not measured:
-        raise bench.ChildFailed(f"no training report between the warm-up and the profiled steps ({len(reports)})")
-    tokens, seconds = sum(r["tgt_tokens"] for r in measured), sum(r["seconds"] for r in measured)
-    first, last = args.warmup_steps, args.warmup_steps + args.steps  # steps first+1 .. last are measured
-    waits = result["data_wait_s"][first:last]
-    figures = {
-        "tokens_per_s": tokens / seconds,
-        "measured_steps": args.steps,
-        "step_ms": 1000 * seconds / args.steps,
-        "data_wait_share": sum(waits) / seconds if waits else None,
-        "peak_memory_mb": result["peak_memory_mb"],
-        "parameters": result["parameters"],
-    }
-    if result.get("profile_wall_s"):
-        figures["busy_share"] = result["profile_busy_s"] / result["profile_wall_s"]
-        figures["busy_kind"] = "CUDA kernels" if cuda else "CPU operators"
-    return figures
+#: the groups of section b's rows: which process trains them and how the batches arrive
+FRESH_EXT, FRESH_STOCK, IN_PROCESS = "onmt-ext, fresh process", "stock, fresh process", "in one process"
+STOCK_LABEL = "stock OpenNMT-py 3.5.1 (ONMT_EXT_DISABLE=1)"
 
 
-def section_b(args, clock, work, cases):
-    """Trains every case eager (baseline and A/A control first), then every mechanism with -ext_compile."""
-    result = {"title": "training", "budget_s": clock.budget, "rows": []}
-    cuda = args.device == "cuda"
+def _row(case, mode, group, batch, reference, data_path, name, target=None, paper=None):
+    return {"key": f"{group}|{case.label}|{mode}|{batch}", "case": case.label, "mode": mode, "group": group,
+            "batch_tokens": batch, "data_path": data_path, "reference": reference, "name": name,
+            "target": target, "paper": paper, "control": case.control, "config": f"yaml_configs/{case.config}"}
+
+
+def training_plan(args, cases):
+    """Section b's processes and rows: ``[(part, group, environment, [(row, case, mode, config options)])]``: the
+    onmt-ext and the stock baseline each in a fresh process, then every case eager and compiled in one."""
+    users = f"{args.num_workers} data workers (the users' path)"
+    replay = "built ahead, no workers, replayed from memory"
+    paper, small = args.paper_batch_size, args.batch_size
     control = bench.control_case(BASELINE)
-    eager = [(case, "eager") for case in cases]
-    # the A/A control right after the baseline; in the dry run after the mechanisms, whose code paths matter more
-    plan = [(BASELINE, "eager")] + ([(control, "eager")] + eager if not args.tiny else eager + [(control, "eager")])
-    plan += [(case, "compiled") for case in cases]
-    # the data (SentencePiece'd, clause-split, repeated) and every config first, outside the training budget
-    repeat_cache, models, took, prepared = {}, {}, {}, _now()
-    configs = {(case, mode): training_config(case, mode, args, work, repeat_cache) for case, mode in plan}
-    result["prepare_s"] = round(_now() - prepared, 1)
-    print(f"== gpu-check b: data and configs prepared in {result['prepare_s']:.0f} s", flush=True)
-    clock.start = _now()
-    for case, mode in plan:
-        row = {"case": case.label, "mode": mode, "config": f"yaml_configs/{case.config}",
-               "target": case.train_target, "paper": case.paper_train, "control": case.control}
-        result["rows"].append(row)
-        # a run is not started when it cannot end in time: an eager run takes about as long as the longest one
-        # so far, a compiled run longer than its eager twin (it compiles first)
-        estimate = (COMPILE_FACTOR * took.get((case, "eager"), 0.0) if mode == "compiled"
-                    else max(took.values(), default=0.0))
-        if clock.left() < max(MIN_START_S, estimate):
-            row.update(status="not run", reason=f"time budget spent ({clock.left():.0f} s left, "
-                                                f"about {estimate:.0f} s needed)")
-            continue
-        path, checkpoint, config = configs[(case, mode)]
-        head = (args.warmup_steps + args.steps + 1, args.profile_steps, args.device,
-                "save" if mode == "eager" else "nosave")
-        row["command"] = f"onmt_train -config {path}"
-        row["options"] = config
-        print(f"== gpu-check b: train {case.label} ({mode}, {clock.left():.0f} s left)", flush=True)
-        start = _now()
+    stock_case = Case(STOCK_LABEL, BASELINE.config, pre_encoded=True)
+    ext_case = Case("onmt-ext baseline", BASELINE.config, pre_encoded=True)
+    base_key = f"{IN_PROCESS}|{BASELINE.label}|eager|{small}"
+    fresh = []
+    for group, case, stock in ((FRESH_EXT, ext_case, False), (FRESH_STOCK, stock_case, True)):
+        rows = []
+        for batch in (small, paper):
+            reference = f"{FRESH_STOCK}|{STOCK_LABEL}|eager|{batch}" if not stock else None
+            row = _row(case, "eager", group, batch, reference, users, f"{'stock' if stock else 'ext'}_{batch}")
+            rows.append((row, BASELINE, "eager", {"batch_size": batch, "stock": stock}))
+        fresh.append(("b fresh", group, {"ONMT_EXT_DISABLE": "1"} if stock else {}, rows))
+    eager = [(_row(BASELINE, "eager", IN_PROCESS, small, None, replay, "eager"), BASELINE, "eager", {"replay": True}),
+             (_row(control, "eager", IN_PROCESS, small, base_key, replay, "eager"), control, "eager", {"replay": True})]
+    eager += [(_row(case, "eager", IN_PROCESS, small, base_key, replay, "eager", case.train_target, case.paper_train),
+               case, "eager", {"replay": True}) for case in cases]
+    compiled = [(_row(case, "compiled", IN_PROCESS, small, base_key, replay, "compiled", case.train_target,
+                      case.paper_train), case, "compiled", {"replay": True}) for case in cases]
+    return fresh + [("b in-process", IN_PROCESS, {}, eager + compiled)]
+
+
+def prepare_training(args, work, plan):
+    """Writes every config of ``plan`` (data SentencePiece'd, clause-split and repeated once); returns
+    ``{row key: (path, checkpoint, options)}``."""
+    cache, configs = {}, {}
+    for _, _, _, rows in plan:
+        for row, case, mode, extra in rows:
+            configs[row["key"]] = training_config(case, mode, args, work, cache, batch_size=row["batch_tokens"],
+                                                  replay=extra.get("replay", False), stock=extra.get("stock", False),
+                                                  name=row["name"])
+            row["command"] = f"onmt_train -config {configs[row['key']][0]}"
+            row["options"] = configs[row["key"]][2]
+    return configs
+
+
+def run_training_process(args, work, group, env, rows, configs, deadlines):
+    """One training process for ``rows`` (see :func:`child_train_many`), each run before the deadline of its
+    mode (``deadlines``: mode -> monotonic time); fills the rows in place and returns when each mode's last
+    run ended (or None)."""
+    steps = step_plan(args)
+    jobs = [{"key": row["key"], "config": str(configs[row["key"]][0]), "replay": "replayed" in row["data_path"],
+             "batches": steps["total"] + 2, "save": row["group"] == IN_PROCESS and row["mode"] == "eager",
+             "weight": 1 + math.log2(row["batch_tokens"] / args.batch_size) / 4,  # a guess: much is fixed cost
+             "measure": steps["measure"], "profile": steps["profile"], "counted": steps["counted"],
+             "host_reads": row["mode"] == "eager", "deadline": deadlines[row["mode"]],
+             "report_every": args.warmup_steps} for row, _, _, _ in rows]
+    if group == IN_PROCESS:  # the first run in a process pays one-off costs: an untimed run of the first case
+        jobs.insert(0, dict(jobs[0], key="process warm-up", warmup=True, save=False))
+    slug = re.sub(r"[^a-z0-9]+", "-", group.lower()).strip("-")
+    jobs_file, runs_file = work / f"train-{slug}.jobs.json", work / f"train-{slug}.runs.jsonl"
+    jobs_file.write_text(json.dumps(jobs), encoding="utf-8")
+    runs_file.unlink(missing_ok=True)
+    stopped, seconds = None, max(deadlines.values()) - _now()
+    if seconds < MIN_START_S:
+        stopped = "not run: budget"
+    else:
+        print(f"== gpu-check b: {group}, {len(jobs)} runs in one process ({seconds:.0f} s at most)", flush=True)
+        child_env = dict(env)
+        if args.compile_backend:
+            child_env["ONMT_EXT_COMPILE_BACKEND"] = args.compile_backend
         try:
-            child = bench.run_child("train", ["-config", path], work / f"{path.stem}.train.log", args.threads,
-                                    script=Path(__file__).resolve(), timeout=clock.left(), head=head)
-            row.update(_train_figures(child, args, cuda), status="measured")
-            if mode == "eager":
-                models[case] = (path.stem, checkpoint, config)
+            bench.run_child("train-many", [], work / f"train-{slug}.log", args.threads,
+                            script=Path(__file__).resolve(), timeout=seconds + GRACE_S, env=child_env,
+                            head=(jobs_file, runs_file, time.time(), args.device))
         except bench.ChildFailed as failure:
-            row.update(status="stopped" if failure.timed_out else "failed", reason=str(failure))
-        row["seconds"] = round(_now() - start, 1)
-        if row["status"] == "measured":
-            took[(case, mode)] = row["seconds"]
-    base = next((row for row in result["rows"] if row["case"] == BASELINE.label and row["status"] == "measured"),
-                None)
-    for row in result["rows"]:
-        if base and row["status"] == "measured":
-            row["ratio"] = row["tokens_per_s"] / base["tokens_per_s"]
+            stopped = ("stopped: budget" if failure.timed_out else f"failed: {failure}")
+    entries = ([json.loads(line) for line in runs_file.read_text(encoding="utf-8").splitlines()]
+               if runs_file.exists() else [])
+    by_key = {entry["key"]: entry for entry in entries if entry.get("phase") != "start"}
+    began = {entry["key"] for entry in entries if entry.get("phase") == "start"}
+    for row, _, _, _ in rows:
+        entry = by_key.get(row["key"])
+        if entry:
+            row.update({key: value for key, value in entry.items() if key != "key"})
+        elif row["key"] in began and stopped:
+            kind, _, why = stopped.partition(": ")
+            row.update(status="stopped" if kind == "stopped" else "failed", reason=why)
+        else:
+            row.update(status="not run", reason="budget" if not stopped or "budget" in stopped else stopped)
+    return {mode: max((entry["ended"] for entry in entries if "ended" in entry and entry["key"] in
+                       {row["key"] for row, _, _, _ in rows if row["mode"] == mode}), default=None)
+            for mode in deadlines}
+
+
+def training_ratios(rows, cuda):
+    """Each measured row's ratio to its reference row (tokens/s and peak memory), and whether it meets its
+    target (on a GPU only)."""
+    by_key = {row["key"]: row for row in rows}
+    for row in rows:
+        if row.get("status") != "measured":
+            continue
+        reference = by_key.get(row["reference"]) if row["reference"] else row
+        if reference and reference.get("status") == "measured":
+            row["ratio"] = row["tokens_per_s"] / reference["tokens_per_s"]
+            row["memory_ratio"] = row["peak_memory_mb"] / reference["peak_memory_mb"]
             if row["target"] is not None and cuda:  # the targets are for a GPU
                 row["met"] = row["ratio"] >= row["target"]
-    result["status"] = "ran" if all(row["status"] == "measured" for row in result["rows"]) else "partly run"
-    return result, models
+
+
+def section_b_status(rows):
+    return "ran" if rows and all(row.get("status") == "measured" for row in rows) else "partly run"
 
 
 # ---------------------------------------------------------------- section c: translation
@@ -436,13 +757,30 @@ def _translate_parser_knows(option):
     return any(f"-{option}" in action.option_strings for action in _get_parser()._actions)
 
 
+def plan_cases(costs, base_cost, candidates, passes, block, seconds):
+    """The candidates (in priority order) whose timed runs fit in ``seconds``: each in turn joins when the whole
+    schedule with it still fits (a costly case is left out, a cheaper later one may still join).  ``costs``: a
+    run's seconds per candidate; each pass runs every chosen case once and the baseline once per ``block``
+    cases, plus once at the start.  Returns (chosen, their schedule's estimated seconds)."""
+    chosen, estimate = [], 0.0
+
+    def cost(names):
+        return passes * (sum(costs[name] for name in names) + math.ceil(len(names) / block) * base_cost) + base_cost
+
+    for name in candidates:
+        if cost(chosen + [name]) <= seconds:
+            chosen.append(name)
+            estimate = cost(chosen)
+    return chosen, estimate
+
+
 def child_translate_many(result_file, head, argv):
-    """Section c in one process: for each group of the jobs file (``head[0]``), a warm-up run of every
-    (checkpoint, mode), then the timed schedule.  Every finished run is appended to ``head[1]`` (JSON lines) at
-    once, so that a stop at the time budget keeps the runs done.  ``head[2]``: the monotonic deadline.  Each
-    group gets an even share of the time left; a compiled group is skipped when its share is shorter than
-    COMPILE_FACTOR times the longest eager group."""
-    import onmt  # noqa: F401  (onmt-ext's start-up hook)
+    """Section c in one process.  For each group of the jobs file (``head[0]``), within its ``share`` of the time
+    left before its part's monotonic ``deadline``: every checkpoint is loaded once through OpenNMT-py's
+    inference engine, translates the test set once untimed (compiled ones compile then) and once timed; the
+    input is then repeated so that the fastest run takes ``head[2]`` seconds at least, the cases that fit are
+    chosen in priority order (:func:`plan_cases`), and the timed schedule runs.  Every event is appended to
+    ``head[1]`` (JSON lines) at once, so that a stop keeps what was done."""
     from onmt.bin.translate import _get_parser
     from onmt.inference_engine import InferenceEnginePY
     from onmt.utils.parse import ArgumentParser
@@ -450,9 +788,15 @@ def child_translate_many(result_file, head, argv):
     from onmt_ext import compile as ext_compile
 
     groups = json.loads(Path(head[0]).read_text(encoding="utf-8"))
-    runs_file, deadline = Path(head[1]), float(head[2])
+    runs_file, min_run_s = Path(head[1]), float(head[2])
     cli_compile = _translate_parser_knows("ext_compile")
     engines = {}
+
+    def record(entry):
+        with open(runs_file, "a", encoding="utf-8") as out:
+            out.write(json.dumps(entry) + "\n")
+
+    record({"phase": "meta", "cli_compile": cli_compile, "backend": ext_compile.BACKEND})
 
     def engine_for(job):
         key = (job["checkpoint"], job["compiled"], tuple(job["argv"]))
@@ -469,34 +813,50 @@ def child_translate_many(result_file, head, argv):
             engines[key] = engine
         return engines[key]
 
-    def record(entry):
-        with open(runs_file, "a", encoding="utf-8") as out:
-            out.write(json.dumps(entry) + "\n")
-
-    def once(job):
+    def once(job, source):
         engine = engine_for(job)
+        engine.opt.src = str(source)
         start = time.perf_counter()
         engine.infer_file()
         return time.perf_counter() - start
 
-    eager_seconds = []
-    for number, group in enumerate(groups):
+    for group in groups:
         began = time.monotonic()
-        share = (deadline - began) / (len(groups) - number)
-        if share <= 0 or (group["compiled"] and share < COMPILE_FACTOR * max(eager_seconds, default=0.0)):
-            record({"group": group["key"], "phase": "skipped", "share_s": share})
+        share = (group["deadline"] - began) * group["share"]
+        group_deadline, key = began + share, group["key"]
+        if share < MIN_START_S:
+            record({"group": key, "phase": "skipped", "reason": f"budget ({share:.0f} s left)"})
             continue
-        group_deadline = began + share
-        for phase in ("warmup", "timed"):
-            for number_in_phase, job in enumerate(group[phase]):
-                if time.monotonic() > group_deadline:
-                    break
-                record({"group": group["key"], "phase": phase, "index": number_in_phase, "name": job["name"],
-                        "seconds": once(job), "cli_compile": cli_compile})
-        took = time.monotonic() - began
-        record({"group": group["key"], "phase": "end", "seconds": took})
-        if not group["compiled"]:
-            eager_seconds.append(took)
+        jobs, base = group["jobs"], group["baseline"]
+        source, first = Path(group["source"]), {}
+        for job in jobs:  # untimed (compiles), then timed on the test set once: the cost of a run
+            if time.monotonic() > group_deadline:
+                break
+            warm = once(job, source)
+            first[job["name"]] = once(job, source)
+            record({"group": key, "phase": "warmup", "name": job["name"], "seconds": warm,
+                    "estimate": first[job["name"]]})
+        if base not in first:
+            record({"group": key, "phase": "skipped", "reason": "budget (spent loading and warming up)"})
+            continue
+        copies = max(1, math.ceil(min_run_s / min(first.values()))) if min_run_s > 0 else 1
+        costs = {name: seconds * copies for name, seconds in first.items()}
+        candidates = [job["name"] for job in jobs if job["name"] != base and job["name"] in first]
+        left = group_deadline - time.monotonic()
+        chosen, estimate = plan_cases(costs, costs[base], candidates, group["passes"], group["block"], 0.9 * left)
+        record({"group": key, "phase": "plan", "copies": copies, "chosen": chosen, "estimate_s": estimate,
+                "left_s": left, "costs": costs, "sentences": copies * group["sentences"]})
+        repeated = source.with_name(f"{source.name}.x{copies}")
+        if not repeated.exists():
+            repeated.write_text(source.read_text(encoding="utf-8") * copies, encoding="utf-8")
+        by_name = {job["name"]: job for job in jobs}
+        for index, name in enumerate(bench.translation_schedule([base, *chosen], base, group["passes"],
+                                                                group["block"])):
+            if time.monotonic() > group_deadline:
+                break
+            record({"group": key, "phase": "timed", "index": index, "name": name,
+                    "seconds": once(by_name[name], repeated)})
+        record({"group": key, "phase": "end", "seconds": time.monotonic() - began, "ended": time.monotonic()})
     Path(result_file).write_text(json.dumps({"done": True}), encoding="utf-8")
 
 
@@ -511,16 +871,13 @@ def translation_argv(checkpoint, config, source, args, search, output):
         "-max_length_ratio", 0, "-gpu", 0 if args.device == "cuda" else -1, *translate_options(config), *options)]
 
 
-def _translation_group(args, models, source, search, compiled, entries):
-    """The jobs of one group: the eager baseline and ``entries`` (cases, all eager or all ``compiled``)
-    translated with ``search``, each warmed up once, then each case's run between two of the baseline's
-    (bench.translation_schedule).  Returns (jobs, the group's record, its rows, the baseline's label)."""
+def _translation_group(args, models, source, search, compiled, entries, share, deadline):
+    """The jobs of one group: the eager baseline and the candidate ``entries`` (in priority order; all eager or
+    all ``compiled``) translated with ``search``.  Returns (jobs, the group's record, its rows)."""
     mode, name = ("compiled" if compiled else "eager"), ("beam 4" if search[0] == "translate" else "greedy")
     base_label = f"{BASELINE.label} (eager)"
     by_label = {base_label: (BASELINE, False)}
     by_label.update({f"{case.label} ({mode})": (case, compiled) for case in entries})
-    labels = list(by_label)
-    schedule = bench.translation_schedule(labels, labels[0], args.translate_passes)
 
     def job(label):
         case, on = by_label[label]
@@ -529,104 +886,163 @@ def _translation_group(args, models, source, search, compiled, entries):
                 "argv": translation_argv(checkpoint, config, source, args, search, os.devnull)}
 
     key = f"{search[0]}-{mode}"
-    jobs = {"key": key, "compiled": compiled, "warmup": [job(label) for label in labels],
-            "timed": [job(label) for label in schedule]}
-    group = {"key": key, "search": name, "mode": mode, "timed_runs": len(schedule),
-             "command": "onmt_translate " + shlex.join(jobs["timed"][0]["argv"])
-                        + (" -ext_compile" if compiled else "") + " (in one process, -model per run)"}
+    jobs = {"key": key, "compiled": compiled, "baseline": base_label, "jobs": [job(label) for label in by_label],
+            "passes": args.translate_passes, "block": args.translate_block, "share": share, "deadline": deadline,
+            "sentences": args.test_sentences, "source": str(source)}
+    group = {"key": key, "search": name, "mode": mode,
+             "command": "onmt_translate " + shlex.join(jobs["jobs"][0]["argv"]) + " (in one process, -model and "
+                        "-src per run)"}
     rows = []
-    for label in labels:
-        case, _ = by_label[label]
-        base_mode = "eager (compiled group)" if compiled else "eager"
+    for label, (case, _) in by_label.items():
+        base_mode = "eager (compiled group's reference)" if compiled else "eager"
         rows.append({"case": case.label, "mode": base_mode if label == base_label else mode, "search": name,
-                     "control": case.control, "label": label,
+                     "control": case.control, "label": label, "group": key,
                      "target": case.translate_target if name == "beam 4" and label != base_label else None,
                      "paper": case.paper_translate if name == "beam 4" else None})
-    return jobs, group, rows, base_label
+    return jobs, group, rows
 
 
-def _group_figures(args, group, rows, base_label, runs, stopped):
+def _compile_description(meta, compiled):
+    """One truthful line per group: how the compiled runs were compiled (or that the group is eager)."""
+    if not compiled:
+        return "none (eager)"
+    if meta is None:
+        return "-ext_compile (not started)"
+    how = ("onmt_translate's -ext_compile option" if meta["cli_compile"]
+           else "onmt_ext.compile.enable on the loaded model (onmt_translate has no -ext_compile)")
+    return f"{how}, torch.compile backend {meta['backend']}"
+
+
+def _nearest(timed, index, base, step):
+    """The index of the nearest baseline run before (``step`` -1) or after (+1) run ``index``, or None."""
+    other = index + step
+    while 0 <= other < len(timed):
+        if timed[other]["name"] == base:
+            return other
+        other += step
+    return None
+
+
+def _group_figures(args, group, rows, jobs, runs, stopped):
     """Fills ``group`` and its ``rows`` from the child's runs (those of this group)."""
-    mine = [run for run in runs if run["group"] == group["key"]]
+    mine = [run for run in runs if run.get("group") == group["key"]]
+    meta = next((run for run in runs if run.get("phase") == "meta"), None)
+    group["compile"] = _compile_description(meta, jobs["compiled"])
     timed = [run for run in mine if run["phase"] == "timed"]
-    group["warmup_s"] = {run["name"]: round(run["seconds"], 2) for run in mine if run["phase"] == "warmup"}
+    plan = next((run for run in mine if run["phase"] == "plan"), None)
     ends = [run["seconds"] for run in mine if run["phase"] == "end"]
-    group["seconds"] = round(ends[0], 1) if ends else None  # None: stopped in its course
-    if group["mode"] == "compiled" and mine:
-        group["compile_option"] = ("onmt_translate -ext_compile" if any(run.get("cli_compile") for run in mine)
-                                   else "onmt_ext.compile.enable on the loaded model (onmt_translate has no "
-                                        "-ext_compile)")
-    if any(run["phase"] == "skipped" for run in mine):
-        group.update(status="not run", reason="time budget spent (its share is shorter than compiling takes)")
-    elif len(timed) == group["timed_runs"]:
+    group["warmup_s"] = {run["name"]: round(run["seconds"], 2) for run in mine if run["phase"] == "warmup"}
+    group["seconds"] = round(ends[0], 1) if ends else None
+    if plan:
+        group.update(sentences_per_run=plan["sentences"], planned_s=round(plan["estimate_s"], 1),
+                     chosen=plan["chosen"])
+    skipped = next((run for run in mine if run["phase"] == "skipped"), None)
+    if skipped:
+        group.update(status="not run", reason=skipped["reason"])
+    elif ends and plan:
         group["status"] = "ran"
-    elif stopped and not ends:  # the group the child was in when it stopped, or one it never reached
-        group.update(status=stopped[0], reason=stopped[1] + (f" ({len(timed)} of {group['timed_runs']} timed runs "
-                                                             "done)" if mine else ""))
+    elif stopped:
+        group.update(status=stopped[0], reason=stopped[1])
     else:
-        group.update(status="stopped", reason=f"its share of the time budget spent after {len(timed)} of "
-                                               f"{group['timed_runs']} timed runs")
-    speeds = [args.test_sentences / run["seconds"] for run in timed]
+        group.update(status="stopped", reason="budget (its share spent)")
+    base = jobs["baseline"]
+    sentences = plan["sentences"] if plan else args.test_sentences
+    speeds = [sentences / run["seconds"] for run in timed]
     for row in rows:
         label = row.pop("label")
         own = [index for index, run in enumerate(timed) if run["name"] == label]
         if not own:
-            row.update(status="failed" if group["status"] == "failed" else "not run",
-                       reason=group.get("reason", "no timed run"))
+            if plan and label != base and label not in plan["chosen"]:
+                cost = plan["costs"].get(label)
+                row.update(status="not run", reason="budget: not chosen for this group (a run takes about "
+                                                    f"{cost:.1f} s; {plan['left_s']:.0f} s were left)"
+                           if cost else "budget: not warmed up in time")
+            else:
+                row.update(status=group["status"] if group["status"] in ("failed", "not run") else "not run",
+                           reason=group.get("reason", "budget: no timed run"))
             continue
-        row.update(status="measured", runs=len(own), sentences_per_s=statistics.median(speeds[i] for i in own))
-        if label == base_label:
+        row.update(status="measured", runs=len(own), sentences_per_s=statistics.median(speeds[i] for i in own),
+                   sentences_per_run=sentences)
+        if label == base:
             row["ratio"] = 1.0
             continue
-        ratios = [speeds[i] / math.sqrt(speeds[i - 1] * speeds[i + 1]) for i in own if i + 1 < len(timed)]
+        ratios = []
+        for index in own:
+            before, after = _nearest(timed, index, base, -1), _nearest(timed, index, base, 1)
+            if before is not None and after is not None:
+                ratios.append(speeds[index] / math.sqrt(speeds[before] * speeds[after]))
         if ratios:
             row["ratio"] = statistics.median(ratios)
+            row["ratios"] = len(ratios)
             interval = bench.median_interval(ratios)
             row["ratio_interval"] = list(interval) if interval else None
             if row["target"] is not None and args.device == "cuda":  # the targets are for a GPU
                 row["met"] = row["ratio"] >= row["target"]
 
 
-def section_c(args, clock, work, models, cases):
-    """Translation speed: groups (beam and greedy, eager then compiled) in one child process; ratios are paired
-    with the eager baseline's runs beside each run, as in tools/bench.py."""
-    result = {"title": "translation", "budget_s": clock.budget, "rows": [], "groups": []}
+#: the share of its part's time left each group of section c gets (greedy, the last of a part: all of it)
+GROUP_SHARES = {"translate": 0.85, "greedy": 1.0}
+
+
+def section_c(args, schedule, work, models, cases, result):
+    """Section c in one child process: the eager groups (the A/A control first, then the cases with a decoding
+    target, then the others, as many as fit), then the compiled ones, each part before its deadline.  Ratios
+    pair each run with the eager baseline's runs nearest before and after it."""
     if BASELINE not in models:
         result.update(status="not run", reason="section b trained no baseline checkpoint")
-        return result
+        return
     source, _, reference_pieces = bench._test_source(work, args.test_sentences)
     args.output_length = args.output_length or bench.natural_output_length(reference_pieces)
-    result["output_length"], result["test_sentences"] = args.output_length, args.test_sentences
+    result.update(output_length=args.output_length, test_sentences=args.test_sentences)
     control = bench.control_case(BASELINE)
-    eager = ([control] if control in models else []) + [case for case in cases if case in models]
-    plan = [(search, False, eager) for search in bench.SEARCHES]
-    plan += [(search, True, [case for case in cases if case in models]) for search in bench.SEARCHES]
-    built = [_translation_group(args, models, source, search, compiled, entries)
-             for search, compiled, entries in plan if entries]
+    began, built, deadlines = _now(), [], {}
+    for compiled in (False, True):
+        mode = "compiled" if compiled else "eager"
+        deadlines[mode] = schedule.deadline(f"c {mode}")
+        if compiled:
+            entries = [case for case in cases if case in models]
+        else:
+            entries = ([control] if control in models else []) + sorted(
+                (case for case in cases if case in models), key=lambda case: case.translate_target is None)
+        if entries:
+            built += [_translation_group(args, models, source, search, compiled, entries, GROUP_SHARES[search[0]],
+                                         deadlines[mode]) for search in bench.SEARCHES]
     jobs_file, runs_file = work / "translate.jobs.json", work / "translate.runs.jsonl"
-    jobs_file.write_text(json.dumps([jobs for jobs, _, _, _ in built]), encoding="utf-8")
+    jobs_file.write_text(json.dumps([jobs for jobs, _, _ in built]), encoding="utf-8")
     runs_file.unlink(missing_ok=True)
-    stopped = None
-    if clock.left() < MIN_START_S:
-        stopped = ("not run", "time budget spent")
+    stopped, seconds = None, deadlines["compiled"] - _now()
+    if seconds < MIN_START_S:
+        stopped = ("not run", "budget")
     else:
-        print(f"== gpu-check c: translate, {len(built)} groups in one process ({clock.left():.0f} s at most)",
-              flush=True)
+        print(f"== gpu-check c: translate, {len(built)} groups in one process ({seconds:.0f} s at most)", flush=True)
+        env = {"ONMT_EXT_COMPILE_BACKEND": args.compile_backend} if args.compile_backend else {}
         try:
             bench.run_child("translate-many", [], work / "translate.log", args.threads,
-                            script=Path(__file__).resolve(), timeout=clock.left(),
-                            head=(jobs_file, runs_file, time.monotonic() + max(1.0, clock.left() - 2)))
+                            script=Path(__file__).resolve(), timeout=seconds + GRACE_S, env=env,
+                            head=(jobs_file, runs_file, args.min_run_seconds))
         except bench.ChildFailed as failure:
-            stopped = ("stopped" if failure.timed_out else "failed", str(failure))
+            stopped = ("stopped", "budget") if failure.timed_out else ("failed", str(failure))
+    ended = _now()
     runs = ([json.loads(line) for line in runs_file.read_text(encoding="utf-8").splitlines()]
             if runs_file.exists() else [])
-    for _, group, rows, base_label in built:
-        _group_figures(args, group, rows, base_label, runs, stopped)
+    for jobs, group, rows in built:
+        _group_figures(args, group, rows, jobs, runs, stopped)
         result["groups"].append(group)
         result["rows"] += rows
+    eager_keys = {jobs["key"] for jobs, _, _ in built if not jobs["compiled"]}
+    eager_end = max((run["ended"] for run in runs if run.get("group") in eager_keys and "ended" in run),
+                    default=min(ended, deadlines["eager"]))
+    for mode, start, end in (("eager", began, eager_end), ("compiled", eager_end, ended)):
+        statuses = {group["status"] for group in result["groups"] if group["mode"] == mode}
+        schedule.record(f"c {mode}", start, deadlines[mode], end,
+                        "ran" if statuses == {"ran"} else "partly run" if statuses else "not run")
+
+
+def section_c_status(result):
     measured = [row for row in result["rows"] if row["status"] == "measured"]
-    result["status"] = "ran" if measured and len(measured) == len(result["rows"]) else "partly run"
-    return result
+    if result.get("status") == "not run":
+        return "not run"
+    return "ran" if measured and len(measured) == len(result["rows"]) else "partly run"
 
 
 # ---------------------------------------------------------------- report
@@ -666,31 +1082,72 @@ def _met(row):
     return " (met)" if row["met"] else " (NOT met)"
 
 
+def _target(measure, target, measured, at_least=True):
+    met = None if measured is None else (measured >= target if at_least else measured <= target)
+    return {"measure": measure, "target": f"{'>=' if at_least else '<='} {target:g}", "measured": measured,
+            "met": met}
+
+
 def targets_table(sections, on_gpu):
-    """Issue 29's targets (section 5) beside what this run measured (met: None off a GPU, where they do not
-    apply)."""
+    """The targets of issues 29 (decoding, training ratios) and 35 (the GPU-bound baseline) beside what this run
+    measured (met: None off a GPU, where they do not apply)."""
     rows = []
     b, c = sections.get("b", {}), sections.get("c", {})
-    train = {(row["case"], row["mode"]): row for row in b.get("rows", [])}
+    train = {row["key"]: row for row in b.get("rows", [])}
+
+    def measured(group, case, batch, field, mode="eager"):
+        row = train.get(f"{group}|{case}|{mode}|{batch}", {})
+        return row.get(field) if row.get("status") == "measured" else None
+
+    small, paper = b.get("batch_tokens", (None, None))
+    tokens = measured(FRESH_EXT, "onmt-ext baseline", paper, "tokens_per_s")
+    rows.append(_target(f"baseline target tok/s, {paper}-token batches in one pass (the paper's update), the "
+                        "config's model_dtype, onmt-ext, users' data path", BASELINE_TOKENS_TARGET, tokens))
+    rows.append(_target(f"GPU busy share of the baseline's step (same run, {paper} tokens)", BASELINE_BUSY_TARGET,
+                        measured(FRESH_EXT, "onmt-ext baseline", paper, "busy_share")))
+    for batch in (small, paper):
+        ratio = measured(FRESH_EXT, "onmt-ext baseline", batch, "ratio")
+        if batch == small or ratio is not None:
+            rows.append(_target(f"onmt-ext baseline over stock OpenNMT-py, target tok/s, {batch}-token batches, "
+                                "same config and run", STOCK_SPEEDUP_TARGET, ratio))
+    syncs = [value for batch in (small, paper)
+             if (value := measured(FRESH_EXT, "onmt-ext baseline", batch, "syncs_per_step")) is not None]
+    rows.append(_target("host-device synchronisations per step between report steps (onmt-ext baseline, most "
+                        "over its users'-path runs)", SYNCS_TARGET, max(syncs) if syncs else None, at_least=False))
+    rows.append(_target(f"first step after the model is built, s (onmt-ext baseline, {small} tokens, fresh process)",
+                        FIRST_STEP_TARGET_S, measured(FRESH_EXT, "onmt-ext baseline", small, "first_step_s"),
+                        at_least=False))
+    ext_start = measured(FRESH_EXT, "onmt-ext baseline", small, "startup_s")
+    stock_start = measured(FRESH_STOCK, STOCK_LABEL, small, "startup_s")
+    overhead = None if ext_start is None or stock_start is None else ext_start - stock_start
+    rows.append(_target("start-up overhead of onmt-ext over stock, s (process start to the end of the first step)",
+                        STARTUP_OVERHEAD_TARGET_S, overhead, at_least=False))
+    for mode in ("eager", "compiled"):
+        for case in MECHANISMS:
+            if case.train_target is not None and f"{IN_PROCESS}|{case.label}|{mode}|{small}" in train:
+                rows.append(_target(f"training ratio, {case.label}, {mode}", case.train_target,
+                                    measured(IN_PROCESS, case.label, small, "ratio", mode)))
+    for case, most in MEMORY_TARGETS:
+        if f"{IN_PROCESS}|{case.label}|eager|{small}" in train:
+            rows.append(_target(f"peak memory over the baseline's, {case.label} ({small} tokens)", most,
+                                measured(IN_PROCESS, case.label, small, "memory_ratio"), at_least=False))
     for row in c.get("rows", []):
         if row.get("target") is not None:
-            rows.append({"measure": f"decoding (beam 4), {row['case']}, {row['mode']}", "target": row["target"],
-                         "measured": row.get("ratio"), "met": row.get("met")})
-    for (case, mode), row in train.items():
-        if row.get("target") is not None:
-            rows.append({"measure": f"training, {case}, {mode}", "target": row["target"],
-                         "measured": row.get("ratio"), "met": row.get("met")})
-    base = train.get((BASELINE.label, "eager"), {})
-    tokens, busy = base.get("tokens_per_s"), base.get("busy_share")
-    rows.append({"measure": "baseline training target tokens/s (Base, the config's model_dtype)",
-                 "target": BASELINE_TOKENS_TARGET, "measured": tokens,
-                 "met": None if tokens is None else tokens >= BASELINE_TOKENS_TARGET})
-    rows.append({"measure": "GPU-busy share of the baseline's step time", "target": BASELINE_BUSY_TARGET,
-                 "measured": busy, "met": None if busy is None else busy >= BASELINE_BUSY_TARGET})
+            interval = row.get("ratio_interval")
+            rows.append(_target(f"decoding ratio (beam 4), {row['case']}, {row['mode']}", row["target"],
+                                row.get("ratio")) | {"interval": interval})
     if not on_gpu:
         for row in rows:
             row["met"] = None
     return rows
+
+
+def _interval_text(interval):
+    return "n/a" if not interval else f"{interval[0]:.3f}-{interval[1]:.3f}"
+
+
+def _sites_text(row):
+    return "; ".join(f"{site} ×{count}" for site, count in row.get("sync_sites") or []) or "none"
 
 
 def markdown(report):
@@ -700,11 +1157,20 @@ def markdown(report):
              f"- torch {info['torch']}, CUDA {info['cuda'] or 'none'}, Python {info['python']}"
              + (f", compute capability {info['capability']}, {info['memory_gib']} GiB" if "capability" in info else ""),
              f"- command: `{report['command']}`",
-             f"- mode: {report['mode']}; total {report['seconds']:.0f} s",
-             "- commit: " + (report.get("commit") or "unknown"), ""]
+             f"- mode: {report['mode']}; total {report['seconds']:.0f} s; torch.compile backend of the compiled rows: "
+             f"{report['compile_backend']}",
+             f"- commit: {report.get('commit') or 'unknown'} ({report.get('commit_from', 'not known')})", "",
+             "## Time per part", "",
+             "Parts run in this order; each has its share of its section's budget, and the compiled parts also get "
+             "the time the parts before them left.", "",
+             "| part | budget s | seconds | status |", "|---|---:|---:|---|"]
+    lines += [f"| {part['part']} | {part['budget_s']:.0f} | {part['seconds']:.1f} | {part['status']} |"
+              for part in report["parts"]]
+    lines.append("")
     a = sections.get("a")
     if a:
-        lines += [f"## a. Decoding properties ({a['status']}, {a.get('seconds', 0):.0f} s of {a['budget_s']:.0f})", ""]
+        lines += [f"## a. Decoding properties ({a['status']}, {a.get('seconds', 0):.0f} s of {a['budget_s']:.0f}; "
+                  "the dtypes at once)", ""]
         if a.get("reason"):
             lines += [f"Not run: {a['reason']}.", ""]
         if a.get("runs"):
@@ -719,66 +1185,106 @@ def markdown(report):
             lines += ([""] + ["Failed tests:"] + failures if failures else []) + [""]
     b = sections.get("b")
     if b:
-        lines += [f"## b. Training ({b['status']}, {b.get('seconds', 0):.0f} s of {b['budget_s']:.0f}; data and "
-                  f"configs prepared before, in {b.get('prepare_s', 0):.0f} s)", "",
-                  "| case | mode | target tok/s | ratio (target) | paper | busy share | data wait | step ms | "
-                  "peak MB | status | command |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+        lines += [f"## b. Training ({b['status']}, {b.get('seconds', 0):.0f} s; data and configs prepared in "
+                  f"{b.get('prepare_s', 0):.0f} s, during section a)", "",
+                  f"{b.get('steps_text', '')} Ratios: the onmt-ext baseline's rows over stock OpenNMT-py's at the "
+                  "same batch size; every other row over the baseline trained the same way in the same process "
+                  "(`ratio` against `vs`). Syncs: per step between report steps over the measured steps "
+                  f"({b.get('sync_kind', '')}). First step: from the model built to the end of step 1 (batches "
+                  "built ahead not counted); start-up: from the process start to the end of step 1.", "",
+                  "| case | mode | process | data path | batch | target tok/s | ratio (target) | vs | paper | busy share "
+                  "| data wait | step ms | syncs/step | first step s | start-up s | peak MB (ratio) | status |",
+                  "|---|---|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        by_key = {row["key"]: row for row in b["rows"]}
         for row in b["rows"]:
             ratio = _fmt(row.get("ratio"), 3) + (f" (>= {row['target']:.2f}){_met(row)}" if row["target"] else "")
+            vs = by_key[row["reference"]]["case"] if row.get("reference") in by_key else "itself"
+            peak = _fmt(row.get("peak_memory_mb"), 0) + (f" ({row['memory_ratio']:.2f}×)"
+                                                         if row.get("memory_ratio") is not None else "")
             lines.append(
-                f"| {row['case']} | {row['mode']} | {_fmt(row.get('tokens_per_s'), 0)} | {ratio} | "
-                f"{_fmt(row.get('paper'))} | {_fmt(row.get('busy_share'))} | {_fmt(row.get('data_wait_share'), 3)} | "
-                f"{_fmt(row.get('step_ms'), 1)} | {_fmt(row.get('peak_memory_mb'), 0)} | {row['status']}"
-                f"{': ' + row['reason'] if row.get('reason') else ''} | "
-                f"`{row.get('command', '')}` |")
+                f"| {row['case']} | {row['mode']} | {row['group']} | {row['data_path']} | {row['batch_tokens']} | "
+                f"{_fmt(row.get('tokens_per_s'), 0)} | {ratio} | {vs} | {_fmt(row.get('paper'))} | "
+                f"{_fmt(row.get('busy_share'))} | {_fmt(row.get('data_wait_share'), 3)} | {_fmt(row.get('step_ms'), 1)} "
+                f"| {_fmt(row.get('syncs_per_step'), 1)} | {_fmt(row.get('first_step_s'), 2)} | "
+                f"{_fmt(row.get('startup_s'), 1)} | {peak} | {row['status']}"
+                f"{': ' + row['reason'] if row.get('reason') else ''} |")
+        lines += ["", "Host-device synchronisation call sites over the counted steps (top 5 per run; on CUDA the "
+                  "Python caller of each sync warning):", ""]
+        lines += [f"- {row['case']}, {row['mode']}, {row['group']}, {row['batch_tokens']}: {_sites_text(row)}"
+                  for row in b["rows"] if row.get("status") == "measured"]
+        lines += ["", "Configs trained:", ""]
+        lines += [f"- {row['case']}, {row['mode']}, {row['group']}, {row['batch_tokens']}: `{row['command']}`"
+                  for row in b["rows"] if row.get("command")]
         lines.append("")
     c = sections.get("c")
     if c:
-        lines += [f"## c. Translation ({c['status']}, {c.get('seconds', 0):.0f} s of {c['budget_s']:.0f})", ""]
+        lines += [f"## c. Translation ({c['status']}, {c.get('seconds', 0):.0f} s)", ""]
         if c.get("reason"):
             lines += [f"Not run: {c['reason']}.", ""]
+        if c.get("groups"):
+            lines += [f"The test set: {c.get('test_sentences')} sentences spread over the Tatoeba test set, repeated "
+                      f"in each group until its fastest run takes {c.get('min_run_s', 0):g} s at least; every output "
+                      f"forced to {c.get('output_length')} steps. Each case's run sits between baseline runs "
+                      f"(at most {c.get('block')} cases apart), {c.get('passes')} passes; a ratio is the median of "
+                      "its runs' speeds over the geometric mean of the nearest baseline runs before and after, with "
+                      "a distribution-free 95% interval (six ratios or more). Cases that do not fit a group's "
+                      "budget are left out in priority order (A/A control, then the cases with a target).", ""]
         for group in c.get("groups", []):
             lines.append(f"- {group['search']}, {group['mode']}: {group.get('status')}"
                          + (f" ({group['reason']})" if group.get("reason") else "")
-                         + f", {_fmt(group.get('seconds'), 0)} s; `{group['command']}`"
-                         + (f"; compiled via {group['compile_option']}" if group.get("compile_option") else ""))
+                         + f", {_fmt(group.get('seconds'), 0)} s, {_fmt(group.get('sentences_per_run'))} sentences "
+                           f"per run; compilation: {group['compile']}; `{group['command']}`")
         if c.get("rows"):
-            lines += ["", f"{c['test_sentences']} sentences, every output forced to {c['output_length']} steps.", "",
-                      "| case | mode | search | sent/s | ratio (target) | 95% interval | runs | status |",
+            lines += ["", "| case | mode | search | sent/s | ratio (target) | 95% interval | runs | status |",
                       "|---|---|---|---:|---:|---|---:|---|"]
             for row in c["rows"]:
                 ratio = _fmt(row.get("ratio"), 3) + (f" (>= {row['target']:.2f}){_met(row)}" if row["target"]
                                                      else "")
-                interval = row.get("ratio_interval")
-                interval = "n/a" if not interval else f"{interval[0]:.3f}-{interval[1]:.3f}"
                 status = row["status"] + (f": {row['reason']}" if row.get("reason") else "")
                 lines.append(f"| {row['case']} | {row['mode']} | {row['search']} | "
-                             f"{_fmt(row.get('sentences_per_s'), 1)} | {ratio} | {interval} | {row.get('runs', 0)} | "
-                             f"{status} |")
+                             f"{_fmt(row.get('sentences_per_s'), 1)} | {ratio} | "
+                             f"{_interval_text(row.get('ratio_interval'))} | {row.get('runs', 0)} | {status} |")
         lines.append("")
     on_gpu = report["mode"] == "cuda"
-    lines += ["## Targets (issue 29, section 5)", ""]
+    lines += ["## Targets (issues 29 and 35)", ""]
     if not on_gpu:
         lines += ["The targets are for one H100/H200; off a GPU they are shown, not judged.", ""]
     lines += ["| measure | target | measured | met |", "|---|---:|---:|---|"]
     for row in report["targets"]:
         met = ("n/a (not a GPU run)" if not on_gpu else "n/a (not measured)") if row["met"] is None else (
             "met" if row["met"] else "NOT met")
-        lines.append(f"| {row['measure']} | {row['target']} | {_fmt(row['measured'], 3)} | {met} |")
+        shown = _fmt(row["measured"], 3) + (f" [{_interval_text(row['interval'])}]" if "interval" in row else "")
+        lines.append(f"| {row['measure']} | {row['target']} | {shown} | {met} |")
     return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------- main
 
+COMMIT_ENV = "ONMT_EXT_COMMIT"
 
-def _commit():
-    try:
-        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              timeout=10, check=False)
-        return done.stdout.strip() or None
-    except OSError:
-        return None
+
+def project_commit(given=None):
+    """``(commit, where it came from)``: ``--commit``, else ``$ONMT_EXT_COMMIT``, else git when this repository's
+    root is the top of its git work tree (a copy inside another repository would name that one's HEAD), else
+    ``(None, why)``."""
+    if given:
+        return given, "--commit"
+    if os.environ.get(COMMIT_ENV, "").strip():
+        return os.environ[COMMIT_ENV].strip(), f"${COMMIT_ENV}"
+
+    def git(*words):
+        try:
+            done = subprocess.run(["git", *words], cwd=REPO, capture_output=True, text=True, timeout=10, check=False)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    top = git("rev-parse", "--show-toplevel")
+    if not top:
+        return None, "no --commit, no $ONMT_EXT_COMMIT, and not a git checkout"
+    if Path(top).resolve() != REPO.resolve():
+        return None, f"no --commit or ${COMMIT_ENV}, and the git repository around it ({top}) is not this project's"
+    return git("rev-parse", "--short", "HEAD"), "git rev-parse HEAD of this checkout"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -796,46 +1302,66 @@ def parse_args(argv):
                         help="report directory (default results/gpu on CUDA, build/gpu-check-tiny otherwise)")
     parser.add_argument("--work", type=Path, default=None, help="models, data and logs (default build/gpu-check)")
     parser.add_argument("--sections", default="abc", help="which sections to run (default abc)")
+    parser.add_argument("--commit", default=None,
+                        help=f"the project's commit for the report (default ${COMMIT_ENV}, else git when this "
+                             "checkout is a repository's root, else unknown)")
     for name in "abc":
         parser.add_argument(f"--budget-{name}", type=float, default=None,
                             help=f"seconds for section {name} (default {BUDGETS[name]:.0f}; --tiny "
                                  f"{TINY_BUDGETS[name]:.0f})")
     parser.add_argument("--batch-size", type=int, default=None, help="training tokens per step (default 8192; "
                                                                      "--tiny 512)")
+    parser.add_argument("--paper-batch-size", type=int, default=None,
+                        help="tokens per step of the baseline's runs at the paper's update, in one pass (default "
+                             "32768; --tiny 2048)")
     parser.add_argument("--num-workers", type=int, default=None,
-                        help="training data workers (default 2; --tiny 0, where starting them would take longer "
-                             "than the steps)")
-    parser.add_argument("--warmup-steps", type=int, default=None, help="unmeasured first steps (default 10; "
-                                                                       "--tiny 4); also the report interval")
+                        help="data workers of the users'-path runs (the onmt-ext and stock baselines; default 2; "
+                             "--tiny 1: the same code path, one worker process fewer to start per run)")
+    parser.add_argument("--warmup-steps", type=int, default=None, help="unmeasured first steps (default 5; "
+                                                                       "--tiny 2); also the report interval")
     parser.add_argument("--steps", type=int, default=None,
-                        help="measured steps, a multiple of --warmup-steps (default 30; --tiny 8)")
+                        help="measured steps, a multiple of --warmup-steps (default 20; --tiny 4)")
     parser.add_argument("--profile-steps", type=int, default=None,
-                        help="profiled steps after the measured ones (default 5; --tiny 4)")
-    parser.add_argument("--test-sentences", type=int, default=None, help="per translation (default 200; --tiny 16)")
+                        help="profiled steps after the measured ones (default 3; --tiny 2)")
+    parser.add_argument("--test-sentences", type=int, default=None, help="translation test set (default 200; "
+                                                                          "--tiny 16)")
     parser.add_argument("--translate-batch", type=int, default=32, help="sentences per translation batch")
     parser.add_argument("--translate-passes", type=int, default=None,
-                        help="timed passes over the cases per search (default 3; --tiny 1)")
+                        help="timed runs of each case per group (default 6, the fewest with a 95%% interval; "
+                             "--tiny 2)")
+    parser.add_argument("--translate-block", type=int, default=2,
+                        help="case runs between two baseline runs (default 2)")
+    parser.add_argument("--min-run-seconds", type=float, default=None,
+                        help="the test set is repeated until a timed run takes this long (default 2; --tiny 0)")
     parser.add_argument("--output-length", type=int, default=0,
                         help="decoding steps of every output; 0: the references' mean length plus one")
+    parser.add_argument("--compile-backend", default=None,
+                        help="torch.compile backend of the compiled rows (default: onmt-ext's, Inductor; --device "
+                             "cpu --tiny: aot_eager, the same graphs without generating code)")
     parser.add_argument("--threads", type=int, default=0,
                         help="OMP threads per child (0, the default: torch's default on CUDA, 1 on the CPU)")
     args = parser.parse_args(argv)
     tiny = args.tiny
-    defaults = {"batch_size": (8192, 512), "num_workers": (2, 0), "profile_steps": (5, 4), "warmup_steps": (10, 4),
-                "steps": (30, 8), "test_sentences": (200, 16), "translate_passes": (3, 1)}  # (GPU, --tiny)
+    defaults = {"batch_size": (8192, 512), "num_workers": (2, 1), "paper_batch_size": (32768, 2048), "profile_steps": (3, 2),
+                "warmup_steps": (5, 2), "steps": (20, 4), "test_sentences": (200, 16), "translate_passes": (6, 2),
+                "min_run_seconds": (2.0, 0.0)}  # (GPU, --tiny)
     for name, (full, small) in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, small if tiny else full)
     for name in "abc":
         if getattr(args, f"budget_{name}") is None:
             setattr(args, f"budget_{name}", (TINY_BUDGETS if tiny else BUDGETS)[name])
+    if args.compile_backend is None and args.device == "cpu" and tiny:
+        args.compile_backend = "aot_eager"
     if args.threads == 0 and args.device == "cpu":
         args.threads = 1
     if set(args.sections) - set("abc") or not args.sections:
         parser.error(f"--sections {args.sections!r}: use letters from abc")
-    if min(args.batch_size, args.warmup_steps, args.steps, args.profile_steps, args.test_sentences,
-           args.translate_passes, args.translate_batch) < 1 or args.num_workers < 0 or args.output_length < 0:
-        parser.error("sizes, steps, sentences and passes must be >= 1, --num-workers and --output-length >= 0")
+    if min(args.batch_size, args.paper_batch_size, args.warmup_steps, args.steps, args.profile_steps,
+           args.test_sentences, args.translate_passes, args.translate_batch, args.translate_block) < 1 \
+            or args.num_workers < 0 or args.output_length < 0 or args.min_run_seconds < 0:
+        parser.error("sizes, steps, sentences and passes must be >= 1, --num-workers, --output-length and "
+                     "--min-run-seconds >= 0")
     if args.steps % args.warmup_steps:
         parser.error("--steps must be a multiple of --warmup-steps (the report interval)")
     if any(getattr(args, f"budget_{name}") <= 0 for name in "abc"):
@@ -847,7 +1373,16 @@ def parse_args(argv):
     return args
 
 
-CHILDREN = {"train": child_train, "translate-many": child_translate_many}
+CHILDREN = {"train-many": child_train_many, "translate-many": child_translate_many}
+
+
+def _steps_text(args):
+    plan = step_plan(args)
+    counted = ("" if plan["counted"] == plan["measure"] else f", then steps {plan['counted'][0]}-"
+               f"{plan['counted'][1]} whose host reads are counted (counting slows every operator)")
+    return (f"Every run: {args.warmup_steps} warm-up steps, {args.steps} measured steps (reports every "
+            f"{args.warmup_steps}), then {args.profile_steps} profiled steps (busy share){counted}; the in-process "
+            "group starts with an untimed run of the baseline (a process's first run pays one-off costs).")
 
 
 def main(argv=None):
@@ -855,7 +1390,7 @@ def main(argv=None):
     if argv[:1] == ["--child"]:
         kind, result_file = argv[1], argv[2]
         split = argv.index("--")
-        import onmt  # noqa: F401  (onmt-ext's start-up hook)
+        import onmt  # noqa: F401  (onmt-ext's start-up hook, unless ONMT_EXT_DISABLE)
 
         return CHILDREN[kind](result_file, argv[3:split], argv[split + 1:])
     args = parse_args(argv)
@@ -879,31 +1414,71 @@ def main(argv=None):
     print(f"== gpu-check on {info['name']} (torch {info['torch']}, CUDA {info['cuda']}); report into {args.out}",
           flush=True)
     cases = TINY_MECHANISMS if args.tiny else MECHANISMS
-    sections, models = {}, {}
-    for name in "abc":
-        if name not in args.sections:
-            continue
-        clock = Section(name, getattr(args, f"budget_{name}"))
-        if name == "a":
-            sections["a"] = section_a(args, clock, args.work)
-        elif name == "b":
-            sections["b"], models = section_b(args, clock, args.work, cases)
-        elif "b" not in args.sections:
-            sections["c"] = {"title": "translation", "budget_s": clock.budget, "status": "not run",
-                             "reason": "section c translates section b's checkpoints; run it with b", "rows": []}
-        else:
-            sections["c"] = section_c(args, clock, args.work, models, cases)
-        sections[name]["seconds"] = round(clock.elapsed(), 1)
-        print(f"== gpu-check {name}: {sections[name]['status']} in {clock.elapsed():.0f} s "
-              f"(budget {clock.budget:.0f} s)", flush=True)
+    schedule, sections, models, cuda = Schedule(args), {}, {}, args.device == "cuda"
+    commit, commit_from = project_commit(args.commit)
+    a_began, a_deadline = _now(), schedule.deadline("a")
+    if "a" in args.sections:
+        a_result, a_started = start_section_a(args, args.work)
+    plan = training_plan(args, cases) if "b" in args.sections else []
+    if plan:  # the data (SentencePiece'd, clause-split, repeated) and every config, while section a runs
+        prepared = _now()
+        configs = prepare_training(args, args.work, plan)
+        b = sections["b"] = {"title": "training", "rows": [row for _, _, _, rows in plan for row, _, _, _ in rows],
+                             "prepare_s": round(_now() - prepared, 1), "steps_text": _steps_text(args),
+                             "batch_tokens": (args.batch_size, args.paper_batch_size),
+                             "sync_kind": "torch's CUDA sync warnings" if cuda else "host reads of tensor values"}
+        print(f"== gpu-check b: data and configs prepared in {b['prepare_s']:.0f} s", flush=True)
+    if "a" in args.sections:
+        sections["a"] = finish_section_a(a_result, a_started, a_deadline)
+        sections["a"].update(budget_s=round(a_deadline - a_began, 1), seconds=round(_now() - a_began, 1))
+        schedule.record("a", a_began, a_deadline, _now(), sections["a"]["status"])
+    if "c" in args.sections:
+        sections["c"] = {"title": "translation", "rows": [], "groups": [], "passes": args.translate_passes,
+                         "block": args.translate_block, "min_run_s": args.min_run_seconds}
+        if not plan:
+            sections["c"].update(status="not run", reason="section c translates section b's checkpoints; run it "
+                                                          "with b")
+    if plan:
+        began, deadline = _now(), schedule.deadline("b fresh")
+        fresh = [(group, env, rows) for name, group, env, rows in plan if name == "b fresh"]
+        for number, (group, env, rows) in enumerate(fresh):  # an even share each, the last what is left
+            share = _now() + (deadline - _now()) / (len(fresh) - number)
+            run_training_process(args, args.work, group, env, rows, configs, {"eager": share})
+        fresh_rows = [row for _, _, rows in fresh for row, _, _, _ in rows]
+        schedule.record("b fresh", began, deadline, _now(), section_b_status(fresh_rows))
+        (_, group, env, rows), = [entry for entry in plan if entry[0] == "b in-process"]
+        began, deadlines = _now(), {mode: schedule.deadline(f"b {mode}") for mode in ("eager", "compiled")}
+        ends = run_training_process(args, args.work, group, env, rows, configs, deadlines)
+        eager_end = ends["eager"] or min(_now(), deadlines["eager"])
+        for mode, start, end in (("eager", began, eager_end), ("compiled", eager_end, _now())):
+            schedule.record(f"b {mode}", start, deadlines[mode], end,
+                            section_b_status([row for row, _, _, _ in rows if row["mode"] == mode]))
+        models = {case: (configs[row["key"]][0].stem, configs[row["key"]][1], row["options"])
+                  for row, case, mode, _ in rows if mode == "eager" and row.get("status") == "measured"}
+    if "c" in args.sections and plan:
+        section_c(args, schedule, args.work, models, cases, sections["c"])
+    for part in schedule.parts:
+        print(f"== gpu-check {part['part']}: {part['status']} in {part['seconds']:.0f} s (budget "
+              f"{part['budget_s']:.0f} s)", flush=True)
+    if plan:
+        training_ratios(sections["b"]["rows"], cuda)
+        sections["b"]["status"] = section_b_status(sections["b"]["rows"])
+    for letter in "bc":
+        if letter in sections:
+            mine = [part for part in schedule.parts if part["part"][0] == letter]
+            sections[letter].update(budget_s=round(sum(part["budget_s"] for part in mine), 1),
+                                    seconds=round(sum(part["seconds"] for part in mine), 1))
+    if "c" in sections:
+        sections["c"]["status"] = section_c_status(sections["c"])
     report = {
-        "format": 1, "mode": "cuda" if args.device == "cuda" else ("cpu-tiny" if args.tiny else "cpu"),
+        "format": 2, "mode": "cuda" if cuda else ("cpu-tiny" if args.tiny else "cpu"),
         "device": info, "date": started.strftime("%Y-%m-%d %H:%M:%S"), "seconds": round(_now() - wall, 1),
-        "command": "python tools/gpu_check.py " + shlex.join(argv), "commit": _commit(),
+        "command": "python tools/gpu_check.py " + shlex.join(argv), "commit": commit, "commit_from": commit_from,
+        "compile_backend": args.compile_backend or "inductor (onmt-ext's default)",
         "settings": {key: str(value) for key, value in vars(args).items()},
-        "sections": sections,
+        "parts": schedule.parts, "sections": sections,
     }
-    report["targets"] = targets_table(sections, args.device == "cuda")
+    report["targets"] = targets_table(sections, cuda)
     args.out.mkdir(parents=True, exist_ok=True)
     name = report_name(info, args)
     (args.out / f"{name}.json").write_text(json.dumps(report, indent=1, default=str) + "\n", encoding="utf-8")
