@@ -1,21 +1,19 @@
 """Training batches that reach the GPU without stalling the training thread.
 
-Stock OpenNMT-py 3.5.1 has three host stalls on the way from corpus to GPU:
+Stock OpenNMT-py 3.5.1 stalls the training thread on the way from corpus to GPU:
+per-example Python lists in every batch (``ind_in_bucket``, ``cid``,
+``cid_line_number``) are walked under the GIL by the DataLoader's pin-memory
+thread; each tensor crosses from a data worker as shared memory whose file
+descriptor is fetched over a new authenticated socket connection (about 3 ms of
+mostly GIL-holding Python per batch); every tensor is copied with a blocking
+``.to(device)``; without workers every sentence's tensor is built on the GPU.
 
-* each batch carries per-example Python lists (``ind_in_bucket``, ``cid``,
-  ``cid_line_number``) that the DataLoader's pin-memory thread unpickles and
-  walks under the GIL while the training thread waits for it;
-* with data workers, every tensor is copied with a blocking ``.to(device)``,
-  which waits for all GPU work queued before it;
-* without workers, ``tensorify`` builds every sentence's tensor on the GPU,
-  one blocking copy per sentence.
-
-Here training and validation batches (not translation's) carry tensors only
-(the corpus of each example as its position in ``opt.data``), are built on the
-CPU, pinned and copied with ``non_blocking=True``.  The batch also keeps
-:data:`HOST`: its CPU ``srclen`` and ``tgt``, from which the trainer counts
-tokens without reading the GPU.  Which examples, in which order, with which
-transforms, is unchanged (``tests/unit/test_batches.py``).
+Here a training or validation batch crosses from a worker as one packed
+buffer of int64 values with its layout (the lists become tensors first, ``cid``
+the position of each example's corpus in ``opt.data``), is built on the CPU,
+pinned once and copied to the GPU with one ``non_blocking`` copy; :data:`HOST`
+keeps its CPU ``srclen`` and ``tgt`` for counting.  Which examples, in which
+order, with which transforms, is unchanged (``tests/unit/test_batches.py``).
 """
 
 import torch
@@ -29,6 +27,8 @@ HOST = "onmt_ext_host"
 _LISTS = ("ind_in_bucket", "cid", "cid_line_number")
 #: keys that stock OpenNMT-py keeps on the CPU
 _CPU_KEYS = ("src_ex_vocab", *_LISTS, HOST)
+#: key of a packed batch: ``(layout, buffer)``, layout ``((key, shape), ...)``, buffer the int64 values in order
+PACKED = "onmt_ext_packed"
 _TEST = "tests/unit/test_batches.py"
 
 
@@ -48,19 +48,65 @@ def tensor_bookkeeping(batch, corpus_names):
     return batch
 
 
+def pack(batch):
+    """``{PACKED: (layout, bytes)}`` for a batch of int64 tensors only (others are returned unchanged)."""
+    if not batch or not all(torch.is_tensor(v) and v.dtype == torch.int64 for v in batch.values()):
+        return batch
+    layout = tuple((key, tuple(value.shape)) for key, value in batch.items())
+    flat = torch.cat([value.reshape(-1) for value in batch.values()])
+    return {PACKED: (layout, flat.numpy().tobytes())}
+
+
+def unpack(batch):
+    """The batch of tensors (CPU views of one writable buffer) that :func:`pack` packed; others unchanged.
+
+    Returns ``(batch, flat, layout)``: ``flat`` is the buffer as one int64 tensor, ``layout`` its layout; both
+    None for a batch that was not packed.
+    """
+    if PACKED not in batch:
+        return batch, None, None
+    layout, data = batch[PACKED]
+    flat = torch.frombuffer(bytearray(data), dtype=torch.int64)
+    return _views(flat, layout), flat, layout
+
+
+def _views(flat, layout, keys=None):
+    """Views of ``flat`` by ``layout`` (only ``keys`` when given)."""
+    views, offset = {}, 0
+    for key, shape in layout:
+        size = 1
+        for extent in shape:
+            size *= extent
+        if keys is None or key in keys:
+            views[key] = flat[offset:offset + size].view(shape)
+        offset += size
+    return views
+
+
 def _tensor_batches(stock, self):
-    """``DynamicDatasetIter.__iter__``, training and validation batches with tensors only."""
+    """``DynamicDatasetIter.__iter__``: training and validation batches with tensors only, packed in a data
+    worker (the DataLoader then moves one buffer per batch)."""
     if self.task == CorpusTask.INFER:
         yield from stock(self)
         return
     names = list(self.corpora_info)
+    in_worker = torch.utils.data.get_worker_info() is not None
     for batch, bucket_index in stock(self):
-        yield tensor_bookkeeping(batch, names), bucket_index
+        batch = tensor_bookkeeping(batch, names)
+        yield (pack(batch) if in_worker else batch), bucket_index
 
 
 def to_device(batch, device):
-    """Pin and copy a CPU batch's tensors to ``device`` without waiting; keep the CPU counts under :data:`HOST`."""
+    """Pin and copy a CPU batch's tensors to ``device`` without waiting; keep the CPU counts under :data:`HOST`.
+
+    A packed batch is unpacked, and its buffer pinned and copied as one tensor.
+    """
+    batch, flat, layout = unpack(batch)
     batch[HOST] = {"srclen": batch.get("srclen"), "tgt": batch.get("tgt")}
+    if flat is not None and device.type == "cuda":
+        on_device = flat.pin_memory().to(device, non_blocking=True)
+        batch.update(_views(on_device, layout, {key for key, _ in layout if key not in _CPU_KEYS}))
+        return batch
     for key, value in batch.items():
         if key in _CPU_KEYS or not torch.is_tensor(value):
             continue
@@ -71,10 +117,7 @@ def to_device(batch, device):
 
 
 def _device_batches(stock, self):
-    """``OnDeviceDatasetIter.__iter__``: asynchronous copies to a CUDA device (stock elsewhere)."""
-    if self.device.type != "cuda":
-        yield from stock(self)
-        return
+    """``OnDeviceDatasetIter.__iter__``: batches unpacked, and on CUDA copied without waiting."""
     for batch, bucket_index in self.data_iter:
         yield to_device(batch, self.device), bucket_index
 

@@ -31,7 +31,8 @@ if __name__ == "__main__":
     _, vocabs, transforms_cls = train_single._init_train(opt)
     data = build_dynamic_dataset_iter(opt, transforms_cls, vocabs, task=CorpusTask.TRAIN)
     batches = [(bucket, batch) for batch, bucket in itertools.islice(data, int(sys.argv[3]))]
-    torch.save(batches, sys.argv[2])
+    crossing, _ = next(iter(data.data_iter))  # a batch as it comes out of a worker
+    torch.save({"batches": batches, "crossing": crossing}, sys.argv[2])
 '''
 
 
@@ -46,11 +47,16 @@ def _batches(tmp_path, name, **env):
 
 
 def test_worker_batches_equal_stock(tmp_path):
-    stock = _batches(tmp_path, "stock", ONMT_EXT_DISABLE="1")
-    ours = _batches(tmp_path, "ours")
+    from onmt_ext.batches import HOST, PACKED
+
+    stock_run, our_run = _batches(tmp_path, "stock", ONMT_EXT_DISABLE="1"), _batches(tmp_path, "ours")
+    stock, ours = stock_run["batches"], our_run["batches"]
+    assert isinstance(stock_run["crossing"]["cid"], list)  # stock: per-example lists cross the boundary
+    [(layout, buffer)] = our_run["crossing"].values()  # here: one buffer and its layout
+    assert list(our_run["crossing"]) == [PACKED] and isinstance(buffer, bytes)
     assert len(ours) == len(stock) == 16
     for number, ((bucket, mine), (stock_bucket, theirs)) in enumerate(zip(ours, stock)):
         assert bucket == stock_bucket, number
-        assert isinstance(theirs["cid"], list) and all(torch.is_tensor(v) for v in mine.values()), number
+        assert all(torch.is_tensor(v) for key, v in mine.items() if key != HOST), number
         for key in ("src", "tgt", "srclen", "tgtlen", "ind_in_bucket", "cid_line_number"):
             assert torch.equal(torch.as_tensor(mine[key]), torch.as_tensor(theirs[key])), (number, key)

@@ -76,6 +76,27 @@ def test_batches_reach_the_device_unchanged():
     assert torch.equal(moved["src"].cpu(), src) and torch.equal(moved["tgt"].cpu(), tgt)
 
 
+def test_a_packed_batch_crosses_as_one_buffer_and_comes_back_equal():
+    from onmt_ext.batches import HOST, PACKED, pack, to_device
+
+    batch = {"src": torch.randint(0, 50, (3, 7, 1)), "srclen": torch.tensor([7, 4, 2]),
+             "tgt": torch.randint(0, 50, (3, 5, 1)), "cid": torch.tensor([0, 0, 1])}
+    packed = pack(dict(batch))
+    [(layout, buffer)] = packed.values()
+    assert list(packed) == [PACKED] and isinstance(buffer, bytes) and len(buffer) == 8 * (21 + 3 + 15 + 3)
+    assert [key for key, _ in layout] == list(batch)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    back = to_device(packed, device)
+    assert set(back) == set(batch) | {HOST}
+    for key, value in batch.items():
+        assert torch.equal(back[key].cpu(), value), key
+    assert back["cid"].device.type == "cpu" and back["src"].device.type == device.type
+    assert torch.equal(back[HOST]["tgt"], batch["tgt"])
+    back["tgt"][0, 0, 0] = 49  # writable (OpenNMT-py's ignore_prompt writes into the batch)
+    with_lists = {"src": batch["src"], "src_ex_vocab": [object()]}
+    assert pack(with_lists) is with_lists  # the copy mechanism's batches travel as they are
+
+
 def test_training_iterators_build_on_the_cpu(monkeypatch):
     from onmt import train_single
     from onmt.constants import CorpusTask
