@@ -17,9 +17,12 @@ order, with which transforms, is unchanged (``tests/unit/test_batches.py``).
 """
 
 import torch
-from onmt.constants import CorpusTask
 
 from onmt_ext.patches import SPEED, patch
+
+#: ``onmt.constants.CorpusTask.INFER`` (not imported: importing onmt from here, before onmt-ext is active,
+#: would run the start-up hook on this half-imported module)
+_INFER = "infer"
 
 #: key of a batch's CPU tensors ``{"srclen": (batch,), "tgt": (batch, len, 1)}`` (the trainer counts from them)
 HOST = "onmt_ext_host"
@@ -86,7 +89,7 @@ def _views(flat, layout, keys=None):
 def _tensor_batches(stock, self):
     """``DynamicDatasetIter.__iter__``: training and validation batches with tensors only, packed in a data
     worker (the DataLoader then moves one buffer per batch)."""
-    if self.task == CorpusTask.INFER:
+    if self.task == _INFER:
         yield from stock(self)
         return
     names = list(self.corpora_info)
@@ -122,11 +125,11 @@ def _device_batches(stock, self):
         yield to_device(batch, self.device), bucket_index
 
 
-def _cpu_built_iterator(stock, opt, transforms_cls, vocabs, *args, task=CorpusTask.TRAIN, device_id=-1, **kwargs):
+def _cpu_built_iterator(stock, opt, transforms_cls, vocabs, *args, task="train", device_id=-1, **kwargs):
     """``build_dynamic_dataset_iter`` for training/validation on a GPU: batches built on the CPU, then copied."""
     from onmt.inputters.dynamic_iterator import OnDeviceDatasetIter
 
-    if task == CorpusTask.INFER or device_id < 0:
+    if task == _INFER or device_id < 0:
         return stock(opt, transforms_cls, vocabs, *args, task=task, device_id=device_id, **kwargs)
     built = stock(opt, transforms_cls, vocabs, *args, task=task, device_id=-1, **kwargs)
     if built is None:

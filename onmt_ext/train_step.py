@@ -21,7 +21,6 @@ and so do the reported statistics (``tests/unit/test_train_step.py``).
 import traceback
 
 import torch
-from onmt.utils.misc import sequence_mask
 
 from onmt_ext.batches import HOST
 from onmt_ext.patches import SPEED, patch
@@ -204,6 +203,8 @@ def encoder_forward(self, src, src_len=None):
     ``src`` ``(batch, len, feats)`` is padded to its longest sentence, so the
     width is ``len``, which stock reads from the device as ``src_len.max()``.
     """
+    from onmt.utils.misc import sequence_mask  # (onmt is imported by now; see batches._INFER)
+
     enc_out = self.embeddings(src)
     mask = sequence_mask(src_len, src.size(1)).unsqueeze(1).unsqueeze(1)  # (batch, 1, 1, len)
     mask = mask.expand(-1, -1, mask.size(3), -1)  # (batch, 1, len, len)

@@ -12,9 +12,12 @@ with 8,192-token batches through the real ``onmt_train``, once with onmt-ext
 and once with ``ONMT_EXT_DISABLE=1``, alternating, ``--repeats`` times each.
 With so little arithmetic, a step's time is what the host spends on it: the
 data path, the training loop, the optimiser.  The figure is the wall time per
-step between the step reports after the warm-up (log timestamps).  It is
-information for work without a GPU, not a GPU figure.  Writes
-``<out>/host-<label>.{json,md}``.
+step between the step reports after the warm-up (log timestamps).  A second
+figure isolates what a batch costs the training process to receive from a
+data worker: a batch of seven int64 tensors of an 8k-token batch's shapes, as
+shared-memory tensors (stock) and as one packed buffer (onmt-ext,
+``onmt_ext.batches.pack``), through a DataLoader with 2 workers.  Information
+for work without a GPU, not a GPU figure.  Writes ``<out>/host-<label>.{json,md}``.
 """
 
 import argparse
@@ -25,7 +28,10 @@ import platform
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import torch
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -71,6 +77,42 @@ def one_run(args, work, name, env, number):
     return (last.time - first.time).total_seconds() / (last.step - first.step), str(log)
 
 
+def _synthetic_batch(packed):
+    """A batch of an 8k-token batch's shapes (600 sentences of 14/16 tokens), packed or as separate tensors."""
+    from onmt_ext.batches import pack
+
+    batch = {"src": torch.randint(0, 4000, (600, 14, 1)), "tgt": torch.randint(0, 4000, (600, 16, 1)),
+             "srclen": torch.randint(1, 15, (600,)), "tgtlen": torch.randint(1, 17, (600,)),
+             "ind_in_bucket": torch.arange(600), "cid": torch.zeros(600, dtype=torch.long),
+             "cid_line_number": torch.arange(600)}
+    return pack(batch) if packed else batch
+
+
+class _Batches(torch.utils.data.IterableDataset):
+    """An endless stream of :func:`_synthetic_batch` (DataLoader workers iterate it)."""
+
+    def __init__(self, packed):
+        self.packed = packed
+
+    def __iter__(self):
+        while True:
+            yield _synthetic_batch(self.packed)
+
+
+def crossing_ms(packed, batches=300):
+    """Milliseconds the receiving process spends per batch from 2 DataLoader workers (after 20 warm-up ones)."""
+    from onmt_ext.batches import unpack
+
+    loader = iter(torch.utils.data.DataLoader(_Batches(packed), batch_size=None, num_workers=2, prefetch_factor=4,
+                                              multiprocessing_context="spawn"))
+    for _ in range(20):
+        next(loader)
+    start = time.perf_counter()
+    for _ in range(batches):
+        unpack(next(loader))
+    return 1000 * (time.perf_counter() - start) / batches
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="bench_host.py", description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=40, help="measured steps (default 40)")
@@ -81,6 +123,8 @@ def parse_args(argv):
     parser.add_argument("--num-workers", type=int, default=2, help="data workers (default 2, as the paper configs)")
     parser.add_argument("--out", type=Path, default=REPO / "results/bench")
     parser.add_argument("--work", type=Path, default=REPO / "build/bench-host")
+    parser.add_argument("--no-crossing", dest="crossing", action="store_false",
+                        help="leave out the batch-crossing measurement")
     parser.add_argument("--label", default="proxy", help="report name: <out>/host-<label>.{json,md}")
     args = parser.parse_args(argv)
     if min(args.steps, args.warmup_steps, args.report_every, args.repeats, args.batch_size) < 1:
@@ -105,6 +149,11 @@ def markdown(report):
     ratio = report.get("stock_over_ext")
     if ratio:
         lines += ["", f"Stock's time per step over onmt-ext's: {ratio:.2f}."]
+    crossing = report.get("crossing_ms")
+    if crossing:
+        lines += ["", "Receiving one 8k-token batch from 2 data workers (the training process's side, ms per "
+                  "batch): seven shared-memory tensors (stock) "
+                  f"{crossing['tensors']:.2f}, one packed buffer (onmt-ext) {crossing['packed']:.2f}."]
     lines += ["", "A CPU proxy for the host's share of a GPU step; information only, not a GPU figure."]
     return "\n".join(lines) + "\n"
 
@@ -121,6 +170,7 @@ def main(argv=None):
             print(f"== bench-host: {name}, run {number + 1}: "
                   + (f"{1000 * seconds:.1f} ms per step" if seconds else "no figure") + f" ({log})", flush=True)
             results[name].append(seconds)
+    crossing = {"tensors": crossing_ms(False), "packed": crossing_ms(True)} if args.crossing else None
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
                             check=False).stdout.strip()
     variants = {}
@@ -134,7 +184,7 @@ def main(argv=None):
               "command": "python tools/bench_host.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "batch_size": args.batch_size, "num_workers": args.num_workers, "steps": args.steps,
               "warmup_steps": args.warmup_steps, "variants": variants,
-              "stock_over_ext": stock / ext if ext and stock else None}
+              "stock_over_ext": stock / ext if ext and stock else None, "crossing_ms": crossing}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"host-{args.label}.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     (args.out / f"host-{args.label}.md").write_text(markdown(report), encoding="utf-8")
@@ -142,5 +192,5 @@ def main(argv=None):
     return 0
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # (the DataLoader's spawned workers import this module)
     sys.exit(main())
