@@ -25,7 +25,8 @@ Options (all "off" by default, which leaves OpenNMT-py's model unchanged):
 ``concat`` (stock), ``simple`` or ``em`` per attention component;
 ``li2019_enc_layers`` / ``li2019_dec_layers`` restrict it to layers (1-based,
 as the paper's tables; empty: all layers); ``li2019_capsules`` is N (0:
-d_model); ``li2019_iterations`` is T.
+d_model); ``li2019_iterations`` is T; ``li2019_recompute`` (default on) keeps
+only the inputs of the routing for the backward pass and recomputes it there.
 """
 
 import torch
@@ -34,7 +35,7 @@ import torch.nn as nn
 from onmt_ext import compile as ext_compile
 from onmt_ext.options import (OptionSpec, layers_check, model_size, options_without_effect, register_options,
                               selected_layers, tensor_parallel_problems)
-from onmt_ext.routing import em_routing, simple_routing
+from onmt_ext.routing import em_routing, recompute_in_backward, simple_routing
 
 METHODS = ("concat", "simple", "em")
 
@@ -48,6 +49,8 @@ class RoutingAggregation(nn.Module):
         capsules: N output capsules of size d / N.
         method: ``"simple"`` or ``"em"``.
         iterations: routing iterations T.
+        recompute: in training, keep only the inputs for the backward pass
+            and run the computation again there (see :func:`aggregate_heads`).
 
     ``forward(context)`` maps the concatenated heads ``(batch, len, d)`` to
     ``(batch, len, d)`` through :func:`aggregate_heads` (compiled with
@@ -56,14 +59,14 @@ class RoutingAggregation(nn.Module):
 
     ext_compile = False
 
-    def __init__(self, heads, d_model, capsules, method, iterations=3):
+    def __init__(self, heads, d_model, capsules, method, iterations=3, recompute=True):
         super().__init__()
         if method not in ("simple", "em"):
             raise ValueError(f"routing method must be 'simple' or 'em', got {method!r}")
         if d_model % heads or d_model % capsules:
             raise ValueError(f"d_model {d_model} must be divisible by heads {heads} and capsules {capsules}")
         self.heads, self.d_model, self.capsules = heads, d_model, capsules
-        self.method, self.iterations = method, iterations
+        self.method, self.iterations, self.recompute = method, iterations, bool(recompute)
         dim_per_head = d_model // heads
         # f_h (eq. 5): one (dim_per_head -> d_model) map per head
         self.input_weight = nn.Parameter(torch.empty(heads, dim_per_head, d_model))
@@ -86,11 +89,11 @@ class RoutingAggregation(nn.Module):
         return ext_compile.run(self.ext_compile, aggregate_heads, context, self.input_weight, self.input_bias,
                                self.vote_weight, getattr(self, "beta_a", None), getattr(self, "beta_u", None),
                                heads=self.heads, capsules=self.capsules, method=self.method,
-                               iterations=self.iterations)
+                               iterations=self.iterations, recompute=self.recompute)
 
 
 def aggregate_heads(context, input_weight, input_bias, vote_weight, beta_a, beta_u, *, heads, capsules, method,
-                    iterations):
+                    iterations, recompute=True):
     """The computation of :class:`RoutingAggregation` on its parameters (eq. 5-12).
 
     ``context`` ``(batch, len, d)`` holds the H heads side by side; returns
@@ -100,7 +103,25 @@ def aggregate_heads(context, input_weight, input_bias, vote_weight, beta_a, beta
     f_h is one batched product over the heads ``(H, B*L, d/H) x (H, d/H, d)``
     and the votes ``(H, B*L, d)`` reach the routing as a view
     ``(B*L, H, N, d/N)``.
+
+    With ``recompute`` and grad enabled, the backward pass keeps only the
+    arguments and runs this computation again
+    (:func:`~onmt_ext.routing.recompute_in_backward`) instead of keeping the
+    capsules, the float32 votes and each iteration's ``(B*L, H, N, d/N)``
+    tensors: per position about 14 float32 vectors of H * d (EM; 8 simple)
+    less, for one more forward pass of the routing.  Gradients are bitwise
+    the same.  Without grad (translation) nothing changes.
     """
+    kwargs = dict(heads=heads, capsules=capsules, method=method, iterations=iterations)
+    if recompute:
+        return recompute_in_backward(_aggregate_heads, context, input_weight, input_bias, vote_weight, beta_a,
+                                     beta_u, **kwargs)
+    return _aggregate_heads(context, input_weight, input_bias, vote_weight, beta_a, beta_u, **kwargs)
+
+
+def _aggregate_heads(context, input_weight, input_bias, vote_weight, beta_a, beta_u, *, heads, capsules, method,
+                     iterations):
+    """:func:`aggregate_heads` itself, every tensor kept for backward."""
     batch, length, d_model = context.shape
     positions = batch * length
     per_head = context.reshape(positions, heads, -1).transpose(0, 1)  # (H, P, d/H)
@@ -152,6 +173,9 @@ _SPECS = [
                "setting)", check=_capsules_check),
     OptionSpec("li2019_iterations", int, 3, "li2019: routing iterations T",
                check=lambda v, opt: None if v >= 1 else "must be >= 1"),
+    OptionSpec("li2019_recompute", bool, True, "li2019: in training, keep only the routing's inputs for the "
+               "backward pass and run the routing again there (same gradients, a fraction of the memory, one more "
+               "forward pass of the routing); false keeps every routing tensor"),
 ]
 
 register_options(_SPECS, combination_check=_combination_check)
@@ -159,7 +183,8 @@ register_options(_SPECS, combination_check=_combination_check)
 
 def _aggregator(config, method):
     capsules = config.option("li2019_capsules") or config.d_model
-    return RoutingAggregation(config.heads, config.d_model, capsules, method, config.option("li2019_iterations"))
+    return RoutingAggregation(config.heads, config.d_model, capsules, method, config.option("li2019_iterations"),
+                              config.option("li2019_recompute"))
 
 
 def attach_encoder(encoder, config):

@@ -17,6 +17,10 @@ precision; capsule outputs are cast back), masked votes are zeroed before use (s
 NaN/Inf there cannot leak), norms and variances are floored, and the EM
 densities are computed in log space.  Tests check finite outputs and
 gradients for all-zero votes, votes of magnitude 1e4 and half precision.
+
+Memory: :func:`recompute_in_backward` keeps only a routing's inputs for the
+backward pass and runs it again there, instead of keeping the per-iteration
+``(..., I, O, D)`` tensors (li2019 uses it; docs/li2019.md, *Memory*).
 """
 
 import functools
@@ -24,6 +28,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 _NORM_EPS = 1e-12  # inside the square root of squash()
 _MIN_TOTAL = 1e-6  # floor of coupling totals used as denominators
@@ -92,6 +97,25 @@ def without_autocast(fn):
             return fn(tensor, *args, **kwargs)
 
     return wrapper
+
+
+def recompute_in_backward(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, keeping only ``args`` for the backward pass, which runs ``fn`` again.
+
+    Where grad mode is on and a tensor argument requires grad, ``fn`` runs
+    under ``torch.utils.checkpoint`` (non-reentrant): the tensors that ``fn``'s
+    operations save for backward are dropped and made again by a second
+    forward pass of ``fn`` when the backward pass reaches it, under the
+    autocast state of the first.  The arithmetic is the same, so outputs and
+    gradients are bitwise those of ``fn`` itself (``tests/unit/test_routing.py``).
+    Elsewhere (inference, step-by-step decoding, ``torch.no_grad``) it is
+    ``fn(*args, **kwargs)``, with nothing added.  ``fn`` must be
+    deterministic: no dropout or other random draws.  Dynamo traces it (the
+    checkpoint becomes a recomputed region of the compiled graph).
+    """
+    if torch.is_grad_enabled() and any(torch.is_tensor(a) and a.requires_grad for a in args):
+        return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=False, **kwargs)
+    return fn(*args, **kwargs)
 
 
 def _positive(total):
