@@ -1,32 +1,18 @@
-"""Routing-by-agreement aggregation of multi-head attention (li2019).
+"""Routing-by-agreement aggregation of multi-head attention (li2019, docs/li2019.md).
 
 Li et al. (NAACL 2019) replace the concatenation + linear map that combines
-the H heads of multi-head attention (eq. 3-4) with routing between capsules:
+the H heads (eq. 3-4) with routing between capsules: input capsules
+``f_h(O_h) = tanh(O_h W_h + b_h)`` of ``d_model`` values (eq. 5), votes
+``V_{h->n}`` for N output capsules of ``d_model / N`` (eq. 6), simple (Alg. 1,
+eq. 7-8) or EM (Alg. 2, eq. 9-12) routing from :mod:`onmt_ext.routing`, and
+the output capsules concatenated.  :class:`RoutingAggregation` replaces the
+``final_linear`` of a ``MultiHeadedAttention``, which every attention path
+applies (the decoding cache's too); each position is aggregated on its own.
 
-* input capsules ``Omega_in_h = f_h(O_h)`` (eq. 5), ``O_h`` ``(dim_per_head,)``
-  the output of head h.  The paper only says "a distinct non-linear
-  transformation"; here ``f_h(x) = tanh(x W_h + b_h)`` maps each head to
-  ``d_model`` dimensions (choice documented in docs/li2019.md, *Parameter counts*:
-  with this f_h the parameter delta matches the paper's +2.1M per layer);
-* votes ``V_{h->n} = Omega_in_h W_{h->n}`` (eq. 6), N output capsules of
-  size ``d_model / N`` (N = d_model in the paper);
-* simple routing (Alg. 1, eq. 7-8, weighted mean and squash) or EM routing
-  (Alg. 2, eq. 9-12) from :mod:`onmt_ext.routing`;
-* the N output capsules are concatenated back to ``d_model``.
-
-Where it goes is OpenNMT-py's narrowest hook: the ``final_linear`` of a
-``MultiHeadedAttention`` (applied to the concatenated heads after the
-attention, on every attention path, including the fused one on GPU and the
-key/value cache of step-by-step decoding).  The aggregation works on each
-position independently, so it carries no decoding state.
-
-Options (all "off" by default, which leaves OpenNMT-py's model unchanged):
-``li2019_enc_self``, ``li2019_dec_self``, ``li2019_enc_dec`` choose
-``concat`` (stock), ``simple`` or ``em`` per attention component;
-``li2019_enc_layers`` / ``li2019_dec_layers`` restrict it to layers (1-based,
-as the paper's tables; empty: all layers); ``li2019_capsules`` is N (0:
-d_model); ``li2019_iterations`` is T; ``li2019_recompute`` (default on) keeps
-only the inputs of the routing for the backward pass and recomputes it there.
+Options: ``li2019_enc_self``, ``li2019_dec_self``, ``li2019_enc_dec``
+(``concat`` = stock, ``simple``, ``em``), ``li2019_enc_layers`` /
+``li2019_dec_layers`` (1-based; empty: all), ``li2019_capsules`` (N; 0:
+d_model), ``li2019_iterations`` (T), ``li2019_recompute`` (default on).
 """
 
 import torch
@@ -108,9 +94,9 @@ def aggregate_heads(context, input_weight, input_bias, vote_weight, beta_a, beta
     arguments and runs this computation again
     (:func:`~onmt_ext.routing.recompute_in_backward`) instead of keeping the
     capsules, the float32 votes and each iteration's ``(B*L, H, N, d/N)``
-    tensors: per position about 14 float32 vectors of H * d (EM; 8 simple)
-    less, for one more forward pass of the routing.  Gradients are bitwise
-    the same.  Without grad (translation) nothing changes.
+    tensors (at N = d, about 14 (EM) or 8 (simple) float32 tensors of
+    ``(B*L, H, d)``), for one more forward pass of the routing.  Gradients
+    are bitwise the same.  Without grad (translation) nothing changes.
     """
     kwargs = dict(heads=heads, capsules=capsules, method=method, iterations=iterations)
     if recompute:

@@ -1,26 +1,17 @@
 """Routing by agreement between capsules: the one routing core of onmt-ext.
 
-Pure tensor functions (no OpenNMT-py, no options object), shared by the three
-capsule papers: head aggregation (Li et al. 2019, "li2019"), cross
-aggregation of attention logits (Cao et al. 2019, "cao2019") and GRET's
-sentence capsules (Weng et al. 2020).
+Pure tensor functions shared by the three capsule papers: li2019's head
+aggregation, cao2019's cross aggregation of attention logits and GRET's
+sentence capsules.  ``votes`` is ``(..., I, O, D)``, the vote of input
+capsule ``i`` for output capsule ``o``; leading dimensions (batch, positions,
+...) are routed independently in one vectorised pass.  ``mask`` is
+``(..., I)`` bool, True where input ``i`` takes part.
 
-Shapes: ``votes`` is ``(..., I, O, D)``, the vote of input capsule ``i`` for
-output capsule ``o``; any leading dimensions (batch, positions, ...) are
-routed independently and in one vectorised pass (only the iterations loop).
-``mask`` is ``(..., I)`` bool, True where input ``i`` takes part.
-
-Numerics: the routing runs in at least float32 whatever the input dtype
-and also under autocast (fp16/bf16 votes are up-cast and autocast is off
-inside the routing functions, so no product is silently run in half
-precision; capsule outputs are cast back), masked votes are zeroed before use (so
-NaN/Inf there cannot leak), norms and variances are floored, and the EM
-densities are computed in log space.  Tests check finite outputs and
-gradients for all-zero votes, votes of magnitude 1e4 and half precision.
-
+Numerics: the routing runs in at least float32, also under autocast (votes are
+up-cast, autocast is off inside, outputs are cast back); masked votes are
+zeroed before use, norms and variances floored, EM densities in log space.
 Memory: :func:`recompute_in_backward` keeps only a routing's inputs for the
-backward pass and runs it again there, instead of keeping the per-iteration
-``(..., I, O, D)`` tensors (li2019 uses it; docs/li2019.md, *Memory*).
+backward pass and runs it again there (docs/li2019.md, *Memory*).
 """
 
 import functools
