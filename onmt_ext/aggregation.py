@@ -1,31 +1,18 @@
-"""Routing-by-agreement aggregation of multi-head attention (li2019).
+"""Routing-by-agreement aggregation of multi-head attention (li2019, docs/li2019.md).
 
 Li et al. (NAACL 2019) replace the concatenation + linear map that combines
-the H heads of multi-head attention (eq. 3-4) with routing between capsules:
+the H heads (eq. 3-4) with routing between capsules: input capsules
+``f_h(O_h) = tanh(O_h W_h + b_h)`` of ``d_model`` values (eq. 5), votes
+``V_{h->n}`` for N output capsules of ``d_model / N`` (eq. 6), simple (Alg. 1,
+eq. 7-8) or EM (Alg. 2, eq. 9-12) routing from :mod:`onmt_ext.routing`, and
+the output capsules concatenated.  :class:`RoutingAggregation` replaces the
+``final_linear`` of a ``MultiHeadedAttention``, which every attention path
+applies (the decoding cache's too); each position is aggregated on its own.
 
-* input capsules ``Omega_in_h = f_h(O_h)`` (eq. 5), ``O_h`` ``(dim_per_head,)``
-  the output of head h.  The paper only says "a distinct non-linear
-  transformation"; here ``f_h(x) = tanh(x W_h + b_h)`` maps each head to
-  ``d_model`` dimensions (choice documented in docs/li2019.md, *Parameter counts*:
-  with this f_h the parameter delta matches the paper's +2.1M per layer);
-* votes ``V_{h->n} = Omega_in_h W_{h->n}`` (eq. 6), N output capsules of
-  size ``d_model / N`` (N = d_model in the paper);
-* simple routing (Alg. 1, eq. 7-8, weighted mean and squash) or EM routing
-  (Alg. 2, eq. 9-12) from :mod:`onmt_ext.routing`;
-* the N output capsules are concatenated back to ``d_model``.
-
-Where it goes is OpenNMT-py's narrowest hook: the ``final_linear`` of a
-``MultiHeadedAttention`` (applied to the concatenated heads after the
-attention, on every attention path, including the fused one on GPU and the
-key/value cache of step-by-step decoding).  The aggregation works on each
-position independently, so it carries no decoding state.
-
-Options (all "off" by default, which leaves OpenNMT-py's model unchanged):
-``li2019_enc_self``, ``li2019_dec_self``, ``li2019_enc_dec`` choose
-``concat`` (stock), ``simple`` or ``em`` per attention component;
-``li2019_enc_layers`` / ``li2019_dec_layers`` restrict it to layers (1-based,
-as the paper's tables; empty: all layers); ``li2019_capsules`` is N (0:
-d_model); ``li2019_iterations`` is T.
+Options: ``li2019_enc_self``, ``li2019_dec_self``, ``li2019_enc_dec``
+(``concat`` = stock, ``simple``, ``em``), ``li2019_enc_layers`` /
+``li2019_dec_layers`` (1-based; empty: all), ``li2019_capsules`` (N; 0:
+d_model), ``li2019_iterations`` (T), ``li2019_recompute`` (default on).
 """
 
 import torch
@@ -34,7 +21,7 @@ import torch.nn as nn
 from onmt_ext import compile as ext_compile
 from onmt_ext.options import (OptionSpec, layers_check, model_size, options_without_effect, register_options,
                               selected_layers, tensor_parallel_problems)
-from onmt_ext.routing import em_routing, simple_routing
+from onmt_ext.routing import em_routing, recompute_in_backward, simple_routing
 
 METHODS = ("concat", "simple", "em")
 
@@ -48,6 +35,8 @@ class RoutingAggregation(nn.Module):
         capsules: N output capsules of size d / N.
         method: ``"simple"`` or ``"em"``.
         iterations: routing iterations T.
+        recompute: in training, keep only the inputs for the backward pass
+            and run the computation again there (see :func:`aggregate_heads`).
 
     ``forward(context)`` maps the concatenated heads ``(batch, len, d)`` to
     ``(batch, len, d)`` through :func:`aggregate_heads` (compiled with
@@ -56,14 +45,14 @@ class RoutingAggregation(nn.Module):
 
     ext_compile = False
 
-    def __init__(self, heads, d_model, capsules, method, iterations=3):
+    def __init__(self, heads, d_model, capsules, method, iterations=3, recompute=True):
         super().__init__()
         if method not in ("simple", "em"):
             raise ValueError(f"routing method must be 'simple' or 'em', got {method!r}")
         if d_model % heads or d_model % capsules:
             raise ValueError(f"d_model {d_model} must be divisible by heads {heads} and capsules {capsules}")
         self.heads, self.d_model, self.capsules = heads, d_model, capsules
-        self.method, self.iterations = method, iterations
+        self.method, self.iterations, self.recompute = method, iterations, bool(recompute)
         dim_per_head = d_model // heads
         # f_h (eq. 5): one (dim_per_head -> d_model) map per head
         self.input_weight = nn.Parameter(torch.empty(heads, dim_per_head, d_model))
@@ -86,11 +75,11 @@ class RoutingAggregation(nn.Module):
         return ext_compile.run(self.ext_compile, aggregate_heads, context, self.input_weight, self.input_bias,
                                self.vote_weight, getattr(self, "beta_a", None), getattr(self, "beta_u", None),
                                heads=self.heads, capsules=self.capsules, method=self.method,
-                               iterations=self.iterations)
+                               iterations=self.iterations, recompute=self.recompute)
 
 
 def aggregate_heads(context, input_weight, input_bias, vote_weight, beta_a, beta_u, *, heads, capsules, method,
-                    iterations):
+                    iterations, recompute=True):
     """The computation of :class:`RoutingAggregation` on its parameters (eq. 5-12).
 
     ``context`` ``(batch, len, d)`` holds the H heads side by side; returns
@@ -100,7 +89,25 @@ def aggregate_heads(context, input_weight, input_bias, vote_weight, beta_a, beta
     f_h is one batched product over the heads ``(H, B*L, d/H) x (H, d/H, d)``
     and the votes ``(H, B*L, d)`` reach the routing as a view
     ``(B*L, H, N, d/N)``.
+
+    With ``recompute`` and grad enabled, the backward pass keeps only the
+    arguments and runs this computation again
+    (:func:`~onmt_ext.routing.recompute_in_backward`) instead of keeping the
+    capsules, the float32 votes and each iteration's ``(B*L, H, N, d/N)``
+    tensors (at N = d, about 14 (EM) or 8 (simple) float32 tensors of
+    ``(B*L, H, d)``), for one more forward pass of the routing.  Gradients
+    are bitwise the same.  Without grad (translation) nothing changes.
     """
+    kwargs = dict(heads=heads, capsules=capsules, method=method, iterations=iterations)
+    if recompute:
+        return recompute_in_backward(_aggregate_heads, context, input_weight, input_bias, vote_weight, beta_a,
+                                     beta_u, **kwargs)
+    return _aggregate_heads(context, input_weight, input_bias, vote_weight, beta_a, beta_u, **kwargs)
+
+
+def _aggregate_heads(context, input_weight, input_bias, vote_weight, beta_a, beta_u, *, heads, capsules, method,
+                     iterations):
+    """:func:`aggregate_heads` itself, every tensor kept for backward."""
     batch, length, d_model = context.shape
     positions = batch * length
     per_head = context.reshape(positions, heads, -1).transpose(0, 1)  # (H, P, d/H)
@@ -152,6 +159,9 @@ _SPECS = [
                "setting)", check=_capsules_check),
     OptionSpec("li2019_iterations", int, 3, "li2019: routing iterations T",
                check=lambda v, opt: None if v >= 1 else "must be >= 1"),
+    OptionSpec("li2019_recompute", bool, True, "li2019: in training, keep only the routing's inputs for the "
+               "backward pass and run the routing again there (same gradients, a fraction of the memory, one more "
+               "forward pass of the routing); false keeps every routing tensor"),
 ]
 
 register_options(_SPECS, combination_check=_combination_check)
@@ -159,7 +169,8 @@ register_options(_SPECS, combination_check=_combination_check)
 
 def _aggregator(config, method):
     capsules = config.option("li2019_capsules") or config.d_model
-    return RoutingAggregation(config.heads, config.d_model, capsules, method, config.option("li2019_iterations"))
+    return RoutingAggregation(config.heads, config.d_model, capsules, method, config.option("li2019_iterations"),
+                              config.option("li2019_recompute"))
 
 
 def attach_encoder(encoder, config):

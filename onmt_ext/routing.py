@@ -1,22 +1,17 @@
 """Routing by agreement between capsules: the one routing core of onmt-ext.
 
-Pure tensor functions (no OpenNMT-py, no options object), shared by the three
-capsule papers: head aggregation (Li et al. 2019, "li2019"), cross
-aggregation of attention logits (Cao et al. 2019, "cao2019") and GRET's
-sentence capsules (Weng et al. 2020).
+Pure tensor functions shared by the three capsule papers: li2019's head
+aggregation, cao2019's cross aggregation of attention logits and GRET's
+sentence capsules.  ``votes`` is ``(..., I, O, D)``, the vote of input
+capsule ``i`` for output capsule ``o``; leading dimensions (batch, positions,
+...) are routed independently in one vectorised pass.  ``mask`` is
+``(..., I)`` bool, True where input ``i`` takes part.
 
-Shapes: ``votes`` is ``(..., I, O, D)``, the vote of input capsule ``i`` for
-output capsule ``o``; any leading dimensions (batch, positions, ...) are
-routed independently and in one vectorised pass (only the iterations loop).
-``mask`` is ``(..., I)`` bool, True where input ``i`` takes part.
-
-Numerics: the routing runs in at least float32 whatever the input dtype
-and also under autocast (fp16/bf16 votes are up-cast and autocast is off
-inside the routing functions, so no product is silently run in half
-precision; capsule outputs are cast back), masked votes are zeroed before use (so
-NaN/Inf there cannot leak), norms and variances are floored, and the EM
-densities are computed in log space.  Tests check finite outputs and
-gradients for all-zero votes, votes of magnitude 1e4 and half precision.
+Numerics: the routing runs in at least float32, also under autocast (votes are
+up-cast, autocast is off inside, outputs are cast back); masked votes are
+zeroed before use, norms and variances floored, EM densities in log space.
+Memory: :func:`recompute_in_backward` keeps only a routing's inputs for the
+backward pass and runs it again there (docs/li2019.md, *Memory*).
 """
 
 import functools
@@ -24,6 +19,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 _NORM_EPS = 1e-12  # inside the square root of squash()
 _MIN_TOTAL = 1e-6  # floor of coupling totals used as denominators
@@ -92,6 +88,25 @@ def without_autocast(fn):
             return fn(tensor, *args, **kwargs)
 
     return wrapper
+
+
+def recompute_in_backward(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, keeping only ``args`` for the backward pass, which runs ``fn`` again.
+
+    Where grad mode is on and a tensor argument requires grad, ``fn`` runs
+    under ``torch.utils.checkpoint`` (non-reentrant): the tensors that ``fn``'s
+    operations save for backward are dropped and made again by a second
+    forward pass of ``fn`` when the backward pass reaches it, under the
+    autocast state of the first.  The arithmetic is the same, so outputs and
+    gradients are bitwise those of ``fn`` itself (``tests/unit/test_routing.py``).
+    Elsewhere (inference, step-by-step decoding, ``torch.no_grad``) it is
+    ``fn(*args, **kwargs)``, with nothing added.  ``fn`` must be
+    deterministic: no dropout or other random draws.  Dynamo traces it (the
+    checkpoint becomes a recomputed region of the compiled graph).
+    """
+    if torch.is_grad_enabled() and any(torch.is_tensor(a) and a.requires_grad for a in args):
+        return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=False, **kwargs)
+    return fn(*args, **kwargs)
 
 
 def _positive(total):

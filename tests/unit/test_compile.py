@@ -13,6 +13,8 @@ For each core, on the CPU:
   full pass.
 """
 
+import sys
+
 import pytest
 import torch
 
@@ -24,6 +26,9 @@ from onmt_ext.cross_aggregation import causal_step, cross_aggregate
 from onmt_ext.directional import directional_softmax
 from onmt_ext.gret import fuse, global_summary
 from onmt_ext.recurrent_embedding import recurrent_output
+
+sys.path.insert(0, str(support.REPO / "tools"))
+from routing_memory import SavedBytes  # noqa: E402
 
 H, D = 4, 16
 MASK = -1e18
@@ -45,12 +50,12 @@ def _padded_scores(generator, batch, length, dtype, causal=False):
     return scores.masked_fill(mask, MASK)
 
 
-def _li2019(method):
+def _li2019(method, recompute=True):
     def make(g, batch, length, dtype):
         beta = (_rand(g, 8, dtype=dtype), _rand(g, 8, dtype=dtype)) if method == "em" else (None, None)
         args = (_rand(g, batch, length, D, dtype=dtype), 0.3 * _rand(g, H, D // H, D, dtype=dtype),
                 0.1 * _rand(g, H, D, dtype=dtype), 0.3 * _rand(g, H, D, D, dtype=dtype), *beta)
-        return args, dict(heads=H, capsules=8, method=method, iterations=3)
+        return args, dict(heads=H, capsules=8, method=method, iterations=3, recompute=recompute)
     return aggregate_heads, make
 
 
@@ -106,6 +111,7 @@ def _directional(g, batch, length, dtype):
 CORES = {
     "li2019_simple": _li2019("simple"),
     "li2019_em": _li2019("em"),
+    "li2019_em_stored": _li2019("em", recompute=False),  # -li2019_recompute false
     "cao2019": _cao2019(False),
     "cao2019_causal": _cao2019(True),
     "cao2019_step": (causal_step, _cao2019_step),
@@ -121,7 +127,7 @@ CORES = {
 
 #: cores whose tracing takes 10-30 s each on two CPU cores: their fast-tier cases move to the slow tier
 #: (cao2019's decoding step and li2019's simple routing stay as the fast tier's routing cases)
-SLOW_TO_TRACE = {"cao2019", "cao2019_causal", "li2019_em", "gret_capsules"}
+SLOW_TO_TRACE = {"cao2019", "cao2019_causal", "li2019_em", "li2019_em_stored", "gret_capsules"}
 
 
 def _tiered(names, slow=()):
@@ -197,6 +203,30 @@ def test_inductor_code_equals_eager(name):
     compiled = torch.compile(fn, backend="inductor", fullgraph=True, dynamic=True)
     args, kwargs = _inputs(name, 3, 6)
     _assert_same(_outputs_and_grads(compiled, args, kwargs), _outputs_and_grads(fn, args, kwargs), 1e-7, 1e-5)
+
+
+@pytest.mark.parametrize("method", ["simple", pytest.param("em", marks=pytest.mark.slow)])
+def test_compiled_li2019_core_keeps_its_memory_saving(method):
+    """Compiled, the recomputed core still keeps little for backward: at Transformer-Base width (H = 8,
+    d = N = 512) at most the context and a few ``(positions, N)`` tensors, under a tenth of what the eager core
+    saves when it stores the routing (``aot_eager``: AOTAutograd's partition of the checkpointed graph)."""
+    g = torch.Generator().manual_seed(0)
+    context = torch.randn(2, 32, 512, generator=g).requires_grad_()
+    params = [(0.05 * torch.randn(*shape, generator=g)).requires_grad_() for shape in ((8, 64, 512), (8, 512),
+                                                                                         (8, 512, 512))]
+    beta = [torch.zeros(512, requires_grad=True) for _ in range(2)] if method == "em" else [None, None]
+
+    def saved(fn, recompute):
+        counter = SavedBytes(exclude=[t for t in params + beta if t is not None], keep=True)
+        with counter.hooks():
+            out = fn(context, *params, *beta, heads=8, capsules=512, method=method, iterations=3, recompute=recompute)
+        return counter.total, out
+
+    compiled = torch.compile(aggregate_heads, backend="aot_eager", fullgraph=True, dynamic=True)
+    kept, out = saved(compiled, True)
+    stored, expected = saved(aggregate_heads, False)
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
+    assert kept < stored / 10, (kept, stored)
 
 
 def test_run_is_eager_when_off_and_builds_once(monkeypatch):

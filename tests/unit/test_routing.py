@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from onmt_ext.routing import em_routing, linear_inverse_temperature, simple_routing, squash
+from onmt_ext.routing import em_routing, linear_inverse_temperature, recompute_in_backward, simple_routing, squash
 
 torch.set_default_dtype(torch.float32)
 
@@ -200,3 +200,60 @@ def test_bad_arguments_are_rejected():
         em_routing(votes, density="max")
     with pytest.raises(TypeError):
         em_routing(votes, beta=1.0)
+
+
+def _routed(calls):
+    """A routing core for :func:`recompute_in_backward`: per-head maps, then EM routing; records the grad mode."""
+
+    def fn(x, weight, beta, *, iterations):
+        calls.append(torch.is_grad_enabled())
+        votes = torch.tanh(x @ weight).unflatten(-1, (4, 2))  # (B, I, O=4, D=2)
+        return em_routing(votes, iterations, beta_a=beta, beta_u=-beta)[0]
+
+    return fn
+
+
+def test_recompute_in_backward_gives_the_same_outputs_and_gradients_bitwise():
+    g = torch.Generator().manual_seed(11)
+    x, weight, beta = (torch.randn(*shape, generator=g).requires_grad_() for shape in ((5, 3, 6), (6, 8), (4,)))
+    calls = []
+    fn = _routed(calls)
+    out = recompute_in_backward(fn, x, weight, beta, iterations=3)
+    grads = torch.autograd.grad((out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum(), [x, weight, beta])
+    assert calls == [True, True]  # the forward pass, then its recomputation in backward
+    ref = fn(x, weight, beta, iterations=3)
+    ref_grads = torch.autograd.grad((ref * torch.linspace(-1, 1, ref.numel()).view_as(ref)).sum(), [x, weight, beta])
+    assert torch.equal(out, ref)
+    assert all(torch.equal(a, b) for a, b in zip(grads, ref_grads))
+
+
+def test_recompute_in_backward_keeps_only_the_arguments():
+    x, weight, beta = torch.randn(64, 3, 6).requires_grad_(), torch.randn(6, 8).requires_grad_(), torch.zeros(4)
+    fn = _routed([])
+    saved = {}
+    for recompute in (False, True):
+        storages = {}
+        with torch.autograd.graph.saved_tensors_hooks(
+                lambda t: storages.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) and t,
+                lambda t: t):
+            (recompute_in_backward if recompute else lambda f, *a, **k: f(*a, **k))(fn, x, weight, beta, iterations=3)
+        saved[recompute] = storages
+    arguments = {t.untyped_storage().data_ptr() for t in (x, weight, beta)}
+    assert set(saved[True]) <= arguments
+    assert sum(saved[False].values()) > 10 * sum(saved[True].values())
+
+
+def test_recompute_in_backward_adds_nothing_without_grad(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("checkpoint used without grad")
+
+    monkeypatch.setattr(torch.utils.checkpoint, "checkpoint", refuse)
+    calls = []
+    fn = _routed(calls)
+    x, weight, beta = torch.randn(2, 3, 6, requires_grad=True), torch.randn(6, 8), torch.zeros(4)
+    with torch.no_grad():
+        expected = fn(x, weight, beta, iterations=2)
+        calls.clear()
+        assert torch.equal(recompute_in_backward(fn, x, weight, beta, iterations=2), expected)
+    recompute_in_backward(fn, x.detach(), weight, beta, iterations=2)  # nothing requires grad
+    assert calls == [False, True]
