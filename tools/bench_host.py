@@ -171,7 +171,10 @@ def main(argv=None):
                   + (f"{1000 * seconds:.1f} ms per step" if seconds else "no figure") + f" ({log})", flush=True)
             results[name].append(seconds)
     crossing = {"tensors": crossing_ms(False), "packed": crossing_ms(True)} if args.crossing else None
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+    # the commit of the onmt-ext that this interpreter's onmt_train loads (another checkout's, with another venv)
+    where = subprocess.run([sys.executable, "-c", "import onmt_ext, os; print(os.path.dirname(onmt_ext.__file__))"],
+                           capture_output=True, text=True, check=False).stdout.strip() or str(REPO)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=where, capture_output=True, text=True,
                             check=False).stdout.strip()
     variants = {}
     for name, runs in results.items():
