@@ -4,8 +4,8 @@ Stock OpenNMT-py 3.5.1 stalls the training thread on the way from corpus to GPU:
 per-example Python lists in every batch (``ind_in_bucket``, ``cid``,
 ``cid_line_number``) are walked under the GIL by the DataLoader's pin-memory
 thread; each tensor crosses from a data worker as shared memory whose file
-descriptor is fetched over a new authenticated socket connection (about 3 ms of
-mostly GIL-holding Python per batch); every tensor is copied with a blocking
+descriptor is fetched over a new authenticated socket connection, mostly Python
+under the GIL (``make bench-host`` measures it per batch); every tensor is copied with a blocking
 ``.to(device)``; without workers every sentence's tensor is built on the GPU.
 
 Here a training or validation batch crosses from a worker as one packed
@@ -15,6 +15,8 @@ pinned once and copied to the GPU with one ``non_blocking`` copy; :data:`HOST`
 keeps its CPU ``srclen`` and ``tgt`` for counting.  Which examples, in which
 order, with which transforms, is unchanged (``tests/unit/test_batches.py``).
 """
+
+import math
 
 import torch
 
@@ -77,9 +79,7 @@ def _views(flat, layout, keys=None):
     """Views of ``flat`` by ``layout`` (only ``keys`` when given)."""
     views, offset = {}, 0
     for key, shape in layout:
-        size = 1
-        for extent in shape:
-            size *= extent
+        size = math.prod(shape)
         if keys is None or key in keys:
             views[key] = flat[offset:offset + size].view(shape)
         offset += size
@@ -119,7 +119,7 @@ def to_device(batch, device):
     return batch
 
 
-def _device_batches(stock, self):
+def _device_batches(self):
     """``OnDeviceDatasetIter.__iter__``: batches unpacked, and on CUDA copied without waiting."""
     for batch, bucket_index in self.data_iter:
         yield to_device(batch, self.device), bucket_index
@@ -134,7 +134,7 @@ def _cpu_built_iterator(stock, opt, transforms_cls, vocabs, *args, task="train",
     built = stock(opt, transforms_cls, vocabs, *args, task=task, device_id=-1, **kwargs)
     if built is None:
         return None
-    if isinstance(built, OnDeviceDatasetIter):  # data workers: the DataLoader already pins
+    if isinstance(built, OnDeviceDatasetIter):  # data workers: their packed batches are pinned in to_device
         built.device = torch.device("cuda", device_id)
         return built
     return OnDeviceDatasetIter(built, torch.device("cuda", device_id))
@@ -149,7 +149,7 @@ def install():
           test=f"{_TEST}::test_batches_carry_tensors_only_and_the_same_data",
           reason="per-example Python lists in every batch keep the pin-memory thread busy under the GIL while "
                  "the training thread waits")
-    patch(dynamic_iterator.OnDeviceDatasetIter, "__iter__", _device_batches, kind=SPEED,
+    patch(dynamic_iterator.OnDeviceDatasetIter, "__iter__", _device_batches, wrap=False, kind=SPEED,
           test=f"{_TEST}::test_batches_reach_the_device_unchanged",
           reason="a blocking .to(device) of every batch tensor waits for all queued GPU work")
     patch(train_single, "build_dynamic_dataset_iter", _cpu_built_iterator, kind=SPEED,

@@ -5,8 +5,8 @@ A training step that reads a value of a device tensor on the host (``.item()``,
 as in ``torch.arange(0, lengths.max())``) waits for the GPU to finish all the
 work queued before it, so the host can never run ahead.  :class:`HostReads`
 counts such reads on any device, the CPU included (where they cost nothing,
-but show where a GPU would wait); :func:`cuda_sync_warnings` counts what
-torch's own sync debug mode reports on a CUDA device.
+but show where a GPU would wait); :func:`cuda_sync_warnings` records where
+torch's own sync debug mode reports a synchronisation on a CUDA device.
 """
 
 import traceback
@@ -20,11 +20,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 _PYTHON_READS = ("tolist", "cpu", "numpy")
 
 
-def _caller():
-    """``file:line (function)`` of the innermost frame outside torch and this module."""
-    for frame in reversed(traceback.extract_stack()[:-2]):
+def caller(skip=()):
+    """``file:line (function)`` of the innermost frame outside torch, the warnings module, this module and the
+    files whose paths end in one of ``skip``."""
+    skipped = ("/warnings.py", "onmt_ext/hostsync.py", *skip)
+    for frame in reversed(traceback.extract_stack()):
         name = frame.filename.replace("\\", "/")
-        if "/torch/" not in name and not name.endswith("onmt_ext/hostsync.py"):
+        if "/torch/" not in name and not name.endswith(skipped):
             return f"{name}:{frame.lineno} ({frame.name})"
     return "unknown"
 
@@ -51,7 +53,7 @@ class HostReads(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.aten._local_scalar_dense.default and self._counts(args[0]):
-            self.reads.append(("item", _caller()))
+            self.reads.append(("item", caller()))
         return func(*args, **(kwargs or {}))
 
     def __enter__(self):
@@ -61,7 +63,7 @@ class HostReads(TorchDispatchMode):
 
             def counted(tensor, *args, _stock=stock, _name=name, **kwargs):
                 if self._counts(tensor):
-                    self.reads.append((_name, _caller()))
+                    self.reads.append((_name, caller()))
                 return _stock(tensor, *args, **kwargs)
 
             setattr(torch.Tensor, name, counted)
@@ -75,18 +77,43 @@ class HostReads(TorchDispatchMode):
 
 
 @contextmanager
-def cuda_sync_warnings():
-    """Record torch's warnings for synchronising CUDA calls (``torch.cuda.set_sync_debug_mode``).
+def cuda_sync_warnings(skip=()):
+    """Record where torch's sync debug mode (``torch.cuda.set_sync_debug_mode``) warns of a synchronising call.
 
-    Yields the list that fills with one message per synchronising call.
+    Yields the list that fills with the call site of each (see :func:`caller`; ``skip`` as there).
     """
-    found = []
+    sites = []
     previous = torch.cuda.get_sync_debug_mode()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        hooked = record_sync_sites(sites, skip)
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            yield found
+            yield sites
         finally:
             torch.cuda.set_sync_debug_mode(previous)
-            found.extend(str(w.message) for w in caught if "synchroniz" in str(w.message))
+            if not hooked:  # no call sites on this Python: one "unknown" per warning
+                sites.extend("unknown" for w in caught if _is_sync(w.message))
+
+
+def _is_sync(message):
+    return "synchroniz" in str(message)
+
+
+def record_sync_sites(sites, skip=()):
+    """Inside ``warnings.catch_warnings(record=True)``: append the call site of every sync warning to ``sites``
+    as it is issued (the recorded warnings keep only their messages).  The context's exit undoes it.
+
+    Returns False on a Python whose warnings module has no such hook (then nothing is appended).
+    """
+    record = getattr(warnings, "_showwarnmsg_impl", None)
+    if record is None:
+        return False
+
+    def with_site(message):
+        record(message)
+        if _is_sync(message.message):
+            sites.append(caller(skip))
+
+    warnings._showwarnmsg_impl = with_site
+    return True

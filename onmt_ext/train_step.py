@@ -45,8 +45,8 @@ def add_to(stats, sums):
 def settle(stats, keep=True):
     """Set ``stats``' host fields to its base plus its device sums (one read of the device); returns ``stats``.
 
-    With fresh statistics the base is 0 and the loss is the stock running sum
-    in the stock order.  ``keep=False`` drops the device sums (statistics that
+    With fresh statistics the base is 0 (and 0 + x is x): the loss is the stock
+    running sum, in the stock order.  ``keep=False`` drops the device sums (statistics that
     are pickled or thrown away next).
     """
     held = getattr(stats, _SUMS, None) if stats is not None else None
@@ -54,7 +54,7 @@ def settle(stats, keep=True):
         return stats
     sums, (loss, words, correct) = held
     total_loss, total_words, total_correct = sums.tolist()
-    stats.loss = loss + total_loss if loss else total_loss
+    stats.loss = loss + total_loss
     stats.n_words, stats.n_correct = words + int(total_words), correct + int(total_correct)
     if not keep:
         delattr(stats, _SUMS)
@@ -159,10 +159,10 @@ def gradient_accumulation(self, true_batches, normalization, total_stats, report
                     stats.n_sents += sentences
                     stats.n_batchs += 1 if sentences else 0
                     add_to(stats, sums)
-            except Exception as error:
+            except Exception:
                 if "CUDA out of memory" not in traceback.format_exc():
                     raise
-                _skip_out_of_memory(self, error)
+                _skip_out_of_memory(self)
             if self.model.decoder.state != {}:
                 self.model.decoder.detach_state()
     if self.n_gpu > 1 and self.parallel_mode == "data_parallel":
@@ -171,7 +171,7 @@ def gradient_accumulation(self, true_batches, normalization, total_stats, report
     self.optim.step()
 
 
-def _skip_out_of_memory(trainer, error):
+def _skip_out_of_memory(trainer):
     """Stock's answer to running out of GPU memory: log, drop the batch, free the cache."""
     import sys
 

@@ -28,8 +28,6 @@ import statistics
 import subprocess
 import sys
 import time
-import traceback
-import warnings
 import xml.etree.ElementTree as ElementTree
 from collections import Counter
 from itertools import islice
@@ -95,10 +93,9 @@ STARTUP_OVERHEAD_TARGET_S = 1.0
 #: peak memory of EM routing over the baseline's: (case, at most)
 MEMORY_TARGETS = ((MECHANISMS[0], 2.0), (MECHANISMS[3], 4.0))
 
-#: per-section seconds on a GPU and in the CPU dry run (the whole GPU run fits in 8 minutes: 480 s).  Shares set
-#: from the H100 run of 2026-11-26 (results/gpu/README.md): the three dtypes at once needed more than 70 s; the
-#: users'-path runs about 25-35 s each (4 of them); an in-process eager case about 10 s (11 of them); compiling
-#: one li2019 core for training more than 70 s, so compiled rows get only what the eager parts leave
+#: per-section seconds on a GPU and in the CPU dry run (the whole GPU run fits in 8 minutes: 480 s).  The shares
+#: follow the part times of the H100 run in results/gpu/README.md: the users'-path rows and every eager mechanism
+#: first; compiled rows, whose compilation did not fit there, get only what the eager parts leave
 BUDGETS = {"a": 85.0, "b": 275.0, "c": 120.0}
 TINY_BUDGETS = {"a": 30.0, "b": 110.0, "c": 30.0}
 #: the parts, in running order, with their shares of their section's budget on a GPU and in the dry run (where
@@ -260,31 +257,6 @@ def _top_sites(sites, count=5):
     return [[site, number] for site, number in Counter(short).most_common(count)]
 
 
-def _call_site():
-    """``file:line (function)`` of the innermost frame outside torch, the warnings module and this file."""
-    for frame in reversed(traceback.extract_stack()):
-        name = frame.filename.replace("\\", "/")
-        if "/torch/" not in name and not name.endswith(("/warnings.py", "/gpu_check.py")):
-            return f"{name}:{frame.lineno} ({frame.name})"
-    return "unknown"
-
-
-def record_warning_sites(sites):
-    """Inside ``warnings.catch_warnings(record=True)`` (as onmt_ext.hostsync.cuda_sync_warnings uses), also
-    append the Python call site of every synchronisation warning to ``sites`` as it is issued (the recorded
-    warnings keep only their messages).  The context's exit restores what it replaced, this included."""
-    record = getattr(warnings, "_showwarnmsg_impl", None)
-    if record is None:  # a Python without this hook: no call sites
-        return
-
-    def with_site(message):
-        record(message)
-        if "synchroniz" in str(message.message):
-            sites.append(_call_site())
-
-    warnings._showwarnmsg_impl = with_site
-
-
 class _SyncWindow:
     """Host-device synchronisations between :meth:`open` and :meth:`close`, with their call sites: on CUDA
     torch's sync warnings (onmt_ext.hostsync.cuda_sync_warnings), on the CPU the host's reads of tensor
@@ -293,14 +265,13 @@ class _SyncWindow:
     def __init__(self, cuda):
         from onmt_ext import hostsync
 
-        self.cuda, self.hostsync, self.sites = cuda, hostsync, []
+        self.cuda, self.hostsync = cuda, hostsync
         self.context = self.found = None
 
     def open(self):
         if self.cuda:
-            self.context = self.hostsync.cuda_sync_warnings()
+            self.context = self.hostsync.cuda_sync_warnings(skip=("/gpu_check.py",))
             self.found = self.context.__enter__()
-            record_warning_sites(self.sites)
         else:
             self.context = self.hostsync.HostReads()
             self.context.__enter__()
@@ -309,7 +280,7 @@ class _SyncWindow:
         """``(count, call sites)``."""
         self.context.__exit__(None, None, None)
         if self.found is not None:
-            return len(self.found), self.sites
+            return len(self.found), self.found
         return len(self.context.reads), [where for _, where in self.context.reads]
 
 

@@ -424,18 +424,18 @@ def _training_inputs(values):
     return tuple(dict.fromkeys(Path(path) for path in paths))
 
 
-def update_passes(values, n_gpus, passes=None):
+def update_passes(values, gpus, passes=None, config="the config"):
     """``(batch_size, accum_count)`` per GPU for one update of the config's tokens in ``passes`` passes.
 
     The configs hold the paper's update as ``batch_size`` x ``accum_count`` on
-    one GPU; ``n_gpus`` GPUs share its passes, and ``passes`` (default: all of
-    them, the config's batch) merges them into fewer, larger batches with the
-    same tokens per update.
+    one GPU; the GPUs ``gpus`` share its passes, and ``passes`` (default: all
+    of them, the config's batch) merges them into fewer, larger batches with
+    the same tokens per update.
     """
-    accum_total, batch = values.get("accum_count", [1])[0], int(values["batch_size"])
+    accum_total, batch, n_gpus = values.get("accum_count", [1])[0], int(values["batch_size"]), max(1, len(gpus))
     if accum_total % n_gpus:
-        raise SystemExit(f"reproduce.py: {n_gpus} GPUs do not divide accum_count {accum_total}, so the paper's "
-                         "batch cannot be kept")
+        raise SystemExit(f"reproduce.py: --gpus {','.join(map(str, gpus))} ({n_gpus} GPUs) does not divide "
+                         f"accum_count {accum_total} of {config}, so the paper's batch cannot be kept")
     per_gpu = accum_total // n_gpus
     passes = per_gpu if passes is None else passes
     if passes < 1 or per_gpu % passes:
@@ -456,11 +456,7 @@ def plan(row, gpus=(0,), average=AVERAGE, passes=None):
     task = _task_of(row.config)
     src, _ = LANGS[task]
     n_gpus = max(1, len(gpus))
-    if values.get("accum_count", [1])[0] % n_gpus:
-        raise SystemExit(f"reproduce.py: --gpus {','.join(map(str, gpus))} ({n_gpus} GPUs) does not divide "
-                         f"accum_count {values['accum_count'][0]} of {row.config}, so the paper's batch cannot be "
-                         "kept")
-    batch_size, accum_count = update_passes(values, n_gpus, passes)
+    batch_size, accum_count = update_passes(values, gpus, passes, row.config)
     train_steps = int(values["train_steps"])
     checkpoints = tuple(Path(f"{save_model}_step_{step}.pt") for step in averaged_steps(values, average, row.config))
     steps = list(_clause_preparation(values, task))

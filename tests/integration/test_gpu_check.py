@@ -267,13 +267,15 @@ def test_schedule_blocks_and_nearest_baselines():
 
 def test_sync_warnings_name_their_call_sites():
     """On CUDA the sync warnings (recorded by onmt_ext.hostsync.cuda_sync_warnings) keep only their messages;
-    record_warning_sites adds where each was issued, and the context's exit undoes it."""
+    record_sync_sites adds where each was issued, and the context's exit undoes it."""
     import warnings
+
+    from onmt_ext.hostsync import record_sync_sites
 
     sites = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        gpu_check.record_warning_sites(sites)
+        assert record_sync_sites(sites, skip=("/gpu_check.py",))
         warnings.warn("called a synchronizing CUDA operation")  # the line below is this one's call site
         line = sys._getframe().f_lineno - 1
         warnings.warn("something else")
