@@ -27,6 +27,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import xml.etree.ElementTree as ElementTree
 from collections import Counter
@@ -82,7 +83,7 @@ MECHANISMS = (
     Case("GRET", "gret/transformer_base_wmt17_zhen_gret.yaml", train_target=0.95, translate_target=0.97,
          pre_encoded=True),
 )
-TINY_MECHANISMS = MECHANISMS[:1]
+TINY_MECHANISMS = MECHANISMS
 #: issue 35's targets for the baseline
 BASELINE_TOKENS_TARGET = 100_000
 BASELINE_BUSY_TARGET = 0.90
@@ -97,11 +98,11 @@ MEMORY_TARGETS = ((MECHANISMS[0], 2.0), (MECHANISMS[3], 4.0))
 #: follow the part times of the H100 run in results/gpu/README.md: the users'-path rows and every eager mechanism
 #: first; compiled rows, whose compilation did not fit there, get only what the eager parts leave
 BUDGETS = {"a": 85.0, "b": 275.0, "c": 120.0}
-TINY_BUDGETS = {"a": 30.0, "b": 110.0, "c": 30.0}
+TINY_BUDGETS = {"a": 25.0, "b": 125.0, "c": 30.0}
 #: the parts, in running order, with their shares of their section's budget on a GPU and in the dry run (where
 #: starting data workers outweighs everything else); the compiled parts also get what the parts before left
-PARTS = (("a", 1.0, 1.0), ("b fresh", 0.5, 0.6), ("b eager", 0.5, 0.2), ("b compiled", 0.0, 0.2),
-         ("c eager", 0.85, 0.5), ("c compiled", 0.15, 0.5))
+PARTS = (("a", 1.0, 1.0), ("b fresh", 0.5, 0.35), ("b eager", 0.5, 0.25), ("b compiled", 0.0, 0.4),
+         ("c eager", 0.85, 0.4), ("c compiled", 0.15, 0.6))
 #: a new run is not started with less than this many seconds of its part's budget left
 MIN_START_S = 3.0
 #: a child process gets this long after its deadline to write what it has before it is stopped
@@ -604,6 +605,8 @@ def training_config(case, mode, args, work, repeat_cache, batch_size=None, repla
 
 #: the groups of section b's rows: which process trains them and how the batches arrive
 FRESH_EXT, FRESH_STOCK, IN_PROCESS = "onmt-ext, fresh process", "stock, fresh process", "in one process"
+#: the untimed first training process on the machine (see :func:`warm_up_plan`)
+WARM_UP = "machine warm-up, fresh process"
 STOCK_LABEL = "stock OpenNMT-py 3.5.1 (ONMT_EXT_DISABLE=1)"
 
 
@@ -638,6 +641,31 @@ def training_plan(args, cases):
     compiled = [(_row(case, "compiled", IN_PROCESS, small, base_key, replay, "compiled", case.train_target,
                       case.paper_train), case, "compiled", {"replay": True}) for case in cases]
     return fresh + [("b in-process", IN_PROCESS, {}, eager + compiled)]
+
+
+def warm_up_plan(args):
+    """The machine's first training process, untimed: stock OpenNMT-py on the small batch through the users'
+    path, started while section a runs.  A machine's first training process also loads the CUDA libraries from
+    disk and each kernel on first use; without it, the fresh process that happens to run first (onmt-ext's)
+    pays that alone and its first step and start-up are not comparable with stock's."""
+    case = Case(STOCK_LABEL, BASELINE.config, pre_encoded=True)
+    row = _row(case, "eager", WARM_UP, args.batch_size, None, f"{args.num_workers} data workers (the users' path)",
+               f"warmup_{args.batch_size}")
+    return row, case, "eager", {"batch_size": args.batch_size, "stock": True}
+
+
+def start_warm_up(args, work, entry, configs, deadline):
+    """Runs the warm-up ``entry`` (:func:`warm_up_plan`) in a thread until the monotonic ``deadline``; returns
+    the thread (its row is filled in place when it ends)."""
+    row, case, mode, extra = entry
+    configs[row["key"]] = training_config(case, mode, args, work, {}, batch_size=extra["batch_size"],
+                                          stock=True, name=row["name"])
+    row["command"], row["options"] = f"onmt_train -config {configs[row['key']][0]}", configs[row["key"]][2]
+    thread = threading.Thread(target=run_training_process, daemon=True,
+                              args=(args, work, WARM_UP, {"ONMT_EXT_DISABLE": "1"}, [entry], configs,
+                                    {"eager": deadline}))
+    thread.start()
+    return thread
 
 
 def prepare_training(args, work, plan):
@@ -1182,6 +1210,13 @@ def markdown(report):
                 f"| {_fmt(row.get('syncs_per_step'), 1)} | {_fmt(row.get('first_step_s'), 2)} | "
                 f"{_fmt(row.get('startup_s'), 1)} | {peak} | {row['status']}"
                 f"{': ' + row['reason'] if row.get('reason') else ''} |")
+        warm = b.get("warm_up")
+        if warm:
+            lines += ["", f"Machine warm-up ({warm['status']}{': ' + warm['reason'] if warm.get('reason') else ''}):"
+                      f" stock OpenNMT-py on {warm['batch_tokens']}-token batches in the machine's first training "
+                      "process, untimed, while section a ran, so that neither measured fresh process pays alone for "
+                      "loading the CUDA libraries and kernels. Its first step took "
+                      f"{_fmt(warm.get('first_step_s'), 2)} s and its start-up {_fmt(warm.get('startup_s'), 1)} s."]
         lines += ["", "Host-device synchronisation call sites over the counted steps (top 5 per run; on CUDA the "
                   "Python caller of each sync warning):", ""]
         lines += [f"- {row['case']}, {row['mode']}, {row['group']}, {row['batch_tokens']}: {_sites_text(row)}"
@@ -1402,6 +1437,11 @@ def main(argv=None):
                              "batch_tokens": (args.batch_size, args.paper_batch_size),
                              "sync_kind": "torch's CUDA sync warnings" if cuda else "host reads of tensor values"}
         print(f"== gpu-check b: data and configs prepared in {b['prepare_s']:.0f} s", flush=True)
+        # with section a, the warm-up shares its time; without it, it takes a tenth of section b's budget
+        warm_deadline = a_deadline if "a" in args.sections else _now() + 0.1 * args.budget_b
+        warm_entry = warm_up_plan(args)
+        b["warm_up"] = warm_entry[0]
+        warm_thread = start_warm_up(args, args.work, warm_entry, configs, warm_deadline)
     if "a" in args.sections:
         sections["a"] = finish_section_a(a_result, a_started, a_deadline)
         sections["a"].update(budget_s=round(a_deadline - a_began, 1), seconds=round(_now() - a_began, 1))
@@ -1413,6 +1453,7 @@ def main(argv=None):
             sections["c"].update(status="not run", reason="section c translates section b's checkpoints; run it "
                                                           "with b")
     if plan:
+        warm_thread.join(timeout=max(0.0, warm_deadline - _now()) + GRACE_S + 1)
         began, deadline = _now(), schedule.deadline("b fresh")
         fresh = [(group, env, rows) for name, group, env, rows in plan if name == "b fresh"]
         for number, (group, env, rows) in enumerate(fresh):  # an even share each, the last what is left

@@ -32,7 +32,7 @@ def _positive(value):
 def dry_run(tmp_path_factory):
     support.ensure_sample_data()
     out = tmp_path_factory.mktemp("gpu-check")
-    budgets = {"a": 150, "b": 600, "c": 240}  # far above the defaults (30, 110, 30 s): a slow machine cuts no row
+    budgets = {"a": 150, "b": 600, "c": 240}  # far above the defaults (25, 125, 30 s): a slow machine cuts no row
     done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--out", str(out),
                            "--work", str(out / "work"), "--commit", "test-commit",
                            *[f"--budget-{name}={seconds}" for name, seconds in budgets.items()]],
@@ -96,6 +96,10 @@ def test_dry_run_measures_every_row(dry_run):
         else:
             assert _positive(row.get("startup_s")) or row["batch_tokens"] == paper, row
             assert row["options"]["num_workers"] >= 1 and row["replayed_batches"] is None
+    warm = sections["b"]["warm_up"]  # the machine's first training process: stock, untimed, during section a
+    assert warm["status"] == "measured" and warm["group"] == gpu_check.WARM_UP, warm
+    assert _positive(warm["first_step_s"]) and _positive(warm["startup_s"])
+    assert warm["options"]["num_workers"] >= 1 and "overwrite_checkpoints" not in warm["options"]
     stock = [row for row in rows if row["group"] == gpu_check.FRESH_STOCK]
     assert all("ext_compile" not in row["options"] and "overwrite_checkpoints" not in row["options"]
                for row in stock)
