@@ -15,11 +15,14 @@ Options: ``li2019_enc_self``, ``li2019_dec_self``, ``li2019_enc_dec``
 d_model), ``li2019_iterations`` (T), ``li2019_recompute`` (default on).
 """
 
+from dataclasses import dataclass
+from typing import List
+
 import torch
 import torch.nn as nn
 
 from onmt_ext import compile as ext_compile
-from onmt_ext.options import (OptionSpec, layers_check, model_size, options_without_effect, register_options,
+from onmt_ext.options import (layers_check, model_size, option, options_without_effect, register_mechanism,
                               selected_layers, tensor_parallel_problems)
 from onmt_ext.routing import em_routing, recompute_in_backward, simple_routing
 
@@ -144,49 +147,53 @@ def _combination_check(opt):
 
 _COMPONENTS = ("li2019_enc_self", "li2019_dec_self", "li2019_enc_dec")
 
-_SPECS = [
-    OptionSpec("li2019_enc_self", str, "concat", "li2019: head aggregation of encoder self-attention",
-               side="encoder", choices=METHODS),
-    OptionSpec("li2019_dec_self", str, "concat", "li2019: head aggregation of decoder self-attention",
-               side="decoder", choices=METHODS),
-    OptionSpec("li2019_enc_dec", str, "concat", "li2019: head aggregation of encoder-decoder attention",
-               side="decoder", choices=METHODS),
-    OptionSpec("li2019_enc_layers", int, [], "li2019: encoder layers (1-based) to aggregate by routing; "
-               "empty: all", side="encoder", nargs="*", check=layers_check("enc")),
-    OptionSpec("li2019_dec_layers", int, [], "li2019: decoder layers (1-based) to aggregate by routing; "
-               "empty: all", side="decoder", nargs="*", check=layers_check("dec")),
-    OptionSpec("li2019_capsules", int, 0, "li2019: number N of output capsules (0: d_model, the paper's "
-               "setting)", check=_capsules_check),
-    OptionSpec("li2019_iterations", int, 3, "li2019: routing iterations T",
-               check=lambda v, opt: None if v >= 1 else "must be >= 1"),
-    OptionSpec("li2019_recompute", bool, True, "li2019: in training, keep only the routing's inputs for the "
-               "backward pass and run the routing again there (same gradients, a fraction of the memory, one more "
-               "forward pass of the routing); false keeps every routing tensor"),
-]
+@register_mechanism("li2019_", combination_check=_combination_check)
+@dataclass(frozen=True)
+class Li2019:
+    """li2019's options, ``-li2019_<field>``."""
 
-register_options(_SPECS, combination_check=_combination_check)
+    enc_self: str = option("concat", "li2019: head aggregation of encoder self-attention", side="encoder",
+                           choices=METHODS)
+    dec_self: str = option("concat", "li2019: head aggregation of decoder self-attention", side="decoder",
+                           choices=METHODS)
+    enc_dec: str = option("concat", "li2019: head aggregation of encoder-decoder attention", side="decoder",
+                          choices=METHODS)
+    enc_layers: List[int] = option([], "li2019: encoder layers (1-based) to aggregate by routing; empty: all",
+                                   side="encoder", check=layers_check("enc"))
+    dec_layers: List[int] = option([], "li2019: decoder layers (1-based) to aggregate by routing; empty: all",
+                                   side="decoder", check=layers_check("dec"))
+    capsules: int = option(0, "li2019: number N of output capsules (0: d_model, the paper's setting)",
+                           check=_capsules_check)
+    iterations: int = option(3, "li2019: routing iterations T",
+                             check=lambda v, opt: None if v >= 1 else "must be >= 1")
+    recompute: bool = option(True, "li2019: in training, keep only the routing's inputs for the backward pass and "
+                             "run the routing again there (same gradients, a fraction of the memory, one more "
+                             "forward pass of the routing); false keeps every routing tensor")
+
+
+_SPECS = Li2019.specs
 
 
 def _aggregator(config, method):
-    capsules = config.option("li2019_capsules") or config.d_model
-    return RoutingAggregation(config.heads, config.d_model, capsules, method, config.option("li2019_iterations"),
-                              config.option("li2019_recompute"))
+    li2019 = config.of(Li2019)
+    return RoutingAggregation(config.heads, config.d_model, li2019.capsules or config.d_model, method,
+                              li2019.iterations, li2019.recompute)
 
 
 def attach_encoder(encoder, config):
     """Replace ``final_linear`` of the selected encoder self-attentions."""
-    method = config.option("li2019_enc_self")
-    if method == "concat":
+    li2019 = config.of(Li2019)
+    if li2019.enc_self == "concat":
         return
-    for i in selected_layers(config.option("li2019_enc_layers"), config.enc_layers):
-        encoder.transformer[i].self_attn.final_linear = _aggregator(config, method)
+    for i in selected_layers(li2019.enc_layers, config.enc_layers):
+        encoder.transformer[i].self_attn.final_linear = _aggregator(config, li2019.enc_self)
 
 
 def attach_decoder(decoder, config):
     """Replace ``final_linear`` of the selected decoder self- and context attentions."""
-    for option, attribute in (("li2019_dec_self", "self_attn"), ("li2019_enc_dec", "context_attn")):
-        method = config.option(option)
+    li2019 = config.of(Li2019)
+    for method, attribute in ((li2019.dec_self, "self_attn"), (li2019.enc_dec, "context_attn")):
         if method == "concat":
             continue
-        for i in selected_layers(config.option("li2019_dec_layers"), config.dec_layers):
+        for i in selected_layers(li2019.dec_layers, config.dec_layers):
             setattr(getattr(decoder.transformer_layers[i], attribute), "final_linear", _aggregator(config, method))

@@ -48,13 +48,15 @@ attached and the encoder is OpenNMT-py's.
 """
 
 import contextlib
+from dataclasses import dataclass
+from typing import List
 
 import torch
 import torch.nn as nn
 
 from onmt_ext import compile as ext_compile
 from onmt_ext import initialisation
-from onmt_ext.options import (OptionSpec, layers_check, options_without_effect, register_options,
+from onmt_ext.options import (layers_check, option, options_without_effect, register_mechanism,
                               selected_layers, tensor_parallel_problems)
 
 MIXINGS = ("scalar", "gate")
@@ -286,22 +288,27 @@ def _combination_check(opt):
     return problems + tensor_parallel_problems(opt, "-clause_attention")
 
 
-_SPECS = [
-    OptionSpec("clause_attention", bool, False, "clause attention (eq. 4-5): global and clause-local self-attention "
-               "mixed from local to global in the encoder; levels: -clause_levels of the clause_split transform",
-               side="encoder"),
-    OptionSpec("clause_mixing", str, "scalar", "clause attention: p_l of eq. 5: a learned scalar per level and head "
-               "(scalar), or a gate from the query's hidden state (gate)", side="encoder", choices=MIXINGS),
-    OptionSpec("clause_attention_layers", int, [], "clause attention: encoder layers (1-based); empty: all",
-               side="encoder", nargs="*", check=layers_check("enc")),
-]
+@register_mechanism("clause_", combination_check=_combination_check)
+@dataclass(frozen=True)
+class Clause:
+    """Clause attention's options, ``-clause_<field>``."""
 
-register_options(_SPECS, combination_check=_combination_check)
+    attention: bool = option(False, "clause attention (eq. 4-5): global and clause-local self-attention mixed from "
+                             "local to global in the encoder; levels: -clause_levels of the clause_split transform",
+                             side="encoder")
+    mixing: str = option("scalar", "clause attention: p_l of eq. 5: a learned scalar per level and head (scalar), "
+                         "or a gate from the query's hidden state (gate)", side="encoder", choices=MIXINGS)
+    attention_layers: List[int] = option([], "clause attention: encoder layers (1-based); empty: all",
+                                         side="encoder", check=layers_check("enc"))
+
+
+_SPECS = Clause.specs
 
 
 def attach_encoder(encoder, config):
     """Give the encoder a :class:`ClauseStructure` and clause attention in the selected layers."""
-    if not config.option("clause_attention"):
+    clause = config.of(Clause)
+    if not clause.attention:
         return
     if not _VOCABS:
         raise RuntimeError("-clause_attention: the encoder must be built by onmt.model_builder.build_base_model "
@@ -309,9 +316,9 @@ def attach_encoder(encoder, config):
     levels = config.clause_levels
     encoder.clause = ClauseStructure(marker_level_table(_VOCABS[-1]["src"], levels), levels)
     attentions = [layer.self_attn for layer in encoder.transformer]
-    for i in selected_layers(config.option("clause_attention_layers"), len(attentions)):
+    for i in selected_layers(clause.attention_layers, len(attentions)):
         attention = attentions[i]
-        softmax = ClauseAttention(encoder.clause, config.heads, config.option("clause_mixing"), config.d_model)
+        softmax = ClauseAttention(encoder.clause, config.heads, clause.mixing, config.d_model)
         if softmax.mixing == "gate":
             attention.register_forward_pre_hook(softmax.remember_query, with_kwargs=True)
         attention.softmax = softmax

@@ -27,10 +27,11 @@ so training and translation each compile their own graph once.
 """
 
 import os
+from dataclasses import dataclass
 
 import torch
 
-from onmt_ext.options import OPTION_SPECS, OptionSpec, register_options
+from onmt_ext.options import OPTION_SPECS, option, register_mechanism
 
 _COMPILED = {}
 
@@ -84,8 +85,11 @@ def _combination_check(opt):
     return ["-ext_compile has no effect without an onmt-ext mechanism (the stock layers are not compiled)"]
 
 
-register_options([
-    OptionSpec("ext_compile", bool, False,
-               "run every onmt-ext mechanism's tensor core through torch.compile (dynamic shapes, full graph), in "
-               "training and translation; the first batches compile (seconds to minutes); stock layers stay eager"),
-], combination_check=_combination_check)
+@register_mechanism("ext_", combination_check=_combination_check)
+@dataclass(frozen=True)
+class Compile:
+    """``-ext_compile``."""
+
+    compile: bool = option(False, "run every onmt-ext mechanism's tensor core through torch.compile (dynamic "
+                           "shapes, full graph), in training and translation; the first batches compile (seconds to "
+                           "minutes); stock layers stay eager")

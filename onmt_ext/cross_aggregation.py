@@ -47,14 +47,16 @@ step-by-step decoding the module keeps the logit rows of the earlier steps
 and that running sum as decoding state, reordered with the beam.
 """
 
+from dataclasses import dataclass
+from typing import List
+
 import torch
 import torch.nn as nn
-
 import torch.nn.functional as F
 
 from onmt_ext import compile as ext_compile
 from onmt_ext import initialisation
-from onmt_ext.options import (EXT_TYPE, OptionSpec, layers_check, options_without_effect, register_options,
+from onmt_ext.options import (EXT_TYPE, layers_check, option, options_without_effect, register_mechanism,
                               selected_layers, tensor_parallel_problems)
 from onmt_ext.routing import (_check_iterations, at_least_float32, coupling_coefficients, simple_routing,
                               without_autocast)
@@ -339,53 +341,52 @@ def _combination_check(opt):
     return problems + tensor_parallel_problems(opt, "-cao2019_* cross aggregation (it routes across all heads)")
 
 
-_SPECS = [
-    OptionSpec("cao2019_vertical", bool, False, "cao2019: vertical routing (heads -> positions) of the "
-               "encoder self-attention logits (and decoder self-attention with -cao2019_dec_self)"),
-    OptionSpec("cao2019_horizontal", bool, False, "cao2019: positional horizontal routing (positions t <= l "
-               "-> heads) of the encoder self-attention logits (and decoder self-attention with "
-               "-cao2019_dec_self)"),
-    OptionSpec("cao2019_init", str, "zero", "cao2019: initial logits of the horizontal routing: zero, or "
-               "self (the raw attention logits, eq. 15)", choices=INITS),
-    OptionSpec("cao2019_scale", str, "model", "cao2019: scale of the attention logits E the routing reads and "
-               "adds to: model (eq. 4, Q_h K_h^T / sqrt(d)) or head (OpenNMT-py's / sqrt(d / H))",
-               choices=SCALES),
-    OptionSpec("cao2019_iterations", int, 3, "cao2019: routing iterations T",
-               check=lambda v, opt: None if v >= 1 else "must be >= 1"),
-    OptionSpec("cao2019_enc_layers", int, [], "cao2019: encoder layers (1-based) with cross aggregation; "
-               "empty: all", side="encoder", nargs="*", check=layers_check("enc")),
-    OptionSpec("cao2019_dec_self", bool, False, "cao2019: also in decoder self-attention (a causal variant; "
-               "not in the paper)", side="decoder"),
-    OptionSpec("cao2019_dec_layers", int, [], "cao2019: decoder layers (1-based) with -cao2019_dec_self; "
-               "empty: all", side="decoder", nargs="*", check=layers_check("dec")),
-]
+@register_mechanism("cao2019_", combination_check=_combination_check)
+@dataclass(frozen=True)
+class Cao2019:
+    """cao2019's options, ``-cao2019_<field>``."""
 
-register_options(_SPECS, combination_check=_combination_check)
+    vertical: bool = option(False, "cao2019: vertical routing (heads -> positions) of the encoder self-attention "
+                            "logits (and decoder self-attention with -cao2019_dec_self)")
+    horizontal: bool = option(False, "cao2019: positional horizontal routing (positions t <= l -> heads) of the "
+                              "encoder self-attention logits (and decoder self-attention with -cao2019_dec_self)")
+    init: str = option("zero", "cao2019: initial logits of the horizontal routing: zero, or self (the raw "
+                       "attention logits, eq. 15)", choices=INITS)
+    scale: str = option("model", "cao2019: scale of the attention logits E the routing reads and adds to: model "
+                        "(eq. 4, Q_h K_h^T / sqrt(d)) or head (OpenNMT-py's / sqrt(d / H))", choices=SCALES)
+    iterations: int = option(3, "cao2019: routing iterations T",
+                             check=lambda v, opt: None if v >= 1 else "must be >= 1")
+    enc_layers: List[int] = option([], "cao2019: encoder layers (1-based) with cross aggregation; empty: all",
+                                   side="encoder", check=layers_check("enc"))
+    dec_self: bool = option(False, "cao2019: also in decoder self-attention (a causal variant; not in the paper)",
+                            side="decoder")
+    dec_layers: List[int] = option([], "cao2019: decoder layers (1-based) with -cao2019_dec_self; empty: all",
+                                   side="decoder", check=layers_check("dec"))
 
 
-def _attach(attentions, selected, module_class, config):
-    vertical, horizontal = config.option("cao2019_vertical"), config.option("cao2019_horizontal")
+_SPECS = Cao2019.specs
+
+
+def _attach(attentions, selected, module_class, cao2019, heads):
     for i in selected_layers(selected, len(attentions)):
         attention = attentions[i]
-        attention.softmax = module_class(config.heads, vertical, horizontal, config.option("cao2019_init"),
-                                         config.option("cao2019_iterations"), config.option("cao2019_scale"))
+        attention.softmax = module_class(heads, cao2019.vertical, cao2019.horizontal, cao2019.init,
+                                         cao2019.iterations, cao2019.scale)
         # the fused SDPA/flash path on GPU never forms the scores: take the explicit one
         attention.self_attn_type = "scaled-dot"
 
 
-def _used(config):
-    return config.option("cao2019_vertical") or config.option("cao2019_horizontal")
-
-
 def attach_encoder(encoder, config):
     """Replace the softmax of the selected encoder self-attentions and force their explicit path."""
-    if _used(config):
-        _attach([layer.self_attn for layer in encoder.transformer], config.option("cao2019_enc_layers"),
-                CrossAggregation, config)
+    cao2019 = config.of(Cao2019)
+    if cao2019.vertical or cao2019.horizontal:
+        _attach([layer.self_attn for layer in encoder.transformer], cao2019.enc_layers, CrossAggregation, cao2019,
+                config.heads)
 
 
 def attach_decoder(decoder, config):
     """With ``cao2019_dec_self``: the causal variant in the selected decoder self-attentions."""
-    if _used(config) and config.option("cao2019_dec_self"):
-        _attach([layer.self_attn for layer in decoder.transformer_layers], config.option("cao2019_dec_layers"),
-                CausalCrossAggregation, config)
+    cao2019 = config.of(Cao2019)
+    if (cao2019.vertical or cao2019.horizontal) and cao2019.dec_self:
+        _attach([layer.self_attn for layer in decoder.transformer_layers], cao2019.dec_layers,
+                CausalCrossAggregation, cao2019, config.heads)

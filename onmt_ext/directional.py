@@ -35,11 +35,14 @@ fused SDPA/flash path never forms them) and a wrapper around the layer's
 ``self_attn`` for the gate.
 """
 
+from dataclasses import dataclass
+from typing import List
+
 import torch
 import torch.nn as nn
 
 from onmt_ext import compile as ext_compile
-from onmt_ext.options import (OptionSpec, layers_check, options_without_effect, register_options, selected_layers,
+from onmt_ext.options import (layers_check, option, options_without_effect, register_mechanism, selected_layers,
                               tensor_parallel_problems)
 
 _MASKED_BELOW = -1e17  # OpenNMT-py fills masked scores with -1e18
@@ -122,26 +125,31 @@ def _combination_check(opt):
     return problems + tensor_parallel_problems(opt, "-disan_enc (it assigns a direction to every head)")
 
 
-_SPECS = [
-    OptionSpec("disan_enc", bool, False, "DiSAN-style directional self-attention in the encoder (chen2019's "
-               "'+DiSAN' baseline): forward- and backward-masked heads", side="encoder"),
-    OptionSpec("disan_enc_layers", int, [], "DiSAN: encoder layers (1-based); empty: all", side="encoder",
-               nargs="*", check=layers_check("enc")),
-    OptionSpec("disan_fusion_gate", bool, True, "DiSAN: the fusion gate F * h + (1 - F) * s on the attention "
-               "sublayer", side="encoder"),
-]
+@register_mechanism("disan_", combination_check=_combination_check)
+@dataclass(frozen=True)
+class Disan:
+    """The DiSAN baseline's options, ``-disan_<field>``."""
 
-register_options(_SPECS, combination_check=_combination_check)
+    enc: bool = option(False, "DiSAN-style directional self-attention in the encoder (chen2019's '+DiSAN' "
+                       "baseline): forward- and backward-masked heads", side="encoder")
+    enc_layers: List[int] = option([], "DiSAN: encoder layers (1-based); empty: all", side="encoder",
+                                   check=layers_check("enc"))
+    fusion_gate: bool = option(True, "DiSAN: the fusion gate F * h + (1 - F) * s on the attention sublayer",
+                               side="encoder")
+
+
+_SPECS = Disan.specs
 
 
 def attach_encoder(encoder, config):
     """With ``disan_enc``: directional masks (and the fusion gate) in the selected encoder self-attentions."""
-    if not config.option("disan_enc"):
+    disan = config.of(Disan)
+    if not disan.enc:
         return
     layers = encoder.transformer
-    for i in selected_layers(config.option("disan_enc_layers"), len(layers)):
+    for i in selected_layers(disan.enc_layers, len(layers)):
         attention = layers[i].self_attn
         attention.softmax = DirectionalSoftmax(config.heads)
         attention.self_attn_type = "scaled-dot"  # the fused SDPA/flash path never forms the scores
-        if config.option("disan_fusion_gate"):
+        if disan.fusion_gate:
             layers[i].self_attn = FusionGate(attention, config.d_model)

@@ -59,12 +59,14 @@ tensors into a model with mechanisms and initialise the rest, logging which
 is which (installed by the plug-in on OpenNMT-py's model loading).
 """
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn as nn
 
 from onmt_ext import compile as ext_compile
 from onmt_ext import initialisation
-from onmt_ext.options import EXT_TYPE, OptionSpec, options_without_effect, register_options
+from onmt_ext.options import EXT_TYPE, option, options_without_effect, register_mechanism
 from onmt_ext.routing import simple_routing
 from onmt_ext.state import DecodingStateModule
 
@@ -274,43 +276,47 @@ def _positive(v, opt):
     return None if v >= 1 else "must be >= 1"
 
 
-_SPECS = [
-    OptionSpec("gret", bool, False, "weng2020 GRET: global state from capsules over every encoder layer, fused "
-               "into the decoder output by a context gate"),
-    OptionSpec("gret_capsules", int, 4, "GRET: capsules K per encoder layer", check=_positive),
-    OptionSpec("gret_iterations", int, 3, "GRET: dynamic routing iterations T", check=_positive),
-    OptionSpec("gret_capsule_dim", int, 0, "GRET: capsule size d_c (0: d_model / K)",
-               check=lambda v, opt: None if v >= 0 else "must be >= 0 (0: d_model / K)"),
-    OptionSpec("gret_pooling", str, "capsules", "GRET: capsules with attentive pooling, or mean (the 'no "
-               "capsules' ablation)", choices=POOLINGS),
-    OptionSpec("gret_layers", str, "all", "GRET: all encoder layers through the layer-wise GRU, or the last only "
-               "(the 'no layer aggregation' ablation)", choices=LAYER_CHOICES),
-    OptionSpec("gret_gate", bool, True, "GRET: context gate on the fused global state (false: plain addition, "
-               "the 'no gate' ablation)"),
-]
+@register_mechanism("gret_", combination_check=_combination_check)
+@dataclass(frozen=True)
+class Gret:
+    """GRET's options: ``-gret`` and ``-gret_<field>``."""
 
-register_options(_SPECS, combination_check=_combination_check)
+    enabled: bool = option(False, "weng2020 GRET: global state from capsules over every encoder layer, fused into "
+                           "the decoder output by a context gate", name="gret")
+    capsules: int = option(4, "GRET: capsules K per encoder layer", check=_positive)
+    iterations: int = option(3, "GRET: dynamic routing iterations T", check=_positive)
+    capsule_dim: int = option(0, "GRET: capsule size d_c (0: d_model / K)",
+                              check=lambda v, opt: None if v >= 0 else "must be >= 0 (0: d_model / K)")
+    pooling: str = option("capsules", "GRET: capsules with attentive pooling, or mean (the 'no capsules' ablation)",
+                          choices=POOLINGS)
+    layers: str = option("all", "GRET: all encoder layers through the layer-wise GRU, or the last only (the 'no "
+                         "layer aggregation' ablation)", choices=LAYER_CHOICES)
+    gate: bool = option(True, "GRET: context gate on the fused global state (false: plain addition, the 'no gate' "
+                        "ablation)")
+
+
+_SPECS = Gret.specs
 
 
 def attach_encoder(encoder, config):
     """With ``gret``: build the global representation and let it observe every encoder layer."""
-    if not config.option("gret"):
+    gret = config.of(Gret)
+    if not gret.enabled:
         return
-    if config.d_model % config.option("gret_capsules") and not config.option("gret_capsule_dim"):
-        raise ValueError(f"-gret_capsules {config.option('gret_capsules')} does not divide d_model "
-                         f"{config.d_model}; set -gret_capsule_dim")
-    encoder.gret = GlobalRepresentation(
-        config.d_model, len(encoder.transformer), config.option("gret_capsules"),
-        config.option("gret_capsule_dim") or None, config.option("gret_iterations"), config.option("gret_pooling"),
-        config.option("gret_layers"))
+    if config.d_model % gret.capsules and not gret.capsule_dim:
+        raise ValueError(f"-gret_capsules {gret.capsules} does not divide d_model {config.d_model}; set "
+                         "-gret_capsule_dim")
+    encoder.gret = GlobalRepresentation(config.d_model, len(encoder.transformer), gret.capsules,
+                                        gret.capsule_dim or None, gret.iterations, gret.pooling, gret.layers)
     for layer in encoder.transformer:
         layer.register_forward_hook(encoder.gret.observe)
 
 
 def attach_decoder(decoder, config):
     """With ``gret``: the context-gated fusion of the global state into the decoder output."""
-    if config.option("gret"):
-        decoder.gret = GlobalFusion(config.d_model, config.option("gret_gate"))
+    gret = config.of(Gret)
+    if gret.enabled:
+        decoder.gret = GlobalFusion(config.d_model, gret.gate)
 
 
 def load_with_new_parameters(stock_load):

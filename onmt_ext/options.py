@@ -15,7 +15,8 @@ a clean command-line error.  :class:`ExtConfig` is the one typed object that
 ``from_opt`` builds and passes down to the modules.
 """
 
-from dataclasses import dataclass, field
+import typing
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, List, Optional, Tuple
 
 #: ``encoder_type`` / ``decoder_type`` value that selects onmt-ext's Transformer.
@@ -76,6 +77,51 @@ def register_options(specs, combination_check=None):
         known.add(spec.name)
     if combination_check is not None:
         COMBINATION_CHECKS.append(combination_check)
+
+
+#: Each mechanism's typed options class (see :func:`register_mechanism`) -> ``[(field, option name)]``.
+MECHANISM_CONFIGS = {}
+
+
+def option(default, help, *, side="model", choices=None, check=None, name=None):
+    """A field of a mechanism's options class that is also the command-line option ``-<prefix><field>``.
+
+    ``name`` replaces the prefixed name (a mechanism's on/off switch, e.g.
+    ``-gret``).  The field's annotation gives the option's type: ``bool``,
+    ``int``, ``float``, ``str``, or ``List[...]`` for a list (``nargs="*"``,
+    default empty).
+    """
+    metadata = {"help": help, "side": side, "choices": choices, "check": check, "name": name}
+    if isinstance(default, list):
+        return field(default_factory=list, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def register_mechanism(prefix, combination_check=None):
+    """Class decorator: a frozen dataclass of :func:`option` fields declares a mechanism's options.
+
+    Registers one :class:`OptionSpec` per field (name ``prefix + field``),
+    and makes ``ExtConfig.of(cls)`` return the class filled from ``opt``, so
+    that mechanism code reads typed attributes (``config.of(Li2019).iterations``).
+    """
+
+    def register(cls):
+        hints, specs, names = typing.get_type_hints(cls), [], []
+        for item in fields(cls):
+            meta, kind = item.metadata, hints[item.name]
+            listed = typing.get_origin(kind) in (list, List)
+            name = meta["name"] or prefix + item.name
+            default = [] if listed else item.default
+            specs.append(OptionSpec(name, typing.get_args(kind)[0] if listed else kind, default, meta["help"],
+                                    side=meta["side"], choices=meta["choices"], nargs="*" if listed else None,
+                                    check=meta["check"]))
+            names.append((item.name, name))
+        register_options(specs, combination_check=combination_check)
+        MECHANISM_CONFIGS[cls] = names
+        cls.specs = tuple(specs)
+        return cls
+
+    return register
 
 
 def model_size(opt):
@@ -261,9 +307,8 @@ def _first(value):
 class ExtConfig:
     """Typed configuration of onmt-ext's Transformer, built once from ``opt``.
 
-    Holds the stock dimensions the mechanisms need and, in ``mechanisms``,
-    the value of every onmt-ext option (name -> value), so that modules never
-    read ``opt`` themselves.
+    Holds the stock dimensions the mechanisms need and each mechanism's
+    typed options (:meth:`of`), so that modules never read ``opt`` themselves.
     """
 
     d_model: int
@@ -275,7 +320,7 @@ class ExtConfig:
     attention_dropout: float
     encoder_ext: bool
     decoder_ext: bool
-    mechanisms: dict = field(default_factory=dict)
+    sections: dict = field(default_factory=dict)
     position_encoding_type: str = "SinusoidalInterleaved"
     clause_levels: int = 6
 
@@ -293,11 +338,13 @@ class ExtConfig:
             attention_dropout=float(_first(opt.attention_dropout)),
             encoder_ext=getattr(opt, "encoder_type", None) == EXT_TYPE,
             decoder_ext=getattr(opt, "decoder_type", None) == EXT_TYPE,
-            mechanisms={spec.name: getattr(opt, spec.name, spec.default) for spec in OPTION_SPECS},
+            sections={cls: cls(**{key: getattr(opt, name, spec.default)
+                                  for (key, name), spec in zip(names, cls.specs)})
+                      for cls, names in MECHANISM_CONFIGS.items()},
             position_encoding_type=getattr(opt, "position_encoding_type", "SinusoidalInterleaved"),
             clause_levels=getattr(opt, "clause_levels", 6),  # an option of the clause_split transform
         )
 
-    def option(self, name):
-        """Value of the onmt-ext option ``name`` (KeyError for an unknown name)."""
-        return self.mechanisms[name]
+    def of(self, cls):
+        """The options of the mechanism whose options class is ``cls`` (see :func:`register_mechanism`)."""
+        return self.sections[cls]

@@ -70,12 +70,15 @@ embedding dropout, applied to the combined input as before.
 
 import math
 
+from dataclasses import dataclass
+from typing import List
+
 import torch
 import torch.nn as nn
 
 from onmt_ext import compile as ext_compile
 from onmt_ext import initialisation
-from onmt_ext.options import (EXT_TYPE, OptionSpec, model_size, options_without_effect, register_options,
+from onmt_ext.options import (EXT_TYPE, model_size, option, options_without_effect, register_mechanism,
                               tensor_parallel_problems)
 from onmt_ext.state import DecodingStateModule
 
@@ -477,47 +480,49 @@ def _combination_check(opt):
     return problems
 
 
-_SPECS = [
-    OptionSpec("chen2019_enc", str, "none", "chen2019: recurrent positional embeddings on the source side "
-               "(bidirectional RNN): rpehead (sec. 4.1) or mprhead (sec. 4.2)", side="encoder", choices=LAYOUTS),
-    OptionSpec("chen2019_dec", str, "none", "chen2019: recurrent positional embeddings on the target side "
-               "(forward RNN, run step by step in decoding): rpehead or mprhead", side="decoder", choices=LAYOUTS),
-    OptionSpec("chen2019_dim", int, 0, "chen2019: d_r, the part of each word embedding read by the RNN "
-               "(eq. 6); the paper: 320 (RPEHead), 256 (MPRHead)"),
-    OptionSpec("chen2019_rnn", str, "rnn", "chen2019: the RNN cell of eq. 6", choices=tuple(CELLS)),
-    OptionSpec("chen2019_heads", str, "full", "chen2019: full Q/K/V projections (parameter count of the paper's "
-               "Table 1) or restricted (first-layer heads read only their own input slice)",
-               choices=HEAD_PROJECTIONS),
-    OptionSpec("chen2019_scale", str, "embedding", "chen2019: scaling of the looked-up embedding before the "
-               "split (sec. 3): embedding (x_j times sqrt(d_model), then split: x^p and x^r alike), parts "
-               "(x^p times sqrt(d_p), x^r times sqrt(d_r)), none (x^r unscaled)", choices=SCALES),
-    OptionSpec("chen2019_init", str, "glorot", "chen2019: initialisation of the RNN of eq. 6: glorot (every "
-               "gate's map Glorot uniform, biases zero) or pytorch (U(-1/sqrt(units), 1/sqrt(units)))",
-               choices=INITS),
-    OptionSpec("chen2019_pe_off", str, [], "chen2019 Table 3 ablations: sides (enc, dec) without the sinusoidal "
-               "position encoding (stock OpenNMT-py embeddings without it)", nargs="*", choices=SIDES),
-]
-_SPEC_BY_NAME = {spec.name: spec for spec in _SPECS}
+@register_mechanism("chen2019_", combination_check=_combination_check)
+@dataclass(frozen=True)
+class Chen2019:
+    """chen2019's options, ``-chen2019_<field>``."""
 
-register_options(_SPECS, combination_check=_combination_check)
+    enc: str = option("none", "chen2019: recurrent positional embeddings on the source side (bidirectional RNN): "
+                      "rpehead (sec. 4.1) or mprhead (sec. 4.2)", side="encoder", choices=LAYOUTS)
+    dec: str = option("none", "chen2019: recurrent positional embeddings on the target side (forward RNN, run step "
+                      "by step in decoding): rpehead or mprhead", side="decoder", choices=LAYOUTS)
+    dim: int = option(0, "chen2019: d_r, the part of each word embedding read by the RNN (eq. 6); the paper: 320 "
+                      "(RPEHead), 256 (MPRHead)")
+    rnn: str = option("rnn", "chen2019: the RNN cell of eq. 6", choices=tuple(CELLS))
+    heads: str = option("full", "chen2019: full Q/K/V projections (parameter count of the paper's Table 1) or "
+                        "restricted (first-layer heads read only their own input slice)", choices=HEAD_PROJECTIONS)
+    scale: str = option("embedding", "chen2019: scaling of the looked-up embedding before the split (sec. 3): "
+                        "embedding (x_j times sqrt(d_model), then split: x^p and x^r alike), parts (x^p times "
+                        "sqrt(d_p), x^r times sqrt(d_r)), none (x^r unscaled)", choices=SCALES)
+    init: str = option("glorot", "chen2019: initialisation of the RNN of eq. 6: glorot (every gate's map Glorot "
+                       "uniform, biases zero) or pytorch (U(-1/sqrt(units), 1/sqrt(units)))", choices=INITS)
+    pe_off: List[str] = option([], "chen2019 Table 3 ablations: sides (enc, dec) without the sinusoidal position "
+                               "encoding (stock OpenNMT-py embeddings without it)", choices=SIDES)
+
+
+_SPECS = Chen2019.specs
+_SPEC_BY_NAME = {spec.name: spec for spec in _SPECS}
 
 
 def _attach(module, config, side, layer_norm_name, layers):
     """Replace ``module.embeddings`` (and restrict the first layer's heads) for ``side``."""
     embeddings = module.embeddings
-    layout = config.option(f"chen2019_{side}")
-    pe_on = embeddings.position_encoding and side not in config.option("chen2019_pe_off")
+    chen2019 = config.of(Chen2019)
+    layout = getattr(chen2019, side)
+    pe_on = embeddings.position_encoding and side not in chen2019.pe_off
     if layout == "none":
         if embeddings.position_encoding and not pe_on:  # Table 3 ablation: the stock embeddings without PE
             del embeddings.make_embedding.pe
             embeddings.position_encoding = False
         return
     module.embeddings = RecurrentPositionalEmbeddings(
-        embeddings, config.heads, config.option("chen2019_dim"), layout, config.option("chen2019_rnn"),
-        bidirectional=side == "enc", position_encoding=pe_on,
-        position_encoding_type=config.position_encoding_type, scale=config.option("chen2019_scale"),
-        init=config.option("chen2019_init"))
-    if config.option("chen2019_heads") == "restricted":
+        embeddings, config.heads, chen2019.dim, layout, chen2019.rnn, bidirectional=side == "enc",
+        position_encoding=pe_on, position_encoding_type=config.position_encoding_type, scale=chen2019.scale,
+        init=chen2019.init)
+    if chen2019.heads == "restricted":
         first = layers[0]
         setattr(first, layer_norm_name, restrict_heads(getattr(first, layer_norm_name), first.self_attn,
                                                        config.heads))

@@ -44,7 +44,7 @@ class _ExtConfigured:
         self.ext_config = ext_config
         for attach in self._mechanisms:
             attach(self, ext_config)
-        ext_compile.enable(self, ext_config.option("ext_compile"))
+        ext_compile.enable(self, ext_config.of(ext_compile.Compile).compile)
 
     @classmethod
     def from_opt(cls, opt, embeddings):

@@ -5,6 +5,9 @@ throw-away spec (as a mechanism module does at import time) and removes it.
 """
 
 import argparse
+import dataclasses
+from dataclasses import dataclass
+from typing import List
 
 import pytest
 
@@ -37,8 +40,40 @@ SPECS = [
 def toy_options(monkeypatch, onmt_active):
     monkeypatch.setattr(options, "OPTION_SPECS", list(options.OPTION_SPECS))
     monkeypatch.setattr(options, "COMBINATION_CHECKS", list(options.COMBINATION_CHECKS))
+    monkeypatch.setattr(options, "MECHANISM_CONFIGS", dict(options.MECHANISM_CONFIGS))
     options.register_options(SPECS, combination_check=_no_two)
     return SPECS
+
+
+def _toy_mechanism():
+    """A mechanism's typed options class, declared as the mechanism modules declare theirs."""
+
+    @options.register_mechanism("toy2_")
+    @dataclass(frozen=True)
+    class Toy:
+        on: bool = options.option(False, "toy switch", side="encoder", name="toy2")
+        layers: List[int] = options.option([], "toy layers", side="decoder", check=_layer_check)
+        mode: str = options.option("off", "toy mode", choices=("off", "a"))
+
+    return Toy
+
+
+def test_a_typed_options_class_declares_its_options(toy_options):
+    toy = _toy_mechanism()
+    specs = {spec.name: spec for spec in options.OPTION_SPECS}
+    assert [spec.name for spec in toy.specs] == ["toy2", "toy2_layers", "toy2_mode"]
+    assert (specs["toy2"].type, specs["toy2"].default, specs["toy2"].side, specs["toy2"].nargs) == (
+        bool, False, "encoder", None)
+    assert (specs["toy2_layers"].type, specs["toy2_layers"].default, specs["toy2_layers"].nargs) == (int, [], "*")
+    assert specs["toy2_layers"].check is _layer_check and specs["toy2_mode"].choices == ("off", "a")
+    opt = _opt(toy2=True, toy2_layers=[1], toy2_mode="a", enc_hid_size=8, heads=2, transformer_ff=16,
+               dec_layers=1, dropout=[0.1], attention_dropout=[0.1])
+    typed = ExtConfig.from_opt(opt).of(toy)
+    assert isinstance(typed, toy) and (typed.on, typed.layers, typed.mode) == (True, [1], "a")
+    with pytest.raises(AttributeError):
+        typed.mdoe  # a misspelt option is an attribute error at its first use, not a silent default
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        typed.mode = "off"
 
 
 SMOKE = "yaml_configs/smoke/foundation/ext_transformer.yaml"
@@ -51,7 +86,7 @@ def test_options_reach_the_train_parser_with_defaults(toy_options, sample_data):
                                   "-toy_flag", "true")
     assert (opt.toy_iters, opt.toy_layers, opt.toy_mode, opt.toy_flag) == (3, [0, 1], "b", True)
     config = ExtConfig.from_opt(opt)
-    assert config.option("toy_layers") == [0, 1] and config.encoder_ext and config.decoder_ext
+    assert config.encoder_ext and config.decoder_ext
     assert (config.d_model, config.heads, config.enc_layers) == (opt.enc_hid_size, opt.heads, opt.enc_layers)
 
 
