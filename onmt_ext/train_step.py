@@ -162,7 +162,7 @@ def gradient_accumulation(self, true_batches, normalization, total_stats, report
             except Exception:
                 if "CUDA out of memory" not in traceback.format_exc():
                     raise
-                _skip_out_of_memory(self)
+                _skip_out_of_memory(self, batch)
             if self.model.decoder.state != {}:
                 self.model.decoder.detach_state()
     if self.n_gpu > 1 and self.parallel_mode == "data_parallel":
@@ -171,13 +171,18 @@ def gradient_accumulation(self, true_batches, normalization, total_stats, report
     self.optim.step()
 
 
-def _skip_out_of_memory(trainer):
-    """Stock's answer to running out of GPU memory: log, drop the batch, free the cache."""
+def _skip_out_of_memory(trainer, batch):
+    """Stock's answer to running out of GPU memory: drop the batch and free the cache; here with a warning
+    that says what was dropped (stock logs "cuda OOM - batch removed" at INFO level)."""
     import sys
 
     from onmt.utils.logging import logger
 
-    logger.info("Step %d, cuda OOM - batch removed", trainer.optim.training_step)
+    _, tokens = host_counts(batch, trainer.train_loss.padding_idx)
+    logger.warning("onmt-ext: step %d: CUDA out of memory; a batch of %d sentences and %d target tokens is "
+                   "skipped, as stock OpenNMT-py does, so this update trains on fewer tokens. Fewer tokens per "
+                   "pass with more passes per update avoid it (-batch_size with -accum_count; docs/reproduce.md, "
+                   "'Passes per update')", trainer.optim.training_step, len(batch["tgt"]), tokens)
     torch.cuda.empty_cache()
     if trainer.n_gpu > 1 and trainer.parallel_mode == "tensor_parallel":
         torch.distributed.destroy_process_group()

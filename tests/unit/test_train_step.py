@@ -166,3 +166,30 @@ def test_fused_adam_follows_adam():
         step(twin, reference, seed)
     for ours, theirs in zip(model.parameters(), twin.parameters()):
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_a_batch_dropped_for_lack_of_gpu_memory_is_a_warning_that_says_what(monkeypatch, caplog):
+    """Stock skips a batch that runs out of CUDA memory with an INFO line; onmt-ext warns with its size."""
+    import logging
+
+    from onmt.utils.logging import logger
+    from onmt.utils import Statistics
+
+    opt = support.load_train_opts(CONFIG, "-seed", 1)
+    opt.data = {}
+    vocabs = support.load_vocabs(opt)
+    trainer = _trainer(opt, vocabs)
+    batch, _ = _batches(vocabs)[0]
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(trainer, "model", out_of_memory)
+    monkeypatch.setattr(trainer.model, "decoder", type("D", (), {"state": {}})(), raising=False)
+    monkeypatch.setattr(logger, "propagate", True)
+    with caplog.at_level(logging.WARNING, logger=logger.name):
+        trainer._gradient_accumulation([batch], 10, Statistics(), Statistics())
+    tokens = int(batch["tgt"][:, 1:, 0].ne(trainer.train_loss.padding_idx).sum())
+    warned = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    assert len(warned) == 1 and "CUDA out of memory" in warned[0]
+    assert f"a batch of 3 sentences and {tokens} target tokens is skipped" in warned[0]
