@@ -89,17 +89,11 @@ class ClauseStructure(nn.Module):
         level_table: ``(vocab_size,)`` split level of each source id (:func:`marker_level_table`).
         levels: L.
 
-    ``start(src, pad_mask)`` computes, for the batch the encoder is about to
-    read, ``ids`` ``(batch, L, len)`` and ``same_as``: for each level, the first level
-    with the same clauses in every sentence of the batch (the clause
-    attentions compute one local softmax per distinct partition; levels
-    without markers in the batch repeat the coarser one), and ``distinct``,
-    the levels that start a partition (coarse to fine).  Every layer shares
-    them, and what is derived from them, each computed on first use for the
-    batch, at the distinct levels only: :meth:`outside_bias` and
-    :meth:`slots`.  The table
-    is a non-persistent buffer, rebuilt from the vocabulary whenever the model
-    is built.
+    ``start(src, pad_mask)`` computes, for the batch the encoder is about to read, ``ids`` ``(batch, L, len)``,
+    ``same_as`` (for each level, the first level with the same clauses in every sentence of the batch) and
+    ``distinct`` (the levels that start a partition, coarse to fine).  Every layer shares them and what
+    :meth:`outside_bias` and :meth:`slots` derive from them (on first use, at the distinct levels only).
+    The table is a non-persistent buffer, rebuilt from the vocabulary whenever the model is built.
     """
 
     def __init__(self, level_table, levels):

@@ -303,10 +303,6 @@ def install():
     ``ParallelCorpus.load`` drops a byte-order mark from the first line
     (logged); ``ParallelCorpusIterator._process`` skips the training and
     validation pairs with an empty side.  Idempotent.
-
-    The check reads every corpus file once per process at start-up (one pass
-    over the raw bytes); that is the price of never training on silently
-    truncated or misaligned pairs.
     """
     from onmt.bin import translate as translate_bin
     from onmt.inputters import text_corpus

@@ -382,14 +382,10 @@ def paired_bootstrap(baseline_hyps: Sequence[str], system_hyps: Sequence[str], r
     ``baseline_hyps`` and ``system_hyps`` are lists of segments and ``refs`` a
     list of reference streams; ``metric`` is one of :data:`METRIC_NAMES`.
 
-    The p-value is sacreBLEU's, with one exception: when the two corpus scores
-    are exactly equal (e.g. identical outputs) the p-value is 1.0.  sacreBLEU
-    counts resamples whose centred difference is *strictly* greater than the
-    observed one, so for identical systems (every resampled difference 0) it
-    reports its minimum p-value 1/(n_samples + 1), i.e. "significant"; an
-    observed difference of zero is never evidence of a difference.
-    The marker is that of :func:`significance_marker` (``†`` p < 0.05,
-    ``‡`` p < 0.01).
+    The p-value is sacreBLEU's, except 1.0 when the two corpus scores are
+    equal: sacreBLEU counts resampled differences *strictly* greater than the
+    observed one, so identical systems would get its minimum 1/(n_samples + 1).
+    The marker is :func:`significance_marker`'s.
     """
     _check_positive_int(n_samples, "the number of bootstrap samples")
     _check_positive_int(seed, "the bootstrap seed")
