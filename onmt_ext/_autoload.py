@@ -1,24 +1,14 @@
 """Start-up hook that loads onmt-ext into the stock OpenNMT-py commands.
 
-``make setup`` (or ``python -m onmt_ext.hook install``) writes a one-line
-``onmt_ext.pth`` into the environment's site-packages.  Python executes it at
-start-up; it imports this module, which only installs a tiny import hook and
-imports nothing heavy.  The first time ``onmt`` is imported (by
-``onmt_train``, ``onmt_translate``, ``python -m onmt.bin.train``, a notebook,
-...), the hook
+``python -m onmt_ext.hook install`` writes a one-line ``onmt_ext.pth`` into site-packages, which imports this
+module at Python start-up; it only installs an import hook.  The first time ``onmt`` is imported, the hook
 
-1. *before* ``onmt`` runs: applies the fixes of :mod:`onmt_ext.compat` that
-   must precede it (warnings that fire at import time, the ``torch.load``
+1. *before* ``onmt`` runs: applies :func:`onmt_ext.compat.apply` (import-time warnings, the ``torch.load``
    allow-list, stand-ins for a missing spaCy or fasttext);
-2. *after* ``onmt`` has run: calls :func:`onmt_ext.plugin.activate`, which
-   registers our encoder/decoder types, options and option checks.
+2. *after* ``onmt`` has run: calls :func:`onmt_ext.plugin.activate`.
 
-Every change is recorded by :mod:`onmt_ext.patches`;
-``python -m onmt_ext.hook status`` lists them.
-
-A failure in either step never breaks plain OpenNMT-py: the error is printed
-once, with the way to switch the extension off, and ``onmt`` is left as
-stock.  Set ``ONMT_EXT_DISABLE=1`` to switch the extension off entirely.
+A failure in either step prints one line, with how to switch the extension off, and leaves ``onmt`` usable.
+``ONMT_EXT_DISABLE=1`` switches the extension off; ``python -m onmt_ext.hook status`` lists every change.
 """
 
 import importlib.abc

@@ -95,11 +95,8 @@ def aggregate_heads(context, input_weight, input_bias, vote_weight, beta_a, beta
 
     With ``recompute`` and grad enabled, the backward pass keeps only the
     arguments and runs this computation again
-    (:func:`~onmt_ext.routing.recompute_in_backward`) instead of keeping the
-    capsules, the float32 votes and each iteration's ``(B*L, H, N, d/N)``
-    tensors (at N = d, about 14 (EM) or 8 (simple) float32 tensors of
-    ``(B*L, H, d)``), for one more forward pass of the routing.  Gradients
-    are bitwise the same.  Without grad (translation) nothing changes.
+    (:func:`~onmt_ext.routing.recompute_in_backward`; same gradients, bitwise;
+    memory: docs/li2019.md).
     """
     kwargs = dict(heads=heads, capsules=capsules, method=method, iterations=iterations)
     if recompute:

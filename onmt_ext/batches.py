@@ -1,19 +1,14 @@
 """Training batches that reach the GPU without stalling the training thread.
 
-Stock OpenNMT-py 3.5.1 stalls the training thread on the way from corpus to GPU:
-per-example Python lists in every batch (``ind_in_bucket``, ``cid``,
-``cid_line_number``) are walked under the GIL by the DataLoader's pin-memory
-thread; each tensor crosses from a data worker as shared memory whose file
-descriptor is fetched over a new authenticated socket connection, mostly Python
-under the GIL (``make bench-host`` measures it per batch); every tensor is copied with a blocking
-``.to(device)``; without workers every sentence's tensor is built on the GPU.
+Stock OpenNMT-py 3.5.1 puts per-example Python lists (``ind_in_bucket``, ``cid``, ``cid_line_number``) in every
+batch, which the pin-memory thread walks under the GIL; sends each tensor from a data worker as shared memory whose
+file descriptor is fetched over a new socket connection (``make bench-host`` measures it); copies every tensor
+with a blocking ``.to(device)``; and without workers builds every sentence's tensor on the GPU.
 
-Here a training or validation batch crosses from a worker as one packed
-buffer of int64 values with its layout (the lists become tensors first, ``cid``
-the position of each example's corpus in ``opt.data``), is built on the CPU,
-pinned once and copied to the GPU with one ``non_blocking`` copy; :data:`HOST`
-keeps its CPU ``srclen`` and ``tgt`` for counting.  Which examples, in which
-order, with which transforms, is unchanged (``tests/unit/test_batches.py``).
+Here a training or validation batch crosses from a worker as one packed int64 buffer with its layout (the lists
+become tensors, ``cid`` the position of the example's corpus in ``opt.data``), is built on the CPU, pinned once
+and copied with one ``non_blocking`` copy; :data:`HOST` keeps its CPU ``srclen`` and ``tgt`` for counting.
+Which examples, in which order, with which transforms, is unchanged (``tests/unit/test_batches.py``).
 """
 
 import math

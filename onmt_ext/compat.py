@@ -1,85 +1,18 @@
 """Fixes of OpenNMT-py 3.5.1 (which declares ``torch<2.3``) for current torch, and of its crashes and data loss.
 
-Everything onmt-ext changes in OpenNMT-py's own behaviour lives here (the
-option and checkpoint checks that the extension needs are in
-:mod:`onmt_ext.plugin`, the corpus checks in :mod:`onmt_ext.corpus`), so that
-it is easy to audit and to drop once upstream is fixed.  :func:`apply` is
-called by the start-up hook *before* ``onmt`` is imported, and is idempotent;
-the rest is called by :func:`onmt_ext.plugin.activate`.
+:func:`apply` is called by the start-up hook *before* ``onmt`` is imported (idempotent); the rest is installed by
+:func:`onmt_ext.plugin.activate`, each through :func:`onmt_ext.patches.patch`:
 
-1. ``torch.load`` defaults to ``weights_only=True`` since torch 2.6.
-   OpenNMT-py checkpoints pickle the training options as an
-   ``argparse.Namespace``, which the safe unpickler refuses.  We allow-list
-   exactly that class with :func:`torch.serialization.add_safe_globals`
-   instead of turning ``weights_only`` off, so loading a checkpoint still
-   cannot run arbitrary code.
-2. OpenNMT-py imports ``torch.cuda.amp.custom_fwd``/``custom_bwd`` and calls
-   ``torch.cuda.amp.autocast``/``GradScaler`` and
-   ``torch.backends.cuda.sdp_kernel``, all deprecated.  They still work; the
-   ``FutureWarning`` noise they print on every run is filtered (only those
-   messages, nothing else).
-3. Not a torch matter but an OpenNMT-py 3.5.1 bug that makes training logs
-   useless: the dynamic data iterator calls ``init_logger()`` without a file
-   each time it (re)opens a corpus, which replaces every handler of the
-   ``onmt`` logger and silently drops ``-log_file`` after the first lines (no
-   step, validation or checkpoint line reaches the file).
-   :func:`keep_log_file` makes that call keep the handlers already set up.
-4. OpenNMT-py writes checkpoints with ``torch.save`` straight to
-   ``<model>_step_<N>.pt``: a run killed while saving leaves a truncated file
-   under the final name, which ``train_from``, ``onmt_average_models`` or a
-   "skip what exists" pipeline takes for a good checkpoint.
-   :func:`atomic_checkpoints` makes the saver (and ``onmt_average_models``) write to a temporary file in
-   the same directory, flush it to disk and rename it into place, so the final
-   name only ever holds a complete checkpoint (a killed run may leave a
-   ``*.partial-<pid>`` file behind, never a wrong ``.pt``).  ``-save_format
-   safetensors`` is refused when the options are parsed
-   (:func:`save_format_problems`): its weights file is written by
-   safetensors itself, not atomically, and OpenNMT-py 3.5.1 cannot load it
-   back (it looks for ``<name>.*.safetensors`` shards).
-5. ``-train_from`` a checkpoint restores the model, the optimizer and the
-   step, but OpenNMT-py then reads the training corpora from their first
-   batch again, so a resumed run trains on other batches than the run it
-   continues (and sees the first ones twice).  :func:`resume_data_position`
-   makes a resumed trainer skip the batches that the steps already done
-   consumed (their number follows ``accum_count``/``accum_steps``).  The
-   batch order is a function of the seed, so with the same seed and dropout 0
-   a run killed at step k and resumed from its step-k checkpoint reaches the
-   same parameters as an uninterrupted run.  Skipping means reading (not
-   training on) those batches, which takes a while on large corpora; the log
-   says how many.  With ``-reset_optim all`` the step restarts at 1 and
-   nothing is skipped (fine-tuning, e.g. GRET from a baseline).  With other
-   data, or another ``accum_count`` or GPU count than the run being resumed,
-   the skip is still made (and logged) but no longer lines up exactly.
-6. OpenNMT-py's ``filtertoolong`` transform drops over-long training pairs
-   and counts them only in a ``FilterTooLongStats`` line logged after a full
-   pass over a corpus (on a large corpus: never).  :func:`count_filtered_examples`
-   logs the first drop as a warning naming ``-src_seq_length`` and
-   ``-tgt_seq_length``, and the running count (of the examples the transform
-   has seen) after 10, 100, 1000 drops and then every 10,000, per data-loader
-   process.  It drops nothing that is to be translated (the
-   ``onmt_translate`` source, the ``-valid_metrics`` source): a dropped line
-   would misalign the output (without a target, stock OpenNMT-py fails
-   there instead).
-7. A sequence longer than the sinusoidal ``PositionalEncoding`` (5000
-   positions) raises ``SequenceTooLongError`` with "limited to 1" (the size
-   of the wrong dimension).  :func:`explain_position_limit` makes the message
-   give the length, the limit and what to do, names the source lines in
-   ``onmt_translate`` and ends ``onmt_translate`` with that message instead
-   of a traceback.
-8. ``import onmt`` imports every OpenNMT-py transform; the ``terminology``
-   transform imports spaCy and the ``clean`` transform fasttext at module
-   level, so stock ``import onmt`` fails when either is missing, although
-   only those two transforms use them.  :func:`stand_in_for_missing_packages`
-   puts a stand-in module under each missing name in ``sys.modules`` while
-   ``onmt`` is imported (and :func:`drop_stand_ins` takes it out afterwards,
-   so that ``importlib.util.find_spec`` and later imports see the truth).
-   The transforms keep the stand-in: using it raises
-   :class:`MissingPackageError`, and :func:`missing_package_problems` refuses
-   such a transform when the options are parsed, in one line naming the
-   package and how to install it.
+* the ``torch.load`` allow-list (``argparse.Namespace``; ``weights_only`` stays on) and the ``FutureWarning``
+  filter for OpenNMT-py's ``torch.cuda.amp``/``sdp_kernel`` calls;
+* :func:`keep_log_file`: ``-log_file`` survives the data iterator's ``init_logger()``;
+* :func:`atomic_checkpoints` (temporary file, fsync, rename) and :func:`save_format_problems` (no safetensors);
+* :func:`resume_data_position`: ``-train_from`` skips the batches its steps already consumed;
+* :func:`count_filtered_examples`: ``filtertoolong`` drops are logged, and nothing to be translated is dropped;
+* :func:`explain_position_limit`: a clear error beyond the 5000 positions of ``PositionalEncoding``;
+* :func:`stand_in_for_missing_packages`, :func:`drop_stand_ins`: ``import onmt`` without spaCy or fasttext.
 
-Every change to OpenNMT-py goes through :func:`onmt_ext.patches.patch`,
-which records it for ``python -m onmt_ext.hook status``.
+Stock behaviour, reasons and tests of each: docs/differences-from-stock.md.
 """
 
 import argparse

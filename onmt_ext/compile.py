@@ -1,29 +1,13 @@
 """``-ext_compile``: every mechanism's tensor core through ``torch.compile``.
 
-Each mechanism keeps its arithmetic in a pure function of tensors (and
-plain Python settings): li2019's :func:`~onmt_ext.aggregation.aggregate_heads`,
-cao2019's :func:`~onmt_ext.cross_aggregation.cross_aggregate` and its
-decoding step, chen2019's :func:`~onmt_ext.recurrent_embedding.recurrent_output`,
-clause attention's :func:`~onmt_ext.clause_attention.clause_mix`, GRET's
-:func:`~onmt_ext.gret.global_summary` and :func:`~onmt_ext.gret.fuse`, and
-the directional softmax.  The module that owns the parameters and the
-decoding state calls its core through :func:`run`; with ``-ext_compile`` the
-call goes to ``torch.compile(core, dynamic=True, fullgraph=True)`` instead:
-Inductor then writes fused Triton kernels on CUDA and C++ on the CPU, for the
-forward and (through AOTAutograd) the backward pass.
-
-Why the cores and not the modules: the modules keep Python-side state
-(decoding caches, the clause ids of the batch, GRET's observed layers),
-which would break a whole-module graph or make it guard on every step; the
-cores take only tensors, so one compiled graph serves every layer of a model
-(the parameters are arguments, not constants) and, with dynamic shapes,
-every batch and length.  Sizes 0 and 1 are specialised by the compiler
-(a single-sentence batch or the first decoding step compiles once more).
-
-The compiled function is built once per process and core.  Training under
-AMP, translation with the decoding cache and beam search all go through the
-same call; grad mode and autocast are part of the compiled graph's guards,
-so training and translation each compile their own graph once.
+Each mechanism keeps its arithmetic in a pure function of tensors and plain settings (its core: li2019's
+:func:`~onmt_ext.aggregation.aggregate_heads`, cao2019's :func:`~onmt_ext.cross_aggregation.cross_aggregate` and
+:func:`~onmt_ext.cross_aggregation.causal_step`, chen2019's :func:`~onmt_ext.recurrent_embedding.recurrent_output`,
+clause attention's :func:`~onmt_ext.clause_attention.clause_mix`, GRET's :func:`~onmt_ext.gret.global_summary`
+and :func:`~onmt_ext.gret.fuse`, and the directional softmax).  The module that owns the parameters and decoding
+state calls its core through :func:`run`; with ``-ext_compile`` the call goes to
+``torch.compile(core, dynamic=True, fullgraph=True)``, built once per process and core.  Why cores and not
+modules, and when it recompiles: docs/compile.md.
 """
 
 import os

@@ -1,41 +1,16 @@
 """Checks of the text files OpenNMT-py reads, so that a damaged corpus stops with a message, not a traceback.
 
-OpenNMT-py 3.5.1 reads a parallel corpus with ``zip`` over the two files and
-decodes each line as UTF-8 inside its data iterator.  Four problems then go
-by silently or end in a traceback from deep inside the data loader:
+:func:`check_corpus` reads each file once per process (one pass over the bytes with an incremental UTF-8 decoder
+that also counts empty lines) and raises :class:`CorpusError` naming the corpus, the file and the line, for
+source and target files of different line counts and for text that is not UTF-8.  :func:`install` runs it
+where OpenNMT-py validates its options, before anything is built, and
 
-* source and target files with **different line counts** are cut to the
-  shorter one without a word: the extra lines are lost, and usually every
-  pair after a missing line is misaligned;
-* a line that is **not UTF-8** raises ``UnicodeDecodeError`` in the loader,
-  naming neither the file nor the line;
-* a **byte-order mark** at the start of a file stays glued to the first token
-  of the first line;
-* **empty lines** (empty or whitespace only): the data iterator turns one
-  into the token list ``[""]``, so its ``-skip_empty_level`` check never
-  fires.  A pair with an empty source is then dropped without a word (after
-  the transforms, by ``onmt.inputters.text_utils.process``), and a pair with
-  a source but an empty target is trained as ``<s> <unk> </s>``.  In
-  ``onmt_translate`` the same drop leaves an empty source line out of the
-  output, so every later translation lands on the wrong line.
+* strips a leading byte-order mark when a corpus is read (logged);
+* skips, in training, validation and vocabulary corpora, every pair with an empty source or target (one warning
+  per file; ``-skip_empty_level error`` stops instead, ``silent`` logs at info level);
+* refuses an ``onmt_translate -src`` with empty lines, naming them (a ``-tgt`` with empty lines is a warning).
 
-:func:`check_corpus` reads each file once per process (a pass over the raw
-bytes with an incremental UTF-8 decoder that also counts the empty lines)
-and raises :class:`CorpusError` naming the corpus, the file and the line.
-:func:`install` runs it where OpenNMT-py validates its options, so that
-``onmt_build_vocab``, ``onmt_train`` and ``onmt_translate`` stop before
-building anything (an error raised later, inside OpenNMT-py's data iterator,
-would be swallowed by its ``finally: yield``), and it
-
-* strips a leading byte-order mark when the corpus is read (logged);
-* for training, validation and vocabulary corpora, logs one warning per file
-  with empty lines (how many, the first line numbers) and skips every pair
-  whose source *or* target is empty, in ``onmt_build_vocab`` and
-  ``onmt_train`` alike (``-skip_empty_level error`` stops the command
-  instead, ``silent`` logs the count at info level);
-* refuses an ``onmt_translate -src`` with empty lines, naming them (a
-  ``-tgt`` with empty lines only gets a warning: the output stays aligned,
-  those lines' GOLD scores are of an ``<unk>`` target).
+What stock OpenNMT-py 3.5.1 does instead: docs/differences-from-stock.md.
 """
 
 import codecs
@@ -328,10 +303,6 @@ def install():
     ``ParallelCorpus.load`` drops a byte-order mark from the first line
     (logged); ``ParallelCorpusIterator._process`` skips the training and
     validation pairs with an empty side.  Idempotent.
-
-    The check reads every corpus file once per process at start-up (one pass
-    over the raw bytes); that is the price of never training on silently
-    truncated or misaligned pairs.
     """
     from onmt.bin import translate as translate_bin
     from onmt.inputters import text_corpus

@@ -1,50 +1,17 @@
 """Cross aggregation of multi-head attention logits (Cao, Zhao and Yu, "cao2019").
 
-Each attention vector ``e_{l,h}`` (the logits of query position l on head h
-over the M keys, eq. 4-5) belongs to two capsules: the vertical capsule of
-head h (all positions) and the horizontal capsule of position l (all heads).
-Cross aggregation routes over both and adds the results to the logits before
-the softmax (eq. 9)::
+The masked scores ``E`` ``(batch, H, L, M)`` become ``softmax(E + Omega_vertical + Omega_horizontal)`` (eq. 9),
+with the logit vectors ``e_{l,h}`` ``(M,)`` as votes and simple routing normalised over the inputs (Alg. 1):
 
-    E_hat = E + Omega_vertical + Omega_horizontal,  ATT = softmax(E_hat)
+* vertical (eq. 10-13): H heads -> L positions; head h receives the ``(L, M)`` output scaled by
+  ``Lambda = softmax(W [sum_l B_{1->l}, ..., sum_l B_{H->l}])``, W ``(H, H)`` per layer, zero at the start;
+* horizontal (eq. 14): for each query l, positions t <= l -> H heads, all L routings in one call against a
+  ``(batch, L, L)`` prefix mask; routing logits start at zero or at the raw logits (eq. 15).
 
-* **Vertical** (eq. 10-13): inputs are the H heads, outputs the L query
-  positions, the votes the logit vectors themselves (``V_{h->l} = e_{l,h}``,
-  no learned vote map).  Simple routing normalised over the inputs (cao2019
-  Alg. 1) gives one ``(L, M)`` output, which each head h receives scaled by
-  ``lambda_h``: ``Lambda = softmax(W [sum_l B_{1->l}, ..., sum_l B_{H->l}])``
-  from the final routing logits B, with a learned ``(H, H)`` matrix W per
-  layer (eq. 13 leaves its shape open; it starts at zero, i.e. equal weights
-  1/H).
-* **Horizontal, positional** (eq. 14): for every query position l the inputs
-  are the positions t <= l, the outputs the heads (``V_{t->h} = e_{t,h}``).
-  All L routings run at once: the votes are shared and broadcast against a
-  ``(batch, L, L)`` prefix mask, so the cost is O(L * L * H * M) per
-  iteration but the votes are never copied L times.  The routing logits start
-  at zero, or at the raw logits ``alpha^h_{l,t}`` (self-initialisation,
-  eq. 15).
-
-Padding plays no part: padded keys are zeroed in every vote (so they change
-no norm or agreement) and stay masked in the softmax; padded positions are
-never routing inputs, and padded queries are left out of the sums of eq. 13.
-
-Where it goes: the ``softmax`` module of OpenNMT-py's ``MultiHeadedAttention``
-in the selected encoder self-attention layers, the one place that sees the
-score tensor.  OpenNMT-py's fused attention on GPU (SDPA / flash) never builds
-that tensor, so the attention of those layers is switched to the explicit
-``scaled-dot`` path when the module is attached.
-
-With ``-ext_compile`` the full pass (:func:`cross_aggregate`) and the
-decoding step (:func:`causal_step`) run through ``torch.compile``
-(:mod:`onmt_ext.compile`).
-
-The paper applies it to encoder self-attention.  ``cao2019_dec_self`` adds a
-causal variant to decoder self-attention (:class:`CausalCrossAggregation`):
-the horizontal routing is causal as it stands (query l routes over t <= l,
-whose logits only cover keys <= t), the vertical routing is per position,
-and eq. 13's sum over positions becomes a running sum over l' <= l.  In
-step-by-step decoding the module keeps the logit rows of the earlier steps
-and that running sum as decoding state, reordered with the beam.
+:class:`CrossAggregation` replaces the ``softmax`` of the selected encoder self-attentions (forced onto
+``scaled-dot``); :func:`cross_aggregate` is its tensor core.  :class:`CausalCrossAggregation`
+(``cao2019_dec_self``, not in the paper) is the decoder variant, with :func:`causal_step` for one decoding step.
+Scaling of the logits, padding, cost and the causal variant: docs/cao2019.md.
 """
 
 from dataclasses import dataclass

@@ -1,38 +1,15 @@
 """DiSAN-style directional self-attention: the "+DiSAN" baseline of chen2019's Table 1 (after Shen et al. 2018).
 
-chen2019 compares against DiSAN (Shen et al. 2018, "directional
-self-attention network"), reimplemented in OpenNMT.  OpenNMT-py has none,
-so this module adds what we take to be its core to the encoder's
-self-attention:
+In each selected encoder layer (``disan_enc_layers``) the first H/2 heads use the forward mask (query l attends
+key t only if t < l) and the others the backward mask (t > l), on top of the padding mask in the scores
+``(batch, H, len, len)``; a query with no allowed key gets an all-zero attention row
+(:class:`DirectionalSoftmax`, core :func:`directional_softmax`).
 
-* **Directional masks.**  In each selected encoder layer the first H/2 heads
-  use DiSAN's *forward* mask, the others its *backward* mask: query position
-  l may attend key t only if t < l (forward) or t > l (backward).  The
-  diagonal is disabled, as in DiSAN.  The masks are combined with the padding
-  mask already in the scores.  A query with no allowed key (the first
-  position of a forward head, the last real position of a backward head)
-  gets an all-zero attention row: that head contributes nothing there, never
-  a uniform average of masked keys.
-* **Fusion gate.**  With ``s`` the attention sublayer's output (after
-  OpenNMT-py's W^O) and ``h`` its input (the layer-normalised layer input),
-  ``F = sigmoid(W_1 s + W_2 h + b)`` and the sublayer returns
-  ``F * h + (1 - F) * s`` (``disan_fusion_gate``; off: the masks only).
+Fusion gate (:class:`FusionGate`, ``disan_fusion_gate``): with ``s`` the attention sublayer's output (after W^O)
+and ``h`` its layer-normalised input, both ``(batch, len, d)``, ``F = sigmoid(W_1 s + W_2 h + b)`` and the
+sublayer returns ``F * h + (1 - F) * s``; it adds ``2 d^2 + d`` parameters per layer.
 
-Not implemented, and why: DiSAN's multi-dimensional (feature-wise) attention
-scores, which need ``(batch, len, len, d)`` memory, are replaced by the
-Transformer's scaled dot-product scores per head; DiSAN's input FC layer is
-the Transformer's own embedding and projections; its source2token pooling
-layer, which makes a sentence vector for classification, has no role in a
-translation encoder.
-
-Parameters: the gate adds ``2 d^2 + d`` per selected layer (Transformer-Base,
-6 layers: +3.15M); chen2019's Table 1 lists +0.04M for its DiSAN, which we
-cannot reconstruct (the paper does not say what it parameterised).
-
-Hook: the attention's ``softmax`` (the only place that sees the scores; the
-layer is switched to OpenNMT-py's explicit ``scaled-dot`` path, since the
-fused SDPA/flash path never forms them) and a wrapper around the layer's
-``self_attn`` for the gate.
+DiSAN's feature-wise scores, input layer and source2token pooling are not implemented: docs/chen2019.md.
 """
 
 from dataclasses import dataclass

@@ -1,38 +1,10 @@
 """Corpus-level MT evaluation on top of sacreBLEU's Python API.
 
-Every score in this module is computed by sacreBLEU (``sacrebleu.metrics.BLEU``,
-``sacrebleu.metrics.CHRF`` and ``sacrebleu.significance.PairedTest``); this
-module only reads the files, checks them and arranges the data in sacreBLEU's
-layout.  It imports nothing but the standard library, sacreBLEU and numpy.
-
-Data layout
------------
-* Hypotheses (and sources) are a list of segments: ``hyps[i]`` is segment *i*.
-* References are a list of *streams*, as sacreBLEU expects them:
-  ``refs[k][i]`` is the *k*-th reference of segment *i*.  Every stream has one
-  entry per segment.  When segments have different numbers of references, the
-  shorter ones are padded with ``None`` (see :func:`read_reference_tsv`).
-
-Variable numbers of references (``None`` padding)
--------------------------------------------------
-sacreBLEU drops ``None`` references of a segment before it extracts any
-reference statistics (``Metric._cache_references``), for every metric.  So
-with ``None`` padding BLEU clips n-gram counts against, and takes the closest
-reference length from, the references the segment really has; chrF scores
-each segment against its best *available* reference.  Both are exactly the
-scores obtained by padding each segment with copies of one of its own
-references instead (duplicates change neither the n-gram maxima, nor the set
-of reference lengths, nor the best reference), which the unit tests check
-against sacreBLEU's command line.  The padding must be ``None`` and never
-``""``: an empty string is an empty reference (reference length 0, no
-n-grams), which would change BLEU's brevity penalty and could become chrF's
-"best" reference.  The signature then reads ``nrefs:var``.
-
-Errors
-------
-Every problem with the user's input (unreadable, empty or non-UTF-8 file,
-mismatched lengths, a segment without a reference, bad parameters) raises
-:class:`EvaluationError`, whose message names the file (and line) concerned.
+Every score is computed by sacreBLEU (``sacrebleu.metrics.BLEU``, ``CHRF``, ``sacrebleu.significance.PairedTest``);
+this module reads the files, checks them and arranges the data in sacreBLEU's layout: ``hyps[i]`` is segment i,
+``refs[k][i]`` the k-th reference of segment i.  Segments with fewer references are padded with ``None``
+(:func:`read_reference_tsv`), never ``""``, which would be an empty reference (docs/reproduce.md).  Every problem
+with the user's input raises :class:`EvaluationError`, naming the file (and line).
 """
 
 import bisect
@@ -410,14 +382,10 @@ def paired_bootstrap(baseline_hyps: Sequence[str], system_hyps: Sequence[str], r
     ``baseline_hyps`` and ``system_hyps`` are lists of segments and ``refs`` a
     list of reference streams; ``metric`` is one of :data:`METRIC_NAMES`.
 
-    The p-value is sacreBLEU's, with one exception: when the two corpus scores
-    are exactly equal (e.g. identical outputs) the p-value is 1.0.  sacreBLEU
-    counts resamples whose centred difference is *strictly* greater than the
-    observed one, so for identical systems (every resampled difference 0) it
-    reports its minimum p-value 1/(n_samples + 1), i.e. "significant"; an
-    observed difference of zero is never evidence of a difference.
-    The marker is that of :func:`significance_marker` (``†`` p < 0.05,
-    ``‡`` p < 0.01).
+    The p-value is sacreBLEU's, except 1.0 when the two corpus scores are
+    equal: sacreBLEU counts resampled differences *strictly* greater than the
+    observed one, so identical systems would get its minimum 1/(n_samples + 1).
+    The marker is :func:`significance_marker`'s.
     """
     _check_positive_int(n_samples, "the number of bootstrap samples")
     _check_positive_int(seed, "the bootstrap seed")

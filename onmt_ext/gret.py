@@ -1,62 +1,15 @@
 """GRET: a global sentence representation from capsules over every encoder layer (Weng et al. 2020, "weng2020").
 
-Our copy of the paper lost its equations and numbers; what follows is what
-its text makes legible (listed in docs/gret.md), with every missing detail chosen here,
-made an option where it matters, and marked "(choice)".
+Encoder (:class:`GlobalRepresentation`), for each layer m with normalised states ``h^m`` ``(batch, len, d)``:
+K capsules ``u^m_k = squash(sum_i c_ki W_k h^m_i)`` by simple routing over the unmasked positions (T iterations,
+``W_k`` ``(d, d_c)`` shared by the layers); attentive pooling ``ATP(u^m) = sum_k softmax_k(FFN(u^m_k)) u^m_k``
+``(batch, d_c)``; ``s^m = GRU(ATP(u^m), s^{m-1})``, ``s^0 = 0``.  ``s^M`` ``(batch, d)`` is the encoder's final
+state.  Decoder (:class:`GlobalFusion`): ``g_j = sigmoid(W_g [r_j; s^M] + b_g)``, ``r'_j = r_j + g_j * s^M``
+on the decoder output ``r_j`` ``(batch, len, d)``; ``s^M`` is decoding state, reordered with the beam.
 
-**Encoder: the global state** (:class:`GlobalRepresentation`).  For each
-encoder layer m = 1..M, with its hidden states ``h^m_i`` ``(batch, len, d)``:
-
-1. Intra-layer capsules (sec. "intra-layer representation generation",
-   Alg. 1): K capsules ``u^m_k = squash(sum_i c_ki W_k h^m_i)`` by dynamic
-   routing over the unmasked positions i.  The routing logits b (K rows by I
-   columns) start at zero and are updated after all capsules are produced;
-   ``c_k = softmax(b_k)`` over the positions i.  This is
-   ``onmt_ext.routing.simple_routing(normalize="inputs", mask=...)``, T
-   iterations.  ``W_k`` ``(d, d_c)`` carries no layer index in the text, so
-   one set of K maps serves every layer (choice).  ``h^m`` is the layer's
-   output passed through a layer norm of its own: the paper's post-norm
-   Transformer hands normalised states to the next layer, OpenNMT-py's
-   pre-norm residual stream is not normalised (choice).
-2. Attentive pooling (ATP): ``a = softmax_k(FFN(u^m_k))``,
-   ``ATP(u^m) = sum_k a_k u^m_k`` ``(batch, d_c)``; one FFN
-   (``d_c -> d_c -> 1``, ReLU) for every layer (choice).
-3. Layer-wise recurrence: ``s^m = GRU(ATP(u^m), s^{m-1})``, ``s^0 = 0``, one
-   GRU with a ``d``-wide state, run over the layers.  ``s^M`` ``(batch, d)`` is the global
-   state.
-
-The encoder returns ``s^M`` as its final state, which OpenNMT-py hands to
-``decoder.init_state`` (in training, in translation and in gold scoring).
-
-**Decoder: the context gate** (:class:`GlobalFusion`).  With ``r_j`` the
-decoder output at step j (after OpenNMT-py's final layer norm),
-``g_j = sigmoid(W_g [r_j; s^M] + b_g)`` and ``r'_j = r_j + g_j * s^M``
-(elementwise) goes to the generator.  ``s^M`` is decoding state of the
-module, so beam search tiles and reorders it.
-
-**Defaults and ablations** (the paper's ablation table):
-
-* K (``gret_capsules``) = 4 (choice): the paper found that more capsules give
-  no gain because most sentences are short; its own value is not legible.
-  T (``gret_iterations``) = 3: results stabilise after three iterations.
-* ``d_c`` (``gret_capsule_dim``) = d / K (choice): the K votes of a position
-  together are d wide, so the capsules cost one d x d projection per layer
-  and token, which keeps GRET within a few per cent of the baseline's speed.
-* ``gret_pooling: mean`` ("no capsules"): ``ATP(u^m)`` is replaced by the
-  mean of the layer's normalised states over the unmasked positions.
-* ``gret_layers: last`` ("no layer aggregation"): only the last layer is
-  summarised; the GRU runs one step, from ``s^0 = 0``, so that the state keeps
-  its size and range.
-* ``gret_gate: false`` ("no gate"): ``r'_j = r_j + s^M``.
-
-**Padding** plays no part: padded positions are masked out of the routing
-(zero coupling, zeroed votes) and out of the mean.
-
-**Fine-tuning from a baseline.**  The paper trains GRET from a trained
-Transformer.  :func:`load_with_new_parameters` lets ``onmt_train -train_from
-<baseline checkpoint> -override_opts -reset_optim all`` load the baseline's
-tensors into a model with mechanisms and initialise the rest, logging which
-is which (installed by the plug-in on OpenNMT-py's model loading).
+Ablations: ``gret_pooling: mean``, ``gret_layers: last``, ``gret_gate: false``.  Our copy of the paper lost its
+equations and numbers; what is legible and what we chose: docs/gret.md.  :func:`load_with_new_parameters` lets
+``-train_from`` a baseline checkpoint initialise the new tensors (fine-tuning).
 """
 
 from dataclasses import dataclass

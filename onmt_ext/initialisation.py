@@ -1,28 +1,15 @@
 """The stated initialisation of every parameter the mechanisms add.
 
-OpenNMT-py's ``-param_init_glorot`` goes by a tensor's own name: a matrix
-called ``weight`` gets ``xavier_uniform_`` over the whole tensor and a tensor
-called ``bias`` zeros; anything else (``weight_ih_l0`` of an RNN, a capsule
-map, a mixing logit) keeps whatever its constructor drew, and a 3-D
-``weight`` is treated as a convolution kernel.  So every mechanism module
-here declares a :class:`Rule` for each parameter it adds (:data:`RULES`,
-one function per module class), and :func:`initialise` applies them:
+OpenNMT-py's ``-param_init_glorot`` goes by a tensor's name: a matrix ``weight`` gets ``xavier_uniform_`` over
+the whole tensor, a ``bias`` zeros; anything else (an RNN's ``weight_ih_l0``, a capsule map, a mixing logit)
+keeps its constructor's draw, and a 3-D ``weight`` is treated as a convolution kernel.  So each mechanism module
+declares a :class:`Rule` per parameter it adds (:data:`RULES`, one function per module class; a stock parameter
+inside it, such as chen2019's word look-up, is ``stock``), and :func:`initialise` applies them in the
+mechanism's constructor and again right after OpenNMT-py's own initialisation in ``build_model``
+(:func:`install`), with ``-param_init a`` too.
 
-* in the mechanism's constructor (a module built on its own is initialised
-  as stated), and
-* once more right after OpenNMT-py's own initialisation in ``build_model``
-  (:func:`install`), where the by-name rule may have overwritten some
-  (clause attention's zero gate, the head-restricted projections).  This
-  holds for ``-param_init a`` too: there OpenNMT-py draws the stock
-  parameters from ``U(-a, a)`` and the mechanism parameters still get their
-  stated rule.
-
-A parameter in the subtree of a mechanism module that the mechanism did not
-add (the word look-up kept inside chen2019's embeddings) is declared
-``stock``: it is left to OpenNMT-py's initialisation, as in the baseline.
-The per-paper tables are in ``docs/<paper>.md`` under "Parameters and
-initialisation"; ``tests/unit/test_initialisation.py`` fails on a mechanism
-parameter that no rule covers and on a value that does not look like its rule.
+Per-paper tables: "Parameters and initialisation" in docs/<paper>.md; ``tests/unit/test_initialisation.py``
+fails on a parameter no rule covers and on values that do not fit their rule.
 """
 
 import math

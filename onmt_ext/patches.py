@@ -1,31 +1,17 @@
 """The one way onmt-ext changes OpenNMT-py: :func:`patch`, and the record of what it changed.
 
-Every change onmt-ext makes to an attribute of OpenNMT-py (or torch) goes
-through :func:`patch`, which
-
-* replaces ``owner.attribute`` once (calling it again is a no-op, so the
-  start-up hook may run twice without wrapping a wrapper);
-* keeps ``classmethod``/``staticmethod`` descriptors what they were;
-* records the target, the reason and the test that covers the change in
-  :data:`APPLIED`, which ``python -m onmt_ext.hook status`` prints.
-
-A *wrapper* (the default) receives the stock callable as its first argument::
+:func:`patch` replaces ``owner.attribute`` once (a second call is a no-op), keeps ``classmethod``/``staticmethod``
+descriptors, and records target, kind, reason and test in :data:`APPLIED` for ``python -m onmt_ext.hook status``.
+A wrapper (the default) receives the stock callable first; ``wrap=False`` installs the replacement as it is::
 
     patch(Trainer, "train", train, kind=FIX, reason="...", test="tests/...::test_x")
 
     def train(stock, self, train_iter, train_steps, **kwargs):
-        ...
         return stock(self, train_iter, train_steps, **kwargs)
 
-With ``wrap=False`` the replacement is installed as it is (a stand-in
-object, a function that does not call the stock one).
-
-``kind`` says why a change exists: :data:`NEEDED` (the extension cannot work
-without it: options, checks, checkpoint loading), :data:`FIX` (a crash or
-silent data loss of OpenNMT-py 3.5.1), :data:`QUIET` (a warnings filter) or
-:data:`SPEED` (a host stall of training removed, with the same data and
-numbers).  Every :data:`FIX`, :data:`QUIET` and :data:`SPEED` change is
-described in ``docs/differences-from-stock.md``.
+Kinds: :data:`NEEDED` (the extension cannot work without it), :data:`FIX` (a crash or silent data loss of
+OpenNMT-py 3.5.1), :data:`QUIET` (a warnings filter), :data:`SPEED` (a host stall of training removed, same data
+and numbers).  Every FIX, QUIET and SPEED change is described in docs/differences-from-stock.md.
 """
 
 import functools

@@ -1,32 +1,17 @@
 """Registration of onmt-ext inside the stock OpenNMT-py commands.
 
-:func:`activate` is called once by the start-up hook (:mod:`onmt_ext._autoload`)
-right after ``onmt`` has been imported.  It
+:func:`activate`, called once by the start-up hook (:mod:`onmt_ext._autoload`) right after ``onmt`` is imported:
 
-1. registers ``ext_transformer`` in OpenNMT-py's encoder and decoder
-   registries (``register_encoder``/``register_decoder``);
-2. adds onmt-ext's options to ``onmt.opts.model_opts``, so ``onmt_train``
-   accepts them from YAML and the command line, the checkpoint stores them,
-   and ``onmt_translate`` restores them (with defaults for older checkpoints);
-3. makes the commands' option parsing strict (other parses stay stock): an
-   unknown, misspelled, abbreviated or repeated key (YAML or command line)
-   stops ``onmt_train``/``onmt_build_vocab``/``onmt_translate`` with a message
-   naming it, where it was written, and the closest valid key; invalid values
-   or combinations of onmt-ext options stop the run the same way, and so does
-   a GPU option on a torch without CUDA or a transform whose package is missing;
-4. runs onmt-ext's option checks wherever OpenNMT-py validates model options
-   (training, and loading a checkpoint for translation), and refuses a
-   ``-train_from`` whose architecture or mechanism options differ from the
-   checkpoint's (adding mechanisms with ``--override_opts`` stays allowed);
-5. ends the commands' errors in one line each, ``<command>: error: ...``
-   (usage errors exit 2, run-time errors 1, Ctrl-C 130 with the last
-   checkpoint and the command that resumes from it), refuses to train into a
-   ``-save_model`` that holds another run's checkpoints unless
-   ``-overwrite_checkpoints`` is given, and warns when every translation is
-   empty.
+1. registers ``ext_transformer`` with ``register_encoder``/``register_decoder``;
+2. adds onmt-ext's options to ``onmt.opts.model_opts`` (YAML, command line, checkpoints);
+3. makes the commands' own option parsing strict: an unknown, abbreviated, repeated or invalid key stops
+   ``onmt_train``/``onmt_build_vocab``/``onmt_translate`` in one line naming it and the closest valid key;
+4. runs onmt-ext's option checks wherever OpenNMT-py validates model options, and refuses a ``-train_from``
+   whose architecture or mechanism options differ from the checkpoint's;
+5. ends the commands' errors in one line, ``<command>: error: ...`` (exit 2 usage, 1 run time, 130 Ctrl-C).
 
-Every change goes through :func:`onmt_ext.patches.patch`; everything is
-idempotent.  ``ONMT_EXT_DISABLE=1`` prevents all of it.
+Every change goes through :func:`onmt_ext.patches.patch` and is idempotent; ``ONMT_EXT_DISABLE=1`` prevents all
+of it.  What each change does to stock behaviour: docs/differences-from-stock.md.
 """
 
 import contextvars

@@ -1,71 +1,16 @@
-"""Recurrent positional embeddings, RPEHead and MPRHead (Chen, Wang, Utiyama and Sumita, "chen2019").
+"""Recurrent positional embeddings, RPEHead and MPRHead (Chen, Wang, Utiyama and Sumita 2019, "chen2019").
 
-Each word embedding ``x_j`` (``d_model``) is split into ``x^p_j`` (the first
-``d_p`` dimensions) and ``x^r_j`` (the last ``d_r``), ``d_model = d_p + d_r``
-(sec. 3):
+A word embedding ``x_j`` (``d_model``) is split into ``x^p_j`` (first ``d_p``) and ``x^r_j`` (last ``d_r``), sec. 3:
 
-* ``R``: ``r_j = tanh(RNN(x^r_j, r_{j-1}) W^r + b^r)`` (eq. 6), ``W^r`` of
-  ``(d_r, d_r)``.  The source side reads the sentence with a bidirectional RNN
-  of ``d_r / 2`` units per direction (so ``W^r`` sees ``d_r`` features), the
-  target side with a forward RNN of ``d_r`` units.  The cell is an option:
-  ``rnn`` (Elman, tanh; the paper's "RNN (Bahdanau et al., 2015)"), ``gru``,
-  ``lstm`` or ``sru`` (:class:`SRU`, plain PyTorch); one layer, zero initial
-  state (footnote 1).
-* ``P``: the input representation of sec. 2.1 (eq. 2) at size ``d_p``,
-  ``p_j = x^p_j + pe_j`` with OpenNMT-py's ``PositionalEncoding`` of size
-  ``d_p`` (the configured ``position_encoding_type``).  Where the side has
-  no position encoding (``-position_encoding false``, or the side listed in
-  ``chen2019_pe_off``: the ablations of Table 3), ``P = x^p``.
-* **Scale** (``chen2019_scale``).  The paper follows Vaswani et al. for
-  what it does not state, and there the word embedding ``x_j`` is the
-  looked-up vector times ``sqrt(d_model)``; sec. 3 splits that ``x_j``.  So
-  by default (``embedding``) both ``x^p_j`` and ``x^r_j`` carry
-  ``sqrt(d_model)``.  ``parts`` scales each part as a model of its own
-  size (``sqrt(d_p)``, ``sqrt(d_r)``); ``none`` leaves ``x^r`` unscaled (an
-  RNN input some ``sqrt(d)`` times smaller than P: R then carries almost no
-  word signal at the start of training).
-* **RPEHead** (sec. 4.1, eq. 7-8): the layer input is ``[P; R]``.  With
-  ``d_r = t * d_model / H`` the last t heads read only R and the first H - t
-  only P.
-* **MPRHead** (sec. 4.2, eq. 9-11): P and R are cut into H pieces each and
-  interleaved, ``m_j = [p^1_j : r^1_j, ..., p^H_j : r^H_j]``, so every head
-  reads ``d_p / H`` dimensions of P and ``d_r / H`` of R.
+* R: ``r_j = tanh(RNN(x^r_j, r_{j-1}) W^r + b^r)`` (eq. 6), ``W^r`` ``(d_r, d_r)``; source: a BiRNN of ``d_r / 2``
+  units per direction, target: a forward RNN of ``d_r`` units; cell ``rnn``, ``gru``, ``lstm`` or :class:`SRU`;
+* P: ``p_j = x^p_j + pe_j`` (eq. 2) at size ``d_p``; ``P = x^p`` on a side without position encoding;
+* RPEHead (eq. 7-8): ``[P; R]``; MPRHead (eq. 9-11): ``[p^1_j : r^1_j, ..., p^H_j : r^H_j]``.
 
-**Head projections** (docs/chen2019.md, *Head projections*).  With OpenNMT-py's
-full-width Q/K/V projections every head reads the whole input, so [P; R] and
-its per-head interleaving are the same model up to a fixed permutation of the
-input dimensions, and RPEHead's "two types of heads" do not exist.
-``chen2019_heads`` chooses:
-
-* ``full`` (default): stock projections.  The mechanism then adds the RNNs
-  and ``W^r`` only; this is the variant whose parameter count matches the
-  paper's Table 1 (measured by ``tools/param_report.py``: see docs/chen2019.md).
-* ``restricted``: in the first layer's self-attention of each side with RPE,
-  head h reads only its own ``d_model / H`` slice of the input: the Q/K/V
-  projections are block-diagonal (:class:`BlockDiagonalLinear`) and the
-  layer norm in front of them normalises each slice on its own
-  (:class:`HeadwiseNorm`; a norm over all of ``d_model`` would let R move
-  every head through the mean and variance).  With RPEHead the P-heads of
-  that layer are then independent of R, which is what sec. 4.1 describes;
-  the layers above, and the output projection W^O, mix as usual.  This
-  variant has *fewer* parameters than the stock model.
-
-**Padding.**  The source BiRNN never reads padding: the backward direction
-runs a forward RNN over each sentence reversed within its own length
-(padding stays at the end), so a sentence gives the same R alone and in a
-padded batch.  OpenNMT-py pads on the right; the forward direction reads
-padding only after the last real token.
-
-**Decoding.**  On the target side the forward RNN runs one step per decoding
-step; its hidden state (``(batch, 1, units)``, and the cell state for
-``lstm``) is decoding state owned by the module (:mod:`onmt_ext.state`), so
-beam search tiles and reorders it.  Decoding from step 0 equals the full
-teacher-forced pass.
-
-Where it goes: the module replaces the encoder's (decoder's) ``embeddings``.
-It keeps the stock ``make_embedding`` look-up (same parameter names; the
-tied generator and shared embeddings still see ``word_lut``) and the stock
-embedding dropout, applied to the combined input as before.
+:class:`RecurrentPositionalEmbeddings` replaces a side's ``embeddings`` (output ``(batch, len, d_model)``),
+keeping the stock ``word_lut`` and dropout.  ``chen2019_heads restricted`` makes the first layer's Q/K/V per-head
+(:class:`BlockDiagonalLinear`, :class:`HeadwiseNorm`).  On the target side the RNN state ``(batch, 1, units)`` is
+decoding state (:mod:`onmt_ext.state`).  Scaling, head projections, padding: docs/chen2019.md.
 """
 
 import math

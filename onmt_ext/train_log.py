@@ -2,27 +2,15 @@
 
 ``onmt_train`` writes the same lines to the console and to ``-log_file``:
 
-* ``Step <n>/<total>; acc: ..; ppl: ..; xent: ..; lr: ..; sents: ..; bsz:
-  ..; <src>/<tgt> tok/s; <t> sec;`` every ``report_every`` steps
-  (``onmt.utils.Statistics.output``): a :class:`StepRecord`;
-* ``Validation perplexity: <p>`` and ``Validation accuracy: <a>`` at every
-  ``valid_steps`` (``onmt.utils.ReportMgr``), preceded by ``valid stats
-  calculation took: <s> s.``: a :class:`ValidRecord`;
+* ``Step <n>/<total>; acc: ..; ppl: ..; xent: ..; lr: ..; sents: ..; bsz: ..; <src>/<tgt> tok/s; <t> sec;``
+  every ``report_every`` steps: a :class:`StepRecord`;
+* ``Validation perplexity: <p>`` and ``Validation accuracy: <a>``, after ``valid stats calculation took: <s> s.``,
+  at every ``valid_steps``: a :class:`ValidRecord`;
 * ``* number of parameters: <n>`` once, when the model is built.
 
-The validation lines do not name their step.  The line ``Start training
-loop and validate every <k> steps...`` does, so a validation is given the
-first multiple of k at or after the last reported step (and after the
-previous validation); a log without that line gives each validation the
-step of the last ``Step`` line before it, which is right when
-``report_every`` divides ``valid_steps``.  A step logged twice (a resumed run
-appends to its log) keeps its last values.
-
-Why the text log and not the ``-tensorboard`` event files: OpenNMT-py
-writes those only on request, in a new time-stamped folder per start, and
-``SummaryWriter`` flushes them every two minutes, so a reader that follows
-a running training (``tools/compare.py`` does) would lag; they also lack the
-parameter count.  The text log is always written and flushed line by line.
+The validation lines do not name their step: a validation gets the first multiple of k at or after the last
+reported step, from the line ``Start training loop and validate every <k> steps...``, or without that line the
+last reported step.  A step logged twice (a resumed run appends) keeps its last values.  docs/compare.md.
 """
 
 import re

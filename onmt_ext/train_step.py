@@ -1,21 +1,16 @@
 """A training step that never waits for the GPU between report steps.
 
-Stock OpenNMT-py 3.5.1 reads device values on the host several times a step
-(``.item()`` of the token count for the loss normalisation, of the source
-length sum, of the loss and of the accuracy counts; ``lengths.max()`` for the
-encoder's padding mask; the AMP scaler's inf check before a non-fused Adam
-step), so the host cannot queue step k+1 while the GPU runs step k.  Here:
+Stock OpenNMT-py 3.5.1 reads device values on the host several times a step (``.item()`` of the token count,
+the source length sum, the loss and the accuracy counts; ``lengths.max()`` for the encoder mask; the AMP scaler's
+inf check before a non-fused Adam step).  Here:
 
 * token counts come from the batch's CPU tensors (:data:`onmt_ext.batches.HOST`);
-* loss, target-token and correct-token sums accumulate on the device, in
-  float64 in the stock order, and are read once per report
-  (:func:`settle`, called where OpenNMT-py reports);
-* the encoder's padding mask takes the batch width instead of ``lengths.max()``;
-* Adam on a CUDA model is torch's fused Adam, which the AMP scaler steps
-  without reading its inf flag on the host.
+* loss, target-token and correct-token sums stay on the device, in float64 in stock's order, and are read once
+  per report (:func:`settle`);
+* the encoder's padding mask takes the batch width; Adam on a CUDA model is torch's fused Adam.
 
-The parameters after each step equal stock's bit for bit (fused Adam aside),
-and so do the reported statistics (``tests/unit/test_train_step.py``).
+Parameters after each step and the reported statistics equal stock's bit for bit (fused Adam aside;
+``tests/unit/test_train_step.py``).  docs/differences-from-stock.md, "Speed".
 """
 
 import traceback

@@ -52,16 +52,15 @@ def _run_evaluate(*args, cwd):
 
 def test_nist_bleu_matches_sacrebleu_cli(files):
     result = ev.nist_bleu(HYP_A, [REF1, REF2])
-    assert result.score == pytest.approx(63.0906, abs=1e-4)
     assert result.signature == f"nrefs:2|case:mixed|eff:no|tok:13a|smooth:exp|version:{sacrebleu.__version__}"
     cli_text = _sacrebleu_cli([files["ref1"], files["ref2"]], [files["hyp_a"]], "-f", "text", "-w", "2")
     assert result.formatted == cli_text.strip()
-    assert result.formatted.startswith(f"BLEU|{result.signature} = 63.09 ")
+    (cli,) = _sacrebleu_json([files["ref1"], files["ref2"]], files["hyp_a"])
+    assert result.score == pytest.approx(cli["score"], abs=1e-4)
 
 
 def test_tokenized_bleu_matches_sacrebleu_cli(files):
     result = ev.tokenized_bleu(HYP_A, [REF1, REF2])
-    assert result.score == pytest.approx(58.5650, abs=1e-4)
     (cli,) = _sacrebleu_json([files["ref1"], files["ref2"]], files["hyp_a"],
                              "--tokenize", "none", "--smooth-method", "none", "--force")
     assert result.score == pytest.approx(cli["score"], abs=1e-4)
@@ -71,7 +70,6 @@ def test_tokenized_bleu_matches_sacrebleu_cli(files):
 
 def test_chrf_matches_sacrebleu_cli(files):
     result = ev.chrf(HYP_A, [REF1, REF2])
-    assert result.score == pytest.approx(77.2532, abs=1e-4)
     (cli,) = _sacrebleu_json([files["ref1"], files["ref2"]], files["hyp_a"], "-m", "chrf")
     assert result.name == "chrF2"
     assert result.score == pytest.approx(cli["score"], abs=1e-4)

@@ -13,10 +13,18 @@ repository's.
 import json
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+import sacrebleu
+from sacremoses import MosesDetokenizer
 
 import support
+from onmt_ext import evaluation
+
+sys.path.insert(0, str(support.REPO / "tools"))
+import reproduce  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -48,6 +56,30 @@ def _make(root, *args):
                            *args], cwd=root, capture_output=True, text=True, timeout=TIMEOUT, env=support.cli_env())
 
 
+def _translation(root, row):
+    """The row's translation as the scorer must see it: BPE removed (tokenized) and Moses-detokenized."""
+    path = Path(row["hypotheses"])
+    tokenized = [line.replace("@@ ", "").removesuffix("@@")
+                 for line in (path if path.is_absolute() else root / path).read_text(encoding="utf-8").splitlines()]
+    detokenizer = MosesDetokenizer(lang="de")
+    return tokenized, [detokenizer.detokenize(line.split()) for line in tokenized]
+
+
+def _assert_scores_are_of_the_rows_translations(root, rows):
+    """BLEU and tokenized BLEU of each row, and the second row's p-value, recomputed here from the files on disk."""
+    outputs = [_translation(root, row) for row in rows]
+    data = root / "build/data/sample_ende"
+    references = [(data / name).read_text(encoding="utf-8").splitlines() for name in ("test.de", "test.tok.de")]
+    for row, (tokenized, detokenized) in zip(rows, outputs):
+        assert len(tokenized) == len(references[0]) == len(references[1]) > 0
+        assert row["bleu"] == pytest.approx(sacrebleu.corpus_bleu(detokenized, references[:1]).score, abs=1e-9)
+        tok_bleu = sacrebleu.corpus_bleu(tokenized, references[1:], tokenize="none", smooth_method="none", force=True)
+        assert row["tok_bleu"] == pytest.approx(tok_bleu.score, abs=1e-9)
+    test = evaluation.paired_bootstrap(outputs[0][1], outputs[1][1], references[:1],
+                                       n_samples=reproduce.BOOTSTRAP_SAMPLES, seed=reproduce.BOOTSTRAP_SEED)
+    assert (rows[0]["p_value"], rows[1]["p_value"], rows[1]["marker"]) == (None, test.p_value, test.marker)
+
+
 def test_make_reproduce_sample_runs_every_step_and_reports(checkout, tmp_path, onmt_active):
     results = tmp_path / "results"
     result = _make(checkout, "reproduce-sample", f"RESULTS_DIR={results}")
@@ -65,12 +97,11 @@ def test_make_reproduce_sample_runs_every_step_and_reports(checkout, tmp_path, o
     rows = report["rows"]
     assert [row["config"] for row in rows] == ["sample/transformer_tiny_sample_ende_baseline.yaml",
                                               "sample/transformer_tiny_sample_ende_em_enc_self.yaml"]
+    _assert_scores_are_of_the_rows_translations(checkout, rows)
     for row in rows:
-        assert 0.0 <= row["bleu"] <= 100.0 and 0.0 <= row["tok_bleu"] <= 100.0
         assert row["averaged"] == 5 and len(row["checkpoints"]) == 5
         assert row["model"].endswith("average_last5.pt")
         assert "nrefs:1|case:mixed" in row["signature"]
-    assert 0.0 <= rows[1]["p_value"] <= 1.0
     statuses = [entry["status"] for entry in report["commands"]]
     assert statuses.count("ran") == 6, statuses  # train, average, translate for each row
     assert (out / "sample-li2019.md").read_text(encoding="utf-8").count("| ") > 4

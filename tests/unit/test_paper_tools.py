@@ -162,11 +162,31 @@ def test_the_bench_control_is_the_baseline_under_its_own_name(tmp_path, onmt_act
         assert vars(parse_train_config(path2)).keys() == vars(parse_train_config(path)).keys()
 
 
-def test_bench_ratio_cells_show_the_side_of_the_target():
-    assert bench._ratio_cell(0.9668, 0.97, 1.20 / 1.92) == "0.967 (BELOW >= 0.97) | 0.63"
-    assert bench._ratio_cell(0.9701, 0.97, None) == "0.970 (meets >= 0.97) | n/a"
-    assert bench._ratio_cell(0.84, 0.75, 1.23 / 1.92) == "0.84 (meets >= 0.75) | 0.64"
-    assert bench._ratio_cell(0.5, None, None) == "0.50 | n/a"
+@pytest.mark.parametrize("target", [0.75, 0.9, 0.97])
+def test_bench_ratio_cells_never_show_a_ratio_on_the_wrong_side_of_its_target(target):
+    """Around the target (steps of 1e-4), the verdict follows ratio >= target, and the printed ratio, read back,
+    lies on the verdict's side of the target unless the ratio is within 5e-4 of it; it is the ratio rounded."""
+    for step in range(-300, 301):
+        ratio = round(target + step / 10000, 4)
+        text, paper = bench._ratio_cell(ratio, target, None).split(" | ")
+        shown, verdict, relation, printed_target = text.replace("(", "").replace(")", "").split(" ")
+        assert relation == ">=" and verdict in ("meets", "BELOW"), text
+        assert verdict == ("meets" if ratio >= target else "BELOW"), (ratio, text)
+        assert float(printed_target) == target and paper == "n/a"
+        decimals = len(shown.split(".")[1])
+        assert abs(float(shown) - ratio) <= 0.5 * 10 ** -decimals + 1e-12, (ratio, text)
+        if abs(ratio - target) >= 0.0005:
+            assert (float(shown) >= target) == (verdict == "meets"), (ratio, text)
+    assert bench._ratio_cell(0.5, None, None).split(" | ")[0] == "0.50"  # no target: no verdict
+
+
+def test_bench_paper_ratio_cells_round_half_up_as_the_readme_quotes_them():
+    for paper in (1.20 / 1.92, 1.23 / 1.92, 0.125, 0.9949, 1.0):
+        quoted = bench._ratio_cell(1.0, None, paper).split(" | ")[1]
+        assert abs(float(quoted) - paper) <= 0.005 + 1e-12 and len(quoted.split(".")[1]) == 2, (paper, quoted)
+    assert bench._ratio_cell(1.0, None, 1.20 / 1.92).endswith("| 0.63")  # 0.625 up, where float rounding gives 0.62
+    assert bench._ratio_cell(1.0, None, 0.125).endswith("| 0.13")
+    assert bench._ratio_cell(1.0, None, None).endswith("| n/a")
 
 
 def test_bench_schedule_puts_every_case_run_between_two_baseline_runs():
@@ -224,15 +244,33 @@ def test_median_interval_takes_the_binomial_order_statistics(n, expected):
 
 
 @pytest.mark.parametrize("variant", ["baseline", "cao2019", "clause", "li2019-em", "li2019-simple"])
-def test_layer_cost_measures_every_variant(variant, onmt_active, capsys):
+def test_layer_cost_times_the_variant_s_own_mechanism_and_reports_the_median(variant, onmt_active, capsys,
+                                                                              monkeypatch):
+    """Each timed pass runs the variant's mechanism (and no other); ``seconds`` is the median of the timed passes
+    (a fake clock: passes of 1, 2 and 5 s after the untimed first one)."""
     import json
+    import types
 
     import layer_cost
+    from onmt_ext.aggregation import RoutingAggregation
+    from onmt_ext.clause_attention import ClauseAttention
+    from onmt_ext.cross_aggregation import CrossAggregation
 
-    args = argparse.Namespace(variant=variant, gpu=-1, d_model=16, heads=2, batch=2, length=13, repeats=1)
+    calls = []
+    for cls in (RoutingAggregation, ClauseAttention, CrossAggregation):
+        def counting(self, *inputs, _stock=cls.forward, **kwargs):
+            calls.append(f"{type(self).__name__} {getattr(self, 'method', '')}".strip())
+            return _stock(self, *inputs, **kwargs)
+        monkeypatch.setattr(cls, "forward", counting)
+    clock = iter([0.0, 1.0, 10.0, 12.0, 20.0, 25.0])
+    monkeypatch.setattr(layer_cost, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    args = argparse.Namespace(variant=variant, gpu=-1, d_model=16, heads=2, batch=2, length=13, repeats=3)
     layer_cost.child(args)
     measured = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert measured["seconds"] > 0 and measured["peak_mb"] >= 0
+    assert measured["seconds"] == 2.0 and measured["peak_mb"] >= 0
+    expected = {"baseline": None, "cao2019": "CrossAggregation", "clause": "ClauseAttention",
+                "li2019-em": "RoutingAggregation em", "li2019-simple": "RoutingAggregation simple"}[variant]
+    assert calls == ([] if expected is None else [expected] * 4), calls  # the untimed pass and three timed ones
 
 
 def test_bench_spreads_its_test_sentences_over_the_sorted_test_set():

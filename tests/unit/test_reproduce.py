@@ -435,7 +435,20 @@ def test_clause_table_scored_and_reported_from_hypotheses_on_disk(tmp_path, monk
                                                            f"{table}.ca_study.by_length.png"]
     assert all(path.read_bytes().startswith(PNG_MAGIC) for path in written["by_length"] + [written["curves"]])
     markdown = written["md"].read_text(encoding="utf-8")
-    assert f"| CA with rule | `clause/transformer_base_{task}_ca_rule.yaml` | 27.46 | 100.00 | +72.54 |" in markdown
+    header = "| row | config | paper BLEU | BLEU | ours - paper | tok. BLEU | chrF | p | model |"
+    columns = [c.strip() for c in header.strip("|").split("|")]
+    start = markdown.splitlines().index(header) + 2  # after the header and its alignment line
+    cells = [dict(zip(columns, (c.strip() for c in line.strip("|").split("|"))))
+             for line in markdown.splitlines()[start:start + len(plans)]]
+    for p, score, cell in zip(plans, scores, cells):  # each row's own scores, in their columns
+        paper = p.row.paper_bleu
+        assert (cell["row"], cell["config"]) == (p.row.label, f"`{p.row.config}`")
+        assert float(cell["paper BLEU"]) == pytest.approx(paper, abs=0.005)
+        assert float(cell["BLEU"]) == pytest.approx(score["bleu"], abs=0.005)
+        assert float(cell["ours - paper"]) == pytest.approx(score["bleu"] - paper, abs=0.005)
+        assert float(cell["tok. BLEU"]) == pytest.approx(score["tok_bleu"], abs=0.005)
+        assert float(cell["chrF"]) == pytest.approx(score["chrf"], abs=0.005)
+        assert cell["p"] == ("" if score["p_value"] is None else f"{score['p_value']:.3f} {score['marker']}".strip())
     assert f"CA with rule vs Transformer (plot: [{table}.ca_rule.by_length.png]" in markdown
     assert json.loads(written["json"].read_text(encoding="utf-8"))["commands"] == [{"command": "x", "status": "ran"}]
 

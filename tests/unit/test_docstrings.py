@@ -1,0 +1,26 @@
+"""Module docstrings of onmt_ext stay short: what the module is, its equations and shapes (depth goes in docs/)."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "onmt_ext"
+MAX_LINES = 15
+MODULES = sorted(PACKAGE.glob("*.py"))
+
+
+def docstring_lines(path):
+    """Lines of the module docstring of ``path`` as written (0 when it has none)."""
+    text = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")), clean=False)
+    return len(text.splitlines()) if text else 0
+
+
+def test_the_package_is_found():
+    assert len(MODULES) > 10, PACKAGE
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.name)
+def test_module_docstring_is_at_most_15_lines(path):
+    lines = docstring_lines(path)
+    assert 0 < lines <= MAX_LINES, f"{path.name}: module docstring of {lines} lines (at most {MAX_LINES})"
