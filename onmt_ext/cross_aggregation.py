@@ -44,9 +44,10 @@ class CrossAggregation(nn.Module):
         horizontal: add the positional horizontal routing output (eq. 14).
         init: ``"zero"`` or ``"self"`` (eq. 15) routing logits of the horizontal routing.
         iterations: routing iterations T.
-        scale: ``"model"`` (eq. 4: E = Q_h K_h^T / sqrt(d), OpenNMT-py's
-            scores times ``1 / sqrt(H)``) or ``"head"`` (OpenNMT-py's
-            ``1 / sqrt(d / H)`` as they come); :func:`logit_factor`.
+        scale: ``"head"`` (default: OpenNMT-py's ``1 / sqrt(d / H)`` as
+            they come, the stock baseline's scale) or ``"model"`` (eq. 4
+            read literally: ``1 / sqrt(d)``, the scores times
+            ``1 / sqrt(H)``); :func:`logit_factor`.
 
     ``forward(scores)`` takes the masked scores ``(batch, H, L, L)`` of a
     self-attention (masked entries at OpenNMT-py's -1e18) and returns the
@@ -56,7 +57,7 @@ class CrossAggregation(nn.Module):
 
     ext_compile = False
 
-    def __init__(self, heads, vertical, horizontal, init="zero", iterations=3, scale="model"):
+    def __init__(self, heads, vertical, horizontal, init="zero", iterations=3, scale="head"):
         super().__init__()
         if not (vertical or horizontal):
             raise ValueError("cross aggregation needs the vertical or the horizontal routing (or both)")
@@ -77,12 +78,13 @@ class CrossAggregation(nn.Module):
 def logit_factor(scale, heads):
     """The factor from OpenNMT-py's scores (``Q_h K_h^T / sqrt(d / H)``) to the E the routing reads.
 
-    eq. 4-5 define ``E_h = Q_h K_h^T / sqrt(d)`` with d the model size, and
-    eq. 9-15 use that E throughout: as the votes, as the self-initialised
-    routing logits and as the base of ``E_hat``.  ``model`` follows it
-    (``1 / sqrt(H)``); ``head`` keeps OpenNMT-py's (and Vaswani et al.'s)
-    ``1 / sqrt(d_k)``, votes ``sqrt(H)`` times longer, in case eq. 4's
-    ``sqrt(d)`` stands for ``sqrt(d_k)``.
+    eq. 9-15 use one E throughout: as the votes, as the self-initialised
+    routing logits and as the base of ``E_hat``.  ``head`` (default) keeps
+    OpenNMT-py's (and Vaswani et al.'s) ``1 / sqrt(d_k)``: eq. 4 restates
+    the stock attention of the paper's OpenNMT-py baseline, so with the
+    routing outputs at zero the layer is that baseline.  ``model`` reads
+    eq. 4's ``sqrt(d)`` as the model size (``1 / sqrt(H)``), which would also
+    soften the baseline part of ``E_hat`` (docs/cao2019.md).
     """
     return heads ** -0.5 if scale == "model" else 1.0
 
@@ -319,8 +321,9 @@ class Cao2019:
                               "encoder self-attention logits (and decoder self-attention with -cao2019_dec_self)")
     init: str = option("zero", "cao2019: initial logits of the horizontal routing: zero, or self (the raw "
                        "attention logits, eq. 15)", choices=INITS)
-    scale: str = option("model", "cao2019: scale of the attention logits E the routing reads and adds to: model "
-                        "(eq. 4, Q_h K_h^T / sqrt(d)) or head (OpenNMT-py's / sqrt(d / H))", choices=SCALES)
+    scale: str = option("head", "cao2019: scale of the attention logits E the routing reads and adds to: head "
+                        "(OpenNMT-py's Q_h K_h^T / sqrt(d / H), the baseline's) or model (eq. 4 read literally, "
+                        "/ sqrt(d))", choices=SCALES)
     iterations: int = option(3, "cao2019: routing iterations T",
                              check=lambda v, opt: None if v >= 1 else "must be >= 1")
     enc_layers: List[int] = option([], "cao2019: encoder layers (1-based) with cross aggregation; empty: all",

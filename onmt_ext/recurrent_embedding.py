@@ -77,6 +77,21 @@ HEAD_PROJECTIONS = ("full", "restricted")
 SIDES = ("enc", "dec")
 
 
+class EmbeddingScale(nn.Module):
+    """OpenNMT-py's ``PositionalEncoding`` without the encoding: ``emb * sqrt(dim)`` (Vaswani et al. sec. 3.4).
+
+    A side listed in ``chen2019_pe_off`` without RPE keeps the embedding scale, as an RPE side does
+    (:func:`input_factors`): Table 3 removes the position information only (docs/chen2019.md).
+    """
+
+    def __init__(self, dim):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, emb, step=None):
+        return emb * math.sqrt(self.dim)
+
+
 class RecurrentPositionalEmbeddings(DecodingStateModule):
     """Word embeddings to the RPEHead/MPRHead layer input (eq. 6, 7-11); replaces OpenNMT-py's ``Embeddings``.
 
@@ -459,9 +474,8 @@ def _attach(module, config, side, layer_norm_name, layers):
     layout = getattr(chen2019, side)
     pe_on = embeddings.position_encoding and side not in chen2019.pe_off
     if layout == "none":
-        if embeddings.position_encoding and not pe_on:  # Table 3 ablation: the stock embeddings without PE
-            del embeddings.make_embedding.pe
-            embeddings.position_encoding = False
+        if embeddings.position_encoding and not pe_on:  # Table 3 ablation: no PE; the sqrt(d) scale stays
+            embeddings.make_embedding.pe = EmbeddingScale(embeddings.make_embedding.pe.dim)
         return
     module.embeddings = RecurrentPositionalEmbeddings(
         embeddings, config.heads, chen2019.dim, layout, chen2019.rnn, bidirectional=side == "enc",

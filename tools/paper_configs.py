@@ -21,6 +21,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "yaml_configs"
 SIZES = ("base", "big")
@@ -114,6 +116,10 @@ def _cao2019_rows():
     )
 
 
+# chen2019's d_r per size and layout: sec. 5.3 at Base; Base's d_r / d at Big (not given by the paper)
+CHEN2019_DR = {"base": {"rpehead": 320, "mprhead": 256}, "big": {"rpehead": 640, "mprhead": 512}}
+
+
 def _chen2019_rows():
     def rpe(layout, dim, enc=True, dec=True, **extra):
         options = {}
@@ -132,36 +138,44 @@ def _chen2019_rows():
             {}, base="rpr"),
         Row("disan", "Table 1: +DiSAN, directional self-attention in the encoder (onmt_ext/directional.py says "
             "what is implemented)", {"disan_enc": True}),
-        Row("rpehead", "Tables 1-3: +RPEHead, d_r = 320 (sec. 5.3), full Q/K/V projections",
-            rpe("rpehead", 320), toy),
-        Row("mprhead", "Tables 1-3: +MPRHead, d_r = 256 (sec. 5.3), full Q/K/V projections",
-            rpe("mprhead", 256), toy),
-        Row("rpehead_restricted", "not a paper row: RPEHead with head-restricted first-layer projections "
-            "(sec. 4.1 read literally; see onmt_ext/recurrent_embedding.py)",
-            rpe("rpehead", 320, chen2019_heads="restricted"), toy),
-        Row("mprhead_restricted", "not a paper row: MPRHead with head-restricted first-layer projections",
-            rpe("mprhead", 256, chen2019_heads="restricted"), toy),
         Row("no_pe_dec", "Table 3: Transformer - PE of Dec", {"chen2019_pe_off": ["dec"]}),
         Row("no_pe_enc", "Table 3: Transformer - PE of Enc", {"chen2019_pe_off": ["enc"]}),
         Row("no_pe_enc_dec", "Table 3: MPRHead - RPE&PE of Enc&Dec (neither side keeps PE or RPE, so this is the "
             "Transformer without position encoding)", {"chen2019_pe_off": ["enc", "dec"]}),
     ]
-    for layout, dim, label in (("rpehead", 320, "RPEHead"), ("mprhead", 256, "MPRHead")):
-        rows.append(Row(f"{layout}_no_dec", f"Table 3: {label} - RPE&PE of Dec",
-                        rpe(layout, dim, dec=False, chen2019_pe_off=["dec"]), toy))
-        rows.append(Row(f"{layout}_no_enc", f"Table 3: {label} - RPE&PE of Enc",
-                        rpe(layout, dim, enc=False, chen2019_pe_off=["enc"]), toy))
+    # sec. 5.3 picks d_r at Base (d 512) only: RPEHead 320, MPRHead 256.  Big (d 1024) keeps Base's ratios d_r / d
+    # (5/8: ten of 16 heads; 1/2: half of each head), which also fits Table 2's +1.8M better (docs/chen2019.md).
+    for size, dims in (("base", CHEN2019_DR["base"]), ("big", CHEN2019_DR["big"])):
+        sizes = (size,)
+        why = "sec. 5.3" if size == "base" else "sec. 5.3's Base ratio d_r / d"
+        for layout, label in (("rpehead", "RPEHead"), ("mprhead", "MPRHead")):
+            dim = dims[layout]
+            rows += [
+                Row(layout, f"Tables 1-3: +{label}, d_r = {dim} ({why}), full Q/K/V projections",
+                    rpe(layout, dim), toy, sizes=sizes),
+                Row(f"{layout}_restricted", f"not a paper row: {label} (d_r = {dim}) with head-restricted first-layer "
+                    "projections (sec. 4.1 read literally; see onmt_ext/recurrent_embedding.py)",
+                    rpe(layout, dim, chen2019_heads="restricted"), toy, sizes=sizes),
+                Row(f"{layout}_no_dec", f"Table 3: {label} - RPE&PE of Dec",
+                    rpe(layout, dim, dec=False, chen2019_pe_off=["dec"]), toy, sizes=sizes),
+                Row(f"{layout}_no_enc", f"Table 3: {label} - RPE&PE of Enc",
+                    rpe(layout, dim, enc=False, chen2019_pe_off=["enc"]), toy, sizes=sizes),
+            ]
     return tuple(rows)
 
 
 def _gret_rows():
     ende = ("wmt14_ende",)
-    # sec. "implementation detail": GRET starts from the trained baseline's parameters.  How long it is then trained
-    # is not legible in our copy; 50k steps (a quarter of the baseline's 200k) is our choice.  -reset_optim all
-    # restarts Adam and the warm-up for the new parameters; the checkpoint's tensors are loaded and the new ones
-    # initialised (onmt_ext.gret.load_with_new_parameters logs both lists).
+    # sec. "implementation detail": GRET starts from the trained baseline's parameters.  How long it is then trained,
+    # and at which learning rate, is not legible in our copy; 50k steps (a quarter of the baseline's 200k) is our
+    # choice.  -reset_optim all gives a fresh Adam state (the checkpoint's has no moments for the new parameters) and
+    # restarts the step count, so Noam would warm up again to ~1e-3; instead the rate is held at the baseline's
+    # final Noam rate (docs/gret.md).  The checkpoint's tensors are loaded and the new ones initialised
+    # (onmt_ext.gret.load_with_new_parameters logs both lists).
     finetune = {"train_from": "build/runs/gret/transformer_{size}_{task}_baseline/model_step_200000.pt",
-                "override_opts": True, "reset_optim": "all", "train_steps": 50000}
+                "override_opts": True, "reset_optim": "all", "train_steps": 50000,
+                "decay_method": "none", "learning_rate": final_noam_rate,
+                "learning_rate_decay": 1.0}  # OpenNMT-py's "none" halves the rate every 10k steps after 50k otherwise
 
     def gret(name, description, extra=None, **kw):
         return Row(name, description, {"gret": True, **(extra or {})}, paper_options=finetune, **kw)
@@ -176,6 +190,19 @@ def _gret_rows():
         gret("gret_no_gate", "ablation: no context gate (the global state is added)",
              {"gret_gate": False}, tasks=ende, sizes=("base",)),
     )
+
+
+def final_noam_rate(baseline):
+    """The learning rate of the last update of a Noam run (Vaswani et al. eq. 3), from its config's values.
+
+    ``learning_rate * d^-0.5 * min(step^-0.5, step * warmup^-1.5)`` at step ``train_steps``; written with nine
+    significant digits.
+    """
+    if baseline.get("decay_method") != "noam":
+        raise SystemExit(f"the baseline of a GRET row must use -decay_method noam, not {baseline.get('decay_method')!r}")
+    step, warmup, size = baseline["train_steps"], baseline["warmup_steps"], baseline["hidden_size"]
+    rate = baseline["learning_rate"] * size ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+    return f"{rate:.8e}"
 
 
 def _clause_rows():
@@ -219,9 +246,12 @@ PAPERS = (
           # sec. 4.1: Zh-En keeps the pairs "with the sentence length less than 50" (BPE pieces here);
           # filtertoolong keeps src <= src_seq_length and tgt <= tgt_seq_length - 2
           task_options={"wmt17_zhen": {"src_seq_length": 49, "tgt_seq_length": 51}}),
-    # sec. 5.1: about 4096 x 4 source and target tokens per batch: the baselines' batch; 200k steps
+    # sec. 5.1: "approximately 4096*4 source tokens and 4096*4 target tokens" per batch, 200k batches
     Paper("chen2019", "Chen, Wang, Utiyama and Sumita 2019, recurrent positional embedding",
-          ("wmt14_ende", "nist_zhen"), _chen2019_rows()),
+          ("wmt14_ende", "nist_zhen"), _chen2019_rows(),
+          {"batch_size": 4096, "valid_batch_size": 4096, "accum_count": [4]},
+          batch_note="chen2019 sec. 5.1: about 4096 x 4 source and 4096 x 4 target tokens per batch; accum_count is "
+                     "the one-GPU equivalent (make reproduce-* divides it by GPUS)"),
     # Base and Big on four tasks (the paper reports Big on En-De); the ablations at Base on En-De
     Paper("gret", "Weng et al. 2020, GRET: global representation enhanced Transformer",
           ("wmt14_ende", "wmt14_deen", "wmt17_zhen", "wmt16_roen"), _gret_rows()),
@@ -262,8 +292,10 @@ def _strip_header(text):
     return "".join(lines)
 
 
-def _fill(value, size, task):
-    """``{size}`` and ``{task}`` filled in a string option value."""
+def _fill(value, size, task, baseline=None):
+    """``{size}`` and ``{task}`` filled in a string option value; a callable gets the baseline config's values."""
+    if callable(value):
+        return value(baseline)
     return value.format(size=size, task=task) if isinstance(value, str) else value
 
 
@@ -292,7 +324,8 @@ def render(paper, row, size, task, smoke):
         for key, value in run_options.items():
             if _has_key(text, key):
                 text = _set_key(text, key, value, base_path)
-        row_settings = {k: _fill(v, size, task) for k, v in row.paper_options.items()}
+        values = yaml.safe_load(text)
+        row_settings = {k: _fill(v, size, task, values) for k, v in row.paper_options.items()}
         for key, value in row_settings.items():
             if _has_key(text, key):
                 text = _set_key(text, key, value, base_path)

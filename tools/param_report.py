@@ -12,11 +12,63 @@ same config with every onmt-ext option at its "off" default and the stock
 ``transformer`` encoder/decoder: the delta is what the mechanism adds.
 Vocabularies are dummies of ``--vocab-size`` entries (shared when the config
 shares them); the delta does not depend on it.
+
+``--paper`` compares totals with the papers' own counts instead
+(``PAPER_TOTALS``): each config is counted at the paper's vocabulary size
+under the three embedding tyings (``TYINGS``), the closest one is named and
+checked against the tying the config sets (docs/li2019.md, docs/chen2019.md).
 """
 
 import argparse
 import sys
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+# OpenNMT-py's (share_embeddings, share_decoder_embeddings) per tying: one, two or three (V, d) matrices
+TYINGS = {"all": (True, True), "decoder": (False, True), "none": (False, False)}
+
+
+def _li2019(base, big):
+    """li2019's totals (Tables 2-4, 32K BPE merges): rows of yaml_configs/li2019 by name, at Base and Big."""
+    return {"": base, "_em_enc_self_layers_1-2": big}
+
+
+# config (relative to yaml_configs/) -> (paper's total, paper's vocabulary size, where the paper gives it)
+PAPER_TOTALS = {
+    "baseline/transformer_base_wmt14_ende.yaml": (88.0e6, 32000, "li2019 Tables 2-4"),
+    "li2019/transformer_base_wmt14_ende_simple_enc_self.yaml": (100.6e6, 32000, "li2019 Table 2 row 3"),
+    "li2019/transformer_base_wmt14_ende_em_enc_self.yaml": (100.6e6, 32000, "li2019 Tables 2-3"),
+    "li2019/transformer_base_wmt14_ende_em_enc_dec.yaml": (100.6e6, 32000, "li2019 Table 2 row 5"),
+    "li2019/transformer_base_wmt14_ende_em_dec_self.yaml": (100.6e6, 32000, "li2019 Table 2 row 6"),
+    "li2019/transformer_base_wmt14_ende_em_enc_self_dec_self.yaml": (113.2e6, 32000, "li2019 Table 2 row 7"),
+    "li2019/transformer_base_wmt14_ende_em_all.yaml": (125.8e6, 32000, "li2019 Table 2 row 8"),
+    "li2019/transformer_base_wmt14_ende_em_enc_self_layers_4-6.yaml": (94.3e6, 32000, "li2019 Table 3"),
+    "li2019/transformer_base_wmt14_ende_em_enc_self_layers_1-3.yaml": (94.3e6, 32000, "li2019 Table 3"),
+    "li2019/transformer_base_wmt14_ende_em_enc_self_layers_1-2.yaml": (92.2e6, 32000, "li2019 Table 3"),
+    "li2019/transformer_base_wmt14_ende_em_enc_self_layers_6.yaml": (90.1e6, 32000, "li2019 Table 3"),
+    "li2019/transformer_base_wmt14_ende_em_enc_self_layers_1.yaml": (90.1e6, 32000, "li2019 Table 3"),
+    "baseline/transformer_big_wmt14_ende.yaml": (264e6, 32000, "li2019 Table 4"),
+    "li2019/transformer_big_wmt14_ende_em_enc_self_layers_1-2.yaml": (297e6, 32000, "li2019 Table 4"),
+    "baseline/transformer_base_wmt17_zhen.yaml": (108e6, 32000, "li2019 Table 4"),
+    "li2019/transformer_base_wmt17_zhen_em_enc_self_layers_1-2.yaml": (112e6, 32000, "li2019 Table 4"),
+    "baseline/transformer_big_wmt17_zhen.yaml": (304e6, 32000, "li2019 Table 4"),
+    "li2019/transformer_big_wmt17_zhen_em_enc_self_layers_1-2.yaml": (337e6, 32000, "li2019 Table 4"),
+    # chen2019 (sec. 5.1: "the vocabulary size was set as 32K")
+    "chen2019/transformer_base_wmt14_ende_baseline.yaml": (97.35e6, 32000, "chen2019 Table 1"),
+    "chen2019/transformer_base_wmt14_ende_relative_pe.yaml": (97.42e6, 32000, "chen2019 Table 1"),
+    "chen2019/transformer_base_wmt14_ende_disan.yaml": (97.39e6, 32000, "chen2019 Table 1"),
+    "chen2019/transformer_base_wmt14_ende_rpehead.yaml": (97.84e6, 32000, "chen2019 Table 1"),
+    "chen2019/transformer_base_wmt14_ende_mprhead.yaml": (97.72e6, 32000, "chen2019 Table 1"),
+    "chen2019/transformer_big_wmt14_ende_baseline.yaml": (272.6e6, 32000, "chen2019 Table 1"),
+    "chen2019/transformer_big_wmt14_ende_mprhead.yaml": (289.1e6, 32000, "chen2019 Table 1"),
+    "chen2019/transformer_base_nist_zhen_baseline.yaml": (77.94e6, 32000, "chen2019 Table 2"),
+    "chen2019/transformer_base_nist_zhen_relative_pe.yaml": (77.01e6, 32000, "chen2019 Table 2"),
+    "chen2019/transformer_base_nist_zhen_rpehead.yaml": (78.04e6, 32000, "chen2019 Table 2"),
+    "chen2019/transformer_base_nist_zhen_mprhead.yaml": (78.04e6, 32000, "chen2019 Table 2"),
+    "chen2019/transformer_big_nist_zhen_baseline.yaml": (243.7e6, 32000, "chen2019 Table 2"),
+    "chen2019/transformer_big_nist_zhen_mprhead.yaml": (245.5e6, 32000, "chen2019 Table 2"),
+}
 
 
 
@@ -58,6 +110,40 @@ def baseline_of(opt):
     return base
 
 
+def tying_of(opt):
+    """The name in ``TYINGS`` of the tying ``opt`` sets (``"embeddings"``: source and target only)."""
+    pair = (bool(opt.share_embeddings), bool(opt.share_decoder_embeddings))
+    return next((name for name, tying in TYINGS.items() if tying == pair), "embeddings")
+
+
+def with_tying(opt, tying):
+    """A copy of ``opt`` with the embedding tying ``tying`` (a key of ``TYINGS``)."""
+    import copy
+
+    tied = copy.deepcopy(opt)
+    tied.share_embeddings, tied.share_decoder_embeddings = TYINGS[tying]
+    tied.share_vocab = bool(opt.share_vocab or tied.share_embeddings)  # OpenNMT-py ties only a shared vocabulary
+    return tied
+
+
+def paper_match(configs):
+    """Rows ``(config, source, paper total, config's tying, {tying: total at the paper's vocabulary}, closest)``
+    for the configs of ``PAPER_TOTALS``; a config not in it is an error."""
+    from onmt_ext.plugin import parse_train_config
+
+    rows = []
+    for config in configs:
+        key = Path(config).resolve().relative_to(REPO / "yaml_configs").as_posix()
+        if key not in PAPER_TOTALS:
+            raise SystemExit(f"{config}: no paper total for this config (tools/param_report.py PAPER_TOTALS)")
+        paper, vocab, source = PAPER_TOTALS[key]
+        opt = parse_train_config(config, "-gpu_ranks", "-world_size", "1")
+        totals = {tying: count_parameters(with_tying(opt, tying), vocab) for tying in TYINGS}
+        closest = min(totals, key=lambda tying: abs(totals[tying] - paper))
+        rows.append((str(config), source, paper, tying_of(opt), totals, closest))
+    return rows
+
+
 def report(configs, vocab_size, overrides=()):
     """Rows ``(config, parameters, baseline parameters, delta)``; ``overrides`` apply to every config."""
     from onmt_ext.plugin import parse_train_config
@@ -74,15 +160,23 @@ def report(configs, vocab_size, overrides=()):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("configs", nargs="+", type=Path)
+    parser.add_argument("configs", nargs="*", type=Path, help="with --paper, default: every config of PAPER_TOTALS")
     parser.add_argument("--vocab-size", type=int, default=32000, help="entries of each dummy vocabulary")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    parser.add_argument("--paper", action="store_true",
+                        help="totals at the paper's vocabulary under each embedding tying against the paper's count")
     args = parser.parse_args(argv)
+    if args.paper and not args.configs:
+        args.configs = [REPO / "yaml_configs" / key for key in PAPER_TOTALS]
+    if not args.configs:
+        parser.error("name at least one config (or --paper)")
     missing = [str(c) for c in args.configs if not c.is_file()]
     if missing:
         parser.error(f"no such config: {', '.join(missing)}")
     import onmt  # noqa: F401  (loads onmt-ext through the start-up hook)
 
+    if args.paper:
+        return _print_paper_match(paper_match(args.configs), args.markdown)
     rows = report(args.configs, args.vocab_size)
     if args.markdown:
         print("| config | parameters | baseline | delta |\n|---|---:|---:|---:|")
@@ -92,6 +186,23 @@ def main(argv=None):
         for name, total, base, delta in rows:
             print(f"{name}\t{total}\t{base}\t{delta:+d}")
     return 0
+
+
+def _print_paper_match(rows, markdown):
+    """Prints the rows of :func:`paper_match`; returns 1 when a config's tying is not the closest."""
+    names = list(TYINGS)
+    if markdown:
+        print("| config | paper | paper's total | " + " | ".join(f"tying `{n}`" for n in names)
+              + " | closest | config |\n|---|---|---:|" + "---:|" * len(names) + "---|---|")
+    for config, source, paper, tying, totals, closest in rows:
+        cells = [f"{totals[n] / 1e6:.2f}M ({(totals[n] - paper) / paper:+.1%})" for n in names]
+        verdict = tying if tying == closest else f"{tying} (differs)"
+        if markdown:
+            print(f"| `{Path(config).name}` | {source} | {paper / 1e6:.2f}M | " + " | ".join(cells)
+                  + f" | {closest} | {verdict} |")
+        else:
+            print("\t".join([config, source, f"{paper / 1e6:.2f}M", *cells, closest, verdict]))
+    return int(any(tying != closest for *_, tying, _, closest in rows))
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ SIZE_AND_RUN_KEYS = {
     "ext_compile",  # torch.compile of the mechanisms: speed only, same model
     "chen2019_dim",  # d_r scales with the model width (two of the four toy heads)
     "train_from", "override_opts", "reset_optim",  # GRET's fine-tuning start (the twins train from scratch)
+    "decay_method", "learning_rate_decay",  # and its schedule: GRET's fine-tuning holds the baseline's final rate
     "batch_type",  # the clause paper counts its batches in sentences
     # the clause twins split the sample's Chinese source on the fly (jieba, a tagger trained on it); the paper
     # configs read English sources split beforehand

@@ -59,15 +59,35 @@ def test_matches_the_per_position_reference_with_padding(vertical, horizontal, i
         assert probs[b, :, :n, n:].abs().sum() == 0  # padded keys get no attention
 
 
-def test_logits_follow_eq_4_by_default():
-    """OpenNMT-py's scores are Q_h K_h^T / sqrt(d / H); eq. 4's E is Q_h K_h^T / sqrt(d), i.e. sqrt(H) smaller."""
+def test_default_keeps_stock_scale_and_model_reads_eq_4_literally():
+    """OpenNMT-py's scores are Q_h K_h^T / sqrt(d / H); ``model`` reads eq. 4's E as Q_h K_h^T / sqrt(d)."""
     heads = 4
     scores = _scores([5, 3], heads=heads)
     eq4 = scores.masked_fill(scores > -1e17, 0) + scores.masked_fill(scores <= -1e17, 0) / heads ** 0.5
-    default, head = CrossAggregation(heads, True, True, "self"), CrossAggregation(heads, True, True, "self", scale="head")
-    assert default.factor == 0.5 and head.factor == 1.0
-    torch.testing.assert_close(default(scores), head(eq4), atol=1e-6, rtol=0)
-    assert (default(scores) - head(scores)).abs().max() > 1e-2  # the two readings differ
+    default, model = CrossAggregation(heads, True, True, "self"), CrossAggregation(heads, True, True, "self",
+                                                                                   scale="model")
+    assert default.factor == 1.0 and model.factor == 0.5
+    torch.testing.assert_close(model(scores), default(eq4), atol=1e-6, rtol=0)
+    assert (default(scores) - model(scores)).abs().max() > 1e-2  # the two readings differ
+
+
+@pytest.mark.parametrize("dec_self", [False, True])
+def test_with_the_routing_outputs_at_zero_the_default_layer_is_stocks_attention(dec_self, sample_data, onmt_active,
+                                                                                monkeypatch):
+    """With cao2019_scale at its option default and both routings' outputs neutralised, E_hat = E must be the
+    stock layer's energy: OpenNMT-py's 1 / sqrt(d_k) (issue 37: the old default divided it by sqrt(H) more)."""
+    from onmt_ext import cross_aggregation
+
+    monkeypatch.setattr(cross_aggregation, "vertical_output", lambda logits, *a, **k: torch.zeros_like(logits))
+    monkeypatch.setattr(cross_aggregation, "horizontal_output", lambda logits, *a, **k: torch.zeros_like(logits))
+    extra = ["-cao2019_dec_self", "true"] if dec_self else []
+    opt = support.load_train_opts(SMOKE, *EXT, "-cao2019_vertical", "true", "-cao2019_horizontal", "true", *extra)
+    assert opt.cao2019_scale == "head"
+    model = support.build_model(opt, support.load_vocabs(opt))
+    layer = (model.decoder.transformer_layers if dec_self else model.encoder.transformer)[0].self_attn
+    assert isinstance(layer.softmax, CrossAggregation)
+    scores = _causal_scores(5, heads=opt.heads) if dec_self else _scores([5, 3], heads=opt.heads)
+    torch.testing.assert_close(layer.softmax(scores), torch.softmax(scores, dim=-1), atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize("vertical, horizontal, init", [(True, False, "zero"), (False, True, "self"),
@@ -184,7 +204,7 @@ def _opt(**kw):
 
 @pytest.mark.parametrize("kw, message", [
     (dict(cao2019_init="self"), "-cao2019_init has no effect while -cao2019_vertical and -cao2019_horizontal"),
-    (dict(cao2019_scale="head"), "-cao2019_scale has no effect while -cao2019_vertical and -cao2019_horizontal"),
+    (dict(cao2019_scale="model"), "-cao2019_scale has no effect while -cao2019_vertical and -cao2019_horizontal"),
     (dict(cao2019_vertical=True, cao2019_init="self"), "-cao2019_init applies to the horizontal routing"),
     (dict(cao2019_horizontal=True, cao2019_enc_layers=[3]), "-cao2019_enc_layers [3]: layers are numbered 1..2"),
     (dict(cao2019_horizontal=True, cao2019_iterations=0), "-cao2019_iterations 0: must be >= 1"),

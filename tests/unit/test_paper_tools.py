@@ -2,6 +2,7 @@
 
 import argparse
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -52,8 +53,62 @@ def test_chen2019_has_every_row_of_tables_1_to_3_at_both_sizes_and_tasks():
             "mprhead_no_enc")
     assert names == {f"transformer_{size}_{task}_{row}" for size in ("base", "big")
                      for task in ("wmt14_ende", "nist_zhen") for row in rows}
-    rpe = yaml.safe_load((support.REPO / "yaml_configs/chen2019/transformer_big_nist_zhen_rpehead.yaml").read_text())
-    assert rpe["chen2019_dim"] == 320 and rpe["chen2019_enc"] == rpe["chen2019_dec"] == "rpehead"
+    for size, dims in paper_configs.CHEN2019_DR.items():
+        for layout, dim in dims.items():
+            rpe = yaml.safe_load((support.REPO / f"yaml_configs/chen2019/transformer_{size}_nist_zhen_{layout}.yaml")
+                                 .read_text())
+            assert rpe["chen2019_dim"] == dim and rpe["chen2019_enc"] == rpe["chen2019_dec"] == layout
+            assert dim / rpe["hidden_size"] == paper_configs.CHEN2019_DR["base"][layout] / 512  # Base's d_r / d
+    assert paper_configs.CHEN2019_DR["base"] == {"rpehead": 320, "mprhead": 256}  # sec. 5.3
+
+
+def test_chen2019_configs_train_with_the_documented_tokens_per_update():
+    """sec. 5.1: about 4096 x 4 source and target tokens per batch; docs/chen2019.md says the same."""
+    docs = (support.REPO / "docs/chen2019.md").read_text(encoding="utf-8")
+    documented = [int(a) * int(b) for a, b in re.findall(r"(\d+) × (\d+) tokens per update", docs)]
+    assert documented == [4096 * 4]
+    configs = sorted((support.REPO / "yaml_configs/chen2019").glob("*.yaml"))
+    assert len(configs) == 56
+    for path in configs:
+        config = yaml.safe_load(path.read_text(encoding="utf-8"))
+        assert config["batch_type"] == "tokens", path.name
+        tokens = config["batch_size"] * config["accum_count"][0] * config["world_size"]
+        assert tokens == documented[0], f"{path.name}: {tokens} tokens per update"
+
+
+def _learning_rates(opt, steps, checkpoint=None):
+    """OpenNMT-py's own optimizer for ``opt`` (from ``checkpoint`` as -train_from would load it) at ``steps``."""
+    import torch
+    from onmt.utils.optimizers import Optimizer
+
+    optimizer = Optimizer.from_opt(torch.nn.Linear(2, 2), opt, checkpoint=checkpoint)
+    first = optimizer.training_step
+    rates = []
+    for step in steps:
+        optimizer._decay_step = step
+        rates.append(optimizer.learning_rate())
+    return first, rates
+
+
+def test_gret_fine_tuning_continues_at_the_baselines_final_learning_rate(onmt_active):
+    """-reset_optim all restarts the step count; the fine-tuning must not warm Noam up again (issue 37: it peaked
+    at 9.9e-4 and ended at twice the baseline's final rate): it holds the baseline's last rate throughout."""
+    import torch
+
+    cpu = ["-model_dtype", "fp32", "-gpu_ranks", "-world_size", "1"]
+    tuned = sorted((support.REPO / "yaml_configs/gret").glob("*_gret*.yaml"))
+    assert len(tuned) == 11
+    for path in tuned:
+        opt = support.load_train_opts(path.relative_to(support.REPO), *cpu)
+        base_path = path.parent / (path.stem.split("_gret")[0] + "_baseline.yaml")
+        base = support.load_train_opts(base_path.relative_to(support.REPO), *cpu)
+        _, [final] = _learning_rates(base, [base.train_steps])
+        adam = torch.optim.Adam(torch.nn.Linear(2, 2).parameters())
+        checkpoint = {"opt": base, "optim": {"training_step": base.train_steps + 1,
+                                             "decay_step": base.train_steps + 1, "optimizer": adam.state_dict()}}
+        first, rates = _learning_rates(opt, [1, 2, 100, base.warmup_steps, opt.train_steps], checkpoint)
+        assert first == 1  # reset_optim all: the step count restarts
+        assert final < 3e-4 and rates == pytest.approx([final] * len(rates), rel=1e-8), path.name
 
 
 def test_gret_rows_fine_tune_from_their_baseline_checkpoint():

@@ -1,6 +1,7 @@
 """Parameter deltas at Transformer-Base against the papers' figures: li2019 (Tables 2-3), chen2019 (Table 1)."""
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -60,3 +61,38 @@ def test_a_gpu_config_is_counted_on_any_machine(onmt_active):
         assert "gpu_ranks" in handle.read()
     [(_, total, base, _)] = param_report.report([CHEN2019.format("rpehead")], 1000)
     assert total > base > 0
+
+
+def _mismatches(rows):
+    return [f"{name}: {tying}, closest {closest}" for name, _, _, tying, _, closest in rows if tying != closest]
+
+
+def test_each_papers_baselines_use_the_tying_closest_to_the_papers_totals(onmt_active, capsys):
+    """Issue 37: the papers' totals at their 32K vocabularies decide the embedding tying: untied on WMT14 En-De
+    and WMT17 Zh-En (li2019 Base 88.0M, chen2019 Base 97.35M), decoder-tied on NIST Zh-En (chen2019 77.94M)."""
+    keys = [key for key in param_report.PAPER_TOTALS if key.startswith("baseline/") or key.endswith("_baseline.yaml")]
+    assert len(keys) == 8
+    rows = param_report.paper_match([support.REPO / "yaml_configs" / key for key in keys])
+    assert not _mismatches(rows)
+    closest = {Path(name).name: (closest, totals[closest], paper) for name, _, paper, _, totals, closest in rows}
+    li2019 = closest["transformer_base_wmt14_ende.yaml"]
+    assert li2019[0] == "none" and abs(li2019[1] - li2019[2]) <= 0.07 * li2019[2]
+    chen2019 = closest["transformer_base_wmt14_ende_baseline.yaml"]
+    assert chen2019[0] == "none" and abs(chen2019[1] - chen2019[2]) <= 0.05 * chen2019[2]
+    nist = closest["transformer_base_nist_zhen_baseline.yaml"]
+    assert nist[0] == "decoder" and abs(nist[1] - nist[2]) <= 0.02 * nist[2]
+    assert param_report.main(["--paper", "--markdown", str(support.REPO / "yaml_configs" / keys[0])]) == 0
+    assert "| none | none |" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_every_config_with_a_paper_total_uses_the_tying_closest_to_it(onmt_active):
+    """The same over every row of PAPER_TOTALS (the mechanisms' rows too)."""
+    rows = param_report.paper_match([support.REPO / "yaml_configs" / key for key in param_report.PAPER_TOTALS])
+    assert len(rows) == len(param_report.PAPER_TOTALS) >= 30
+    assert not _mismatches(rows)
+
+
+def test_paper_match_refuses_a_config_without_a_paper_total(onmt_active):
+    with pytest.raises(SystemExit, match="no paper total"):
+        param_report.paper_match([BASE.parent / "transformer_base_wmt16_roen.yaml"])

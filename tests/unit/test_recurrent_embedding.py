@@ -212,27 +212,41 @@ def test_restricted_rpehead_p_heads_do_not_see_r(heads_option, isolated, sample_
         assert isinstance(model.encoder.transformer[1].self_attn.linear_query, torch.nn.Linear)
 
 
-def test_pe_off_on_both_sides_is_the_stock_model_without_position_encoding(sample_data, onmt_active):
+def test_pe_off_on_both_sides_is_the_stock_model_without_the_encoding_but_with_its_scale(sample_data, onmt_active):
+    """Table 3's -PE rows remove pe_j of eq. 2 only: the embeddings keep Vaswani et al.'s sqrt(d) (issue 37: stock
+    sides lost it with the encoding while RPE sides kept it), i.e. stock OpenNMT-py with an all-zero encoding."""
     opt = support.load_train_opts(SMOKE, *EXT, "-chen2019_pe_off", "enc", "dec")
     vocabs = support.load_vocabs(opt)
     model = support.build_model(opt, vocabs, seed=5)
-    stock_opt = support.load_train_opts(SMOKE)
-    stock_opt.position_encoding = False  # (a flag: the YAML's true cannot be switched off from the command line)
-    stock = support.build_model(stock_opt, vocabs, seed=5)
-    assert model.state_dict().keys() == stock.state_dict().keys()
+    stock = support.build_model(support.load_train_opts(SMOKE), vocabs, seed=5)
+    encodings = [side.embeddings.make_embedding.pe for side in (stock.encoder, stock.decoder)]
+    for encoding in encodings:
+        encoding.pe.zero_()
+    buffers = {name for name, _ in stock.named_buffers() if name.endswith("make_embedding.pe.pe")}
+    assert len(buffers) == 2 and model.state_dict().keys() == stock.state_dict().keys() - buffers
     src, src_len, tgt = support.random_batch(vocabs, [6, 3], [4, 6], seed=2)
     with torch.no_grad():
         for mine, theirs in zip(support.full_forward(model, src, src_len, tgt),
                                 support.full_forward(stock, src, src_len, tgt)):
             assert torch.equal(mine, theirs)
+        # the scale is there: without it (stock -position_encoding false) the output differs
+        plain = support.load_train_opts(SMOKE)
+        plain.position_encoding = False  # (a flag: the YAML's true cannot be switched off from the command line)
+        unscaled = support.build_model(plain, vocabs, seed=5)
+        assert not torch.allclose(support.full_forward(unscaled, src, src_len, tgt)[0],
+                                  support.full_forward(model, src, src_len, tgt)[0])
 
 
 def test_only_the_listed_side_loses_its_position_encoding(sample_data, onmt_active):
+    from onmt.modules.embeddings import PositionalEncoding
+
+    from onmt_ext.recurrent_embedding import EmbeddingScale
+
     opt = support.load_train_opts(SMOKE, *EXT, "-chen2019_pe_off", "dec")
     model = support.build_model(opt, support.load_vocabs(opt))
-    assert model.encoder.embeddings.position_encoding and "pe" in model.encoder.embeddings.make_embedding._modules
-    assert not model.decoder.embeddings.position_encoding
-    assert "pe" not in model.decoder.embeddings.make_embedding._modules
+    assert isinstance(model.encoder.embeddings.make_embedding.pe, PositionalEncoding)
+    assert type(model.decoder.embeddings.make_embedding.pe) is EmbeddingScale
+    assert model.decoder.embeddings.make_embedding.pe.dim == opt.word_vec_size
 
 
 def _rnn_parameters(d_r, bidirectional):
