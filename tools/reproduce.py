@@ -76,6 +76,7 @@ GPUs.
 """
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -559,6 +560,7 @@ def _split_options(values):
 # Before anything runs: the devices and the corpus
 # --------------------------------------------------------------------------
 
+@functools.lru_cache(maxsize=None)
 def _cuda_devices(gpus):
     """How many CUDA devices torch sees with ``CUDA_VISIBLE_DEVICES=<gpus>`` (0 without CUDA), in a subprocess
     (as every command of the run sees them), or the one-line error of importing torch."""
@@ -1212,10 +1214,10 @@ def main(argv=None):
         data = _recorded_data(source) or {"ours": f"not recorded in {_show(source)}",
                                           "paper": PAPER_DATA.get((table.split("-", 1)[0], task), "not stated")}
     else:
+        plans = [plan(row, gpus, args.average, args.passes) for row in rows]
         if not args.preflight_done:
             preflight(table, gpus, args.small_data, args.dry_run)
         data = None
-        plans = [plan(row, gpus, args.average, args.passes) for row in rows]
         clause = table.startswith("clause-")  # the paper's claim is about long sentences (Tables 6-9)
         if args.dry_run:
             for p in plans:
