@@ -132,6 +132,9 @@ PAPER_DATA = {
     ("clause", "niutrans_enzh"): "NiuTrans En-Zh, 80k training pairs (Table 1)",
     ("clause", "wmt16_ende"): "WMT16 En-De, 20k training pairs (Table 1)",
     ("clause", "wmt15_envi"): "WMT15 En-Vi, 100k training pairs (Table 1)",
+    **{("gret", task): f"{name} (its size is not legible in our copy of the paper)" for task, name in (
+        ("wmt14_ende", "WMT14 En-De"), ("wmt14_deen", "WMT14 De-En"), ("wmt17_zhen", "WMT17 Zh-En"),
+        ("wmt16_roen", "WMT16 Ro-En"))},
 }
 #: The task whose full corpus cannot be fetched here; its tables refuse to run on the small part alone.
 FULL_CORPUS_TASK = "wmt17_zhen"
@@ -666,6 +669,11 @@ def paper_metric(table, task):
     return PAPER_METRICS.get(paper, UNSTATED_METRIC)
 
 
+def paper_data(table, task):
+    """The training data of ``table``'s paper on ``task`` in words (:data:`PAPER_DATA`)."""
+    return PAPER_DATA.get((table.split("-", 1)[0], task), "not stated (not a paper)")
+
+
 def training_data(task):
     """Our training data of ``task`` in words: its corpora and pair counts, and the pairs left after cleaning."""
     prepared = _read_corpora(task)
@@ -1052,7 +1060,7 @@ def write_report(table, task, rows, out_dir, commands=(), data=None):
     by-length plot per row that has ``by_length``.
     """
     paper = table.split("-", 1)[0]
-    data = data or {"ours": training_data(task), "paper": PAPER_DATA.get((paper, task), "not stated")}
+    data = data or {"ours": training_data(task), "paper": paper_data(table, task)}
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = [dict(row) for row in rows]
@@ -1212,7 +1220,7 @@ def main(argv=None):
         source = results_json or out_dir / f"{table}.json"
         rows_done, commands = load_results(source, table)
         data = _recorded_data(source) or {"ours": f"not recorded in {_show(source)}",
-                                          "paper": PAPER_DATA.get((table.split("-", 1)[0], task), "not stated")}
+                                          "paper": paper_data(table, task)}
     else:
         plans = [plan(row, gpus, args.average, args.passes) for row in rows]
         if not args.preflight_done:

@@ -606,6 +606,8 @@ def test_every_report_names_our_training_data_beside_the_papers(tmp_path, monkey
     document = json.loads(written["json"].read_text(encoding="utf-8"))
     assert document["training_data"]["ours"].startswith("News Commentary v12 (227,062 pairs)")
     assert document["paper_metric"]["score"] == "bleu"
+    assert all((name.split("-")[0], reproduce.table_task(name)) in reproduce.PAPER_DATA
+               for name in reproduce.TABLES if not name.startswith("sample-"))
 
 
 # ---------------------------------------------------------------- before anything runs: corpus and devices
