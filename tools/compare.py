@@ -906,6 +906,10 @@ def main(argv=None):
                              "wording, training and translating nothing")
     args = parser.parse_args(argv)
     if args.report_only:
+        others = [name for name, value in vars(args).items()
+                  if name not in ("report_only", "out") and value != parser.get_default(name)]
+        if others:
+            parser.error(f"--report-only takes only --out, not --{others[0].replace('_', '-')}")
         return report_only(args.out)
     for name in args.configs:
         if not (REPO / CONFIG_DIR / f"{name}.yaml").exists():

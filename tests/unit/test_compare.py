@@ -1,7 +1,10 @@
 """tools/compare.py: log parsing, run naming and the report, from fixed inputs (no training)."""
 
+import json
 import sys
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 import compare  # noqa: E402
@@ -120,7 +123,6 @@ def test_the_verdict_names_earlier_leads_besides_the_last_one():
 
 
 def test_report_only_rewrites_the_report_from_its_json(tmp_path, capsys):
-    import json
     report = {"seeds": [1, 2, 3], "train_steps": 300, "jobs": 2, "threads": 1, "test_sentences": 10,
               "wall_seconds": 60.0, "command": "python tools/compare.py",
               "rows": [_row("baseline", [18.0, 19.0, 20.0]), _row("clause_ca_rule", [19.0, 20.0, 21.0], [1, 1, 1])],
@@ -136,7 +138,9 @@ def test_report_only_rewrites_the_report_from_its_json(tmp_path, capsys):
     assert "+1.00 (3 / 0), p 0.250" in text
     document = json.loads((tmp_path / "compare.json").read_text(encoding="utf-8"))
     assert document["rows"][1]["across_seeds"]["p_value"] == 0.25
+    with pytest.raises(SystemExit):  # nothing is trained: a training option would be ignored
+        compare.main(["--report-only", "--out", str(tmp_path), "--seeds", "4"])
+    assert "--report-only takes only --out, not --seeds" in capsys.readouterr().err
     (tmp_path / "compare.json").write_text("{", encoding="utf-8")
-    import pytest
     with pytest.raises(SystemExit, match="cannot read .*compare.json"):
         compare.main(["--report-only", "--out", str(tmp_path)])
