@@ -24,7 +24,8 @@ what changed is redone):
     Extract the training pairs of every corpus of the task into
     ``raw/train.<lang>`` (one sentence per line, pairs kept in step) and the
     dev/test sets into ``raw/{valid,test}.<lang>``; a multi-reference test set
-    becomes ``raw/test.<tgt>0``, ``raw/test.<tgt>1``, ...
+    becomes ``raw/test.<tgt>0``, ``raw/test.<tgt>1``, ...; ``raw/corpora.json``
+    names every training corpus with its pair count (the reports cite it).
 ``tok``
     Punctuation normalisation and Moses tokenization with sacremoses
     (aggressive hyphen splitting, no HTML escaping) for alphabetic languages,
