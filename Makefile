@@ -36,6 +36,8 @@
 #                 prepare the data, train, average the last AVERAGE checkpoints (default 5),
 #                 translate and score a paper table on the CUDA devices GPUS (e.g. GPUS=0,1,2,3;
 #                 default 0; gradient accumulation keeps the paper's batch) into results/<paper>/<task>/;
+#                 no CUDA (or fewer GPUs than GPUS) stops it before any data is prepared; WMT17 Zh-En tables
+#                 need WMT17_EXTRA_DIR (or WMT17_SMALL_DATA=1: News Commentary alone, on purpose);
 #                 DRY_RUN=1 prints every command; reproduce-sample runs the chain on the CPU; reproduce-li2019,
 #                 reproduce-cao2019, reproduce-chen2019, reproduce-gret, reproduce-clause: all tables of a paper
 #   make paper-configs  rewrite yaml_configs/<paper>/ from tools/paper_configs.py
@@ -43,7 +45,7 @@
 # Variables: PYTHON (interpreter used to create the venv), VENV, TORCH (pip
 # requirement for torch; pick your CUDA build here, e.g.
 # TORCH="torch==2.13.0 --index-url <your torch index>"), SYSTEM_TORCH, WHEELS, OPTIONAL, GPUS, GPU_CHECK_ARGS, AVERAGE, DRY_RUN, RESULTS_DIR,
-# DATA_WORKERS, NIST_DIR, NIUTRANS_DIR, WMT17_EXTRA_DIR, BENCH_ARGS, COMPARE_ARGS.
+# DATA_WORKERS, NIST_DIR, NIUTRANS_DIR, WMT17_EXTRA_DIR, WMT17_SMALL_DATA, BENCH_ARGS, COMPARE_ARGS.
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -70,6 +72,7 @@ GPUS ?= 0
 PASSES ?=
 AVERAGE ?= 5
 DRY_RUN ?=
+WMT17_SMALL_DATA ?=
 RESULTS_DIR ?=
 BENCH_ARGS ?=
 REPRODUCE_TABLES := li2019-table2 li2019-table3 li2019-table4-wmt14_ende li2019-table4-wmt17_zhen \
@@ -185,7 +188,8 @@ $(TATOEBA)/signal_tagger.zh.pt: $(TATOEBA)/stats.json tools/train_signal_tagger.
 # (subword-nmt, 32K merges) and build the vocabularies into build/data/<task>/, the files the paper configs
 # and `make reproduce-...` read.  Each step leaves a stamp, so a rerun redoes only what is missing.
 # NIST_DIR=... (licensed LDC/NIST data) for nist_zhen, NIUTRANS_DIR=... for niutrans_enzh, optionally
-# WMT17_EXTRA_DIR=... (UN + CWMT pairs) for wmt17_zhen; see `python tools/prepare_data.py --help`.
+# WMT17_EXTRA_DIR=... (UN + CWMT pairs) for wmt17_zhen, without which its `make reproduce-...` tables refuse to
+# start unless WMT17_SMALL_DATA=1 (docs/data.md); see `python tools/prepare_data.py --help`.
 DATA_TASKS := wmt14_ende wmt14_deen wmt16_ende wmt16_roen wmt17_zhen wmt15_envi nist_zhen niutrans_enzh sample_ende
 DATA_WORKERS ?= $(shell nproc)
 # Progress bars (bytes and rate for downloads, lines for tokenization and BPE) go to stderr when it is a
@@ -404,12 +408,19 @@ reproduce-sample: reproduce-sample-li2019
 # chen2019 Figure 2: BLEU against d_r for RPEHead and MPRHead (d_r = 64 ... 448)
 sweep-chen2019-dr: reproduce-chen2019-figure2-rpehead reproduce-chen2019-figure2-mprhead
 
-# Each table first prepares its task's data (make data-<task>), then trains, averages, translates and scores
-# every row.  DRY_RUN=1 prints every command (the data preparation's with make -n) and runs nothing.
+# Each table first checks its options against its configs, the CUDA devices GPUS and, on WMT17 Zh-En, the full corpus (WMT17_EXTRA_DIR, or
+# WMT17_SMALL_DATA=1 for News Commentary alone on purpose), then prepares its task's data (make data-<task>),
+# then trains, averages, translates and scores every row.  DRY_RUN=1 prints the checks' failures as warnings
+# and every command (the data preparation's with make -n), and runs nothing.  The toy sample table runs on
+# the CPU unless GPUS is given.
+table_gpus = $(if $(and $(filter sample-%,$(1)),$(filter file default,$(origin GPUS))),cpu,$(GPUS))
 $(addprefix reproduce-,$(REPRODUCE_TABLES)): reproduce-%: | $(SETUP_STAMP)
+	@$(PY) tools/reproduce.py $* --preflight --gpus $(call table_gpus,$*) --average $(AVERAGE) \
+	  $(if $(PASSES),--passes $(PASSES)) $(if $(DRY_RUN),--dry-run) $(if $(filter 1,$(WMT17_SMALL_DATA)),--small-data)
 	@task=$$($(PY) tools/reproduce.py $* --task); \
 	  $(MAKE) --no-print-directory $(if $(DRY_RUN),-n) data-$$task
-	$(PY) tools/reproduce.py $* --gpus $(GPUS) --average $(AVERAGE) $(if $(DRY_RUN),--dry-run) \
+	$(PY) tools/reproduce.py $* --preflight-done --gpus $(call table_gpus,$*) --average $(AVERAGE) \
+	  $(if $(DRY_RUN),--dry-run) $(if $(filter 1,$(WMT17_SMALL_DATA)),--small-data) \
 	  $(if $(PASSES),--passes $(PASSES)) $(if $(RESULTS_DIR),--results-dir $(RESULTS_DIR))
 
 # rewrite a table's report (results/<paper>/<task>/) from its results JSON, without training anything

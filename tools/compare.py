@@ -39,7 +39,8 @@ sacreBLEU through :mod:`onmt_ext.evaluation`.  The run has four phases:
 
    * BLEU (13a, case-sensitive, all references) and chrF per run, mean and
      sample standard deviation over the seeds; a paired bootstrap test (1000
-     resamples) of each run against the baseline of the same seed;
+     resamples) of each run against the baseline of the same seed, and a
+     paired sign-flip test across the seeds (:func:`seed_test`);
    * the learning curves: mean validation perplexity over the seeds with the
      min-max band (``curves.png``);
    * the *beats-the-baseline rule*: at a validation step, a config beats the
@@ -74,6 +75,7 @@ known.
 """
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -299,21 +301,32 @@ def sustained_from(verdicts, kind):
 
 
 def verdict_text(verdicts):
-    """One sentence on a config's curve against the baseline's, by :func:`compare_at_steps`."""
+    """One sentence on a config's curve against the baseline's, by :func:`compare_at_steps`.
+
+    Every step at which the config is apart from the baseline is named: a
+    verdict held to the last step reads "from step s on", with any earlier
+    steps of the same kind after it ("beats the baseline from step 1000 on,
+    and earlier at step 200"); one not held to the end lists its steps.
+    """
     if not verdicts:
         return "no common validation step"
+    steps = sorted(verdicts)
+    parts, kept = [], False
     for kind, words in (("better", "beats the baseline"), ("worse", "behind the baseline")):
+        held = [s for s in steps if verdicts[s] == kind]
+        if not held:
+            continue
         start = sustained_from(verdicts, kind)
-        if start is not None:
-            return f"{words} from step {start} on"
-    parts = []
-    for kind, words in (("better", "beats the baseline"), ("worse", "behind the baseline")):
-        held = [s for s, v in verdicts.items() if v == kind]
-        if held:
-            parts.append(f"{words} at {_ranges(held, sorted(verdicts))}")
-    if parts:
-        return "; ".join(parts) + "; not at the last step"
-    return "never apart from the baseline (seed ranges overlap at every step)"
+        if start is None:
+            parts.append(f"{words} at {_ranges(held, steps)}")
+            continue
+        kept = True
+        earlier = [s for s in held if s < start]
+        parts.insert(0, f"{words} from step {start} on" + (f", and earlier at {_ranges(earlier, steps)}"
+                                                           if earlier else ""))
+    if not parts:
+        return "never apart from the baseline (seed ranges overlap at every step)"
+    return "; ".join(parts) + ("" if kept else "; not at the last step")
 
 
 def _ranges(steps, all_steps):
@@ -522,6 +535,32 @@ def _mean_sd(values):
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
+def seed_test(baseline_bleus, bleus):
+    """Paired test across seeds: an exact sign-flip permutation test of the per-seed BLEU differences.
+
+    The seeds are the unit of replication: d_i = bleus[i] - baseline_bleus[i]
+    (seed i of both), and under the null hypothesis each d_i is as likely
+    negative as positive.  The two-sided p is the share of the 2^n sign
+    assignments whose |mean| reaches the observed |mean d| (ties counted), so
+    its smallest possible value is 2 / 2^n (0.25 for three seeds).  Returns
+    ``{"deltas", "mean_delta", "p_value", "min_p", "better", "worse"}``.
+    """
+    deltas = [b - a for a, b in zip(baseline_bleus, bleus, strict=True)]
+    observed = abs(statistics.fmean(deltas))
+    signs = itertools.product((1, -1), repeat=len(deltas))
+    extreme = sum(abs(statistics.fmean(s * d for s, d in zip(sign, deltas))) >= observed - 1e-9 for sign in signs)
+    return {"deltas": deltas, "mean_delta": statistics.fmean(deltas), "p_value": extreme / 2 ** len(deltas),
+            "min_p": 2 / 2 ** len(deltas), "better": sum(d > 0 for d in deltas), "worse": sum(d < 0 for d in deltas)}
+
+
+def add_seed_tests(rows):
+    """Give every row after the first (the baseline) its :func:`seed_test` against the first, as ``across_seeds``."""
+    base = [entry["bleu"] for entry in rows[0]["seeds"]]
+    for row in rows[1:]:
+        row["across_seeds"] = seed_test(base, [entry["bleu"] for entry in row["seeds"]])
+    return rows
+
+
 def score(runs, configs, seeds, refs_path, test_lines=None, speeds=None):
     """Per-config summary dicts (BLEU/chrF mean and sd, bootstrap per seed, speed, parameters).
 
@@ -566,7 +605,7 @@ def score(runs, configs, seeds, refs_path, test_lines=None, speeds=None):
         significant = [e for e in row["seeds"] if e.get("p_value") is not None and e["p_value"] < 0.05]
         row["significant_better"] = sum(e["delta"] > 0 for e in significant)
         row["significant_worse"] = sum(e["delta"] < 0 for e in significant)
-    return rows
+    return add_seed_tests(rows)
 
 
 def learning_curves(runs, configs, seeds, last_step):
@@ -623,20 +662,33 @@ def markdown(report):
     else:
         lines += [f"{report['train_steps']} training steps each.", ""]
     lines += [f"Test set {report['test_sentences']} sentences with all their references (multi-reference BLEU, "
-              "13a, case-sensitive; chrF).  Significance: paired bootstrap (1000 resamples) against the baseline "
-              "of the same seed; the column counts the seeds with p < 0.05, better/worse.  Speed: "
+              "13a, case-sensitive; chrF).  Significance, two ways.  *Per seed*: a paired bootstrap (1000 "
+              "resamples of the test sentences) against the baseline of the same seed; the column counts the "
+              "seeds with p < 0.05, better/worse.  Each such test takes the test sentences as the sample and "
+              "ignores the variance between seeds (runs of one config with other seeds differ too), so this "
+              "count overstates what the seeds show.  *Across seeds* (the seeds are the unit of "
+              "replication): an exact paired sign-flip permutation test of the per-seed BLEU differences from "
+              f"the baseline of the same seed, two-sided; with {len(seeds)} seeds its smallest possible p is "
+              f"{2 / 2 ** len(seeds):.3f}"
+              + (", so no difference can reach p < 0.05 with this many seeds" if 2 / 2 ** len(seeds) >= 0.05
+                 else "")
+              + ".  Speed: "
               + ("training steps per second of the speed probe (every config alike) " if report.get("probe") else
                  "mean target tokens/s of training ")
               + f"relative to the baseline ({report['jobs']} runs at a time, {report['threads']} thread(s) each: "
               "coarser than `make bench`).",
-              "", "| config | BLEU (mean ± sd) | chrF (mean ± sd) | seeds sig. better / worse | train speed vs "
-              "baseline | parameters |", "|---|---:|---:|---:|---:|---:|"]
+              "", "| config | BLEU (mean ± sd) | chrF (mean ± sd) | per seed: sig. better / worse | across seeds: "
+              "mean delta (seeds better / worse), p | train speed vs baseline | parameters |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
     for row in report["rows"]:
         sig = "—" if row is report["rows"][0] else f"{row['significant_better']} / {row['significant_worse']}"
+        test = row.get("across_seeds")
+        across = "—" if test is None else \
+            f"{test['mean_delta']:+.2f} ({test['better']} / {test['worse']}), p {test['p_value']:.3f}"
         params = "n/a" if row["parameters"] is None else f"{row['parameters']:,}"
         lines.append(f"| {row['label']} (`{row['file']}`) | {_fmt(row['bleu_mean'])} ± {_fmt(row['bleu_sd'])} | "
-                     f"{_fmt(row['chrf_mean'])} ± {_fmt(row['chrf_sd'])} | {sig} | {_fmt(row['speed_ratio'])} | "
-                     f"{params} |")
+                     f"{_fmt(row['chrf_mean'])} ± {_fmt(row['chrf_sd'])} | {sig} | {across} | "
+                     f"{_fmt(row['speed_ratio'])} | {params} |")
     lines += ["", "Per seed (BLEU; delta and p against the baseline of the same seed):", "",
               "| config | " + " | ".join(f"seed {s}" for s in seeds) + " |",
               "|---|" + "---:|" * len(seeds)]
@@ -802,6 +854,31 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def refresh(report):
+    """``report`` (a ``compare.json`` document) with the statistics and wording the current code derives from
+    its numbers: the across-seeds tests (:func:`add_seed_tests`) and each curve's verdict sentence (from its
+    stored per-step verdicts)."""
+    add_seed_tests(report["rows"])
+    for curve in (report.get("curves") or {}).values():
+        if "verdicts" in curve:
+            curve["verdict"] = verdict_text({int(step): kind for step, kind in curve["verdicts"].items()})
+    return report
+
+
+def report_only(out):
+    """``--report-only``: rewrite ``<out>/compare.json`` and ``compare.md`` through :func:`refresh`."""
+    path = Path(out) / "compare.json"
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"compare.py: error: cannot read {path}: {exc}") from None
+    text = markdown(refresh(report))
+    path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    (Path(out) / "compare.md").write_text(text, encoding="utf-8")
+    print(text)
+    return 0
+
+
 def main(argv=None):
     parser = _Parser(prog="compare.py", description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
@@ -824,7 +901,16 @@ def main(argv=None):
     parser.add_argument("--test-lines", type=int, default=None, help="translate only the first N test lines")
     parser.add_argument("--work", type=Path, default=Path("build/compare"))
     parser.add_argument("--out", type=Path, default=Path("results/compare"))
+    parser.add_argument("--report-only", action="store_true",
+                        help="rewrite <out>/compare.{json,md} from <out>/compare.json with the current statistics and "
+                             "wording, training and translating nothing")
     args = parser.parse_args(argv)
+    if args.report_only:
+        others = [name for name, value in vars(args).items()
+                  if name not in ("report_only", "out") and value != parser.get_default(name)]
+        if others:
+            parser.error(f"--report-only takes only --out, not --{others[0].replace('_', '-')}")
+        return report_only(args.out)
     for name in args.configs:
         if not (REPO / CONFIG_DIR / f"{name}.yaml").exists():
             parser.error(f"--configs: no {CONFIG_DIR / (name + '.yaml')}")

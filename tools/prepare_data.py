@@ -24,7 +24,8 @@ what changed is redone):
     Extract the training pairs of every corpus of the task into
     ``raw/train.<lang>`` (one sentence per line, pairs kept in step) and the
     dev/test sets into ``raw/{valid,test}.<lang>``; a multi-reference test set
-    becomes ``raw/test.<tgt>0``, ``raw/test.<tgt>1``, ...
+    becomes ``raw/test.<tgt>0``, ``raw/test.<tgt>1``, ...; ``raw/corpora.json``
+    names every training corpus with its pair count (the reports cite it).
 ``tok``
     Punctuation normalisation and Moses tokenization with sacremoses
     (aggressive hyphen splitting, no HTML escaping) for alphabetic languages,
@@ -187,6 +188,15 @@ NIST_LAYOUT = """NIST_DIR must hold:
 NIST06 becomes the dev set and NIST02 the test set (test.*); NIST03 and NIST04 are written as
 test_nist03.* and test_nist04.* beside them."""
 
+#: What ``WMT17_EXTRA_DIR`` must hold for the full ``wmt17_zhen`` (docs/data.md says where each part comes from).
+WMT17_EXTRA = ("put the zh-en pairs of the UN Parallel Corpus v1.0 and of the CWMT corpus (docs/data.md says where "
+               "to get them), in step, as train.zh and train.en in one directory and set WMT17_EXTRA_DIR to it")
+
+#: Readable names of the corpora, for ``raw/corpora.json`` and the reports.
+CORPUS_NAMES = {"europarl-v7": "Europarl v7", "commoncrawl": "Common Crawl", "nc-v9": "News Commentary v9",
+                "nc-v11": "News Commentary v11", "nc-v12": "News Commentary v12", "europarl-v8": "Europarl v8",
+                "setimes2-en-ro": "SETIMES2"}
+
 TASKS = {
     "wmt14_ende": Task("en", "de", _WMT14_DE_EN, SacrebleuSet("wmt13", "en-de"), SacrebleuSet("wmt14/full", "en-de")),
     "wmt14_deen": Task("de", "en", _WMT14_DE_EN, SacrebleuSet("wmt13", "de-en"), SacrebleuSet("wmt14/full", "de-en")),
@@ -198,9 +208,7 @@ TASKS = {
                        SacrebleuSet("wmt16/dev", "ro-en"), SacrebleuSet("wmt16", "ro-en")),
     "wmt17_zhen": Task("zh", "en", (Parallel("nc-v12", "training/news-commentary-v12.zh-en.{lang}"),),
                        SacrebleuSet("wmt17/dev", "zh-en"), SacrebleuSet("wmt17", "zh-en"),
-                       joint_bpe=False, ratio=9.0,
-                       manual="WMT17_EXTRA_DIR: the UN Parallel Corpus v1.0 and CWMT zh-en pairs (register at their "
-                              "sites), as train.zh/train.en; cao2019's 20.6M pairs are NC v12 + UN + CWMT",
+                       joint_bpe=False, ratio=9.0, manual=WMT17_EXTRA,
                        notes=("without WMT17_EXTRA_DIR only News Commentary v12 (about 0.2M pairs) is used",)),
     "wmt15_envi": Task("en", "vi", (Parallel("iwslt15-en-vi-train.{lang}"),),
                        Parallel("iwslt15-en-vi-tst2012.{lang}"), Parallel("iwslt15-en-vi-tst2013.{lang}"),
@@ -470,6 +478,24 @@ def _write_lines(path, lines):
     tmp.replace(path)
 
 
+def corpus_name(corpus):
+    """A readable name of a ``Parallel`` corpus: ``News Commentary v12``, ``data/wmt14-ende-sample/train.*``."""
+    return CORPUS_NAMES.get(corpus.archive, corpus.archive.format(lang="*"))
+
+
+def write_corpora(out, task_name, corpora):
+    """``<out>/corpora.json``: the training corpora of the task as ``(name, pairs)``, read by the reports.
+
+    ``{"task": ..., "corpora": [{"name": ..., "pairs": n}, ...], "pairs": total}``; ``extra`` marks the
+    pairs from ``WMT17_EXTRA_DIR``.
+    """
+    entries = [{"name": name, "pairs": pairs, **({"extra": True} if name.startswith("WMT17_EXTRA_DIR") else {})}
+               for name, pairs in corpora]
+    document = {"task": task_name, "corpora": entries, "pairs": sum(pairs for _, pairs in corpora)}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "corpora.json").write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+
+
 def _check_pair(src_lines, tgt_lines, what):
     if len(src_lines) != len(tgt_lines):
         raise PrepareError(f"{what}: {len(src_lines)} source lines but {len(tgt_lines)} target lines")
@@ -489,22 +515,30 @@ def raw(task_name, downloads=None, out=None):
             _check_pair(src_lines, tgt_lines, f"{directory}/{split}.{task.src} and .{task.tgt}")
             _write_lines(out / f"{split}.{task.src}", src_lines)
             _write_lines(out / f"{split}.{task.tgt}", tgt_lines)
+            if split == "train":
+                write_corpora(out, task_name, [(f"NIUTRANS_DIR ({directory})", len(src_lines))])
         return out
-    src_all, tgt_all = [], []
+    src_all, tgt_all, corpora = [], [], []
     for corpus in task.train:
         src_lines, tgt_lines = corpus_lines(corpus, task.src, task.tgt, downloads)
         _check_pair(src_lines, tgt_lines, f"training corpus {corpus.archive}")
         src_all += src_lines
         tgt_all += tgt_lines
+        corpora.append((corpus_name(corpus), len(src_lines)))
     extra = os.environ.get("WMT17_EXTRA_DIR") if task_name == "wmt17_zhen" else None
     if extra:
+        missing = [name for name in (f"train.{task.src}", f"train.{task.tgt}") if not (Path(extra) / name).is_file()]
+        if missing:
+            raise PrepareError(f"WMT17_EXTRA_DIR={extra} lacks {', '.join(missing)}: {WMT17_EXTRA}")
         src_lines = list(_open_text(Path(extra) / f"train.{task.src}"))
         tgt_lines = list(_open_text(Path(extra) / f"train.{task.tgt}"))
         _check_pair(src_lines, tgt_lines, f"WMT17_EXTRA_DIR={extra}")
         src_all += src_lines
         tgt_all += tgt_lines
+        corpora.append((f"WMT17_EXTRA_DIR ({extra}): UN v1.0 + CWMT", len(src_lines)))
     elif task.manual:
         print(f"raw: note: {task.notes[0] if task.notes else task.manual}", file=sys.stderr)
+    write_corpora(out, task_name, corpora)
     _write_lines(out / f"train.{task.src}", src_all)
     _write_lines(out / f"train.{task.tgt}", tgt_all)
     for split, test_set in (("valid", task.valid), ("test", task.test)):
@@ -647,6 +681,7 @@ def _nist_raw(out):
     nist = _nist_dir()
     src_lines, tgt_lines = list(_open_text(nist / "train.zh")), list(_open_text(nist / "train.en"))
     _check_pair(src_lines, tgt_lines, f"{nist}/train.zh and train.en")
+    write_corpora(out, "nist_zhen", [(f"NIST_DIR ({nist})", len(src_lines))])
     _write_lines(out / "train.zh", src_lines)
     _write_lines(out / "train.en", tgt_lines)
     for name, split in (("nist06", "valid"), ("nist02", "test"), ("nist03", "test_nist03"),

@@ -8,8 +8,12 @@ Usage::
     python tools/reproduce.py --list
 
 ``TABLE`` is one of ``TABLES`` (e.g. ``li2019-table3``); ``make
-reproduce-<TABLE>`` calls this.  For each row, in order, and skipping every
-step whose output is already on disk:
+reproduce-<TABLE>`` calls this, first with ``--preflight`` (before it
+prepares any data): the options against every row's config, the CUDA devices
+of ``--gpus`` (:func:`device_problem`) and, for WMT17 Zh-En, the full corpus
+(:func:`corpus_problem`; ``--small-data`` accepts News Commentary alone) each
+stop the run in one line, or are warnings with ``--dry-run``.  For each row,
+in order, and skipping every step whose output is already on disk:
 
 1. ``onmt_train -config <row config>`` on the GPUs listed by ``--gpus``
    (device ids, default ``0``; every command runs with
@@ -37,7 +41,9 @@ step whose output is already on disk:
    zh tokenizer for Chinese output) and chrF against the detokenized
    reference, ``multi-bleu.perl``-equivalent BLEU on the tokenized text, and
    a paired bootstrap test (1000 samples) against the table's first row; for
-   the clause tables also BLEU by source length against the first row.
+   the clause tables also BLEU by source length against the first row.  The
+   report's "ours - paper" uses the paper's own metric (:func:`paper_metric`)
+   and names our training data beside the paper's (:func:`training_data`).
 
 Results go to ``results/<paper>/<task>/`` (``--results-dir`` replaces
 ``results``; ``<paper>`` is the table name up to its first ``-``):
@@ -70,6 +76,7 @@ GPUs.
 """
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -99,6 +106,38 @@ ONMT_CHECKPOINT_DEFAULTS = {"save_checkpoint_steps": 5000, "keep_checkpoint": -1
 BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED = 1000, 12345
 #: At most this many training points per row are kept in the results JSON (the validation points all are).
 CURVE_POINTS = 500
+#: The BLEU each paper reports, which the "ours - paper" column uses: (key of a scored row, description).
+#: ``bleu`` is sacreBLEU on the detokenized text (13a, or zh for Chinese output), ``tok_bleu`` sacreBLEU with
+#: tokenize='none' on the tokenized text (sacremoses, or jieba words for Chinese) that :func:`score` reads.
+NIST_BLEU = ("bleu", "case-sensitive NIST BLEU (mteval-v13a tokenization: sacreBLEU tokenize='13a') on "
+                     "detokenized text")
+PAPER_METRICS = {
+    "li2019": NIST_BLEU,  # "case-sensitive 4-gram NIST BLEU score"
+    "cao2019": NIST_BLEU,  # "case-sensitive 4-gram NIST BLEU score"
+    "gret": NIST_BLEU,  # "we measure translation quality with the NIST BLEU"
+    "chen2019": ("tok_bleu", "multi-bleu.perl BLEU, case-sensitive, on Moses-tokenized text (sacreBLEU "
+                             "tokenize='none', no smoothing)"),  # "The multi-bleu.perl was used"
+}
+#: The clause paper names no BLEU variant; its Chinese rows (Table 5) are scored on words as segmented.
+CLAUSE_METRICS = {"zh": ("tok_bleu", "word-level BLEU on jieba-segmented Chinese (sacreBLEU tokenize='none')")}
+UNSTATED_METRIC = ("bleu", "sacreBLEU (13a; the paper does not say which BLEU it reports)")
+#: The training data of each (paper, task) as the paper describes it, set beside ours in every report.
+PAPER_DATA = {
+    ("li2019", "wmt14_ende"): "WMT14 En-De, 4.6M pairs",
+    ("li2019", "wmt17_zhen"): "WMT17 Zh-En, all of its parallel data, about 20.6M pairs",
+    ("cao2019", "wmt14_ende"): "WMT14 En-De, 4.6M pairs",
+    ("cao2019", "wmt17_zhen"): "WMT17 Zh-En, 20.6M pairs, of which those with sentences under 50 words are kept",
+    ("chen2019", "wmt14_ende"): "WMT'14 En-De, 4.43M pairs",
+    ("chen2019", "nist_zhen"): "LDC Zh-En corpora, 1.28M pairs",
+    ("clause", "niutrans_enzh"): "NiuTrans En-Zh, 80k training pairs (Table 1)",
+    ("clause", "wmt16_ende"): "WMT16 En-De, 20k training pairs (Table 1)",
+    ("clause", "wmt15_envi"): "WMT15 En-Vi, 100k training pairs (Table 1)",
+    **{("gret", task): f"{name} (its size is not legible in our copy of the paper)" for task, name in (
+        ("wmt14_ende", "WMT14 En-De"), ("wmt14_deen", "WMT14 De-En"), ("wmt17_zhen", "WMT17 Zh-En"),
+        ("wmt16_roen", "WMT16 Ro-En"))},
+}
+#: The task whose full corpus cannot be fetched here; its tables refuse to run on the small part alone.
+FULL_CORPUS_TASK = "wmt17_zhen"
 
 
 @dataclass(frozen=True)
@@ -521,6 +560,135 @@ def _split_options(values):
 
 
 # --------------------------------------------------------------------------
+# Before anything runs: the devices and the corpus
+# --------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _cuda_devices(gpus):
+    """How many CUDA devices torch sees with ``CUDA_VISIBLE_DEVICES=<gpus>`` (0 without CUDA), in a subprocess
+    (as every command of the run sees them), or the one-line error of importing torch."""
+    code = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(map(str, gpus)))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    if done.returncode:
+        return (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+    return int(done.stdout.split()[-1])
+
+
+def device_problem(gpus, probe=None):
+    """One line saying why the CUDA devices ``gpus`` cannot run the table, or None (also for ``cpu``: ``()``).
+
+    ``probe(gpus)`` gives the number of devices torch sees with those ids
+    visible, or the error of importing torch (default :func:`_cuda_devices`).
+    """
+    if not gpus:
+        return None
+    asked = ",".join(map(str, gpus))
+    seen = (probe or _cuda_devices)(gpus)
+    if isinstance(seen, str):
+        return f"reproduce.py: GPUS={asked} needs torch with CUDA, but importing torch failed: {seen}"
+    hint = ("run on a machine with CUDA (a system CUDA torch: make setup SYSTEM_TORCH=1, docs/install.md), or "
+            "GPUS=cpu for a toy table such as sample-li2019")
+    if seen == 0:
+        return (f"reproduce.py: GPUS={asked} asks for CUDA device{'s' if len(gpus) > 1 else ''} {asked}, but "
+                f"torch ({sys.executable}) sees no CUDA device; {hint}")
+    if seen < len(gpus):
+        return (f"reproduce.py: GPUS={asked} asks for {len(gpus)} CUDA devices, but torch sees only {seen} of them "
+                "(`nvidia-smi -L` lists this machine's); name only devices that exist")
+    return None
+
+
+def _read_corpora(task):
+    """``build/data/<task>/raw/corpora.json`` (written by tools/prepare_data.py's raw step), or None."""
+    path = DATA / task / "raw" / "corpora.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def corpus_problem(table, small_data=False, environ=None):
+    """One line saying why ``table`` must not train on the data at hand, or None.
+
+    Only tables on :data:`FULL_CORPUS_TASK` (WMT17 Zh-En) are checked: without
+    ``WMT17_EXTRA_DIR`` (UN v1.0 + CWMT) its data is News Commentary v12 alone,
+    about 0.2M of the papers' 20.6M pairs.  Prepared data counts first (its
+    ``raw/corpora.json`` says whether the extra pairs went in), else the
+    environment.  ``small_data`` (``WMT17_SMALL_DATA=1``) accepts the small
+    data on purpose.
+    """
+    task = table_task(table)
+    if task != FULL_CORPUS_TASK or small_data:
+        return None
+    environ = os.environ if environ is None else environ
+    sys.path.insert(0, str(REPO / "tools"))
+    from prepare_data import WMT17_EXTRA
+
+    opt_in = "or set WMT17_SMALL_DATA=1 to train on News Commentary v12 alone on purpose"
+    prepared = _read_corpora(task)
+    if prepared is not None:
+        if any(entry.get("extra") for entry in prepared["corpora"]):
+            return None
+        return (f"reproduce.py: {table}: {DATA / task} holds News Commentary v12 alone ({prepared['pairs']:,} pairs "
+                f"of the papers' 20.6M): delete it, {WMT17_EXTRA}, and rerun; {opt_in}")
+    extra = environ.get("WMT17_EXTRA_DIR")
+    if not extra:
+        return (f"reproduce.py: {table} trains on WMT17 Zh-En, which without WMT17_EXTRA_DIR is News Commentary v12 "
+                f"alone (about 0.2M of the papers' 20.6M pairs): {WMT17_EXTRA}; {opt_in}")
+    missing = [name for name in ("train.zh", "train.en") if not (Path(extra) / name).is_file()]
+    if missing:
+        return f"reproduce.py: WMT17_EXTRA_DIR={extra} lacks {', '.join(missing)}: {WMT17_EXTRA}; {opt_in}"
+    return None
+
+
+def preflight(table, gpus, small_data=False, dry_run=False, probe=None, environ=None):
+    """Check the devices and the corpus of ``table`` before any data is prepared.
+
+    Raises SystemExit with one line per problem (:func:`device_problem`,
+    :func:`corpus_problem`); with ``dry_run`` prints them as warnings to
+    stderr instead.  Returns the problems.
+    """
+    problems = [p for p in (device_problem(gpus, probe), corpus_problem(table, small_data, environ)) if p]
+    if small_data and table_task(table) != FULL_CORPUS_TASK:
+        print(f"reproduce.py: note: WMT17_SMALL_DATA applies to WMT17 Zh-En tables only; {table} trains on "
+              f"{table_task(table)}", file=sys.stderr)
+    if problems and dry_run:
+        for problem in problems:
+            print(problem.replace("reproduce.py: ", "reproduce.py: warning: ", 1), file=sys.stderr)
+    elif problems:
+        raise SystemExit("\n".join(problems))
+    return problems
+
+
+def paper_metric(table, task):
+    """``(key, description)`` of the BLEU the table's paper reports (:data:`PAPER_METRICS`); ``key`` names the
+    score of a result row that the "ours - paper" column uses."""
+    paper = table.split("-", 1)[0]
+    if paper == "clause":
+        return CLAUSE_METRICS.get(LANGS[task][1], UNSTATED_METRIC)
+    return PAPER_METRICS.get(paper, UNSTATED_METRIC)
+
+
+def paper_data(table, task):
+    """The training data of ``table``'s paper on ``task`` in words (:data:`PAPER_DATA`)."""
+    return PAPER_DATA.get((table.split("-", 1)[0], task), "not stated (not a paper)")
+
+
+def training_data(task):
+    """Our training data of ``task`` in words: its corpora and pair counts, and the pairs left after cleaning."""
+    prepared = _read_corpora(task)
+    if prepared is None:
+        return f"not recorded ({DATA / task}/raw/corpora.json is missing)"
+    text = " + ".join(f"{entry['name']} ({entry['pairs']:,} pairs)" for entry in prepared["corpora"])
+    try:
+        stats = json.loads((DATA / task / "clean" / "stats.json").read_text(encoding="utf-8"))
+        text += f"; {stats['pairs_kept']:,} pairs after cleaning"
+    except (OSError, ValueError, KeyError):
+        pass
+    return text
+
+
+# --------------------------------------------------------------------------
 # Running
 # --------------------------------------------------------------------------
 
@@ -586,7 +754,12 @@ def execute(plans, gpus, run=subprocess.run, bin_dir=None):
                 raise SystemExit(_missing_message(missing, p.task, step.command[0]))
             p.run_dir.mkdir(parents=True, exist_ok=True)
             print(line, flush=True)
-            run([str(bin_dir / step.command[0]), *step.command[1:]], check=True, env=env)
+            try:
+                run([str(bin_dir / step.command[0]), *step.command[1:]], check=True, env=env)
+            except subprocess.CalledProcessError as error:
+                log_file = step.command[step.command.index("-log_file") + 1] if "-log_file" in step.command else None
+                raise SystemExit(f"reproduce.py: {step.command[0]} stopped with exit status {error.returncode}"
+                                 + (f"; its log: {log_file}" if log_file else "; its messages are above")) from None
             if not step.output.exists():
                 raise SystemExit(f"reproduce.py: {step.command[0]} finished without writing {step.output}")
             log.append({"command": line, "status": "ran"})
@@ -817,22 +990,30 @@ def _by_length_section(table, task, rows, out_dir):
     return lines
 
 
-def report_markdown(table, task, rows, curves_file=None):
+def report_markdown(table, task, rows, curves_file=None, data=None):
     """The Markdown report of result rows (without the by-length section): the paper's BLEU beside ours.
 
     A task with several test sets (:func:`test_sets`) gets one table per
-    set, the further ones from each row's ``test_sets``.
+    set, the further ones from each row's ``test_sets``.  "ours - paper" is
+    in the paper's own metric (:func:`paper_metric`); ``data`` (``{"ours":
+    ..., "paper": ...}``, :func:`training_data`) heads the report.
     """
     tgt = LANGS[task][1]
-    lines = []
+    metric_key, metric_name = paper_metric(table, task)
+    data = data or {}
+    lines = [f"Training data: ours: {data.get('ours') or 'not recorded'}; the paper's: "
+             f"{data.get('paper') or 'not stated'}.", "",
+             f"ours - paper: {metric_name}, the paper's own metric, against the paper's BLEU.  sacreBLEU: "
+             f"case-sensitive, {'zh' if tgt == 'zh' else '13a'} tokenizer on detokenized text (signature below); "
+             "tok. BLEU: tokenize='none' on the tokenized text.", ""]
     for index, (label, _) in enumerate(test_sets(task)):
         views = rows if index == 0 else [{**row, **row.get("test_sets", {}).get(label, {})} for row in rows]
         if index and not all(label in row.get("test_sets", {}) for row in rows):
             continue  # a results JSON from before the further test sets were scored
-        lines += [*([""] if lines else []),
+        lines += [*([""] if index else []),
                   f"{table}: BLEU on {task} {label} (case-sensitive, {'zh' if tgt == 'zh' else '13a'} tokenizer; "
                   "p from paired bootstrap vs. the first row of the same model size; † p < 0.05, ‡ p < 0.01)", ""]
-        lines += _bleu_table(views)
+        lines += _bleu_table(views, metric_key)
     if rows and rows[0].get("signature"):
         lines.append(f"\nsacreBLEU signature: {rows[0]['signature']}")
     if curves_file is not None:
@@ -840,13 +1021,14 @@ def report_markdown(table, task, rows, curves_file=None):
     return lines
 
 
-def _bleu_table(rows):
-    """The Markdown table lines of the rows' scores on one test set."""
-    lines = ["| row | config | paper BLEU | BLEU | ours - paper | tok. BLEU | chrF | p | model |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+def _bleu_table(rows, metric_key="bleu"):
+    """The Markdown table lines of the rows' scores on one test set; "ours - paper" compares the paper's BLEU
+    with the row's ``metric_key`` score (the paper's own metric, :func:`paper_metric`)."""
+    lines = ["| row | config | paper BLEU | ours, paper's metric | ours - paper | sacreBLEU | tok. BLEU | chrF | p | "
+             "model |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for row in rows:
         config = " ".join([f"`{row['config']}`", *(f"`{o}`" for o in row.get("overrides") or ())])
-        paper, ours = row.get("paper_bleu"), row["bleu"]
+        paper, ours = row.get("paper_bleu"), row[metric_key]
         delta = "" if paper is None else f"{ours - paper:+.2f}"
         p = "" if row.get("p_value") is None else f"{row['p_value']:.3f} {row.get('marker') or ''}".rstrip()
         averaged = row.get("averaged")
@@ -855,11 +1037,11 @@ def _bleu_table(rows):
         if row.get("train_steps") is not None:
             model += f"{', ' if model else ''}{row['train_steps']} steps"
         lines.append(f"| {row['label']} | {config} | {_number_cell(paper)} | {ours:.2f} | {delta} | "
-                     f"{row['tok_bleu']:.2f} | {_number_cell(row.get('chrf'))} | {p} | {model} |")
+                     f"{row['bleu']:.2f} | {row['tok_bleu']:.2f} | {_number_cell(row.get('chrf'))} | {p} | {model} |")
     return lines
 
 
-def write_report(table, task, rows, out_dir, commands=()):
+def write_report(table, task, rows, out_dir, commands=(), data=None):
     """Write the report of scored rows to ``out_dir``; returns the paths written, by kind.
 
     ``rows`` has one dict per table row: ``label``, ``config``,
@@ -869,11 +1051,16 @@ def write_report(table, task, rows, out_dir, commands=()):
     ``curves`` (as :func:`parse_train_log` returns them), ``by_length``
     (as :func:`score` computes it) and ``test_sets`` (as
     :func:`row_results` makes it) are used when present.  ``commands`` are
-    the command log of :func:`execute`.  Writes ``<table>.json`` (table,
-    paper, task, metric, rows, commands), ``<table>.md`` (the table with the
-    paper's BLEU beside ours), ``<table>.curves.png`` when some row has a
-    training curve and a by-length plot per row that has ``by_length``.
+    the command log of :func:`execute`, ``data`` the training data
+    (``{"ours": ..., "paper": ...}``; default: :func:`training_data` of the
+    task on disk and :data:`PAPER_DATA`).  Writes ``<table>.json`` (table,
+    paper, task, metric, the paper's metric, training data, rows,
+    commands), ``<table>.md`` (the table with the paper's BLEU beside ours),
+    ``<table>.curves.png`` when some row has a training curve and a
+    by-length plot per row that has ``by_length``.
     """
+    paper = table.split("-", 1)[0]
+    data = data or {"ours": training_data(task), "paper": paper_data(table, task)}
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = [dict(row) for row in rows]
@@ -881,12 +1068,14 @@ def write_report(table, task, rows, out_dir, commands=()):
     curves = out_dir / f"{table}.curves.png"
     if plot_curves(rows, curves, f"{table}: training curves"):
         written["curves"] = curves
-    lines = report_markdown(table, task, rows, curves.name if "curves" in written else None)
+    lines = report_markdown(table, task, rows, curves.name if "curves" in written else None, data)
     if any(row.get("by_length") for row in rows):
         lines += _by_length_section(table, task, rows, out_dir)
         written["by_length"] = [out_dir / _by_length_plot_name(table, task, row) for row in rows
                                 if row.get("by_length")]
-    document = {"table": table, "paper": table.split("-", 1)[0], "task": task, "metric": _metric(LANGS[task][1]),
+    metric_key, metric_name = paper_metric(table, task)
+    document = {"table": table, "paper": paper, "task": task, "metric": _metric(LANGS[task][1]),
+                "paper_metric": {"score": metric_key, "name": metric_name}, "training_data": data,
                 "significance": f"paired bootstrap against the first row of the same model size (Base or Big), "
                                 f"{BOOTSTRAP_SAMPLES} resamples, "
                                 f"seed {BOOTSTRAP_SEED}",
@@ -933,6 +1122,12 @@ def load_results(path, table):
         if missing:
             raise SystemExit(f"reproduce.py: row {row['label']!r} of {path} has no {', '.join(missing)}")
     return document["rows"], document.get("commands", [])
+
+
+def _recorded_data(path):
+    """The ``training_data`` a results JSON records (None when it has none, or is a bare list of rows)."""
+    document = json.loads(Path(path).read_text(encoding="utf-8"))
+    return document.get("training_data") if isinstance(document, dict) else None
 
 
 def _show(path):
@@ -986,6 +1181,12 @@ def main(argv=None):
                         help="with --report-only: the results JSON to report (default: the table's own)")
     parser.add_argument("--results-dir", type=Path,
                         help="where results/<paper>/<task>/ goes instead of the repository's results/")
+    parser.add_argument("--small-data", action="store_true",
+                        help="train a WMT17 Zh-En table on News Commentary v12 alone, on purpose (make's "
+                             "WMT17_SMALL_DATA=1); without it such a table needs WMT17_EXTRA_DIR")
+    parser.add_argument("--preflight", action="store_true",
+                        help="only check the CUDA devices and the corpus (make runs this before preparing data)")
+    parser.add_argument("--preflight-done", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--list", action="store_true", help="list the tables")
     parser.add_argument("--task", action="store_true", help="print the table's task (its build/data/ directory)")
     args = parser.parse_args(argv)
@@ -1010,10 +1211,21 @@ def main(argv=None):
     table, rows = args.table, TABLES[args.table]
     task = table_task(table)
     out_dir = results_dir(table, root)
+    if args.preflight:  # the options against every row's config, then the devices and the corpus
+        for row in rows:
+            plan(row, gpus, args.average, args.passes)
+        preflight(table, gpus, args.small_data, args.dry_run)
+        return 0
     if args.report_only:
-        rows_done, commands = load_results(results_json or out_dir / f"{table}.json", table)
+        source = results_json or out_dir / f"{table}.json"
+        rows_done, commands = load_results(source, table)
+        data = _recorded_data(source) or {"ours": f"not recorded in {_show(source)}",
+                                          "paper": paper_data(table, task)}
     else:
         plans = [plan(row, gpus, args.average, args.passes) for row in rows]
+        if not args.preflight_done:
+            preflight(table, gpus, args.small_data, args.dry_run)
+        data = None
         clause = table.startswith("clause-")  # the paper's claim is about long sentences (Tables 6-9)
         if args.dry_run:
             for p in plans:
@@ -1025,7 +1237,7 @@ def main(argv=None):
         commands = execute(plans, gpus)
         more = [score(plans, task, test_set=index) for index in range(1, len(test_sets(task)))]
         rows_done = row_results(plans, score(plans, task, by_length=clause), more)
-    written = write_report(table, task, rows_done, out_dir, commands)
+    written = write_report(table, task, rows_done, out_dir, commands, data)
     print(written["md"].read_text(encoding="utf-8"))
     print(f"written: {', '.join(str(_show(path)) for kind, path in written.items() if kind != 'by_length')}"
           + "".join(f", {_show(path)}" for path in written.get("by_length", [])))

@@ -102,9 +102,12 @@ def test_make_reproduce_sample_runs_every_step_and_reports(checkout, tmp_path, o
         assert row["averaged"] == 5 and len(row["checkpoints"]) == 5
         assert row["model"].endswith("average_last5.pt")
         assert "nrefs:1|case:mixed" in row["signature"]
+    ours = report["training_data"]["ours"]  # the corpus and its pair counts, as the data steps recorded them
+    assert ours.startswith("data/wmt14-ende-sample/train.* (") and "pairs after cleaning" in ours
     statuses = [entry["status"] for entry in report["commands"]]
     assert statuses.count("ran") == 6, statuses  # train, average, translate for each row
-    assert (out / "sample-li2019.md").read_text(encoding="utf-8").count("| ") > 4
+    markdown = (out / "sample-li2019.md").read_text(encoding="utf-8")
+    assert markdown.count("| ") > 4 and f"Training data: ours: {ours}" in markdown
     assert (out / "sample-li2019.curves.png").stat().st_size > 1000
 
     # a second run finds everything done and only rescored

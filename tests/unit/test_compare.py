@@ -1,7 +1,10 @@
 """tools/compare.py: log parsing, run naming and the report, from fixed inputs (no training)."""
 
+import json
 import sys
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 import compare  # noqa: E402
@@ -56,7 +59,10 @@ def test_report_from_fixed_results(tmp_path):
               "rows": [_row("baseline", [18.0, 19.0]), _row("li2019_em", [22.0, 21.0], [4.0, 2.0], speed=640.0)]}
     text = compare.markdown(report)
     assert "| baseline (`yaml_configs/compare/baseline.yaml`) | 18.50 ± 0.50 |" in text
-    assert "| 2 / 0 | 0.64 |" in text
+    assert "| 2 / 0 | — | 0.64 |" in text  # no across-seeds test in these rows
+    text = compare.markdown({**report, "rows": compare.add_seed_tests(report["rows"])})
+    assert "| 2 / 0 | +3.00 (2 / 0), p 0.500 | 0.64 |" in text
+    assert "ignores the variance between seeds" in text and "smallest possible p is 0.500" in text
     assert "22.00 (+4.00, p 0.001 ‡)" in text
     assert "10.0 min" in text
     compare.plot(report, tmp_path / "c.png")
@@ -87,3 +93,54 @@ def test_a_report_that_reuses_runs_names_the_invocations_that_trained_them():
             "finished runs.") in compare.markdown(report)
     assert "does not record them" in compare.markdown({**report, "earlier_invocations": None})
     assert "of the whole comparison: 10.0 min" in compare.markdown({**report, "earlier_invocations": []})
+
+
+def test_the_seed_test_is_an_exact_sign_flip_test_over_the_seeds():
+    # three seeds all better: only the all-plus and all-minus sign patterns reach |mean| 1.0: p = 2/8
+    test = compare.seed_test([20.0, 21.0, 22.0], [21.0, 22.0, 23.0])
+    assert test["deltas"] == [1.0, 1.0, 1.0] and test["p_value"] == 0.25 == test["min_p"]
+    assert (test["better"], test["worse"]) == (3, 0)
+    # deltas (2, 1, -1), |sum| 2: of the 8 sign patterns only (+2, -1, +1) and (-2, +1, -1) sum to 0, the
+    # other six reach |sum| >= 2 (counted by hand): p = 6/8
+    test = compare.seed_test([10.0, 10.0, 10.0], [12.0, 11.0, 9.0])
+    assert test["p_value"] == 0.75 and (test["better"], test["worse"]) == (2, 1)
+    assert test["mean_delta"] == 2 / 3
+    # six seeds all better in the same direction can reach the 5% level (2/64); a bootstrap count cannot
+    assert compare.seed_test([0.0] * 6, [1.0, 2.0, 0.5, 1.5, 1.0, 0.7])["p_value"] == 2 / 64
+    assert compare.seed_test([0.0] * 2, [1.0, -1.0])["p_value"] == 1.0
+
+
+def test_the_verdict_names_earlier_leads_besides_the_last_one():
+    steps = [100, 200, 300, 400, 1000]
+    clause = dict(zip(steps, ["tie", "better", "tie", "tie", "better"]))  # clause attention's committed curve
+    assert compare.verdict_text(clause) == "beats the baseline from step 1000 on, and earlier at step 200"
+    assert compare.verdict_text(dict(zip(steps, ["better"] * 5))) == "beats the baseline from step 100 on"
+    mixed = dict(zip(steps, ["worse", "tie", "better", "better", "better"]))
+    assert compare.verdict_text(mixed) == "beats the baseline from step 300 on; behind the baseline at step 100"
+    lost = dict(zip(steps, ["better", "better", "tie", "better", "tie"]))
+    assert compare.verdict_text(lost) == "beats the baseline at steps 100-200, 400; not at the last step"
+    assert compare.verdict_text(dict(zip(steps, ["tie"] * 5))).startswith("never apart")
+
+
+def test_report_only_rewrites_the_report_from_its_json(tmp_path, capsys):
+    report = {"seeds": [1, 2, 3], "train_steps": 300, "jobs": 2, "threads": 1, "test_sentences": 10,
+              "wall_seconds": 60.0, "command": "python tools/compare.py",
+              "rows": [_row("baseline", [18.0, 19.0, 20.0]), _row("clause_ca_rule", [19.0, 20.0, 21.0], [1, 1, 1])],
+              "curves": {"baseline": {"step": [100, 200, 300], "mean": [9, 8, 7], "min": [9, 8, 7], "max": [9, 8, 7]},
+                         "clause_ca_rule": {"step": [100, 200, 300], "mean": [9, 8, 7], "min": [9, 8, 7],
+                                            "max": [9, 8, 7], "verdicts": {"100": "better", "200": "tie",
+                                                                           "300": "better"},
+                                            "verdict": "beats the baseline from step 300 on"}}}
+    (tmp_path / "compare.json").write_text(json.dumps(report), encoding="utf-8")
+    assert compare.main(["--report-only", "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "compare.md").read_text(encoding="utf-8")
+    assert "beats the baseline from step 300 on, and earlier at step 100" in text
+    assert "+1.00 (3 / 0), p 0.250" in text
+    document = json.loads((tmp_path / "compare.json").read_text(encoding="utf-8"))
+    assert document["rows"][1]["across_seeds"]["p_value"] == 0.25
+    with pytest.raises(SystemExit):  # nothing is trained: a training option would be ignored
+        compare.main(["--report-only", "--out", str(tmp_path), "--seeds", "4"])
+    assert "--report-only takes only --out, not --seeds" in capsys.readouterr().err
+    (tmp_path / "compare.json").write_text("{", encoding="utf-8")
+    with pytest.raises(SystemExit, match="cannot read .*compare.json"):
+        compare.main(["--report-only", "--out", str(tmp_path)])

@@ -137,7 +137,8 @@ def test_from_which_step_counts_only_a_lead_kept_to_the_end():
     verdicts = {100: "worse", 200: "tie", 300: "better", 400: "tie", 500: "better", 600: "better"}
     assert compare.sustained_from(verdicts, "better") == 500
     assert compare.sustained_from(verdicts, "worse") is None
-    assert compare.verdict_text(verdicts) == "beats the baseline from step 500 on"
+    assert compare.verdict_text(verdicts) == \
+        "beats the baseline from step 500 on, and earlier at step 300; behind the baseline at step 100"
     assert compare.verdict_text({100: "worse", 200: "worse"}) == "behind the baseline from step 100 on"
     assert compare.verdict_text({100: "better", 200: "better", 300: "tie"}) == \
         "beats the baseline at steps 100-200; not at the last step"

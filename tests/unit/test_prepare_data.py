@@ -201,7 +201,7 @@ def test_nist_raw_step_writes_four_numbered_references(tmp_path, monkeypatch):
     monkeypatch.setenv("NIST_DIR", str(nist))
     out = pd.raw("nist_zhen", out=tmp_path / "raw")
     names = sorted(p.name for p in out.iterdir())
-    assert names == sorted(["train.zh", "train.en", "valid.zh", "valid.en", "test.zh", "test_nist03.zh",
+    assert names == sorted(["corpora.json", "train.zh", "train.en", "valid.zh", "valid.en", "test.zh", "test_nist03.zh",
                             "test_nist04.zh"] + [f"{t}.en{n}" for t in ("test", "test_nist03", "test_nist04")
                                                  for n in range(4)])
     assert (out / "test.en3").read_text(encoding="utf-8").splitlines()[1] == "A & B r4"
@@ -401,3 +401,44 @@ def test_subword_nmt_draws_no_bar_of_its_own_on_a_log(tmp_path, monkeypatch, cap
     from subword_nmt import learn_bpe as module
 
     assert module.tqdm.__module__.startswith("tqdm")  # its own bar is back after the call
+
+
+# ---------------------------------------------------------------- WMT17 Zh-En: the extra corpus and the record
+def _wmt17_without_network(tmp_path, monkeypatch):
+    """raw() of wmt17_zhen on three News Commentary pairs and local dev/test files."""
+    monkeypatch.setattr(pd, "corpus_lines", lambda corpus, src, tgt, downloads: (["新闻"] * 3, ["news"] * 3))
+    for name, text in (("src", "你好\n"), ("ref", "hello\n")):
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    monkeypatch.setattr(pd, "_sacrebleu_files", lambda test_set: (tmp_path / "src", [tmp_path / "ref"]))
+
+
+def test_wmt17_raw_records_its_corpora_and_pair_counts(tmp_path, monkeypatch, capsys):
+    import json
+
+    _wmt17_without_network(tmp_path, monkeypatch)
+    monkeypatch.delenv("WMT17_EXTRA_DIR", raising=False)
+    out = pd.raw("wmt17_zhen", out=tmp_path / "small")
+    assert json.loads((out / "corpora.json").read_text(encoding="utf-8")) == {
+        "task": "wmt17_zhen", "corpora": [{"name": "News Commentary v12", "pairs": 3}], "pairs": 3}
+    assert "only News Commentary v12" in capsys.readouterr().err
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    (extra / "train.zh").write_text("联合国\n会议\n", encoding="utf-8")
+    monkeypatch.setenv("WMT17_EXTRA_DIR", str(extra))
+    with pytest.raises(SystemExit, match=r"WMT17_EXTRA_DIR=.*extra lacks train\.en: put the zh-en pairs of the UN"):
+        pd.raw("wmt17_zhen", out=tmp_path / "full")
+    (extra / "train.en").write_text("united nations\nmeeting\n", encoding="utf-8")
+    out = pd.raw("wmt17_zhen", out=tmp_path / "full")
+    record = json.loads((out / "corpora.json").read_text(encoding="utf-8"))
+    assert record["pairs"] == 5 and record["corpora"][1] == {
+        "name": f"WMT17_EXTRA_DIR ({extra}): UN v1.0 + CWMT", "pairs": 2, "extra": True}
+    assert (out / "train.en").read_text(encoding="utf-8").splitlines()[-1] == "meeting"
+
+
+def test_every_raw_step_names_its_corpora(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.chdir(pd.REPO)  # the sample is read from the repository
+    out = pd.raw("sample_ende", out=tmp_path / "raw")
+    [entry] = json.loads((out / "corpora.json").read_text(encoding="utf-8"))["corpora"]
+    assert entry["name"] == "data/wmt14-ende-sample/train.*" and entry["pairs"] > 1000

@@ -16,6 +16,13 @@ import reproduce  # noqa: E402
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.fixture(autouse=True)
+def cuda_everywhere(monkeypatch):
+    """Every test sees as many CUDA devices as it asks for, unless it probes otherwise itself (the real probe
+    starts a Python with torch, which the tests of the CUDA check replace)."""
+    monkeypatch.setattr(reproduce, "_cuda_devices", lambda gpus: len(gpus))
+
+
 def _config(row):
     return yaml.safe_load((support.REPO / "yaml_configs" / row.config).read_text(encoding="utf-8"))
 
@@ -341,10 +348,10 @@ def test_report_from_fixed_json_puts_the_papers_bleu_beside_ours(tmp_path, capsy
     out_dir = tmp_path / "results/li2019/wmt14_ende"
     markdown = (out_dir / f"{table}.md").read_text(encoding="utf-8")
     assert markdown in capsys.readouterr().out
-    assert ("| 1 none | `baseline/transformer_base_wmt14_ende.yaml` | 27.31 | 26.81 | -0.50 | 27.56 | 55.00 |  | "
+    assert ("| 1 none | `baseline/transformer_base_wmt14_ende.yaml` | 27.31 | 26.81 | -0.50 | 26.81 | 27.56 | 55.00 |  | "
             "last 5 checkpoints averaged, 200000 steps |") in markdown
     assert ("| 6 [6] | `li2019/transformer_base_wmt14_ende_em_enc_self_layers_6.yaml` | 27.68 | 27.18 | -0.50 | "
-            "27.93 | 60.00 | 0.004 ‡ | last 5 checkpoints averaged, 200000 steps |") in markdown
+            "27.18 | 27.93 | 60.00 | 0.004 ‡ | last 5 checkpoints averaged, 200000 steps |") in markdown
     assert "sacreBLEU signature: nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.4.3" in markdown
     assert f"({table}.curves.png)" in markdown
     document = json.loads((out_dir / f"{table}.json").read_text(encoding="utf-8"))
@@ -368,7 +375,7 @@ def test_report_of_a_sweep_without_paper_scores_or_curves(tmp_path):
     written = reproduce.write_report(table, "wmt14_ende", rows, tmp_path)
     markdown = written["md"].read_text(encoding="utf-8")
     assert "| mprhead d_r = 448 | `chen2019/transformer_base_wmt14_ende_mprhead.yaml` `-chen2019_dim` `448` | n/a | " \
-           "27.00 |  | 27.75 |" in markdown
+           "27.75 |  | 27.00 | 27.75 |" in markdown  # chen2019's own metric: multi-bleu on tokenized text
     assert "curves" not in written and not (tmp_path / f"{table}.curves.png").exists()
 
 
@@ -514,3 +521,196 @@ def test_passes_keep_the_tokens_of_an_update():
     assert batch_and_accum((0, 1, 2, 3)) == (4096, 2)
     with pytest.raises(SystemExit, match="--passes 3 must divide"):
         reproduce.plan(row, (0,), passes=3)
+
+
+# ---------------------------------------------------------------- the paper's own metric in "ours - paper"
+
+DETOK_REFERENCES = ["The well-known author didn't arrive until mid-day.", "It's a long-term plan, isn't it?",
+                    "She bought three apples and two pears at the market.", "We'll meet at the station at noon.",
+                    "The state-of-the-art system wasn't ready for the year-end review."]
+
+
+def _paper_metric_markdown(tmp_path, table, refs, tok_refs, tok_hyps):
+    """Score every row of ``table`` with the hypotheses ``tok_hyps`` (BPE-free, tokenized) against the
+    references on disk, and return the Markdown report."""
+    task = reproduce.table_task(table)
+    src, tgt = reproduce.LANGS[task]
+    data = tmp_path / "build/data" / task
+    data.mkdir(parents=True)
+    (data / f"test.{tgt}").write_text("\n".join(refs) + "\n", encoding="utf-8")
+    (data / f"test.tok.{tgt}").write_text("\n".join(tok_refs) + "\n", encoding="utf-8")
+    plans = [reproduce.plan(row, (0,)) for row in reproduce.TABLES[table]]
+    for p in plans:
+        p.run_dir.mkdir(parents=True)
+        p.hypotheses.write_text("\n".join(tok_hyps) + "\n", encoding="utf-8")
+    rows = reproduce.row_results(plans, reproduce.score(plans, task))
+    return rows, reproduce.write_report(table, task, rows, tmp_path / "out")["md"].read_text(encoding="utf-8")
+
+
+def _delta_cell(row, ours):
+    return f"| {row.label} | `{row.config}` | {row.paper_bleu:.2f} | {ours:.2f} | {ours - row.paper_bleu:+.2f} |"
+
+
+@pytest.mark.parametrize("table", ["chen2019-table1", "cao2019-table2-wmt17_zhen", "li2019-table4-wmt17_zhen",
+                                   "gret-main-wmt14_ende", "clause-table10"])
+def test_ours_minus_paper_uses_the_papers_own_bleu_on_english_and_german(table, tmp_path, monkeypatch):
+    import sacrebleu
+    from sacremoses import MosesTokenizer
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(reproduce, "BOOTSTRAP_SAMPLES", 10)
+    tokenizer = MosesTokenizer(lang="en")
+    tok_refs = [tokenizer.tokenize(r, aggressive_dash_splits=True, escape=False, return_str=True)
+                for r in DETOK_REFERENCES]
+    tok_hyps = [r.replace("author", "writer").replace("three", "four").replace("noon", "night") for r in tok_refs]
+    rows, markdown = _paper_metric_markdown(tmp_path, table, DETOK_REFERENCES, tok_refs, tok_hyps)
+    # multi-bleu.perl on the Moses-tokenized text (tokenize='none'), and NIST mteval-v13a on detokenized text
+    multi_bleu = sacrebleu.corpus_bleu(tok_hyps, [tok_refs], tokenize="none", smooth_method="none", force=True).score
+    tgt = reproduce.LANGS[reproduce.table_task(table)][1]  # score() detokenizes with the target's rules
+    nist = sacrebleu.corpus_bleu([_detok(h, tgt) for h in tok_hyps], [DETOK_REFERENCES], tokenize="13a").score
+    assert abs(multi_bleu - nist) > 1  # the two metrics really differ on this text
+    assert rows[0]["tok_bleu"] == pytest.approx(multi_bleu) and rows[0]["bleu"] == pytest.approx(nist)
+    expected = multi_bleu if table.startswith("chen2019") else nist  # clause (en-de): not stated, sacreBLEU
+    for row in reproduce.TABLES[table][:2]:
+        if row.paper_bleu is not None:
+            assert _delta_cell(row, expected) in markdown
+    assert reproduce.paper_metric(table, reproduce.table_task(table))[1] in markdown
+
+
+def _detok(line, lang):
+    from sacremoses import MosesDetokenizer
+
+    return MosesDetokenizer(lang=lang).detokenize(line.split())
+
+
+def test_ours_minus_paper_is_word_level_bleu_on_segmented_chinese_for_clause_table5(tmp_path, monkeypatch):
+    import sacrebleu
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(reproduce, "BOOTSTRAP_SAMPLES", 10)
+    tok_refs = ["我们 明天 去 北京 开会 。", "他 喜欢 在 公园 里 跑步 。", "这 本 书 非常 有意思 。", "今天 的 天气 很 好 。"]
+    tok_hyps = ["我们 明天 到 北京 开会 。", "他 喜欢 在 公园 里 散步 。", "这 本 书 非常 有趣 。", "今天 天气 很 好 。"]
+    refs = [r.replace(" ", "") for r in tok_refs]
+    rows, markdown = _paper_metric_markdown(tmp_path, "clause-table5", refs, tok_refs, tok_hyps)
+    words = sacrebleu.corpus_bleu(tok_hyps, [tok_refs], tokenize="none", smooth_method="none", force=True).score
+    characters = sacrebleu.corpus_bleu([h.replace(" ", "") for h in tok_hyps], [refs], tokenize="zh").score
+    assert abs(words - characters) > 1 and rows[0]["bleu"] == pytest.approx(characters)
+    for row in reproduce.TABLES["clause-table5"]:
+        assert _delta_cell(row, words) in markdown
+    assert "word-level BLEU on jieba-segmented Chinese" in markdown
+
+
+def test_every_report_names_our_training_data_beside_the_papers(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    raw = tmp_path / "build/data/wmt17_zhen/raw"
+    sys.path.insert(0, str(support.REPO / "tools"))
+    import prepare_data
+
+    prepare_data.write_corpora(raw, "wmt17_zhen", [("News Commentary v12", 227062)])
+    (tmp_path / "build/data/wmt17_zhen/clean").mkdir()
+    (tmp_path / "build/data/wmt17_zhen/clean/stats.json").write_text('{"pairs_kept": 225000}')
+    table = "cao2019-table2-wmt17_zhen"
+    rows = [{"label": row.label, "config": row.config, "paper_bleu": row.paper_bleu, "bleu": 20.0, "tok_bleu": 21.0}
+            for row in reproduce.TABLES[table]]
+    written = reproduce.write_report(table, "wmt17_zhen", rows, tmp_path / "out")
+    markdown = written["md"].read_text(encoding="utf-8")
+    assert ("Training data: ours: News Commentary v12 (227,062 pairs); 225,000 pairs after cleaning; the paper's: "
+            "WMT17 Zh-En, 20.6M pairs") in markdown
+    document = json.loads(written["json"].read_text(encoding="utf-8"))
+    assert document["training_data"]["ours"].startswith("News Commentary v12 (227,062 pairs)")
+    assert document["paper_metric"]["score"] == "bleu"
+    assert all((name.split("-")[0], reproduce.table_task(name)) in reproduce.PAPER_DATA
+               for name in reproduce.TABLES if not name.startswith("sample-"))
+
+
+# ---------------------------------------------------------------- before anything runs: corpus and devices
+
+WMT17_TABLES = [name for name in reproduce.TABLES if reproduce.table_task(name) == "wmt17_zhen"]
+
+
+def test_the_wmt17_tables_are_those_of_cao2019_li2019_and_gret():
+    assert sorted(WMT17_TABLES) == ["cao2019-table1", "cao2019-table2-wmt17_zhen", "gret-main-wmt17_zhen",
+                                    "li2019-table4-wmt17_zhen"]
+
+
+@pytest.mark.parametrize("table", WMT17_TABLES)
+def test_wmt17_tables_refuse_news_commentary_alone_unless_asked(table, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("WMT17_EXTRA_DIR", raising=False)
+    with pytest.raises(SystemExit) as stop:  # before the data check: no build/data at all here
+        reproduce.main([table, "--gpus", "cpu"])
+    message = str(stop.value)
+    assert len(message.splitlines()) == 1 and "WMT17_EXTRA_DIR" in message and "WMT17_SMALL_DATA=1" in message
+    assert "UN Parallel Corpus v1.0" in message and "CWMT" in message and not (tmp_path / "build").exists()
+    # asked for on purpose: the run goes on (to the missing data here)
+    with pytest.raises(SystemExit, match="make data-wmt17_zhen"):
+        reproduce.main([table, "--gpus", "cpu", "--small-data"])
+    # a DRY_RUN says the same, as a warning, and prints the commands
+    assert reproduce.main([table, "--dry-run"]) == 0
+    captured = capsys.readouterr()
+    assert "reproduce.py: warning: " in captured.err and "WMT17_SMALL_DATA=1" in captured.err
+    assert "onmt_train" in captured.out
+
+
+def test_the_corpus_check_reads_the_extra_directory_and_the_prepared_data(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    table = "li2019-table4-wmt17_zhen"
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    (extra / "train.zh").write_text("你好\n")
+    assert "lacks train.en" in reproduce.corpus_problem(table, environ={"WMT17_EXTRA_DIR": str(extra)})
+    (extra / "train.en").write_text("hello\n")
+    assert reproduce.corpus_problem(table, environ={"WMT17_EXTRA_DIR": str(extra)}) is None
+    assert reproduce.corpus_problem("li2019-table2", environ={}) is None  # WMT14: nothing to check
+    sys.path.insert(0, str(support.REPO / "tools"))
+    import prepare_data
+
+    raw = tmp_path / "build/data/wmt17_zhen/raw"
+    prepare_data.write_corpora(raw, "wmt17_zhen", [("News Commentary v12", 227062)])
+    stale = reproduce.corpus_problem(table, environ={"WMT17_EXTRA_DIR": str(extra)})
+    assert "holds News Commentary v12 alone (227,062 pairs" in stale and "delete it" in stale
+    assert reproduce.corpus_problem(table, small_data=True, environ={}) is None
+    prepare_data.write_corpora(raw, "wmt17_zhen", [("News Commentary v12", 227062),
+                                                   (f"WMT17_EXTRA_DIR ({extra}): UN v1.0 + CWMT", 1)])
+    assert reproduce.corpus_problem(table, environ={}) is None
+
+
+def test_no_cuda_stops_the_table_before_its_data_in_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(reproduce, "_cuda_devices", lambda gpus: 0)
+    with pytest.raises(SystemExit) as stop:
+        reproduce.main(["li2019-table2", "--gpus", "0"])
+    assert str(stop.value).startswith("reproduce.py: GPUS=0 asks for CUDA device 0, but torch")
+    assert "sees no CUDA device" in str(stop.value) and len(str(stop.value).splitlines()) == 1
+    assert not (tmp_path / "build").exists()
+    assert reproduce.main(["li2019-table2", "--gpus", "0", "--preflight", "--dry-run"]) == 0
+    assert "reproduce.py: warning: GPUS=0 asks for CUDA device 0" in capsys.readouterr().err
+    assert reproduce.main(["li2019-table2", "--dry-run"]) == 0
+    assert "sees no CUDA device" in capsys.readouterr().err
+    assert reproduce.device_problem((), lambda gpus: 0) is None  # GPUS=cpu needs no CUDA
+
+
+def test_fewer_gpus_than_asked_and_a_broken_torch_are_one_line_each():
+    message = reproduce.device_problem((0, 1, 2, 3), lambda gpus: 2)
+    assert "GPUS=0,1,2,3 asks for 4 CUDA devices, but torch sees only 2 of them" in message
+    assert reproduce.device_problem((0, 1), lambda gpus: 2) is None
+    assert "importing torch failed: ImportError: x" in reproduce.device_problem((0,), lambda gpus: "ImportError: x")
+
+
+def test_a_failing_command_ends_the_run_in_one_line_without_a_traceback(tmp_path, monkeypatch):
+    import subprocess
+
+    monkeypatch.chdir(tmp_path)
+    row = reproduce.TABLES["sample-li2019"][0]
+    plans = [reproduce.plan(row, (), average=1)]
+    for path in plans[0].steps[0].inputs:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("x\n")
+
+    def fail(command, check, env):
+        raise subprocess.CalledProcessError(3, command)
+
+    with pytest.raises(SystemExit) as stop:
+        reproduce.execute(plans, (), run=fail, bin_dir=tmp_path)
+    assert str(stop.value) == ("reproduce.py: onmt_train stopped with exit status 3; its log: "
+                               f"{plans[0].run_dir / 'train.log'}")

@@ -1,0 +1,68 @@
+"""`make reproduce-<table>` stops before preparing any data when the machine lacks the CUDA devices asked for, or
+when a WMT17 Zh-En table would train on News Commentary alone; DRY_RUN=1 says the same as warnings; the toy
+sample table runs on the CPU by default.  Each runs in a scratch copy of what make reads (Makefile, tools/,
+yaml_configs/), so that a check that failed to stop could not start preparing data in the repository."""
+
+import shutil
+import subprocess
+
+import pytest
+
+import support
+
+#: Eight GPUs (which divide the configs' accum_count 8), the last of which no machine has: CUDA stops counting
+#: visible devices at an id that does not exist, so the check stops with or without CUDA.
+MANY_GPUS = "0,1,2,3,4,5,6,999"
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory):
+    root = tmp_path_factory.mktemp("checkout")
+    for path in support.REPO.iterdir():
+        if path.is_file():
+            shutil.copy2(path, root / path.name)
+    for name in ("tools", "yaml_configs"):
+        shutil.copytree(support.REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+    (root / ".setup-done").touch()
+    return root
+
+
+def _make(root, *args):
+    env = support.cli_env()
+    env.pop("WMT17_EXTRA_DIR", None)
+    return subprocess.run(["make", "--no-print-directory", f"VENV={support.REPO / '.venv'}",
+                           f"SETUP_STAMP={root / '.setup-done'}", *args], cwd=root, capture_output=True, text=True,
+                          timeout=300, env=env)
+
+
+def test_missing_gpus_and_a_small_wmt17_corpus_stop_the_table_before_its_data(checkout):
+    result = _make(checkout, "reproduce-cao2019-table1", f"GPUS={MANY_GPUS}")
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    gpus, corpus = [line for line in result.stderr.splitlines() if line.startswith("reproduce.py:")]
+    assert gpus.startswith(f"reproduce.py: GPUS={MANY_GPUS} asks for ")
+    assert "sees no CUDA device" in gpus or "sees only" in gpus
+    assert "WMT17_EXTRA_DIR" in corpus and "WMT17_SMALL_DATA=1" in corpus
+    assert not (checkout / "build").exists()
+
+
+def test_gpus_that_cannot_keep_the_papers_batch_stop_before_the_data(checkout):
+    result = _make(checkout, "reproduce-li2019-table2", "GPUS=0,1,2")  # 3 does not divide accum_count 8
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "(3 GPUs) does not divide accum_count 8" in result.stderr and not (checkout / "build").exists()
+
+
+def test_a_dry_run_warns_the_same_and_prints_the_commands(checkout):
+    result = _make(checkout, "reproduce-li2019-table4-wmt17_zhen", f"GPUS={MANY_GPUS}", "DRY_RUN=1")
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("reproduce.py: warning: ")]
+    assert len(warnings) == 2 and f"GPUS={MANY_GPUS} asks for" in warnings[0] and "WMT17_EXTRA_DIR" in warnings[1]
+    assert "tools/prepare_data.py fetch wmt17_zhen" in result.stdout and " onmt_train " in result.stdout
+    assert not (checkout / "build").exists()
+
+
+def test_the_sample_table_runs_on_the_cpu_unless_gpus_are_given(checkout):
+    result = _make(checkout, "reproduce-sample-li2019", "DRY_RUN=1")
+    assert result.returncode == 0 and "warning" not in result.stderr, result.stderr
+    trainings = [line for line in result.stdout.splitlines() if " onmt_train " in line]
+    assert len(trainings) == 2 and all(line.startswith("CUDA_VISIBLE_DEVICES= ") for line in trainings)
+    assert "-gpu_ranks" not in result.stdout
