@@ -84,6 +84,8 @@ which records it for ``python -m onmt_ext.hook status``.
 
 import argparse
 import importlib.util
+import os
+import shlex
 import sys
 import types
 import warnings
@@ -141,9 +143,33 @@ class MissingPackageError(ImportError):
 
 
 def missing_package_message(package, user=None):
-    """``the <user> needs <Package> (pip install <requirement>)``."""
+    """``the <user> needs <Package> (<python> -m pip install <requirement>)``."""
     what, requirement = OPTIONAL_PACKAGES[package]
-    return f"{user or what} needs {_PACKAGE_NAMES[package]} (pip install {requirement})"
+    return f"{user or what} needs {_PACKAGE_NAMES[package]} ({install_command(requirement)})"
+
+
+def install_command(*requirements):
+    """``<this interpreter> -m pip install <requirements>``: installs where the running onmt-ext is, from any folder."""
+    return " ".join([shlex.quote(sys.executable), "-m", "pip", "install", *map(shlex.quote, requirements)])
+
+
+def torch_setup_command(cwd=None):
+    """A command that puts a CUDA build of torch into the environment running now, runnable from ``cwd``.
+
+    In a checkout (onmt-ext's Makefile next to the package): ``make setup`` with ``-C <checkout>`` when ``cwd``
+    is elsewhere and ``VENV=`` when this environment is not the checkout's ``.venv``; otherwise pip of this
+    interpreter.  The torch version and index are left for the user to fill in.
+    """
+    repo = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    if not os.path.isfile(os.path.join(repo, "Makefile")) or not os.path.isfile(
+            os.path.join(repo, "tools", "stage_venv.py")):
+        return install_command("--force-reinstall", "torch==<version>") + " --index-url <your CUDA index>"
+    make = "make"
+    if os.path.realpath(cwd or os.getcwd()) != repo:
+        make += f" -C {shlex.quote(repo)}"
+    if os.path.realpath(sys.prefix) != os.path.realpath(os.path.join(repo, ".venv")):
+        make += f" VENV={shlex.quote(sys.prefix)}"
+    return f'{make} setup TORCH="torch==<version> --index-url <your CUDA index>" FORCE=1'
 
 
 class _MissingModule(types.ModuleType):
