@@ -153,23 +153,30 @@ def install_command(*requirements):
     return " ".join([shlex.quote(sys.executable), "-m", "pip", "install", *map(shlex.quote, requirements)])
 
 
-def torch_setup_command(cwd=None):
-    """A command that puts a CUDA build of torch into the environment running now, runnable from ``cwd``.
+def make_command(target, cwd=None):
+    """``make [-C <checkout>] [VENV=<this environment>] <target>``, runnable from ``cwd`` (default: here).
 
-    In a checkout (onmt-ext's Makefile next to the package): ``make setup`` with ``-C <checkout>`` when ``cwd``
-    is elsewhere and ``VENV=`` when this environment is not the checkout's ``.venv``; otherwise pip of this
-    interpreter.  The torch version and index are left for the user to fill in.
+    ``-C`` when ``cwd`` is not onmt-ext's checkout, ``VENV=`` when the running environment is not the checkout's
+    ``.venv``.  None outside a checkout (onmt-ext installed without its Makefile).
     """
     repo = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
     if not os.path.isfile(os.path.join(repo, "Makefile")) or not os.path.isfile(
             os.path.join(repo, "tools", "stage_venv.py")):
-        return install_command("--force-reinstall", "torch==<version>") + " --index-url <your CUDA index>"
+        return None
     make = "make"
     if os.path.realpath(cwd or os.getcwd()) != repo:
         make += f" -C {shlex.quote(repo)}"
     if os.path.realpath(sys.prefix) != os.path.realpath(os.path.join(repo, ".venv")):
         make += f" VENV={shlex.quote(sys.prefix)}"
-    return f'{make} setup TORCH="torch==<version> --index-url <your CUDA index>" FORCE=1'
+    return f"{make} {target}"
+
+
+def torch_setup_command(cwd=None):
+    """A command that puts a CUDA build of torch into the environment running now, runnable from ``cwd``:
+    :func:`make_command`'s ``make setup TORCH=... FORCE=1``, or outside a checkout pip of this interpreter.  The
+    torch version and index are left for the user to fill in."""
+    make = make_command('setup TORCH="torch==<version> --index-url <your CUDA index>" FORCE=1', cwd)
+    return make or install_command("--force-reinstall", "torch==<version>") + " --index-url <your CUDA index>"
 
 
 class _MissingModule(types.ModuleType):

@@ -410,7 +410,8 @@ def test_a_bad_boolean_value_is_named(onmt_active, capsys):
 
 
 def test_the_torch_setup_command_runs_from_where_the_user_is(tmp_path, monkeypatch):
-    """The command that -gpu's error recommends: make -C <checkout> from another folder, VENV= for another venv."""
+    """The command that -gpu's error recommends: make -C <checkout> from another folder, VENV= for another venv;
+    a missing package: pip of the Python that runs onmt-ext."""
     from onmt_ext import compat
 
     repo = os.path.realpath(support.REPO)
@@ -418,6 +419,7 @@ def test_the_torch_setup_command_runs_from_where_the_user_is(tmp_path, monkeypat
     wanted = 'setup TORCH="torch==<version> --index-url <your CUDA index>" FORCE=1'
     assert compat.torch_setup_command(cwd=repo) == f"make {wanted}"
     assert compat.torch_setup_command(cwd=tmp_path) == f"make -C {repo} {wanted}"
+    assert compat.make_command("data", cwd=tmp_path) == f"make -C {repo} data"  # the tools' "run make data first"
     monkeypatch.setattr(sys, "prefix", str(tmp_path / "my venv"))
     assert compat.torch_setup_command(cwd=repo) == f"make VENV='{tmp_path}/my venv' {wanted}"
     assert compat.install_command("spacy==3.8.18") == f"{sys.executable} -m pip install spacy==3.8.18"
