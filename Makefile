@@ -450,8 +450,8 @@ gpu-check: | $(SETUP_STAMP)
 	  yes) ;; \
 	  none) printf '%s\n' $(call sq,gpu-check: error: the torch of $(VENV) has no CUDA; install a CUDA build: $(MAKE_HERE) setup \
 	    SYSTEM_TORCH=1 FORCE=1 (the machine's torch$(comma) PYTHON= the Python that has it) or $(MAKE_HERE) setup \
-	    TORCH="torch==<version> --index-url <your CUDA index>" FORCE=1 (docs/install.md)); exit 2;; \
-	  *) echo "gpu-check: error: torch in $(VENV) (CUDA $$cuda) sees no CUDA device; check the driver and CUDA_VISIBLE_DEVICES"; \
+	    TORCH="torch==<version> --index-url <your CUDA index>" FORCE=1 (docs/install.md)) >&2; exit 2;; \
+	  *) echo "gpu-check: error: torch in $(VENV) (CUDA $$cuda) sees no CUDA device; check the driver and CUDA_VISIBLE_DEVICES" >&2; \
 	    exit 2;; \
 	esac
 	@$(MAKE) --no-print-directory data

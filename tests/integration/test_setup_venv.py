@@ -13,6 +13,9 @@ The machine is built here from the interpreter that runs the tests, without inst
 - ``conda-like``: a copy of the base interpreter with those packages in its *own* site-packages and a
   ``conda-meta`` folder, as a conda environment is laid out (its sys.prefix equals sys.base_prefix).
 
+The setup stamp (issue 39): a later ``make setup`` with the same choice, another torch, another PYTHON or
+SYSTEM_TORCH, checked with ``make -n`` on a venv folder that holds only a stamp.
+
 The copy of the repository (tracked and new files, ``build/tatoeba`` without the signal tagger) is staged
 as it would be on the GPU machine, from a wheelhouse of one small wheel and setuptools.  The slow tier holds
 the conda-like case and a fresh venv where pip installs a real torch, for ``make setup SYSTEM_TORCH=1``
@@ -356,3 +359,21 @@ def test_a_stamp_without_a_record_installs_again(made, tmp_path):
     commands = make_setup(made, tmp_path, dry_run=True).stdout.splitlines()
     assert any("pip install" in c and c.endswith("torch==2.13.0") for c in commands)
     assert not any(c.startswith("rm -rf") for c in commands)
+
+
+def test_gpu_check_without_cuda_names_a_setup_command_that_runs_from_here(made, tmp_path):
+    """make gpu-check on a torch without CUDA: the setup commands it recommends run from the user's folder."""
+    stub = tmp_path / "stub"  # a torch built without CUDA
+    (stub / "torch").mkdir(parents=True)
+    (stub / "torch" / "__init__.py").write_text(
+        "import types\n__version__ = '0+cpu'\nversion = types.SimpleNamespace(cuda=None)\n"
+        "cuda = types.SimpleNamespace(is_available=lambda: False)\n", encoding="utf-8")
+    (made / "bin" / "python").write_text(f"#!/bin/sh\nPYTHONPATH={stub} exec {sys.executable} -S \"$@\"\n",
+                                         encoding="utf-8")
+    (made / "bin" / "python").chmod(0o755)
+    result = run(["make", "-C", REPO, "--no-print-directory", "gpu-check", f"VENV={made}"], cwd=tmp_path,
+                 env=clean_env(PWD=str(tmp_path)))
+    assert result.returncode == 2 and result.stderr.splitlines()[0] == (
+        f"gpu-check: error: the torch of {made} has no CUDA; install a CUDA build: make -C {REPO} VENV={made} setup "
+        "SYSTEM_TORCH=1 FORCE=1 (the machine's torch, PYTHON= the Python that has it) or make -C "
+        f'{REPO} VENV={made} setup TORCH="torch==<version> --index-url <your CUDA index>" FORCE=1 (docs/install.md)')
