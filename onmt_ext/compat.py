@@ -17,6 +17,8 @@ Stock behaviour, reasons and tests of each: docs/differences-from-stock.md.
 
 import argparse
 import importlib.util
+import os
+import shlex
 import sys
 import types
 import warnings
@@ -74,9 +76,40 @@ class MissingPackageError(ImportError):
 
 
 def missing_package_message(package, user=None):
-    """``the <user> needs <Package> (pip install <requirement>)``."""
+    """``the <user> needs <Package> (<python> -m pip install <requirement>)``."""
     what, requirement = OPTIONAL_PACKAGES[package]
-    return f"{user or what} needs {_PACKAGE_NAMES[package]} (pip install {requirement})"
+    return f"{user or what} needs {_PACKAGE_NAMES[package]} ({install_command(requirement)})"
+
+
+def install_command(*requirements):
+    """``<this interpreter> -m pip install <requirements>``: installs where the running onmt-ext is, from any folder."""
+    return " ".join([shlex.quote(sys.executable), "-m", "pip", "install", *map(shlex.quote, requirements)])
+
+
+def make_command(target, cwd=None):
+    """``make [-C <checkout>] [VENV=<this environment>] <target>``, runnable from ``cwd`` (default: here).
+
+    ``-C`` when ``cwd`` is not onmt-ext's checkout, ``VENV=`` when the running environment is not the checkout's
+    ``.venv``.  None outside a checkout (onmt-ext installed without its Makefile).
+    """
+    repo = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    if not os.path.isfile(os.path.join(repo, "Makefile")) or not os.path.isfile(
+            os.path.join(repo, "tools", "stage_venv.py")):
+        return None
+    make = "make"
+    if os.path.realpath(cwd or os.getcwd()) != repo:
+        make += f" -C {shlex.quote(repo)}"
+    if os.path.realpath(sys.prefix) != os.path.realpath(os.path.join(repo, ".venv")):
+        make += f" VENV={shlex.quote(sys.prefix)}"
+    return f"{make} {target}"
+
+
+def torch_setup_command(cwd=None):
+    """A command that puts a CUDA build of torch into the environment running now, runnable from ``cwd``:
+    :func:`make_command`'s ``make setup TORCH=... FORCE=1``, or outside a checkout pip of this interpreter.  The
+    torch version and index are left for the user to fill in."""
+    make = make_command('setup TORCH="torch==<version> --index-url <your CUDA index>" FORCE=1', cwd)
+    return make or install_command("--force-reinstall", "torch==<version>") + " --index-url <your CUDA index>"
 
 
 class _MissingModule(types.ModuleType):

@@ -15,6 +15,7 @@ a clean command-line error.  :class:`ExtConfig` is the one typed object that
 ``from_opt`` builds and passes down to the modules.
 """
 
+import argparse
 import typing
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, List, Optional, Tuple
@@ -165,7 +166,8 @@ def tensor_parallel_problems(opt, what):
     return []
 
 
-def _str2bool(text):
+def str2bool(text):
+    """A boolean option's value: true/false, yes/no, on/off or 1/0 (any case)."""
     if isinstance(text, bool):
         return text
     value = str(text).strip().lower()
@@ -173,18 +175,23 @@ def _str2bool(text):
         return True
     if value in ("0", "false", "no", "off"):
         return False
-    raise ValueError(f"expected a boolean (true/false), got {text!r}")
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
 def add_model_options(parser):
-    """Add the onmt-ext argument group to an OpenNMT-py (configargparse) parser."""
+    """Add the onmt-ext argument group to an OpenNMT-py (configargparse) parser.
+
+    A boolean option takes a value (``-gret true``, ``-gret false``) or none (``-gret`` alone: true).
+    """
     group = parser.add_argument_group(
         GROUP_TITLE,
         f"Options of onmt-ext's mechanisms; they need -encoder_type/-decoder_type {EXT_TYPE}.",
     )
     for spec in OPTION_SPECS:
         kwargs = dict(default=spec.default, help=spec.help)
-        kwargs["type"] = _str2bool if spec.type is bool else spec.type
+        kwargs["type"] = str2bool if spec.type is bool else spec.type
+        if spec.type is bool and spec.nargs is None:  # -name alone means true, as a stock flag does
+            kwargs.update(nargs="?", const=True)
         if spec.choices is not None:
             kwargs["choices"] = spec.choices
         if spec.nargs is not None:

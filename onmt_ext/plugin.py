@@ -16,6 +16,7 @@ of it.  What each change does to stock behaviour: docs/differences-from-stock.md
 
 import contextvars
 import difflib
+import functools
 import glob
 import os
 import re
@@ -66,9 +67,12 @@ def _translate_opts(stock, parser, *args, **kwargs):
     stock(parser, *args, **kwargs)
     if not any("-ext_compile" in action.option_strings for action in parser._actions):
         group = parser.add_argument_group("onmt-ext translation")
-        group.add("--ext_compile", "-ext_compile", action="store_true",
+        from onmt_ext.options import str2bool
+
+        group.add("--ext_compile", "-ext_compile", type=str2bool, nargs="?", const=True, default=False,
                   help="Run the onmt-ext mechanisms' tensor cores through torch.compile while translating (the "
-                       "first batches compile); without it translation is eager, whatever training used.")
+                       "first batches compile); without it translation is eager, whatever training used. As in "
+                       "onmt_train: -ext_compile alone or -ext_compile true turns it on, -ext_compile false off.")
 
 
 def _load_test_model(stock, opt, *args, **kwargs):
@@ -180,6 +184,40 @@ def _config_paths(args):
     return paths
 
 
+def _config_locations(args):
+    """``{key: (config path, line)}`` of the top-level keys of the config files named in ``args`` (first wins)."""
+    key_lines = {}
+    for path in _config_paths(args):
+        for key, line in _config_key_lines(path).items():
+            key_lines.setdefault(key, (path, line))
+    return key_lines
+
+
+def _where_set(name, args, key_lines):
+    """``in <config>, line N`` when option ``name`` comes from a config file, else ``on the command line``."""
+    if name in key_lines and not any(a.lstrip("-").split("=", 1)[0] == name for a in args):
+        path, line = key_lines[name]
+        return f"in {path}, line {line}"
+    return "on the command line"
+
+
+_ARGUMENT_ERROR = re.compile(r"^argument (\S+): (.*)$", re.S)
+
+
+def _usage_error(parser, args, message):
+    """argparse's ``error`` for a strict parse: one line, without the usage (100 lines for onmt_translate).
+
+    A bad value from a config file names the file and line: ``key 'x' in <config>, line N: invalid choice: ...``.
+    """
+    match = _ARGUMENT_ERROR.match(message)
+    if match:
+        name = match.group(1).split("/")[0].lstrip("-")
+        where = _where_set(name, args, _config_locations(args))
+        if where != "on the command line":
+            message = f"key '{name}' {where}: {match.group(2)}"
+    parser.exit(2, f"{parser.prog}: error: {' '.join(message.split())}\n")
+
+
 def unknown_option_messages(unknown, valid_names, args):
     """Describe each unknown option: where it was written and what was meant.
 
@@ -191,10 +229,7 @@ def unknown_option_messages(unknown, valid_names, args):
     Returns:
         list of messages, one per unknown option or stray value.
     """
-    key_lines = {}
-    for path in _config_paths(args):
-        for key, line in _config_key_lines(path).items():
-            key_lines.setdefault(key, (path, line))
+    key_lines = _config_locations(args)
     messages = []
     previous_unknown = False
     for token in unknown:
@@ -207,10 +242,7 @@ def unknown_option_messages(unknown, valid_names, args):
         previous_unknown = name not in valid_names and "=" not in token
         if name in valid_names:
             continue
-        where = "on the command line"
-        if name in key_lines and not any(a.lstrip("-").split("=", 1)[0] == name for a in args):
-            path, line = key_lines[name]
-            where = f"in {path}, line {line}"
+        where = _where_set(name, args, key_lines)
         close = sorted(n for n in valid_names if n.startswith(name))[:3]  # an abbreviation first
         close = close or difflib.get_close_matches(name, sorted(valid_names), n=1, cutoff=0.6)
         hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
@@ -268,6 +300,8 @@ def cuda_problems(opt):
     """One message when ``opt`` asks for a GPU (``-gpu``, ``-gpu_ranks``) that this torch cannot give."""
     import torch
 
+    from onmt_ext.compat import torch_setup_command
+
     asked = [f"-gpu {opt.gpu}"] if isinstance(getattr(opt, "gpu", None), int) and opt.gpu >= 0 else []
     ranks = getattr(opt, "gpu_ranks", None) or []
     asked += [f"-gpu_ranks {' '.join(map(str, ranks))}"] if ranks else []
@@ -275,8 +309,8 @@ def cuda_problems(opt):
         return []
     if torch.version.cuda is None:
         why = f"this torch ({torch.__version__}) has no CUDA"
-        fix = ("drop it to run on the CPU, or install a CUDA build of torch (README.md, Install: "
-               "make setup TORCH=\"torch==<version> --index-url <your CUDA index>\")")
+        fix = (f"drop it to run on the CPU, or install a CUDA build of torch: {torch_setup_command()} "
+               "(SYSTEM_TORCH=1 in place of TORCH= for the machine's own torch; docs/install.md)")
     else:
         why = f"torch {torch.__version__} sees no CUDA device"
         fix = "drop it to run on the CPU, or check the driver and CUDA_VISIBLE_DEVICES"
@@ -316,7 +350,11 @@ def _strict_parse_known_args(stock, self, args=None, namespace=None, **kwargs):
     problems = [m for path in _config_paths(argv) for m in duplicate_key_messages(path)]
     if problems:
         self.exit(2, "".join(f"{self.prog}: error: {p}\n" for p in problems))
-    opt, unknown = stock(self, args, namespace, **kwargs)
+    self.error = functools.partial(_usage_error, self, argv)  # one line, not the usage, for a bad or missing value
+    try:
+        opt, unknown = stock(self, args, namespace, **kwargs)
+    finally:
+        del self.error
     names = _option_names(self)
     if names & {"train_steps", "n_sample"}:  # onmt_train / onmt_build_vocab
         names = names | _shared_config_names()

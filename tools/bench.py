@@ -459,7 +459,9 @@ def _test_source(workdir, sentences):
 
     data = REPO / "build/tatoeba"
     if not (data / "spm.zh.model").exists():
-        raise SystemExit("bench.py: build/tatoeba is missing; run `make data` first")
+        from onmt_ext.compat import make_command
+
+        raise SystemExit(f"bench.py: build/tatoeba is missing; run `{make_command('data')}` first")
     sources = (data / "test.zh").read_text(encoding="utf-8").splitlines()
     references = (data / "test.en.ref0").read_text(encoding="utf-8").splitlines()
     chosen = spread_indices(len(sources), sentences)

@@ -161,7 +161,9 @@ def markdown(report):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if not (REPO / "build/tatoeba/vocab.en").exists():
-        print("bench_host.py: error: build/tatoeba is missing; run `make data` first", file=sys.stderr)
+        from onmt_ext.compat import make_command
+
+        print(f"bench_host.py: error: build/tatoeba is missing; run `{make_command('data')}` first", file=sys.stderr)
         return 2
     results = {name: [] for name in VARIANTS}
     for number in range(args.repeats):

@@ -92,6 +92,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from onmt_ext import train_log  # noqa: E402
+from onmt_ext.compat import make_command  # noqa: E402
 
 CONFIG_DIR = Path("yaml_configs/compare")
 #: Order of the rows; the first is the baseline every other row is tested against.
@@ -930,10 +931,11 @@ def main(argv=None):
         value = getattr(args, option)
         if value is not None and value % args.valid_every:
             parser.error(f"--{option.replace('_', '-')} must be a multiple of --valid-every ({args.valid_every})")
+    here = os.getcwd()
     os.chdir(REPO)
     for needed in (TEST_SOURCE, TEST_REFS, Path("build/tatoeba/valid.zh")):
         if not needed.exists():
-            raise SystemExit(f"compare.py: error: {needed} is missing; run `make data` first")
+            raise SystemExit(f"compare.py: error: {needed} is missing; run `{make_command('data', here)}` first")
     started = time.perf_counter()
     cores = os.cpu_count() or 1
     threads = max(1, cores // args.jobs)

@@ -3,7 +3,7 @@
 
 Usage, as `make setup SYSTEM_TORCH=1` and `tools/gpu_stage.sh` run it::
 
-    $PYTHON tools/stage_venv.py [--prog NAME] [--var NAME] [--allow-without-pip] VENV
+    $PYTHON tools/stage_venv.py [--prog NAME] [--var NAME] [--hint TEXT] [--allow-without-pip] VENV
 
 A venv made with ``--system-site-packages`` sees the site-packages of its *base* interpreter.  That is where
 torch is when $PYTHON is a plain installation or a conda environment (a conda environment's Python is its
@@ -22,7 +22,8 @@ another torch of the base interpreter.  So this script:
 4. checks that VENV imports the very torch that $PYTHON imports (the same torch/__init__.py) and prints
    which one: version, CUDA version and path.
 
-Errors are one line, ``NAME: error: ...`` (NAME from --prog), exit status 2.
+Errors are one line, ``NAME: error: ...`` (NAME from --prog), exit status 2; an existing VENV that does not fit
+ends with ``remove it (rm -r VENV) or pick another VAR=``, or with ``--hint TEXT`` (the caller's own command).
 """
 
 import argparse
@@ -89,9 +90,9 @@ def system_site_packages(venv):
     return False
 
 
-def ensure_venv(venv, parent, var, allow_without_pip):
+def ensure_venv(venv, parent, var, allow_without_pip, hint=None):
     """Create VENV from this interpreter, or check that the existing one fits; returns its interpreter info."""
-    hint = f"remove it (rm -r {venv}) or pick another {var}="
+    hint = hint or f"remove it (rm -r {venv}) or pick another {var}="
     if os.path.exists(os.path.join(venv, "pyvenv.cfg")):
         if not system_site_packages(venv):
             raise StageError(f"{venv} exists without the system's site-packages; {hint}")
@@ -134,13 +135,13 @@ def link_parent(venv, parent, info):
     return pth
 
 
-def stage(venv, var="VENV", allow_without_pip=False):
+def stage(venv, var="VENV", allow_without_pip=False, hint=None):
     """Steps 1-4 of the module docstring; returns the line that says which torch VENV uses."""
     parent = interpreter(sys.executable)
     torch_parent, why = torch_of(sys.executable)
     if torch_parent is None:
         raise StageError(f"'import torch' fails with {sys.executable}, the {kind_of(parent)} ({why})")
-    info = ensure_venv(venv, parent, var, allow_without_pip)
+    info = ensure_venv(venv, parent, var, allow_without_pip, hint)
     pth = link_parent(venv, parent, info)
     torch_venv, why = torch_of(venv_python(venv))
     if torch_venv is None:
@@ -159,11 +160,13 @@ def main(argv=None):
     parser.add_argument("venv")
     parser.add_argument("--prog", default="stage_venv.py", help="name in front of messages (default %(default)s)")
     parser.add_argument("--var", default="VENV", help="the caller's variable for the venv folder, for hints")
+    parser.add_argument("--hint", help="what to do when an existing venv does not fit (default: remove it or "
+                        "pick another --var)")
     parser.add_argument("--allow-without-pip", action="store_true",
                         help="create the venv without pip if ensurepip is missing")
     args = parser.parse_args(argv)
     try:
-        line = stage(args.venv, args.var, args.allow_without_pip)
+        line = stage(args.venv, args.var, args.allow_without_pip, args.hint)
     except StageError as error:
         print(f"{args.prog}: error: {error}", file=sys.stderr)
         return 2

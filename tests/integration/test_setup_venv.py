@@ -13,6 +13,9 @@ The machine is built here from the interpreter that runs the tests, without inst
 - ``conda-like``: a copy of the base interpreter with those packages in its *own* site-packages and a
   ``conda-meta`` folder, as a conda environment is laid out (its sys.prefix equals sys.base_prefix).
 
+The setup stamp (issue 39): a later ``make setup`` with the same choice, another torch, another PYTHON or
+SYSTEM_TORCH, checked with ``make -n`` on a venv folder that holds only a stamp.
+
 The copy of the repository (tracked and new files, ``build/tatoeba`` without the signal tagger) is staged
 as it would be on the GPU machine, from a wheelhouse of one small wheel and setuptools.  The slow tier holds
 the conda-like case and a fresh venv where pip installs a real torch, for ``make setup SYSTEM_TORCH=1``
@@ -207,6 +210,24 @@ def test_make_setup_system_torch_uses_the_torch_of_a_venv(machine, repo_copy, wh
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"torch {staged(venv)['version']} (CUDA none) from {os.path.dirname(machine['torch'])}" in result.stdout
     assert staged(venv)["torch"] == machine["torch"]
+    # each step says what it installs, and pip says what it does (issue 39: a minute of silence under pip -q)
+    steps = [line for line in result.stdout.splitlines() if line.startswith("== setup: ")]
+    assert [line.split()[2] for line in steps if line.split()[2][1:2] == "/"] == ["1/5", "2/5", "3/5", "4/5", "5/5"]
+    assert "Requirement already satisfied: " in result.stdout
+    # again: one line says it is set up and with what; the other torch (no SYSTEM_TORCH): one line, what to run
+    again = run(["make", "-C", repo_copy, "--no-print-directory", "setup", "SYSTEM_TORCH=1",
+                 f"PYTHON={machine['python']}", f"VENV={venv}", f"WHEELS={wheelhouse}"])
+    assert again.returncode == 0 and again.stdout.splitlines() == [
+        f"== setup: {venv} is set up already: SYSTEM_TORCH=1 PYTHON={machine['python']} from {wheelhouse}; "
+        "FORCE=1 installs it again"], again.stdout + again.stderr
+    other = run(["make", "-C", repo_copy, "--no-print-directory", "setup", f"PYTHON={machine['python']}",
+                 f"VENV={venv}", f"WHEELS={wheelhouse}"])
+    assert other.returncode == 2 and other.stdout == "", other.stdout + other.stderr
+    assert other.stderr.splitlines()[0].endswith(
+        f"run make -C {repo_copy} VENV={venv} setup PYTHON={machine['python']} WHEELS={wheelhouse} FORCE=1 "
+        f"(it removes {venv} first), or keep it: make -C {repo_copy} VENV={venv} setup PYTHON={machine['python']} "
+        "SYSTEM_TORCH=1"), other.stderr
+    assert staged(venv)["torch"] == machine["torch"]
 
 
 @pytest.mark.slow
@@ -268,3 +289,91 @@ def test_make_setup_with_torch_installed_in_a_fresh_venv(machine, repo_copy, tmp
     assert staged(venv)["torch"] == torch_file
     # the project's packages went into the new venv, not into the one that holds torch
     assert (site_packages(venv) / "onmt").is_dir() and not (site_packages(parent) / "onmt").exists()
+
+
+# ---------------------------------------------------------------- the setup stamp (issue 39), no install
+
+STAMP = "# make setup: ...\npython=python3\nsystem_torch=\ntorch=torch==2.13.0\nwheels=\noptional=1\n"
+
+
+def make_setup(venv, cwd, *args, dry_run=False):
+    """``make -C <checkout> setup VENV=venv ...`` from the folder ``cwd`` (its PWD, as a shell sets it)."""
+    return run(["make", "-C", REPO, "--no-print-directory", *(["-n"] if dry_run else []), "setup", f"VENV={venv}",
+                *args], cwd=cwd, env=clean_env(PWD=str(cwd)))
+
+
+@pytest.fixture
+def made(tmp_path):
+    """A venv folder whose stamp says a plain `make setup` made it (nothing installed in it)."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / ".onmt-ext-setup").write_text(STAMP, encoding="utf-8")
+    return venv
+
+
+def test_make_setup_again_says_what_the_venv_was_made_with(made, tmp_path):
+    """The same choice: one line, exit 0 (not make's "Nothing to be done"), and nothing changes."""
+    result = make_setup(made, tmp_path)
+    assert result.returncode == 0 and result.stdout.splitlines() == [
+        f"== setup: {made} is set up already: TORCH=torch==2.13.0 PYTHON=python3; FORCE=1 installs it again"], \
+        result.stdout + result.stderr
+    assert (made / ".onmt-ext-setup").read_text(encoding="utf-8") == STAMP
+
+
+def test_another_system_torch_or_python_says_what_to_run(made, tmp_path):
+    """SYSTEM_TORCH=1 or another PYTHON on a venv made without: one line with the command that re-makes it (from
+    the user's folder: make -C), exit 2, the venv and its stamp kept."""
+    result = make_setup(made, tmp_path, "SYSTEM_TORCH=1")
+    assert result.returncode == 2 and result.stdout == "", result.stdout + result.stderr
+    assert result.stderr.splitlines()[0] == (
+        f"setup: error: {made} was made with TORCH=torch==2.13.0 PYTHON=python3, not SYSTEM_TORCH=1 PYTHON=python3, "
+        f"and must be made again for that: run make -C {REPO} VENV={made} setup SYSTEM_TORCH=1 FORCE=1 (it removes "
+        f"{made} first), or keep it: make -C {REPO} VENV={made} setup")
+    assert (made / ".onmt-ext-setup").read_text(encoding="utf-8") == STAMP
+    result = make_setup(made, REPO, "PYTHON=/opt/other/bin/python3")
+    assert result.returncode == 2
+    assert f"not TORCH=torch==2.13.0 PYTHON=/opt/other/bin/python3, and must be made again for that: run make " \
+           f"VENV={made} setup PYTHON=/opt/other/bin/python3 FORCE=1" in result.stderr.splitlines()[0]
+    # FORCE=1 removes the venv and makes it again with the machine's torch
+    commands = make_setup(made, tmp_path, "SYSTEM_TORCH=1", "FORCE=1", dry_run=True).stdout.splitlines()
+    assert f"rm -rf {made}" in commands
+    assert commands.index(f"rm -rf {made}") < next(i for i, c in enumerate(commands) if "tools/stage_venv.py" in c)
+
+
+def test_another_torch_is_installed_into_the_venv(made, tmp_path):
+    """Another TORCH (e.g. a CUDA build from its index): the installed torch is replaced, the venv kept."""
+    torch = "torch==2.13.0 --index-url https://download.example/cu130"
+    result = make_setup(made, tmp_path, f"TORCH={torch}", dry_run=True)
+    commands = result.stdout.splitlines()
+    assert not any(c.startswith("rm -rf") for c in commands)
+    uninstall = commands.index(f"{made}/bin/python -m pip uninstall -y --disable-pip-version-check torch")
+    install = next(i for i, c in enumerate(commands) if c.startswith(f"{made}/bin/python -m pip install")
+                   and c.endswith(torch))
+    assert uninstall < install
+    assert f"'torch={torch}'" in result.stdout  # the new stamp records it
+
+
+def test_a_stamp_without_a_record_installs_again(made, tmp_path):
+    """A stamp of an earlier onmt-ext (empty): make setup installs again and writes the record."""
+    (made / ".onmt-ext-setup").write_text("", encoding="utf-8")
+    commands = make_setup(made, tmp_path, dry_run=True).stdout.splitlines()
+    assert any("pip install" in c and c.endswith("torch==2.13.0") for c in commands)
+    assert not any(c.startswith("rm -rf") for c in commands)
+
+
+def test_gpu_check_without_cuda_names_a_setup_command_that_runs_from_here(made, tmp_path):
+    """make gpu-check on a torch without CUDA: the setup commands it recommends run from the user's folder."""
+    stub = tmp_path / "stub"  # a torch built without CUDA
+    (stub / "torch").mkdir(parents=True)
+    (stub / "torch" / "__init__.py").write_text(
+        "import types\n__version__ = '0+cpu'\nversion = types.SimpleNamespace(cuda=None)\n"
+        "cuda = types.SimpleNamespace(is_available=lambda: False)\n", encoding="utf-8")
+    (made / "bin" / "python").write_text(f"#!/bin/sh\nPYTHONPATH={stub} exec {sys.executable} -S \"$@\"\n",
+                                         encoding="utf-8")
+    (made / "bin" / "python").chmod(0o755)
+    result = run(["make", "-C", REPO, "--no-print-directory", "gpu-check", f"VENV={made}"], cwd=tmp_path,
+                 env=clean_env(PWD=str(tmp_path)))
+    assert result.returncode == 2 and result.stderr.splitlines()[0] == (
+        f"gpu-check: error: the torch of {made} has no CUDA; install a CUDA build: make -C {REPO} VENV={made} setup "
+        "SYSTEM_TORCH=1 FORCE=1 (the machine's torch, PYTHON= the Python that has it) or make -C "
+        f'{REPO} VENV={made} setup TORCH="torch==<version> --index-url <your CUDA index>" FORCE=1 (docs/install.md)')

@@ -60,7 +60,9 @@ def test_gpu_options_without_cuda_are_refused_in_one_line(trained, tmp_path):
                              "-output", tmp_path / "hyp", "-gpu", 0, check=False)
     line = _one_error_line(result, "onmt_translate", 1)
     assert line.startswith("onmt_translate: error: -gpu 0: this torch (") and "has no CUDA" in line
-    assert "install a CUDA build of torch (README.md" in line and "do not fit" not in result.stderr
+    # a command that runs from where the user is (run_cli runs in the checkout, with its .venv)
+    assert 'install a CUDA build of torch: make setup TORCH="torch==<version> --index-url <your CUDA index>" ' \
+        "FORCE=1 (SYSTEM_TORCH=1 in place of TORCH=" in line and "do not fit" not in result.stderr
     assert not (tmp_path / "hyp").exists()
     result = _train(tmp_path, "-gpu_ranks", 0, check=False)
     line = _one_error_line(result, "onmt_train", 1)
@@ -198,6 +200,26 @@ def test_abbreviated_options_are_refused_with_a_suggestion(trained, tmp_path):
         "onmt_train: error: unknown option 'train_step' on the command line; did you mean 'train_steps'?"
 
 
+# issue 39 ----------------------------------------------------------- usage errors: one line, the config's line
+
+
+def test_a_missing_src_and_a_bad_config_value_are_one_line(sample_data, onmt_active, tmp_path):
+    """No -src: one line, not about 100 lines of usage first; a value outside the choices in a YAML config: the
+    file and the line."""
+    result = support.run_cli("onmt_translate", "-model", tmp_path / "m.pt", check=False)
+    assert result.stderr.splitlines() == [
+        "onmt_translate: error: the following arguments are required: --src/-src"], result.stderr[-3000:]
+    config = tmp_path / "bad.yaml"
+    text = (support.REPO / CONFIG).read_text(encoding="utf-8")
+    config.write_text(text + "li2019_enc_self: bogus\n", encoding="utf-8")
+    result = support.run_cli("onmt_train", "-config", config, "-save_model", tmp_path / "m", "-save_data",
+                             tmp_path / "s", check=False)
+    assert _one_error_line(result, "onmt_train", 2) == (
+        f"onmt_train: error: key 'li2019_enc_self' in {config}, line {len(text.splitlines()) + 1}: invalid choice: "
+        "'bogus' (choose from 'concat', 'simple', 'em')")
+    assert len(result.stderr.splitlines()) == 1, result.stderr[-3000:]
+
+
 # 10 ----------------------------------------------------------------- a YAML key twice
 
 
@@ -283,7 +305,9 @@ def test_onmt_works_without_spacy_and_fasttext(sample_data, onmt_active, tmp_pat
     result = subprocess.run([sys.executable, "-c", code], cwd=support.REPO, env=env, capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0 and result.stdout.split() == ["ok", "ok"], result.stderr[-3000:]
-    for transform, message in (("terminology", "the terminology transform needs spaCy (pip install spacy=="),
-                               ("clean", "the clean transform needs fasttext (pip install fasttext-wheel==")):
+    for transform, message, pip in (("terminology", "the terminology transform needs spaCy (", "spacy=="),
+                                    ("clean", "the clean transform needs fasttext (", "fasttext-wheel==")):
         result = _train(tmp_path, "-transforms", "sentencepiece", transform, check=False, env=env)
-        assert _one_error_line(result, "onmt_train", 1).startswith(f"onmt_train: error: {message}")
+        line = _one_error_line(result, "onmt_train", 1)
+        # pip of the very Python that runs onmt-ext, which works from any folder
+        assert line.startswith(f"onmt_train: error: {message}") and f"/bin/python -m pip install {pip}" in line

@@ -5,6 +5,7 @@ The start-up hook and registration in fresh interpreters, the log file after the
 console scripts refusing unknown options are in tests/integration/test_plugin_cli.py.
 """
 
+import os
 import sys
 
 import pytest
@@ -335,3 +336,90 @@ def test_train_from_differences_allow_only_added_mechanisms(onmt_active):
     run.hidden_size, checkpoint.gret = 32, True
     run.gret = False
     assert train_from_differences(run, checkpoint)[1] == [("hidden_size", 32, 64), ("gret", False, True)]
+
+
+# -------------------------------------------------------------- issue 39: one-line usage errors, -ext_compile
+
+
+def _translate_parser():
+    import onmt.bin.translate
+
+    from onmt_ext.plugin import strict
+
+    return strict(onmt.bin.translate._get_parser())  # as onmt_translate parses its command line
+
+
+def test_a_missing_required_option_is_one_line_without_the_usage(onmt_active, capsys):
+    """argparse prints about 100 lines of usage before "the following arguments are required: --src/-src"."""
+    parser = _translate_parser()
+    with pytest.raises(SystemExit) as stop:
+        parser.parse_known_args(["-model", "m.pt"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == f"{parser.prog}: error: the following arguments are required: --src/-src\n"
+
+
+def test_a_bad_value_from_a_config_names_the_file_and_line(onmt_active, tmp_path, capsys):
+    """A value outside an option's choices, or of the wrong type, in a YAML config: the key, the file and its line;
+    on the command line: argparse's own message.  Either way one line."""
+    from onmt_ext.plugin import parse_train_config
+
+    text = (support.REPO / "yaml_configs/smoke/foundation/ext_transformer.yaml").read_text(encoding="utf-8")
+    config = tmp_path / "bad.yaml"
+    config.write_text(text + "li2019_enc_self: bogus\nli2019_capsules: many\n", encoding="utf-8")
+    line = len(text.splitlines()) + 1
+    with pytest.raises(SystemExit) as stop:
+        parse_train_config(config)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [f"{support.train_parser().prog}: error: key 'li2019_enc_self' in {config}, "
+                                f"line {line}: invalid choice: 'bogus' (choose from 'concat', 'simple', 'em')"]
+    config.write_text(text + "li2019_capsules: many\n", encoding="utf-8")
+    with pytest.raises(SystemExit):
+        parse_train_config(config)
+    assert f"error: key 'li2019_capsules' in {config}, line {line}: invalid int value: 'many'" in \
+        capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_train_config(config, "-li2019_capsules", "3", "-li2019_enc_self", "bogus")
+    assert capsys.readouterr().err.splitlines() == [
+        f"{support.train_parser().prog}: error: argument --li2019_enc_self/-li2019_enc_self: invalid choice: "
+        "'bogus' (choose from 'concat', 'simple', 'em')"]
+
+
+@pytest.mark.parametrize("extra, expected", [([], False), (["-ext_compile"], True), (["-ext_compile", "true"], True),
+                                             (["-ext_compile", "false"], False)])
+def test_ext_compile_takes_the_same_forms_in_onmt_train_and_onmt_translate(onmt_active, sample_data, extra,
+                                                                          expected):
+    """-ext_compile alone, or with true/false, in both commands (onmt_train took only a value, onmt_translate
+    only the bare flag); another onmt-ext boolean option likewise."""
+    from onmt_ext.plugin import parse_train_config
+
+    opt, _ = _translate_parser().parse_known_args(["-model", "m.pt", "-src", "s", *extra])
+    assert opt.ext_compile is expected
+    opt = parse_train_config(support.REPO / "yaml_configs/smoke/gret/ablations_all_switches.yaml", *extra)
+    assert opt.ext_compile is expected
+    switch = ["-gret_gate"] + extra[1:] if extra else []
+    opt = parse_train_config(support.REPO / "yaml_configs/smoke/gret/ablations_all_switches.yaml", *switch)
+    assert opt.gret_gate is expected  # the config says false
+
+
+def test_a_bad_boolean_value_is_named(onmt_active, capsys):
+    with pytest.raises(SystemExit):
+        _translate_parser().parse_known_args(["-model", "m.pt", "-src", "s", "-ext_compile", "maybe"])
+    assert capsys.readouterr().err.endswith(
+        "error: argument --ext_compile/-ext_compile: expected true or false, got 'maybe'\n")
+
+
+def test_the_torch_setup_command_runs_from_where_the_user_is(tmp_path, monkeypatch):
+    """The command that -gpu's error recommends: make -C <checkout> from another folder, VENV= for another venv;
+    a missing package: pip of the Python that runs onmt-ext."""
+    from onmt_ext import compat
+
+    repo = os.path.realpath(support.REPO)
+    monkeypatch.setattr(sys, "prefix", os.path.join(repo, ".venv"))
+    wanted = 'setup TORCH="torch==<version> --index-url <your CUDA index>" FORCE=1'
+    assert compat.torch_setup_command(cwd=repo) == f"make {wanted}"
+    assert compat.torch_setup_command(cwd=tmp_path) == f"make -C {repo} {wanted}"
+    assert compat.make_command("data", cwd=tmp_path) == f"make -C {repo} data"  # the tools' "run make data first"
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "my venv"))
+    assert compat.torch_setup_command(cwd=repo) == f"make VENV='{tmp_path}/my venv' {wanted}"
+    assert compat.install_command("spacy==3.8.18") == f"{sys.executable} -m pip install spacy==3.8.18"
