@@ -18,7 +18,8 @@ Every change is recorded by :mod:`onmt_ext.patches`;
 
 A failure in either step never breaks plain OpenNMT-py: the error is printed
 once, with the way to switch the extension off, and ``onmt`` is left as
-stock.  Set ``ONMT_EXT_DISABLE=1`` to switch the extension off entirely.
+stock (:func:`~onmt_ext.plugin.activate` undoes every change it made); an
+OpenNMT-py version other than the supported one is said in one line.  Set ``ONMT_EXT_DISABLE=1`` to switch the extension off entirely.
 """
 
 import importlib.abc
@@ -61,9 +62,12 @@ def _after_onmt():
     try:
         from onmt_ext import plugin
 
-        plugin.activate()
+        plugin.activate()  # all or nothing: a failure leaves onmt stock
     except Exception as exc:  # never break plain OpenNMT-py
-        _report_failure("register with OpenNMT-py", exc)
+        if type(exc).__name__ == "UnsupportedVersion":  # onmt_ext.patches': one line says it all
+            sys.stderr.write(f"onmt-ext: {exc}; set {DISABLE_ENV}=1 to silence this message.\n")
+        else:
+            _report_failure("register with OpenNMT-py", exc)
 
 
 class _HookedLoader(importlib.abc.Loader):

@@ -25,8 +25,8 @@ right after ``onmt`` has been imported.  It
    ``-overwrite_checkpoints`` is given, and warns when every translation is
    empty.
 
-Every change goes through :func:`onmt_ext.patches.patch`; everything is
-idempotent.  ``ONMT_EXT_DISABLE=1`` prevents all of it.
+Every change goes through :mod:`onmt_ext.patches`; :func:`activate` is
+idempotent and all-or-nothing.  ``ONMT_EXT_DISABLE=1`` prevents all of it.
 """
 
 import contextvars
@@ -36,22 +36,24 @@ import os
 import re
 import sys
 
-from onmt_ext.patches import FIX, NEEDED, patch
+from onmt_ext import patches
+from onmt_ext.patches import FIX, MESSAGE, NEEDED, add_entry, patch
 
 _active = False
 
 
 def _register_models():
-    from onmt.decoders import register_decoder, str2dec
-    from onmt.encoders import register_encoder, str2enc
+    import onmt.decoders
+    import onmt.encoders
 
     from onmt_ext.options import EXT_TYPE
     from onmt_ext.transformer import ExtTransformerDecoder, ExtTransformerEncoder
 
-    if EXT_TYPE not in str2enc:
-        register_encoder(EXT_TYPE)(ExtTransformerEncoder)
-    if EXT_TYPE not in str2dec:
-        register_decoder(EXT_TYPE)(ExtTransformerDecoder)
+    test = "tests/integration/test_plugin_cli.py::test_hook_registers_types_on_first_onmt_import"
+    add_entry(onmt.encoders, "str2enc", EXT_TYPE, ExtTransformerEncoder, kind=NEEDED, test=test,
+              reason="-encoder_type ext_transformer: the Transformer encoder with onmt-ext's mechanisms")
+    add_entry(onmt.decoders, "str2dec", EXT_TYPE, ExtTransformerDecoder, kind=NEEDED, test=test,
+              reason="-decoder_type ext_transformer: the Transformer decoder with onmt-ext's mechanisms")
 
 
 def _extend_model_options():
@@ -72,7 +74,7 @@ def _translation_compile():
         patch(owner, "translate_opts", _translate_opts, kind=NEEDED,
               reason="adds -ext_compile to onmt_translate (torch.compile of the mechanisms' cores when translating)",
               test="tests/unit/test_compile.py::test_onmt_translate_compiles_only_when_asked")
-    patch(builder, "load_test_model", _load_test_model, kind=NEEDED,
+    patch(builder, "load_test_model", _load_test_model, kind=NEEDED, order=1,
           reason="onmt_translate's -ext_compile, not the training run's, decides whether translation compiles",
           test="tests/unit/test_compile.py::test_onmt_translate_compiles_only_when_asked")
 
@@ -387,14 +389,18 @@ def _check_on_model_validation():
           test="tests/unit/test_options.py::test_checkpoint_with_invalid_options_fails_on_load")
 
 
+def _load_state_dict_with_new_parameters(stock, self, *args, **kwargs):
+    from onmt_ext.gret import load_with_new_parameters
+
+    return load_with_new_parameters(stock)(self, *args, **kwargs)
+
+
 def _load_checkpoints_with_new_parameters():
     """Let ``-train_from`` a baseline checkpoint initialise the new tensors of mechanisms (see onmt_ext.gret)."""
     from onmt.models.model import BaseModel
 
-    from onmt_ext.gret import load_with_new_parameters
-
-    patch(BaseModel, "load_state_dict", load_with_new_parameters(BaseModel.load_state_dict), wrap=False,
-          kind=NEEDED, reason="fine-tuning a mechanism from a baseline checkpoint (GRET) initialises the tensors the "
+    patch(BaseModel, "load_state_dict", _load_state_dict_with_new_parameters, kind=NEEDED, order=1,
+          reason="fine-tuning a mechanism from a baseline checkpoint (GRET) initialises the tensors the "
                               "baseline lacks and logs them",
           test="tests/integration/test_cli_pipeline.py::test_gret_fine_tunes_from_a_baseline_checkpoint")
 
@@ -496,7 +502,7 @@ def _check_checkpoints():
               reason="a file that is no checkpoint ends in a torch traceback that advises weights_only=False; a "
                      "checkpoint of a mechanism this onmt-ext lacks would load without it",
               test="tests/integration/test_user_errors.py::test_a_model_file_that_is_no_checkpoint_is_named")
-    patch(BaseModel, "load_state_dict", _load_state_dict_clearly, kind=FIX,
+    patch(BaseModel, "load_state_dict", _load_state_dict_clearly, kind=MESSAGE, order=0,
           reason="tensors that do not fit the model end in an assertion traceback",
           test="tests/integration/test_faults.py::test_a_checkpoint_whose_tensors_do_not_fit_gives_a_clear_error")
 
@@ -794,14 +800,15 @@ def _one_line_errors():
     machine_test = "tests/integration/test_user_errors.py::test_onmt_works_without_spacy_and_fasttext"
     test = "tests/integration/test_user_errors.py::test_a_missing_vocabulary_is_named_in_one_line"
     for module in (train, translate, build_vocab):
-        patch(module, "main", _run_main, kind=FIX, reason=reason, test=test)
+        patch(module, "main", _run_main, kind=MESSAGE, reason=reason, test=test)
     patch(train, "train", _train_checked, kind=FIX, test="tests/integration/test_user_errors.py::"
           "test_training_into_another_runs_checkpoints_is_refused",
           reason="a missing -src_vocab ends in a long traceback; training into a -save_model of another run "
                  "overwrites its checkpoints silently; Ctrl-C ends in a bare KeyboardInterrupt traceback; "
                  + machine)
-    patch(build_vocab, "build_vocab_main", _build_vocab_checked, kind=FIX, reason=machine, test=machine_test)
-    patch(translate, "translate", _translate_checked, kind=FIX,
+    patch(build_vocab, "build_vocab_main", _build_vocab_checked, kind=MESSAGE, reason=machine, test=machine_test)
+    # order 0: runs before onmt_ext.corpus's source checks (order 1), so that their errors end in one line
+    patch(translate, "translate", _translate_checked, kind=MESSAGE, order=0,
           test="tests/unit/test_plugin.py::test_all_empty_translations_give_a_warning",
           reason="a translation whose every line is empty ends without a word; " + machine)
 
@@ -881,21 +888,43 @@ def _check_translation_split():
     """Refuse to translate with clause attention unless the source is split as in training."""
     import onmt.model_builder as builder
 
-    patch(builder, "load_test_model", _load_test_model_split_checked, kind=NEEDED,
+    # order 0: checks what the -ext_compile layer (order 1) returns
+    patch(builder, "load_test_model", _load_test_model_split_checked, kind=NEEDED, order=0,
           reason="a clause-attention model must translate a source split as in its training",
           test="tests/unit/test_clause_attention.py::test_translation_must_split_as_training")
 
 
 def _register_transforms():
     """Add onmt-ext's data transforms (``clause_split``) to OpenNMT-py's registry."""
-    import onmt_ext.clause_split  # noqa: F401  (registers on import)
+    module = sys.modules.get("onmt_ext.clause_split")
+    if module is not None and not hasattr(module, "install"):
+        return  # its import of onmt activated onmt-ext: it registers itself at its end, once this is active
+    from onmt_ext import clause_split
+
+    clause_split.install()
 
 
 def activate():
-    """Register onmt-ext with the already-imported ``onmt`` package (idempotent)."""
+    """Register onmt-ext with the already-imported ``onmt`` package: all of it or, when a step fails (or
+    OpenNMT-py's version is not :data:`onmt_ext.patches.SUPPORTED`), nothing: every change undone, the error
+    re-raised.  Idempotent."""
     global _active
     if _active:
         return
+    with patches.all_or_nothing():
+        patches.check_version()
+        _activate()
+    _active = True
+
+
+def deactivate():
+    """Undo every change onmt-ext made to OpenNMT-py (:func:`onmt_ext.patches.rollback`): stock again."""
+    global _active
+    patches.rollback()
+    _active = False
+
+
+def _activate():
     from onmt_ext import batches, compat, corpus, initialisation, train_step
 
     compat.apply()
@@ -920,7 +949,6 @@ def activate():
     initialisation.install()  # the mechanisms' stated initialisation, after OpenNMT-py's own
     _check_translation_split()
     _one_line_errors()
-    _active = True
 
 
 def is_active():
