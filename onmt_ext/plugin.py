@@ -319,7 +319,7 @@ def _run_as_command():
 
 def _parses_strictly(parser, args):
     """Strict: a parser that :func:`strict` marked, or an OpenNMT-py command parsing its own command line."""
-    if args is None and (_IN_COMMAND.get() or _run_as_command()):
+    if args is None and _in_command():
         strict(parser)
     return getattr(parser, _STRICT, False)
 
@@ -452,8 +452,12 @@ def checkpoint_problems(path, checkpoint):
 
 
 def _load_checkpoint(stock, ckpt_path):
-    """Load a checkpoint; one line naming the file when it is none, or of an unknown onmt-ext mechanism."""
-    if ckpt_path and not os.path.isfile(ckpt_path):
+    """Load a checkpoint; one line naming the file when it is none, or of an unknown onmt-ext mechanism.
+
+    The errors are also of the type stock raises (:func:`_user_error`): callers outside the commands catch what
+    they caught before.
+    """
+    if ckpt_path and not os.path.isfile(ckpt_path) and _in_command():  # elsewhere: stock's FileNotFoundError
         raise UsageError(f"{ckpt_path}: no such checkpoint file")
     try:
         checkpoint = stock(ckpt_path)
@@ -466,14 +470,14 @@ def _load_checkpoint(stock, ckpt_path):
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
         if "weights_only" in first or "WeightsUnpickler" in first or len(first) > 160:
             first = type(error).__name__
-        raise UserError(f"{ckpt_path} is not an OpenNMT-py checkpoint that this onmt-ext can read ({first}); give "
-                        "a <model>_step_N.pt file written by onmt_train") from None
+        raise _user_error(f"{ckpt_path} is not an OpenNMT-py checkpoint that this onmt-ext can read ({first}); "
+                          "give a <model>_step_N.pt file written by onmt_train", type(error)) from None
     if checkpoint is not None and not (isinstance(checkpoint, dict) and "model" in checkpoint and "opt" in checkpoint):
-        raise UserError(f"{ckpt_path} is not an OpenNMT-py checkpoint (no model and options in it); give a "
-                        "<model>_step_N.pt file written by onmt_train")
+        raise _user_error(f"{ckpt_path} is not an OpenNMT-py checkpoint (no model and options in it); give a "
+                          "<model>_step_N.pt file written by onmt_train", ValueError)
     problems = checkpoint_problems(ckpt_path, checkpoint)
     if problems:
-        raise UserError("\n".join(problems))
+        raise _user_error("\n".join(problems), ValueError)
     return checkpoint
 
 
@@ -485,9 +489,9 @@ def _load_state_dict_clearly(stock, self, *args, **kwargs):
         if not (isinstance(error, AssertionError) or "missing key" in text.lower()
                 or "extra keys" in text.lower()):
             raise
-        raise UserError(f"the checkpoint's tensors do not fit the model built from its options "
-                        f"({' '.join(text.split()) or 'a tensor has the wrong shape'}); was it written by another "
-                        "version of onmt-ext or OpenNMT-py, or altered?") from None
+        raise _user_error(f"the checkpoint's tensors do not fit the model built from its options "
+                          f"({' '.join(text.split()) or 'a tensor has the wrong shape'}); was it written by another "
+                          "version of onmt-ext or OpenNMT-py, or altered?", type(error)) from None
 
 
 def _check_checkpoints():
@@ -601,6 +605,26 @@ class UsageError(UserError):
     """A mistake in the command line or config (an option or a path that names nothing): exit 2."""
 
     status = 2
+
+
+_USER_ERRORS_ALSO = {}
+
+
+def _user_error(message, stock_type):
+    """A :class:`UserError` that is also a ``stock_type`` (what stock raises there), so that code outside the
+    commands catches it as before; a plain :class:`UserError` where Python cannot combine the two."""
+    if stock_type not in _USER_ERRORS_ALSO:
+        try:
+            _USER_ERRORS_ALSO[stock_type] = type(f"UserError_{stock_type.__name__}", (UserError, stock_type),
+                                                 {"__module__": __name__})
+        except TypeError:  # "instance lay-out conflict" (OSError, AttributeError)
+            _USER_ERRORS_ALSO[stock_type] = UserError
+    return _USER_ERRORS_ALSO[stock_type](message)
+
+
+def _in_command():
+    """True inside an OpenNMT-py command (its ``main``, or ``python -m onmt.bin.<command>``)."""
+    return _IN_COMMAND.get() or _run_as_command()
 
 
 #: The stock entry point modules, by command name.
