@@ -120,7 +120,7 @@ def silence_deprecations():
 
     def undo():
         warnings.filters[:] = [entry for entry in warnings.filters if entry not in ours]
-        warnings._filters_mutated()
+        getattr(warnings, "_filters_mutated", lambda: None)()  # drops the warnings' "already shown" caches
 
     record("warnings filters (torch.cuda.amp, sdp_kernel)", kind=MESSAGE, undo=undo,
            reason="OpenNMT-py 3.5.1 calls deprecated torch.cuda.amp/sdp_kernel APIs; torch's FutureWarnings about "

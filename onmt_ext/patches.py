@@ -1,13 +1,10 @@
 """The one way onmt-ext changes OpenNMT-py: :func:`patch`, :func:`add_entry`, :func:`record`, and the record of them.
 
-Each target holds one wrapper.  Behaviours that several modules add to one
-target are *layers* of that wrapper, composed by their stated ``order``
-(0 runs first, outermost) whatever the call order.  Every change is recorded
-(target, kind, reason, test) for ``python -m onmt_ext.hook status`` and can
-be undone: :func:`rollback` leaves OpenNMT-py stock, and
-:func:`all_or_nothing` rolls back everything when a step inside it fails.
-:func:`check_version` refuses an OpenNMT-py other than :data:`SUPPORTED`.
-A wrapper receives the stock callable first::
+A target holds one wrapper; behaviours that several modules add to it are *layers*, composed by their stated
+``order`` (0 runs first, outermost) whatever the call order.  Every change is recorded (target, kind, reason,
+test) for ``python -m onmt_ext.hook status`` and can be undone: :func:`rollback` leaves OpenNMT-py stock,
+:func:`all_or_nothing` rolls back when a step fails, :func:`check_version` refuses an unsupported OpenNMT-py.
+A wrapper receives the next layer (or the stock callable) first::
 
     patch(Trainer, "train", train, kind=FIX, reason="...", test="tests/...::test_x")
 

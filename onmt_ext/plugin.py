@@ -400,8 +400,8 @@ def _load_checkpoints_with_new_parameters():
     from onmt.models.model import BaseModel
 
     patch(BaseModel, "load_state_dict", _load_state_dict_with_new_parameters, kind=NEEDED, order=1,
-          reason="fine-tuning a mechanism from a baseline checkpoint (GRET) initialises the tensors the "
-                              "baseline lacks and logs them",
+          reason="fine-tuning a mechanism from a baseline checkpoint (GRET) initialises the tensors the baseline "
+                 "lacks and logs them",
           test="tests/integration/test_cli_pipeline.py::test_gret_fine_tunes_from_a_baseline_checkpoint")
 
 

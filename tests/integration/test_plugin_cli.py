@@ -2,9 +2,10 @@
 
 Moved out of tests/unit/test_plugin.py (unit/ runs in-process only): the .pth start-up hook registering onmt-ext's
 types on the first ``import onmt``, switched off with ``ONMT_EXT_DISABLE=1`` and leaving plain OpenNMT-py working when
-registration fails (or the OpenNMT-py version is not supported); no torch.cuda.amp deprecation warning on importing the commands; the training log file keeping
-its lines after the data iterator re-initialises the logger; and ``onmt_train``, ``onmt_build_vocab`` and
-``onmt_translate`` refusing misspelled YAML keys and unknown command-line options with a suggestion.
+registration fails or the OpenNMT-py version is not supported; no torch.cuda.amp deprecation warning on importing the
+commands; the training log file keeping its lines after the data iterator re-initialises the logger; and
+``onmt_train``, ``onmt_build_vocab`` and ``onmt_translate`` refusing misspelled YAML keys and unknown command-line
+options with a suggestion.
 """
 
 import subprocess
