@@ -48,6 +48,7 @@ def _before_onmt():
         from onmt_ext import compat
 
         compat.apply()
+        compat.stand_in_for_missing_packages()  # only while onmt is imported (see _after_onmt)
     except Exception as exc:  # never break plain OpenNMT-py
         _report_failure("apply the torch compatibility fixes", exc)
 

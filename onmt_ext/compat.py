@@ -456,7 +456,7 @@ def _run_encoder_naming_lines(stock, self, batch):
 
 
 def apply():
-    """Apply the fixes that must precede ``import onmt`` (safe to call repeatedly)."""
+    """Apply the fixes that must precede ``import onmt`` (safe to call repeatedly; the start-up hook also calls
+    :func:`stand_in_for_missing_packages` then, and only then)."""
     silence_deprecations()
     allow_checkpoint_classes()
-    stand_in_for_missing_packages()
