@@ -275,14 +275,17 @@ def test_a_failing_middle_step_of_activate_leaves_onmt_stock(stock_onmt):
     from onmt_ext import patches, plugin
 
     _, stock = stock_onmt
+    applied_before = []
 
     def broken():
+        applied_before.extend(_registered_targets())
         raise RuntimeError("simulated failure of a middle step")
 
     with pytest.MonkeyPatch.context() as patched:
         patched.setattr(plugin, "_check_checkpoints", broken)
         with pytest.raises(RuntimeError, match="middle step"):
             plugin.activate()
+    assert len(applied_before) >= 20 and "onmt.trainer.Trainer.train" in applied_before  # steps before it ran
     assert _changed(stock, _onmt_state()) == set()
     assert not patches.applied() and not patches.targets() and not plugin.is_active()
 
