@@ -7,8 +7,9 @@ module at Python start-up; it only installs an import hook.  The first time ``on
    allow-list, stand-ins for a missing spaCy or fasttext);
 2. *after* ``onmt`` has run: calls :func:`onmt_ext.plugin.activate`.
 
-A failure in either step prints one line, with how to switch the extension off, and leaves ``onmt`` usable.
-``ONMT_EXT_DISABLE=1`` switches the extension off; ``python -m onmt_ext.hook status`` lists every change.
+A failure in either step prints one line, with how to switch the extension off, and leaves ``onmt`` stock
+(:func:`~onmt_ext.plugin.activate` undoes every change it made); an unsupported OpenNMT-py version is said in one
+line.  ``ONMT_EXT_DISABLE=1`` switches the extension off; ``python -m onmt_ext.hook status`` lists every change.
 """
 
 import importlib.abc
@@ -37,6 +38,7 @@ def _before_onmt():
         from onmt_ext import compat
 
         compat.apply()
+        compat.stand_in_for_missing_packages()  # only while onmt is imported (see _after_onmt)
     except Exception as exc:  # never break plain OpenNMT-py
         _report_failure("apply the torch compatibility fixes", exc)
 
@@ -51,9 +53,12 @@ def _after_onmt():
     try:
         from onmt_ext import plugin
 
-        plugin.activate()
+        plugin.activate()  # all or nothing: a failure leaves onmt stock
     except Exception as exc:  # never break plain OpenNMT-py
-        _report_failure("register with OpenNMT-py", exc)
+        if type(exc).__name__ == "UnsupportedVersion":  # onmt_ext.patches': one line says it all
+            sys.stderr.write(f"onmt-ext: {exc}; set {DISABLE_ENV}=1 to silence this message.\n")
+        else:
+            _report_failure("register with OpenNMT-py", exc)
 
 
 class _HookedLoader(importlib.abc.Loader):

@@ -689,15 +689,9 @@ def option_problems(opts):
 # ---------------------------------------------------------------------------
 # The OpenNMT-py transform
 
-from onmt.transforms import AVAILABLE_TRANSFORMS, register_transform  # noqa: E402
+import onmt.transforms  # noqa: E402
+from onmt.transforms import AVAILABLE_TRANSFORMS  # noqa: E402,F401  (tools read it from here)
 from onmt.transforms.transform import ObservableStats, Transform  # noqa: E402
-
-# A second execution of this module (importlib.reload, or the module reached
-# under another name) must not trip OpenNMT-py's duplicate check: forget a
-# registration that this module made before.
-_previous = AVAILABLE_TRANSFORMS.get(TRANSFORM_NAME)
-if _previous is not None and getattr(_previous, "_onmt_ext_clause_split", False):
-    del AVAILABLE_TRANSFORMS[TRANSFORM_NAME]
 
 
 class ClauseSplitStats(ObservableStats):
@@ -714,7 +708,6 @@ class ClauseSplitStats(ObservableStats):
         self.markers += other.markers
 
 
-@register_transform(name=TRANSFORM_NAME)
 class ClauseSplitTransform(Transform):
     """OpenNMT-py transform ``clause_split``: clause markers on the source side (module doc).
 
@@ -724,8 +717,6 @@ class ClauseSplitTransform(Transform):
     sees the split seen in training.  ``batch_apply`` tags a whole bucket at
     once; the result equals ``apply`` one example at a time.
     """
-
-    _onmt_ext_clause_split = True
 
     @classmethod
     def add_options(cls, parser):
@@ -823,3 +814,19 @@ def _expand(length, where):
             order.append(i)
         order.append(i)
     return order
+
+
+def install():
+    """Register ``clause_split`` in OpenNMT-py's transform registry (called by :func:`onmt_ext.plugin.activate`;
+    after a re-execution of this module, its new class replaces the old)."""
+    from onmt_ext.patches import NEEDED, add_entry
+
+    add_entry(onmt.transforms, "AVAILABLE_TRANSFORMS", TRANSFORM_NAME, ClauseSplitTransform, kind=NEEDED,
+              reason="the clause_split transform (clause markers for clause attention) for -transforms",
+              test="tests/unit/test_clause_split.py::test_registered_with_options_and_reimport_is_harmless")
+
+
+from onmt_ext import plugin  # noqa: E402
+
+if plugin.is_active():  # this module's import of onmt activated onmt-ext (see plugin._register_transforms)
+    install()

@@ -23,7 +23,7 @@ import sys
 import types
 import warnings
 
-from onmt_ext.patches import FIX, NEEDED, QUIET, patch, record
+from onmt_ext.patches import FIX, MESSAGE, patch, record
 
 # Regular expressions over the warning text (``warnings.filterwarnings`` matches
 # them against the start of the message).
@@ -34,8 +34,6 @@ _DEPRECATION_MESSAGES = (
 
 #: Classes that OpenNMT-py checkpoints pickle besides tensors and containers.
 SAFE_GLOBALS = (argparse.Namespace,)
-
-_applied = False
 
 #: Optional packages that stock OpenNMT-py imports at module level: name -> (what needs it, pip requirement).
 OPTIONAL_PACKAGES = {
@@ -52,7 +50,14 @@ def silence_deprecations():
     for message in _DEPRECATION_MESSAGES:
         warnings.filterwarnings("ignore", message=message, category=FutureWarning)
         warnings.filterwarnings("ignore", message=message, category=DeprecationWarning)
-    record("warnings filters (torch.cuda.amp, sdp_kernel)", kind=QUIET,
+    ours = [entry for entry in warnings.filters if entry[0] == "ignore" and entry[1] is not None
+            and entry[1].pattern in _DEPRECATION_MESSAGES]
+
+    def undo():
+        warnings.filters[:] = [entry for entry in warnings.filters if entry not in ours]
+        getattr(warnings, "_filters_mutated", lambda: None)()  # drops the warnings' "already shown" caches
+
+    record("warnings filters (torch.cuda.amp, sdp_kernel)", kind=MESSAGE, undo=undo,
            reason="OpenNMT-py 3.5.1 calls deprecated torch.cuda.amp/sdp_kernel APIs; torch's FutureWarnings about "
                   "them name OpenNMT-py's code, which a user cannot change",
            test="tests/integration/test_plugin_cli.py::test_no_torch_amp_deprecation_noise")
@@ -62,12 +67,19 @@ def allow_checkpoint_classes():
     """Allow-list the non-tensor classes in OpenNMT-py checkpoints for ``torch.load``."""
     import torch
 
-    add = getattr(torch.serialization, "add_safe_globals", None)
-    if add is not None:  # torch < 2.4 has no safe unpickler to configure
-        add(list(SAFE_GLOBALS))
-        record("torch.serialization safe globals (argparse.Namespace)", kind=NEEDED,
-               reason="checkpoints pickle their options as an argparse.Namespace, which torch.load refuses with "
-                      "weights_only=True; allow-listing that one class keeps weights_only on",
+    serialization = torch.serialization
+    if getattr(serialization, "add_safe_globals", None) is not None:  # torch < 2.4 has no safe unpickler
+        before = serialization.get_safe_globals()
+
+        def undo():
+            serialization.clear_safe_globals()
+            serialization.add_safe_globals(before)
+
+        serialization.add_safe_globals(list(SAFE_GLOBALS))
+        record("torch.serialization safe globals (argparse.Namespace)", kind=FIX, undo=undo,
+               reason="stock cannot load its own checkpoints on torch >= 2.6: they pickle their options as an "
+                      "argparse.Namespace, which torch.load refuses with weights_only=True; allow-listing that one "
+                      "class keeps weights_only on",
                test="tests/unit/test_plugin.py::test_checkpoint_namespace_loads_with_weights_only")
 
 
@@ -148,7 +160,7 @@ def stand_in_for_missing_packages():
             sys.modules[name] = module
             added.append(name)
     if added:
-        record("sys.modules (" + ", ".join(added) + ") while onmt is imported", kind=FIX,
+        record("sys.modules (" + ", ".join(added) + ") while onmt is imported", kind=FIX, undo=drop_stand_ins,
                reason="stock `import onmt` fails without spaCy or fasttext, which only the terminology and clean "
                       "transforms use; those transforms are refused in one line instead",
                test="tests/integration/test_user_errors.py::test_onmt_works_without_spacy_and_fasttext")
@@ -373,9 +385,9 @@ def explain_position_limit():
     from onmt.translate.translator import Translator
 
     test = "tests/unit/test_plugin.py::test_a_sequence_beyond_the_position_encoding_gets_a_clear_error"
-    patch(PositionalEncoding, "forward", _positional_encoding_forward, kind=FIX, test=test,
+    patch(PositionalEncoding, "forward", _positional_encoding_forward, kind=MESSAGE, test=test,
           reason="a sequence over the 5000 sinusoidal positions ends in a traceback that says 'limited to 1'")
-    patch(Translator, "_run_encoder", _run_encoder_naming_lines, kind=FIX, test=test,
+    patch(Translator, "_run_encoder", _run_encoder_naming_lines, kind=MESSAGE, test=test,
           reason="names the source lines that are too long for the position encoding")
 
 
@@ -410,11 +422,7 @@ def _run_encoder_naming_lines(stock, self, batch):
 
 
 def apply():
-    """Apply the fixes that must precede ``import onmt`` once (safe to call repeatedly)."""
-    global _applied
-    if _applied:
-        return
+    """Apply the fixes that must precede ``import onmt`` (safe to call repeatedly; the start-up hook also calls
+    :func:`stand_in_for_missing_packages` then, and only then)."""
     silence_deprecations()
     allow_checkpoint_classes()
-    stand_in_for_missing_packages()
-    _applied = True

@@ -79,18 +79,23 @@ def print_patches(out=None):
         return
     from onmt_ext import patches
 
+    import onmt  # (the hook, when installed, activates the extension)
+
     if not patches.applied():
-        import onmt  # noqa: F401  (the hook, when installed, activates the extension)
         from onmt_ext import plugin
 
         if not plugin.is_active():
-            plugin.activate()
-    listed = patches.applied()
+            try:
+                plugin.activate()
+            except patches.UnsupportedVersion as error:
+                print(f"onmt-ext: {error}", file=out)
+                return
+    listed = patches.lines()
     mood = "changes" if os.path.exists(pth_path()) else "changes it would make once installed"
-    print(f"{len(listed)} {mood} to OpenNMT-py 3.5.1 (target [kind]: reason (test)); "
-          "docs/differences-from-stock.md describes each fix:", file=out)
-    for item in listed:
-        print(f"  {item.line()}", file=out)
+    print(f"{len(listed)} {mood} to OpenNMT-py {onmt.__version__} (target [kind]: reason (test)); "
+          "docs/differences-from-stock.md describes each one that is not needed by the extension itself:", file=out)
+    for line in listed:
+        print(f"  {line}", file=out)
 
 
 if __name__ == "__main__":

@@ -185,25 +185,22 @@ def install():
     model built from one is left alone (a baseline checkpoint's missing mechanism tensors are drawn by
     :func:`onmt_ext.gret.load_with_new_parameters` through :func:`initialise`).
     """
-    import sys
-
     import onmt.model_builder as builder
+    import onmt.train_single as train_single
 
-    stock = builder.build_model
-    if getattr(stock, "_onmt_ext_init", False):
-        return
+    from onmt_ext.patches import NEEDED, patch
 
-    def build_model(model_opt, opt, vocabs, checkpoint, *args, **kwargs):
-        model = stock(model_opt, opt, vocabs, checkpoint, *args, **kwargs)
-        if checkpoint is None:
-            initialise(model)
-        return model
+    for module in (builder, train_single):  # onmt_train calls the name train_single imported
+        patch(module, "build_model", _build_model_initialised, kind=NEEDED,
+              reason="the mechanisms' parameters get their stated initialisation after OpenNMT-py's by-name rule",
+              test="tests/unit/test_initialisation.py::test_rules_are_reapplied_after_opennmt_glorot_pass")
 
-    build_model._onmt_ext_init = True
-    builder.build_model = build_model
-    single = sys.modules.get("onmt.train_single")
-    if single is not None and getattr(single, "build_model", None) is stock:
-        single.build_model = build_model
+
+def _build_model_initialised(stock, model_opt, opt, vocabs, checkpoint, *args, **kwargs):
+    model = stock(model_opt, opt, vocabs, checkpoint, *args, **kwargs)
+    if checkpoint is None:
+        initialise(model)
+    return model
 
 
 def _routing_aggregation(module):

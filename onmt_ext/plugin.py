@@ -10,8 +10,8 @@
    whose architecture or mechanism options differ from the checkpoint's;
 5. ends the commands' errors in one line, ``<command>: error: ...`` (exit 2 usage, 1 run time, 130 Ctrl-C).
 
-Every change goes through :func:`onmt_ext.patches.patch` and is idempotent; ``ONMT_EXT_DISABLE=1`` prevents all
-of it.  What each change does to stock behaviour: docs/differences-from-stock.md.
+Every change goes through :mod:`onmt_ext.patches`; :func:`activate` is idempotent and all-or-nothing, and
+``ONMT_EXT_DISABLE=1`` prevents all of it.  What each change does to stock behaviour: docs/differences-from-stock.md.
 """
 
 import contextvars
@@ -22,22 +22,24 @@ import os
 import re
 import sys
 
-from onmt_ext.patches import FIX, NEEDED, patch
+from onmt_ext import patches
+from onmt_ext.patches import FIX, MESSAGE, NEEDED, add_entry, patch
 
 _active = False
 
 
 def _register_models():
-    from onmt.decoders import register_decoder, str2dec
-    from onmt.encoders import register_encoder, str2enc
+    import onmt.decoders
+    import onmt.encoders
 
     from onmt_ext.options import EXT_TYPE
     from onmt_ext.transformer import ExtTransformerDecoder, ExtTransformerEncoder
 
-    if EXT_TYPE not in str2enc:
-        register_encoder(EXT_TYPE)(ExtTransformerEncoder)
-    if EXT_TYPE not in str2dec:
-        register_decoder(EXT_TYPE)(ExtTransformerDecoder)
+    test = "tests/integration/test_plugin_cli.py::test_hook_registers_types_on_first_onmt_import"
+    add_entry(onmt.encoders, "str2enc", EXT_TYPE, ExtTransformerEncoder, kind=NEEDED, test=test,
+              reason="-encoder_type ext_transformer: the Transformer encoder with onmt-ext's mechanisms")
+    add_entry(onmt.decoders, "str2dec", EXT_TYPE, ExtTransformerDecoder, kind=NEEDED, test=test,
+              reason="-decoder_type ext_transformer: the Transformer decoder with onmt-ext's mechanisms")
 
 
 def _extend_model_options():
@@ -58,7 +60,7 @@ def _translation_compile():
         patch(owner, "translate_opts", _translate_opts, kind=NEEDED,
               reason="adds -ext_compile to onmt_translate (torch.compile of the mechanisms' cores when translating)",
               test="tests/unit/test_compile.py::test_onmt_translate_compiles_only_when_asked")
-    patch(builder, "load_test_model", _load_test_model, kind=NEEDED,
+    patch(builder, "load_test_model", _load_test_model, kind=NEEDED, order=1,
           reason="onmt_translate's -ext_compile, not the training run's, decides whether translation compiles",
           test="tests/unit/test_compile.py::test_onmt_translate_compiles_only_when_asked")
 
@@ -336,7 +338,7 @@ def _run_as_command():
 
 def _parses_strictly(parser, args):
     """Strict: a parser that :func:`strict` marked, or an OpenNMT-py command parsing its own command line."""
-    if args is None and (_IN_COMMAND.get() or _run_as_command()):
+    if args is None and _in_command():
         strict(parser)
     return getattr(parser, _STRICT, False)
 
@@ -410,15 +412,19 @@ def _check_on_model_validation():
           test="tests/unit/test_options.py::test_checkpoint_with_invalid_options_fails_on_load")
 
 
+def _load_state_dict_with_new_parameters(stock, self, *args, **kwargs):
+    from onmt_ext.gret import load_with_new_parameters
+
+    return load_with_new_parameters(stock)(self, *args, **kwargs)
+
+
 def _load_checkpoints_with_new_parameters():
     """Let ``-train_from`` a baseline checkpoint initialise the new tensors of mechanisms (see onmt_ext.gret)."""
     from onmt.models.model import BaseModel
 
-    from onmt_ext.gret import load_with_new_parameters
-
-    patch(BaseModel, "load_state_dict", load_with_new_parameters(BaseModel.load_state_dict), wrap=False,
-          kind=NEEDED, reason="fine-tuning a mechanism from a baseline checkpoint (GRET) initialises the tensors the "
-                              "baseline lacks and logs them",
+    patch(BaseModel, "load_state_dict", _load_state_dict_with_new_parameters, kind=NEEDED, order=1,
+          reason="fine-tuning a mechanism from a baseline checkpoint (GRET) initialises the tensors the baseline "
+                 "lacks and logs them",
           test="tests/integration/test_cli_pipeline.py::test_gret_fine_tunes_from_a_baseline_checkpoint")
 
 
@@ -469,8 +475,12 @@ def checkpoint_problems(path, checkpoint):
 
 
 def _load_checkpoint(stock, ckpt_path):
-    """Load a checkpoint; one line naming the file when it is none, or of an unknown onmt-ext mechanism."""
-    if ckpt_path and not os.path.isfile(ckpt_path):
+    """Load a checkpoint; one line naming the file when it is none, or of an unknown onmt-ext mechanism.
+
+    The errors are also of the type stock raises (:func:`_user_error`): callers outside the commands catch what
+    they caught before.
+    """
+    if ckpt_path and not os.path.isfile(ckpt_path) and _in_command():  # elsewhere: stock's FileNotFoundError
         raise UsageError(f"{ckpt_path}: no such checkpoint file")
     try:
         checkpoint = stock(ckpt_path)
@@ -483,14 +493,14 @@ def _load_checkpoint(stock, ckpt_path):
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
         if "weights_only" in first or "WeightsUnpickler" in first or len(first) > 160:
             first = type(error).__name__
-        raise UserError(f"{ckpt_path} is not an OpenNMT-py checkpoint that this onmt-ext can read ({first}); give "
-                        "a <model>_step_N.pt file written by onmt_train") from None
+        raise _user_error(f"{ckpt_path} is not an OpenNMT-py checkpoint that this onmt-ext can read ({first}); "
+                          "give a <model>_step_N.pt file written by onmt_train", type(error)) from None
     if checkpoint is not None and not (isinstance(checkpoint, dict) and "model" in checkpoint and "opt" in checkpoint):
-        raise UserError(f"{ckpt_path} is not an OpenNMT-py checkpoint (no model and options in it); give a "
-                        "<model>_step_N.pt file written by onmt_train")
+        raise _user_error(f"{ckpt_path} is not an OpenNMT-py checkpoint (no model and options in it); give a "
+                          "<model>_step_N.pt file written by onmt_train", ValueError)
     problems = checkpoint_problems(ckpt_path, checkpoint)
     if problems:
-        raise UserError("\n".join(problems))
+        raise _user_error("\n".join(problems), ValueError)
     return checkpoint
 
 
@@ -502,9 +512,9 @@ def _load_state_dict_clearly(stock, self, *args, **kwargs):
         if not (isinstance(error, AssertionError) or "missing key" in text.lower()
                 or "extra keys" in text.lower()):
             raise
-        raise UserError(f"the checkpoint's tensors do not fit the model built from its options "
-                        f"({' '.join(text.split()) or 'a tensor has the wrong shape'}); was it written by another "
-                        "version of onmt-ext or OpenNMT-py, or altered?") from None
+        raise _user_error(f"the checkpoint's tensors do not fit the model built from its options "
+                          f"({' '.join(text.split()) or 'a tensor has the wrong shape'}); was it written by another "
+                          "version of onmt-ext or OpenNMT-py, or altered?", type(error)) from None
 
 
 def _check_checkpoints():
@@ -519,7 +529,7 @@ def _check_checkpoints():
               reason="a file that is no checkpoint ends in a torch traceback that advises weights_only=False; a "
                      "checkpoint of a mechanism this onmt-ext lacks would load without it",
               test="tests/integration/test_user_errors.py::test_a_model_file_that_is_no_checkpoint_is_named")
-    patch(BaseModel, "load_state_dict", _load_state_dict_clearly, kind=FIX,
+    patch(BaseModel, "load_state_dict", _load_state_dict_clearly, kind=MESSAGE, order=0,
           reason="tensors that do not fit the model end in an assertion traceback",
           test="tests/integration/test_faults.py::test_a_checkpoint_whose_tensors_do_not_fit_gives_a_clear_error")
 
@@ -618,6 +628,26 @@ class UsageError(UserError):
     """A mistake in the command line or config (an option or a path that names nothing): exit 2."""
 
     status = 2
+
+
+_USER_ERRORS_ALSO = {}
+
+
+def _user_error(message, stock_type):
+    """A :class:`UserError` that is also a ``stock_type`` (what stock raises there), so that code outside the
+    commands catches it as before; a plain :class:`UserError` where Python cannot combine the two."""
+    if stock_type not in _USER_ERRORS_ALSO:
+        try:
+            _USER_ERRORS_ALSO[stock_type] = type(f"UserError_{stock_type.__name__}", (UserError, stock_type),
+                                                 {"__module__": __name__})
+        except TypeError:  # "instance lay-out conflict" (OSError, AttributeError)
+            _USER_ERRORS_ALSO[stock_type] = UserError
+    return _USER_ERRORS_ALSO[stock_type](message)
+
+
+def _in_command():
+    """True inside an OpenNMT-py command (its ``main``, or ``python -m onmt.bin.<command>``)."""
+    return _IN_COMMAND.get() or _run_as_command()
 
 
 #: The stock entry point modules, by command name.
@@ -817,14 +847,15 @@ def _one_line_errors():
     machine_test = "tests/integration/test_user_errors.py::test_onmt_works_without_spacy_and_fasttext"
     test = "tests/integration/test_user_errors.py::test_a_missing_vocabulary_is_named_in_one_line"
     for module in (train, translate, build_vocab):
-        patch(module, "main", _run_main, kind=FIX, reason=reason, test=test)
+        patch(module, "main", _run_main, kind=MESSAGE, reason=reason, test=test)
     patch(train, "train", _train_checked, kind=FIX, test="tests/integration/test_user_errors.py::"
           "test_training_into_another_runs_checkpoints_is_refused",
           reason="a missing -src_vocab ends in a long traceback; training into a -save_model of another run "
                  "overwrites its checkpoints silently; Ctrl-C ends in a bare KeyboardInterrupt traceback; "
                  + machine)
-    patch(build_vocab, "build_vocab_main", _build_vocab_checked, kind=FIX, reason=machine, test=machine_test)
-    patch(translate, "translate", _translate_checked, kind=FIX,
+    patch(build_vocab, "build_vocab_main", _build_vocab_checked, kind=MESSAGE, reason=machine, test=machine_test)
+    # order 0: runs before onmt_ext.corpus's source checks (order 1), so that their errors end in one line
+    patch(translate, "translate", _translate_checked, kind=MESSAGE, order=0,
           test="tests/unit/test_plugin.py::test_all_empty_translations_give_a_warning",
           reason="a translation whose every line is empty ends without a word; " + machine)
 
@@ -904,21 +935,43 @@ def _check_translation_split():
     """Refuse to translate with clause attention unless the source is split as in training."""
     import onmt.model_builder as builder
 
-    patch(builder, "load_test_model", _load_test_model_split_checked, kind=NEEDED,
+    # order 0: checks what the -ext_compile layer (order 1) returns
+    patch(builder, "load_test_model", _load_test_model_split_checked, kind=NEEDED, order=0,
           reason="a clause-attention model must translate a source split as in its training",
           test="tests/unit/test_clause_attention.py::test_translation_must_split_as_training")
 
 
 def _register_transforms():
     """Add onmt-ext's data transforms (``clause_split``) to OpenNMT-py's registry."""
-    import onmt_ext.clause_split  # noqa: F401  (registers on import)
+    module = sys.modules.get("onmt_ext.clause_split")
+    if module is not None and not hasattr(module, "install"):
+        return  # its import of onmt activated onmt-ext: it registers itself at its end, once this is active
+    from onmt_ext import clause_split
+
+    clause_split.install()
 
 
 def activate():
-    """Register onmt-ext with the already-imported ``onmt`` package (idempotent)."""
+    """Register onmt-ext with the already-imported ``onmt`` package: all of it or, when a step fails (or
+    OpenNMT-py's version is not :data:`onmt_ext.patches.SUPPORTED`), nothing: every change undone, the error
+    re-raised.  Idempotent."""
     global _active
     if _active:
         return
+    with patches.all_or_nothing():
+        patches.check_version()
+        _activate()
+    _active = True
+
+
+def deactivate():
+    """Undo every change onmt-ext made to OpenNMT-py (:func:`onmt_ext.patches.rollback`): stock again."""
+    global _active
+    patches.rollback()
+    _active = False
+
+
+def _activate():
     from onmt_ext import batches, compat, corpus, initialisation, train_step
 
     compat.apply()
@@ -943,7 +996,6 @@ def activate():
     initialisation.install()  # the mechanisms' stated initialisation, after OpenNMT-py's own
     _check_translation_split()
     _one_line_errors()
-    _active = True
 
 
 def is_active():

@@ -2,9 +2,10 @@
 
 Moved out of tests/unit/test_plugin.py (unit/ runs in-process only): the .pth start-up hook registering onmt-ext's
 types on the first ``import onmt``, switched off with ``ONMT_EXT_DISABLE=1`` and leaving plain OpenNMT-py working when
-registration fails; no torch.cuda.amp deprecation warning on importing the commands; the training log file keeping
-its lines after the data iterator re-initialises the logger; and ``onmt_train``, ``onmt_build_vocab`` and
-``onmt_translate`` refusing misspelled YAML keys and unknown command-line options with a suggestion.
+registration fails or the OpenNMT-py version is not supported; no torch.cuda.amp deprecation warning on importing the
+commands; the training log file keeping its lines after the data iterator re-initialises the logger; and
+``onmt_train``, ``onmt_build_vocab`` and ``onmt_translate`` refusing misspelled YAML keys and unknown command-line
+options with a suggestion.
 """
 
 import subprocess
@@ -64,21 +65,41 @@ def test_hook_can_be_switched_off():
 
 
 def test_failing_registration_leaves_plain_onmt_working():
+    """A step in the middle of activate() fails: the steps before it are undone, OpenNMT-py runs stock."""
     result = _python(
         """
         import onmt_ext.plugin
         def broken():
             raise RuntimeError("simulated bug")
-        onmt_ext.plugin.activate = broken
-        import onmt
+        onmt_ext.plugin._check_checkpoints = broken
+        import onmt, onmt.bin.translate, onmt.trainer
         from onmt.encoders import str2enc
-        print("transformer" in str2enc, "ext_transformer" in str2enc)
+        from onmt_ext import patches
+        print("transformer" in str2enc, "ext_transformer" in str2enc, len(patches.applied()),
+              patches.is_ours(onmt.trainer.Trainer.train), patches.is_ours(onmt.bin.translate.translate))
         """
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["True", "False"]
+    assert result.stdout.split() == ["True", "False", "0", "False", "False"]
     assert "onmt-ext: could not register with OpenNMT-py (RuntimeError: simulated bug)" in result.stderr
     assert "ONMT_EXT_DISABLE=1" in result.stderr
+
+
+def test_an_unsupported_onmt_version_is_said_in_one_line_and_changes_nothing():
+    result = _python(
+        """
+        from onmt_ext import patches
+        patches.SUPPORTED = ("3.4.0",)
+        import onmt
+        from onmt.encoders import str2enc
+        print("ext_transformer" in str2enc, len(patches.applied()))
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False", "0"]
+    ours = [line for line in result.stderr.splitlines() if "onmt-ext" in line]
+    assert ours == ["onmt-ext: OpenNMT-py 3.5.1 is not supported (onmt-ext is written for 3.4.0); OpenNMT-py runs "
+                    "stock, without the extension; set ONMT_EXT_DISABLE=1 to silence this message."]
 
 
 def test_no_torch_amp_deprecation_noise():

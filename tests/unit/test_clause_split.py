@@ -399,12 +399,14 @@ def test_registered_with_options_and_reimport_is_harmless():
     assert cs.ClauseSplitTransform.get_specials(_Namespace(clause_levels=3)) == ([M[1], M[2], M[3]], [])
     before, registered = dict(cs.__dict__), AVAILABLE_TRANSFORMS["clause_split"]
     try:
-        module = importlib.reload(cs)  # would raise OpenNMT-py's "Cannot register duplicate transform"
+        module = importlib.reload(cs)
+        module.install()  # would raise OpenNMT-py's "Cannot register duplicate transform"
         assert AVAILABLE_TRANSFORMS["clause_split"] is module.ClauseSplitTransform is not registered
     finally:  # give later tests the objects they imported
         cs.__dict__.clear()
         cs.__dict__.update(before)
-        AVAILABLE_TRANSFORMS["clause_split"] = registered
+        cs.install()
+    assert AVAILABLE_TRANSFORMS["clause_split"] is registered
 
 
 class _Namespace:

@@ -1,9 +1,14 @@
-"""The patch helper and the list of changes onmt-ext makes to OpenNMT-py, in-process.
+"""The patch registry (onmt_ext/patches.py) and the changes onmt-ext makes to OpenNMT-py, in-process.
 
-The list as ``python -m onmt_ext.hook status`` prints it is checked in tests/integration/test_patches_cli.py.
+The registry on made-up targets: one wrapper per target with layers in their stated order, registry entries,
+rollback.  On OpenNMT-py itself: every attribute of every ``onmt`` module and class and every entry of its registry
+dicts is compared before and after activation, and what differs must be exactly what the registry lists; a failing
+middle step of ``activate()`` or an unsupported version leaves all of it stock.  The list as
+``python -m onmt_ext.hook status`` prints it is checked in tests/integration/test_patches_cli.py.
 """
 
 import ast
+import sys
 import types
 
 import pytest
@@ -16,21 +21,36 @@ def fresh_record(monkeypatch):
     """The patch record, emptied for this test (the real one is left as the hook made it)."""
     from onmt_ext import patches
 
-    monkeypatch.setattr(patches, "APPLIED", [])
-    monkeypatch.setattr(patches, "_DONE", {})
+    for name in ("APPLIED", "_JOURNAL"):
+        monkeypatch.setattr(patches, name, [])
+    for name in ("_DONE", "_ORIGINALS", "_TARGETS"):
+        monkeypatch.setattr(patches, name, {})
     return patches
 
 
-def test_patch_wraps_once_and_keeps_classmethods(fresh_record):
-    patches = fresh_record
+def _made_up_classes():
+    class Base:
+        def inherited(self, x):
+            return [x]
 
-    class Target:
+    class Target(Base):
         @classmethod
         def make(cls, x):
             return (cls.__name__, x)
 
+        @staticmethod
+        def static(x):
+            return x
+
         def method(self, x):
-            return x + 1
+            return [x]
+
+    return Base, Target
+
+
+def test_patch_wraps_once_and_keeps_classmethods(fresh_record):
+    patches = fresh_record
+    _, Target = _made_up_classes()
 
     def twice(stock, self, x):
         return 2 * stock(self, x)
@@ -41,11 +61,46 @@ def test_patch_wraps_once_and_keeps_classmethods(fresh_record):
     for _ in range(2):  # a second call changes nothing
         patches.patch(Target, "method", twice, kind=patches.FIX, reason="r", test="t")
         patches.patch(Target, "make", tagged, kind=patches.NEEDED, reason="r2", test="t2")
-    assert Target().method(3) == 8
+    assert Target().method(3) == [3, 3]
     assert isinstance(vars(Target)["make"], classmethod) and Target.make(5) == ("tagged", "Target", 5)
     listed = patches.applied()
     assert [p.target.rsplit(".", 2)[-2:] for p in listed] == [["Target", "method"], ["Target", "make"]]
     assert listed[0].line().endswith("[fix]: r (test: t)")
+
+
+def _layer(tag):
+    def layer(stock, self, x):
+        return [tag] + stock(self, x)
+
+    layer.__code__ = layer.__code__.replace(co_name=f"layer_{tag}")  # a distinct replacement per tag
+    return layer
+
+
+@pytest.mark.parametrize("call_order", [(0, 1, 2), (2, 0, 1), (1, 2, 0)])
+def test_layers_of_one_target_compose_in_their_stated_order_whatever_the_call_order(fresh_record, call_order):
+    patches = fresh_record
+    _, Target = _made_up_classes()
+    stock = vars(Target)["method"]
+    for order in call_order:
+        patches.patch(Target, "method", _layer(f"L{order}"), kind=patches.FIX, reason=f"r{order}", test="t",
+                      order=order)
+    assert Target().method("x") == ["L0", "L1", "L2", "x"]  # 0 runs first, stock last
+    assert vars(Target)["method"].__wrapped_stock__ is stock  # one wrapper, over stock
+    assert [line.split("]")[0] for line in patches.lines()] == [
+        f"{Target.__module__}.{Target.__qualname__}.method [fix; layer {k} of 3 on this target, 0 runs first"
+        for k in range(3)]
+
+
+def test_layers_that_cannot_be_composed_are_refused(fresh_record):
+    patches = fresh_record
+    _, Target = _made_up_classes()
+    patches.patch(Target, "method", _layer("a"), kind=patches.FIX, reason="r", test="t")
+    with pytest.raises(ValueError, match="its own order"):
+        patches.patch(Target, "method", _layer("b"), kind=patches.FIX, reason="r", test="t")
+    with pytest.raises(ValueError, match="only one"):
+        patches.patch(Target, "method", lambda self, x: x, wrap=False, kind=patches.SPEED, reason="r", test="t",
+                      order=5)
+    assert Target().method(1) == ["a", 1] and len(patches.applied()) == 1
 
 
 def test_patch_needs_a_reason_a_test_and_a_known_kind(fresh_record):
@@ -58,6 +113,43 @@ def test_patch_needs_a_reason_a_test_and_a_known_kind(fresh_record):
     with pytest.raises(ValueError, match="kind must be one of"):
         patches.patch(module, "f", lambda stock: 3, kind="cosmetic", reason="r", test="t")
     assert module.f() == 1 and not patches.applied()
+    assert patches.QUIET == patches.MESSAGE  # the former name still works
+
+
+def test_rollback_restores_every_attribute_and_entry(fresh_record):
+    patches = fresh_record
+    Base, Target = _made_up_classes()
+    module = types.ModuleType("somewhere")
+    module.f = lambda: 1
+    module.REGISTRY = {"stock": int}
+    before = (dict(vars(Target)), dict(vars(Base)), dict(vars(module)), dict(module.REGISTRY))
+    undone = []
+    patches.patch(Target, "inherited", _layer("i"), kind=patches.FIX, reason="r", test="t")
+    patches.patch(Target, "static", lambda stock, x: stock(x) + 1, kind=patches.FIX, reason="r", test="t")
+    patches.patch(Target, "method", _layer("a"), kind=patches.FIX, reason="r", test="t", order=1)
+    patches.patch(Target, "method", _layer("b"), kind=patches.FIX, reason="r", test="t", order=0)
+    patches.patch(module, "f", object(), wrap=False, kind=patches.NEEDED, reason="r", test="t")
+    patches.add_entry(module, "REGISTRY", "ours", _made_up_classes, kind=patches.NEEDED, reason="r", test="t")
+    patches.record("something else", kind=patches.MESSAGE, reason="r", test="t", undo=lambda: undone.append(1))
+    assert Target().inherited(1) == ["i", 1] and Target.static(1) == 2 and module.REGISTRY["ours"]
+    with pytest.raises(ValueError, match="not put there by onmt-ext"):
+        patches.add_entry(module, "REGISTRY", "stock", float, kind=patches.NEEDED, reason="r", test="t")
+
+    patches.rollback()
+    assert (dict(vars(Target)), dict(vars(Base)), dict(vars(module)), dict(module.REGISTRY)) == before
+    assert "inherited" not in vars(Target) and undone == [1]
+    assert not patches.applied() and not patches.targets() and not patches._DONE
+
+
+def test_all_or_nothing_rolls_back_and_reraises(fresh_record):
+    patches = fresh_record
+    _, Target = _made_up_classes()
+    stock = vars(Target)["method"]
+    with pytest.raises(RuntimeError, match="step 2"):
+        with patches.all_or_nothing():
+            patches.patch(Target, "method", _layer("a"), kind=patches.FIX, reason="r", test="t")
+            raise RuntimeError("step 2")
+    assert vars(Target)["method"] is stock and not patches.applied()
 
 
 def _test_names(path):
@@ -92,16 +184,122 @@ def test_activating_twice_adds_no_second_wrapper(onmt_active):
     assert len(patches.applied()) == count
 
 
-def test_no_patch_bypasses_the_helper():
-    """The old "wrap and set a flag" idiom is gone from the modules that patch OpenNMT-py."""
-    for name in ("compat", "plugin", "corpus", "_autoload", "hook"):
-        text = (support.REPO / "onmt_ext" / f"{name}.py").read_text(encoding="utf-8")
-        assert "._onmt_ext = True" not in text, name
-
-
 def test_every_fix_is_described_in_the_differences_from_stock(onmt_active):
     from onmt_ext import patches
 
     doc = (support.REPO / "docs" / "differences-from-stock.md").read_text(encoding="utf-8")
     undocumented = [p.target for p in patches.applied() if p.kind != patches.NEEDED and f"`{p.target}`" not in doc]
     assert not undocumented, undocumented
+
+
+# ---------------------------------------------------------------------------
+# OpenNMT-py itself, walked attribute by attribute
+
+
+#: entry name under every name of its dict -> under the dict's first name (``onmt.opts.AVAILABLE_TRANSFORMS`` is
+#: ``onmt.transforms``'s, imported by name); filled by :func:`_onmt_state`
+_ALIASES = {}
+
+
+def _onmt_state():
+    """``{name: value}`` of every attribute of every imported ``onmt`` module, of every class defined in one
+    (as stored: ``vars``), and of every entry of their module-level dicts (OpenNMT-py's registries)."""
+    state, seen, dicts = {}, set(), {}
+    for module_name, module in sorted(sys.modules.items()):
+        if not (module_name == "onmt" or module_name.startswith("onmt.")) or id(module) in seen:
+            continue
+        seen.add(id(module))
+        for name, value in list(vars(module).items()):
+            state[f"{module.__name__}.{name}"] = value
+            if isinstance(value, dict) and not name.startswith("__"):
+                dicts.setdefault(id(value), (value, []))[1].append(f"{module.__name__}.{name}")
+            if isinstance(value, type) and value.__module__ == module.__name__:
+                for attribute, stored in list(vars(value).items()):
+                    state[f"{value.__module__}.{value.__qualname__}.{attribute}"] = stored
+    for mapping, names in dicts.values():
+        for key, item in list(mapping.items()):
+            state[f"{names[0]}[{key!r}]"] = item
+            _ALIASES.update({f"{name}[{key!r}]": f"{names[0]}[{key!r}]" for name in names})
+    return state
+
+
+def _changed(before, after):
+    """Names whose value differs (by identity), appeared or disappeared between two :func:`_onmt_state`."""
+    return {name for name in before.keys() | after.keys()
+            if name not in before or name not in after or before[name] is not after[name]}
+
+
+@pytest.fixture
+def stock_onmt(onmt_active):
+    """OpenNMT-py with onmt-ext rolled back (``plugin.deactivate``), and its state then; activated again after."""
+    from onmt_ext import patches, plugin
+
+    active = _onmt_state()
+    plugin.deactivate()
+    try:
+        stock = _onmt_state()
+        assert not patches.applied() and not plugin.is_active()
+        yield active, stock
+    finally:
+        plugin.activate()
+    assert plugin.is_active() and _changed(_onmt_state(), active) <= _registered_targets()
+
+
+def _registered_targets():
+    from onmt_ext import patches
+
+    return {_ALIASES.get(p.target, p.target) for p in patches.applied() if p.target.startswith("onmt.")}
+
+
+def test_what_activation_changes_in_onmt_is_exactly_what_the_registry_lists(stock_onmt):
+    from onmt_ext import patches, plugin
+
+    _, stock = stock_onmt
+    plugin.activate()
+    live = _onmt_state()
+    assert _changed(stock, live) == _registered_targets()
+    for name, (owner, attribute, original) in patches.targets().items():
+        assert stock.get(name, original) is original and not patches.is_ours(original), name  # absent: inherited
+
+
+def test_no_onmt_attribute_holds_our_code_unless_the_registry_lists_it(onmt_active):
+    """Without a stock snapshot: a function, object or class of onmt-ext inside OpenNMT-py must be registered."""
+    from onmt_ext import compat, patches
+
+    ours = {name for name, value in _onmt_state().items()
+            if patches.is_ours(value) and not isinstance(value, compat._MissingModule)}  # stand-ins: recorded
+    assert ours == _registered_targets()
+
+
+def test_a_failing_middle_step_of_activate_leaves_onmt_stock(stock_onmt):
+    from onmt_ext import patches, plugin
+
+    _, stock = stock_onmt
+    applied_before = []
+
+    def broken():
+        applied_before.extend(_registered_targets())
+        raise RuntimeError("simulated failure of a middle step")
+
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(plugin, "_check_checkpoints", broken)
+        with pytest.raises(RuntimeError, match="middle step"):
+            plugin.activate()
+    assert len(applied_before) >= 20 and "onmt.trainer.Trainer.train" in applied_before  # steps before it ran
+    assert _changed(stock, _onmt_state()) == set()
+    assert not patches.applied() and not patches.targets() and not plugin.is_active()
+
+
+def test_an_unsupported_onmt_version_is_refused_before_any_change(stock_onmt):
+    import onmt
+
+    from onmt_ext import patches, plugin
+
+    _, stock = stock_onmt
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(onmt, "__version__", "3.6.0")
+        with pytest.raises(patches.UnsupportedVersion, match=r"^OpenNMT-py 3\.6\.0 is not supported") as raised:
+            plugin.activate()
+    assert "\n" not in str(raised.value)
+    assert _changed(stock, _onmt_state()) == set()
+    assert not patches.applied() and not plugin.is_active()

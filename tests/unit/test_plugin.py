@@ -134,6 +134,35 @@ def test_checkpoint_namespace_loads_with_weights_only(tmp_path, onmt_active):
     assert isinstance(checkpoint["opt"], argparse.Namespace)
 
 
+def test_checkpoint_errors_keep_the_stock_exception_types_outside_the_commands(tmp_path, onmt_active):
+    """Outside onmt_train/onmt_translate (a library caller), what stock raised is still what is raised: the
+    clearer errors are also of the stock type, and a missing file is stock's FileNotFoundError."""
+    import torch
+    from onmt.models.model import BaseModel
+    from onmt.models.model_saver import load_checkpoint
+
+    from onmt_ext.plugin import UserError
+
+    with pytest.raises(FileNotFoundError):
+        load_checkpoint(str(tmp_path / "absent.pt"))
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(Exception, match="is not an OpenNMT-py checkpoint") as raised:  # stock: UnpicklingError
+        load_checkpoint(str(tmp_path / "junk.pt"))
+    assert isinstance(raised.value, UserError)
+    torch.save({"weights": torch.zeros(1)}, tmp_path / "dict.pt")
+    with pytest.raises(KeyError, match="is not an OpenNMT-py checkpoint"):  # stock: KeyError 'opt'
+        load_checkpoint(str(tmp_path / "dict.pt"))
+
+    class Model(BaseModel):
+        def __init__(self):
+            torch.nn.Module.__init__(self)
+            self.layer = torch.nn.Linear(2, 2)
+
+    with pytest.raises(ValueError, match="do not fit the model") as raised:  # stock: ValueError (missing keys)
+        Model().load_state_dict({"model": {}, "generator": {}})
+    assert isinstance(raised.value, UserError)
+
+
 class _NotAllowed:
     pass
 
