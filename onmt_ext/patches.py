@@ -4,14 +4,9 @@ A target holds one wrapper; behaviours that several modules add to it are *layer
 ``order`` (0 runs first, outermost) whatever the call order.  Every change is recorded (target, kind, reason,
 test) for ``python -m onmt_ext.hook status`` and can be undone: :func:`rollback` leaves OpenNMT-py stock,
 :func:`all_or_nothing` rolls back when a step fails, :func:`check_version` refuses an unsupported OpenNMT-py.
-A wrapper receives the next layer (or the stock callable) first::
-
-    patch(Trainer, "train", train, kind=FIX, reason="...", test="tests/...::test_x")
-
-    def train(stock, self, train_iter, train_steps, **kwargs):
-        return stock(self, train_iter, train_steps, **kwargs)
-
-With ``wrap=False`` the replacement is installed as it is (it must be the target's only layer).  Kinds:
+A wrapper receives the next layer (or the stock callable) first, ``train(stock, self, ...)`` for
+``patch(Trainer, "train", train, kind=FIX, reason=..., test=...)``; ``wrap=False`` installs the replacement as it
+is (it must be the target's only layer).  Kinds:
 :data:`NEEDED` (the extension cannot work without it), :data:`FIX` (a crash or silent data loss of OpenNMT-py
 3.5.1), :data:`MESSAGE` (a clearer message only), :data:`SPEED` (a host stall of training removed, same data and
 numbers).  Every FIX, MESSAGE and SPEED change is described in docs/differences-from-stock.md.
