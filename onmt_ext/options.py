@@ -1,20 +1,13 @@
 """onmt-ext's model options, their checks, and the typed config built from them.
 
-Every mechanism declares its options here as :class:`OptionSpec` records (in
-one list, so that the parser, the checks, the checkpoint defaults and the docs
-all come from one place).  :func:`add_model_options` adds them to
-OpenNMT-py's *model* options, so they are accepted from YAML and the command
-line, saved in the checkpoint with the rest of ``opt``, and restored with their
-defaults for checkpoints written before they existed (OpenNMT-py's
-``ArgumentParser.ckpt_model_opts`` starts from the defaults of
-``onmt.opts.model_opts``).
-
-:func:`check_options` returns every problem with the values or combinations
-of our options as messages that name the option; the plug-in turns them into
-a clean command-line error.  :class:`ExtConfig` is the one typed object that
-``from_opt`` builds and passes down to the modules.
+Each mechanism declares its options once, as a frozen dataclass of :func:`option` fields beside its code, and
+:func:`register_mechanism` turns every field into an :class:`OptionSpec` in one list, from which the parser, the
+checks, the checkpoint defaults and the docs come.  :func:`add_model_options` adds them to OpenNMT-py's *model*
+options: YAML, command line, saved in the checkpoint with ``opt``, restored with their defaults for older
+checkpoints.  :func:`check_options` returns every problem with their values or combinations as messages naming
+the option.  :class:`ExtConfig` is the one typed object that ``from_opt`` builds and passes down to the modules;
+``ExtConfig.of(Li2019)`` gives a mechanism its own options as attributes.
 """
-
 import argparse
 import typing
 from dataclasses import dataclass, field, fields
