@@ -8,6 +8,7 @@ checkpoints.  :func:`check_options` returns every problem with their values or c
 the option.  :class:`ExtConfig` is the one typed object that ``from_opt`` builds and passes down to the modules;
 ``ExtConfig.of(Li2019)`` gives a mechanism its own options as attributes.
 """
+
 import argparse
 import typing
 from dataclasses import dataclass, field, fields
