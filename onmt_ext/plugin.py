@@ -329,6 +329,10 @@ def _strict_parse_known_args(stock, self, args=None, namespace=None, **kwargs):
     self.allow_abbrev = False
     argv = list(sys.argv[1:] if args is None else args)
     problems = [m for path in _config_paths(argv) for m in duplicate_key_messages(path)]
+    if args is None:  # the command's own command line (a helper's override list may repeat on purpose)
+        from onmt_ext.command_line import repeated_option_messages
+
+        problems += repeated_option_messages(self, argv)
     if problems:
         self.exit(2, "".join(f"{self.prog}: error: {p}\n" for p in problems))
     opt, unknown = stock(self, args, namespace, **kwargs)
@@ -896,7 +900,7 @@ def activate():
     global _active
     if _active:
         return
-    from onmt_ext import batches, compat, corpus, initialisation, train_step
+    from onmt_ext import batches, checkpoints, command_line, compat, corpus, initialisation, train_step
 
     compat.apply()
     compat.keep_log_file()
@@ -915,6 +919,8 @@ def activate():
     _load_checkpoints_with_new_parameters()
     _check_checkpoints()
     _check_train_from_options()
+    checkpoints.install()  # resuming, fine-tuning a replaced module, onmt_average_models (after _check_checkpoints)
+    command_line.install()
     _register_transforms()
     _tell_builders_the_vocabs()
     initialisation.install()  # the mechanisms' stated initialisation, after OpenNMT-py's own
