@@ -102,8 +102,9 @@ def _model_opts(stock, parser):
     if not any("-overwrite_checkpoints" in action.option_strings for action in parser._actions):
         group = parser.add_argument_group("onmt-ext training")
         group.add("--overwrite_checkpoints", "-overwrite_checkpoints", action="store_true",
-                  help="Train into a -save_model that already holds <save_model>_step_N.pt files of another run "
-                       "(they are overwritten step by step); without it onmt_train refuses to start.")
+                  help="Train into a -save_model that already holds <save_model>_step_N.pt files of another run, or "
+                       "of this run's later steps when resuming (they are overwritten step by step); without it "
+                       "onmt_train refuses to start.")
 
 
 # --------------------------------------------------------------------------
