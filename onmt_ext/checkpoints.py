@@ -6,8 +6,9 @@
   unless ``-overwrite_checkpoints``) before anything is trained.
 * :func:`replaced_tensor_problem`: a mechanism that *replaces* a stock sub-module (li2019's aggregation
   stands where ``final_linear`` was) cannot start from a checkpoint without it; the error says so instead of
-  blaming the checkpoint's version.  Mechanisms that only *add* tensors (GRET, cao2019) fine-tune from a
-  baseline (:func:`onmt_ext.gret.load_with_new_parameters`).
+  blaming the checkpoint's version (:func:`vocabulary_problem`: likewise clause attention, whose transform
+  changes the vocabularies).  Mechanisms that only *add* tensors (GRET, cao2019) fine-tune from a baseline
+  (:func:`onmt_ext.gret.load_with_new_parameters`).
 * :func:`average_problems`: ``onmt_average_models`` on a missing file, a non-checkpoint, or checkpoints of
   different models; :func:`average` averages tied tensors once (stock: twice).
 """
@@ -112,10 +113,34 @@ def replaced_tensor_problem(model, checkpoint):
             "that has the mechanism")
 
 
+def vocabulary_problem(model, checkpoint):
+    """Why ``checkpoint``'s tensors do not fit ``model`` when only the vocabulary sizes differ, or None.
+
+    With ``-train_from``, OpenNMT-py rebuilds the vocabularies from ``-src_vocab``/``-tgt_vocab`` when the
+    transforms differ from the checkpoint's, e.g. ``clause_split`` added for clause attention (its clause
+    markers are new words): the embedding and generator rows then no longer match.
+    """
+    shapes = {name: tuple(t.shape) for name, t in model.named_parameters(remove_duplicate=False)}
+    saved = {**checkpoint["model"], **{f"generator.{k}": v for k, v in (checkpoint.get("generator") or {}).items()}}
+    differing = {name: (tuple(saved[name].shape)[0], shapes[name][0]) for name in saved
+                 if name in shapes and tuple(saved[name].shape) != shapes[name]}
+    if not differing or any(tuple(saved[name].shape)[1:] != shapes[name][1:] or not
+                            ("emb_luts" in name or name.startswith("generator.")) for name in differing):
+        return None
+    sizes = {("source" if name.startswith("encoder.") else "target"): size for name, size in differing.items()}
+    shown = "; ".join(f"{side}: {theirs} words in the checkpoint, {mine} here" for side, (theirs, mine) in
+                      sorted(sizes.items()))
+    return (f"the vocabularies differ from the checkpoint's ({shown}): OpenNMT-py rebuilds them when -transforms "
+            "differ from the checkpoint's (clause_split adds its clause markers), and onmt-ext maps no word "
+            "embeddings across vocabularies; train with the checkpoint's transforms, or from scratch (the clause "
+            "attention paper describes no fine-tuning from a baseline)")
+
+
 def _load_state_dict_checked(stock, self, checkpoint, *args, strict=True, **kwargs):
-    """``BaseModel.load_state_dict``: one true line when a mechanism replaced the checkpoint's module."""
+    """``BaseModel.load_state_dict``: one true line when a mechanism replaced the checkpoint's module or the
+    vocabularies differ."""
     if strict and isinstance(checkpoint, dict) and "model" in checkpoint:
-        problem = replaced_tensor_problem(self, checkpoint)
+        problem = replaced_tensor_problem(self, checkpoint) or vocabulary_problem(self, checkpoint)
         if problem:
             from onmt_ext.plugin import UserError
 
@@ -241,8 +266,9 @@ def install():
                  "resumed run overwrites the same run's checkpoints of later steps without a word",
           test="tests/integration/test_checkpoints_cli.py::test_a_resumed_run_never_overwrites_later_checkpoints")
     patch(BaseModel, "load_state_dict", _load_state_dict_checked, kind=FIX,
-          reason="fine-tuning li2019 (or DiSAN) from a checkpoint without it ends in 'was it written by another "
-                 "version ... or altered?' although the mechanism replaced the checkpoint's final_linear",
+          reason="fine-tuning li2019 (or DiSAN, or clause attention) from a checkpoint without it ends in 'was it "
+                 "written by another version ... or altered?' although the mechanism replaced the checkpoint's "
+                 "final_linear (clause_split: the vocabularies were rebuilt)",
           test="tests/integration/test_checkpoints_cli.py::test_li2019_from_a_baseline_says_why_in_one_line")
     patch(average_models, "average_models", _average_checked, kind=FIX,
           reason="a missing file, a non-checkpoint or checkpoints of different models end in a FileNotFoundError "

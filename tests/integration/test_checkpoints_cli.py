@@ -25,6 +25,7 @@ def _checkpoint(path, config=CONFIG, *overrides, step=None, seed=0):
     from onmt.utils.optimizers import Optimizer
 
     opt = support.load_train_opts(config, *overrides)
+    opt._all_transform = set(opt.transforms)  # as onmt_train's data checks record them
     vocabs = support.load_vocabs(opt)
     model = support.build_model(opt, vocabs, seed=seed)
     optim = Optimizer.from_opt(model, opt)
@@ -84,6 +85,16 @@ def test_li2019_from_a_baseline_says_why_in_one_line(sample_data, onmt_active, t
     assert "encoder.transformer.0.self_attn.final_linear.weight" in line and "another version" not in line
     assert "new tensors of onmt-ext mechanisms initialised" not in result.stdout + result.stderr
     assert not list(tmp_path.glob("model_step_*.pt"))
+
+
+def test_clause_attention_from_a_baseline_names_the_vocabularies(sample_data, onmt_active, tmp_path):
+    base = _checkpoint(tmp_path / "base.pt", step=4)
+    result = _train(tmp_path, "-train_from", base, "--override_opts", "-reset_optim", "all", "-clause_attention",
+                    "true", "-transforms", "sentencepiece", "clause_split", "filtertoolong", "-train_steps", 2)
+    line = _one_error_line(result, "onmt_train", 1)
+    words = torch.load(base)["model"]["encoder.embeddings.make_embedding.emb_luts.0.weight"].shape[0]
+    assert f"the vocabularies differ from the checkpoint's (source: {words} words in the checkpoint, " in line
+    assert "clause_split adds its clause markers" in line and "another version" not in line
 
 
 def test_a_repeated_command_line_option_stops_the_command(sample_data, onmt_active, tmp_path):
