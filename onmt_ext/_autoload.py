@@ -9,7 +9,9 @@ module at Python start-up; it only installs an import hook.  The first time ``on
 
 A failure in either step prints one line, with how to switch the extension off, and leaves ``onmt`` stock
 (:func:`~onmt_ext.plugin.activate` undoes every change it made); an unsupported OpenNMT-py version is said in one
-line.  ``ONMT_EXT_DISABLE=1`` switches the extension off; ``python -m onmt_ext.hook status`` lists every change.
+line.  ``ONMT_EXT_DISABLE=1`` switches the extension off but for the ``torch.load`` allow-list of
+``argparse.Namespace``, without which OpenNMT-py 3.5.1 cannot load any checkpoint (:func:`_compatibility_only`).
+``python -m onmt_ext.hook status`` lists every change.
 """
 
 import importlib.abc
@@ -43,6 +45,17 @@ def _before_onmt():
         _report_failure("apply the torch compatibility fixes", exc)
 
 
+def _compatibility_only():
+    """With the extension disabled: only let ``torch.load`` read OpenNMT-py checkpoints (their options are an
+    ``argparse.Namespace``); nothing of OpenNMT-py is changed."""
+    try:
+        from onmt_ext import compat
+
+        compat.allow_checkpoint_classes()
+    except Exception as exc:  # never break plain OpenNMT-py
+        _report_failure("allow OpenNMT-py checkpoints in torch.load", exc)
+
+
 def _after_onmt():
     try:
         from onmt_ext import compat
@@ -66,6 +79,7 @@ class _HookedLoader(importlib.abc.Loader):
 
     def __init__(self, loader, finder):
         self._loader, self._finder = loader, finder
+        self._only_compatibility = finder.only_compatibility
 
     def create_module(self, spec):
         return self._loader.create_module(spec)
@@ -78,6 +92,10 @@ class _HookedLoader(importlib.abc.Loader):
             module.__spec__.loader = self._loader
         if self._finder in sys.meta_path:  # onmt is being imported: the finder's work is done
             sys.meta_path.remove(self._finder)
+        if self._only_compatibility:
+            _compatibility_only()
+            self._loader.exec_module(module)
+            return
         _before_onmt()
         self._loader.exec_module(module)
         _after_onmt()
@@ -91,6 +109,9 @@ class _OnmtFinder(importlib.abc.MetaPathFinder):
     (a mere ``importlib.util.find_spec("onmt")`` keeps it in place)."""
 
     _searching = False
+
+    def __init__(self, only_compatibility=False):
+        self.only_compatibility = only_compatibility  # ONMT_EXT_DISABLE: the torch.load allow-list, nothing else
 
     def find_spec(self, fullname, path, target=None):
         if fullname != "onmt" or self._searching:
@@ -107,15 +128,17 @@ class _OnmtFinder(importlib.abc.MetaPathFinder):
 
 
 def install():
-    """Arrange for onmt-ext to load with ``onmt``; idempotent and cheap."""
-    if disabled():
-        return
+    """Arrange for onmt-ext to load with ``onmt`` (disabled: only :func:`_compatibility_only`); idempotent, cheap."""
+    off = disabled()
     if "onmt" in sys.modules:  # onmt came first: act now
+        if off:
+            _compatibility_only()
+            return
         _before_onmt()
         _after_onmt()
         return
     if not any(isinstance(f, _OnmtFinder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _OnmtFinder())
+        sys.meta_path.insert(0, _OnmtFinder(only_compatibility=off))
 
 
 install()

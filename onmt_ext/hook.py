@@ -75,7 +75,8 @@ def print_patches(out=None):
     from onmt_ext._autoload import DISABLE_ENV, disabled
 
     if disabled():
-        print(f"{DISABLE_ENV} is set: onmt-ext changes nothing in OpenNMT-py", file=out)
+        print(f"{DISABLE_ENV} is set: onmt-ext changes nothing in OpenNMT-py; only torch.load is allowed the "
+              "argparse.Namespace of OpenNMT-py checkpoints, so that they load", file=out)
         return
     from onmt_ext import patches
 

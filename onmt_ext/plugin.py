@@ -93,8 +93,9 @@ def _model_opts(stock, parser):
     if not any("-overwrite_checkpoints" in action.option_strings for action in parser._actions):
         group = parser.add_argument_group("onmt-ext training")
         group.add("--overwrite_checkpoints", "-overwrite_checkpoints", action="store_true",
-                  help="Train into a -save_model that already holds <save_model>_step_N.pt files of another run "
-                       "(they are overwritten step by step); without it onmt_train refuses to start.")
+                  help="Train into a -save_model that already holds <save_model>_step_N.pt files of another run, or "
+                       "of this run's later steps when resuming (they are overwritten step by step); without it "
+                       "onmt_train refuses to start.")
 
 
 # --------------------------------------------------------------------------
@@ -350,6 +351,10 @@ def _strict_parse_known_args(stock, self, args=None, namespace=None, **kwargs):
     self.allow_abbrev = False
     argv = list(sys.argv[1:] if args is None else args)
     problems = [m for path in _config_paths(argv) for m in duplicate_key_messages(path)]
+    if args is None:  # the command's own command line (a helper's override list may repeat on purpose)
+        from onmt_ext.command_line import repeated_option_messages
+
+        problems += repeated_option_messages(self, argv)
     if problems:
         self.exit(2, "".join(f"{self.prog}: error: {p}\n" for p in problems))
     self.error = functools.partial(_usage_error, self, argv)  # one line, not the usage, for a bad or missing value
@@ -972,7 +977,7 @@ def deactivate():
 
 
 def _activate():
-    from onmt_ext import batches, compat, corpus, initialisation, train_step
+    from onmt_ext import batches, checkpoints, command_line, compat, corpus, initialisation, train_step
 
     compat.apply()
     compat.keep_log_file()
@@ -991,6 +996,8 @@ def _activate():
     _load_checkpoints_with_new_parameters()
     _check_checkpoints()
     _check_train_from_options()
+    checkpoints.install()  # resuming, fine-tuning a replaced module, onmt_average_models (after _check_checkpoints)
+    command_line.install()
     _register_transforms()
     _tell_builders_the_vocabs()
     initialisation.install()  # the mechanisms' stated initialisation, after OpenNMT-py's own

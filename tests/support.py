@@ -161,6 +161,16 @@ def run_cli(command, *args, check=True, timeout=600, env=None):
     return result
 
 
+def one_error_line(result, command, status):
+    """The error line of a CLI ``result``: it exited ``status``, exactly one line of stderr starts with
+    ``<command>: error:``, and there is no traceback."""
+    assert result.returncode == status, (result.returncode, result.stderr[-3000:])
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith(f"{command}: error: ")]
+    assert len(errors) == 1, result.stderr[-3000:]
+    return errors[0]
+
+
 def train_parser():
     """OpenNMT-py's ``onmt_train`` parser (with onmt-ext's options when active)."""
     from onmt_ext.plugin import train_parser as parser

@@ -21,13 +21,7 @@ SPM = ("-transforms", "sentencepiece", "-src_subword_model", support.TATOEBA / "
        "-tgt_subword_model", support.TATOEBA / "spm.en.model")
 
 
-def _one_error_line(result, command, status):
-    """The error line of ``result``: exactly one line of stderr starts with ``<command>: error:``, no traceback."""
-    assert result.returncode == status, (result.returncode, result.stderr[-3000:])
-    assert "Traceback" not in result.stderr, result.stderr[-3000:]
-    errors = [line for line in result.stderr.splitlines() if line.startswith(f"{command}: error: ")]
-    assert len(errors) == 1, result.stderr[-3000:]
-    return errors[0]
+_one_error_line = support.one_error_line
 
 
 def _train(out, *extra, check=True, env=None, steps=2):

@@ -1,0 +1,67 @@
+"""Command-line mistakes that stock OpenNMT-py takes silently or ends in a traceback, found before any work.
+
+* :func:`repeated_option_messages`: an option written twice on a command's own command line (argparse
+  keeps the last value without a word); called by the strict parse of :mod:`onmt_ext.plugin`.
+* :func:`existing_vocab_messages`: ``onmt_build_vocab`` counts the whole sample and only then stops with a
+  32-line ``OSError`` traceback when a vocabulary file exists and ``-overwrite`` is not given.
+"""
+
+import argparse
+import os
+
+from onmt_ext.patches import FIX, patch
+
+#: argparse actions that are meant to be given several times.
+_REPEATABLE = (argparse._AppendAction, argparse._AppendConstAction, argparse._CountAction)
+
+
+def repeated_option_messages(parser, argv):
+    """One message per option of ``parser`` written more than once in ``argv`` (any of its spellings).
+
+    Args:
+        parser: the command's parser (its option strings decide what is an option).
+        argv: the command-line words (values that are no option string, such as ``-1``, are skipped).
+    Returns:
+        ``["-train_steps is given 2 times on the command line (-train_steps 2, -train_steps 1): keep one"]``.
+    """
+    given = {}
+    for i, word in enumerate(argv):
+        name = word.split("=", 1)[0]
+        action = parser._option_string_actions.get(name) if word.startswith("-") else None
+        if action is None or isinstance(action, _REPEATABLE):
+            continue
+        value = word.split("=", 1)[1] if "=" in word else (argv[i + 1] if i + 1 < len(argv) and action.nargs != 0
+                                                           else "")
+        given.setdefault(action.dest, []).append(f"{name} {value}".strip())
+    return [f"{words[0].split()[0]} is given {len(words)} times on the command line ({', '.join(words)}); "
+            "argparse would keep the last value silently: keep one"
+            for words in given.values() if len(words) > 1]
+
+
+def existing_vocab_messages(opts):
+    """Messages for vocabulary files that ``onmt_build_vocab`` (``opts``) would stop on after counting."""
+    if getattr(opts, "overwrite", False):
+        return []
+    keys = ("src_vocab",) if getattr(opts, "share_vocab", False) else ("src_vocab", "tgt_vocab")
+    return [f"-{key} {getattr(opts, key)}: exists; pass -overwrite to replace it, or choose another path"
+            for key in keys if getattr(opts, key, None) and os.path.exists(getattr(opts, key))]
+
+
+def _build_vocab_checked(stock, opts, *args, **kwargs):
+    """``onmt.bin.build_vocab.build_vocab_main``: refuse existing vocabularies before counting."""
+    problems = existing_vocab_messages(opts)
+    if problems:
+        from onmt_ext.plugin import UsageError
+
+        raise UsageError("\n".join(problems))
+    return stock(opts, *args, **kwargs)
+
+
+def install():
+    """Register the ``onmt_build_vocab`` check."""
+    from onmt.bin import build_vocab
+
+    patch(build_vocab, "build_vocab_main", _build_vocab_checked, kind=FIX,
+          reason="rerunning onmt_build_vocab without -overwrite counts the whole sample, then ends in a 32-line "
+                 "OSError traceback",
+          test="tests/integration/test_checkpoints_cli.py::test_build_vocab_rerun_without_overwrite_gets_one_line")
