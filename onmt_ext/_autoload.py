@@ -57,12 +57,38 @@ def _compatibility_only():
 
 
 def _after_onmt():
+    global _deferred
     try:
         from onmt_ext import compat
 
         compat.drop_stand_ins()  # onmt's modules keep theirs; later imports see the truth
     except Exception as exc:  # never break plain OpenNMT-py
         _report_failure("tidy up after the torch compatibility fixes", exc)
+    if _initialising(_MODELS):  # importing it imported onmt; activation needs it whole: it calls us at its end
+        _deferred = True
+        return
+    _activate()
+
+
+#: the module that activation imports and that itself imports onmt first
+_MODELS = "onmt_ext.transformer"
+_deferred = False
+
+
+def _initialising(name):
+    module = sys.modules.get(name)
+    return module is not None and getattr(getattr(module, "__spec__", None), "_initializing", False)
+
+
+def activate_deferred():
+    """Called at the end of :data:`_MODELS`: the activation that its own ``import onmt`` had to postpone."""
+    global _deferred
+    if _deferred:
+        _deferred = False
+        _activate()
+
+
+def _activate():
     try:
         from onmt_ext import plugin
 

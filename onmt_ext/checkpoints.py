@@ -253,19 +253,18 @@ def _average_checked(stock, model_files, fp32=False):
 
 
 def install():
-    """Register the checks (after :func:`onmt_ext.plugin` has wrapped ``load_state_dict``, so this check runs
-    first)."""
+    """Register the checks (the ``load_state_dict`` check as the first layer, before onmt_ext.plugin's)."""
     import onmt.train_single as train_single
     from onmt.bin import average_models
     from onmt.models.model import BaseModel
 
     from onmt_ext.plugin import _run_main
 
-    patch(train_single, "_get_model_opts", _resume_checked, kind=FIX,
+    patch(train_single, "_get_model_opts", _resume_checked, kind=FIX, order=1,  # after the options' check
           reason="-train_from with -train_steps at or below the checkpoint's step trains one step and exits 0; a "
                  "resumed run overwrites the same run's checkpoints of later steps without a word",
           test="tests/integration/test_checkpoints_cli.py::test_a_resumed_run_never_overwrites_later_checkpoints")
-    patch(BaseModel, "load_state_dict", _load_state_dict_checked, kind=FIX,
+    patch(BaseModel, "load_state_dict", _load_state_dict_checked, kind=FIX, order=0,  # before plugin's two layers
           reason="fine-tuning li2019 (or DiSAN, or clause attention) from a checkpoint without it ends in 'was it "
                  "written by another version ... or altered?' although the mechanism replaced the checkpoint's "
                  "final_linear (clause_split: the vocabularies were rebuilt)",

@@ -61,7 +61,7 @@ def install():
     """Register the ``onmt_build_vocab`` check."""
     from onmt.bin import build_vocab
 
-    patch(build_vocab, "build_vocab_main", _build_vocab_checked, kind=FIX,
+    patch(build_vocab, "build_vocab_main", _build_vocab_checked, kind=FIX, order=1,  # after the machine check
           reason="rerunning onmt_build_vocab without -overwrite counts the whole sample, then ends in a 32-line "
                  "OSError traceback",
           test="tests/integration/test_checkpoints_cli.py::test_build_vocab_rerun_without_overwrite_gets_one_line")

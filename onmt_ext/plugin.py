@@ -427,7 +427,7 @@ def _load_checkpoints_with_new_parameters():
     """Let ``-train_from`` a baseline checkpoint initialise the new tensors of mechanisms (see onmt_ext.gret)."""
     from onmt.models.model import BaseModel
 
-    patch(BaseModel, "load_state_dict", _load_state_dict_with_new_parameters, kind=NEEDED, order=1,
+    patch(BaseModel, "load_state_dict", _load_state_dict_with_new_parameters, kind=NEEDED, order=2,
           reason="fine-tuning a mechanism from a baseline checkpoint (GRET) initialises the tensors the baseline "
                  "lacks and logs them",
           test="tests/integration/test_cli_pipeline.py::test_gret_fine_tunes_from_a_baseline_checkpoint")
@@ -534,7 +534,7 @@ def _check_checkpoints():
               reason="a file that is no checkpoint ends in a torch traceback that advises weights_only=False; a "
                      "checkpoint of a mechanism this onmt-ext lacks would load without it",
               test="tests/integration/test_user_errors.py::test_a_model_file_that_is_no_checkpoint_is_named")
-    patch(BaseModel, "load_state_dict", _load_state_dict_clearly, kind=MESSAGE, order=0,
+    patch(BaseModel, "load_state_dict", _load_state_dict_clearly, kind=MESSAGE, order=1,
           reason="tensors that do not fit the model end in an assertion traceback",
           test="tests/integration/test_faults.py::test_a_checkpoint_whose_tensors_do_not_fit_gives_a_clear_error")
 

@@ -18,6 +18,7 @@ from onmt.encoders.transformer import TransformerEncoder
 from onmt.utils.misc import sequence_mask
 
 from onmt_ext import aggregation, clause_attention, cross_aggregation, directional, gret, recurrent_embedding
+from onmt_ext import _autoload
 from onmt_ext import compile as ext_compile
 from onmt_ext.options import ExtConfig
 from onmt_ext.state import stateful_modules
@@ -142,3 +143,7 @@ class ExtTransformerDecoder(_ExtConfigured, TransformerDecoder):
         super().detach_state()
         for module in self._stateful_modules():
             module.detach_decoding_state()
+
+
+# When importing this module was what imported onmt, the start-up hook waited for it (onmt_ext._autoload)
+_autoload.activate_deferred()

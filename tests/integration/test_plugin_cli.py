@@ -41,6 +41,20 @@ def test_hook_registers_types_on_first_onmt_import():
     assert result.stdout.split() == ["ExtTransformerEncoder", "ExtTransformerDecoder"]
 
 
+def test_importing_the_models_module_first_still_activates():
+    # onmt_ext.transformer imports onmt, whose hook activates onmt-ext, which needs onmt_ext.transformer whole
+    result = _python(
+        """
+        import onmt_ext.transformer
+        from onmt.encoders import str2enc
+        import onmt_ext.plugin
+        print(onmt_ext.plugin.is_active(), str2enc["ext_transformer"] is onmt_ext.transformer.ExtTransformerEncoder)
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "True"] and "could not" not in result.stderr, result.stderr
+
+
 def test_hook_survives_a_lookup_of_onmt_before_its_import():
     # pytest and other tools look packages up (importlib.util.find_spec) without importing them
     result = _python(
