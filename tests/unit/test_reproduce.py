@@ -442,7 +442,9 @@ def test_clause_table_scored_and_reported_from_hypotheses_on_disk(tmp_path, monk
                                                            f"{table}.ca_study.by_length.png"]
     assert all(path.read_bytes().startswith(PNG_MAGIC) for path in written["by_length"] + [written["curves"]])
     markdown = written["md"].read_text(encoding="utf-8")
-    header = "| row | config | paper BLEU | BLEU | ours - paper | tok. BLEU | chrF | p | model |"
+    header = ("| row | config | paper BLEU | ours, paper's metric | ours - paper | sacreBLEU | tok. BLEU | chrF | p | "
+              "model |")
+    metric, _ = reproduce.paper_metric(table, task)
     columns = [c.strip() for c in header.strip("|").split("|")]
     start = markdown.splitlines().index(header) + 2  # after the header and its alignment line
     cells = [dict(zip(columns, (c.strip() for c in line.strip("|").split("|"))))
@@ -451,8 +453,9 @@ def test_clause_table_scored_and_reported_from_hypotheses_on_disk(tmp_path, monk
         paper = p.row.paper_bleu
         assert (cell["row"], cell["config"]) == (p.row.label, f"`{p.row.config}`")
         assert float(cell["paper BLEU"]) == pytest.approx(paper, abs=0.005)
-        assert float(cell["BLEU"]) == pytest.approx(score["bleu"], abs=0.005)
-        assert float(cell["ours - paper"]) == pytest.approx(score["bleu"] - paper, abs=0.005)
+        assert float(cell["ours, paper's metric"]) == pytest.approx(score[metric], abs=0.005)
+        assert float(cell["sacreBLEU"]) == pytest.approx(score["bleu"], abs=0.005)
+        assert float(cell["ours - paper"]) == pytest.approx(score[metric] - paper, abs=0.005)
         assert float(cell["tok. BLEU"]) == pytest.approx(score["tok_bleu"], abs=0.005)
         assert float(cell["chrF"]) == pytest.approx(score["chrf"], abs=0.005)
         assert cell["p"] == ("" if score["p_value"] is None else f"{score['p_value']:.3f} {score['marker']}".strip())
