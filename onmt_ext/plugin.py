@@ -887,8 +887,9 @@ def _check_translation_split():
 
 
 def _register_transforms():
-    """Add onmt-ext's data transforms (``clause_split``) to OpenNMT-py's registry."""
+    """Add onmt-ext's data transforms (``clause_split``, ``jieba``) to OpenNMT-py's registry."""
     import onmt_ext.clause_split  # noqa: F401  (registers on import)
+    import onmt_ext.zh_segment  # noqa: F401  (registers on import)
 
 
 def activate():
@@ -896,7 +897,7 @@ def activate():
     global _active
     if _active:
         return
-    from onmt_ext import batches, compat, corpus, initialisation, train_step
+    from onmt_ext import batches, compat, corpus, initialisation, preprocessing, train_step
 
     compat.apply()
     compat.keep_log_file()
@@ -919,6 +920,7 @@ def activate():
     _tell_builders_the_vocabs()
     initialisation.install()  # the mechanisms' stated initialisation, after OpenNMT-py's own
     _check_translation_split()
+    preprocessing.install()  # onmt_translate repeats (or checks) the checkpoint's source preprocessing
     _one_line_errors()
     _active = True
 

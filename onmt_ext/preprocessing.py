@@ -1,0 +1,144 @@
+"""``onmt_translate`` preprocesses its source as the checkpoint's training did.
+
+A checkpoint stores the training options, transforms included.  Stock
+``onmt_translate`` reads none of them: forgetting ``-transforms
+sentencepiece`` (or the Chinese segmentation) gives fluent-looking garbage
+and exit status 0.  :func:`install` wraps the step that fixes the
+translation's transforms (``ArgumentParser._get_all_transform_translate``):
+
+* no ``-transforms`` given, the model trained with :data:`SHAPING` transforms:
+  those are applied, in training's order, with training's options for every
+  option left at its default; a file they name that is missing here stops the
+  command with one line naming it;
+* ``-transforms`` given: one warning line when its shaping transforms, or the
+  subword model files they read, differ from training's.
+
+Transforms that only filter or add noise in training (``filtertoolong``,
+``tokendrop``, ...) are not repeated.
+"""
+
+import filecmp
+import os
+import sys
+
+#: Transforms that decide the source tokens a model reads: translation must repeat them.
+SHAPING = ("jieba", "sentencepiece", "bpe", "onmt_tokenize", "clause_split")
+#: Option names (suffixes) that name files read by a shaping transform.
+_FILE_SUFFIXES = ("_model", "_vocab")
+
+
+def checkpoint_options(path):
+    """The options stored in checkpoint ``path`` (tensors memory-mapped, not read); ``None`` if it cannot be read.
+
+    What cannot be read is left to the stock loading, which names the file.
+    """
+    import torch
+
+    if not path or not os.path.isfile(path):
+        return None
+    try:
+        checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except Exception:  # not a zip checkpoint, not a checkpoint at all: the stock loader says so
+        return None
+    return checkpoint.get("opt") if isinstance(checkpoint, dict) else None
+
+
+def transform_defaults(name):
+    """``{dest: default}`` of the options transform ``name`` adds (empty for an unknown transform)."""
+    from onmt.transforms import AVAILABLE_TRANSFORMS
+    from onmt.utils.parse import ArgumentParser
+
+    cls = AVAILABLE_TRANSFORMS.get(name)
+    if cls is None:
+        return {}
+    parser = ArgumentParser(add_help=False)
+    cls.add_options(parser)
+    return {action.dest: action.default for action in parser._actions}
+
+
+def shaping(transforms):
+    """The shaping transforms of a list of transform names, in order."""
+    return [name for name in (transforms or []) if name in SHAPING]
+
+
+def _flag(name, value):
+    return f"-{name} {value}"
+
+
+def adopt_training(opt, model_opt):
+    """Give ``opt`` (no ``-transforms``) the shaping transforms of ``model_opt`` and their options.
+
+    Returns ``(transforms, copied, missing)``: the transforms now in
+    ``opt.transforms``, ``{option: value}`` taken from training, and one
+    message per file option whose file is not here.
+    """
+    transforms = shaping(getattr(model_opt, "transforms", None))
+    copied, missing = {}, []
+    for name in transforms:
+        for dest, default in transform_defaults(name).items():
+            if not hasattr(model_opt, dest) or getattr(opt, dest, default) != default:
+                continue  # unknown to the checkpoint, or set by the user
+            value = getattr(model_opt, dest)
+            if value != default:
+                copied[dest] = value
+            setattr(opt, dest, value)
+    for dest in sorted({d for name in transforms for d in transform_defaults(name)}):
+        value = getattr(opt, dest, None)
+        if dest.endswith(_FILE_SUFFIXES) and isinstance(value, str) and value and not os.path.isfile(value):
+            origin = " (from training)" if dest in copied else ""
+            missing.append(f"{_flag(dest, value)}{origin}: no such file")
+    opt.transforms = transforms
+    return transforms, copied, missing
+
+
+def mismatches(opt, model_opt):
+    """Why the given ``-transforms`` would not shape the source as training did (empty: they would)."""
+    given, trained = shaping(opt.transforms), shaping(getattr(model_opt, "transforms", None))
+    if given != trained:
+        return [f"-transforms {' '.join(opt.transforms)}: the model was trained with -transforms "
+                f"{' '.join(model_opt.transforms)}, so its source was shaped by "
+                f"{' '.join(trained) or 'none of ' + ', '.join(SHAPING)}, not by {' '.join(given) or 'nothing'}"]
+    problems = []
+    for dest in sorted({d for name in given for d in transform_defaults(name)}):
+        mine, theirs = getattr(opt, dest, None), getattr(model_opt, dest, None)
+        if not (dest.endswith(_FILE_SUFFIXES) and isinstance(mine, str) and isinstance(theirs, str)):
+            continue
+        if mine != theirs and os.path.isfile(mine) and os.path.isfile(theirs) \
+                and not filecmp.cmp(mine, theirs, shallow=False):
+            problems.append(f"{_flag(dest, mine)} differs from the file the model was trained with ({theirs})")
+    return problems
+
+
+def _transforms_of_training(stock, cls, opt):
+    """``ArgumentParser._get_all_transform_translate``: training's shaping transforms, or a check of the given ones."""
+    from onmt_ext.plugin import UsageError
+
+    model = (getattr(opt, "models", None) or [None])[0]
+    model_opt = checkpoint_options(model)
+    if model_opt is not None and shaping(getattr(model_opt, "transforms", None)):
+        trained = " ".join(model_opt.transforms)
+        if not opt.transforms:
+            transforms, copied, missing = adopt_training(opt, model_opt)
+            if missing:
+                raise UsageError(f"{model} was trained with -transforms {trained}; its source must be "
+                                 f"preprocessed the same way, but {'; '.join(missing)} (give -transforms "
+                                 f"{' '.join(transforms)} with the files' paths here)")
+            options = "".join(f" {_flag(k, v)}" for k, v in copied.items())
+            sys.stderr.write(f"onmt_translate: applying the model's preprocessing: -transforms "
+                             f"{' '.join(transforms)}{options}\n")
+        else:
+            for problem in mismatches(opt, model_opt):
+                sys.stderr.write(f"onmt_translate: warning: {problem}\n")
+    return stock(cls, opt)
+
+
+def install():
+    """Wrap the choice of the translation's transforms (see the module docstring)."""
+    from onmt.utils.parse import ArgumentParser
+
+    from onmt_ext.patches import FIX, patch
+
+    patch(ArgumentParser, "_get_all_transform_translate", _transforms_of_training, kind=FIX,
+          reason="onmt_translate ignores the transforms the checkpoint was trained with: without -transforms a "
+                 "subword or segmented model translates unprocessed text into garbage, exit status 0",
+          test="tests/unit/test_preprocessing.py::test_missing_transforms_are_taken_from_the_checkpoint")
