@@ -12,10 +12,13 @@ at translation (no reverse step: sacreBLEU's ``zh`` tokenizer and chrF ignore
 them).  ``-jieba_keep_segmented`` passes unchanged a line that already holds
 whitespace between two CJK characters (corpora segmented beforehand, like the
 shipped sample), so that segmenting twice cannot split words differently.
+``python -m onmt_ext.zh_segment < raw.zh > words.zh`` segments a file (to
+train a SentencePiece model on what the transform will give it).
 """
 
 import logging
 import re
+import sys
 import tempfile
 
 from onmt.transforms import AVAILABLE_TRANSFORMS, register_transform
@@ -111,3 +114,18 @@ class JiebaTransform(Transform):
 
     def _repr_args(self):
         return f"side={'+'.join(self.sides)}{', keep_segmented' if self.keep_segmented else ''}"
+
+
+def main(lines=None, out=None):
+    """Write each line of ``lines`` (default: standard input) segmented by :func:`segment`, words space-joined."""
+    if lines is None:
+        sys.stdin.reconfigure(encoding="utf-8")
+    if out is None:
+        sys.stdout.reconfigure(encoding="utf-8")
+    out = out or sys.stdout
+    for line in lines if lines is not None else sys.stdin:
+        out.write(" ".join(segment(line)) + "\n")
+
+
+if __name__ == "__main__":
+    main()
