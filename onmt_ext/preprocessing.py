@@ -13,18 +13,56 @@ translation's transforms (``ArgumentParser._get_all_transform_translate``):
 * ``-transforms`` given: one warning line when its shaping transforms, or the
   subword model files they read, differ from training's.
 
+A model trained on Chinese segmented beforehand (the shipped sample: its
+training source, when still there, holds spaces between words) gets ``jieba``
+with ``-jieba_keep_segmented`` in front when no ``-transforms`` are given, and
+a warning when the given ones lack it and ``-src`` is unsegmented Chinese.
+
 Transforms that only filter or add noise in training (``filtertoolong``,
 ``tokendrop``, ...) are not repeated.
 """
 
 import filecmp
 import os
+import re
 import sys
 
 #: Transforms that decide the source tokens a model reads: translation must repeat them.
 SHAPING = ("jieba", "sentencepiece", "bpe", "onmt_tokenize", "clause_split")
 #: Option names (suffixes) that name files read by a shaping transform.
 _FILE_SUFFIXES = ("_model", "_vocab")
+#: Lines read to judge whether a file is segmented Chinese, and the share of its Chinese lines that must agree.
+_SAMPLE_LINES, _SHARE = 1000, 0.9
+_HAN = re.compile("[\u3400-\u4dbf\u4e00-\u9fff]")
+
+
+def segmented_share(path, limit=_SAMPLE_LINES):
+    """``(segmented, chinese)`` among the first ``limit`` lines of ``path``: lines with 3 or more Han characters
+    (``chinese``) and those of them with whitespace between CJK characters; ``None`` if it cannot be read."""
+    from onmt_ext.zh_segment import is_segmented
+
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            lines = [line for _, line in zip(range(limit), handle)]
+    except OSError:
+        return None
+    chinese = [line for line in lines if len(_HAN.findall(line)) >= 3]
+    return sum(map(is_segmented, chinese)), len(chinese)
+
+
+def trained_on_segmented_chinese(model_opt):
+    """The training source file of ``model_opt`` when it is Chinese segmented beforehand (else ``None``)."""
+    data = getattr(model_opt, "data", None) or {}
+    if isinstance(data, str):  # as parsed; onmt_train's validation (whose result the checkpoint keeps) reads it
+        import yaml
+
+        data = yaml.safe_load(data)
+    for name, corpus in (data if isinstance(data, dict) else {}).items():
+        path = corpus.get("path_src") if name != "valid" and isinstance(corpus, dict) else None
+        share = segmented_share(path) if path else None
+        if share and share[1] and share[0] >= _SHARE * share[1]:
+            return path
+    return None
 
 
 def checkpoint_options(path):
@@ -115,20 +153,33 @@ def _transforms_of_training(stock, cls, opt):
 
     model = (getattr(opt, "models", None) or [None])[0]
     model_opt = checkpoint_options(model)
-    if model_opt is not None and shaping(getattr(model_opt, "transforms", None)):
-        trained = " ".join(model_opt.transforms)
-        if not opt.transforms:
-            transforms, copied, missing = adopt_training(opt, model_opt)
-            if missing:
-                raise UsageError(f"{model} was trained with -transforms {trained}; its source must be "
-                                 f"preprocessed the same way, but {'; '.join(missing)} (give -transforms "
-                                 f"{' '.join(transforms)} with the files' paths here)")
-            options = "".join(f" {_flag(k, v)}" for k, v in copied.items())
-            sys.stderr.write(f"onmt_translate: applying the model's preprocessing: -transforms "
-                             f"{' '.join(transforms)}{options}\n")
-        else:
-            for problem in mismatches(opt, model_opt):
-                sys.stderr.write(f"onmt_translate: warning: {problem}\n")
+    if model_opt is None:
+        return stock(cls, opt)
+    trained = " ".join(getattr(model_opt, "transforms", None) or [])
+    words = None if "jieba" in trained.split() else trained_on_segmented_chinese(model_opt)
+    if not opt.transforms and (shaping(model_opt.transforms) or words):
+        transforms, copied, missing = adopt_training(opt, model_opt)
+        if missing:
+            raise UsageError(f"{model} was trained with -transforms {trained}; its source must be "
+                             f"preprocessed the same way, but {'; '.join(missing)} (give -transforms "
+                             f"{' '.join(transforms)} with the files' paths here)")
+        options = "".join(f" {_flag(k, v)}" for k, v in copied.items())
+        if words:
+            opt.transforms, opt.jieba_keep_segmented = ["jieba", *transforms], True
+            options += (f" -jieba_keep_segmented (its training source {words} is Chinese segmented into words; "
+                        "lines segmented already pass unchanged)")
+        sys.stderr.write(f"onmt_translate: applying the model's preprocessing: -transforms "
+                         f"{' '.join(opt.transforms)}{options}\n")
+    elif opt.transforms:
+        problems = mismatches(opt, model_opt) if shaping(model_opt.transforms) else []
+        share = segmented_share(opt.src) if words and "jieba" not in opt.transforms else None
+        if share and share[1] and 2 * share[0] < share[1]:  # most of its Chinese lines are not segmented
+            problems.append(f"-src {opt.src}: {share[1] - share[0]} of its first {share[1]} Chinese lines are not "
+                            f"segmented into words, but the model's training source {words} is: add jieba "
+                            "in front of -transforms (with -jieba_keep_segmented), or segment the input with "
+                            "python -m onmt_ext.zh_segment")
+        for problem in problems:
+            sys.stderr.write(f"onmt_translate: warning: {problem}\n")
     return stock(cls, opt)
 
 

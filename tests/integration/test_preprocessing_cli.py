@@ -38,17 +38,22 @@ def _translate(model, src, out, *extra, check=True):
                            "-beam_size", 2, *extra, check=check)
 
 
-def test_translation_without_transforms_applies_the_models_own(toy_model, tmp_path):
-    src = tmp_path / "src.zh"
-    src.write_text("\n".join((support.TATOEBA / "test.zh").read_text(encoding="utf-8").splitlines()[:3]) + "\n",
-                   encoding="utf-8")
-    given = _translate(toy_model, src, tmp_path / "given.en", "-transforms", "sentencepiece", *SPM)
+def test_raw_chinese_without_transforms_is_translated_as_its_segmented_form(toy_model, tmp_path):
+    """The issue's case: raw Chinese, no -transforms, a model trained on the sample's jieba-segmented Chinese with
+    sentencepiece.  The translation is that of the segmented sentences with the transforms given."""
+    lines = 3
+    raw, segmented = tmp_path / "raw.zh", tmp_path / "segmented.zh"
+    tsv = (support.REPO / "data/tatoeba-zh-en/zh2en.multiref.tsv").read_text(encoding="utf-8").splitlines()
+    raw.write_text("".join(line.split("\t")[0] + "\n" for line in tsv[:lines]), encoding="utf-8")
+    segmented.write_text("\n".join((support.TATOEBA / "test.zh").read_text(encoding="utf-8").splitlines()[:lines])
+                         + "\n", encoding="utf-8")
+    given = _translate(toy_model, segmented, tmp_path / "given.en", "-transforms", "sentencepiece", *SPM)
     assert "warning" not in given.stderr
-    forgotten = _translate(toy_model, src, tmp_path / "forgotten.en")
-    assert "onmt_translate: applying the model's preprocessing: -transforms sentencepiece" in forgotten.stderr
+    forgotten = _translate(toy_model, raw, tmp_path / "forgotten.en")
+    assert "onmt_translate: applying the model's preprocessing: -transforms jieba sentencepiece" in forgotten.stderr
     output = (tmp_path / "forgotten.en").read_text(encoding="utf-8")
     assert output == (tmp_path / "given.en").read_text(encoding="utf-8")
-    assert "\u2581" not in output and output.strip()
+    assert "\u2581" not in output and len(output.splitlines()) == lines
 
 
 def test_a_subword_model_missing_here_is_named_in_one_line(toy_model, tmp_path):

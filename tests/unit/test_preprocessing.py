@@ -16,14 +16,17 @@ def _lines(path):
     return path.read_text(encoding="utf-8").splitlines()
 
 
-def _checkpoint(tmp_path, *overrides, spm_dir=None):
+def _checkpoint(tmp_path, *overrides, spm_dir=None, train_src=None):
     """A checkpoint file holding only the training options of the demo config (with ``overrides``).
 
-    The subword models named in it are copies of the sample's, in ``spm_dir`` (default: ``tmp_path``).
+    The subword models named in it are copies of the sample's, in ``spm_dir`` (default: ``tmp_path``); its
+    training source is ``train_src`` (default: a file that is not there).
     """
     spm_dir = spm_dir or tmp_path
     opt = support.load_train_opts(DEMO, "-src_subword_model", spm_dir / "spm.zh.model",
                                   "-tgt_subword_model", spm_dir / "spm.en.model", *overrides)
+    opt.data = {"corpus_1": {"path_src": str(train_src or tmp_path / "gone.zh"), "path_tgt": "x"},
+                "valid": {"path_src": "y", "path_tgt": "z"}}
     path = tmp_path / "model_step_1.pt"
     torch.save({"model": {}, "generator": {}, "opt": opt}, path)
     return path, opt
@@ -151,3 +154,47 @@ def test_jieba_sides(onmt_active):
         jieba = make_transforms(opt, get_transforms_cls(["jieba"]), None)["jieba"]
         out = jieba.apply({"src": [RAW], "tgt": [RAW]})
         assert {k for k in out if out[k] == segment(RAW)} == cut
+
+
+def _demo_checkpoint(sample_data, tmp_path):
+    """The demo's options (sentencepiece alone; Chinese segmented beforehand), trained on a part of its train.zh."""
+    _copy_spm(sample_data, tmp_path)
+    train = tmp_path / "train.zh"
+    train.write_text("\n".join(_lines(sample_data / "train.zh")[:300]) + "\n", encoding="utf-8")
+    return _checkpoint(tmp_path, train_src=train)[0]
+
+
+def test_raw_chinese_into_a_model_of_segmented_chinese_is_segmented(sample_data, onmt_active, tmp_path, capsys):
+    """The demo model's case: trained on jieba-segmented text without the jieba transform.  Without -transforms,
+    raw Chinese reaches the model as the pieces of its segmented form, and segmented input is left as it was."""
+    from onmt_ext.zh_segment import segment
+
+    opt = _translate_opt("-model", _demo_checkpoint(sample_data, tmp_path))
+    assert _transforms_of(opt) == ["jieba", "sentencepiece"] and opt.jieba_keep_segmented
+    assert "-jieba_keep_segmented (its training source" in capsys.readouterr().err
+    opt.share_vocab = False
+    pipe = _pipe(opt)
+    words = spm_pieces(tmp_path)
+    assert pipe.apply({"src": [RAW], "tgt": None})["src"] == words.encode(" ".join(segment(RAW)), out_type=str)
+    for line in _lines(sample_data / "test.zh")[:200]:
+        assert pipe.apply({"src": line.split(" "), "tgt": None})["src"] == words.encode(line, out_type=str)
+
+
+def test_raw_chinese_with_transforms_lacking_jieba_is_named(sample_data, onmt_active, tmp_path, capsys):
+    path = _demo_checkpoint(sample_data, tmp_path)
+    raw, segmented = tmp_path / "raw.zh", tmp_path / "segmented.zh"
+    raw.write_text("我今天很高兴。\n你想去哪里吃饭？\n", encoding="utf-8")
+    segmented.write_text("我 今天 很 高兴 。\n你 想 去 哪里 吃饭 ？\n", encoding="utf-8")
+    spm = ("-transforms", "sentencepiece", "-src_subword_model", tmp_path / "spm.zh.model", "-tgt_subword_model",
+           tmp_path / "spm.en.model")
+    _transforms_of(_translate_opt("-model", path, *spm, "-src", raw))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"warning: -src {raw}: 2 of its first 2 Chinese lines are not segmented" in err[0]
+    _transforms_of(_translate_opt("-model", path, *spm, "-src", segmented))
+    assert capsys.readouterr().err == ""
+
+
+def spm_pieces(where):
+    import sentencepiece as spm
+
+    return spm.SentencePieceProcessor(model_file=str(where / "spm.zh.model"))
