@@ -1,25 +1,18 @@
 """``onmt_translate`` preprocesses its source as the checkpoint's training did.
 
-A checkpoint stores the training options, transforms included.  Stock
-``onmt_translate`` reads none of them: forgetting ``-transforms
-sentencepiece`` (or the Chinese segmentation) gives fluent-looking garbage
-and exit status 0.  :func:`install` wraps the step that fixes the
-translation's transforms (``ArgumentParser._get_all_transform_translate``):
+Stock ``onmt_translate`` ignores the transforms stored in the checkpoint:
+forgetting ``-transforms sentencepiece`` gives garbage with exit status 0.
+:func:`install` wraps ``ArgumentParser._get_all_transform_translate``:
 
-* no ``-transforms`` given, the model trained with :data:`SHAPING` transforms:
-  those are applied, in training's order, with training's options for every
-  option left at its default; a file they name that is missing here stops the
-  command with one line naming it;
-* ``-transforms`` given: one warning line when its shaping transforms, or the
-  subword model files they read, differ from training's.
-
-A model trained on Chinese segmented beforehand (the shipped sample: its
-training source, when still there, holds spaces between words) gets ``jieba``
-with ``-jieba_keep_segmented`` in front when no ``-transforms`` are given, and
-a warning when the given ones lack it and ``-src`` is unsegmented Chinese.
-
-Transforms that only filter or add noise in training (``filtertoolong``,
-``tokendrop``, ...) are not repeated.
+* no ``-transforms``: the model's :data:`SHAPING` transforms (not training-only
+  ones such as ``filtertoolong``) are applied with training's options for
+  every option left at its default; a file they need that is not here stops
+  the command in one line.  A ``-src`` that holds subword pieces already is
+  translated as it is.  A model trained on Chinese segmented beforehand (its
+  training source holds spaces between words) also gets ``jieba
+  -jieba_keep_segmented`` in front;
+* ``-transforms`` given: one warning line per difference from training (the
+  transforms, a subword model file, unsegmented Chinese for such a model).
 """
 
 import filecmp
@@ -29,6 +22,10 @@ import sys
 
 #: Transforms that decide the source tokens a model reads: translation must repeat them.
 SHAPING = ("jieba", "sentencepiece", "bpe", "onmt_tokenize", "clause_split")
+#: The subword transforms among them.
+SUBWORD = ("sentencepiece", "bpe", "onmt_tokenize")
+#: What subword segmentation leaves in text: SentencePiece's ▁, BPE's trailing @@, the OpenNMT tokenizer's ￭.
+SUBWORD_MARK = re.compile("\u2581|@@(?= |$)|\uffed")
 #: Option names (suffixes) that name files read by a shaping transform.
 _FILE_SUFFIXES = ("_model", "_vocab")
 #: Lines read to judge whether a file is segmented Chinese, and the share of its Chinese lines that must agree.
@@ -48,6 +45,16 @@ def segmented_share(path, limit=_SAMPLE_LINES):
         return None
     chinese = [line for line in lines if len(_HAN.findall(line)) >= 3]
     return sum(map(is_segmented, chinese)), len(chinese)
+
+
+def holds_subword_marks(path, limit=_SAMPLE_LINES):
+    """True when one of the first ``limit`` lines of ``path`` holds a :data:`SUBWORD_MARK` (text encoded
+    beforehand, translated as it is); False also when it cannot be read."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return any(SUBWORD_MARK.search(line) for _, line in zip(range(limit), handle))
+    except (OSError, TypeError):
+        return False
 
 
 def trained_on_segmented_chinese(model_opt):
@@ -156,8 +163,12 @@ def _transforms_of_training(stock, cls, opt):
     if model_opt is None:
         return stock(cls, opt)
     trained = " ".join(getattr(model_opt, "transforms", None) or [])
-    words = None if "jieba" in trained.split() else trained_on_segmented_chinese(model_opt)
-    if not opt.transforms and (shaping(model_opt.transforms) or words):
+    subwords = any(name in SUBWORD for name in trained.split())
+    words = trained_on_segmented_chinese(model_opt) if subwords and "jieba" not in trained.split() else None
+    if not opt.transforms and shaping(model_opt.transforms) and holds_subword_marks(opt.src):
+        sys.stderr.write(f"onmt_translate: -src {opt.src} holds subword pieces already: translated as it is, "
+                         f"without the model's -transforms {' '.join(shaping(model_opt.transforms))}\n")
+    elif not opt.transforms and shaping(model_opt.transforms):
         transforms, copied, missing = adopt_training(opt, model_opt)
         if missing:
             raise UsageError(f"{model} was trained with -transforms {trained}; its source must be "

@@ -45,7 +45,6 @@ import argparse
 import dataclasses
 import importlib.util
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -53,11 +52,9 @@ if importlib.util.find_spec("onmt_ext") is None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from onmt_ext import evaluation as ev  # noqa: E402
+from onmt_ext.preprocessing import SUBWORD_MARK  # noqa: E402
 
 PROG = "evaluate.py"
-#: what subword segmentation leaves in an output that was not detokenized: SentencePiece's ▁, BPE's
-#: trailing @@, the OpenNMT tokenizer's joiner ￭
-SUBWORD_MARK = re.compile(r"\u2581|@@(?= |$)|\uffed")
 
 
 def _positive_int(text):

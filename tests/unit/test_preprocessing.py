@@ -198,3 +198,13 @@ def spm_pieces(where):
     import sentencepiece as spm
 
     return spm.SentencePieceProcessor(model_file=str(where / "spm.zh.model"))
+
+
+def test_a_source_encoded_beforehand_is_translated_as_it_is(sample_data, onmt_active, tmp_path, capsys):
+    """Pieces in -src (as tools/prepare_tatoeba.py's encode_file writes them) and no -transforms: nothing applied."""
+    path = _demo_checkpoint(sample_data, tmp_path)
+    encoded = tmp_path / "test.sp.zh"
+    encoded.write_text(" ".join(spm_pieces(tmp_path).encode("我 今天 很 高兴 。", out_type=str)) + "\n",
+                       encoding="utf-8")
+    assert _transforms_of(_translate_opt("-model", path, "-src", encoded)) == []
+    assert f"-src {encoded} holds subword pieces already: translated as it is" in capsys.readouterr().err
