@@ -41,7 +41,7 @@ def segmented_share(path, limit=_SAMPLE_LINES):
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
             lines = [line for _, line in zip(range(limit), handle)]
-    except OSError:
+    except (OSError, TypeError):  # not there, or no path at all
         return None
     chinese = [line for line in lines if len(_HAN.findall(line)) >= 3]
     return sum(map(is_segmented, chinese)), len(chinese)
