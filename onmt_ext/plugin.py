@@ -18,6 +18,7 @@ import contextvars
 import difflib
 import functools
 import glob
+import importlib
 import os
 import re
 import sys
@@ -947,13 +948,12 @@ def _check_translation_split():
 
 
 def _register_transforms():
-    """Add onmt-ext's data transforms (``clause_split``) to OpenNMT-py's registry."""
-    module = sys.modules.get("onmt_ext.clause_split")
-    if module is not None and not hasattr(module, "install"):
-        return  # its import of onmt activated onmt-ext: it registers itself at its end, once this is active
-    from onmt_ext import clause_split
-
-    clause_split.install()
+    """Add onmt-ext's data transforms (``clause_split``, ``jieba``) to OpenNMT-py's registry."""
+    for name in ("clause_split", "zh_segment"):
+        module = sys.modules.get(f"onmt_ext.{name}")
+        if module is not None and not hasattr(module, "install"):
+            continue  # its import of onmt activated onmt-ext: it registers itself at its end, once this is active
+        importlib.import_module(f"onmt_ext.{name}").install()
 
 
 def activate():
@@ -977,7 +977,7 @@ def deactivate():
 
 
 def _activate():
-    from onmt_ext import batches, checkpoints, command_line, compat, corpus, initialisation, train_step
+    from onmt_ext import batches, checkpoints, command_line, compat, corpus, initialisation, preprocessing, train_step
 
     compat.apply()
     compat.keep_log_file()
@@ -1002,6 +1002,7 @@ def _activate():
     _tell_builders_the_vocabs()
     initialisation.install()  # the mechanisms' stated initialisation, after OpenNMT-py's own
     _check_translation_split()
+    preprocessing.install()  # onmt_translate repeats (or checks) the checkpoint's source preprocessing
     _one_line_errors()
 
 

@@ -31,6 +31,10 @@ on that bucket's segments; ``--plot FILE`` draws it (PNG/PDF/SVG).  The
 by-length BLEU is ``bleu-zh`` when that metric is selected (Chinese output),
 else ``bleu``.
 
+Hypotheses (and a baseline) that still hold subword marks (SentencePiece's
+``▁``, BPE's ``@@``, the OpenNMT tokenizer's ``￭``) were never detokenized and
+are refused (exit 2) unless ``--allow-subword-markers`` is given.
+
 The human output prints every score with its sacreBLEU signature; ``--json``
 prints one JSON object instead.  Exit status: 0 on success, 2 on a usage
 error or unreadable/invalid input (``evaluate.py: error: ...`` on stderr, the
@@ -48,6 +52,7 @@ if importlib.util.find_spec("onmt_ext") is None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from onmt_ext import evaluation as ev  # noqa: E402
+from onmt_ext.preprocessing import SUBWORD_MARK  # noqa: E402
 
 PROG = "evaluate.py"
 
@@ -95,13 +100,35 @@ def build_parser():
     parser.add_argument("--names", nargs=2, default=["baseline", "system"], metavar=("BASELINE", "SYSTEM"),
                         help="names of the two systems in the plot and report (default: baseline system)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    parser.add_argument("--allow-subword-markers", action="store_true",
+                        help="score hypotheses that still hold subword marks (▁, @@, ￭) instead of refusing them")
     return parser
+
+
+def subword_marks(lines, name):
+    """A message when ``lines`` still hold subword marks (:data:`SUBWORD_MARK`), else ``None``.
+
+    Such output was never detokenized (e.g. ``onmt_translate`` given ``-transforms`` without the subword
+    transform) and scores near 0 BLEU without being wrong in any other visible way.
+    """
+    marked = [i for i, line in enumerate(lines, 1) if SUBWORD_MARK.search(line)]
+    if not marked:
+        return None
+    mark = SUBWORD_MARK.search(lines[marked[0] - 1]).group(0)
+    return (f"{name}, line {marked[0]}: holds the subword mark {mark!r} ({len(marked)} of {len(lines)} lines do): "
+            "the translation was not detokenized; translate with the model's -transforms (or without "
+            "-transforms: onmt_translate then applies the model's own), or pass --allow-subword-markers")
 
 
 def evaluate(args):
     """Read the files named in ``args``, compute everything asked for and return the report dict."""
     hyps = ev.read_hypotheses(args.hyp)
     hyp_name = f"hypothesis file {args.hyp}"
+    for lines, name in ((hyps, hyp_name),) + (((ev.read_hypotheses(args.baseline, "baseline file"),
+                                                f"baseline file {args.baseline}"),) if args.baseline else ()):
+        problem = None if args.allow_subword_markers else subword_marks(lines, name)
+        if problem:
+            raise ev.EvaluationError(problem)
     if args.ref_tsv:
         refs = ev.read_reference_tsv(args.ref_tsv)
         ref_name = f"reference TSV {args.ref_tsv}"

@@ -233,48 +233,21 @@ def split_pairs(pairs, test_zh, valid_size):
 
 
 # ---------------------------------------------------------------- segmentation
-_JIEBA = None
-
-
-def _jieba_tokenizer():
-    """A jieba tokenizer (default dictionary) initialised once per process.
-
-    jieba's logging is set to WARNING, and its prefix-dictionary cache is
-    written to a temporary directory that is removed right away, so nothing is
-    left in the working directory or in the system temp directory.
-    """
-    global _JIEBA
-    if _JIEBA is None:
-        import jieba
-
-        jieba.setLogLevel(logging.WARNING)
-        tok = jieba.Tokenizer()
-        with tempfile.TemporaryDirectory(prefix="prepare_tatoeba_jieba_") as tmp:
-            tok.tmp_dir = tmp
-            tok.cache_file = "jieba.cache"
-            tok.initialize()
-        _JIEBA = tok
-    return _JIEBA
-
-
 def segment_zh(sentences):
-    """Segment Chinese sentences into words with jieba (``lcut``, HMM on).
+    """Segment Chinese sentences into words with :func:`onmt_ext.zh_segment.segment` (jieba, HMM on).
 
-    Returns one string per sentence, words joined by single spaces; the
-    whitespace tokens jieba returns for spaces in the input are dropped, so
-    removing the spaces of a result gives the input minus its whitespace.
-    Repeated sentences are segmented once.
+    Returns one string per sentence, words joined by single spaces (the
+    ``jieba`` transform cuts raw text the same way at training and
+    translation).  Repeated sentences are segmented once.
     """
-    tok = _jieba_tokenizer()
+    from onmt_ext.zh_segment import segment
+
     cache = {}
     out = []
     for s in sentences:
         seg = cache.get(s)
         if seg is None:
-            words = []
-            for w in tok.lcut(s, HMM=True):
-                words.extend(w.split())
-            seg = cache[s] = " ".join(words)
+            seg = cache[s] = " ".join(segment(s))
         out.append(seg)
     return out
 

@@ -1,0 +1,206 @@
+"""``onmt_translate`` preprocesses its source as the checkpoint's training did.
+
+Stock ``onmt_translate`` ignores the transforms stored in the checkpoint:
+forgetting ``-transforms sentencepiece`` gives garbage with exit status 0.
+:func:`install` wraps ``ArgumentParser._get_all_transform_translate``:
+
+* no ``-transforms``: the model's :data:`SHAPING` transforms (not training-only
+  ones such as ``filtertoolong``) are applied with training's options for
+  every option left at its default; a file they need that is not here stops
+  the command in one line.  A ``-src`` that holds subword pieces already is
+  translated as it is.  A model trained on Chinese segmented beforehand (its
+  training source holds spaces between words) also gets ``jieba
+  -jieba_keep_segmented`` in front;
+* ``-transforms`` given: one warning line per difference from training (the
+  transforms, a subword model file, unsegmented Chinese for such a model).
+"""
+
+import filecmp
+import os
+import re
+import sys
+
+#: Transforms that decide the source tokens a model reads: translation must repeat them.
+SHAPING = ("jieba", "sentencepiece", "bpe", "onmt_tokenize", "clause_split")
+#: The subword transforms among them.
+SUBWORD = ("sentencepiece", "bpe", "onmt_tokenize")
+#: What subword segmentation leaves in text: SentencePiece's ▁, BPE's trailing @@, the OpenNMT tokenizer's ￭.
+SUBWORD_MARK = re.compile("\u2581|@@(?= |$)|\uffed")
+#: Option names (suffixes) that name files read by a shaping transform.
+_FILE_SUFFIXES = ("_model", "_vocab")
+#: Lines read to judge whether a file is segmented Chinese, and the share of its Chinese lines that must agree.
+_SAMPLE_LINES, _SHARE = 1000, 0.9
+_HAN = re.compile("[\u3400-\u4dbf\u4e00-\u9fff]")
+
+
+def segmented_share(path, limit=_SAMPLE_LINES):
+    """``(segmented, chinese)`` among the first ``limit`` lines of ``path``: lines with 3 or more Han characters
+    (``chinese``) and those of them with whitespace between CJK characters; ``None`` if it cannot be read."""
+    from onmt_ext.zh_segment import is_segmented
+
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            lines = [line for _, line in zip(range(limit), handle)]
+    except (OSError, TypeError):  # not there, or no path at all
+        return None
+    chinese = [line for line in lines if len(_HAN.findall(line)) >= 3]
+    return sum(map(is_segmented, chinese)), len(chinese)
+
+
+def holds_subword_marks(path, limit=_SAMPLE_LINES):
+    """True when one of the first ``limit`` lines of ``path`` holds a :data:`SUBWORD_MARK` (text encoded
+    beforehand, translated as it is); False also when it cannot be read."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return any(SUBWORD_MARK.search(line) for _, line in zip(range(limit), handle))
+    except (OSError, TypeError):
+        return False
+
+
+def trained_on_segmented_chinese(model_opt):
+    """The training source file of ``model_opt`` when it is Chinese segmented beforehand (else ``None``)."""
+    data = getattr(model_opt, "data", None) or {}
+    if isinstance(data, str):  # as parsed; onmt_train's validation (whose result the checkpoint keeps) reads it
+        import yaml
+
+        data = yaml.safe_load(data)
+    for name, corpus in (data if isinstance(data, dict) else {}).items():
+        path = corpus.get("path_src") if name != "valid" and isinstance(corpus, dict) else None
+        share = segmented_share(path) if path else None
+        if share and share[1] and share[0] >= _SHARE * share[1]:
+            return path
+    return None
+
+
+def checkpoint_options(path):
+    """The options stored in checkpoint ``path`` (tensors memory-mapped, not read); ``None`` if it cannot be read.
+
+    What cannot be read is left to the stock loading, which names the file.
+    """
+    import torch
+
+    if not path or not os.path.isfile(path):
+        return None
+    try:
+        checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except Exception:  # not a zip checkpoint, not a checkpoint at all: the stock loader says so
+        return None
+    return checkpoint.get("opt") if isinstance(checkpoint, dict) else None
+
+
+def transform_defaults(name):
+    """``{dest: default}`` of the options transform ``name`` adds (empty for an unknown transform)."""
+    from onmt.transforms import AVAILABLE_TRANSFORMS
+    from onmt.utils.parse import ArgumentParser
+
+    cls = AVAILABLE_TRANSFORMS.get(name)
+    if cls is None:
+        return {}
+    parser = ArgumentParser(add_help=False)
+    cls.add_options(parser)
+    return {action.dest: action.default for action in parser._actions}
+
+
+def shaping(transforms):
+    """The shaping transforms of a list of transform names, in order."""
+    return [name for name in (transforms or []) if name in SHAPING]
+
+
+def _flag(name, value):
+    return f"-{name} {value}"
+
+
+def adopt_training(opt, model_opt):
+    """Give ``opt`` (no ``-transforms``) the shaping transforms of ``model_opt`` and their options.
+
+    Returns ``(transforms, copied, missing)``: the transforms now in
+    ``opt.transforms``, ``{option: value}`` taken from training, and one
+    message per file option whose file is not here.
+    """
+    transforms = shaping(getattr(model_opt, "transforms", None))
+    copied, missing = {}, []
+    for name in transforms:
+        for dest, default in transform_defaults(name).items():
+            if not hasattr(model_opt, dest) or getattr(opt, dest, default) != default:
+                continue  # unknown to the checkpoint, or set by the user
+            value = getattr(model_opt, dest)
+            if value != default:
+                copied[dest] = value
+            setattr(opt, dest, value)
+    for dest in sorted({d for name in transforms for d in transform_defaults(name)}):
+        value = getattr(opt, dest, None)
+        if dest.endswith(_FILE_SUFFIXES) and isinstance(value, str) and value and not os.path.isfile(value):
+            origin = " (from training)" if dest in copied else ""
+            missing.append(f"{_flag(dest, value)}{origin}: no such file")
+    opt.transforms = transforms
+    return transforms, copied, missing
+
+
+def mismatches(opt, model_opt):
+    """Why the given ``-transforms`` would not shape the source as training did (empty: they would)."""
+    given, trained = shaping(opt.transforms), shaping(getattr(model_opt, "transforms", None))
+    if given != trained:
+        return [f"-transforms {' '.join(opt.transforms)}: the model was trained with -transforms "
+                f"{' '.join(model_opt.transforms)}, so its source was shaped by "
+                f"{' '.join(trained) or 'none of ' + ', '.join(SHAPING)}, not by {' '.join(given) or 'nothing'}"]
+    problems = []
+    for dest in sorted({d for name in given for d in transform_defaults(name)}):
+        mine, theirs = getattr(opt, dest, None), getattr(model_opt, dest, None)
+        if not (dest.endswith(_FILE_SUFFIXES) and isinstance(mine, str) and isinstance(theirs, str)):
+            continue
+        if mine != theirs and os.path.isfile(mine) and os.path.isfile(theirs) \
+                and not filecmp.cmp(mine, theirs, shallow=False):
+            problems.append(f"{_flag(dest, mine)} differs from the file the model was trained with ({theirs})")
+    return problems
+
+
+def _transforms_of_training(stock, cls, opt):
+    """``ArgumentParser._get_all_transform_translate``: training's shaping transforms, or a check of the given ones."""
+    from onmt_ext.plugin import UsageError
+
+    model = (getattr(opt, "models", None) or [None])[0]
+    model_opt = checkpoint_options(model)
+    if model_opt is None:
+        return stock(cls, opt)
+    trained = " ".join(getattr(model_opt, "transforms", None) or [])
+    subwords = any(name in SUBWORD for name in trained.split())
+    words = trained_on_segmented_chinese(model_opt) if subwords and "jieba" not in trained.split() else None
+    if not opt.transforms and shaping(model_opt.transforms) and holds_subword_marks(opt.src):
+        sys.stderr.write(f"onmt_translate: -src {opt.src} holds subword pieces already: translated as it is, "
+                         f"without the model's -transforms {' '.join(shaping(model_opt.transforms))}\n")
+    elif not opt.transforms and shaping(model_opt.transforms):
+        transforms, copied, missing = adopt_training(opt, model_opt)
+        if missing:
+            raise UsageError(f"{model} was trained with -transforms {trained}; its source must be "
+                             f"preprocessed the same way, but {'; '.join(missing)} (give -transforms "
+                             f"{' '.join(transforms)} with the files' paths here)")
+        options = "".join(f" {_flag(k, v)}" for k, v in copied.items())
+        if words:
+            opt.transforms, opt.jieba_keep_segmented = ["jieba", *transforms], True
+            options += (f" -jieba_keep_segmented (its training source {words} is Chinese segmented into words; "
+                        "lines segmented already pass unchanged)")
+        sys.stderr.write(f"onmt_translate: applying the model's preprocessing: -transforms "
+                         f"{' '.join(opt.transforms)}{options}\n")
+    elif opt.transforms:
+        problems = mismatches(opt, model_opt) if shaping(model_opt.transforms) else []
+        share = segmented_share(opt.src) if words and "jieba" not in opt.transforms else None
+        if share and share[1] and 2 * share[0] < share[1]:  # most of its Chinese lines are not segmented
+            problems.append(f"-src {opt.src}: {share[1] - share[0]} of its first {share[1]} Chinese lines are not "
+                            f"segmented into words, but the model's training source {words} is: add jieba "
+                            "in front of -transforms (with -jieba_keep_segmented), or segment the input with "
+                            "python -m onmt_ext.zh_segment")
+        for problem in problems:
+            sys.stderr.write(f"onmt_translate: warning: {problem}\n")
+    return stock(cls, opt)
+
+
+def install():
+    """Wrap the choice of the translation's transforms (see the module docstring)."""
+    from onmt.utils.parse import ArgumentParser
+
+    from onmt_ext.patches import FIX, patch
+
+    patch(ArgumentParser, "_get_all_transform_translate", _transforms_of_training, kind=FIX,
+          reason="onmt_translate ignores the transforms the checkpoint was trained with: without -transforms a "
+                 "subword or segmented model translates unprocessed text into garbage, exit status 0",
+          test="tests/unit/test_preprocessing.py::test_missing_transforms_are_taken_from_the_checkpoint")
