@@ -1,19 +1,11 @@
 """Chinese word segmentation with jieba, as the OpenNMT-py transform ``jieba``.
 
-A config that lists ``transforms: [jieba, sentencepiece, ...]`` segments raw
-Chinese into words in ``onmt_build_vocab``, ``onmt_train`` and, because the
-checkpoint stores its transforms (:mod:`onmt_ext.preprocessing`), in
-``onmt_translate``: raw text in gives the pieces seen in training.  The
-segmentation is :func:`segment` (``jieba.lcut``, HMM on, whitespace tokens
-dropped), the one ``tools/prepare_tatoeba.py`` used for the shipped sample.
-
-``-jieba_side`` picks the side(s); the target keeps its spaces between words
-at translation (no reverse step: sacreBLEU's ``zh`` tokenizer and chrF ignore
-them).  ``-jieba_keep_segmented`` passes unchanged a line that already holds
-whitespace between two CJK characters (corpora segmented beforehand, like the
-shipped sample), so that segmenting twice cannot split words differently.
-``python -m onmt_ext.zh_segment < raw.zh > words.zh`` segments a file (to
-train a SentencePiece model on what the transform will give it).
+``transforms: [jieba, sentencepiece, ...]`` segments raw Chinese into words in ``onmt_build_vocab``,
+``onmt_train`` and (the checkpoint stores its transforms, :mod:`onmt_ext.preprocessing`) ``onmt_translate``.
+:func:`segment` (``jieba.lcut``, HMM on, whitespace dropped) is the cut ``tools/prepare_tatoeba.py`` made of the
+shipped sample.  ``-jieba_side`` picks the side(s) (a target keeps its spaces: no reverse step);
+``-jieba_keep_segmented`` passes unchanged a line already segmented.  ``python -m onmt_ext.zh_segment < raw.zh >
+words.zh`` segments a file.  Details: docs/own-data.md.
 """
 
 import logging
