@@ -20,11 +20,11 @@ from onmt_ext.patches import FIX, patch
 #: Mechanisms that replace a stock sub-module: the onmt-ext module that holds the class -> what it replaces
 #: and why the checkpoint's tensors cannot seed it.
 REPLACING = {
-    "onmt_ext.aggregation": (
+    "onmt_ext.li2019": (
         "li2019's routing aggregation (-li2019_enc_self/-li2019_dec_self/-li2019_enc_dec) replaces the "
         "attention's output projection final_linear (W^O, eq. 4) by per-head capsule maps (eq. 5-6); no rule "
         "maps W^O onto them and Li et al. (2019) train it from scratch, not from a baseline"),
-    "onmt_ext.directional": (
+    "onmt_ext.disan": (
         "DiSAN (-disan_enc) replaces the encoder's self-attention by its directional one, and onmt-ext maps "
         "none of the checkpoint's attention tensors onto it"),
 }

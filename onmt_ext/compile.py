@@ -1,8 +1,8 @@
 """``-ext_compile``: every mechanism's tensor core through ``torch.compile``.
 
 Each mechanism keeps its arithmetic in a pure function of tensors and plain settings (its core: li2019's
-:func:`~onmt_ext.aggregation.aggregate_heads`, cao2019's :func:`~onmt_ext.cross_aggregation.cross_aggregate` and
-:func:`~onmt_ext.cross_aggregation.causal_step`, chen2019's :func:`~onmt_ext.recurrent_embedding.recurrent_output`,
+:func:`~onmt_ext.li2019.aggregate_heads`, cao2019's :func:`~onmt_ext.cao2019.cross_aggregate` and
+:func:`~onmt_ext.cao2019.causal_step`, chen2019's :func:`~onmt_ext.chen2019.recurrent_output`,
 clause attention's :func:`~onmt_ext.clause_attention.clause_mix`, GRET's :func:`~onmt_ext.gret.global_summary`
 and :func:`~onmt_ext.gret.fuse`, and the directional softmax).  The module that owns the parameters and decoding
 state calls its core through :func:`run`; with ``-ext_compile`` the call goes to

@@ -204,19 +204,19 @@ def _build_model_initialised(stock, model_opt, opt, vocabs, checkpoint, *args, *
 
 
 def _routing_aggregation(module):
-    """li2019's :class:`onmt_ext.aggregation.RoutingAggregation` (its ``reset_parameters`` draws the same)."""
+    """li2019's :class:`onmt_ext.li2019.RoutingAggregation` (its ``reset_parameters`` draws the same)."""
     rules = {"input_weight": GLOROT, "input_bias": ZEROS, "vote_weight": GLOROT}
     rules.update({name: ZEROS for name in ("beta_a", "beta_u") if hasattr(module, name)})
     return rules
 
 
 def _fusion_gate(module):
-    """DiSAN's :class:`onmt_ext.directional.FusionGate` (a chen2019 baseline): the gate maps as stock linears;
+    """DiSAN's :class:`onmt_ext.disan.FusionGate` (a chen2019 baseline): the gate maps as stock linears;
     the attention it wraps is the stock one."""
     rules = {f"attention.{name}": STOCK for name, _ in module.attention.named_parameters()}
     return {**rules, "gate_s.weight": GLOROT, "gate_s.bias": ZEROS, "gate_h.weight": GLOROT}
 
 
 # Modules whose files declare nothing themselves (the others call register() next to their class).
-register("onmt_ext.aggregation.RoutingAggregation", _routing_aggregation)
-register("onmt_ext.directional.FusionGate", _fusion_gate)
+register("onmt_ext.li2019.RoutingAggregation", _routing_aggregation)
+register("onmt_ext.disan.FusionGate", _fusion_gate)

@@ -17,8 +17,7 @@ from onmt.decoders.transformer import TransformerDecoder
 from onmt.encoders.transformer import TransformerEncoder
 from onmt.utils.misc import sequence_mask
 
-from onmt_ext import aggregation, clause_attention, cross_aggregation, directional, gret, recurrent_embedding
-from onmt_ext import _autoload
+from onmt_ext import _autoload, cao2019, chen2019, clause_attention, disan, gret, li2019
 from onmt_ext import compile as ext_compile
 from onmt_ext.options import ExtConfig
 from onmt_ext.state import stateful_modules
@@ -67,8 +66,8 @@ class ExtTransformerEncoder(_ExtConfigured, TransformerEncoder):
     """
 
     _stock = TransformerEncoder
-    _mechanisms = (aggregation.attach_encoder, cross_aggregation.attach_encoder, directional.attach_encoder,
-                   recurrent_embedding.attach_encoder, clause_attention.attach_encoder, gret.attach_encoder)
+    _mechanisms = (li2019.attach_encoder, cao2019.attach_encoder, disan.attach_encoder, chen2019.attach_encoder,
+                   clause_attention.attach_encoder, gret.attach_encoder)
 
     def forward(self, src, src_len=None):
         """The stock forward; with GRET the final state is the global state ``(batch, d_model)``."""
@@ -100,7 +99,7 @@ class ExtTransformerDecoder(_ExtConfigured, TransformerDecoder):
     """
 
     _stock = TransformerDecoder
-    _mechanisms = (aggregation.attach_decoder, cross_aggregation.attach_decoder, recurrent_embedding.attach_decoder,
+    _mechanisms = (li2019.attach_decoder, cao2019.attach_decoder, chen2019.attach_decoder,
                    gret.attach_decoder)
 
     _stateful = None  # the stateful sub-modules, found again by each init_state

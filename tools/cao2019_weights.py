@@ -14,7 +14,7 @@ This tool makes that observable.  For each checkpoint (trained with
 sentences, captures the masked attention logits each cross-aggregation
 layer receives, and recomputes from them, for every T asked for, the
 coupling coefficients C of the T-th routing iteration
-(:func:`onmt_ext.cross_aggregation.routing_weights`, the routing core
+(:func:`onmt_ext.cao2019.routing_weights`, the routing core
 itself).  It reports the share of coefficients below each threshold,
 separately for the vertical routing (H heads per position) and the
 horizontal one (l + 1 positions per head at position l), over all layers
@@ -43,7 +43,7 @@ def _fail(message):
 
 def _layers(model):
     """The cross-aggregation modules of the encoder, keyed by their 1-based layer numbers."""
-    from onmt_ext.cross_aggregation import CrossAggregation
+    from onmt_ext.cao2019 import CrossAggregation
 
     return {number: layer.self_attn.softmax for number, layer in enumerate(model.encoder.transformer, start=1)
             if isinstance(layer.self_attn.softmax, CrossAggregation)}
@@ -56,7 +56,7 @@ def near_zero_shares(model, vocabs, sentences, iterations, thresholds, batch_siz
     "weights": n}}}`` for the routings the model has (vertical needs a learned
     head weight, i.e. ``-cao2019_vertical``; horizontal ``-cao2019_horizontal``).
     """
-    from onmt_ext.cross_aggregation import routing_weights
+    from onmt_ext.cao2019 import routing_weights
 
     layers = _layers(model)
     if not layers:

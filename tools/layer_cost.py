@@ -52,7 +52,7 @@ def child(args):
     import torch
     from onmt.encoders.transformer import TransformerEncoderLayer
 
-    from onmt_ext.cross_aggregation import CrossAggregation
+    from onmt_ext.cao2019 import CrossAggregation
 
     device = torch.device(f"cuda:{args.gpu}" if args.gpu >= 0 else "cpu")
     torch.manual_seed(0)
@@ -65,7 +65,7 @@ def child(args):
         layer.self_attn.softmax, set_clauses = _clause_softmax(args, device)
         layer.self_attn.self_attn_type = "scaled-dot"
     elif args.variant.startswith("li2019-"):
-        from onmt_ext.aggregation import RoutingAggregation
+        from onmt_ext.li2019 import RoutingAggregation
 
         method = args.variant.split("-", 1)[1]
         layer.self_attn.final_linear = RoutingAggregation(args.heads, args.d_model, args.d_model, method).to(device)

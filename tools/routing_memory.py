@@ -133,7 +133,7 @@ def _loss(model, batch, autocast):
 def child(case, recompute, measure, args):
     import torch
 
-    from onmt_ext.aggregation import RoutingAggregation
+    from onmt_ext.li2019 import RoutingAggregation
 
     torch.set_num_threads(args.threads)
     model, batch, autocast = _setup(case, recompute, args)
@@ -186,7 +186,7 @@ def time_routing(args):
     under autocast, stored and recomputed in alternation, ``--repeats`` times each; the fastest of each."""
     import torch
 
-    from onmt_ext.aggregation import RoutingAggregation
+    from onmt_ext.li2019 import RoutingAggregation
 
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)

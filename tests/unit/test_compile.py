@@ -20,12 +20,12 @@ import torch
 
 import support
 from onmt_ext import compile as ext_compile
-from onmt_ext.aggregation import aggregate_heads
+from onmt_ext.li2019 import aggregate_heads
 from onmt_ext.clause_attention import clause_mix
-from onmt_ext.cross_aggregation import causal_step, cross_aggregate
-from onmt_ext.directional import directional_softmax
+from onmt_ext.cao2019 import causal_step, cross_aggregate
+from onmt_ext.disan import directional_softmax
 from onmt_ext.gret import fuse, global_summary
-from onmt_ext.recurrent_embedding import recurrent_output
+from onmt_ext.chen2019 import recurrent_output
 
 sys.path.insert(0, str(support.REPO / "tools"))
 from routing_memory import SavedBytes  # noqa: E402

@@ -12,8 +12,8 @@ be finite.
 import pytest
 import torch
 
-from onmt_ext.aggregation import RoutingAggregation
-from onmt_ext.cross_aggregation import CrossAggregation
+from onmt_ext.li2019 import RoutingAggregation
+from onmt_ext.cao2019 import CrossAggregation
 from onmt_ext.gret import GlobalRepresentation
 
 BATCH, LENGTH, D_MODEL, HEADS = 2, 4, 16, 4

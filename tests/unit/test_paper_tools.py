@@ -307,9 +307,9 @@ def test_layer_cost_times_the_variant_s_own_mechanism_and_reports_the_median(var
     import types
 
     import layer_cost
-    from onmt_ext.aggregation import RoutingAggregation
+    from onmt_ext.li2019 import RoutingAggregation
     from onmt_ext.clause_attention import ClauseAttention
-    from onmt_ext.cross_aggregation import CrossAggregation
+    from onmt_ext.cao2019 import CrossAggregation
 
     calls = []
     for cls in (RoutingAggregation, ClauseAttention, CrossAggregation):

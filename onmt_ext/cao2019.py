@@ -288,7 +288,7 @@ def causal_step(scores, previous, routing_sum, head_weight, horizontal, init, it
     return _probabilities(total, scores.dtype), rows, routing_sum
 
 
-initialisation.register("onmt_ext.cross_aggregation.CrossAggregation",
+initialisation.register("onmt_ext.cao2019.CrossAggregation",
                         lambda m: {"head_weight": initialisation.ZEROS} if m.vertical else {})
 
 

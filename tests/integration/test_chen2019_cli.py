@@ -1,13 +1,13 @@
 """chen2019's options through ``onmt_train``: a bad value stops the command with a clean error.
 
-Moved out of tests/unit/test_recurrent_embedding.py (unit/ runs in-process only): ``onmt_train`` with
+Moved out of tests/unit/test_chen2019.py (unit/ runs in-process only): ``onmt_train`` with
 ``-chen2019_enc rpehead`` and an RPE size ``-chen2019_dim`` that the layout cannot use exits non-zero with the
 options named and no traceback.  The smoke config and the ``ext_transformer`` options come from
-tests/unit/test_recurrent_embedding.py.
+tests/unit/test_chen2019.py.
 """
 
 import support
-from unit.test_recurrent_embedding import EXT, SMOKE
+from unit.test_chen2019 import EXT, SMOKE
 
 
 def test_bad_option_value_is_a_clean_cli_error(sample_data, tmp_path):

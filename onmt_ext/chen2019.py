@@ -386,11 +386,11 @@ def restrict_heads(layer_norm, attention, heads):
     return HeadwiseNorm(dim, heads, eps, kind)
 
 
-initialisation.register("onmt_ext.recurrent_embedding.RecurrentPositionalEmbeddings", _rules)
-initialisation.register("onmt_ext.recurrent_embedding.BlockDiagonalLinear",
+initialisation.register("onmt_ext.chen2019.RecurrentPositionalEmbeddings", _rules)
+initialisation.register("onmt_ext.chen2019.BlockDiagonalLinear",
                         lambda m: {"weight": initialisation.GLOROT,
                                    **({"bias": initialisation.ZEROS} if m.bias is not None else {})})
-initialisation.register("onmt_ext.recurrent_embedding.HeadwiseNorm",
+initialisation.register("onmt_ext.chen2019.HeadwiseNorm",
                         lambda m: {"weight": initialisation.ONES,
                                    **({"bias": initialisation.ZEROS} if m.bias is not None else {})})
 

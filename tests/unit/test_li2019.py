@@ -8,7 +8,7 @@ import torch
 
 import support
 from onmt_ext import options
-from onmt_ext.aggregation import RoutingAggregation
+from onmt_ext.li2019 import RoutingAggregation
 
 sys.path.insert(0, str(support.REPO / "tools"))
 from routing_memory import SavedBytes  # noqa: E402

@@ -1,6 +1,6 @@
 """chen2019 recurrent positional embeddings: layouts, the BiRNN and padding, decoding state, head isolation, options.
 
-A bad option value through ``onmt_train`` is in tests/integration/test_recurrent_embedding_cli.py, which
+A bad option value through ``onmt_train`` is in tests/integration/test_chen2019_cli.py, which
 imports ``SMOKE`` and ``EXT`` from here.
 """
 
@@ -11,7 +11,7 @@ import torch
 
 import support
 from onmt_ext import options
-from onmt_ext.recurrent_embedding import BlockDiagonalLinear, HeadwiseNorm, RecurrentPositionalEmbeddings, combine
+from onmt_ext.chen2019 import BlockDiagonalLinear, HeadwiseNorm, RecurrentPositionalEmbeddings, combine
 
 SMOKE = "yaml_configs/smoke/baseline/transformer_base_wmt14_ende.yaml"
 EXT = ["-encoder_type", "ext_transformer", "-decoder_type", "ext_transformer"]
@@ -140,7 +140,7 @@ def test_cpu_autocast_both_sides_and_step_by_step(cell, onmt_active):
 
 
 def test_sru_follows_its_recurrence_and_ignores_padding_on_the_source_side(onmt_active):
-    from onmt_ext.recurrent_embedding import SRU
+    from onmt_ext.chen2019 import SRU
 
     torch.manual_seed(0)
     sru = SRU(4, 3)
@@ -240,7 +240,7 @@ def test_pe_off_on_both_sides_is_the_stock_model_without_the_encoding_but_with_i
 def test_only_the_listed_side_loses_its_position_encoding(sample_data, onmt_active):
     from onmt.modules.embeddings import PositionalEncoding
 
-    from onmt_ext.recurrent_embedding import EmbeddingScale
+    from onmt_ext.chen2019 import EmbeddingScale
 
     opt = support.load_train_opts(SMOKE, *EXT, "-chen2019_pe_off", "dec")
     model = support.build_model(opt, support.load_vocabs(opt))

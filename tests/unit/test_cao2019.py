@@ -8,7 +8,7 @@ import torch
 
 import support
 from onmt_ext import options
-from onmt_ext.cross_aggregation import CausalCrossAggregation, CrossAggregation
+from onmt_ext.cao2019 import CausalCrossAggregation, CrossAggregation
 from onmt_ext.routing import simple_routing
 
 SMOKE = "yaml_configs/smoke/baseline/transformer_base_wmt17_zhen.yaml"
@@ -76,10 +76,10 @@ def test_with_the_routing_outputs_at_zero_the_default_layer_is_stocks_attention(
                                                                                 monkeypatch):
     """With cao2019_scale at its option default and both routings' outputs neutralised, E_hat = E must be the
     stock layer's energy: OpenNMT-py's 1 / sqrt(d_k) (issue 37: the old default divided it by sqrt(H) more)."""
-    from onmt_ext import cross_aggregation
+    from onmt_ext import cao2019
 
-    monkeypatch.setattr(cross_aggregation, "vertical_output", lambda logits, *a, **k: torch.zeros_like(logits))
-    monkeypatch.setattr(cross_aggregation, "horizontal_output", lambda logits, *a, **k: torch.zeros_like(logits))
+    monkeypatch.setattr(cao2019, "vertical_output", lambda logits, *a, **k: torch.zeros_like(logits))
+    monkeypatch.setattr(cao2019, "horizontal_output", lambda logits, *a, **k: torch.zeros_like(logits))
     extra = ["-cao2019_dec_self", "true"] if dec_self else []
     opt = support.load_train_opts(SMOKE, *EXT, "-cao2019_vertical", "true", "-cao2019_horizontal", "true", *extra)
     assert opt.cao2019_scale == "head"
@@ -240,7 +240,7 @@ def _coupling_reference(scores, n, iterations, init):
 
 @pytest.mark.parametrize("iterations, init", [(1, "zero"), (1, "self"), (3, "zero"), (4, "self")])
 def test_routing_weights_are_the_couplings_of_the_last_iteration_without_padding(iterations, init):
-    from onmt_ext.cross_aggregation import routing_weights
+    from onmt_ext.cao2019 import routing_weights
 
     lengths = [5, 3]
     scores = _scores(lengths)
