@@ -359,8 +359,9 @@ def test_map_state_beam_tiling(model_and_vocabs, under_autocast):
 
 # Steps of training before the console-script checks: the models must end most
 # translations with EOS.  At toy size 100 steps do for the baselines and for
-# encoder-side mechanisms; with routing in the decoder most outputs still loop
-# at 200 steps, so configs with a decoder-side onmt-ext option get 300.
+# encoder-side mechanisms; with routing in the decoder, or a decoder without
+# position encoding (chen2019_pe_off dec), most outputs still loop at 200 steps,
+# so those configs get 300.
 TRAIN_STEPS, DECODER_MECHANISM_TRAIN_STEPS = 100, 300
 SENTENCES = 40
 
@@ -370,7 +371,7 @@ def _train_steps(config):
 
     opt = support.cached_train_opts(config)
     decoder_side = any(spec.side == "decoder" and getattr(opt, spec.name, spec.default) != spec.default
-                       for spec in OPTION_SPECS)
+                       for spec in OPTION_SPECS) or "dec" in getattr(opt, "chen2019_pe_off", [])
     return DECODER_MECHANISM_TRAIN_STEPS if decoder_side else TRAIN_STEPS
 
 
