@@ -59,9 +59,19 @@ OPTION_SPECS: List[OptionSpec] = []
 #: Checks over several options: ``check(opt) -> list of messages``.
 COMBINATION_CHECKS: List[Callable[[Any], List[str]]] = []
 
+#: The order of the mechanisms' options in ``-help``, checks and messages, whatever order their modules are
+#: imported in (a test or tool may import any of them first); prefixes not listed follow, as registered.
+MECHANISM_ORDER = ("li2019_", "clause_", "cao2019_", "disan_", "gret_", "chen2019_", "ext_")
+_RANKS: dict = {}
 
-def register_options(specs, combination_check=None):
-    """Add a mechanism's option specs (and optional cross-option check)."""
+
+def _rank(key):
+    prefix = _RANKS.get(key)
+    return MECHANISM_ORDER.index(prefix) if prefix in MECHANISM_ORDER else len(MECHANISM_ORDER)
+
+
+def register_options(specs, combination_check=None, prefix=None):
+    """Add a mechanism's option specs (and optional cross-option check), placed by ``prefix``'s rank."""
     known = {spec.name for spec in OPTION_SPECS}
     for spec in specs:
         if spec.name in known:
@@ -69,9 +79,13 @@ def register_options(specs, combination_check=None):
         if spec.side not in ("encoder", "decoder", "model"):
             raise ValueError(f"onmt-ext option {spec.name!r}: bad side {spec.side!r}")
         OPTION_SPECS.append(spec)
+        _RANKS[spec.name] = prefix
         known.add(spec.name)
+    OPTION_SPECS.sort(key=lambda spec: _rank(spec.name))  # stable: a mechanism's own order is kept
     if combination_check is not None:
         COMBINATION_CHECKS.append(combination_check)
+        _RANKS[combination_check] = prefix
+        COMBINATION_CHECKS.sort(key=_rank)
 
 
 #: Each mechanism's typed options class (see :func:`register_mechanism`) -> ``[(field, option name)]``.
@@ -111,7 +125,7 @@ def register_mechanism(prefix, combination_check=None):
                                     side=meta["side"], choices=meta["choices"], nargs="*" if listed else None,
                                     check=meta["check"]))
             names.append((item.name, name))
-        register_options(specs, combination_check=combination_check)
+        register_options(specs, combination_check=combination_check, prefix=prefix)
         MECHANISM_CONFIGS[cls] = names
         cls.specs = tuple(specs)
         return cls

@@ -18,8 +18,7 @@ from onmt.encoders.transformer import TransformerEncoder
 from onmt.utils.misc import sequence_mask
 
 from onmt_ext import _autoload
-# import order = the order of the options in -help, checks and messages (as before the rename)
-from onmt_ext import li2019, clause_attention, cao2019, disan, gret, chen2019  # noqa: I001
+from onmt_ext import cao2019, chen2019, clause_attention, disan, gret, li2019  # options: options.MECHANISM_ORDER
 from onmt_ext import compile as ext_compile
 from onmt_ext.options import ExtConfig
 from onmt_ext.state import stateful_modules

@@ -6,6 +6,8 @@ throw-away spec (as a mechanism module does at import time) and removes it.
 
 import argparse
 import dataclasses
+import subprocess
+import sys
 from dataclasses import dataclass
 from typing import List
 
@@ -179,6 +181,23 @@ def test_a_checkpoint_with_an_unknown_option_value_is_refused_by_name(onmt_activ
         "em; -chen2019_pe_off ['enc', 'both']: not one of enc, dec; load it with the onmt-ext version that wrote it"]
     opt.li2019_enc_self, opt.chen2019_pe_off = "em", ["enc"]
     assert checkpoint_problems("known.pt", {"opt": opt}) == []
+
+
+def _option_order_after_importing(first):
+    code = (f"import onmt_ext.{first}, onmt_ext.transformer\n"
+            "from onmt_ext import options\n"
+            "print(' '.join(spec.name for spec in options.OPTION_SPECS))\n"
+            "print(' '.join(check.__module__ for check in options.COMBINATION_CHECKS))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return done.stdout
+
+
+def test_the_options_order_does_not_depend_on_which_mechanism_is_imported_first():
+    """CI's workers import the mechanisms in different orders; messages listing several options must not."""
+    orders = {first: _option_order_after_importing(first) for first in ("chen2019", "li2019", "gret")}
+    assert len(set(orders.values())) == 1, orders
+    names = orders["li2019"].split("\n")[0].split()
+    assert names[0].startswith("li2019_") and names[-1] == "ext_compile"
 
 
 def test_duplicate_declaration_is_refused(toy_options):
