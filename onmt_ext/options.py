@@ -88,8 +88,8 @@ def register_options(specs, combination_check=None, prefix=None):
         COMBINATION_CHECKS.sort(key=_rank)
 
 
-#: Each mechanism's typed options class (see :func:`register_mechanism`) -> ``[(field, option name)]``.
-MECHANISM_CONFIGS = {}
+#: The mechanisms' typed options classes (see :func:`register_mechanism`), in registration order.
+MECHANISM_CONFIGS: list = []
 
 
 def option(default, help, *, side="model", choices=None, check=None, name=None):
@@ -115,7 +115,7 @@ def register_mechanism(prefix, combination_check=None):
     """
 
     def register(cls):
-        hints, specs, names = typing.get_type_hints(cls), [], []
+        hints, specs = typing.get_type_hints(cls), []
         for item in fields(cls):
             meta, kind = item.metadata, hints[item.name]
             listed = typing.get_origin(kind) in (list, List)
@@ -124,10 +124,9 @@ def register_mechanism(prefix, combination_check=None):
             specs.append(OptionSpec(name, typing.get_args(kind)[0] if listed else kind, default, meta["help"],
                                     side=meta["side"], choices=meta["choices"], nargs="*" if listed else None,
                                     check=meta["check"]))
-            names.append((item.name, name))
         register_options(specs, combination_check=combination_check, prefix=prefix)
-        MECHANISM_CONFIGS[cls] = names
-        cls.specs = tuple(specs)
+        MECHANISM_CONFIGS.append(cls)
+        cls.specs = tuple(specs)  # in field order: ``zip(fields(cls), cls.specs)`` pairs each field with its option
         return cls
 
     return register
@@ -353,9 +352,9 @@ class ExtConfig:
             attention_dropout=float(_first(opt.attention_dropout)),
             encoder_ext=getattr(opt, "encoder_type", None) == EXT_TYPE,
             decoder_ext=getattr(opt, "decoder_type", None) == EXT_TYPE,
-            sections={cls: cls(**{key: getattr(opt, name, spec.default)
-                                  for (key, name), spec in zip(names, cls.specs)})
-                      for cls, names in MECHANISM_CONFIGS.items()},
+            sections={cls: cls(**{item.name: getattr(opt, spec.name, spec.default)
+                                  for item, spec in zip(fields(cls), cls.specs)})
+                      for cls in MECHANISM_CONFIGS},
             position_encoding_type=getattr(opt, "position_encoding_type", "SinusoidalInterleaved"),
             clause_levels=getattr(opt, "clause_levels", 6),  # an option of the clause_split transform
         )

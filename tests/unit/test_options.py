@@ -42,7 +42,7 @@ SPECS = [
 def toy_options(monkeypatch, onmt_active):
     monkeypatch.setattr(options, "OPTION_SPECS", list(options.OPTION_SPECS))
     monkeypatch.setattr(options, "COMBINATION_CHECKS", list(options.COMBINATION_CHECKS))
-    monkeypatch.setattr(options, "MECHANISM_CONFIGS", dict(options.MECHANISM_CONFIGS))
+    monkeypatch.setattr(options, "MECHANISM_CONFIGS", list(options.MECHANISM_CONFIGS))
     options.register_options(SPECS, combination_check=_no_two)
     return SPECS
 
