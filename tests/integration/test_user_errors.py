@@ -136,7 +136,10 @@ def test_ctrl_c_names_the_last_checkpoint_and_the_resume_command(sample_data, on
             "-valid_steps", "100000", "-report_every", "1"]
     # output to files, not pipes: nobody reads a pipe while it trains, and a full pipe would block onmt_train
     with open(tmp_path / "stdout", "w") as stdout, open(tmp_path / "stderr", "w") as stderr:
-        process = subprocess.Popen(argv, cwd=support.REPO, env=support.cli_env(), stdout=stdout, stderr=stderr)
+        # Ctrl-C's default action in the child: a test run started in the background (`make test-all &`) ignores
+        # SIGINT, and the child would inherit that and train on
+        process = subprocess.Popen(argv, cwd=support.REPO, env=support.cli_env(), stdout=stdout, stderr=stderr,
+                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.time() + 600  # generous: on a loaded 2-core machine start-up alone can take minutes
         # any checkpoint: with -keep_checkpoint the first ones are deleted again within a fraction of a second
