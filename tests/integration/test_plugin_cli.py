@@ -82,10 +82,10 @@ def test_failing_registration_leaves_plain_onmt_working():
     """A step in the middle of activate() fails: the steps before it are undone, OpenNMT-py runs stock."""
     result = _python(
         """
-        import onmt_ext.plugin
+        import onmt_ext.checkpoints, onmt_ext.plugin
         def broken():
             raise RuntimeError("simulated bug")
-        onmt_ext.plugin._check_checkpoints = broken
+        onmt_ext.checkpoints.check_checkpoints = broken
         import onmt, onmt.bin.translate, onmt.trainer
         from onmt.encoders import str2enc
         from onmt_ext import patches
