@@ -13,7 +13,6 @@ Every change goes through :mod:`onmt_ext.patches`; :func:`activate` is idempoten
 """
 
 import importlib
-import sys
 
 from onmt_ext import (batches, checkpoints, clause_attention, command_line, commands, compat, corpus, gret,
                       initialisation, parsing, patches, preprocessing, train_step)
@@ -106,10 +105,7 @@ def _tell_builders_the_vocabs():
 
 def _register_transforms():
     """Add onmt-ext's data transforms (``clause_split``, ``jieba``) to OpenNMT-py's registry."""
-    for name in ("clause_split", "zh_segment"):
-        module = sys.modules.get(f"onmt_ext.{name}")
-        if module is not None and not hasattr(module, "install"):
-            continue  # its import of onmt activated onmt-ext: it registers itself at its end, once this is active
+    for name in ("clause_split", "zh_segment"):  # one whose import activated onmt-ext is at its end: whole
         importlib.import_module(f"onmt_ext.{name}").install()
 
 

@@ -452,3 +452,25 @@ def test_the_torch_setup_command_runs_from_where_the_user_is(tmp_path, monkeypat
     monkeypatch.setattr(sys, "prefix", str(tmp_path / "my venv"))
     assert compat.torch_setup_command(cwd=repo) == f"make VENV='{tmp_path}/my venv' {wanted}"
     assert compat.install_command("spacy==3.8.18") == f"{sys.executable} -m pip install spacy==3.8.18"
+
+
+def test_every_module_that_imports_onmt_as_it_loads_hands_activation_on_at_its_end():
+    """A module of onmt_ext whose top level imports OpenNMT-py may be what triggers the start-up hook; activation
+    then needs it whole: it is in ``_autoload.IMPORTING_ONMT`` and its last statement (before a ``__main__`` block)
+    is ``_autoload.activate_deferred(__name__)``."""
+    import ast
+
+    from onmt_ext import _autoload
+
+    importing, without_the_call = set(), []
+    for path in sorted((support.REPO / "onmt_ext").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names = [alias.name for node in tree.body if isinstance(node, ast.Import) for alias in node.names]
+        names += [node.module for node in tree.body if isinstance(node, ast.ImportFrom) and node.module]
+        if not any(name == "onmt" or name.startswith("onmt.") for name in names):
+            continue
+        importing.add(f"onmt_ext.{path.stem}")
+        body = [node for node in tree.body if not (isinstance(node, ast.If) and "__main__" in ast.unparse(node.test))]
+        if ast.unparse(body[-1]) != "_autoload.activate_deferred(__name__)":
+            without_the_call.append(path.name)
+    assert importing == set(_autoload.IMPORTING_ONMT) and not without_the_call, (importing, without_the_call)
