@@ -64,26 +64,30 @@ def _after_onmt():
         compat.drop_stand_ins()  # onmt's modules keep theirs; later imports see the truth
     except Exception as exc:  # never break plain OpenNMT-py
         _report_failure("tidy up after the torch compatibility fixes", exc)
-    if _initialising(_MODELS):  # importing it imported onmt; activation needs it whole: it calls us at its end
+    if _initialising(IMPORTING_ONMT):  # importing one of them imported onmt; activation needs it whole
         _deferred = True
         return
     _activate()
 
 
-#: the module that activation imports and that itself imports onmt first
-_MODELS = "onmt_ext.transformer"
+#: onmt-ext's modules that import onmt while they initialise and that activation imports (the models, the
+#: transforms it registers): when one of them is what imports onmt, activation waits for its end, where each calls
+#: :func:`activate_deferred` (tests/unit/test_plugin.py checks the list and the calls)
+IMPORTING_ONMT = ("onmt_ext.transformer", "onmt_ext.clause_split", "onmt_ext.zh_segment")
 _deferred = False
 
 
-def _initialising(name):
-    module = sys.modules.get(name)
-    return module is not None and getattr(getattr(module, "__spec__", None), "_initializing", False)
+def _initialising(names):
+    """True while one of the modules ``names`` is being executed by its import."""
+    modules = (sys.modules.get(name) for name in names)
+    return any(getattr(getattr(module, "__spec__", None), "_initializing", False) for module in modules)
 
 
-def activate_deferred():
-    """Called at the end of :data:`_MODELS`: the activation that its own ``import onmt`` had to postpone."""
+def activate_deferred(caller):
+    """The last line of each of :data:`IMPORTING_ONMT` (``caller``, its ``__name__``): the activation that its
+    ``import onmt`` postponed, once no other of them is still initialising (the outermost one activates)."""
     global _deferred
-    if _deferred:
+    if _deferred and not _initialising([name for name in IMPORTING_ONMT if name != caller]):
         _deferred = False
         _activate()
 

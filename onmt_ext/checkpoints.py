@@ -1,21 +1,33 @@
-"""What ``-train_from`` and ``onmt_average_models`` would silently lose or misread, refused in one line.
+"""Loading checkpoints and ``-train_from``, ``onmt_average_models``: what they would silently lose or misread.
 
-* :func:`resume_problems`: a resumed run continues at the checkpoint's step + 1 (step 1 with
-  ``-reset_optim all``); a ``-train_steps`` at or below the checkpoint's step trains one step and exits 0,
-  and the run overwrites ``<save_model>_step_N.pt`` files of later steps.  Both are refused (the second
-  unless ``-overwrite_checkpoints``) before anything is trained.
-* :func:`replaced_tensor_problem`: a mechanism that *replaces* a stock sub-module (li2019's aggregation
-  stands where ``final_linear`` was) cannot start from a checkpoint without it; the error says so instead of
-  blaming the checkpoint's version (:func:`vocabulary_problem`: likewise clause attention, whose transform
-  changes the vocabularies).  Mechanisms that only *add* tensors (GRET, cao2019) fine-tune from a baseline
-  (:func:`onmt_ext.gret.load_with_new_parameters`).
+* Loading: :func:`checkpoint_problems` refuses a file that is no checkpoint, or one of an onmt-ext mechanism or
+  option value this version lacks (:data:`VERSION_KEY` records the writer); tensors that do not fit get one line.
+* :func:`train_from_differences`: a ``-train_from`` run whose architecture or mechanism options
+  (:data:`ARCHITECTURE_OPTIONS`) differ from the checkpoint's is refused; adding a mechanism needs
+  ``--override_opts``.
+* :func:`resume_problems`: a resumed run continues at the checkpoint's step + 1 (step 1 with ``-reset_optim
+  all``); a ``-train_steps`` at or below it, or ``<save_model>_step_N.pt`` files of later steps that the run
+  would overwrite, are refused (the second unless ``-overwrite_checkpoints``).
+* :func:`replaced_tensor_problem`: a mechanism that *replaces* a stock sub-module (li2019) cannot start from a
+  checkpoint without it (:func:`vocabulary_problem`: clause attention's changed vocabularies); mechanisms that
+  only *add* tensors fine-tune from a baseline (:func:`onmt_ext.gret.load_with_new_parameters`).
 * :func:`average_problems`: ``onmt_average_models`` on a missing file, a non-checkpoint, or checkpoints of
   different models; :func:`average` averages tied tensors once (stock: twice).
 """
 
 import os
 
-from onmt_ext.patches import FIX, patch
+import torch
+
+from onmt_ext import __version__
+from onmt_ext.commands import in_command, run_main, step_checkpoints
+from onmt_ext.errors import UsageError, UserError, user_error
+from onmt_ext.options import EXT_TYPE, OPTION_SPECS, choice_problems, validate
+from onmt_ext.parsing import train_parser
+from onmt_ext.patches import FIX, MESSAGE, NEEDED, patch
+
+# OpenNMT-py is imported inside the functions: importing it while this module initialises would activate
+# onmt-ext (onmt_ext._autoload) before this module is whole.
 
 #: Mechanisms that replace a stock sub-module: the onmt-ext module that holds the class -> what it replaces
 #: and why the checkpoint's tensors cannot seed it.
@@ -28,6 +40,200 @@ REPLACING = {
         "DiSAN (-disan_enc) replaces the encoder's self-attention by its directional one, and onmt-ext maps "
         "none of the checkpoint's attention tensors onto it"),
 }
+
+
+# --------------------------------------------------------------------------
+# Loading a checkpoint, and -train_from with other options
+
+
+#: Attribute onmt-ext adds to the saved model options: the version that wrote the checkpoint.
+VERSION_KEY = "onmt_ext_version"
+#: Attributes OpenNMT-py 3.5.1 itself sets on the options it saves that are not ``onmt_train`` options
+#: (found by reading its sources: train_single, report_manager, loss, parse, inputters).
+STOCK_INTERNAL = {"brnn", "data_task", "cuda", "fp32", "gpu", "int8", "model_task", "models", "src", "tgt",
+                  "tensorboard_log_dir_dated", "tgt_file_prefix"}
+_known_dests = None
+
+
+def _option_dests():
+    """Every option name (``dest``) of ``onmt_train`` with onmt-ext active."""
+    global _known_dests
+    if _known_dests is None:
+        _known_dests = {action.dest for action in train_parser()._actions}
+    return _known_dests
+
+
+def _validate_model_opts(stock, cls, model_opt):
+    stock(cls, model_opt)
+    validate(model_opt)
+    setattr(model_opt, VERSION_KEY, __version__)  # saved with the checkpoint
+
+
+def check_on_model_validation():
+    from onmt.utils.parse import ArgumentParser
+
+    patch(ArgumentParser, "validate_model_opts", _validate_model_opts, kind=NEEDED,
+          reason="checks onmt-ext's options wherever OpenNMT-py validates model options (also those of a "
+                 "checkpoint) and records the onmt-ext version in the checkpoint",
+          test="tests/unit/test_options.py::test_checkpoint_with_invalid_options_fails_on_load")
+
+
+def checkpoint_problems(path, checkpoint):
+    """Why an onmt-ext checkpoint cannot be used by this onmt-ext (empty: it can).
+
+    A checkpoint of ``ext_transformer`` whose saved options include names this
+    version does not know, or values of known options outside their choices
+    (e.g. a routing method added later), was written by another (newer)
+    onmt-ext with a mechanism this one lacks; loading it would either fail
+    deep in torch or, worse, silently drop the mechanism.  Stock OpenNMT-py
+    checkpoints are not checked (they must simply work).
+    """
+    opt = checkpoint.get("opt") if isinstance(checkpoint, dict) else None
+    if opt is None or "ext_transformer" not in (getattr(opt, "encoder_type", None), getattr(opt, "decoder_type", None)):
+        return []
+    unknown = sorted(name for name in vars(opt) if name not in _option_dests() and name != VERSION_KEY
+                     and name not in STOCK_INTERNAL and not name.startswith("_"))
+    values = choice_problems(opt)
+    if not unknown and not values:
+        return []
+    written = getattr(opt, VERSION_KEY, None)
+    what = ([f"options this onmt-ext ({__version__}) does not know: {', '.join(unknown)}"] if unknown else []) + \
+        ([f"option values this onmt-ext ({__version__}) does not know: {'; '.join(values)}"] if values else [])
+    return [f"checkpoint {path} was written by onmt-ext {written or '(a version that did not record itself)'} "
+            f"with {' and '.join(what)}; load it with the onmt-ext version that wrote it"]
+
+
+def _load_checkpoint(stock, ckpt_path):
+    """Load a checkpoint; one line naming the file when it is none, or of an unknown onmt-ext mechanism.
+
+    The errors are also of the type stock raises (:func:`user_error`): callers outside the commands catch what
+    they caught before.
+    """
+    if ckpt_path and not os.path.isfile(ckpt_path) and in_command():  # elsewhere: stock's FileNotFoundError
+        raise UsageError(f"{ckpt_path}: no such checkpoint file")
+    try:
+        checkpoint = stock(ckpt_path)
+    except Exception as error:  # torch.load: UnpicklingError, RuntimeError (zip), EOFError, KeyError, ...
+        if not isinstance(error, (torch.serialization.pickle.UnpicklingError, RuntimeError, EOFError, KeyError,
+                                  AttributeError, ValueError, IndexError, TypeError)):
+            raise
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        if "weights_only" in first or "WeightsUnpickler" in first or len(first) > 160:
+            first = type(error).__name__
+        raise user_error(f"{ckpt_path} is not an OpenNMT-py checkpoint that this onmt-ext can read ({first}); "
+                         "give a <model>_step_N.pt file written by onmt_train", type(error)) from None
+    if checkpoint is not None and not (isinstance(checkpoint, dict) and "model" in checkpoint and "opt" in checkpoint):
+        raise user_error(f"{ckpt_path} is not an OpenNMT-py checkpoint (no model and options in it); give a "
+                         "<model>_step_N.pt file written by onmt_train", ValueError)
+    problems = checkpoint_problems(ckpt_path, checkpoint)
+    if problems:
+        raise user_error("\n".join(problems), ValueError)
+    return checkpoint
+
+
+def _load_state_dict_clearly(stock, self, *args, **kwargs):
+    try:
+        return stock(self, *args, **kwargs)
+    except (ValueError, AssertionError) as error:  # stock: missing/extra keys (ValueError), shapes (assert)
+        text = str(error)
+        if not (isinstance(error, AssertionError) or "missing key" in text.lower()
+                or "extra keys" in text.lower()):
+            raise
+        raise user_error(f"the checkpoint's tensors do not fit the model built from its options "
+                         f"({' '.join(text.split()) or 'a tensor has the wrong shape'}); was it written by another "
+                         "version of onmt-ext or OpenNMT-py, or altered?", type(error)) from None
+
+
+def check_checkpoints():
+    """Refuse what is no checkpoint or one of an unknown onmt-ext mechanism; explain state-dict mismatches."""
+    import onmt.model_builder as builder
+    import onmt.train_single as train_single
+    from onmt.models import model_saver
+    from onmt.models.model import BaseModel
+
+    for module in (model_saver, builder, train_single):
+        patch(module, "load_checkpoint", _load_checkpoint, kind=FIX,
+              reason="a file that is no checkpoint ends in a torch traceback that advises weights_only=False; a "
+                     "checkpoint of a mechanism this onmt-ext lacks would load without it",
+              test="tests/integration/test_user_errors.py::test_a_model_file_that_is_no_checkpoint_is_named")
+    patch(BaseModel, "load_state_dict", _load_state_dict_clearly, kind=MESSAGE, order=1,
+          reason="tensors that do not fit the model end in an assertion traceback",
+          test="tests/integration/test_faults.py::test_a_checkpoint_whose_tensors_do_not_fit_gives_a_clear_error")
+
+
+#: Stock options that decide the shape of the model (with every onmt-ext option): a resumed run must keep them.
+ARCHITECTURE_OPTIONS = (
+    "model_type", "encoder_type", "decoder_type", "layers", "enc_layers", "dec_layers", "hidden_size",
+    "enc_hid_size", "dec_hid_size", "word_vec_size", "src_word_vec_size", "tgt_word_vec_size", "heads",
+    "transformer_ff", "position_encoding", "position_encoding_type", "max_relative_positions", "share_embeddings",
+    "share_decoder_embeddings", "self_attn_type", "add_qkvbias", "add_ffnbias", "layer_norm", "norm_eps",
+    "pos_ffn_activation_fn", "num_kv", "parallel_residual", "shared_layer_norm", "rotary_interleave",
+    "rotary_theta", "rotary_dim", "copy_attn", "global_attention", "self_attn_func",
+)
+
+
+def _normalise(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
+def train_from_differences(opt, model_opt):
+    """``(added, differing)`` between the options of a run (``opt``) and of the checkpoint it starts from.
+
+    ``added``: ``(name, value)`` of onmt-ext mechanisms that ``opt`` switches on and the checkpoint does not
+    have (its value is the option's "off" default; ``transformer`` becoming ``ext_transformer`` counts too).
+    ``differing``: ``(name, run value, checkpoint value)`` of every other architecture or mechanism option that
+    differs.
+    """
+    defaults = {spec.name: spec.default for spec in OPTION_SPECS}
+    added, differing = [], []
+    for name in ARCHITECTURE_OPTIONS + tuple(defaults):
+        if not hasattr(opt, name):
+            continue
+        mine, theirs = _normalise(getattr(opt, name)), _normalise(getattr(model_opt, name, defaults.get(name)))
+        if mine == theirs:
+            continue
+        if name in defaults and theirs == defaults[name] or \
+                name in ("encoder_type", "decoder_type") and (theirs, mine) == ("transformer", EXT_TYPE):
+            added.append((name, mine))
+        else:
+            differing.append((name, mine, theirs))
+    return added, differing
+
+
+def _model_opts_checked(stock, opt, checkpoint=None):
+    """``train_single._get_model_opts``, refusing a resumed run whose model options differ from the checkpoint's."""
+    if checkpoint is None:
+        return stock(opt, checkpoint)
+    from onmt.utils.logging import logger
+    from onmt.utils.parse import ArgumentParser
+
+    saved = ArgumentParser.ckpt_model_opts(checkpoint["opt"])
+    ArgumentParser.update_model_opts(saved)
+    added, differing = train_from_differences(opt, saved)
+    if differing:
+        listed = "; ".join(f"-{name} {mine!r} (checkpoint: {theirs!r})" for name, mine, theirs in differing)
+        raise UsageError(f"-train_from {opt.train_from}: these options differ from the checkpoint's: {listed}; "
+                         "set them as the checkpoint has them (a resumed model keeps its shape)")
+    if added and not opt.override_opts:
+        listed = ", ".join(f"-{name} {value!r}" for name, value in added)
+        raise UsageError(f"-train_from {opt.train_from}: the checkpoint has none of {listed}; to fine-tune them "
+                         "from it add --override_opts -reset_optim all, or drop them to resume the checkpoint's model")
+    for name, value in added:
+        logger.info(f"onmt-ext: fine-tuning adds to the checkpoint's model: -{name} {value!r}")
+    return stock(opt, checkpoint)
+
+
+def check_train_from_options():
+    import onmt.train_single as train_single
+
+    patch(train_single, "_get_model_opts", _model_opts_checked, kind=FIX,
+          reason="-train_from silently builds the checkpoint's model when the config's architecture or mechanism "
+                 "options differ (a d=32 config trained a d=64 model)",
+          test="tests/integration/test_user_errors.py::test_train_from_with_other_architecture_options_is_refused")
+
+
+# --------------------------------------------------------------------------
+# Resuming: steps, checkpoints of later steps, replaced modules
 
 
 def checkpoint_step(checkpoint):
@@ -47,8 +253,6 @@ def resume_problems(opt, checkpoint):
     checkpoint without optimiser state).  Refused: ``-train_steps <= s`` (unless ``-single_pass``), and
     ``<save_model>_step_N.pt`` files with ``N`` at or after the first step, unless ``-overwrite_checkpoints``.
     """
-    from onmt_ext.plugin import step_checkpoints
-
     step = checkpoint_step(checkpoint)
     if getattr(opt, "reset_optim", "none") == "all":
         step = None
@@ -73,8 +277,6 @@ def _resume_checked(stock, opt, checkpoint=None):
     if checkpoint is not None:
         problems = resume_problems(opt, checkpoint)
         if problems:
-            from onmt_ext.plugin import UsageError
-
             raise UsageError("\n".join(problems))
     return stock(opt, checkpoint)
 
@@ -142,8 +344,6 @@ def _load_state_dict_checked(stock, self, checkpoint, *args, strict=True, **kwar
     if strict and isinstance(checkpoint, dict) and "model" in checkpoint:
         problem = replaced_tensor_problem(self, checkpoint) or vocabulary_problem(self, checkpoint)
         if problem:
-            from onmt_ext.plugin import UserError
-
             raise UserError(problem)
     return stock(self, checkpoint, *args, strict=strict, **kwargs)
 
@@ -155,8 +355,6 @@ def _load_state_dict_checked(stock, self, checkpoint, *args, strict=True, **kwar
 def _load_lazily(path):
     """``torch.load`` of ``path`` on the CPU, memory-mapped where the format allows (only names and shapes are
     read)."""
-    import torch
-
     try:
         return torch.load(path, map_location="cpu", mmap=True)
     except RuntimeError:  # the legacy (non-zip) format cannot be memory-mapped
@@ -165,9 +363,6 @@ def _load_lazily(path):
 
 def _signature(checkpoint):
     """``(architecture and mechanism options, {tensor name: shape})`` of a checkpoint."""
-    from onmt_ext.options import OPTION_SPECS
-    from onmt_ext.plugin import ARCHITECTURE_OPTIONS
-
     opt = checkpoint["opt"]
     defaults = {spec.name: spec.default for spec in OPTION_SPECS}
     options = {name: getattr(opt, name, defaults.get(name)) for name in ARCHITECTURE_OPTIONS + tuple(defaults)}
@@ -220,8 +415,6 @@ def average(model_files, fp32=False):
     one tensor.  Stock updates it once per name, so its tied weights came out as ``a/4 + 3b/4`` for two
     checkpoints.
     """
-    import torch
-
     final = None
     for i, path in enumerate(model_files):
         checkpoint = torch.load(path, map_location="cpu")
@@ -246,25 +439,21 @@ def _average_checked(stock, model_files, fp32=False):
     averages tied tensors twice)."""
     problems = average_problems(model_files)
     if problems:
-        from onmt_ext.plugin import UsageError
-
         raise UsageError("\n".join(problems))
     return average(model_files, fp32)
 
 
 def install():
-    """Register the checks (the ``load_state_dict`` check as the first layer, before onmt_ext.plugin's)."""
+    """Register the checks (the ``load_state_dict`` check as the first layer, before :func:`check_checkpoints`' and GRET's)."""
     import onmt.train_single as train_single
     from onmt.bin import average_models
     from onmt.models.model import BaseModel
-
-    from onmt_ext.plugin import _run_main
 
     patch(train_single, "_get_model_opts", _resume_checked, kind=FIX, order=1,  # after the options' check
           reason="-train_from with -train_steps at or below the checkpoint's step trains one step and exits 0; a "
                  "resumed run overwrites the same run's checkpoints of later steps without a word",
           test="tests/integration/test_checkpoints_cli.py::test_a_resumed_run_never_overwrites_later_checkpoints")
-    patch(BaseModel, "load_state_dict", _load_state_dict_checked, kind=FIX, order=0,  # before plugin's two layers
+    patch(BaseModel, "load_state_dict", _load_state_dict_checked, kind=FIX, order=0,  # before check_checkpoints' and GRET's
           reason="fine-tuning li2019 (or DiSAN, or clause attention) from a checkpoint without it ends in 'was it "
                  "written by another version ... or altered?' although the mechanism replaced the checkpoint's "
                  "final_linear (clause_split: the vocabularies were rebuilt)",
@@ -274,5 +463,5 @@ def install():
                  "or KeyError traceback (or average unrelated tensors); tied weights (-share_decoder_embeddings) "
                  "are averaged twice, so the target embeddings and generator come out wrong",
           test="tests/integration/test_checkpoints_cli.py::test_average_models_mistakes_get_one_line")
-    patch(average_models, "main", _run_main, kind=FIX, reason="onmt_average_models' errors end in one line",
+    patch(average_models, "main", run_main, kind=FIX, reason="onmt_average_models' errors end in one line",
           test="tests/integration/test_checkpoints_cli.py::test_average_models_mistakes_get_one_line")

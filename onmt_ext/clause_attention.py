@@ -22,8 +22,10 @@ import torch.nn as nn
 
 from onmt_ext import compile as ext_compile
 from onmt_ext import initialisation
+from onmt_ext.errors import UsageError
 from onmt_ext.options import (layers_check, option, options_without_effect, register_mechanism,
                               selected_layers, tensor_parallel_problems)
+from onmt_ext.patches import NEEDED, patch
 
 MIXINGS = ("scalar", "gate")
 TRANSFORM = "clause_split"
@@ -283,3 +285,45 @@ def attach_encoder(encoder, config):
             attention.register_forward_pre_hook(softmax.remember_query, with_kwargs=True)
         attention.softmax = softmax
         attention.self_attn_type = "scaled-dot"  # the fused SDPA/flash path never forms the scores
+
+
+# ---------------------------------------------------------------------------
+# Translation: the source split as in training
+
+
+#: clause_split options that must be the same at translation as in training.
+_SPLIT_OPTIONS = ("clause_lang", "clause_levels")
+
+
+def translation_split_problems(opt, model_opt):
+    """Messages when ``opt`` (onmt_translate) would not split the source as ``model_opt`` (training) did."""
+    if not getattr(model_opt, "clause_attention", False):
+        return []
+    if TRANSFORM not in (getattr(opt, "transforms", None) or []):
+        trained = getattr(model_opt, "transforms", None) or []
+        return [f"this model has clause attention: translate with the transforms it was trained with "
+                f"(-transforms {' '.join(trained)}) and the same -clause_* options"]
+    problems = [f"-{name} {getattr(opt, name, None)!r} differs from training ({getattr(model_opt, name, None)!r})"
+                for name in _SPLIT_OPTIONS if getattr(opt, name, None) != getattr(model_opt, name, None)]
+    if bool(getattr(opt, "clause_tagger_model", "")) != bool(getattr(model_opt, "clause_tagger_model", "")):
+        problems.append(f"-clause_tagger_model {getattr(opt, 'clause_tagger_model', '')!r}: training used "
+                        f"{getattr(model_opt, 'clause_tagger_model', '') or 'the rules (no tagger)'!r}")
+    return problems
+
+
+def _load_test_model_split_checked(stock, opt, *args, **kwargs):
+    vocabs, model, model_opt = stock(opt, *args, **kwargs)
+    problems = translation_split_problems(opt, model_opt)
+    if problems:
+        raise UsageError("\n".join(problems))
+    return vocabs, model, model_opt
+
+
+def check_translation_split():
+    """Refuse to translate with clause attention unless the source is split as in training."""
+    import onmt.model_builder as builder
+
+    # order 0: checks what the -ext_compile layer (order 1) returns
+    patch(builder, "load_test_model", _load_test_model_split_checked, kind=NEEDED, order=0,
+          reason="a clause-attention model must translate a source split as in its training",
+          test="tests/unit/test_clause_attention.py::test_translation_must_split_as_training")

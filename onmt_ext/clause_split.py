@@ -21,6 +21,7 @@ import warnings
 import zlib
 from collections import namedtuple
 
+from onmt_ext import _autoload
 from onmt_ext.compat import install_command
 
 # ---------------------------------------------------------------------------
@@ -826,7 +827,5 @@ def install():
               test="tests/unit/test_clause_split.py::test_registered_with_options_and_reimport_is_harmless")
 
 
-from onmt_ext import plugin  # noqa: E402
-
-if plugin.is_active():  # this module's import of onmt activated onmt-ext (see plugin._register_transforms)
-    install()
+# When importing this module was what imported onmt, the start-up hook waited for it (onmt_ext._autoload)
+_autoload.activate_deferred(__name__)

@@ -1,7 +1,7 @@
 """Command-line mistakes that stock OpenNMT-py takes silently or ends in a traceback, found before any work.
 
 * :func:`repeated_option_messages`: an option written twice on a command's own command line (argparse
-  keeps the last value without a word); called by the strict parse of :mod:`onmt_ext.plugin`.
+  keeps the last value without a word); called by the strict parse of :mod:`onmt_ext.parsing`.
 * :func:`existing_vocab_messages`: ``onmt_build_vocab`` counts the whole sample and only then stops with a
   32-line ``OSError`` traceback when a vocabulary file exists and ``-overwrite`` is not given.
 """
@@ -9,6 +9,7 @@
 import argparse
 import os
 
+from onmt_ext.errors import UsageError
 from onmt_ext.patches import FIX, patch
 
 #: argparse actions that are meant to be given several times.
@@ -51,8 +52,6 @@ def _build_vocab_checked(stock, opts, *args, **kwargs):
     """``onmt.bin.build_vocab.build_vocab_main``: refuse existing vocabularies before counting."""
     problems = existing_vocab_messages(opts)
     if problems:
-        from onmt_ext.plugin import UsageError
-
         raise UsageError("\n".join(problems))
     return stock(opts, *args, **kwargs)
 

@@ -378,7 +378,7 @@ def explain_position_limit():
     ``PositionalEncoding.forward`` checks the length itself (the stock check
     reports the size of the wrong dimension); ``Translator._run_encoder``
     adds the 1-based line numbers of the too-long sources of the batch;
-    :func:`onmt_ext.plugin.activate`'s command wrapper turns the error into a
+    the command wrapper (:func:`onmt_ext.commands._run_command`) turns the error into a
     one-line exit.  Idempotent.
     """
     from onmt.modules.embeddings import PositionalEncoding

@@ -20,6 +20,7 @@ import torch.nn as nn
 from onmt_ext import compile as ext_compile
 from onmt_ext import initialisation
 from onmt_ext.options import EXT_TYPE, option, options_without_effect, register_mechanism
+from onmt_ext.patches import NEEDED, patch
 from onmt_ext.routing import simple_routing
 from onmt_ext.state import DecodingStateModule
 
@@ -311,3 +312,18 @@ def _initialise(model, names):
     """Initialise the new tensors ``names`` as a fresh model has them: each by its stated rule
     (:mod:`onmt_ext.initialisation`); buffers keep the value their constructor gave them."""
     initialisation.initialise(model, set(names))
+
+
+def _load_state_dict_with_new_parameters(stock, self, *args, **kwargs):
+    return load_with_new_parameters(stock)(self, *args, **kwargs)
+
+
+def load_checkpoints_with_new_parameters():
+    """Let ``-train_from`` a baseline checkpoint initialise the new tensors of mechanisms
+    (:func:`load_with_new_parameters`)."""
+    from onmt.models.model import BaseModel
+
+    patch(BaseModel, "load_state_dict", _load_state_dict_with_new_parameters, kind=NEEDED, order=2,
+          reason="fine-tuning a mechanism from a baseline checkpoint (GRET) initialises the tensors the baseline "
+                 "lacks and logs them",
+          test="tests/integration/test_cli_pipeline.py::test_gret_fine_tunes_from_a_baseline_checkpoint")

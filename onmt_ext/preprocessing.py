@@ -20,6 +20,8 @@ import os
 import re
 import sys
 
+from onmt_ext.errors import UsageError
+
 #: Transforms that decide the source tokens a model reads: translation must repeat them.
 SHAPING = ("jieba", "sentencepiece", "bpe", "onmt_tokenize", "clause_split")
 #: The subword transforms among them.
@@ -156,8 +158,6 @@ def mismatches(opt, model_opt):
 
 def _transforms_of_training(stock, cls, opt):
     """``ArgumentParser._get_all_transform_translate``: training's shaping transforms, or a check of the given ones."""
-    from onmt_ext.plugin import UsageError
-
     model = (getattr(opt, "models", None) or [None])[0]
     model_opt = checkpoint_options(model)
     if model_opt is None:

@@ -146,4 +146,4 @@ class ExtTransformerDecoder(_ExtConfigured, TransformerDecoder):
 
 
 # When importing this module was what imported onmt, the start-up hook waited for it (onmt_ext._autoload)
-_autoload.activate_deferred()
+_autoload.activate_deferred(__name__)

@@ -16,6 +16,8 @@ import tempfile
 import onmt.transforms
 from onmt.transforms.transform import Transform
 
+from onmt_ext import _autoload
+
 TRANSFORM_NAME = "jieba"
 SIDES = ("src", "tgt", "both")
 #: CJK radicals, punctuation, kana, ideographs (with extension A and compatibility) and full-width forms.
@@ -120,10 +122,8 @@ def main(lines=None, out=None):
         out.write(" ".join(segment(line)) + "\n")
 
 
-from onmt_ext import plugin  # noqa: E402
-
-if plugin.is_active():  # this module's import of onmt activated onmt-ext (see plugin._register_transforms)
-    install()
+# When importing this module was what imported onmt, the start-up hook waited for it (onmt_ext._autoload)
+_autoload.activate_deferred(__name__)
 
 if __name__ == "__main__":
     main()

@@ -173,14 +173,14 @@ def one_error_line(result, command, status):
 
 def train_parser():
     """OpenNMT-py's ``onmt_train`` parser (with onmt-ext's options when active)."""
-    from onmt_ext.plugin import train_parser as parser
+    from onmt_ext.parsing import train_parser as parser
 
     return parser()
 
 
 def load_train_opts(config, *overrides):
     """Parse a repository-relative YAML config (plus overrides) as ``onmt_train`` does."""
-    from onmt_ext.plugin import parse_train_config
+    from onmt_ext.parsing import parse_train_config
 
     return parse_train_config(REPO / config, *overrides)
 

@@ -129,7 +129,7 @@ def with_tying(opt, tying):
 def paper_match(configs):
     """Rows ``(config, source, paper total, config's tying, {tying: total at the paper's vocabulary}, closest)``
     for the configs of ``PAPER_TOTALS``; a config not in it is an error."""
-    from onmt_ext.plugin import parse_train_config
+    from onmt_ext.parsing import parse_train_config
 
     rows = []
     for config in configs:
@@ -146,7 +146,7 @@ def paper_match(configs):
 
 def report(configs, vocab_size, overrides=()):
     """Rows ``(config, parameters, baseline parameters, delta)``; ``overrides`` apply to every config."""
-    from onmt_ext.plugin import parse_train_config
+    from onmt_ext.parsing import parse_train_config
 
     rows = []
     for config in configs:

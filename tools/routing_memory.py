@@ -87,7 +87,7 @@ def _setup(case, recompute, args):
     from onmt.model_builder import build_base_model
     from onmt.transforms import get_specials, get_transforms_cls
 
-    from onmt_ext.plugin import parse_train_config
+    from onmt_ext.parsing import parse_train_config
 
     os.chdir(REPO)  # the configs' paths are relative to the repository
     overrides = ["-src_vocab", "build/tatoeba/vocab.zh", "-tgt_vocab", "build/tatoeba/vocab.en"]

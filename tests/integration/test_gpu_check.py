@@ -177,7 +177,7 @@ def test_junit_counts(tmp_path):
 def test_gpu_configs_parse_strictly(tmp_path, onmt_active, monkeypatch):
     """Section b's Base configs as a GPU run writes them: the paper's model, the check's batches and workers,
     pre-encoded repeated data, and -ext_compile on the compiled runs only."""
-    from onmt_ext.plugin import parse_train_config
+    from onmt_ext.parsing import parse_train_config
 
     def encode(model, path, out):  # a stand-in corpus of 10 lines of 3 pieces: the names and counts matter here
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -41,18 +41,22 @@ def test_hook_registers_types_on_first_onmt_import():
     assert result.stdout.split() == ["ExtTransformerEncoder", "ExtTransformerDecoder"]
 
 
-def test_importing_the_models_module_first_still_activates():
-    # onmt_ext.transformer imports onmt, whose hook activates onmt-ext, which needs onmt_ext.transformer whole
+@pytest.mark.parametrize("first", ["onmt_ext.transformer", "onmt_ext.clause_split", "onmt_ext.zh_segment"])
+def test_importing_a_module_that_imports_onmt_first_still_activates(first):
+    # it imports onmt, whose hook activates onmt-ext, which needs the module whole: activation waits for its end
     result = _python(
-        """
-        import onmt_ext.transformer
+        f"""
+        import {first}
         from onmt.encoders import str2enc
-        import onmt_ext.plugin
-        print(onmt_ext.plugin.is_active(), str2enc["ext_transformer"] is onmt_ext.transformer.ExtTransformerEncoder)
+        from onmt.transforms import AVAILABLE_TRANSFORMS
+        import onmt_ext.clause_split, onmt_ext.plugin, onmt_ext.transformer, onmt_ext.zh_segment
+        print(onmt_ext.plugin.is_active(), str2enc["ext_transformer"] is onmt_ext.transformer.ExtTransformerEncoder,
+              AVAILABLE_TRANSFORMS["clause_split"] is onmt_ext.clause_split.ClauseSplitTransform,
+              AVAILABLE_TRANSFORMS["jieba"] is onmt_ext.zh_segment.JiebaTransform)
         """
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["True", "True"] and "could not" not in result.stderr, result.stderr
+    assert result.stdout.split() == ["True"] * 4 and "could not" not in result.stderr, result.stderr
 
 
 def test_hook_survives_a_lookup_of_onmt_before_its_import():
@@ -82,10 +86,10 @@ def test_failing_registration_leaves_plain_onmt_working():
     """A step in the middle of activate() fails: the steps before it are undone, OpenNMT-py runs stock."""
     result = _python(
         """
-        import onmt_ext.plugin
+        import onmt_ext.checkpoints, onmt_ext.plugin
         def broken():
             raise RuntimeError("simulated bug")
-        onmt_ext.plugin._check_checkpoints = broken
+        onmt_ext.checkpoints.check_checkpoints = broken
         import onmt, onmt.bin.translate, onmt.trainer
         from onmt.encoders import str2enc
         from onmt_ext import patches

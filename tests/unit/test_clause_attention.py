@@ -158,7 +158,7 @@ def test_option_checks(kw, message, onmt_active):
 
 
 def test_translation_must_split_as_training(onmt_active):
-    from onmt_ext.plugin import translation_split_problems
+    from onmt_ext.clause_attention import translation_split_problems
 
     trained = argparse.Namespace(clause_attention=True, transforms=["sentencepiece", "clause_split"],
                                  clause_lang="zh", clause_levels=6, clause_tagger_model="")

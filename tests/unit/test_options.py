@@ -171,7 +171,7 @@ def test_values_outside_the_choices_are_problems_not_only_argparse_errors(toy_op
 
 
 def test_a_checkpoint_with_an_unknown_option_value_is_refused_by_name(onmt_active):
-    from onmt_ext.plugin import checkpoint_problems
+    from onmt_ext.checkpoints import checkpoint_problems
 
     opt = argparse.Namespace(encoder_type=EXT_TYPE, decoder_type=EXT_TYPE, li2019_enc_self="em2",
                              chen2019_pe_off=["enc", "both"], onmt_ext_version="9.0.0")

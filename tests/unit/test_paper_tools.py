@@ -168,7 +168,7 @@ def test_reproduction_rejects_a_gpu_count_that_breaks_the_batch():
 
 @pytest.mark.parametrize("size", ["smoke", "paper"])
 def test_bench_configs_parse_strictly_and_keep_the_mechanism(size, tmp_path, onmt_active):
-    from onmt_ext.plugin import parse_train_config
+    from onmt_ext.parsing import parse_train_config
 
     args = argparse.Namespace(warmup_steps=10, steps=20, batch_size=512, gpu=-1)
     for case in bench.SUITES["li2019"]:
@@ -186,7 +186,7 @@ def test_bench_configs_parse_strictly_and_keep_the_mechanism(size, tmp_path, onm
 
 @pytest.mark.parametrize("suite", sorted(bench.SUITES))
 def test_every_bench_suite_has_a_stock_baseline_and_parses_strictly(suite, tmp_path, onmt_active, monkeypatch):
-    from onmt_ext.plugin import parse_train_config
+    from onmt_ext.parsing import parse_train_config
 
     # the pre-encoded corpora of the clause suite: only their names matter here, not a full encoding pass
     monkeypatch.setattr(bench, "encode_file", lambda model, path, out: out.parent.mkdir(exist_ok=True) or out.touch())
@@ -202,7 +202,7 @@ def test_every_bench_suite_has_a_stock_baseline_and_parses_strictly(suite, tmp_p
 
 
 def test_the_bench_control_is_the_baseline_under_its_own_name(tmp_path, onmt_active):
-    from onmt_ext.plugin import parse_train_config
+    from onmt_ext.parsing import parse_train_config
 
     args = argparse.Namespace(warmup_steps=10, steps=20, batch_size=512, gpu=-1)
     for suite in ("li2019", "clause"):

@@ -174,12 +174,12 @@ def test_activating_twice_adds_no_second_wrapper(onmt_active):
     from onmt.trainer import Trainer
     from onmt.utils.parse import ArgumentParser
 
-    from onmt_ext import compat, patches, plugin
+    from onmt_ext import compat, parsing, patches
 
     train, parse = Trainer.train, ArgumentParser.parse_known_args
     count = len(patches.applied())
     compat.resume_data_position()
-    plugin._make_parsing_strict()
+    parsing.make_parsing_strict()
     assert Trainer.train is train and ArgumentParser.parse_known_args is parse
     assert len(patches.applied()) == count
 
@@ -272,7 +272,7 @@ def test_no_onmt_attribute_holds_our_code_unless_the_registry_lists_it(onmt_acti
 
 
 def test_a_failing_middle_step_of_activate_leaves_onmt_stock(stock_onmt):
-    from onmt_ext import patches, plugin
+    from onmt_ext import checkpoints, patches, plugin
 
     _, stock = stock_onmt
     applied_before = []
@@ -282,7 +282,7 @@ def test_a_failing_middle_step_of_activate_leaves_onmt_stock(stock_onmt):
         raise RuntimeError("simulated failure of a middle step")
 
     with pytest.MonkeyPatch.context() as patched:
-        patched.setattr(plugin, "_check_checkpoints", broken)
+        patched.setattr(checkpoints, "check_checkpoints", broken)
         with pytest.raises(RuntimeError, match="middle step"):
             plugin.activate()
     assert len(applied_before) >= 20 and "onmt.trainer.Trainer.train" in applied_before  # steps before it ran

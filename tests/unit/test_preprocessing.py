@@ -74,7 +74,7 @@ def test_missing_transforms_are_taken_from_the_checkpoint(sample_data, onmt_acti
 
 
 def test_a_subword_model_that_is_not_here_stops_translation_in_one_line(sample_data, onmt_active, tmp_path):
-    from onmt_ext.plugin import UsageError
+    from onmt_ext.errors import UsageError
 
     path, trained = _checkpoint(tmp_path, spm_dir=tmp_path / "moved")
     with pytest.raises(UsageError) as error:

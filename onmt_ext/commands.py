@@ -1,0 +1,261 @@
+"""The stock commands (``onmt_train``, ``onmt_translate``, ``onmt_build_vocab``) ending every error in one line.
+
+:func:`one_line_errors` wraps each command's ``main`` in :func:`run_main` (its command line is then parsed
+strictly, :mod:`onmt_ext.parsing`) and its work function in :func:`_run_command`: a
+:class:`~onmt_ext.errors.UserError` or a known error of OpenNMT-py or onmt-ext becomes ``<command>: error: ...``
+(exit 2 usage, 1 run time), and Ctrl-C names the last checkpoint and the command that resumes from it (exit
+130).  Before running, :func:`_check_machine` refuses a GPU option on a torch without CUDA and a transform whose
+package is missing; ``onmt_train`` refuses missing vocabularies and a ``-save_model`` holding another run's
+checkpoints.
+"""
+
+import contextvars
+import glob
+import os
+import re
+import shlex
+import sys
+
+import torch
+
+from onmt_ext.compat import MissingPackageError, missing_package_problems, torch_setup_command
+from onmt_ext.corpus import CorpusError
+from onmt_ext.errors import UsageError, UserError
+from onmt_ext.options import OptionError
+from onmt_ext.patches import FIX, MESSAGE, patch
+
+# OpenNMT-py (and onmt_ext.clause_split, which imports it) is imported inside the functions: importing it while
+# this module initialises would activate onmt-ext (onmt_ext._autoload) before this module is whole.
+
+#: True while the ``main`` of an OpenNMT-py command runs (:func:`run_main`).
+_IN_COMMAND = contextvars.ContextVar("onmt_ext_in_command", default=False)
+
+
+#: The stock entry point modules, by command name.
+COMMANDS = {"onmt.bin.train": "onmt_train", "onmt.bin.translate": "onmt_translate",
+            "onmt.bin.build_vocab": "onmt_build_vocab"}
+
+
+def _run_as_command():
+    """True in ``python -m onmt.bin.<command>``: runpy runs that module as ``__main__``, with its spec."""
+    return getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", None) in COMMANDS
+
+
+def in_command():
+    """True inside an OpenNMT-py command (its ``main``, or ``python -m onmt.bin.<command>``)."""
+    return _IN_COMMAND.get() or _run_as_command()
+
+
+_ERROR_PREFIX = re.compile(r"^(?:(\S+): )?error: ?")
+
+
+def _one_line(prog, text):
+    """``<prog>: error: ...`` for each line of ``text``.
+
+    A leading ``error:`` or ``<prog>: error:`` is not repeated; another
+    command's ``<name>: error:`` (e.g. a transform's) becomes ``<name>:``.
+    """
+    lines = []
+    for line in str(text).strip().splitlines():
+        line = line.strip()
+        if not line or line == "invalid onmt-ext options:":  # the header of OptionError's list
+            continue
+        match = _ERROR_PREFIX.match(line)
+        if match:
+            named = match.group(1)
+            line = line[match.end():] if named in (None, prog) else f"{named}: {line[match.end():]}"
+        lines.append(f"{prog}: error: {line}")
+    return "\n".join(lines)
+
+
+def _run_command(stock, *args, **kwargs):
+    """The stock ``main``/``train``/``translate`` of a command, ending every known error in one line per problem.
+
+    Usage errors exit 2, run-time errors 1; Ctrl-C in ``onmt_train`` names the
+    last checkpoint and the command that resumes from it (exit 130).
+    """
+    from onmt.modules.embeddings import SequenceTooLongError
+
+    from onmt_ext.clause_split import ClauseSplitError
+
+    prog = COMMANDS.get(stock.__module__, os.path.basename(sys.argv[0]))
+    try:
+        return stock(*args, **kwargs)
+    except (UserError, CorpusError) as error:
+        sys.stderr.write(_one_line(prog, getattr(error, "message", error.code)) + "\n")
+        raise SystemExit(getattr(error, "status", 1)) from None
+    except (SequenceTooLongError, MissingPackageError, ClauseSplitError, OptionError) as error:
+        sys.stderr.write(_one_line(prog, error) + "\n")
+        raise SystemExit(1) from None
+    except SystemExit as error:
+        if isinstance(error.code, str):  # sys.exit("message") somewhere: one line with the command's name
+            sys.stderr.write(_one_line(prog, error.code) + "\n")
+            raise SystemExit(1) from None
+        raise
+    except KeyboardInterrupt:
+        _end_interrupted(prog, args)
+    except Exception as error:
+        if not _caused_by_interrupt(error):
+            raise
+        _end_interrupted(prog, args)  # Ctrl-C inside torch.save's writer surfaces as its RuntimeError
+
+
+def run_main(stock, *args, **kwargs):
+    """A command's ``main``: its command line is parsed strictly (:func:`onmt_ext.parsing._parses_strictly`), its errors end in one
+    line (:func:`_run_command`)."""
+    token = _IN_COMMAND.set(True)
+    try:
+        return _run_command(stock, *args, **kwargs)
+    finally:
+        _IN_COMMAND.reset(token)
+
+
+def _caused_by_interrupt(error):
+    """True when ``error`` was raised while a KeyboardInterrupt was being handled (its ``__context__`` chain)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, KeyboardInterrupt):
+            return True
+        seen.add(id(error))
+        error = error.__context__
+    return False
+
+
+def _end_interrupted(prog, args):
+    """One line for Ctrl-C (for ``onmt_train``: the last checkpoint and how to resume), exit 130."""
+    if prog == "onmt_train" and args and hasattr(args[0], "save_model"):
+        sys.stderr.write(f"{prog}: error: {interrupted_message(args[0])}\n")
+    else:
+        sys.stderr.write(f"{prog}: error: interrupted (Ctrl-C)\n")
+    raise SystemExit(130) from None
+
+
+def step_checkpoints(save_model):
+    """``(step, path)`` of the ``<save_model>_step_N.pt`` files, by step."""
+    found = []
+    for path in glob.glob(glob.escape(save_model) + "_step_*.pt"):
+        tail = path[len(save_model) + len("_step_"):-len(".pt")]
+        if tail.isdigit():
+            found.append((int(tail), path))
+    return sorted(found)
+
+
+def _resume_command(last):
+    """The command line of this run with ``-train_from last`` (replacing any ``-train_from``)."""
+    argv, words = sys.argv[1:], []
+    skip = False
+    for word in argv:
+        if skip:
+            skip = False
+            continue
+        if word in ("-train_from", "--train_from"):
+            skip = True
+            continue
+        if word.startswith(("-train_from=", "--train_from=")):
+            continue
+        words.append(word)
+    return shlex.join(["onmt_train", *words, "-train_from", last])
+
+
+def interrupted_message(opt):
+    """What to say when ``onmt_train`` with options ``opt`` is interrupted: the last checkpoint and how to resume."""
+    checkpoints = step_checkpoints(getattr(opt, "save_model", "model"))
+    if not checkpoints:
+        return (f"interrupted before the first checkpoint (-save_checkpoint_steps "
+                f"{getattr(opt, 'save_checkpoint_steps', '?')}); nothing to resume from")
+    step, last = checkpoints[-1]
+    return f"interrupted; the last checkpoint is {last} (step {step}); resume with: {_resume_command(last)}"
+
+
+def cuda_problems(opt):
+    """One message when ``opt`` asks for a GPU (``-gpu``, ``-gpu_ranks``) that this torch cannot give."""
+    asked = [f"-gpu {opt.gpu}"] if isinstance(getattr(opt, "gpu", None), int) and opt.gpu >= 0 else []
+    ranks = getattr(opt, "gpu_ranks", None) or []
+    asked += [f"-gpu_ranks {' '.join(map(str, ranks))}"] if ranks else []
+    if not asked or torch.cuda.is_available():
+        return []
+    if torch.version.cuda is None:
+        why = f"this torch ({torch.__version__}) has no CUDA"
+        fix = (f"drop it to run on the CPU, or install a CUDA build of torch: {torch_setup_command()} "
+               "(SYSTEM_TORCH=1 in place of TORCH= for the machine's own torch; docs/install.md)")
+    else:
+        why = f"torch {torch.__version__} sees no CUDA device"
+        fix = "drop it to run on the CPU, or check the driver and CUDA_VISIBLE_DEVICES"
+    return [f"{' and '.join(asked)}: {why}; {fix}"]
+
+
+def _check_machine(opt):
+    """Refuse (exit 1) a GPU option on a torch without CUDA, and a transform whose package is not installed.
+
+    Run by the commands, not by the option parser: tools parse paper configs
+    that name GPUs on machines without one.
+    """
+    lacking = cuda_problems(opt) + missing_package_problems(opt)
+    if lacking:
+        raise UserError("\n".join(lacking))
+
+
+def _build_vocab_checked(stock, opt, *args, **kwargs):
+    """``onmt.bin.build_vocab.build_vocab_main`` after :func:`_check_machine`."""
+    _check_machine(opt)
+    return stock(opt, *args, **kwargs)
+
+
+def _train_checked(stock, opt, *args, **kwargs):
+    """``onmt.bin.train.train``: refuse missing vocabularies and a -save_model that holds another run's files."""
+    _check_machine(opt)
+    problems = []
+    reads_vocabs = not getattr(opt, "train_from", None) or getattr(opt, "update_vocab", False)
+    for key in ("src_vocab", "tgt_vocab") if reads_vocabs else ():  # a resumed run takes the checkpoint's
+        path = getattr(opt, key, None)
+        if path and not os.path.isfile(path):
+            problems.append(f"-{key} {path}: no such file (onmt_build_vocab -config <your config> writes it)")
+    if problems:
+        raise UsageError("\n".join(problems))
+    existing = step_checkpoints(getattr(opt, "save_model", "model"))
+    if existing and not getattr(opt, "train_from", None) and not getattr(opt, "overwrite_checkpoints", False):
+        shown = ", ".join(path for _, path in existing[:3]) + (", …" if len(existing) > 3 else "")
+        raise UsageError(f"-save_model {opt.save_model}: holds checkpoints of another run ({shown}); resume it with "
+                         f"-train_from {existing[-1][1]}, or pass -overwrite_checkpoints to train over them, or "
+                         "choose another -save_model")
+    return _run_command(stock, opt, *args, **kwargs)
+
+
+def _translate_checked(stock, opt, *args, **kwargs):
+    """``onmt.bin.translate.translate``: one-line errors, and a warning when every translation is empty."""
+    _check_machine(opt)
+    result = _run_command(stock, opt, *args, **kwargs)
+    output = getattr(opt, "output", None)
+    if output and os.path.isfile(output):
+        with open(output, encoding="utf-8", errors="replace") as handle:
+            lines = handle.read().splitlines()
+        if lines and not any(line.strip() for line in lines):
+            from onmt.utils.logging import logger
+
+            logger.warning(f"onmt_translate: every one of the {len(lines)} translations in {output} is empty: is "
+                           "the model trained enough (see its validation accuracy), and do -src and -transforms "
+                           "match what it was trained on?")
+    return result
+
+
+def one_line_errors():
+    from onmt.bin import build_vocab, train, translate
+
+    reason = ("errors a user causes end in one line `<command>: error: ...` (usage: exit 2, run time: exit 1); "
+              "the command line is parsed strictly (see parse_known_args)")
+    machine = ("-gpu/-gpu_ranks on a torch without CUDA end in a misleading error or an AttributeError; a "
+               "transform whose package (spaCy, fasttext) is missing fails deep inside the data loader")
+    machine_test = "tests/integration/test_user_errors.py::test_onmt_works_without_spacy_and_fasttext"
+    test = "tests/integration/test_user_errors.py::test_a_missing_vocabulary_is_named_in_one_line"
+    for module in (train, translate, build_vocab):
+        patch(module, "main", run_main, kind=MESSAGE, reason=reason, test=test)
+    patch(train, "train", _train_checked, kind=FIX, test="tests/integration/test_user_errors.py::"
+          "test_training_into_another_runs_checkpoints_is_refused",
+          reason="a missing -src_vocab ends in a long traceback; training into a -save_model of another run "
+                 "overwrites its checkpoints silently; Ctrl-C ends in a bare KeyboardInterrupt traceback; "
+                 + machine)
+    patch(build_vocab, "build_vocab_main", _build_vocab_checked, kind=MESSAGE, reason=machine, test=machine_test)
+    # order 0: runs before onmt_ext.corpus's source checks (order 1), so that their errors end in one line
+    patch(translate, "translate", _translate_checked, kind=MESSAGE, order=0,
+          test="tests/unit/test_plugin.py::test_all_empty_translations_give_a_warning",
+          reason="a translation whose every line is empty ends without a word; " + machine)

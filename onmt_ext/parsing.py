@@ -1,0 +1,310 @@
+"""Strict option parsing of the stock commands: an unknown, abbreviated, repeated or invalid option stops them.
+
+Stock OpenNMT-py drops unknown YAML keys silently, and argparse's prefix matching lets a misspelt key set another
+option.  :func:`make_parsing_strict` wraps ``ArgumentParser.parse_known_args`` so that a command parsing its own
+command line (or a parser :func:`strict` marked) refuses, in one line each with exit 2 and the closest valid key:
+unknown or misspelt options (:func:`unknown_option_messages`, naming the YAML file and line), repeated YAML keys
+(:func:`duplicate_key_messages`), stock counts below 1 (:func:`stock_option_problems`) and onmt-ext's own option
+checks.  One YAML may serve both ``onmt_build_vocab`` and ``onmt_train``.  :func:`train_parser` and
+:func:`parse_train_config` parse as ``onmt_train`` does, for onmt-ext's tools and tests.
+"""
+
+import difflib
+import functools
+import re
+import sys
+
+import yaml
+
+from onmt_ext.command_line import repeated_option_messages
+from onmt_ext.commands import in_command
+from onmt_ext.compat import save_format_problems
+from onmt_ext.options import check_options
+from onmt_ext.patches import FIX, NEEDED, patch
+
+# OpenNMT-py is imported inside the functions: importing it while this module initialises would activate
+# onmt-ext (onmt_ext._autoload) before this module is whole.
+
+def _option_names(parser):
+    """All option names a parser accepts, without leading dashes."""
+    return {s.lstrip("-") for s in parser._option_string_actions}
+
+
+_SHARED_CONFIG_NAMES = None
+
+
+def _shared_config_names():
+    """Options of onmt_train and onmt_build_vocab together.
+
+    OpenNMT-py's documented practice is one YAML for both commands, so each of
+    them must accept (and ignore) the other's keys; a key known to neither is
+    an error.
+    """
+    global _SHARED_CONFIG_NAMES
+    if _SHARED_CONFIG_NAMES is None:
+        from onmt.opts import data_prepare_opts, train_opts
+        from onmt.utils.parse import ArgumentParser
+
+        names = set()
+        for build in (train_opts, lambda p: data_prepare_opts(p, build_vocab_only=True)):
+            parser = ArgumentParser()
+            build(parser)
+            names |= _option_names(parser)
+        _SHARED_CONFIG_NAMES = names
+    return _SHARED_CONFIG_NAMES
+
+
+def _config_key_lines(path):
+    """Map each top-level key of a YAML config to its 1-based line number."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            node = yaml.compose(handle)
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return {}
+    if not isinstance(node, yaml.MappingNode):
+        return {}
+    return {key.value: key.start_mark.line + 1 for key, _ in node.value}
+
+
+def duplicate_key_messages(path):
+    """``key 'x' is set 2 times in <path>, lines 3 and 9`` for each mapping key written more than once (any depth).
+
+    PyYAML keeps the last value of a repeated key without a word.
+    """
+    try:
+        with open(path, encoding="utf-8") as handle:
+            root = yaml.compose(handle)
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return []
+    messages, stack = [], [("", root)]
+    while stack:
+        prefix, node = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            lines = {}
+            for key, value in node.value:
+                name = f"{prefix}{key.value}"
+                lines.setdefault(name, []).append(key.start_mark.line + 1)
+                stack.append((f"{name}.", value))
+            for name, where in lines.items():
+                if len(where) > 1:
+                    listed = ", ".join(map(str, where[:-1])) + f" and {where[-1]}"
+                    messages.append(f"key '{name}' is set {len(where)} times in {path}, lines {listed}; "
+                                    "YAML would keep the last value silently: keep one")
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((prefix, item) for item in node.value)
+    return sorted(messages)
+
+
+def _config_paths(args):
+    """Config files named on the command line (``-config``/``--config``)."""
+    paths = []
+    for i, arg in enumerate(args):
+        if arg in ("-config", "--config") and i + 1 < len(args):
+            paths.append(args[i + 1])
+        elif arg.startswith(("-config=", "--config=")):
+            paths.append(arg.split("=", 1)[1])
+    return paths
+
+
+def _config_locations(args):
+    """``{key: (config path, line)}`` of the top-level keys of the config files named in ``args`` (first wins)."""
+    key_lines = {}
+    for path in _config_paths(args):
+        for key, line in _config_key_lines(path).items():
+            key_lines.setdefault(key, (path, line))
+    return key_lines
+
+
+def _where_set(name, args, key_lines):
+    """``in <config>, line N`` when option ``name`` comes from a config file, else ``on the command line``."""
+    if name in key_lines and not any(a.lstrip("-").split("=", 1)[0] == name for a in args):
+        path, line = key_lines[name]
+        return f"in {path}, line {line}"
+    return "on the command line"
+
+
+_ARGUMENT_ERROR = re.compile(r"^argument (\S+): (.*)$", re.S)
+
+
+def _usage_error(parser, args, message):
+    """argparse's ``error`` for a strict parse: one line, without the usage (100 lines for onmt_translate).
+
+    A bad value from a config file names the file and line: ``key 'x' in <config>, line N: invalid choice: ...``.
+    """
+    match = _ARGUMENT_ERROR.match(message)
+    if match:
+        name = match.group(1).split("/")[0].lstrip("-")
+        where = _where_set(name, args, _config_locations(args))
+        if where != "on the command line":
+            message = f"key '{name}' {where}: {match.group(2)}"
+    parser.exit(2, f"{parser.prog}: error: {' '.join(message.split())}\n")
+
+
+def unknown_option_messages(unknown, valid_names, args):
+    """Describe each unknown option: where it was written and what was meant.
+
+    Args:
+        unknown: leftovers of ``parse_known_args`` (``--key=value`` for YAML
+            keys, raw tokens for the command line).
+        valid_names: accepted option names without dashes.
+        args: the command-line arguments (to find the config files).
+    Returns:
+        list of messages, one per unknown option or stray value.
+    """
+    key_lines = _config_locations(args)
+    messages = []
+    previous_unknown = False
+    for token in unknown:
+        if not token.startswith("-"):
+            if not previous_unknown:  # the value of an unknown option is not news
+                messages.append(f"unexpected value {token!r} (no option takes it)")
+            previous_unknown = False
+            continue
+        name = token.lstrip("-").split("=", 1)[0]
+        previous_unknown = name not in valid_names and "=" not in token
+        if name in valid_names:
+            continue
+        where = _where_set(name, args, key_lines)
+        close = sorted(n for n in valid_names if n.startswith(name))[:3]  # an abbreviation first
+        close = close or difflib.get_close_matches(name, sorted(valid_names), n=1, cutoff=0.6)
+        hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+        messages.append(f"unknown option '{name}' {where}{hint}")
+    return messages
+
+
+def _misspelt_dashes(parser, unknown):
+    """Leftover tokens that name one of this parser's options with the wrong dashes.
+
+    argparse consumes every option string it knows, so a leftover such as
+    ``-override_opts`` (OpenNMT-py spells it ``--override_opts`` or
+    ``-override-opts``) would otherwise pass as a known name and be dropped.
+    """
+    messages = []
+    for token in unknown:
+        name = token.split("=", 1)[0]
+        if not name.startswith("-"):
+            continue
+        action = next((a for s, a in parser._option_string_actions.items() if s.lstrip("-") == name.lstrip("-")),
+                      None)
+        if action is not None and name not in parser._option_string_actions:
+            spellings = " or ".join(action.option_strings)
+            messages.append(f"'{name}' is not an option; write {spellings}")
+    return messages
+
+
+#: Counts of stock OpenNMT-py options that 3.5.1 takes without a check and then fails on deep inside (a
+#: modulo by zero, an empty range, an index past a list) when they are below 1.
+_POSITIVE_STOCK_OPTIONS = ("report_every", "valid_steps", "accum_count", "world_size", "beam_size", "n_best",
+                           "max_length")
+
+
+def stock_option_problems(opt):
+    """Messages for stock options that OpenNMT-py 3.5.1 would accept and then crash on (empty: none).
+
+    Each of :data:`_POSITIVE_STOCK_OPTIONS` that ``opt`` has must be at least 1
+    (every element, for a list such as ``accum_count``), and ``-n_best`` cannot
+    exceed ``-beam_size``: beam search keeps only ``beam_size`` finished
+    hypotheses per sentence.
+    """
+    problems = []
+    for name in _POSITIVE_STOCK_OPTIONS:
+        value = getattr(opt, name, None)
+        values = value if isinstance(value, (list, tuple)) else [] if value is None else [value]
+        if any(item < 1 for item in values):
+            problems.append(f"-{name} {' '.join(map(str, values))}: must be >= 1")
+    n_best, beam_size = getattr(opt, "n_best", None), getattr(opt, "beam_size", None)
+    if n_best is not None and beam_size is not None and 1 <= beam_size < n_best:
+        problems.append(f"-n_best {n_best}: must be <= -beam_size ({beam_size})")
+    return problems
+
+
+#: Set on a parser that parses strictly: a command's own, or one that :func:`strict` marked.
+_STRICT = "_onmt_ext_strict"
+
+
+def strict(parser):
+    """Make ``parser`` parse strictly, as the commands do (for onmt-ext's own helpers); returns it."""
+    setattr(parser, _STRICT, True)
+    return parser
+
+
+def _parses_strictly(parser, args):
+    """Strict: a parser that :func:`strict` marked, or an OpenNMT-py command parsing its own command line."""
+    if args is None and in_command():
+        strict(parser)
+    return getattr(parser, _STRICT, False)
+
+
+def _strict_parse_known_args(stock, self, args=None, namespace=None, **kwargs):
+    if not _parses_strictly(self, args):
+        return stock(self, args, namespace, **kwargs)
+    # Abbreviations make a misspelled YAML key or option silently set another option.
+    self.allow_abbrev = False
+    argv = list(sys.argv[1:] if args is None else args)
+    problems = [m for path in _config_paths(argv) for m in duplicate_key_messages(path)]
+    if args is None:  # the command's own command line (a helper's override list may repeat on purpose)
+        problems += repeated_option_messages(self, argv)
+    if problems:
+        self.exit(2, "".join(f"{self.prog}: error: {p}\n" for p in problems))
+    self.error = functools.partial(_usage_error, self, argv)  # one line, not the usage, for a bad or missing value
+    try:
+        opt, unknown = stock(self, args, namespace, **kwargs)
+    finally:
+        del self.error
+    names = _option_names(self)
+    if names & {"train_steps", "n_sample"}:  # onmt_train / onmt_build_vocab
+        names = names | _shared_config_names()
+    problems = unknown_option_messages(unknown, names, argv) + _misspelt_dashes(self, unknown)
+    if argv:
+        problems += stock_option_problems(opt)
+    if hasattr(opt, "encoder_type") and argv:
+        problems += check_options(opt) + save_format_problems(opt)
+    if problems:
+        self.exit(2, "".join(f"{self.prog}: error: {p}\n" for p in problems))
+    return opt, [u for u in unknown if u.lstrip("-").split("=", 1)[0] in names]
+
+
+def _no_abbreviations_when_strict(stock, self, option_string):
+    """argparse (3.11) expands ``-beam`` to ``-beam_size`` even with ``allow_abbrev=False``; a strict parse takes
+    no abbreviation (every other parser: stock)."""
+    return [] if getattr(self, _STRICT, False) else stock(self, option_string)
+
+
+def make_parsing_strict():
+    from onmt.utils.parse import ArgumentParser
+
+    scope = ("in the commands' own parses (onmt_train, onmt_build_vocab, onmt_translate, also as python -m "
+             "onmt.bin.*) and onmt-ext's parse_train_config; every other caller gets stock argparse")
+    patch(ArgumentParser, "parse_known_args", _strict_parse_known_args, kind=NEEDED,
+          test="tests/unit/test_plugin.py::test_only_the_commands_parse_strictly",
+          reason="refuses unknown, misspelled, repeated or invalid options in one line each, instead of ignoring "
+                 "them, " + scope)
+    patch(ArgumentParser, "_get_option_tuples", _no_abbreviations_when_strict, kind=FIX,
+          test="tests/integration/test_user_errors.py::test_abbreviated_options_are_refused_with_a_suggestion",
+          reason="argparse takes -beam for -beam_size and -train_step for -train_steps although abbreviations are "
+                 "off; refused " + scope)
+
+
+def train_parser():
+    """OpenNMT-py's ``onmt_train`` parser (with onmt-ext's options once active), strict as the command's."""
+    import onmt.opts
+    from onmt.utils.parse import ArgumentParser
+
+    parser = ArgumentParser(description="train.py")
+    onmt.opts.train_opts(parser)
+    return strict(parser)
+
+
+def parse_train_config(config, *overrides):
+    """Parse a YAML config (plus command-line style ``overrides``) as ``onmt_train`` does.
+
+    Strict parsing applies (a bad option exits with a message naming it);
+    the model options are then updated and validated like OpenNMT-py's
+    training does.  Returns the ``opt`` namespace.
+    """
+    from onmt.utils.parse import ArgumentParser
+
+    opt, _ = train_parser().parse_known_args(["-config", str(config), *map(str, overrides)])
+    ArgumentParser.update_model_opts(opt)
+    ArgumentParser.validate_model_opts(opt)
+    return opt
