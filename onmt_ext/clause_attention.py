@@ -33,7 +33,7 @@ _MASKED = -1e18  # the fill OpenNMT-py uses for masked scores (scores are float3
 
 # ---------------------------------------------------------------------------
 # The vocabularies of the model being built.  The encoder's ``from_opt`` gets
-# no vocabulary, but it needs the ids of the markers; the plugin wraps
+# no vocabulary, but it needs the ids of the markers; :func:`tell_builders_the_vocabs` wraps
 # ``onmt.model_builder.build_base_model`` in :func:`building_with`.
 
 _VOCABS = []
@@ -317,6 +317,20 @@ def _load_test_model_split_checked(stock, opt, *args, **kwargs):
     if problems:
         raise UsageError("\n".join(problems))
     return vocabs, model, model_opt
+
+
+def _build_base_model_with_vocabs(stock, model_opt, vocabs, *args, **kwargs):
+    with building_with(vocabs):
+        return stock(model_opt, vocabs, *args, **kwargs)
+
+
+def tell_builders_the_vocabs():
+    """Wrap ``build_base_model`` so that clause attention reads its markers' ids while it is built."""
+    import onmt.model_builder as builder
+
+    patch(builder, "build_base_model", _build_base_model_with_vocabs, kind=NEEDED,
+          reason="clause attention reads the ids of the clause markers from the vocabularies while it is built",
+          test="tests/unit/test_clause_attention.py::test_model_has_clause_attention_in_the_selected_layers_only")
 
 
 def check_translation_split():

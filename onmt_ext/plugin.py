@@ -89,20 +89,6 @@ def _model_opts(stock, parser):
                        "onmt_train refuses to start.")
 
 
-def _build_base_model_with_vocabs(stock, model_opt, vocabs, *args, **kwargs):
-    with clause_attention.building_with(vocabs):
-        return stock(model_opt, vocabs, *args, **kwargs)
-
-
-def _tell_builders_the_vocabs():
-    """Wrap ``build_base_model`` so that mechanisms can read the vocabularies (clause markers' ids)."""
-    import onmt.model_builder as builder
-
-    patch(builder, "build_base_model", _build_base_model_with_vocabs, kind=NEEDED,
-          reason="clause attention reads the ids of the clause markers from the vocabularies while it is built",
-          test="tests/unit/test_clause_attention.py::test_model_has_clause_attention_in_the_selected_layers_only")
-
-
 def _register_transforms():
     """Add onmt-ext's data transforms (``clause_split``, ``jieba``) to OpenNMT-py's registry."""
     for name in ("clause_split", "zh_segment"):  # one whose import activated onmt-ext is at its end: whole
@@ -150,7 +136,7 @@ def _activate():
     checkpoints.install()  # resuming, fine-tuning a replaced module, onmt_average_models (after check_checkpoints)
     command_line.install()
     _register_transforms()
-    _tell_builders_the_vocabs()
+    clause_attention.tell_builders_the_vocabs()
     initialisation.install()  # the mechanisms' stated initialisation, after OpenNMT-py's own
     clause_attention.check_translation_split()
     preprocessing.install()  # onmt_translate repeats (or checks) the checkpoint's source preprocessing
