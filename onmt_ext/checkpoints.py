@@ -19,7 +19,7 @@ import os
 
 import torch
 
-from onmt_ext import __version__
+from onmt_ext import __version__, preprocessing
 from onmt_ext.commands import in_command, run_main, step_checkpoints
 from onmt_ext.errors import UsageError, UserError, user_error
 from onmt_ext.options import EXT_TYPE, OPTION_SPECS, choice_problems, validate
@@ -48,6 +48,8 @@ REPLACING = {
 
 #: Attribute onmt-ext adds to the saved model options: the version that wrote the checkpoint.
 VERSION_KEY = "onmt_ext_version"
+#: What onmt-ext records in the options a checkpoint saves, beside the options themselves.
+RECORDS = (VERSION_KEY, preprocessing.SEGMENTED_KEY)
 #: Attributes OpenNMT-py 3.5.1 itself sets on the options it saves that are not ``onmt_train`` options
 #: (found by reading its sources: train_single, report_manager, loss, parse, inputters).
 STOCK_INTERNAL = {"brnn", "data_task", "cuda", "fp32", "gpu", "int8", "model_task", "models", "src", "tgt",
@@ -67,6 +69,7 @@ def _validate_model_opts(stock, cls, model_opt):
     stock(cls, model_opt)
     validate(model_opt)
     setattr(model_opt, VERSION_KEY, __version__)  # saved with the checkpoint
+    preprocessing.record_training_source(model_opt)  # so is whether its source was segmented Chinese
 
 
 def check_on_model_validation():
@@ -91,7 +94,7 @@ def checkpoint_problems(path, checkpoint):
     opt = checkpoint.get("opt") if isinstance(checkpoint, dict) else None
     if opt is None or "ext_transformer" not in (getattr(opt, "encoder_type", None), getattr(opt, "decoder_type", None)):
         return []
-    unknown = sorted(name for name in vars(opt) if name not in _option_dests() and name != VERSION_KEY
+    unknown = sorted(name for name in vars(opt) if name not in _option_dests() and name not in RECORDS
                      and name not in STOCK_INTERNAL and not name.startswith("_"))
     values = choice_problems(opt)
     if not unknown and not values:

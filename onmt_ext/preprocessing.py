@@ -9,8 +9,8 @@ forgetting ``-transforms sentencepiece`` gives garbage with exit status 0.
   every option left at its default; a file they need that is not here stops
   the command in one line.  A ``-src`` that holds subword pieces already is
   translated as it is.  A model trained on Chinese segmented beforehand (its
-  training source holds spaces between words) also gets ``jieba
-  -jieba_keep_segmented`` in front;
+  training source holds spaces between words, as recorded at training) also
+  gets ``jieba -jieba_keep_segmented`` in front;
 * ``-transforms`` given: one warning line per difference from training (the
   transforms, a subword model file, unsegmented Chinese for such a model).
 """
@@ -59,8 +59,23 @@ def holds_subword_marks(path, limit=_SAMPLE_LINES):
         return False
 
 
+#: Saved in a checkpoint's options at training: :func:`trained_on_segmented_chinese` then ("": it was not), so that
+#: translation knows without the training source (which may be gone, or on another machine).
+SEGMENTED_KEY = "onmt_ext_segmented_source"
+
+
+def record_training_source(model_opt):
+    """Store :func:`trained_on_segmented_chinese` in ``model_opt`` (kept when already there, as in a checkpoint)."""
+    if getattr(model_opt, SEGMENTED_KEY, None) is None:
+        setattr(model_opt, SEGMENTED_KEY, trained_on_segmented_chinese(model_opt) or "")
+
+
 def trained_on_segmented_chinese(model_opt):
-    """The training source file of ``model_opt`` when it is Chinese segmented beforehand (else ``None``)."""
+    """The training source file of ``model_opt`` when it is Chinese segmented beforehand (else ``None``): as
+    recorded at training (:data:`SEGMENTED_KEY`), or, for a checkpoint without the record, as that file reads now."""
+    recorded = getattr(model_opt, SEGMENTED_KEY, None)
+    if recorded is not None:
+        return recorded or None
     data = getattr(model_opt, "data", None) or {}
     if isinstance(data, str):  # as parsed; onmt_train's validation (whose result the checkpoint keeps) reads it
         import yaml

@@ -6,6 +6,7 @@ import shutil
 import pytest
 import torch
 
+from onmt_ext.preprocessing import SEGMENTED_KEY, record_training_source
 from tests import support
 
 DEMO = "yaml_configs/demo/tatoeba_zhen.yaml"
@@ -27,6 +28,8 @@ def _checkpoint(tmp_path, *overrides, spm_dir=None, train_src=None):
                                   "-tgt_subword_model", spm_dir / "spm.en.model", *overrides)
     opt.data = {"corpus_1": {"path_src": str(train_src or tmp_path / "gone.zh"), "path_tgt": "x"},
                 "valid": {"path_src": "y", "path_tgt": "z"}}
+    setattr(opt, SEGMENTED_KEY, None)  # recorded again for this data, as training records it
+    record_training_source(opt)
     path = tmp_path / "model_step_1.pt"
     torch.save({"model": {}, "generator": {}, "opt": opt}, path)
     return path, opt
@@ -178,6 +181,27 @@ def test_raw_chinese_into_a_model_of_segmented_chinese_is_segmented(sample_data,
     assert pipe.apply({"src": [RAW], "tgt": None})["src"] == words.encode(" ".join(segment(RAW)), out_type=str)
     for line in _lines(sample_data / "test.zh")[:200]:
         assert pipe.apply({"src": line.split(" "), "tgt": None})["src"] == words.encode(line, out_type=str)
+
+
+def test_the_segmented_training_source_is_known_after_the_file_is_gone(sample_data, onmt_active, tmp_path):
+    """Training records that its source was segmented Chinese: a checkpoint moved to another machine, or whose
+    training data was deleted, still gets jieba in front; a checkpoint without the record reads the file."""
+    path = _demo_checkpoint(sample_data, tmp_path)
+    (tmp_path / "train.zh").unlink()
+    assert _transforms_of(_translate_opt("-model", path)) == ["jieba", "sentencepiece"]
+    old = torch.load(path, weights_only=False)
+    delattr(old["opt"], SEGMENTED_KEY)  # as written before the record existed: the file decides, and it is gone
+    torch.save(old, path)
+    assert _transforms_of(_translate_opt("-model", path)) == ["sentencepiece"]
+
+
+def test_training_records_whether_its_source_is_segmented_chinese(sample_data, onmt_active, tmp_path):
+    opt = support.load_train_opts(DEMO)
+    assert getattr(opt, SEGMENTED_KEY) == "build/tatoeba/train.zh"
+    english = tmp_path / "en-zh.yaml"  # the other direction: an English source
+    english.write_text((support.REPO / DEMO).read_text(encoding="utf-8").replace("train.zh", "train.en"),
+                       encoding="utf-8")
+    assert getattr(support.load_train_opts(english), SEGMENTED_KEY) == ""
 
 
 def test_raw_chinese_with_transforms_lacking_jieba_is_named(sample_data, onmt_active, tmp_path, capsys):
