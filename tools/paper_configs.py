@@ -240,8 +240,8 @@ def _epochs(batch, epochs, pairs):
 PAPERS = (
     Paper("li2019", "Li et al. 2019, information aggregation for multi-head attention with routing-by-agreement",
           ("wmt14_ende", "wmt17_zhen"), _li2019_rows(),
-          vocab_size=0, vocab_note="li2019 sec. 5: BPE with 32K merges for both pairs and no vocabulary cap: every "
-                                   "BPE entry (0: no cap)"),
+          vocab_size=0, vocab_note="li2019 sec. 5.2.1: BPE with 32K merges for both pairs, no vocabulary cap "
+                                   "named: every BPE entry (0: no cap)"),
     # sec. 4.1: 2048 tokens per batch, gradients accumulated 12 times, on 2 GPUs (one GPU: 24 times)
     Paper("cao2019", "Cao, Zhao and Yu 2019, cross aggregation of multi-head attention",
           ("wmt14_ende", "wmt17_zhen"), _cao2019_rows(),
@@ -251,7 +251,7 @@ PAPERS = (
           # sec. 4.1: Zh-En keeps the pairs "with the sentence length less than 50", a corpus step named before
           # BPE: words, filtered by prepare_data before BPE (train.lt50.*), not BPE pieces at training time
           task_subsets={"wmt17_zhen": "lt50"},
-          vocab_size=0, vocab_note="cao2019 sec. 4.1: BPE with 32K merges and no vocabulary cap: every BPE entry "
+          vocab_size=0, vocab_note="cao2019 sec. 4.1: BPE with 32K merges, no vocabulary cap named: every BPE entry "
                                    "(0: no cap)"),
     # sec. 5.1: "approximately 4096*4 source tokens and 4096*4 target tokens" per batch, 200k batches
     Paper("chen2019", "Chen, Wang, Utiyama and Sumita 2019, recurrent positional embedding",
