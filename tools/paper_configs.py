@@ -64,6 +64,9 @@ class Paper:
     sizes: tuple = SIZES
     batch_note: str = ""  # replaces the baseline's comment on the batch when run_options set it
     task_options: dict = field(default_factory=dict)  # task -> run settings of that task's paper configs
+    vocab_size: int = None  # src/tgt_vocab_size of the paper configs (0: no cap); None keeps the baseline's
+    vocab_note: str = ""  # what the paper says about its vocabularies, the comment above the cap
+    task_subsets: dict = field(default_factory=dict)  # task -> a LengthSubset name of prepare_data: train on it
 
     def run_settings(self, task):
         """``run_options`` with the task's own settings on top."""
@@ -236,32 +239,42 @@ def _epochs(batch, epochs, pairs):
 
 PAPERS = (
     Paper("li2019", "Li et al. 2019, information aggregation for multi-head attention with routing-by-agreement",
-          ("wmt14_ende", "wmt17_zhen"), _li2019_rows()),
+          ("wmt14_ende", "wmt17_zhen"), _li2019_rows(),
+          vocab_size=0, vocab_note="li2019 sec. 5.2.1: BPE with 32K merges for both pairs, no vocabulary cap "
+                                   "named: every BPE entry (0: no cap)"),
     # sec. 4.1: 2048 tokens per batch, gradients accumulated 12 times, on 2 GPUs (one GPU: 24 times)
     Paper("cao2019", "Cao, Zhao and Yu 2019, cross aggregation of multi-head attention",
           ("wmt14_ende", "wmt17_zhen"), _cao2019_rows(),
           {"batch_size": 2048, "valid_batch_size": 2048, "accum_count": [24]}, sizes=("base",),
           batch_note="cao2019 sec. 4.1: 2048 tokens per batch, 12 accumulations, 2 GPUs; accum_count is the "
                      "one-GPU equivalent (make reproduce-* divides it by GPUS)",
-          # sec. 4.1: Zh-En keeps the pairs "with the sentence length less than 50" (BPE pieces here);
-          # filtertoolong keeps src <= src_seq_length and tgt <= tgt_seq_length - 2
-          task_options={"wmt17_zhen": {"src_seq_length": 49, "tgt_seq_length": 51}}),
+          # sec. 4.1: Zh-En keeps the pairs "with the sentence length less than 50", a corpus step named before
+          # BPE: words, filtered by prepare_data before BPE (train.lt50.*), not BPE pieces at training time
+          task_subsets={"wmt17_zhen": "lt50"},
+          vocab_size=0, vocab_note="cao2019 sec. 4.1: BPE with 32K merges, no vocabulary cap named: every BPE entry "
+                                   "(0: no cap)"),
     # sec. 5.1: "approximately 4096*4 source tokens and 4096*4 target tokens" per batch, 200k batches
     Paper("chen2019", "Chen, Wang, Utiyama and Sumita 2019, recurrent positional embedding",
           ("wmt14_ende", "nist_zhen"), _chen2019_rows(),
           {"batch_size": 4096, "valid_batch_size": 4096, "accum_count": [4]},
+          vocab_size=32000, vocab_note="chen2019 sec. 5.1: BPE, \"the vocabulary size was set as 32K\" (each side; "
+                                       "rarer BPE entries become <unk>)",
           batch_note="chen2019 sec. 5.1: about 4096 x 4 source and 4096 x 4 target tokens per batch; accum_count is "
                      "the one-GPU equivalent (make reproduce-* divides it by GPUS)"),
     # Base and Big on four tasks (the paper reports Big on En-De); the ablations at Base on En-De
     Paper("gret", "Weng et al. 2020, GRET: global representation enhanced Transformer",
-          ("wmt14_ende", "wmt14_deen", "wmt17_zhen", "wmt16_roen"), _gret_rows()),
+          ("wmt14_ende", "wmt14_deen", "wmt17_zhen", "wmt16_roen"), _gret_rows(),
+          vocab_size=32000, vocab_note="GRET: BPE on all pairs, vocabulary \"limited to\" a size whose digits our "
+                                       "copy lost; 32K is our choice (docs/gret.md)"),
     # Table 2 of the clause paper: batch size (sentences) and epochs per task; Table 1: training pairs.  One GPU.
     Paper("clause", "Clause attention based on signal words division (anonymous), CA with rule and with study",
           ("niutrans_enzh", "wmt16_ende", "wmt15_envi"), _clause_rows(), sizes=("base",),
           batch_note="clause paper Table 2: batch size in sentences, trained for its epochs "
                      "(train_steps = epochs x training pairs of Table 1 / batch size), one GPU",
           task_options={"niutrans_enzh": _epochs(200, 380, 80000), "wmt16_ende": _epochs(256, 1600, 20000),
-                        "wmt15_envi": _epochs(160, 168, 100000)}),
+                        "wmt15_envi": _epochs(160, 168, 100000)},
+          vocab_size=0, vocab_note="the clause paper says nothing of subwords or vocabularies: the task's 32K BPE "
+                                   "merges and every BPE entry (0: no cap; docs/clause.md)"),
 )
 
 
@@ -329,6 +342,21 @@ def render(paper, row, size, task, smoke):
         for key, value in row_settings.items():
             if _has_key(text, key):
                 text = _set_key(text, key, value, base_path)
+    changed = ["the block below"]  # what differs from the baseline, for the header
+    if run_options.keys() & {"batch_size", "accum_count"}:
+        changed.append("the batch settings")
+    if paper.vocab_size is not None and not smoke and yaml.safe_load(text)["src_vocab_size"] != paper.vocab_size:
+        changed.append("the vocabulary cap")
+    if paper.vocab_size is not None and not smoke:
+        text = _set_key(text, "src_vocab_size", paper.vocab_size, base_path)
+        text = _set_key(text, "tgt_vocab_size", paper.vocab_size, base_path)
+        text = re.sub(r"^(#[^\n]*\n)*(?=src_vocab_size:)", f"# {paper.vocab_note}\n", text, count=1, flags=re.M)
+    subset = paper.task_subsets.get(task)
+    if subset and not smoke:  # the training corpus only; the valid set is the paper's whole dev set
+        text, count = re.subn(r"^(\s+path_(?:src|tgt): \S+/)train\.bpe\.", rf"\1train.{subset}.bpe.", text, flags=re.M)
+        if count != 2:
+            raise SystemExit(f"{base_path}: expected one training corpus (path_src, path_tgt) to read {subset} from")
+        changed.append(f"the training corpus (its {subset} subset)")
     if row.source_suffix and not smoke:
         text = re.sub(r"^(\s+path_src: \S+)$", rf"\1{row.source_suffix}", text, flags=re.M)
     for key in [k for k in mechanism if _has_key(text, k)]:  # a stock option (e.g. transforms): set in place
@@ -338,8 +366,8 @@ def render(paper, row, size, task, smoke):
                   f"# on the shipped Tatoeba sample (built from yaml_configs/smoke/baseline/{base_name}).\n")
     else:
         header = (f"# {paper.title}.\n# {row.description}.\n"
-                  f"# Transformer-{size.capitalize()} on {task}: everything but the block below"
-                  f"{' and the batch settings' if run_options.keys() & {'batch_size', 'accum_count'} else ''}"
+                  f"# Transformer-{size.capitalize()} on {task}: everything but "
+                  f"{', '.join(changed[:-1]) + ' and ' if len(changed) > 1 else ''}{changed[-1]}"
                   f" is yaml_configs/baseline/{base_name}.\n")
     header += "# Generated by tools/paper_configs.py: edit the row there, not this file.\n"
     extra = {} if smoke else {k: v for k, v in {**run_options, **row_settings}.items() if not _has_key(text, k)}

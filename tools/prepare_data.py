@@ -34,10 +34,14 @@ what changed is redone):
     Training pairs with an empty side, more than ``max_len`` tokens on a side,
     or a token-count ratio above ``ratio`` are dropped (as Moses'
     ``clean-corpus-n.perl``); the counts are written to ``clean/stats.json``.
+    A task's ``subsets`` (a paper's own length filter, e.g. cao2019's Zh-En
+    pairs under 50 words) are written beside it as ``clean/train.<name>.<lang>``,
+    counting words (tokens of this step's input), before BPE.
 ``bpe``
     Learn BPE with subword-nmt (``merges`` operations, 32K as the papers;
     joint over both languages, or one model per language for Chinese-English)
-    and apply it: ``{train,valid,test}.bpe.<lang>``; the tokenized test
+    and apply it: ``{train,valid,test}.bpe.<lang>`` (and ``train.<subset>.bpe.<lang>``
+    with the same codes); the tokenized test
     reference ``test.tok.<tgt>`` and the raw one ``test.<tgt>`` (detokenized
     with sacremoses for a corpus released tokenized), the layout
     ``tools/reproduce.py`` reads.
@@ -135,6 +139,24 @@ class SacrebleuSet:
 
 
 @dataclass(frozen=True)
+class LengthSubset:
+    """Training pairs of at most ``max_words`` words on each side, a paper's own filter (``note`` cites it).
+
+    Words are the tokens of the tokenized text (Moses tokens; jieba words for Chinese), counted before BPE,
+    where the paper applies its filter; the subset is written as ``train.<name>.bpe.<lang>``.
+    """
+
+    name: str
+    max_words: int
+    note: str
+
+
+#: cao2019 sec. 4.1: of WMT17 Zh-En's 20.6M pairs it keeps "those with the sentence length less than 50", a step
+#: of the corpus named before BPE: pairs of at most 49 words on both sides.
+CAO2019_ZHEN = LengthSubset("lt50", 49, "cao2019 sec. 4.1: pairs with sentences shorter than 50 words")
+
+
+@dataclass(frozen=True)
 class Task:
     """One translation task: languages, training corpora, dev and test sets and preprocessing settings."""
 
@@ -151,6 +173,7 @@ class Task:
     test_lines: int = None  # keep only the first lines of the test set (the CPU chain test)
     manual: str = ""  # corpora the user must supply, said when a step cannot find them
     notes: tuple = field(default_factory=tuple)
+    subsets: tuple = ()  # LengthSubset: a paper's own length filter of the training pairs, before BPE
 
 
 #: Download locations.  The pinned SHA-256 sums were taken from public download scripts that verify these
@@ -208,7 +231,7 @@ TASKS = {
                        SacrebleuSet("wmt16/dev", "ro-en"), SacrebleuSet("wmt16", "ro-en")),
     "wmt17_zhen": Task("zh", "en", (Parallel("nc-v12", "training/news-commentary-v12.zh-en.{lang}"),),
                        SacrebleuSet("wmt17/dev", "zh-en"), SacrebleuSet("wmt17", "zh-en"),
-                       joint_bpe=False, ratio=9.0, manual=WMT17_EXTRA,
+                       joint_bpe=False, ratio=9.0, manual=WMT17_EXTRA, subsets=(CAO2019_ZHEN,),
                        notes=("without WMT17_EXTRA_DIR only News Commentary v12 (about 0.2M pairs) is used",)),
     "wmt15_envi": Task("en", "vi", (Parallel("iwslt15-en-vi-train.{lang}"),),
                        Parallel("iwslt15-en-vi-tst2012.{lang}"), Parallel("iwslt15-en-vi-tst2013.{lang}"),
@@ -777,7 +800,11 @@ def keep_pair(src, tgt, max_len, ratio):
 
 
 def clean(task_name):
-    """Step ``clean``: length- and ratio-filtered training pairs in ``clean/``, counts in ``clean/stats.json``."""
+    """Step ``clean``: length- and ratio-filtered training pairs in ``clean/``, counts in ``clean/stats.json``.
+
+    Each of the task's ``subsets`` keeps the cleaned pairs of at most ``max_words`` tokens on both sides
+    (``clean/train.<name>.<lang>``, counted before BPE as the paper does).
+    """
     task = TASKS[task_name]
     base = task_dir(task_name)
     src_lines = list(_open_text(base / "tok" / f"train.{task.src}"))
@@ -786,6 +813,12 @@ def clean(task_name):
     _write_lines(base / "clean" / f"train.{task.src}", [s for s, _ in kept])
     _write_lines(base / "clean" / f"train.{task.tgt}", [t for _, t in kept])
     stats = {"pairs_in": len(src_lines), "pairs_kept": len(kept), "max_len": task.max_len, "ratio": task.ratio}
+    for subset in task.subsets:
+        pairs = [(s, t) for s, t in kept if max(len(s.split()), len(t.split())) <= subset.max_words]
+        _write_lines(base / "clean" / f"train.{subset.name}.{task.src}", [s for s, _ in pairs])
+        _write_lines(base / "clean" / f"train.{subset.name}.{task.tgt}", [t for _, t in pairs])
+        stats.setdefault("subsets", {})[subset.name] = {"pairs": len(pairs), "note": subset.note}
+        print(f"clean: {len(pairs)} of them in {subset.name} ({subset.note})", file=sys.stderr)
     (base / "clean" / "stats.json").write_text(json.dumps(stats, indent=1) + "\n", encoding="utf-8")
     print(f"clean: kept {len(kept)} of {len(src_lines)} training pairs of {task_name}", file=sys.stderr)
 
@@ -855,6 +888,10 @@ def bpe(task_name, workers=1, merges=None):
     for lang, path in train.items():
         _write_lines(base / f"train.bpe.{lang}", apply_bpe(_open_text(path), codes[lang], workers,
                                                             desc=f"bpe train.{lang}"))
+        for subset in task.subsets:  # the codes of the whole corpus, so that the vocabularies stay the task's
+            _write_lines(base / f"train.{subset.name}.bpe.{lang}",
+                         apply_bpe(_open_text(base / "clean" / f"train.{subset.name}.{lang}"), codes[lang], workers,
+                                   desc=f"bpe train.{subset.name}.{lang}"))
     for name, path in _split_files(base / "tok").items():
         split, lang = name.split(".", 1)
         if split == "train":

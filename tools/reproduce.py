@@ -683,6 +683,8 @@ def training_data(task):
     try:
         stats = json.loads((DATA / task / "clean" / "stats.json").read_text(encoding="utf-8"))
         text += f"; {stats['pairs_kept']:,} pairs after cleaning"
+        for name, subset in stats.get("subsets", {}).items():  # a paper's own filter (cao2019's Zh-En)
+            text += f"; {subset['pairs']:,} in its {name} subset ({subset['note']})"
     except (OSError, ValueError, KeyError):
         pass
     return text
