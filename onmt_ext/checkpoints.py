@@ -77,7 +77,8 @@ def check_on_model_validation():
 
     patch(ArgumentParser, "validate_model_opts", _validate_model_opts, kind=NEEDED,
           reason="checks onmt-ext's options wherever OpenNMT-py validates model options (also those of a "
-                 "checkpoint) and records the onmt-ext version in the checkpoint",
+                 "checkpoint) and records in the checkpoint the onmt-ext version and whether its source was "
+                 "segmented Chinese",
           test="tests/unit/test_options.py::test_checkpoint_with_invalid_options_fails_on_load")
 
 
