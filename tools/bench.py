@@ -36,8 +36,7 @@ from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from prepare_tatoeba import encode_file  # noqa: E402
+from prepare_tatoeba import encode_file
 
 REPO = Path(__file__).resolve().parent.parent
 #: Measured training steps at the smoke size (fewer spread more than the effects measured; see

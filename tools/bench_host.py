@@ -34,8 +34,7 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-from onmt_ext import train_log  # noqa: E402
+from onmt_ext import train_log
 
 MODEL = {"enc_layers": 1, "dec_layers": 1, "hidden_size": 16, "word_vec_size": 16, "transformer_ff": 16,
          "heads": 2}

@@ -31,8 +31,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gret_probe import _read_lines, _subword, encoded_batches, load_model  # noqa: E402
+from gret_probe import _read_lines, _subword, encoded_batches, load_model
 
 ROUTINGS = ("vertical", "horizontal")
 

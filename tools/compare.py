@@ -90,9 +90,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-from onmt_ext import train_log  # noqa: E402
-from onmt_ext.compat import make_command  # noqa: E402
+from onmt_ext import train_log
+from onmt_ext.compat import make_command
 
 CONFIG_DIR = Path("yaml_configs/compare")
 #: Order of the rows; the first is the baseline every other row is tested against.
@@ -347,7 +346,6 @@ def paper_claim(config):
     claim = PAPER_CLAIMS.get(config)
     if claim is None or isinstance(claim, str):
         return claim or ""
-    sys.path.insert(0, str(REPO / "tools"))
     import reproduce
 
     table, base_index, index, what = claim

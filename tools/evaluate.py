@@ -43,16 +43,11 @@ message names the file and line).
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
-if importlib.util.find_spec("onmt_ext") is None:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from onmt_ext import evaluation as ev  # noqa: E402
-from onmt_ext.preprocessing import SUBWORD_MARK  # noqa: E402
+from onmt_ext import evaluation as ev
+from onmt_ext.preprocessing import SUBWORD_MARK
 
 PROG = "evaluate.py"
 

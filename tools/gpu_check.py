@@ -34,9 +34,8 @@ from collections import Counter
 from itertools import islice
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench  # noqa: E402
-from bench import Case  # noqa: E402
+import bench
+from bench import Case
 
 REPO = Path(__file__).resolve().parent.parent
 PROPERTY_TEST = "tests/integration/test_decoding_properties.py"

@@ -90,8 +90,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path("build/data")  # relative to REPO, the working directory of main()
 RESULTS = REPO / "results"
-sys.path.insert(0, str(REPO / "tools"))
-from prepare_data import TASKS as DATA_TASKS  # noqa: E402  (the tasks `make data-<task>` prepares)
+from prepare_data import TASKS as DATA_TASKS  # the tasks `make data-<task>` prepares
 
 #: (source, target) language of every task, as prepared by tools/prepare_data.py.
 LANGS = {name: (task.src, task.tgt) for name, task in DATA_TASKS.items()}
@@ -553,7 +552,6 @@ def _clause_preparation(values, task):
 
 def _split_options(values):
     """onmt_translate options that split the BPE'd test source as in training (clause attention), else none."""
-    sys.path.insert(0, str(REPO))
     from onmt_ext.clause_split import translate_options
 
     return translate_options(values)
@@ -621,7 +619,6 @@ def corpus_problem(table, small_data=False, environ=None):
     if task != FULL_CORPUS_TASK or small_data:
         return None
     environ = os.environ if environ is None else environ
-    sys.path.insert(0, str(REPO / "tools"))
     from prepare_data import WMT17_EXTRA
 
     opt_in = "or set WMT17_SMALL_DATA=1 to train on News Commentary v12 alone on purpose"
@@ -779,7 +776,6 @@ def _postprocess(bpe_file, lang):
     """BPE removed (tokenized text) and detokenized text of an ``onmt_translate`` output."""
     from sacremoses import MosesDetokenizer
 
-    sys.path.insert(0, str(REPO))
     from onmt_ext import evaluation as ev
 
     detok = MosesDetokenizer(lang=lang)
@@ -804,7 +800,6 @@ def score(plans, task, by_length=False, test_set=0):
     :func:`onmt_ext.evaluation.compare_by_length` against the same row over
     :data:`CLAUSE_BUCKETS`, as a list of dicts.  Returns one dict per row.
     """
-    sys.path.insert(0, str(REPO))
     from onmt_ext import evaluation as ev
 
     src, tgt = LANGS[task]
@@ -852,7 +847,6 @@ def parse_train_log(text):
     "valid": {"step": [...], "acc": [...], "ppl": [...]}}`` sorted by step (a
     missing validation value is None).
     """
-    sys.path.insert(0, str(REPO))
     from onmt_ext import train_log
 
     log = train_log.parse(text)
@@ -964,7 +958,6 @@ def _by_length_plot_name(table, task, row):
 
 def _by_length_section(table, task, rows, out_dir):
     """Markdown lines of the by-length comparison of every tested row against its reference row, drawing each plot."""
-    sys.path.insert(0, str(REPO))
     from onmt_ext import evaluation as ev
 
     lines = ["", f"{_metric(LANGS[task][1])} by source length (words of the BPE-free source), vs. the first row "

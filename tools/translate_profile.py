@@ -28,8 +28,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import median_interval  # noqa: E402
+from bench import median_interval
 
 #: The timed parts of a translation: (report name, attribute of the model, method of that attribute).
 PARTS = (("encoder", "encoder", "forward"), ("decoder", "decoder", "forward"),

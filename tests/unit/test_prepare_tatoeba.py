@@ -8,16 +8,14 @@ tested in tests/integration/test_tool_commands.py.
 
 import logging
 import random
-import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "data" / "tatoeba-zh-en"
-sys.path.insert(0, str(REPO / "tools"))
 
-import prepare_tatoeba as pt  # noqa: E402
+import prepare_tatoeba as pt
 
 OUTPUTS = {
     "train.zh", "train.en", "valid.zh", "valid.en", "test.zh", "test.en.refs.tsv", "test.en.ref0",
