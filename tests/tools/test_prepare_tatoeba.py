@@ -3,7 +3,7 @@
 The real shipped data (data/tatoeba-zh-en) is prepared once per module with
 small SentencePiece vocabularies.  The command itself in a subprocess (its
 exit status, and identical outputs across processes and hash seeds) is
-tested in tests/integration/test_tool_commands.py.
+tested in tests/tools/test_tool_commands.py.
 """
 
 import logging
@@ -93,7 +93,7 @@ def test_cli_invalid_utf8_exits_2_without_traceback(tmp_path, capsys):
     assert rc == 2
     assert "cmn.txt: line 4: invalid UTF-8" in err
     assert "Traceback" not in err
-    # (the same through the command in a subprocess: tests/integration/test_tool_commands.py)
+    # (the same through the command in a subprocess: tests/tools/test_tool_commands.py)
 
 
 def test_read_multiref(tmp_path):
