@@ -74,7 +74,6 @@ is not retrained.  The baseline's other checkpoints are deleted once P is
 known.
 """
 
-import argparse
 import itertools
 import json
 import math
@@ -90,6 +89,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+import common
+from common import fmt
 from onmt_ext import train_log
 from onmt_ext.compat import make_command
 
@@ -633,10 +634,6 @@ def learning_curves(runs, configs, seeds, last_step):
     return curves
 
 
-def _fmt(value, digits=2):
-    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
-
-
 def _at(curve, step):
     """(mean, min, max) of a curve at ``step``, None when it has no such step."""
     if step not in curve["step"]:
@@ -685,9 +682,9 @@ def markdown(report):
         across = "—" if test is None else \
             f"{test['mean_delta']:+.2f} ({test['better']} / {test['worse']}), p {test['p_value']:.3f}"
         params = "n/a" if row["parameters"] is None else f"{row['parameters']:,}"
-        lines.append(f"| {row['label']} (`{row['file']}`) | {_fmt(row['bleu_mean'])} ± {_fmt(row['bleu_sd'])} | "
-                     f"{_fmt(row['chrf_mean'])} ± {_fmt(row['chrf_sd'])} | {sig} | {across} | "
-                     f"{_fmt(row['speed_ratio'])} | {params} |")
+        lines.append(f"| {row['label']} (`{row['file']}`) | {fmt(row['bleu_mean'])} ± {fmt(row['bleu_sd'])} | "
+                     f"{fmt(row['chrf_mean'])} ± {fmt(row['chrf_sd'])} | {sig} | {across} | "
+                     f"{fmt(row['speed_ratio'])} | {params} |")
     lines += ["", "Per seed (BLEU; delta and p against the baseline of the same seed):", "",
               "| config | " + " | ".join(f"seed {s}" for s in seeds) + " |",
               "|---|" + "---:|" * len(seeds)]
@@ -846,13 +843,6 @@ def plot_curves(report, path):
 # --------------------------------------------------------------------------
 
 
-class _Parser(argparse.ArgumentParser):
-    """Bad arguments: one line, ``compare.py: error: ...``, exit status 2."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def refresh(report):
     """``report`` (a ``compare.json`` document) with the statistics and wording the current code derives from
     its numbers: the across-seeds tests (:func:`add_seed_tests`) and each curve's verdict sentence (from its
@@ -879,7 +869,7 @@ def report_only(out):
 
 
 def main(argv=None):
-    parser = _Parser(prog="compare.py", description=__doc__.split("\n")[0])
+    parser = common.Parser(prog="compare.py", description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS),
                         help="configs of yaml_configs/compare/ to run; the first is the baseline")

@@ -15,7 +15,6 @@ what cannot run is reported "not run: budget".  ``--device cpu --tiny`` is the C
 failed; 2 nothing could run.
 """
 
-import argparse
 import datetime
 import gc
 import json
@@ -35,7 +34,9 @@ from itertools import islice
 from pathlib import Path
 
 import bench
+import common
 from bench import Case
+from common import fmt
 
 REPO = Path(__file__).resolve().parent.parent
 PROPERTY_TEST = "tests/integration/test_decoding_properties.py"
@@ -294,9 +295,7 @@ class Meter:
         from onmt import train_single
         from onmt import trainer as trainer_module
         from onmt.constants import CorpusTask
-        from onmt.models import model as models
         from onmt.models import model_saver
-        from onmt.utils import statistics as stats
 
         self.torch, self.cuda, self.job = torch, cuda, None
         meter = self
@@ -328,23 +327,8 @@ class Meter:
             return out
 
         trainer_class._accum_batches, trainer_class._gradient_accumulation = timed_batches, measured_step
-        output = stats.Statistics.output
-
-        def recording_output(statistics, step, *args, **kwargs):
-            meter.reports.append({"step": step, "tgt_tokens": statistics.n_words, "seconds": statistics.elapsed_time()})
-            return output(statistics, step, *args, **kwargs)
-
-        stats.Statistics.output = recording_output
-
-        def recording(count):
-            def recording_count(model, *args, **kwargs):
-                meter.parameters = sum(p.numel() for p in model.parameters())
-                return count(model, *args, **kwargs)
-
-            return recording_count
-
-        for cls in (models.BaseModel, models.NMTModel, models.LanguageModel):  # each defines its own
-            cls.count_parameters = recording(cls.__dict__["count_parameters"])
+        self.reports, self.parameters = [], {}
+        common.record_training(self.reports, self.parameters)
         save = model_saver.ModelSaverBase.save
         model_saver.ModelSaverBase.save = lambda saver, *a, **k: save(saver, *a, **k) if meter.job["save"] else None
         build_model = getattr(train_single, "build_model", None)
@@ -376,7 +360,9 @@ class Meter:
             self.torch.cuda.synchronize()
 
     def begin(self, job):
-        self.job, self.waits, self.reports, self.parameters = job, {}, [], None
+        self.job, self.waits = job, {}
+        self.reports.clear()
+        self.parameters.clear()
         self.model_built = self.first_step_end = self.first_step_wall = None
         self.replay_s, self.replayed, self.window, self.syncs, self.sites = 0.0, None, {}, {}, []
         self.sync_window, self.sync_step = None, None
@@ -419,19 +405,6 @@ class Meter:
             self.window["end"] = time.perf_counter()
             self.window["profiler"].__exit__(None, None, None)
 
-    def _peak_mb(self):
-        if self.cuda:
-            return self.torch.cuda.max_memory_allocated() / 2**20
-        try:
-            for line in Path("/proc/self/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-        except OSError:
-            pass
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
     def end(self, t0_wall):
         """The run's figures; ``t0_wall``: when the parent started this process (None: not the first run)."""
         if self.sync_window is not None:
@@ -449,9 +422,9 @@ class Meter:
         at_reports = [count for step, count in self.syncs.items() if not step % every]
         figures = {
             "tokens_per_s": tokens / seconds, "measured_steps": steps, "step_ms": 1000 * seconds / steps,
-            "data_wait_share": sum(waits) / seconds, "peak_memory_mb": self._peak_mb(),
+            "data_wait_share": sum(waits) / seconds, "peak_memory_mb": common.peak_memory_mb(self.cuda),
             "peak_memory_since": "the run" if self.cuda or self.peak_reset else "the process start",
-            "parameters": self.parameters, "replayed_batches": self.replayed,
+            "parameters": self.parameters.get("total"), "replayed_batches": self.replayed,
             "syncs_per_step": statistics.mean(between) if between else None, "sync_steps": len(between),
             "syncs_per_report_step": statistics.mean(at_reports) if at_reports else None,
             "sync_sites": _top_sites(self.sites),
@@ -499,8 +472,7 @@ def child_train_many(result_file, head, argv):
     per_weight = []
 
     def record(entry):
-        with open(runs_file, "a", encoding="utf-8") as out:
-            out.write(json.dumps(entry) + "\n")
+        common.append_json_line(runs_file, entry)
 
     first_run = True
     for job in jobs:
@@ -707,10 +679,10 @@ def run_training_process(args, work, group, env, rows, configs, deadlines):
         if args.compile_backend:
             child_env["ONMT_EXT_COMPILE_BACKEND"] = args.compile_backend
         try:
-            bench.run_child("train-many", [], work / f"train-{slug}.log", args.threads,
-                            script=Path(__file__).resolve(), timeout=seconds + GRACE_S, env=child_env,
-                            head=(jobs_file, runs_file, time.time(), args.device))
-        except bench.ChildFailed as failure:
+            common.run_child(Path(__file__).resolve(), "train-many", [], work / f"train-{slug}.log", args.threads,
+                             timeout=seconds + GRACE_S, env=child_env,
+                             head=(jobs_file, runs_file, time.time(), args.device))
+        except common.ChildFailed as failure:
             stopped = ("stopped: budget" if failure.timed_out else f"failed: {failure}")
     entries = ([json.loads(line) for line in runs_file.read_text(encoding="utf-8").splitlines()]
                if runs_file.exists() else [])
@@ -794,8 +766,7 @@ def child_translate_many(result_file, head, argv):
     engines = {}
 
     def record(entry):
-        with open(runs_file, "a", encoding="utf-8") as out:
-            out.write(json.dumps(entry) + "\n")
+        common.append_json_line(runs_file, entry)
 
     record({"phase": "meta", "cli_compile": cli_compile, "backend": ext_compile.BACKEND})
 
@@ -1018,10 +989,9 @@ def section_c(args, schedule, work, models, cases, result):
         print(f"== gpu-check c: translate, {len(built)} groups in one process ({seconds:.0f} s at most)", flush=True)
         env = {"ONMT_EXT_COMPILE_BACKEND": args.compile_backend} if args.compile_backend else {}
         try:
-            bench.run_child("translate-many", [], work / "translate.log", args.threads,
-                            script=Path(__file__).resolve(), timeout=seconds + GRACE_S, env=env,
-                            head=(jobs_file, runs_file, args.min_run_seconds))
-        except bench.ChildFailed as failure:
+            common.run_child(Path(__file__).resolve(), "translate-many", [], work / "translate.log", args.threads,
+                             timeout=seconds + GRACE_S, env=env, head=(jobs_file, runs_file, args.min_run_seconds))
+        except common.ChildFailed as failure:
             stopped = ("stopped", "budget") if failure.timed_out else ("failed", str(failure))
     ended = _now()
     runs = ([json.loads(line) for line in runs_file.read_text(encoding="utf-8").splitlines()]
@@ -1067,14 +1037,6 @@ def report_name(info, args):
     if args.device != "cuda":
         return "cpu-tiny" if args.tiny else "cpu"
     return re.sub(r"[^A-Za-z0-9.+-]+", "_", info["name"]).strip("_") or "gpu"
-
-
-def _fmt(value, digits=2):
-    if value is None:
-        return "n/a"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
 
 
 def _met(row):
@@ -1178,8 +1140,8 @@ def markdown(report):
             lines += ["| dtype | passed | failed | errors | skipped | seconds | status | command |",
                       "|---|---:|---:|---:|---:|---:|---|---|"]
             for run in a["runs"]:
-                lines.append(f"| {run['dtype']} | {_fmt(run.get('passed'))} | {_fmt(run.get('failed'))} | "
-                             f"{_fmt(run.get('errors'))} | {_fmt(run.get('skipped'))} | {_fmt(run.get('seconds'), 1)} "
+                lines.append(f"| {run['dtype']} | {fmt(run.get('passed'))} | {fmt(run.get('failed'))} | "
+                             f"{fmt(run.get('errors'))} | {fmt(run.get('skipped'))} | {fmt(run.get('seconds'), 1)} "
                              f"| {run['status']}{': ' + run['reason'] if run.get('reason') else ''} | "
                              f"`{run['command']}` |")
             failures = [f"- {run['dtype']}: {name}" for run in a["runs"] for name in run.get("failures", [])]
@@ -1198,16 +1160,16 @@ def markdown(report):
                   "|---|---|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         by_key = {row["key"]: row for row in b["rows"]}
         for row in b["rows"]:
-            ratio = _fmt(row.get("ratio"), 3) + (f" (>= {row['target']:.2f}){_met(row)}" if row["target"] else "")
+            ratio = fmt(row.get("ratio"), 3) + (f" (>= {row['target']:.2f}){_met(row)}" if row["target"] else "")
             vs = by_key[row["reference"]]["case"] if row.get("reference") in by_key else "itself"
-            peak = _fmt(row.get("peak_memory_mb"), 0) + (f" ({row['memory_ratio']:.2f}×)"
+            peak = fmt(row.get("peak_memory_mb"), 0) + (f" ({row['memory_ratio']:.2f}×)"
                                                          if row.get("memory_ratio") is not None else "")
             lines.append(
                 f"| {row['case']} | {row['mode']} | {row['group']} | {row['data_path']} | {row['batch_tokens']} | "
-                f"{_fmt(row.get('tokens_per_s'), 0)} | {ratio} | {vs} | {_fmt(row.get('paper'))} | "
-                f"{_fmt(row.get('busy_share'))} | {_fmt(row.get('data_wait_share'), 3)} | {_fmt(row.get('step_ms'), 1)} "
-                f"| {_fmt(row.get('syncs_per_step'), 1)} | {_fmt(row.get('first_step_s'), 2)} | "
-                f"{_fmt(row.get('startup_s'), 1)} | {peak} | {row['status']}"
+                f"{fmt(row.get('tokens_per_s'), 0)} | {ratio} | {vs} | {fmt(row.get('paper'))} | "
+                f"{fmt(row.get('busy_share'))} | {fmt(row.get('data_wait_share'), 3)} | {fmt(row.get('step_ms'), 1)} "
+                f"| {fmt(row.get('syncs_per_step'), 1)} | {fmt(row.get('first_step_s'), 2)} | "
+                f"{fmt(row.get('startup_s'), 1)} | {peak} | {row['status']}"
                 f"{': ' + row['reason'] if row.get('reason') else ''} |")
         warm = b.get("warm_up")
         if warm:
@@ -1215,7 +1177,7 @@ def markdown(report):
                       f" stock OpenNMT-py on {warm['batch_tokens']}-token batches in the machine's first training "
                       "process, untimed, while section a ran, so that neither measured fresh process pays alone for "
                       "loading the CUDA libraries and kernels. Its first step took "
-                      f"{_fmt(warm.get('first_step_s'), 2)} s and its start-up {_fmt(warm.get('startup_s'), 1)} s."]
+                      f"{fmt(warm.get('first_step_s'), 2)} s and its start-up {fmt(warm.get('startup_s'), 1)} s."]
         lines += ["", "Host-device synchronisation call sites over the counted steps (top 5 per run; on CUDA the "
                   "Python caller of each sync warning):", ""]
         lines += [f"- {row['case']}, {row['mode']}, {row['group']}, {row['batch_tokens']}: {_sites_text(row)}"
@@ -1240,17 +1202,17 @@ def markdown(report):
         for group in c.get("groups", []):
             lines.append(f"- {group['search']}, {group['mode']}: {group.get('status')}"
                          + (f" ({group['reason']})" if group.get("reason") else "")
-                         + f", {_fmt(group.get('seconds'), 0)} s, {_fmt(group.get('sentences_per_run'))} sentences "
+                         + f", {fmt(group.get('seconds'), 0)} s, {fmt(group.get('sentences_per_run'))} sentences "
                            f"per run; compilation: {group['compile']}; `{group['command']}`")
         if c.get("rows"):
             lines += ["", "| case | mode | search | sent/s | ratio (target) | 95% interval | runs | status |",
                       "|---|---|---|---:|---:|---|---:|---|"]
             for row in c["rows"]:
-                ratio = _fmt(row.get("ratio"), 3) + (f" (>= {row['target']:.2f}){_met(row)}" if row["target"]
+                ratio = fmt(row.get("ratio"), 3) + (f" (>= {row['target']:.2f}){_met(row)}" if row["target"]
                                                      else "")
                 status = row["status"] + (f": {row['reason']}" if row.get("reason") else "")
                 lines.append(f"| {row['case']} | {row['mode']} | {row['search']} | "
-                             f"{_fmt(row.get('sentences_per_s'), 1)} | {ratio} | "
+                             f"{fmt(row.get('sentences_per_s'), 1)} | {ratio} | "
                              f"{_interval_text(row.get('ratio_interval'))} | {row.get('runs', 0)} | {status} |")
         lines.append("")
     on_gpu = report["mode"] == "cuda"
@@ -1261,7 +1223,7 @@ def markdown(report):
     for row in report["targets"]:
         met = ("n/a (not a GPU run)" if not on_gpu else "n/a (not measured)") if row["met"] is None else (
             "met" if row["met"] else "NOT met")
-        shown = _fmt(row["measured"], 3) + (f" [{_interval_text(row['interval'])}]" if "interval" in row else "")
+        shown = fmt(row["measured"], 3) + (f" [{_interval_text(row['interval'])}]" if "interval" in row else "")
         lines.append(f"| {row['measure']} | {row['target']} | {shown} | {met} |")
     return "\n".join(lines) + "\n"
 
@@ -1295,15 +1257,8 @@ def project_commit(given=None):
     return git("rev-parse", "--short", "HEAD"), "git rev-parse HEAD of this checkout"
 
 
-class _Parser(argparse.ArgumentParser):
-    """Bad arguments: one line, ``gpu_check.py: error: ...``, exit status 2."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def parse_args(argv):
-    parser = _Parser(prog="gpu_check.py", description=__doc__.split("\n")[0])
+    parser = common.Parser(prog="gpu_check.py", description=__doc__.split("\n")[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--tiny", action="store_true", help="toy size: smoke configs, a few steps and sentences")
     parser.add_argument("--out", type=Path, default=None,
@@ -1396,11 +1351,7 @@ def _steps_text(args):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:
-        kind, result_file = argv[1], argv[2]
-        split = argv.index("--")
-        import onmt  # noqa: F401  (onmt-ext's start-up hook, unless ONMT_EXT_DISABLE)
-
-        return CHILDREN[kind](result_file, argv[3:split], argv[split + 1:])
+        return common.child_main(argv, CHILDREN)
     args = parse_args(argv)
     import torch
 
