@@ -8,17 +8,7 @@ Usage::
         [--output-length 0 (the references' mean length)] [--gpu -1] [--threads 1] [--out results/bench]
         [--work build/bench]
 
-Every case of a suite (a paper config, see ``SUITES``) and its baseline
-trains through the real ``onmt_train`` and translates a fixed test set
-through the real ``onmt_translate`` (beam 4 and greedy, every output forced
-to the same number of steps), in child processes, interleaved over
-``--repeats`` rounds, with an A/A control (the baseline again) unless
-``--no-control``.  The report gives training target tokens/s, sentences/s,
-peak memory and parameters, and each as a ratio to the baseline beside the
-case's target and the paper's figure.  A ratio below its target is reported,
-not an error: the exit status is 0 whenever the report is written.  How and
-why it measures as it does: docs/benchmarks-method.md.  Results go to
-``<out>/<suite>-<size>.{json,md}`` (models and logs under ``--work``).
+How it works and why: docs/tools.md (bench.py).
 """
 
 import argparse

@@ -6,18 +6,7 @@ Usage::
     python tools/bench_host.py [--steps 40] [--warmup-steps 10] [--repeats 2] [--batch-size 8192]
         [--num-workers 2] [--out results/bench] [--work build/bench-host] [--label NAME]
 
-A trivial model (one encoder and one decoder layer, width 16) trains on the
-shipped Tatoeba sample (SentencePiece on the fly, as a user's config does)
-with 8,192-token batches through the real ``onmt_train``, once with onmt-ext
-and once with ``ONMT_EXT_DISABLE=1``, alternating, ``--repeats`` times each.
-With so little arithmetic, a step's time is what the host spends on it: the
-data path, the training loop, the optimiser.  The figure is the wall time per
-step between the step reports after the warm-up (log timestamps).  A second
-figure isolates what a batch costs the training process to receive from a
-data worker: a batch of seven int64 tensors of an 8k-token batch's shapes, as
-shared-memory tensors (stock) and as one packed buffer (onmt-ext,
-``onmt_ext.batches.pack``), through a DataLoader with 2 workers.  Information
-for work without a GPU, not a GPU figure.  Writes ``<out>/host-<label>.{json,md}``.
+How it works and why: docs/tools.md (bench_host.py).
 """
 
 import argparse

@@ -121,3 +121,27 @@ def child_main(argv, children):
     kind, result_file, *rest = argv[1:]
     split = rest.index("--")
     return children[kind](result_file, rest[:split], rest[split + 1:])
+
+
+def pyplot():
+    """matplotlib's pyplot on the Agg back end (files only, no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def inference_engine(argv):
+    """OpenNMT-py's inference engine for the ``onmt_translate`` arguments ``argv``, checked as the command does."""
+    from onmt.bin.translate import _get_parser
+    from onmt.inference_engine import InferenceEnginePY
+    from onmt.utils.parse import ArgumentParser
+
+    opt = _get_parser().parse_args([str(word) for word in argv])
+    ArgumentParser.validate_translate_opts(opt)
+    ArgumentParser._get_all_transform_translate(opt)
+    ArgumentParser._validate_transforms_opts(opt)
+    ArgumentParser.validate_translate_opts_dynamic(opt)
+    return InferenceEnginePY(opt)

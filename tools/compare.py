@@ -8,70 +8,7 @@ Usage::
                             [--max-steps N] [--budget-minutes 120] [--train-steps N]
                             [--test-lines N] [--work build/compare] [--out results/compare]
 
-Every config of ``yaml_configs/compare/`` (the stock baseline, one
-representative row of each paper, chen2019's two layouts, and one
-combination) is trained with each
-seed on the same data, validated every ``--valid-every`` steps on the
-held-out validation set of the config (``build/tatoeba/valid.*``), then
-translates the Tatoeba multi-reference test set (beam 4) and is scored with
-sacreBLEU through :mod:`onmt_ext.evaluation`.  The run has four phases:
-
-1. **Probe.**  Each config trains ``--probe-steps`` steps (first seed,
-   ``--jobs`` at a time, as later) and validates once; the speed of those
-   steps (seconds per step between OpenNMT-py's step reports), the time of a
-   validation and the start-up give the estimate of the whole run that is
-   printed before the real trainings start, and the speed column of the
-   report (every config measured alike).
-2. **Baseline to its plateau.**  The baseline trains with all seeds at once,
-   saving a checkpoint at every validation.  Its learning curve is the mean
-   validation perplexity over the seeds, v(s).  The *plateau step* P is the
-   first validation step s at which the next ``--plateau-window`` steps do
-   not improve the mean by ``--plateau-tolerance`` or more, relative:
-   ``min v(t) for s < t <= s + window  >  (1 - tolerance) * v(s)``.
-   The baseline is stopped as soon as P is known.  When no step up to
-   ``--max-steps`` qualifies, P = ``--max-steps`` and the report says that
-   the baseline had not plateaued.  (``--train-steps N`` skips the search:
-   every config trains N steps.)
-3. **Every other config trains P steps** per seed, ``--jobs`` at a time, and
-   every model (the baseline's checkpoint of step P included) translates the
-   test set.
-4. **Report** (``<out>/compare.{md,json}``, ``compare.png``, ``curves.png``):
-
-   * BLEU (13a, case-sensitive, all references) and chrF per run, mean and
-     sample standard deviation over the seeds; a paired bootstrap test (1000
-     resamples) of each run against the baseline of the same seed, and a
-     paired sign-flip test across the seeds (:func:`seed_test`);
-   * the learning curves: mean validation perplexity over the seeds with the
-     min-max band (``curves.png``);
-   * the *beats-the-baseline rule*: at a validation step, a config beats the
-     baseline when its worst seed has a lower validation perplexity than the
-     baseline's best seed (the min-max ranges do not overlap; with three
-     seeds each, two exchangeable sets of runs fall apart like this in a
-     given direction with probability 1/20).  The report gives the first
-     step from which the config beats the baseline at every later step up to
-     P (or is beaten, the same way), beside the gain its paper reports;
-   * the probe's training speed relative to the baseline's, tokens per
-     second of every run (target side, step reports that hold no
-     validation), wall-clock times and parameter counts.  The speed is
-     coarser than ``make bench``'s.
-
-Sizing for a 2-hour run on 2 cores: the 21 trainings of phase 3 cost about
-nine times the baseline's phase 2 (by the speed ratios of the mechanisms)
-and dominate.  Two runs at a time with one thread each use both cores best
-for models this small.  A validation (1,000 sentences, teacher-forced)
-costs about as much as five training steps, so validating every 100 steps
-adds about 5% and places a crossing of two curves within 100 steps.  The
-test set is translated in full, a small part of each run.  Unless
-``--max-steps`` is given, the largest multiple of ``--valid-every`` is
-chosen such that the estimate of the whole run, with the plateau at that
-cap, stays within 90% of ``--budget-minutes``: a baseline that plateaus
-later is cut at the cap rather than overrunning the budget, and a machine
-busy with other work gets a lower cap (docs/compare.md).
-
-Runs whose checkpoint (or translation) exists are not redone; a baseline
-whose logs already decide the plateau and whose checkpoint of step P exists
-is not retrained.  The baseline's other checkpoints are deleted once P is
-known.
+How it works and why: docs/tools.md (compare.py).
 """
 
 import itertools
@@ -751,18 +688,9 @@ def earlier_invocations(previous, reused, logs):
     return list(previous.get("earlier_invocations") or []) + [own]
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot(report, path):
     """Bar chart of mean BLEU with the seed standard deviation, and the speed ratios, to ``path``."""
-    plt = _pyplot()
+    plt = common.pyplot()
     rows = report["rows"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     names = [row["config"] for row in rows]
@@ -789,7 +717,7 @@ def plot_curves(report, path):
     """The learning curves to ``path``: left, validation perplexity (log scale), mean over the seeds with
     the min-max band; right, each config's over the baseline's mean (below 1: lower perplexity).  A dotted
     line marks the step every config trained to."""
-    plt = _pyplot()
+    plt = common.pyplot()
     from matplotlib.ticker import MaxNLocator
 
     curves = report["curves"]

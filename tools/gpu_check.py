@@ -625,11 +625,11 @@ def warm_up_plan(args):
     return row, case, "eager", {"batch_size": args.batch_size, "stock": True}
 
 
-def start_warm_up(args, work, entry, configs, deadline):
+def start_warm_up(args, work, entry, configs, repeat_cache, deadline):
     """Runs the warm-up ``entry`` (:func:`warm_up_plan`) in a thread until the monotonic ``deadline``; returns
-    the thread (its row is filled in place when it ends)."""
+    the thread (its row is filled in place when it ends).  ``repeat_cache``: :func:`prepare_training`'s."""
     row, case, mode, extra = entry
-    configs[row["key"]] = training_config(case, mode, args, work, {}, batch_size=extra["batch_size"],
+    configs[row["key"]] = training_config(case, mode, args, work, repeat_cache, batch_size=extra["batch_size"],
                                           stock=True, name=row["name"])
     row["command"], row["options"] = f"onmt_train -config {configs[row['key']][0]}", configs[row["key"]][2]
     thread = threading.Thread(target=run_training_process, daemon=True,
@@ -639,10 +639,10 @@ def start_warm_up(args, work, entry, configs, deadline):
     return thread
 
 
-def prepare_training(args, work, plan):
-    """Writes every config of ``plan`` (data SentencePiece'd, clause-split and repeated once); returns
-    ``{row key: (path, checkpoint, options)}``."""
-    cache, configs = {}, {}
+def prepare_training(args, work, plan, cache):
+    """Writes every config of ``plan`` (data SentencePiece'd, clause-split and repeated once, the repeat factor
+    kept in ``cache``, see :func:`training_config`); returns ``{row key: (path, checkpoint, options)}``."""
+    configs = {}
     for _, _, _, rows in plan:
         for row, case, mode, extra in rows:
             configs[row["key"]] = training_config(case, mode, args, work, cache, batch_size=row["batch_tokens"],
@@ -754,10 +754,6 @@ def child_translate_many(result_file, head, argv):
     input is then repeated so that the fastest run takes ``head[2]`` seconds at least, the cases that fit are
     chosen in priority order (:func:`plan_cases`), and the timed schedule runs.  Every event is appended to
     ``head[1]`` (JSON lines) at once, so that a stop keeps what was done."""
-    from onmt.bin.translate import _get_parser
-    from onmt.inference_engine import InferenceEnginePY
-    from onmt.utils.parse import ArgumentParser
-
     from onmt_ext import compile as ext_compile
 
     groups = json.loads(Path(head[0]).read_text(encoding="utf-8"))
@@ -774,12 +770,7 @@ def child_translate_many(result_file, head, argv):
         key = (job["checkpoint"], job["compiled"], tuple(job["argv"]))
         if key not in engines:
             argv = list(job["argv"]) + (["-ext_compile"] if job["compiled"] and cli_compile else [])
-            opt = _get_parser().parse_args(argv)
-            ArgumentParser.validate_translate_opts(opt)
-            ArgumentParser._get_all_transform_translate(opt)
-            ArgumentParser._validate_transforms_opts(opt)
-            ArgumentParser.validate_translate_opts_dynamic(opt)
-            engine = InferenceEnginePY(opt)
+            engine = common.inference_engine(argv)
             if job["compiled"] and not cli_compile:  # what -ext_compile does when the model is built
                 ext_compile.enable(engine.translator.model, True)
             engines[key] = engine
@@ -1381,7 +1372,8 @@ def main(argv=None):
     plan = training_plan(args, cases) if "b" in args.sections else []
     if plan:  # the data (SentencePiece'd, clause-split, repeated) and every config, while section a runs
         prepared = _now()
-        configs = prepare_training(args, args.work, plan)
+        repeat_cache = {}
+        configs = prepare_training(args, args.work, plan, repeat_cache)
         b = sections["b"] = {"title": "training", "rows": [row for _, _, _, rows in plan for row, _, _, _ in rows],
                              "prepare_s": round(_now() - prepared, 1), "steps_text": _steps_text(args),
                              "batch_tokens": (args.batch_size, args.paper_batch_size),
@@ -1391,7 +1383,7 @@ def main(argv=None):
         warm_deadline = a_deadline if "a" in args.sections else _now() + 0.1 * args.budget_b
         warm_entry = warm_up_plan(args)
         b["warm_up"] = warm_entry[0]
-        warm_thread = start_warm_up(args, args.work, warm_entry, configs, warm_deadline)
+        warm_thread = start_warm_up(args, args.work, warm_entry, configs, repeat_cache, warm_deadline)
     if "a" in args.sections:
         sections["a"] = finish_section_a(a_result, a_started, a_deadline)
         sections["a"].update(budget_s=round(a_deadline - a_began, 1), seconds=round(_now() - a_began, 1))

@@ -7,72 +7,7 @@ Usage::
     python tools/reproduce.py TABLE --report-only [--results-json FILE] [--results-dir DIR]
     python tools/reproduce.py --list
 
-``TABLE`` is one of ``TABLES`` (e.g. ``li2019-table3``); ``make
-reproduce-<TABLE>`` calls this, first with ``--preflight`` (before it
-prepares any data): the options against every row's config, the CUDA devices
-of ``--gpus`` (:func:`device_problem`) and, for WMT17 Zh-En, the full corpus
-(:func:`corpus_problem`; ``--small-data`` accepts News Commentary alone) each
-stop the run in one line, or are warnings with ``--dry-run``.  For each row,
-in order, and skipping every step whose output is already on disk:
-
-1. ``onmt_train -config <row config>`` on the GPUs listed by ``--gpus``
-   (device ids, default ``0``; every command runs with
-   ``CUDA_VISIBLE_DEVICES=<that list>``, training with ``-world_size n
-   -gpu_ranks 0 .. n-1``), with the config's ``accum_count`` divided by the
-   number of GPUs ``n``, so that every update sees the paper's batch whatever
-   the GPU count (the configs hold the one-GPU equivalent: li2019's 8 GPUs x
-   4096 tokens are 4096 x 8); ``n`` must divide ``accum_count``; ``--passes
-   p`` trains each update in ``p`` larger batches per GPU instead (e.g. one
-   32,768-token batch on an 80 GB GPU: same tokens per update);
-2. ``onmt_average_models`` of the last ``--average N`` checkpoints (default 5)
-   into ``<run dir>/average_last<N>.pt``.  OpenNMT-py saves a checkpoint every
-   ``save_checkpoint_steps`` and one at ``train_steps``, and keeps the last
-   ``keep_checkpoint``; the checkpoints averaged are the last ``N`` of those
-   (``model_step_180000.pt`` ... ``model_step_200000.pt`` for 200k steps
-   saved every 5000), and a config that keeps fewer than ``N`` is refused.
-   ``--average 1`` translates the last checkpoint and averages nothing;
-3. ``onmt_translate`` of the test set with that model on the first listed
-   GPU (beam 4, length penalty alpha 0.6, as Vaswani et al. 2017, which the
-   papers follow) into ``<run dir>/test.<model name>.hyp.bpe``, and likewise
-   every further test set of the task (``TEST_SETS``: NIST03 and NIST04 of
-   nist_zhen as ``<run dir>/test_nist03.<model name>.hyp.bpe``, ...);
-4. BPE removed (``@@ ``), the output detokenized with sacremoses, and scored
-   with ``onmt_ext.evaluation`` (sacreBLEU): case-sensitive BLEU (13a, or the
-   zh tokenizer for Chinese output) and chrF against the detokenized
-   reference, ``multi-bleu.perl``-equivalent BLEU on the tokenized text, and
-   a paired bootstrap test (1000 samples) against the table's first row; for
-   the clause tables also BLEU by source length against the first row.  The
-   report's "ours - paper" uses the paper's own metric (:func:`paper_metric`)
-   and names our training data beside the paper's (:func:`training_data`).
-
-Results go to ``results/<paper>/<task>/`` (``--results-dir`` replaces
-``results``; ``<paper>`` is the table name up to its first ``-``):
-``<TABLE>.json`` (every row's scores, the model translated, the number of
-checkpoints averaged, the training curve read from its ``train.log``, and
-every command with whether it ran or was skipped), ``<TABLE>.md`` (the table
-with the paper's BLEU beside ours), ``<TABLE>.curves.png`` (training and
-validation perplexity and validation accuracy of every row) and, for the
-clause tables, one ``<TABLE>.<row>.by_length.png`` per row after the first.
-
-``--report-only`` redraws the report from a results JSON without training,
-translating or scoring: by default the table's own ``<TABLE>.json`` in the
-results directory, or ``--results-json FILE`` (a JSON file as
-:func:`write_report` writes it; its ``rows`` may also be written by hand).
-In Python, :func:`write_report` does the same from a list of row dicts.
-
-Data layout expected under ``build/data/<task>/`` (``make data-<task>``
-prepares it): ``{train,valid,test}.bpe.<lang>`` (BPE-segmented,
-Moses-tokenized), the vocabularies named by the configs, ``test.tok.<tgt>``
-(tokenized reference) and ``test.<tgt>`` (detokenized reference; a
-multi-reference test set as ``test.<tgt>0``, ``test.<tgt>1``, ... and
-``test.tok.<tgt>0``, ...), and the same for each further test set
-(``test_nist03.bpe.zh``, ``test_nist03.en0``, ...).  A missing file stops the run before anything
-starts, naming the file.  Sweep rows (``chen2019-figure2-*``) add
-command-line overrides to a config and train into their own run
-directories.  ``--dry-run`` prints every command (with its
-``CUDA_VISIBLE_DEVICES=`` prefix) and a ``# score:``/``# report:`` line for
-the scoring and the report, checking the configs without needing data or
-GPUs.
+How it works and why: docs/tools.md (reproduce.py).
 """
 
 import argparse
@@ -90,6 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path("build/data")  # relative to REPO, the working directory of main()
 RESULTS = REPO / "results"
+import common
 from prepare_data import TASKS as DATA_TASKS  # the tasks `make data-<task>` prepares
 
 #: (source, target) language of every task, as prepared by tools/prepare_data.py.
@@ -886,11 +822,9 @@ def plot_curves(rows, path, title=""):
              if row.get("curves") and (row["curves"]["train"]["step"] or row["curves"]["valid"]["step"])]
     if not shown:
         return False
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
+
+    plt = common.pyplot()
 
     fig, (ppl_ax, acc_ax) = plt.subplots(1, 2, figsize=(12, 4.5))
     for index, (label, curves) in enumerate(shown):
