@@ -31,7 +31,6 @@ REPO = Path(__file__).resolve().parent.parent
 #: Measured training steps at the smoke size (fewer spread more than the effects measured; see
 #: docs/benchmarks-method.md).
 SMOKE_STEPS = 300
-CONFIGS = REPO / "yaml_configs"
 
 
 @dataclass(frozen=True)
@@ -123,8 +122,7 @@ def bench_config(case, size, args, workdir, overrides=None, suffix="", repeat=1)
     the pre-encoded training corpus are concatenated (a case with ``pre_encoded``; see
     :func:`_use_pre_encoded_data`).
     """
-    paper = yaml.safe_load((CONFIGS / case.config).read_text(encoding="utf-8"))
-    twin = yaml.safe_load((CONFIGS / "smoke" / case.config).read_text(encoding="utf-8"))
+    paper, twin = common.config_values(case.config), common.config_values(f"smoke/{case.config}")
     if size == "smoke":
         config = dict(twin, enc_layers=paper["enc_layers"], dec_layers=paper["dec_layers"])
     else:

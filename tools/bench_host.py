@@ -22,8 +22,10 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
+import common
 from onmt_ext import train_log
+
+REPO = Path(__file__).resolve().parent.parent
 
 MODEL = {"enc_layers": 1, "dec_layers": 1, "hidden_size": 16, "word_vec_size": 16, "transformer_ff": 16,
          "heads": 2}
@@ -34,7 +36,7 @@ def config_text(args, work):
     """The demo config with the trivial model and this run's batch, steps and paths."""
     import yaml
 
-    config = yaml.safe_load((REPO / "yaml_configs/demo/tatoeba_zhen.yaml").read_text(encoding="utf-8"))
+    config = common.config_values("demo/tatoeba_zhen.yaml")
     steps = args.warmup_steps + args.steps
     config.update(MODEL, batch_size=args.batch_size, valid_batch_size=args.batch_size, num_workers=args.num_workers,
                   train_steps=steps, valid_steps=10 * steps, save_checkpoint_steps=10 * steps,

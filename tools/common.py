@@ -16,6 +16,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parent.parent
+CONFIGS = REPO / "yaml_configs"
+
 
 class Parser(argparse.ArgumentParser):
     """Bad arguments: one line, ``<prog>: error: ...``, exit status 2 (no usage block)."""
@@ -121,6 +124,13 @@ def child_main(argv, children):
     kind, result_file, *rest = argv[1:]
     split = rest.index("--")
     return children[kind](result_file, rest[:split], rest[split + 1:])
+
+
+def config_values(config):
+    """The options of ``yaml_configs/<config>`` as a dict."""
+    import yaml
+
+    return yaml.safe_load((CONFIGS / config).read_text(encoding="utf-8"))
 
 
 def pyplot():

@@ -93,12 +93,6 @@ class Run:
         return self.directory / "train.log"
 
 
-def _config_values(name):
-    import yaml
-
-    return yaml.safe_load((REPO / CONFIG_DIR / f"{name}.yaml").read_text(encoding="utf-8"))
-
-
 def train_command(run, train_steps=None, valid_every=None, save_every=None, keep=None, report_every=None):
     """``onmt_train`` arguments of a run: the compare config with its seed, its own output paths and the
     given schedule (the config's own where an argument is None)."""
@@ -123,7 +117,7 @@ def translate_command(run, source, train_steps=None):
     the same on-the-fly clause split as in training."""
     from onmt_ext.clause_split import translate_options
 
-    values = _config_values(run.config)
+    values = common.config_values(f"compare/{run.config}.yaml")
     return ["onmt_translate", "-model", str(checkpoint(run, train_steps)), "-src", str(source),
             "-output", str(run.hypotheses), "-beam_size", "4", "-batch_size", "64", "-batch_type", "sents",
             "-max_length", "100", *translate_options(values, ("sentencepiece",)),
@@ -179,9 +173,7 @@ def translate_run(run, threads, source):
     return run
 
 
-# --------------------------------------------------------------------------
-# The rules
-# --------------------------------------------------------------------------
+# ---------------------------------------------------------------- The rules
 
 
 def seed_curves(logs):
@@ -292,9 +284,7 @@ def paper_claim(config):
     return f"{row - base:+.2f} BLEU ({base:.2f} -> {row:.2f}): {what}"
 
 
-# --------------------------------------------------------------------------
-# Speed and the estimate
-# --------------------------------------------------------------------------
+# ---------------------------------------------------------------- Speed and the estimate
 
 
 @dataclass
@@ -378,9 +368,7 @@ def _minutes(seconds):
     return f"{seconds / 60:.0f} min" if seconds >= 600 else f"{seconds / 60:.1f} min"
 
 
-# --------------------------------------------------------------------------
-# Phase 2: the baseline until its plateau
-# --------------------------------------------------------------------------
+# ---------------------------------------------------------------- Phase 2: the baseline until its plateau
 
 
 def _plateau_of(runs, window, tolerance, max_steps):
@@ -450,9 +438,7 @@ def baseline_until_plateau(runs, cores, valid_every, report_every, window, toler
     return step, decided[1], time.perf_counter() - start
 
 
-# --------------------------------------------------------------------------
-# Scores and the report
-# --------------------------------------------------------------------------
+# ---------------------------------------------------------------- Scores and the report
 
 
 def training_speed(log_text):
@@ -766,9 +752,7 @@ def plot_curves(report, path):
     plt.close(fig)
 
 
-# --------------------------------------------------------------------------
-# main
-# --------------------------------------------------------------------------
+# ---------------------------------------------------------------- main
 
 
 def refresh(report):
@@ -914,8 +898,8 @@ def main(argv=None):
                            "v the mean validation perplexity over the seeds; the cap if none",
                    "window": window, "tolerance": args.plateau_tolerance, "valid_every": args.valid_every,
                    "max_steps": max_steps, "step": step, "found": found,
-                   "valid_set": str(_config_values(args.configs[0])["data"]["valid"]["path_src"]).rsplit(".", 1)[0]
-                   + ".{zh,en}"}
+                   "valid_set": str(common.config_values(f"compare/{args.configs[0]}.yaml")["data"]["valid"]
+                                    ["path_src"]).rsplit(".", 1)[0] + ".{zh,en}"}
         print(f"compare.py: plateau step {step}" + ("" if found else f" (the cap: no plateau up to {max_steps})"),
               flush=True)
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:

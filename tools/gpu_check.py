@@ -547,11 +547,11 @@ def training_config(case, mode, args, work, repeat_cache, batch_size=None, repla
     batch_size = batch_size or args.batch_size
     settings = Settings(args, batch_size)
     size = "smoke" if args.tiny else "paper"
-    paper = bench.yaml.safe_load((bench.CONFIGS / case.config).read_text(encoding="utf-8"))
+    paper = common.config_values(case.config)
     overrides = {"num_workers": 0 if replay else args.num_workers, "report_every": args.warmup_steps,
                  "batch_size": batch_size, "valid_batch_size": batch_size}
     if args.tiny:
-        twin = bench.yaml.safe_load((bench.CONFIGS / "smoke" / case.config).read_text(encoding="utf-8"))
+        twin = common.config_values(f"smoke/{case.config}")
         overrides.update(enc_layers=twin["enc_layers"], dec_layers=twin["dec_layers"])
     else:
         overrides["model_dtype"] = paper.get("model_dtype", "fp32") if args.device == "cuda" else "fp32"

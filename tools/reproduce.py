@@ -251,9 +251,7 @@ TABLES = {**_li2019_tables(), **_cao2019_tables(), **_chen2019_tables(), **_gret
           **_sample_tables()}
 
 
-# --------------------------------------------------------------------------
-# Planning: the commands of a row
-# --------------------------------------------------------------------------
+# ---------------------------------------------------------------- Planning: the commands of a row
 
 def parse_gpus(text):
     """The CUDA device ids of a ``--gpus`` value: ``"0,1,3"`` gives ``(0, 1, 3)``.
@@ -354,13 +352,6 @@ class RowPlan:
         return [list(step.command) for step in self.steps]
 
 
-def _config_values(config):
-    """The options of ``yaml_configs/<config>`` as a dict."""
-    import yaml
-
-    return yaml.safe_load((REPO / "yaml_configs" / config).read_text(encoding="utf-8"))
-
-
 def _with_overrides(values, overrides):
     """``values`` with a row's command-line overrides (``("-option", value, ...)``) applied."""
     values = dict(values)
@@ -421,7 +412,7 @@ def update_passes(values, gpus, passes=None, config="the config"):
 def plan(row, gpus=(0,), average=AVERAGE, passes=None):
     """The :class:`RowPlan` of one row trained on the CUDA devices ``gpus`` with ``average`` checkpoints averaged
     (``passes``: batches per update and GPU, see :func:`update_passes`)."""
-    values = _with_overrides(_config_values(row.config), row.overrides)
+    values = _with_overrides(common.config_values(row.config), row.overrides)
     save_model = Path(values["save_model"])
     if row.overrides:
         suffix = "_".join(str(part).lstrip("-") for part in row.overrides)
@@ -493,9 +484,7 @@ def _split_options(values):
     return translate_options(values)
 
 
-# --------------------------------------------------------------------------
-# Before anything runs: the devices and the corpus
-# --------------------------------------------------------------------------
+# ---------------------------------------------------------------- Before anything runs: the devices and the corpus
 
 @functools.lru_cache(maxsize=None)
 def _cuda_devices(gpus):
@@ -621,9 +610,7 @@ def training_data(task):
     return text
 
 
-# --------------------------------------------------------------------------
-# Running
-# --------------------------------------------------------------------------
+# ---------------------------------------------------------------- Running
 
 def shell_line(command, gpus):
     """A command as the shell line that runs it on the devices ``gpus`` (``CUDA_VISIBLE_DEVICES=0,1 onmt_...``)."""
@@ -699,9 +686,7 @@ def execute(plans, gpus, run=subprocess.run, bin_dir=None):
     return log
 
 
-# --------------------------------------------------------------------------
-# Scoring
-# --------------------------------------------------------------------------
+# ---------------------------------------------------------------- Scoring
 
 def _metric(lang):
     """sacreBLEU's 13a BLEU, or its zh tokenizer for Chinese output."""
@@ -769,9 +754,7 @@ def score(plans, task, by_length=False, test_set=0):
     return results
 
 
-# --------------------------------------------------------------------------
-# Training curves
-# --------------------------------------------------------------------------
+# ---------------------------------------------------------------- Training curves
 
 
 def parse_train_log(text):
@@ -850,9 +833,7 @@ def plot_curves(rows, path, title=""):
     return True
 
 
-# --------------------------------------------------------------------------
-# Report
-# --------------------------------------------------------------------------
+# ---------------------------------------------------------------- Report
 
 def row_results(plans, scores, more_scores=()):
     """The result dicts of scored rows: each row's identity, its scores and how its model was made.
