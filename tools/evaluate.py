@@ -14,11 +14,18 @@ How it works and why: docs/tools.md (evaluate.py).
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import sys
+from pathlib import Path
 
-from onmt_ext import evaluation as ev
-from onmt_ext.preprocessing import SUBWORD_MARK
+# The one sys.path edit left in tools/: scoring works from a checkout without onmt-ext installed (only
+# sacrebleu needed; tests/integration/test_evaluation_cli.py pins it).
+if importlib.util.find_spec("onmt_ext") is None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from onmt_ext import evaluation as ev  # noqa: E402
+from onmt_ext.preprocessing import SUBWORD_MARK  # noqa: E402
 
 PROG = "evaluate.py"
 
