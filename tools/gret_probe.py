@@ -65,7 +65,7 @@ def load_model(checkpoint):
 
 
 def features(model, vocabs, sentences, kind, batch_size=64):
-    """One vector per source sentence ``(n, d_model)`` (see the module docstring for ``kind``)."""
+    """One vector per source sentence ``(n, d_model)`` (``kind``: docs/tools.md, gret_probe.py)."""
     import torch
 
     if kind == "global" and getattr(model.encoder, "gret", None) is None:

@@ -118,7 +118,7 @@ def link_parent(venv, parent, info):
 
 
 def stage(venv, var="VENV", allow_without_pip=False, hint=None):
-    """Steps 1-4 of the module docstring; returns the line that says which torch VENV uses."""
+    """Steps 1-4 of docs/tools.md (stage_venv.py); returns the line that says which torch VENV uses."""
     parent = interpreter(sys.executable)
     torch_parent, why = torch_of(sys.executable)
     if torch_parent is None:

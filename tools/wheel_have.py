@@ -20,7 +20,7 @@ except ImportError:  # the Python that runs pip download may lack packaging; pip
     from pip._vendor.packaging.requirements import Requirement
     from pip._vendor.packaging.utils import canonicalize_name as normalize
 
-#: kept even when the target has it (see the module docstring)
+#: kept even when the target has it (docs/tools.md, wheel_have.py)
 ALWAYS_KEPT = ("setuptools",)
 _NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
 
