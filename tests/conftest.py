@@ -1,13 +1,10 @@
 """pytest set-up shared by all tiers (see tests/README.md)."""
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import support  # noqa: E402
+import support
 
 # The slow tier (``-m slow``; ``make test`` deselects it, ``make test-all`` runs it; see tests/README.md).
 # Tests and files mark themselves; tests/system/ is slow as a whole.

@@ -8,27 +8,15 @@ Usage::
         [--output-length 0 (the references' mean length)] [--gpu -1] [--threads 1] [--out results/bench]
         [--work build/bench]
 
-Every case of a suite (a paper config, see ``SUITES``) and its baseline
-trains through the real ``onmt_train`` and translates a fixed test set
-through the real ``onmt_translate`` (beam 4 and greedy, every output forced
-to the same number of steps), in child processes, interleaved over
-``--repeats`` rounds, with an A/A control (the baseline again) unless
-``--no-control``.  The report gives training target tokens/s, sentences/s,
-peak memory and parameters, and each as a ratio to the baseline beside the
-case's target and the paper's figure.  A ratio below its target is reported,
-not an error: the exit status is 0 whenever the report is written.  How and
-why it measures as it does: docs/benchmarks-method.md.  Results go to
-``<out>/<suite>-<size>.{json,md}`` (models and logs under ``--work``).
+How it works and why: docs/tools.md (bench.py).
 """
 
 import argparse
 import json
 import math
-import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
@@ -36,14 +24,13 @@ from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from prepare_tatoeba import encode_file  # noqa: E402
+import common
+from prepare_tatoeba import encode_file
 
 REPO = Path(__file__).resolve().parent.parent
 #: Measured training steps at the smoke size (fewer spread more than the effects measured; see
 #: docs/benchmarks-method.md).
 SMOKE_STEPS = 300
-CONFIGS = REPO / "yaml_configs"
 
 
 @dataclass(frozen=True)
@@ -135,8 +122,7 @@ def bench_config(case, size, args, workdir, overrides=None, suffix="", repeat=1)
     the pre-encoded training corpus are concatenated (a case with ``pre_encoded``; see
     :func:`_use_pre_encoded_data`).
     """
-    paper = yaml.safe_load((CONFIGS / case.config).read_text(encoding="utf-8"))
-    twin = yaml.safe_load((CONFIGS / "smoke" / case.config).read_text(encoding="utf-8"))
+    paper, twin = common.config_values(case.config), common.config_values(f"smoke/{case.config}")
     if size == "smoke":
         config = dict(twin, enc_layers=paper["enc_layers"], dec_layers=paper["dec_layers"])
     else:
@@ -207,58 +193,22 @@ def _use_pre_encoded_data(config, workdir, repeat=1):
 # ---------------------------------------------------------------- child processes
 
 
-def _peak_memory_mb(use_cuda):
-    import resource
-
-    import torch
-
-    if use_cuda and torch.cuda.is_available():
-        return torch.cuda.max_memory_allocated() / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def child_train(result_file, argv, instrument=None):
-    """``onmt_train`` with OpenNMT-py's per-report statistics recorded.
-
-    ``instrument``, if given, is called before training starts and returns a function that gives a dict of
-    further figures for the result once training is done (tools/gpu_check.py times and profiles steps so).
-    """
+def child_train(result_file, head, argv):
+    """``onmt_train`` with OpenNMT-py's per-report statistics and the parameter count recorded."""
     from onmt.bin import train
-    from onmt.utils import statistics as stats
 
-    reports = []
-    output = stats.Statistics.output
-
-    def recording_output(self, step, num_steps, learning_rate, start):
-        reports.append({"step": step, "tgt_tokens": self.n_words, "src_tokens": self.n_src_words,
-                        "seconds": self.elapsed_time()})
-        return output(self, step, num_steps, learning_rate, start)
-
-    stats.Statistics.output = recording_output
-    from onmt.models import model as models
-
-    parameters = {}
-
-    def recording(count):
-        def recording_count(self, *args, **kwargs):
-            parameters["total"] = sum(p.numel() for p in self.parameters())
-            return count(self, *args, **kwargs)
-
-        return recording_count
-
-    for cls in (models.BaseModel, models.NMTModel, models.LanguageModel):  # each defines its own
-        cls.count_parameters = recording(cls.__dict__["count_parameters"])
-    collect = instrument() if instrument else dict
+    reports, parameters = [], {}
+    common.record_training(reports, parameters)
     sys.argv = ["onmt_train", *argv]
     train.main()
     import torch
 
-    result = {"reports": reports, "peak_memory_mb": _peak_memory_mb(torch.cuda.is_initialized()),  # gpu_ranks
-              "parameters": parameters.get("total"), **collect()}
+    result = {"reports": reports, "peak_memory_mb": common.peak_memory_mb(torch.cuda.is_initialized()),  # gpu_ranks
+              "parameters": parameters.get("total")}
     Path(result_file).write_text(json.dumps(result), encoding="utf-8")
 
 
-def child_translate(result_file, argv):
+def child_translate(result_file, head, argv):
     """``onmt_translate`` with the time spent in translation (model loading excluded) recorded."""
     from onmt.bin import translate
     from onmt.translate import translator
@@ -276,49 +226,14 @@ def child_translate(result_file, argv):
     translator.Inference._translate = timed
     sys.argv = ["onmt_translate", *argv]
     translate.main()
-    timing["peak_memory_mb"] = _peak_memory_mb("-gpu" in argv and "-1" not in argv)
+    timing["peak_memory_mb"] = common.peak_memory_mb("-gpu" in argv and "-1" not in argv)
     Path(result_file).write_text(json.dumps(timing), encoding="utf-8")
-
-
-class ChildFailed(Exception):
-    """A child process exited with an error (``timed_out``: it was stopped at its time limit)."""
-
-    def __init__(self, message, timed_out=False):
-        super().__init__(message)
-        self.timed_out = timed_out
-
-
-def run_child(kind, argv, log, threads, script=None, timeout=None, head=(), env=None):
-    """Runs ``script --child kind RESULT [head...] -- argv`` (``script``: this file) with its output in
-    ``log`` and ``env`` (variables) added to the environment; returns the JSON the child wrote.  Raises
-    :class:`ChildFailed` if it fails or outlives ``timeout`` seconds (then its whole process group is killed)."""
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as handle:
-        result_file = handle.name
-    command = [sys.executable, str(script or Path(__file__).resolve()), "--child", kind, result_file,
-               *map(str, head), "--", *map(str, argv)]
-    env = dict(os.environ, **({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {}),
-               **(env or {}))
-    try:
-        with open(log, "w", encoding="utf-8") as out:
-            child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-            try:
-                code = child.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(child.pid, 9)
-                child.wait()
-                raise ChildFailed(f"{kind} stopped after {timeout:.0f} s (time budget); see {log}", timed_out=True)
-        if code:
-            raise ChildFailed(f"{kind} failed (exit {code}); see {log}")
-        return json.loads(Path(result_file).read_text(encoding="utf-8"))
-    finally:
-        if os.path.exists(result_file):
-            os.unlink(result_file)
 
 
 def _run_child(kind, argv, log, threads):
     try:
-        return run_child(kind, argv, log, threads)
-    except ChildFailed as failure:
+        return common.run_child(Path(__file__).resolve(), kind, argv, log, threads)
+    except common.ChildFailed as failure:
         raise SystemExit(f"bench.py: error: {failure}") from None
 
 
@@ -562,10 +477,7 @@ def report(suite, size, results, args):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:
-        kind, result_file, rest = argv[1], argv[2], argv[4:]
-        import onmt  # noqa: F401  (onmt-ext's start-up hook)
-
-        return (child_train if kind == "train" else child_translate)(result_file, rest)
+        return common.child_main(argv, {"train": child_train, "translate": child_translate})
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--suite", choices=sorted(SUITES), default="li2019")
     parser.add_argument("--size", choices=("smoke", "paper"), default="smoke")

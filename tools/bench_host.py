@@ -6,18 +6,7 @@ Usage::
     python tools/bench_host.py [--steps 40] [--warmup-steps 10] [--repeats 2] [--batch-size 8192]
         [--num-workers 2] [--out results/bench] [--work build/bench-host] [--label NAME]
 
-A trivial model (one encoder and one decoder layer, width 16) trains on the
-shipped Tatoeba sample (SentencePiece on the fly, as a user's config does)
-with 8,192-token batches through the real ``onmt_train``, once with onmt-ext
-and once with ``ONMT_EXT_DISABLE=1``, alternating, ``--repeats`` times each.
-With so little arithmetic, a step's time is what the host spends on it: the
-data path, the training loop, the optimiser.  The figure is the wall time per
-step between the step reports after the warm-up (log timestamps).  A second
-figure isolates what a batch costs the training process to receive from a
-data worker: a batch of seven int64 tensors of an 8k-token batch's shapes, as
-shared-memory tensors (stock) and as one packed buffer (onmt-ext,
-``onmt_ext.batches.pack``), through a DataLoader with 2 workers.  Information
-for work without a GPU, not a GPU figure.  Writes ``<out>/host-<label>.{json,md}``.
+How it works and why: docs/tools.md (bench_host.py).
 """
 
 import argparse
@@ -33,9 +22,10 @@ from pathlib import Path
 
 import torch
 
+import common
+from onmt_ext import train_log
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-from onmt_ext import train_log  # noqa: E402
 
 MODEL = {"enc_layers": 1, "dec_layers": 1, "hidden_size": 16, "word_vec_size": 16, "transformer_ff": 16,
          "heads": 2}
@@ -46,7 +36,7 @@ def config_text(args, work):
     """The demo config with the trivial model and this run's batch, steps and paths."""
     import yaml
 
-    config = yaml.safe_load((REPO / "yaml_configs/demo/tatoeba_zhen.yaml").read_text(encoding="utf-8"))
+    config = common.config_values("demo/tatoeba_zhen.yaml")
     steps = args.warmup_steps + args.steps
     config.update(MODEL, batch_size=args.batch_size, valid_batch_size=args.batch_size, num_workers=args.num_workers,
                   train_steps=steps, valid_steps=10 * steps, save_checkpoint_steps=10 * steps,

@@ -7,23 +7,7 @@ Usage::
         [--src-subword-model spm.model] [--iterations 1 2 3 4 5] [--thresholds 1e-2 1e-3 1e-6] \\
         [--limit 500] [--out weights.json] [--markdown weights.md]
 
-The paper chose T = 3 and reports that with T = 4 or 5 "over half of the
-vote vectors' weights come out to be zero", which made the model worse.
-This tool makes that observable.  For each checkpoint (trained with
-``-cao2019_vertical``/``-cao2019_horizontal``) it encodes the source
-sentences, captures the masked attention logits each cross-aggregation
-layer receives, and recomputes from them, for every T asked for, the
-coupling coefficients C of the T-th routing iteration
-(:func:`onmt_ext.cao2019.routing_weights`, the routing core
-itself).  It reports the share of coefficients below each threshold,
-separately for the vertical routing (H heads per position) and the
-horizontal one (l + 1 positions per head at position l), over all layers
-and per layer.  Padding takes no part.
-
-The logits are those of the model as trained (with its own T); the T asked
-for changes only the routing run over them.  A model trained with T = 4 or 5
-shows what the paper describes more directly: pass its checkpoint too, and
-its row with its own T is marked.
+How it works and why: docs/tools.md (cao2019_weights.py).
 """
 
 import argparse
@@ -31,8 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gret_probe import _read_lines, _subword, encoded_batches, load_model  # noqa: E402
+from gret_probe import _read_lines, _subword, encoded_batches, load_model
 
 ROUTINGS = ("vertical", "horizontal")
 

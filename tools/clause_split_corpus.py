@@ -6,16 +6,7 @@ Usage::
     python tools/clause_split_corpus.py --lang en --input train.bpe.en --output train.bpe.en.clause_rule
         [--levels 6] [--tagger-model FILE] [--subword-model spm.model] [--bucket 256]
 
-Tagging with spaCy runs at a few hundred sentences per second on a CPU core
-(docs/clause.md), so re-tagging a WMT-size corpus in every epoch
-would starve a GPU.  This writes each line with the markers of the
-``clause_split`` transform inserted, using the transform itself (built by
-OpenNMT-py's ``make_transforms``, applied with ``batch_apply``), so the
-output equals what the transform produces on the fly.  Train on the output
-with ``clause_split`` still listed in ``-transforms`` plus
-``-clause_presplit`` (the transform then passes the markers through), and
-translate raw test sources with the same ``-clause_*`` options and without
-``-clause_presplit``.  Empty lines stay empty; the line count is kept.
+How it works and why: docs/tools.md (clause_split_corpus.py).
 """
 
 import argparse

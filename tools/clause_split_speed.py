@@ -7,15 +7,7 @@ Usage::
     python tools/clause_split_speed.py --lang zh --input /work/shared/data/tatoeba-zh-en/cmn.txt --column 1 \\
         --limit 5000 [--subword-model build/tatoeba/spm.zh.model] [--tagger-model FILE]
 
-The transform is built as OpenNMT-py builds it (its options parsed by an
-OpenNMT-py parser, ``make_transforms``, then ``batch_apply`` on buckets of
-``--bucket`` examples, as ``onmt/inputters/text_utils.process`` does).  With
-``--subword-model`` the lines first go through OpenNMT-py's
-``sentencepiece`` transform (timed apart), so clause_split sees pieces, as in
-``transforms: [sentencepiece, clause_split]``.  Only ``clause_split`` is
-timed for the speed; loading the tagger (spaCy/jieba, the study model) is
-reported apart as warm-up.  Lines are read as OpenNMT-py reads them
-(``strip().split(" ")``); empty lines are kept.
+How it works and why: docs/tools.md (clause_split_speed.py).
 """
 
 import argparse

@@ -8,73 +8,9 @@ Usage::
                             [--max-steps N] [--budget-minutes 120] [--train-steps N]
                             [--test-lines N] [--work build/compare] [--out results/compare]
 
-Every config of ``yaml_configs/compare/`` (the stock baseline, one
-representative row of each paper, chen2019's two layouts, and one
-combination) is trained with each
-seed on the same data, validated every ``--valid-every`` steps on the
-held-out validation set of the config (``build/tatoeba/valid.*``), then
-translates the Tatoeba multi-reference test set (beam 4) and is scored with
-sacreBLEU through :mod:`onmt_ext.evaluation`.  The run has four phases:
-
-1. **Probe.**  Each config trains ``--probe-steps`` steps (first seed,
-   ``--jobs`` at a time, as later) and validates once; the speed of those
-   steps (seconds per step between OpenNMT-py's step reports), the time of a
-   validation and the start-up give the estimate of the whole run that is
-   printed before the real trainings start, and the speed column of the
-   report (every config measured alike).
-2. **Baseline to its plateau.**  The baseline trains with all seeds at once,
-   saving a checkpoint at every validation.  Its learning curve is the mean
-   validation perplexity over the seeds, v(s).  The *plateau step* P is the
-   first validation step s at which the next ``--plateau-window`` steps do
-   not improve the mean by ``--plateau-tolerance`` or more, relative:
-   ``min v(t) for s < t <= s + window  >  (1 - tolerance) * v(s)``.
-   The baseline is stopped as soon as P is known.  When no step up to
-   ``--max-steps`` qualifies, P = ``--max-steps`` and the report says that
-   the baseline had not plateaued.  (``--train-steps N`` skips the search:
-   every config trains N steps.)
-3. **Every other config trains P steps** per seed, ``--jobs`` at a time, and
-   every model (the baseline's checkpoint of step P included) translates the
-   test set.
-4. **Report** (``<out>/compare.{md,json}``, ``compare.png``, ``curves.png``):
-
-   * BLEU (13a, case-sensitive, all references) and chrF per run, mean and
-     sample standard deviation over the seeds; a paired bootstrap test (1000
-     resamples) of each run against the baseline of the same seed, and a
-     paired sign-flip test across the seeds (:func:`seed_test`);
-   * the learning curves: mean validation perplexity over the seeds with the
-     min-max band (``curves.png``);
-   * the *beats-the-baseline rule*: at a validation step, a config beats the
-     baseline when its worst seed has a lower validation perplexity than the
-     baseline's best seed (the min-max ranges do not overlap; with three
-     seeds each, two exchangeable sets of runs fall apart like this in a
-     given direction with probability 1/20).  The report gives the first
-     step from which the config beats the baseline at every later step up to
-     P (or is beaten, the same way), beside the gain its paper reports;
-   * the probe's training speed relative to the baseline's, tokens per
-     second of every run (target side, step reports that hold no
-     validation), wall-clock times and parameter counts.  The speed is
-     coarser than ``make bench``'s.
-
-Sizing for a 2-hour run on 2 cores: the 21 trainings of phase 3 cost about
-nine times the baseline's phase 2 (by the speed ratios of the mechanisms)
-and dominate.  Two runs at a time with one thread each use both cores best
-for models this small.  A validation (1,000 sentences, teacher-forced)
-costs about as much as five training steps, so validating every 100 steps
-adds about 5% and places a crossing of two curves within 100 steps.  The
-test set is translated in full, a small part of each run.  Unless
-``--max-steps`` is given, the largest multiple of ``--valid-every`` is
-chosen such that the estimate of the whole run, with the plateau at that
-cap, stays within 90% of ``--budget-minutes``: a baseline that plateaus
-later is cut at the cap rather than overrunning the budget, and a machine
-busy with other work gets a lower cap (docs/compare.md).
-
-Runs whose checkpoint (or translation) exists are not redone; a baseline
-whose logs already decide the plateau and whose checkpoint of step P exists
-is not retrained.  The baseline's other checkpoints are deleted once P is
-known.
+How it works and why: docs/tools.md (compare.py).
 """
 
-import argparse
 import itertools
 import json
 import math
@@ -90,9 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-from onmt_ext import train_log  # noqa: E402
-from onmt_ext.compat import make_command  # noqa: E402
+import common
+from common import fmt
+from onmt_ext import train_log
+from onmt_ext.compat import make_command
 
 CONFIG_DIR = Path("yaml_configs/compare")
 #: Order of the rows; the first is the baseline every other row is tested against.
@@ -156,12 +93,6 @@ class Run:
         return self.directory / "train.log"
 
 
-def _config_values(name):
-    import yaml
-
-    return yaml.safe_load((REPO / CONFIG_DIR / f"{name}.yaml").read_text(encoding="utf-8"))
-
-
 def train_command(run, train_steps=None, valid_every=None, save_every=None, keep=None, report_every=None):
     """``onmt_train`` arguments of a run: the compare config with its seed, its own output paths and the
     given schedule (the config's own where an argument is None)."""
@@ -186,7 +117,7 @@ def translate_command(run, source, train_steps=None):
     the same on-the-fly clause split as in training."""
     from onmt_ext.clause_split import translate_options
 
-    values = _config_values(run.config)
+    values = common.config_values(f"compare/{run.config}.yaml")
     return ["onmt_translate", "-model", str(checkpoint(run, train_steps)), "-src", str(source),
             "-output", str(run.hypotheses), "-beam_size", "4", "-batch_size", "64", "-batch_type", "sents",
             "-max_length", "100", *translate_options(values, ("sentencepiece",)),
@@ -242,9 +173,7 @@ def translate_run(run, threads, source):
     return run
 
 
-# --------------------------------------------------------------------------
-# The rules
-# --------------------------------------------------------------------------
+# ---------------------------------------------------------------- The rules
 
 
 def seed_curves(logs):
@@ -347,7 +276,6 @@ def paper_claim(config):
     claim = PAPER_CLAIMS.get(config)
     if claim is None or isinstance(claim, str):
         return claim or ""
-    sys.path.insert(0, str(REPO / "tools"))
     import reproduce
 
     table, base_index, index, what = claim
@@ -356,9 +284,7 @@ def paper_claim(config):
     return f"{row - base:+.2f} BLEU ({base:.2f} -> {row:.2f}): {what}"
 
 
-# --------------------------------------------------------------------------
-# Speed and the estimate
-# --------------------------------------------------------------------------
+# ---------------------------------------------------------------- Speed and the estimate
 
 
 @dataclass
@@ -442,9 +368,7 @@ def _minutes(seconds):
     return f"{seconds / 60:.0f} min" if seconds >= 600 else f"{seconds / 60:.1f} min"
 
 
-# --------------------------------------------------------------------------
-# Phase 2: the baseline until its plateau
-# --------------------------------------------------------------------------
+# ---------------------------------------------------------------- Phase 2: the baseline until its plateau
 
 
 def _plateau_of(runs, window, tolerance, max_steps):
@@ -514,9 +438,7 @@ def baseline_until_plateau(runs, cores, valid_every, report_every, window, toler
     return step, decided[1], time.perf_counter() - start
 
 
-# --------------------------------------------------------------------------
-# Scores and the report
-# --------------------------------------------------------------------------
+# ---------------------------------------------------------------- Scores and the report
 
 
 def training_speed(log_text):
@@ -635,10 +557,6 @@ def learning_curves(runs, configs, seeds, last_step):
     return curves
 
 
-def _fmt(value, digits=2):
-    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
-
-
 def _at(curve, step):
     """(mean, min, max) of a curve at ``step``, None when it has no such step."""
     if step not in curve["step"]:
@@ -687,9 +605,9 @@ def markdown(report):
         across = "—" if test is None else \
             f"{test['mean_delta']:+.2f} ({test['better']} / {test['worse']}), p {test['p_value']:.3f}"
         params = "n/a" if row["parameters"] is None else f"{row['parameters']:,}"
-        lines.append(f"| {row['label']} (`{row['file']}`) | {_fmt(row['bleu_mean'])} ± {_fmt(row['bleu_sd'])} | "
-                     f"{_fmt(row['chrf_mean'])} ± {_fmt(row['chrf_sd'])} | {sig} | {across} | "
-                     f"{_fmt(row['speed_ratio'])} | {params} |")
+        lines.append(f"| {row['label']} (`{row['file']}`) | {fmt(row['bleu_mean'])} ± {fmt(row['bleu_sd'])} | "
+                     f"{fmt(row['chrf_mean'])} ± {fmt(row['chrf_sd'])} | {sig} | {across} | "
+                     f"{fmt(row['speed_ratio'])} | {params} |")
     lines += ["", "Per seed (BLEU; delta and p against the baseline of the same seed):", "",
               "| config | " + " | ".join(f"seed {s}" for s in seeds) + " |",
               "|---|" + "---:|" * len(seeds)]
@@ -756,18 +674,9 @@ def earlier_invocations(previous, reused, logs):
     return list(previous.get("earlier_invocations") or []) + [own]
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot(report, path):
     """Bar chart of mean BLEU with the seed standard deviation, and the speed ratios, to ``path``."""
-    plt = _pyplot()
+    plt = common.pyplot()
     rows = report["rows"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     names = [row["config"] for row in rows]
@@ -794,7 +703,7 @@ def plot_curves(report, path):
     """The learning curves to ``path``: left, validation perplexity (log scale), mean over the seeds with
     the min-max band; right, each config's over the baseline's mean (below 1: lower perplexity).  A dotted
     line marks the step every config trained to."""
-    plt = _pyplot()
+    plt = common.pyplot()
     from matplotlib.ticker import MaxNLocator
 
     curves = report["curves"]
@@ -843,16 +752,7 @@ def plot_curves(report, path):
     plt.close(fig)
 
 
-# --------------------------------------------------------------------------
-# main
-# --------------------------------------------------------------------------
-
-
-class _Parser(argparse.ArgumentParser):
-    """Bad arguments: one line, ``compare.py: error: ...``, exit status 2."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
+# ---------------------------------------------------------------- main
 
 
 def refresh(report):
@@ -881,7 +781,7 @@ def report_only(out):
 
 
 def main(argv=None):
-    parser = _Parser(prog="compare.py", description=__doc__.split("\n")[0])
+    parser = common.Parser(prog="compare.py", description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS),
                         help="configs of yaml_configs/compare/ to run; the first is the baseline")
@@ -998,8 +898,8 @@ def main(argv=None):
                            "v the mean validation perplexity over the seeds; the cap if none",
                    "window": window, "tolerance": args.plateau_tolerance, "valid_every": args.valid_every,
                    "max_steps": max_steps, "step": step, "found": found,
-                   "valid_set": str(_config_values(args.configs[0])["data"]["valid"]["path_src"]).rsplit(".", 1)[0]
-                   + ".{zh,en}"}
+                   "valid_set": str(common.config_values(f"compare/{args.configs[0]}.yaml")["data"]["valid"]
+                                    ["path_src"]).rsplit(".", 1)[0] + ".{zh,en}"}
         print(f"compare.py: plateau step {step}" + ("" if found else f" (the cap: no plateau up to {max_steps})"),
               flush=True)
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:

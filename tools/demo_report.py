@@ -15,11 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-try:
-    from onmt_ext import evaluation
-except ImportError:  # run from a checkout without the package installed
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from onmt_ext import evaluation
+from onmt_ext import evaluation
 
 
 def _seconds(directory, stage):

@@ -9,36 +9,7 @@ Usage::
         [--bootstrap-samples 1000] [--seed 12345]
         [--by-length [--src src.txt]] [--json]
 
-References come either from plain files (``--refs``, one reference per line,
-file *k* holding reference *k* of every segment) or from a TSV file
-(``--ref-tsv``, ``source<TAB>ref1<TAB>ref2...`` with a variable number of
-references per line).  Metrics (all computed by sacreBLEU, see
-``onmt_ext.evaluation``):
-
-* ``bleu``: case-sensitive BLEU, 13a tokenizer (NIST-style, as in papers);
-* ``tok-bleu``: ``multi-bleu.perl``-equivalent BLEU on already tokenized text;
-* ``chrf``: chrF2.
-
-``--baseline`` adds a paired bootstrap test of the system against the
-baseline output for every selected metric (``†`` p < 0.05, ``‡`` p < 0.01).
-``--by-length`` reports BLEU per bucket of source length (whitespace tokens;
-``--buckets`` gives the upper bounds, default 10 20 30 40 50: 0-10, 11-20,
-..., 41-50, 51+), taking the sources from ``--src`` or else from column 0 of
-``--ref-tsv``; give ``--src`` with word-segmented sources (e.g. ``test.zh``)
-when the TSV holds unsegmented Chinese.  With ``--baseline`` it also reports,
-per bucket, the baseline's BLEU, the difference and a paired bootstrap test
-on that bucket's segments; ``--plot FILE`` draws it (PNG/PDF/SVG).  The
-by-length BLEU is ``bleu-zh`` when that metric is selected (Chinese output),
-else ``bleu``.
-
-Hypotheses (and a baseline) that still hold subword marks (SentencePiece's
-``▁``, BPE's ``@@``, the OpenNMT tokenizer's ``￭``) were never detokenized and
-are refused (exit 2) unless ``--allow-subword-markers`` is given.
-
-The human output prints every score with its sacreBLEU signature; ``--json``
-prints one JSON object instead.  Exit status: 0 on success, 2 on a usage
-error or unreadable/invalid input (``evaluate.py: error: ...`` on stderr, the
-message names the file and line).
+How it works and why: docs/tools.md (evaluate.py).
 """
 
 import argparse
@@ -48,6 +19,8 @@ import json
 import sys
 from pathlib import Path
 
+# The one sys.path edit left in tools/: scoring works from a checkout without onmt-ext installed (only
+# sacrebleu needed; tests/integration/test_evaluation_cli.py pins it).
 if importlib.util.find_spec("onmt_ext") is None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 

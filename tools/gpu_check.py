@@ -15,7 +15,6 @@ what cannot run is reported "not run: budget".  ``--device cpu --tiny`` is the C
 failed; 2 nothing could run.
 """
 
-import argparse
 import datetime
 import gc
 import json
@@ -34,9 +33,10 @@ from collections import Counter
 from itertools import islice
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench  # noqa: E402
-from bench import Case  # noqa: E402
+import bench
+import common
+from bench import Case
+from common import fmt
 
 REPO = Path(__file__).resolve().parent.parent
 PROPERTY_TEST = "tests/integration/test_decoding_properties.py"
@@ -295,9 +295,7 @@ class Meter:
         from onmt import train_single
         from onmt import trainer as trainer_module
         from onmt.constants import CorpusTask
-        from onmt.models import model as models
         from onmt.models import model_saver
-        from onmt.utils import statistics as stats
 
         self.torch, self.cuda, self.job = torch, cuda, None
         meter = self
@@ -329,23 +327,8 @@ class Meter:
             return out
 
         trainer_class._accum_batches, trainer_class._gradient_accumulation = timed_batches, measured_step
-        output = stats.Statistics.output
-
-        def recording_output(statistics, step, *args, **kwargs):
-            meter.reports.append({"step": step, "tgt_tokens": statistics.n_words, "seconds": statistics.elapsed_time()})
-            return output(statistics, step, *args, **kwargs)
-
-        stats.Statistics.output = recording_output
-
-        def recording(count):
-            def recording_count(model, *args, **kwargs):
-                meter.parameters = sum(p.numel() for p in model.parameters())
-                return count(model, *args, **kwargs)
-
-            return recording_count
-
-        for cls in (models.BaseModel, models.NMTModel, models.LanguageModel):  # each defines its own
-            cls.count_parameters = recording(cls.__dict__["count_parameters"])
+        self.reports, self.parameters = [], {}
+        common.record_training(self.reports, self.parameters)
         save = model_saver.ModelSaverBase.save
         model_saver.ModelSaverBase.save = lambda saver, *a, **k: save(saver, *a, **k) if meter.job["save"] else None
         build_model = getattr(train_single, "build_model", None)
@@ -377,7 +360,9 @@ class Meter:
             self.torch.cuda.synchronize()
 
     def begin(self, job):
-        self.job, self.waits, self.reports, self.parameters = job, {}, [], None
+        self.job, self.waits = job, {}
+        self.reports.clear()
+        self.parameters.clear()
         self.model_built = self.first_step_end = self.first_step_wall = None
         self.replay_s, self.replayed, self.window, self.syncs, self.sites = 0.0, None, {}, {}, []
         self.sync_window, self.sync_step = None, None
@@ -420,19 +405,6 @@ class Meter:
             self.window["end"] = time.perf_counter()
             self.window["profiler"].__exit__(None, None, None)
 
-    def _peak_mb(self):
-        if self.cuda:
-            return self.torch.cuda.max_memory_allocated() / 2**20
-        try:
-            for line in Path("/proc/self/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-        except OSError:
-            pass
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
     def end(self, t0_wall):
         """The run's figures; ``t0_wall``: when the parent started this process (None: not the first run)."""
         if self.sync_window is not None:
@@ -450,9 +422,9 @@ class Meter:
         at_reports = [count for step, count in self.syncs.items() if not step % every]
         figures = {
             "tokens_per_s": tokens / seconds, "measured_steps": steps, "step_ms": 1000 * seconds / steps,
-            "data_wait_share": sum(waits) / seconds, "peak_memory_mb": self._peak_mb(),
+            "data_wait_share": sum(waits) / seconds, "peak_memory_mb": common.peak_memory_mb(self.cuda),
             "peak_memory_since": "the run" if self.cuda or self.peak_reset else "the process start",
-            "parameters": self.parameters, "replayed_batches": self.replayed,
+            "parameters": self.parameters.get("total"), "replayed_batches": self.replayed,
             "syncs_per_step": statistics.mean(between) if between else None, "sync_steps": len(between),
             "syncs_per_report_step": statistics.mean(at_reports) if at_reports else None,
             "sync_sites": _top_sites(self.sites),
@@ -500,8 +472,7 @@ def child_train_many(result_file, head, argv):
     per_weight = []
 
     def record(entry):
-        with open(runs_file, "a", encoding="utf-8") as out:
-            out.write(json.dumps(entry) + "\n")
+        common.append_json_line(runs_file, entry)
 
     first_run = True
     for job in jobs:
@@ -576,11 +547,11 @@ def training_config(case, mode, args, work, repeat_cache, batch_size=None, repla
     batch_size = batch_size or args.batch_size
     settings = Settings(args, batch_size)
     size = "smoke" if args.tiny else "paper"
-    paper = bench.yaml.safe_load((bench.CONFIGS / case.config).read_text(encoding="utf-8"))
+    paper = common.config_values(case.config)
     overrides = {"num_workers": 0 if replay else args.num_workers, "report_every": args.warmup_steps,
                  "batch_size": batch_size, "valid_batch_size": batch_size}
     if args.tiny:
-        twin = bench.yaml.safe_load((bench.CONFIGS / "smoke" / case.config).read_text(encoding="utf-8"))
+        twin = common.config_values(f"smoke/{case.config}")
         overrides.update(enc_layers=twin["enc_layers"], dec_layers=twin["dec_layers"])
     else:
         overrides["model_dtype"] = paper.get("model_dtype", "fp32") if args.device == "cuda" else "fp32"
@@ -654,11 +625,11 @@ def warm_up_plan(args):
     return row, case, "eager", {"batch_size": args.batch_size, "stock": True}
 
 
-def start_warm_up(args, work, entry, configs, deadline):
+def start_warm_up(args, work, entry, configs, repeat_cache, deadline):
     """Runs the warm-up ``entry`` (:func:`warm_up_plan`) in a thread until the monotonic ``deadline``; returns
-    the thread (its row is filled in place when it ends)."""
+    the thread (its row is filled in place when it ends).  ``repeat_cache``: :func:`prepare_training`'s."""
     row, case, mode, extra = entry
-    configs[row["key"]] = training_config(case, mode, args, work, {}, batch_size=extra["batch_size"],
+    configs[row["key"]] = training_config(case, mode, args, work, repeat_cache, batch_size=extra["batch_size"],
                                           stock=True, name=row["name"])
     row["command"], row["options"] = f"onmt_train -config {configs[row['key']][0]}", configs[row["key"]][2]
     thread = threading.Thread(target=run_training_process, daemon=True,
@@ -668,10 +639,10 @@ def start_warm_up(args, work, entry, configs, deadline):
     return thread
 
 
-def prepare_training(args, work, plan):
-    """Writes every config of ``plan`` (data SentencePiece'd, clause-split and repeated once); returns
-    ``{row key: (path, checkpoint, options)}``."""
-    cache, configs = {}, {}
+def prepare_training(args, work, plan, cache):
+    """Writes every config of ``plan`` (data SentencePiece'd, clause-split and repeated once, the repeat factor
+    kept in ``cache``, see :func:`training_config`); returns ``{row key: (path, checkpoint, options)}``."""
+    configs = {}
     for _, _, _, rows in plan:
         for row, case, mode, extra in rows:
             configs[row["key"]] = training_config(case, mode, args, work, cache, batch_size=row["batch_tokens"],
@@ -708,10 +679,10 @@ def run_training_process(args, work, group, env, rows, configs, deadlines):
         if args.compile_backend:
             child_env["ONMT_EXT_COMPILE_BACKEND"] = args.compile_backend
         try:
-            bench.run_child("train-many", [], work / f"train-{slug}.log", args.threads,
-                            script=Path(__file__).resolve(), timeout=seconds + GRACE_S, env=child_env,
-                            head=(jobs_file, runs_file, time.time(), args.device))
-        except bench.ChildFailed as failure:
+            common.run_child(Path(__file__).resolve(), "train-many", [], work / f"train-{slug}.log", args.threads,
+                             timeout=seconds + GRACE_S, env=child_env,
+                             head=(jobs_file, runs_file, time.time(), args.device))
+        except common.ChildFailed as failure:
             stopped = ("stopped: budget" if failure.timed_out else f"failed: {failure}")
     entries = ([json.loads(line) for line in runs_file.read_text(encoding="utf-8").splitlines()]
                if runs_file.exists() else [])
@@ -783,10 +754,6 @@ def child_translate_many(result_file, head, argv):
     input is then repeated so that the fastest run takes ``head[2]`` seconds at least, the cases that fit are
     chosen in priority order (:func:`plan_cases`), and the timed schedule runs.  Every event is appended to
     ``head[1]`` (JSON lines) at once, so that a stop keeps what was done."""
-    from onmt.bin.translate import _get_parser
-    from onmt.inference_engine import InferenceEnginePY
-    from onmt.utils.parse import ArgumentParser
-
     from onmt_ext import compile as ext_compile
 
     groups = json.loads(Path(head[0]).read_text(encoding="utf-8"))
@@ -795,8 +762,7 @@ def child_translate_many(result_file, head, argv):
     engines = {}
 
     def record(entry):
-        with open(runs_file, "a", encoding="utf-8") as out:
-            out.write(json.dumps(entry) + "\n")
+        common.append_json_line(runs_file, entry)
 
     record({"phase": "meta", "cli_compile": cli_compile, "backend": ext_compile.BACKEND})
 
@@ -804,12 +770,7 @@ def child_translate_many(result_file, head, argv):
         key = (job["checkpoint"], job["compiled"], tuple(job["argv"]))
         if key not in engines:
             argv = list(job["argv"]) + (["-ext_compile"] if job["compiled"] and cli_compile else [])
-            opt = _get_parser().parse_args(argv)
-            ArgumentParser.validate_translate_opts(opt)
-            ArgumentParser._get_all_transform_translate(opt)
-            ArgumentParser._validate_transforms_opts(opt)
-            ArgumentParser.validate_translate_opts_dynamic(opt)
-            engine = InferenceEnginePY(opt)
+            engine = common.inference_engine(argv)
             if job["compiled"] and not cli_compile:  # what -ext_compile does when the model is built
                 ext_compile.enable(engine.translator.model, True)
             engines[key] = engine
@@ -1019,10 +980,9 @@ def section_c(args, schedule, work, models, cases, result):
         print(f"== gpu-check c: translate, {len(built)} groups in one process ({seconds:.0f} s at most)", flush=True)
         env = {"ONMT_EXT_COMPILE_BACKEND": args.compile_backend} if args.compile_backend else {}
         try:
-            bench.run_child("translate-many", [], work / "translate.log", args.threads,
-                            script=Path(__file__).resolve(), timeout=seconds + GRACE_S, env=env,
-                            head=(jobs_file, runs_file, args.min_run_seconds))
-        except bench.ChildFailed as failure:
+            common.run_child(Path(__file__).resolve(), "translate-many", [], work / "translate.log", args.threads,
+                             timeout=seconds + GRACE_S, env=env, head=(jobs_file, runs_file, args.min_run_seconds))
+        except common.ChildFailed as failure:
             stopped = ("stopped", "budget") if failure.timed_out else ("failed", str(failure))
     ended = _now()
     runs = ([json.loads(line) for line in runs_file.read_text(encoding="utf-8").splitlines()]
@@ -1068,14 +1028,6 @@ def report_name(info, args):
     if args.device != "cuda":
         return "cpu-tiny" if args.tiny else "cpu"
     return re.sub(r"[^A-Za-z0-9.+-]+", "_", info["name"]).strip("_") or "gpu"
-
-
-def _fmt(value, digits=2):
-    if value is None:
-        return "n/a"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
 
 
 def _met(row):
@@ -1179,8 +1131,8 @@ def markdown(report):
             lines += ["| dtype | passed | failed | errors | skipped | seconds | status | command |",
                       "|---|---:|---:|---:|---:|---:|---|---|"]
             for run in a["runs"]:
-                lines.append(f"| {run['dtype']} | {_fmt(run.get('passed'))} | {_fmt(run.get('failed'))} | "
-                             f"{_fmt(run.get('errors'))} | {_fmt(run.get('skipped'))} | {_fmt(run.get('seconds'), 1)} "
+                lines.append(f"| {run['dtype']} | {fmt(run.get('passed'))} | {fmt(run.get('failed'))} | "
+                             f"{fmt(run.get('errors'))} | {fmt(run.get('skipped'))} | {fmt(run.get('seconds'), 1)} "
                              f"| {run['status']}{': ' + run['reason'] if run.get('reason') else ''} | "
                              f"`{run['command']}` |")
             failures = [f"- {run['dtype']}: {name}" for run in a["runs"] for name in run.get("failures", [])]
@@ -1199,16 +1151,16 @@ def markdown(report):
                   "|---|---|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         by_key = {row["key"]: row for row in b["rows"]}
         for row in b["rows"]:
-            ratio = _fmt(row.get("ratio"), 3) + (f" (>= {row['target']:.2f}){_met(row)}" if row["target"] else "")
+            ratio = fmt(row.get("ratio"), 3) + (f" (>= {row['target']:.2f}){_met(row)}" if row["target"] else "")
             vs = by_key[row["reference"]]["case"] if row.get("reference") in by_key else "itself"
-            peak = _fmt(row.get("peak_memory_mb"), 0) + (f" ({row['memory_ratio']:.2f}×)"
+            peak = fmt(row.get("peak_memory_mb"), 0) + (f" ({row['memory_ratio']:.2f}×)"
                                                          if row.get("memory_ratio") is not None else "")
             lines.append(
                 f"| {row['case']} | {row['mode']} | {row['group']} | {row['data_path']} | {row['batch_tokens']} | "
-                f"{_fmt(row.get('tokens_per_s'), 0)} | {ratio} | {vs} | {_fmt(row.get('paper'))} | "
-                f"{_fmt(row.get('busy_share'))} | {_fmt(row.get('data_wait_share'), 3)} | {_fmt(row.get('step_ms'), 1)} "
-                f"| {_fmt(row.get('syncs_per_step'), 1)} | {_fmt(row.get('first_step_s'), 2)} | "
-                f"{_fmt(row.get('startup_s'), 1)} | {peak} | {row['status']}"
+                f"{fmt(row.get('tokens_per_s'), 0)} | {ratio} | {vs} | {fmt(row.get('paper'))} | "
+                f"{fmt(row.get('busy_share'))} | {fmt(row.get('data_wait_share'), 3)} | {fmt(row.get('step_ms'), 1)} "
+                f"| {fmt(row.get('syncs_per_step'), 1)} | {fmt(row.get('first_step_s'), 2)} | "
+                f"{fmt(row.get('startup_s'), 1)} | {peak} | {row['status']}"
                 f"{': ' + row['reason'] if row.get('reason') else ''} |")
         warm = b.get("warm_up")
         if warm:
@@ -1216,7 +1168,7 @@ def markdown(report):
                       f" stock OpenNMT-py on {warm['batch_tokens']}-token batches in the machine's first training "
                       "process, untimed, while section a ran, so that neither measured fresh process pays alone for "
                       "loading the CUDA libraries and kernels. Its first step took "
-                      f"{_fmt(warm.get('first_step_s'), 2)} s and its start-up {_fmt(warm.get('startup_s'), 1)} s."]
+                      f"{fmt(warm.get('first_step_s'), 2)} s and its start-up {fmt(warm.get('startup_s'), 1)} s."]
         lines += ["", "Host-device synchronisation call sites over the counted steps (top 5 per run; on CUDA the "
                   "Python caller of each sync warning):", ""]
         lines += [f"- {row['case']}, {row['mode']}, {row['group']}, {row['batch_tokens']}: {_sites_text(row)}"
@@ -1241,17 +1193,17 @@ def markdown(report):
         for group in c.get("groups", []):
             lines.append(f"- {group['search']}, {group['mode']}: {group.get('status')}"
                          + (f" ({group['reason']})" if group.get("reason") else "")
-                         + f", {_fmt(group.get('seconds'), 0)} s, {_fmt(group.get('sentences_per_run'))} sentences "
+                         + f", {fmt(group.get('seconds'), 0)} s, {fmt(group.get('sentences_per_run'))} sentences "
                            f"per run; compilation: {group['compile']}; `{group['command']}`")
         if c.get("rows"):
             lines += ["", "| case | mode | search | sent/s | ratio (target) | 95% interval | runs | status |",
                       "|---|---|---|---:|---:|---|---:|---|"]
             for row in c["rows"]:
-                ratio = _fmt(row.get("ratio"), 3) + (f" (>= {row['target']:.2f}){_met(row)}" if row["target"]
+                ratio = fmt(row.get("ratio"), 3) + (f" (>= {row['target']:.2f}){_met(row)}" if row["target"]
                                                      else "")
                 status = row["status"] + (f": {row['reason']}" if row.get("reason") else "")
                 lines.append(f"| {row['case']} | {row['mode']} | {row['search']} | "
-                             f"{_fmt(row.get('sentences_per_s'), 1)} | {ratio} | "
+                             f"{fmt(row.get('sentences_per_s'), 1)} | {ratio} | "
                              f"{_interval_text(row.get('ratio_interval'))} | {row.get('runs', 0)} | {status} |")
         lines.append("")
     on_gpu = report["mode"] == "cuda"
@@ -1262,7 +1214,7 @@ def markdown(report):
     for row in report["targets"]:
         met = ("n/a (not a GPU run)" if not on_gpu else "n/a (not measured)") if row["met"] is None else (
             "met" if row["met"] else "NOT met")
-        shown = _fmt(row["measured"], 3) + (f" [{_interval_text(row['interval'])}]" if "interval" in row else "")
+        shown = fmt(row["measured"], 3) + (f" [{_interval_text(row['interval'])}]" if "interval" in row else "")
         lines.append(f"| {row['measure']} | {row['target']} | {shown} | {met} |")
     return "\n".join(lines) + "\n"
 
@@ -1296,15 +1248,8 @@ def project_commit(given=None):
     return git("rev-parse", "--short", "HEAD"), "git rev-parse HEAD of this checkout"
 
 
-class _Parser(argparse.ArgumentParser):
-    """Bad arguments: one line, ``gpu_check.py: error: ...``, exit status 2."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def parse_args(argv):
-    parser = _Parser(prog="gpu_check.py", description=__doc__.split("\n")[0])
+    parser = common.Parser(prog="gpu_check.py", description=__doc__.split("\n")[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--tiny", action="store_true", help="toy size: smoke configs, a few steps and sentences")
     parser.add_argument("--out", type=Path, default=None,
@@ -1397,11 +1342,7 @@ def _steps_text(args):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:
-        kind, result_file = argv[1], argv[2]
-        split = argv.index("--")
-        import onmt  # noqa: F401  (onmt-ext's start-up hook, unless ONMT_EXT_DISABLE)
-
-        return CHILDREN[kind](result_file, argv[3:split], argv[split + 1:])
+        return common.child_main(argv, CHILDREN)
     args = parse_args(argv)
     import torch
 
@@ -1431,7 +1372,8 @@ def main(argv=None):
     plan = training_plan(args, cases) if "b" in args.sections else []
     if plan:  # the data (SentencePiece'd, clause-split, repeated) and every config, while section a runs
         prepared = _now()
-        configs = prepare_training(args, args.work, plan)
+        repeat_cache = {}
+        configs = prepare_training(args, args.work, plan, repeat_cache)
         b = sections["b"] = {"title": "training", "rows": [row for _, _, _, rows in plan for row, _, _, _ in rows],
                              "prepare_s": round(_now() - prepared, 1), "steps_text": _steps_text(args),
                              "batch_tokens": (args.batch_size, args.paper_batch_size),
@@ -1441,7 +1383,7 @@ def main(argv=None):
         warm_deadline = a_deadline if "a" in args.sections else _now() + 0.1 * args.budget_b
         warm_entry = warm_up_plan(args)
         b["warm_up"] = warm_entry[0]
-        warm_thread = start_warm_up(args, args.work, warm_entry, configs, warm_deadline)
+        warm_thread = start_warm_up(args, args.work, warm_entry, configs, repeat_cache, warm_deadline)
     if "a" in args.sections:
         sections["a"] = finish_section_a(a_result, a_started, a_deadline)
         sections["a"].update(budget_s=round(a_deadline - a_began, 1), seconds=round(_now() - a_began, 1))

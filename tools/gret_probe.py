@@ -7,27 +7,7 @@ Usage::
         -test_src TEST.src -test_tgt TEST.tgt [--kind global|last|average] \\
         [--src-subword-model spm.model --tgt-subword-model spm.model] [--epochs 20] [--out probe.json]
 
-What it measures: how much a fixed-size representation of the source
-sentence knows about the words of its translation.  The encoder of the
-checkpoint is frozen; for every sentence pair it gives one vector
-``(d_model,)``:
-
-* ``global``: GRET's global state s^M (a checkpoint trained with ``-gret true``);
-* ``last``: the encoder output at the last source token;
-* ``average``: the mean of the encoder outputs over the source tokens.
-
-A predictor maps the vector to a distribution over the target vocabulary,
-``softmax(E W v)``, with ``W`` ``(d_model, d_model)`` learned and ``E`` the
-checkpoint's (frozen) target embedding matrix, as the paper describes "a
-simple feed-forward network which maps the global state to the target word
-embedding matrix".  It is trained to maximise ``sum_{w in bag(y)} log p(w)``
-over the training pairs (Adam), where ``bag(y)`` is the set of target tokens
-of the reference (subword pieces when the model uses them; special tokens
-left out).  On the test pairs it reports precision at k: the share of the k
-most probable tokens that are in the reference's bag, averaged over
-sentences, for k = 1, 5, 10 (or ``--top-k``).
-
-Prints a table and writes ``--out`` (JSON) when given.
+How it works and why: docs/tools.md (gret_probe.py).
 """
 
 import argparse
@@ -85,7 +65,7 @@ def load_model(checkpoint):
 
 
 def features(model, vocabs, sentences, kind, batch_size=64):
-    """One vector per source sentence ``(n, d_model)`` (see the module docstring for ``kind``)."""
+    """One vector per source sentence ``(n, d_model)`` (``kind``: docs/tools.md, gret_probe.py)."""
     import torch
 
     if kind == "global" and getattr(model.encoder, "gret", None) is None:

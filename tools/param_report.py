@@ -5,18 +5,7 @@ Usage::
 
     python tools/param_report.py yaml_configs/li2019/*.yaml [--vocab-size 32000] [--markdown]
 
-Each config is parsed exactly as ``onmt_train`` parses it (strict onmt-ext
-options included) and its model is built on PyTorch's ``meta`` device, so no
-data, vocabulary file or memory is needed.  The baseline of a config is the
-same config with every onmt-ext option at its "off" default and the stock
-``transformer`` encoder/decoder: the delta is what the mechanism adds.
-Vocabularies are dummies of ``--vocab-size`` entries (shared when the config
-shares them); the delta does not depend on it.
-
-``--paper`` compares totals with the papers' own counts instead
-(``PAPER_TOTALS``): each config is counted at the paper's vocabulary size
-under the three embedding tyings (``TYINGS``), the closest one is named and
-checked against the tying the config sets (docs/li2019.md, docs/chen2019.md).
+How it works and why: docs/tools.md (param_report.py).
 """
 
 import argparse

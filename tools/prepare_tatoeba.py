@@ -6,43 +6,7 @@ Usage::
     python tools/prepare_tatoeba.py --data-dir data/tatoeba-zh-en --out-dir OUT \\
         [--valid-size 1000] [--zh-vocab 8000] [--en-vocab 8000] [--spm-type bpe]
 
-Inputs (in ``--data-dir``):
-
-* ``cmn.txt``: ``English<TAB>Chinese<TAB>attribution`` per line (UTF-8, the
-  first line may start with a byte-order mark, CRLF line ends are accepted).
-  Empty lines and lines with fewer than two columns are skipped and counted.
-* ``zh2en.multiref.tsv``: ``Chinese<TAB>ref1<TAB>ref2...``, the
-  multi-reference test set.
-
-Outputs (in ``--out-dir``; a rerun overwrites them with identical bytes):
-
-* ``train.zh train.en valid.zh valid.en test.zh``: Chinese segmented into
-  words by jieba (space-joined), English as raw text.  Subword segmentation
-  is left to OpenNMT-py's ``sentencepiece`` transform.
-* ``test.en.refs.tsv``: per test sentence, the original (unsegmented) Chinese
-  source followed by all its references, tab-separated, in ``test.zh`` order.
-* ``test.en.ref0``: the first reference of each test sentence.
-* ``spm.zh.model/.vocab`` (trained on the segmented Chinese of the train
-  split) and ``spm.en.model/.vocab`` (trained on the raw English of the train
-  split).
-* ``stats.json``: split sizes, removed pairs, skipped lines, histogram of the
-  number of references per test sentence.
-
-Every pair of ``cmn.txt`` whose Chinese side (surrounding whitespace stripped)
-is a test sentence is removed before the train/valid split.  The validation
-set is chosen by an MD5 hash of the pair text, so it does not depend on the
-order of the input lines nor on Python's per-process hash randomisation.
-
-Determinism: the SentencePiece models are trained from an in-memory sentence
-iterator and serialised through ``model_writer``, so the model files do not
-embed the input or output paths (a model trained with ``input=``/
-``model_prefix=`` records both, which would make two output directories
-differ); the ``.vocab`` files are written here in SentencePiece's own format
-(``piece<TAB>score`` with the score printed as ``%g``).  Thread count and
-random seed are fixed, so two runs give byte-identical outputs.
-
-Exit status: 0 on success, 2 on unreadable or invalid input (the message names
-the file and line; no traceback).
+How it works and why: docs/tools.md (prepare_tatoeba.py).
 """
 
 import argparse

@@ -7,72 +7,7 @@ Usage::
     python tools/reproduce.py TABLE --report-only [--results-json FILE] [--results-dir DIR]
     python tools/reproduce.py --list
 
-``TABLE`` is one of ``TABLES`` (e.g. ``li2019-table3``); ``make
-reproduce-<TABLE>`` calls this, first with ``--preflight`` (before it
-prepares any data): the options against every row's config, the CUDA devices
-of ``--gpus`` (:func:`device_problem`) and, for WMT17 Zh-En, the full corpus
-(:func:`corpus_problem`; ``--small-data`` accepts News Commentary alone) each
-stop the run in one line, or are warnings with ``--dry-run``.  For each row,
-in order, and skipping every step whose output is already on disk:
-
-1. ``onmt_train -config <row config>`` on the GPUs listed by ``--gpus``
-   (device ids, default ``0``; every command runs with
-   ``CUDA_VISIBLE_DEVICES=<that list>``, training with ``-world_size n
-   -gpu_ranks 0 .. n-1``), with the config's ``accum_count`` divided by the
-   number of GPUs ``n``, so that every update sees the paper's batch whatever
-   the GPU count (the configs hold the one-GPU equivalent: li2019's 8 GPUs x
-   4096 tokens are 4096 x 8); ``n`` must divide ``accum_count``; ``--passes
-   p`` trains each update in ``p`` larger batches per GPU instead (e.g. one
-   32,768-token batch on an 80 GB GPU: same tokens per update);
-2. ``onmt_average_models`` of the last ``--average N`` checkpoints (default 5)
-   into ``<run dir>/average_last<N>.pt``.  OpenNMT-py saves a checkpoint every
-   ``save_checkpoint_steps`` and one at ``train_steps``, and keeps the last
-   ``keep_checkpoint``; the checkpoints averaged are the last ``N`` of those
-   (``model_step_180000.pt`` ... ``model_step_200000.pt`` for 200k steps
-   saved every 5000), and a config that keeps fewer than ``N`` is refused.
-   ``--average 1`` translates the last checkpoint and averages nothing;
-3. ``onmt_translate`` of the test set with that model on the first listed
-   GPU (beam 4, length penalty alpha 0.6, as Vaswani et al. 2017, which the
-   papers follow) into ``<run dir>/test.<model name>.hyp.bpe``, and likewise
-   every further test set of the task (``TEST_SETS``: NIST03 and NIST04 of
-   nist_zhen as ``<run dir>/test_nist03.<model name>.hyp.bpe``, ...);
-4. BPE removed (``@@ ``), the output detokenized with sacremoses, and scored
-   with ``onmt_ext.evaluation`` (sacreBLEU): case-sensitive BLEU (13a, or the
-   zh tokenizer for Chinese output) and chrF against the detokenized
-   reference, ``multi-bleu.perl``-equivalent BLEU on the tokenized text, and
-   a paired bootstrap test (1000 samples) against the table's first row; for
-   the clause tables also BLEU by source length against the first row.  The
-   report's "ours - paper" uses the paper's own metric (:func:`paper_metric`)
-   and names our training data beside the paper's (:func:`training_data`).
-
-Results go to ``results/<paper>/<task>/`` (``--results-dir`` replaces
-``results``; ``<paper>`` is the table name up to its first ``-``):
-``<TABLE>.json`` (every row's scores, the model translated, the number of
-checkpoints averaged, the training curve read from its ``train.log``, and
-every command with whether it ran or was skipped), ``<TABLE>.md`` (the table
-with the paper's BLEU beside ours), ``<TABLE>.curves.png`` (training and
-validation perplexity and validation accuracy of every row) and, for the
-clause tables, one ``<TABLE>.<row>.by_length.png`` per row after the first.
-
-``--report-only`` redraws the report from a results JSON without training,
-translating or scoring: by default the table's own ``<TABLE>.json`` in the
-results directory, or ``--results-json FILE`` (a JSON file as
-:func:`write_report` writes it; its ``rows`` may also be written by hand).
-In Python, :func:`write_report` does the same from a list of row dicts.
-
-Data layout expected under ``build/data/<task>/`` (``make data-<task>``
-prepares it): ``{train,valid,test}.bpe.<lang>`` (BPE-segmented,
-Moses-tokenized), the vocabularies named by the configs, ``test.tok.<tgt>``
-(tokenized reference) and ``test.<tgt>`` (detokenized reference; a
-multi-reference test set as ``test.<tgt>0``, ``test.<tgt>1``, ... and
-``test.tok.<tgt>0``, ...), and the same for each further test set
-(``test_nist03.bpe.zh``, ``test_nist03.en0``, ...).  A missing file stops the run before anything
-starts, naming the file.  Sweep rows (``chen2019-figure2-*``) add
-command-line overrides to a config and train into their own run
-directories.  ``--dry-run`` prints every command (with its
-``CUDA_VISIBLE_DEVICES=`` prefix) and a ``# score:``/``# report:`` line for
-the scoring and the report, checking the configs without needing data or
-GPUs.
+How it works and why: docs/tools.md (reproduce.py).
 """
 
 import argparse
@@ -90,8 +25,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path("build/data")  # relative to REPO, the working directory of main()
 RESULTS = REPO / "results"
-sys.path.insert(0, str(REPO / "tools"))
-from prepare_data import TASKS as DATA_TASKS  # noqa: E402  (the tasks `make data-<task>` prepares)
+import common
+from prepare_data import TASKS as DATA_TASKS  # the tasks `make data-<task>` prepares
 
 #: (source, target) language of every task, as prepared by tools/prepare_data.py.
 LANGS = {name: (task.src, task.tgt) for name, task in DATA_TASKS.items()}
@@ -316,9 +251,7 @@ TABLES = {**_li2019_tables(), **_cao2019_tables(), **_chen2019_tables(), **_gret
           **_sample_tables()}
 
 
-# --------------------------------------------------------------------------
-# Planning: the commands of a row
-# --------------------------------------------------------------------------
+# ---------------------------------------------------------------- Planning: the commands of a row
 
 def parse_gpus(text):
     """The CUDA device ids of a ``--gpus`` value: ``"0,1,3"`` gives ``(0, 1, 3)``.
@@ -419,13 +352,6 @@ class RowPlan:
         return [list(step.command) for step in self.steps]
 
 
-def _config_values(config):
-    """The options of ``yaml_configs/<config>`` as a dict."""
-    import yaml
-
-    return yaml.safe_load((REPO / "yaml_configs" / config).read_text(encoding="utf-8"))
-
-
 def _with_overrides(values, overrides):
     """``values`` with a row's command-line overrides (``("-option", value, ...)``) applied."""
     values = dict(values)
@@ -486,7 +412,7 @@ def update_passes(values, gpus, passes=None, config="the config"):
 def plan(row, gpus=(0,), average=AVERAGE, passes=None):
     """The :class:`RowPlan` of one row trained on the CUDA devices ``gpus`` with ``average`` checkpoints averaged
     (``passes``: batches per update and GPU, see :func:`update_passes`)."""
-    values = _with_overrides(_config_values(row.config), row.overrides)
+    values = _with_overrides(common.config_values(row.config), row.overrides)
     save_model = Path(values["save_model"])
     if row.overrides:
         suffix = "_".join(str(part).lstrip("-") for part in row.overrides)
@@ -553,15 +479,12 @@ def _clause_preparation(values, task):
 
 def _split_options(values):
     """onmt_translate options that split the BPE'd test source as in training (clause attention), else none."""
-    sys.path.insert(0, str(REPO))
     from onmt_ext.clause_split import translate_options
 
     return translate_options(values)
 
 
-# --------------------------------------------------------------------------
-# Before anything runs: the devices and the corpus
-# --------------------------------------------------------------------------
+# ---------------------------------------------------------------- Before anything runs: the devices and the corpus
 
 @functools.lru_cache(maxsize=None)
 def _cuda_devices(gpus):
@@ -621,7 +544,6 @@ def corpus_problem(table, small_data=False, environ=None):
     if task != FULL_CORPUS_TASK or small_data:
         return None
     environ = os.environ if environ is None else environ
-    sys.path.insert(0, str(REPO / "tools"))
     from prepare_data import WMT17_EXTRA
 
     opt_in = "or set WMT17_SMALL_DATA=1 to train on News Commentary v12 alone on purpose"
@@ -690,9 +612,7 @@ def training_data(task):
     return text
 
 
-# --------------------------------------------------------------------------
-# Running
-# --------------------------------------------------------------------------
+# ---------------------------------------------------------------- Running
 
 def shell_line(command, gpus):
     """A command as the shell line that runs it on the devices ``gpus`` (``CUDA_VISIBLE_DEVICES=0,1 onmt_...``)."""
@@ -768,9 +688,7 @@ def execute(plans, gpus, run=subprocess.run, bin_dir=None):
     return log
 
 
-# --------------------------------------------------------------------------
-# Scoring
-# --------------------------------------------------------------------------
+# ---------------------------------------------------------------- Scoring
 
 def _metric(lang):
     """sacreBLEU's 13a BLEU, or its zh tokenizer for Chinese output."""
@@ -781,7 +699,6 @@ def _postprocess(bpe_file, lang):
     """BPE removed (tokenized text) and detokenized text of an ``onmt_translate`` output."""
     from sacremoses import MosesDetokenizer
 
-    sys.path.insert(0, str(REPO))
     from onmt_ext import evaluation as ev
 
     detok = MosesDetokenizer(lang=lang)
@@ -806,7 +723,6 @@ def score(plans, task, by_length=False, test_set=0):
     :func:`onmt_ext.evaluation.compare_by_length` against the same row over
     :data:`CLAUSE_BUCKETS`, as a list of dicts.  Returns one dict per row.
     """
-    sys.path.insert(0, str(REPO))
     from onmt_ext import evaluation as ev
 
     src, tgt = LANGS[task]
@@ -840,9 +756,7 @@ def score(plans, task, by_length=False, test_set=0):
     return results
 
 
-# --------------------------------------------------------------------------
-# Training curves
-# --------------------------------------------------------------------------
+# ---------------------------------------------------------------- Training curves
 
 
 def parse_train_log(text):
@@ -854,7 +768,6 @@ def parse_train_log(text):
     "valid": {"step": [...], "acc": [...], "ppl": [...]}}`` sorted by step (a
     missing validation value is None).
     """
-    sys.path.insert(0, str(REPO))
     from onmt_ext import train_log
 
     log = train_log.parse(text)
@@ -894,11 +807,9 @@ def plot_curves(rows, path, title=""):
              if row.get("curves") and (row["curves"]["train"]["step"] or row["curves"]["valid"]["step"])]
     if not shown:
         return False
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
+
+    plt = common.pyplot()
 
     fig, (ppl_ax, acc_ax) = plt.subplots(1, 2, figsize=(12, 4.5))
     for index, (label, curves) in enumerate(shown):
@@ -924,9 +835,7 @@ def plot_curves(rows, path, title=""):
     return True
 
 
-# --------------------------------------------------------------------------
-# Report
-# --------------------------------------------------------------------------
+# ---------------------------------------------------------------- Report
 
 def row_results(plans, scores, more_scores=()):
     """The result dicts of scored rows: each row's identity, its scores and how its model was made.
@@ -966,7 +875,6 @@ def _by_length_plot_name(table, task, row):
 
 def _by_length_section(table, task, rows, out_dir):
     """Markdown lines of the by-length comparison of every tested row against its reference row, drawing each plot."""
-    sys.path.insert(0, str(REPO))
     from onmt_ext import evaluation as ev
 
     lines = ["", f"{_metric(LANGS[task][1])} by source length (words of the BPE-free source), vs. the first row "

@@ -6,22 +6,7 @@ Usage::
     python tools/scale_check.py [--sentences 10000] [--length 200] [--mechanisms baseline li2019 ...]
                                 [--out results/scale]
 
-For each mechanism's smoke config (toy size, the shipped Tatoeba sample):
-
-1. **Long translation run.**  A model is trained for a few steps, then
-   ``onmt_translate`` translates ``--sentences`` source lines (the Tatoeba
-   training sources, cycled) in one run.  The resident memory of the process
-   is sampled from ``/proc`` every 0.2 s; the report gives the peak, the
-   median of the second and of the last quarter of the run (the first holds
-   the start-up; flat memory means these two agree), and the sentences
-   translated.  Every output is forced to ``OUTPUT_LENGTH`` tokens (beam 4),
-   so that the toy model does the decoding work of a trained one.
-2. **Long sentences.**  ``onmt_train`` runs a few steps on sentences of about
-   ``--length`` SentencePiece pieces (Tatoeba sentences joined), four per
-   batch, and the report gives the process's peak resident memory (``ru_maxrss``
-   of the child) beside that of training on the ordinary short sentences.
-
-Results go to ``<out>/scale.json`` and ``<out>/scale.md``.
+How it works and why: docs/tools.md (scale_check.py).
 """
 
 import argparse

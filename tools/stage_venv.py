@@ -5,25 +5,7 @@ Usage, as `make setup SYSTEM_TORCH=1` and `tools/gpu_stage.sh` run it::
 
     $PYTHON tools/stage_venv.py [--prog NAME] [--var NAME] [--hint TEXT] [--allow-without-pip] VENV
 
-A venv made with ``--system-site-packages`` sees the site-packages of its *base* interpreter.  That is where
-torch is when $PYTHON is a plain installation or a conda environment (a conda environment's Python is its
-own base: its sys.prefix equals sys.base_prefix).  When $PYTHON is itself a venv (sys.prefix differs from
-sys.base_prefix), its packages are not there, and the new venv would not see its torch, or would see
-another torch of the base interpreter.  So this script:
-
-1. stops with one line if ``import torch`` fails with $PYTHON;
-2. creates VENV with ``$PYTHON -m venv --system-site-packages`` if it does not exist (``--allow-without-pip``:
-   without pip if ensurepip is missing), or checks that an existing VENV sees the system's site-packages and
-   was made from the same base interpreter (it never removes or replaces one);
-3. writes ``_onmt_ext_parent_env.pth`` into VENV's site-packages, listing the entries of $PYTHON's sys.path
-   (without PYTHONPATH or the user's site) that VENV lacks, e.g. the site-packages of $PYTHON's venv, in
-   $PYTHON's order.  They come after VENV's own packages and before the base interpreter's site-packages.
-   With nothing to add (a plain or conda Python), no such file is written;
-4. checks that VENV imports the very torch that $PYTHON imports (the same torch/__init__.py) and prints
-   which one: version, CUDA version and path.
-
-Errors are one line, ``NAME: error: ...`` (NAME from --prog), exit status 2; an existing VENV that does not fit
-ends with ``remove it (rm -r VENV) or pick another VAR=``, or with ``--hint TEXT`` (the caller's own command).
+How it works and why: docs/tools.md (stage_venv.py).
 """
 
 import argparse
@@ -136,7 +118,7 @@ def link_parent(venv, parent, info):
 
 
 def stage(venv, var="VENV", allow_without_pip=False, hint=None):
-    """Steps 1-4 of the module docstring; returns the line that says which torch VENV uses."""
+    """Steps 1-4 of docs/tools.md (stage_venv.py); returns the line that says which torch VENV uses."""
     parent = interpreter(sys.executable)
     torch_parent, why = torch_of(sys.executable)
     if torch_parent is None:

@@ -8,30 +8,7 @@ Usage::
     python tools/train_signal_tagger.py --lang zh --input /work/shared/data/tatoeba-zh-en/cmn.txt --column 1 \\
         --output build/clause/signal_tagger.zh.pt
 
-The input has one sentence per line, as the ``clause_split`` transform will
-see it (space-separated tokens, or raw Chinese; ``--column N`` takes the N-th
-tab-separated field, 0-based; a byte-order mark and CRLF are accepted; empty
-lines are skipped).  Every sentence is tagged the way the transform tags it
-(spaCy / jieba, see :mod:`onmt_ext.clause_split`), and the dictionary + POS
-rules give each word a silver label: 0 (no signal word) or its level 1..6.
-A linear classifier over hashed word/POS/dependency features of the word and
-its two neighbours on each side (:func:`onmt_ext.clause_split.signal_features`)
-is trained on these labels with cross-entropy and Adam, and written to
-``--output``; pass that file as ``-clause_tagger_model`` to ``clause_split``.
-
-Every 10th sentence is held out; the tool prints, on them, the precision,
-recall and F1 of signal-word detection against the silver labels, the level
-accuracy on the silver signal words, and the share of sentences whose
-markers are exactly those of the rules.  This measures imitation of the
-rules, not correctness: the paper's tagger is BERT-Base fine-tuned on partly
-hand-corrected labels (sec. 4.1, Table 3), which cannot be reproduced here.
-
-Training is deterministic for a given input, options and thread count.  On
-the shipped data with the defaults (5,000 sentences, 6 epochs, 1 thread) it
-takes well under a minute on one CPU core, most of it in spaCy's tagging.
-
-Exit status: 0 on success, 2 on unreadable input or bad options (the message
-names the file or option; no traceback).
+How it works and why: docs/tools.md (train_signal_tagger.py).
 """
 
 import argparse

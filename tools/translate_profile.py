@@ -7,17 +7,7 @@ Usage::
         [--output-lengths 5 10 20] [--beam-size 4] [--batch-size 32] [--threads 1] [--count-flops]
         [--json OUT.json] [-- further onmt_translate options, e.g. -transforms sentencepiece ...]
 
-Every checkpoint is loaded once, through OpenNMT-py's own inference engine
-with onmt-ext active, and the checkpoints translate ``SOURCE`` in turn
-(``A B``, then ``B A``, ...) ``--pairs`` times for each output length, every
-output forced to exactly that many decoding steps.  Timers around the
-encoder's and the decoder's ``forward``, the generator and the decoder's
-``map_state`` split each run (``other`` is the rest); the report gives each
-part's median per output length and checkpoint, and each checkpoint's median
-paired speed ratio to the first one with a distribution-free 95% interval.
-``--count-flops`` also counts each run's matrix-product operations
-(``FlopCounterMode``); ``--pairs 0`` counts without timing.  What the
-counts and the shared process leave out: docs/benchmarks-method.md.
+How it works and why: docs/tools.md (translate_profile.py).
 """
 
 import argparse
@@ -28,8 +18,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import median_interval  # noqa: E402
+import common
+from bench import median_interval
 
 #: The timed parts of a translation: (report name, attribute of the model, method of that attribute).
 PARTS = (("encoder", "encoder", "forward"), ("decoder", "decoder", "forward"),
@@ -57,18 +47,10 @@ def _timed(owner, method, totals, name):
 def build_engine(model, source, options, batch_size, beam_size, totals):
     """OpenNMT-py's inference engine for ``model``, with its parts timed into ``totals``."""
     import onmt  # noqa: F401  (onmt-ext's start-up hook)
-    from onmt.bin.translate import _get_parser
-    from onmt.inference_engine import InferenceEnginePY
-    from onmt.utils.parse import ArgumentParser
 
-    opt = _get_parser().parse_args(["-model", str(model), "-src", str(source), "-output", "/dev/null",
-                                    "-batch_size", str(batch_size), "-batch_type", "sents",
-                                    "-beam_size", str(beam_size), "-gpu", "-1", *options])
-    ArgumentParser.validate_translate_opts(opt)
-    ArgumentParser._get_all_transform_translate(opt)
-    ArgumentParser._validate_transforms_opts(opt)
-    ArgumentParser.validate_translate_opts_dynamic(opt)
-    engine = InferenceEnginePY(opt)
+    engine = common.inference_engine(["-model", model, "-src", source, "-output", "/dev/null", "-batch_size",
+                                      batch_size, "-batch_type", "sents", "-beam_size", beam_size, "-gpu", "-1",
+                                      *options])
     for name, attribute, method in PARTS:
         _timed(getattr(engine.translator.model, attribute), method, totals, name)
     return engine

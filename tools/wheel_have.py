@@ -5,21 +5,7 @@ Usage, as `make wheelhouse WHEEL_HAVE=<list>` runs it::
 
     python tools/wheel_have.py --have LIST --report REPORT.json --python-version 3.12 -o OUT REQUIREMENTS
 
-LIST is what the target machine has, as `pip freeze` (``name==version``, ``name @ url``), `pip list`
-(name and version columns, with or without its two header lines) or `conda list` writes it: the first word
-of every line is a package name; blank lines, ``#`` comments and lines starting with ``-`` (``-e ...``)
-are skipped.  Names match whatever their case and ``-``/``_``/``.`` spelling.
-
-A package the target has came with its own dependencies (pip installed them with it), so they are on the
-target too.  Dependencies are followed through the metadata of the pinned requirements, read from
-REPORT.json: what `pip install --dry-run --report` wrote for REQUIREMENTS (Requires-Dist, with environment
-markers evaluated for CPython PYTHON_VERSION on x86_64 Linux, no extras).  A listed package that is not
-pinned here (torch, triton) adds nothing.  setuptools is always kept: the editable install of onmt-ext
-builds with it (>= 64), and a venv of Python 3.10 or 3.11 gets an older one from ensurepip.
-
-OUT gets the requirement lines of REQUIREMENTS that remain.  Two lines on stderr say what was left out and
-where the target's version of a left-out requirement differs from the pin (the target's is then used).
-Exit status 2 with one line on an unreadable or empty LIST.
+How it works and why: docs/tools.md (wheel_have.py).
 """
 
 import argparse
@@ -29,21 +15,18 @@ import sys
 
 try:
     from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name as normalize  # PEP 503: lower case, runs of -_. as one -
 except ImportError:  # the Python that runs pip download may lack packaging; pip carries a copy
     from pip._vendor.packaging.requirements import Requirement
+    from pip._vendor.packaging.utils import canonicalize_name as normalize
 
-#: kept even when the target has it (see the module docstring)
+#: kept even when the target has it (docs/tools.md, wheel_have.py)
 ALWAYS_KEPT = ("setuptools",)
 _NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
 
 
 class ListError(Exception):
     """The list of the target's packages cannot be read."""
-
-
-def normalize(name):
-    """PEP 503 form of a package name: lower case, runs of -, _ and . as one -."""
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def read_have(path):

@@ -35,7 +35,6 @@ options, that each representative does cover its configs.
 
 import os
 import re
-import sys
 
 import pytest
 import torch
@@ -428,7 +427,6 @@ def _split_args(config):
 @pytest.fixture(scope="module")
 def encoded_test_source(sample_data, tmp_path_factory):
     """The first SENTENCES test sentences, SentencePiece-encoded (so outputs are pieces too)."""
-    sys.path.insert(0, str(support.REPO / "tools"))
     from prepare_tatoeba import encode_file
 
     return encode_file(sample_data / "spm.zh.model", sample_data / "test.zh",

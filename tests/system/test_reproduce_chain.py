@@ -13,7 +13,6 @@ repository's.
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,8 +22,7 @@ from sacremoses import MosesDetokenizer
 import support
 from onmt_ext import evaluation
 
-sys.path.insert(0, str(support.REPO / "tools"))
-import reproduce  # noqa: E402
+import reproduce
 
 pytestmark = pytest.mark.slow
 

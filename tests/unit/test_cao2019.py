@@ -1,7 +1,6 @@
 """cao2019 cross aggregation: the module against per-position references, padding, attachment, options."""
 
 import argparse
-import sys
 
 import pytest
 import torch
@@ -253,7 +252,6 @@ def test_routing_weights_are_the_couplings_of_the_last_iteration_without_padding
 
 
 def test_near_zero_tool_counts_every_weight_of_every_layer(sample_data, onmt_active):
-    sys.path.insert(0, str(support.REPO / "tools"))
     import cao2019_weights as tool
     opt = support.load_train_opts(SMOKE, *EXT, "-cao2019_vertical", "true", "-cao2019_horizontal", "true")
     vocabs = support.load_vocabs(opt)

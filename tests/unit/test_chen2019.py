@@ -257,14 +257,8 @@ def _rnn_parameters(d_r, bidirectional):
 
 def test_parameter_delta_is_the_rnns_and_w_r(sample_data, onmt_active):
     """What tools/param_report.py reports for the paper configs: MPRHead at d_r 256 adds 0.362M (Table 1: 0.37M)."""
-    sys_path_tools = support.REPO / "tools"
-    import sys
+    import param_report
 
-    sys.path.insert(0, str(sys_path_tools))
-    try:
-        import param_report
-    finally:
-        sys.path.remove(str(sys_path_tools))
     for name, dim in (("mprhead", 256), ("rpehead", 320)):
         [(_, _, _, delta)] = param_report.report(
             [support.REPO / f"yaml_configs/chen2019/transformer_base_wmt14_ende_{name}.yaml"], 1000)

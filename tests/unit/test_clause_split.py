@@ -3,7 +3,6 @@ study tagger, registration."""
 
 import importlib
 import pickle
-import sys
 import textwrap
 
 import pytest
@@ -12,8 +11,7 @@ import support
 
 import onmt_ext.clause_split as cs  # registers the clause_split transform
 
-sys.path.insert(0, str(support.REPO / "tools"))
-import train_signal_tagger  # noqa: E402
+import train_signal_tagger
 
 CMN = support.REPO / "data" / "tatoeba-zh-en" / "cmn.txt"
 M = cs.MARKERS

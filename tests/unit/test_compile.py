@@ -13,7 +13,6 @@ For each core, on the CPU:
   full pass.
 """
 
-import sys
 
 import pytest
 import torch
@@ -27,8 +26,7 @@ from onmt_ext.disan import directional_softmax
 from onmt_ext.gret import fuse, global_summary
 from onmt_ext.chen2019 import recurrent_output
 
-sys.path.insert(0, str(support.REPO / "tools"))
-from routing_memory import SavedBytes  # noqa: E402
+from routing_memory import SavedBytes
 
 H, D = 4, 16
 MASK = -1e18

@@ -2,15 +2,13 @@
 smoke twin."""
 
 import ast
-import sys
 
 import pytest
 import yaml
 
 import support
 
-sys.path.insert(0, str(support.REPO / "tools"))
-import paper_configs  # noqa: E402
+import paper_configs
 
 CONFIG_ROOT = support.REPO / "yaml_configs"
 PAPER_CONFIGS = sorted(

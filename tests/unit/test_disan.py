@@ -75,13 +75,8 @@ def test_encoder_with_disan_ignores_padding_and_a_one_token_sentence_is_finite(s
 
 
 def test_parameter_delta_at_transformer_base(onmt_active):
-    import sys
+    import param_report
 
-    sys.path.insert(0, str(support.REPO / "tools"))
-    try:
-        import param_report
-    finally:
-        sys.path.pop(0)
     opt = support.load_train_opts("yaml_configs/chen2019/transformer_base_wmt14_ende_disan.yaml")
     delta = param_report.count_parameters(opt, 1000) - param_report.count_parameters(param_report.baseline_of(opt), 1000)
     assert delta == 6 * (2 * 512 * 512 + 512)  # W_1, b, W_2 per layer: 3.15M, against the paper's +0.04M

@@ -1,7 +1,6 @@
 """li2019 head aggregation: the module, where it is attached, and its option checks."""
 
 import argparse
-import sys
 
 import pytest
 import torch
@@ -10,8 +9,7 @@ import support
 from onmt_ext import options
 from onmt_ext.li2019 import RoutingAggregation
 
-sys.path.insert(0, str(support.REPO / "tools"))
-from routing_memory import SavedBytes  # noqa: E402
+from routing_memory import SavedBytes
 
 SMOKE = "yaml_configs/smoke/baseline/transformer_base_wmt14_ende.yaml"
 EXT = ["-encoder_type", "ext_transformer", "-decoder_type", "ext_transformer"]

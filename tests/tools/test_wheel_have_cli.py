@@ -1,4 +1,4 @@
-"""`make wheelhouse WHEEL_HAVE=<list>` against the package index (tests/unit/test_wheel_have.py: the tool)."""
+"""`make wheelhouse WHEEL_HAVE=<list>` against the package index (tests/tools/test_wheel_have.py: the tool)."""
 
 import os
 import subprocess

@@ -7,17 +7,14 @@ run of yaml_configs/compare/baseline.yaml (``-valid_steps 10 -report_every
 """
 
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools"))
-sys.path.insert(0, str(ROOT))
-import compare  # noqa: E402
-import reproduce  # noqa: E402
-from onmt_ext import train_log  # noqa: E402
+import compare
+import reproduce
+from onmt_ext import train_log
 
 FIXTURE = ROOT / "tests" / "fixtures" / "train_log_excerpt.txt"
 TEXT = FIXTURE.read_text(encoding="utf-8")

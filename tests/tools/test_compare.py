@@ -1,13 +1,11 @@
 """tools/compare.py: log parsing, run naming and the report, from fixed inputs (no training)."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import compare  # noqa: E402
+import compare
 
 LOG = """[2026-11-23 12:26:01,531 INFO] * number of parameters: 5689032
 [2026-11-23 12:26:01,531 INFO] Step  5/  600; acc: 1.0; ppl: 900.0; xent: 6.8; lr: 0.00001; sents:     100; bsz:  731/ 831/106; 1000/1200 tok/s;      3 sec;

@@ -20,8 +20,7 @@ import support
 
 REPO = support.REPO
 SCRIPT = REPO / "tools/gpu_check.py"
-sys.path.insert(0, str(REPO / "tools"))
-import gpu_check  # noqa: E402
+import gpu_check
 
 
 def _positive(value):

@@ -16,9 +16,8 @@ import support
 
 import onmt_ext.clause_split as cs  # registers the clause_split transform
 
-sys.path.insert(0, str(support.REPO / "tools"))
-import prepare_tatoeba as pt  # noqa: E402
-import reproduce  # noqa: E402
+import prepare_tatoeba as pt
+import reproduce
 
 REPO = support.REPO
 # what tools/prepare_tatoeba.py writes into --out-dir

@@ -1,14 +1,12 @@
 """Parameter deltas at Transformer-Base against the papers' figures: li2019 (Tables 2-3), chen2019 (Table 1)."""
 
-import sys
 from pathlib import Path
 
 import pytest
 
 import support
 
-sys.path.insert(0, str(support.REPO / "tools"))
-import param_report  # noqa: E402
+import param_report
 
 BASE = support.REPO / "yaml_configs/baseline/transformer_base_wmt14_ende.yaml"
 EXT = ["-encoder_type", "ext_transformer", "-decoder_type", "ext_transformer"]

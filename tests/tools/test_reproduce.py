@@ -2,7 +2,6 @@
 
 import json
 import shlex
-import sys
 from pathlib import Path
 
 import pytest
@@ -10,8 +9,7 @@ import yaml
 
 import support
 
-sys.path.insert(0, str(support.REPO / "tools"))
-import reproduce  # noqa: E402
+import reproduce
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -606,7 +604,6 @@ def test_ours_minus_paper_is_word_level_bleu_on_segmented_chinese_for_clause_tab
 def test_every_report_names_our_training_data_beside_the_papers(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     raw = tmp_path / "build/data/wmt17_zhen/raw"
-    sys.path.insert(0, str(support.REPO / "tools"))
     import prepare_data
 
     prepare_data.write_corpora(raw, "wmt17_zhen", [("News Commentary v12", 227062)])
@@ -665,7 +662,6 @@ def test_the_corpus_check_reads_the_extra_directory_and_the_prepared_data(tmp_pa
     (extra / "train.en").write_text("hello\n")
     assert reproduce.corpus_problem(table, environ={"WMT17_EXTRA_DIR": str(extra)}) is None
     assert reproduce.corpus_problem("li2019-table2", environ={}) is None  # WMT14: nothing to check
-    sys.path.insert(0, str(support.REPO / "tools"))
     import prepare_data
 
     raw = tmp_path / "build/data/wmt17_zhen/raw"

@@ -3,21 +3,19 @@
 The real shipped data (data/tatoeba-zh-en) is prepared once per module with
 small SentencePiece vocabularies.  The command itself in a subprocess (its
 exit status, and identical outputs across processes and hash seeds) is
-tested in tests/integration/test_tool_commands.py.
+tested in tests/tools/test_tool_commands.py.
 """
 
 import logging
 import random
-import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "data" / "tatoeba-zh-en"
-sys.path.insert(0, str(REPO / "tools"))
 
-import prepare_tatoeba as pt  # noqa: E402
+import prepare_tatoeba as pt
 
 OUTPUTS = {
     "train.zh", "train.en", "valid.zh", "valid.en", "test.zh", "test.en.refs.tsv", "test.en.ref0",
@@ -95,7 +93,7 @@ def test_cli_invalid_utf8_exits_2_without_traceback(tmp_path, capsys):
     assert rc == 2
     assert "cmn.txt: line 4: invalid UTF-8" in err
     assert "Traceback" not in err
-    # (the same through the command in a subprocess: tests/integration/test_tool_commands.py)
+    # (the same through the command in a subprocess: tests/tools/test_tool_commands.py)
 
 
 def test_read_multiref(tmp_path):

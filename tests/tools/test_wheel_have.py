@@ -1,13 +1,11 @@
 """tools/wheel_have.py: what `make wheelhouse WHEEL_HAVE=<list>` leaves out (issue 36, the lean transfer)."""
 
 import json
-import sys
 
 from support import REPO
 
-sys.path.insert(0, str(REPO / "tools"))
 
-import wheel_have  # noqa: E402
+import wheel_have
 
 
 def write(path, text):

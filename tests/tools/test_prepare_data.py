@@ -7,12 +7,10 @@ import sys
 import tarfile
 import threading
 import zipfile
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import prepare_data as pd  # noqa: E402
+import prepare_data as pd
 
 PAYLOAD = bytes(range(256)) * 400  # 102,400 bytes
 

@@ -3,7 +3,6 @@
 import argparse
 import math
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,10 +10,9 @@ import yaml
 
 import support
 
-sys.path.insert(0, str(support.REPO / "tools"))
-import bench  # noqa: E402
-import paper_configs  # noqa: E402
-import reproduce  # noqa: E402
+import bench
+import paper_configs
+import reproduce
 
 
 def test_committed_paper_configs_are_what_the_generator_writes(capsys):

@@ -1,0 +1,157 @@
+"""What the commands under tools/ share: argument parsing, number and table formatting, child processes.
+
+The commands import it as a sibling (``python tools/x.py`` puts tools/ first on ``sys.path``); the tests get
+tools/ on the path from pyproject.toml's pytest ``pythonpath``.  A child process is this interpreter running a
+tool's ``--child KIND RESULT [head...] -- argv`` entry (:func:`run_child`), which writes its figures as JSON to
+``RESULT``; :func:`record_training` is the training statistics both bench.py and gpu_check.py take from
+OpenNMT-py's own trainer.
+"""
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIGS = REPO / "yaml_configs"
+
+
+class Parser(argparse.ArgumentParser):
+    """Bad arguments: one line, ``<prog>: error: ...``, exit status 2 (no usage block)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def fmt(value, digits=2):
+    """``value`` for a report: ``n/a`` for None or NaN, a float with ``digits`` decimals, anything else as str."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def append_json_line(path, entry):
+    """Appends ``entry`` to the JSON-lines file ``path`` at once (a stopped child keeps what it recorded)."""
+    with open(path, "a", encoding="utf-8") as out:
+        out.write(json.dumps(entry) + "\n")
+
+
+def peak_memory_mb(cuda):
+    """Peak CUDA memory allocated (``cuda``), else the peak resident set of this process, in MiB."""
+    if cuda:
+        import torch
+
+        return torch.cuda.max_memory_allocated() / 2**20
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def record_training(reports, parameters):
+    """Makes OpenNMT-py's trainer append each report's ``step``, target/source tokens and seconds to
+    ``reports`` and set ``parameters["total"]`` when the model counts its parameters (once per process)."""
+    from onmt.models import model as models
+    from onmt.utils import statistics as stats
+
+    output = stats.Statistics.output
+
+    def recording_output(statistics, step, *args, **kwargs):
+        reports.append({"step": step, "tgt_tokens": statistics.n_words, "src_tokens": statistics.n_src_words,
+                        "seconds": statistics.elapsed_time()})
+        return output(statistics, step, *args, **kwargs)
+
+    stats.Statistics.output = recording_output
+
+    def recording(count):
+        def recording_count(model, *args, **kwargs):
+            parameters["total"] = sum(p.numel() for p in model.parameters())
+            return count(model, *args, **kwargs)
+
+        return recording_count
+
+    for cls in (models.BaseModel, models.NMTModel, models.LanguageModel):  # each defines its own
+        cls.count_parameters = recording(cls.__dict__["count_parameters"])
+
+
+class ChildFailed(Exception):
+    """A child process exited with an error (``timed_out``: it was stopped at its time limit)."""
+
+    def __init__(self, message, timed_out=False):
+        super().__init__(message)
+        self.timed_out = timed_out
+
+
+def run_child(script, kind, argv, log, threads, timeout=None, head=(), env=None):
+    """Runs ``script --child kind RESULT [head...] -- argv`` with its output in ``log`` and ``env`` (variables)
+    added to the environment; returns the JSON the child wrote.  Raises :class:`ChildFailed` if it fails or
+    outlives ``timeout`` seconds (then its whole process group is killed)."""
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as handle:
+        result_file = handle.name
+    command = [sys.executable, str(script), "--child", kind, result_file, *map(str, head), "--", *map(str, argv)]
+    env = dict(os.environ, **({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {}),
+               **(env or {}))
+    try:
+        with open(log, "w", encoding="utf-8") as out:
+            child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            try:
+                code = child.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, 9)
+                child.wait()
+                raise ChildFailed(f"{kind} stopped after {timeout:.0f} s (time budget); see {log}", timed_out=True)
+        if code:
+            raise ChildFailed(f"{kind} failed (exit {code}); see {log}")
+        return json.loads(Path(result_file).read_text(encoding="utf-8"))
+    finally:
+        if os.path.exists(result_file):
+            os.unlink(result_file)
+
+
+def child_main(argv, children):
+    """A tool's ``--child KIND RESULT [head...] -- argv`` entry: calls ``children[KIND](RESULT, head, argv)``."""
+    import onmt  # noqa: F401  (onmt-ext's start-up hook, unless ONMT_EXT_DISABLE)
+
+    kind, result_file, *rest = argv[1:]
+    split = rest.index("--")
+    return children[kind](result_file, rest[:split], rest[split + 1:])
+
+
+def config_values(config):
+    """The options of ``yaml_configs/<config>`` as a dict."""
+    import yaml
+
+    return yaml.safe_load((CONFIGS / config).read_text(encoding="utf-8"))
+
+
+def pyplot():
+    """matplotlib's pyplot on the Agg back end (files only, no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def inference_engine(argv):
+    """OpenNMT-py's inference engine for the ``onmt_translate`` arguments ``argv``, checked as the command does."""
+    from onmt.bin.translate import _get_parser
+    from onmt.inference_engine import InferenceEnginePY
+    from onmt.utils.parse import ArgumentParser
+
+    opt = _get_parser().parse_args([str(word) for word in argv])
+    ArgumentParser.validate_translate_opts(opt)
+    ArgumentParser._get_all_transform_translate(opt)
+    ArgumentParser._validate_transforms_opts(opt)
+    ArgumentParser.validate_translate_opts_dynamic(opt)
+    return InferenceEnginePY(opt)
