@@ -2,17 +2,13 @@
 cao2019's Zh-En length filter counted in words before BPE."""
 
 import json
-import sys
 
+import paper_configs
+import prepare_data as pd
 import pytest
-import yaml
-
+import reproduce
 import support
-
-sys.path.insert(0, str(support.REPO / "tools"))
-import paper_configs  # noqa: E402
-import prepare_data as pd  # noqa: E402
-import reproduce  # noqa: E402
+import yaml
 
 CONFIGS = support.REPO / "yaml_configs"
 
