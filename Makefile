@@ -465,11 +465,12 @@ gpu-check: | $(SETUP_STAMP)
 paper-configs:
 	$(PYTHON) tools/paper_configs.py
 
-reproduce-li2019: $(addprefix reproduce-,$(filter li2019-%,$(REPRODUCE_TABLES)))
-reproduce-cao2019: $(addprefix reproduce-,$(filter cao2019-%,$(REPRODUCE_TABLES)))
-reproduce-chen2019: $(addprefix reproduce-,$(filter chen2019-table%,$(REPRODUCE_TABLES)))
-reproduce-gret: $(addprefix reproduce-,$(filter gret-%,$(REPRODUCE_TABLES)))
-reproduce-clause: $(addprefix reproduce-,$(filter clause-%,$(REPRODUCE_TABLES)))
+# all tables of a paper: every table's checks (devices, options, corpus) first, so that a table that cannot run
+# stops the target before any data is prepared or any earlier table trains
+paper_tables = $(filter $(if $(filter chen2019,$(1)),chen2019-table%,$(1)-%),$(REPRODUCE_TABLES))
+reproduce-li2019 reproduce-cao2019 reproduce-chen2019 reproduce-gret reproduce-clause: reproduce-%: | $(SETUP_STAMP)
+	@$(foreach table,$(call paper_tables,$*),$(call preflight,$(table)) && ) true
+	@$(MAKE) --no-print-directory $(addprefix reproduce-,$(call paper_tables,$*))
 # not a paper: the whole chain on the shipped WMT14 sample, on the CPU, in about a minute
 reproduce-sample: GPUS = cpu
 reproduce-sample: AVERAGE = 5
@@ -483,9 +484,10 @@ sweep-chen2019-dr: reproduce-chen2019-figure2-rpehead reproduce-chen2019-figure2
 # and every command (the data preparation's with make -n), and runs nothing.  The toy sample table runs on
 # the CPU unless GPUS is given.
 table_gpus = $(if $(and $(filter sample-%,$(1)),$(filter file default,$(origin GPUS))),cpu,$(GPUS))
+preflight = $(PY) tools/reproduce.py $(1) --preflight --gpus $(call table_gpus,$(1)) --average $(AVERAGE) \
+  $(if $(PASSES),--passes $(PASSES)) $(if $(DRY_RUN),--dry-run) $(if $(filter 1,$(WMT17_SMALL_DATA)),--small-data)
 $(addprefix reproduce-,$(REPRODUCE_TABLES)): reproduce-%: | $(SETUP_STAMP)
-	@$(PY) tools/reproduce.py $* --preflight --gpus $(call table_gpus,$*) --average $(AVERAGE) \
-	  $(if $(PASSES),--passes $(PASSES)) $(if $(DRY_RUN),--dry-run) $(if $(filter 1,$(WMT17_SMALL_DATA)),--small-data)
+	@$(call preflight,$*)
 	@task=$$($(PY) tools/reproduce.py $* --task); \
 	  $(MAKE) --no-print-directory $(if $(DRY_RUN),-n) data-$$task
 	$(PY) tools/reproduce.py $* --preflight-done --gpus $(call table_gpus,$*) --average $(AVERAGE) \

@@ -66,3 +66,13 @@ def test_the_sample_table_runs_on_the_cpu_unless_gpus_are_given(checkout):
     trainings = [line for line in result.stdout.splitlines() if " onmt_train " in line]
     assert len(trainings) == 2 and all(line.startswith("CUDA_VISIBLE_DEVICES= ") for line in trainings)
     assert "-gpu_ranks" not in result.stdout
+
+
+def test_a_papers_target_checks_every_table_before_the_first_one_prepares_data(checkout):
+    """reproduce-li2019's last table (WMT17 Zh-En) cannot run without the full corpus: the target stops at once,
+    not after its first three tables have prepared their data and trained."""
+    result = _make(checkout, "reproduce-li2019", "GPUS=cpu")
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("reproduce.py:")]
+    assert len(lines) == 1 and lines[0].startswith("reproduce.py: li2019-table4-wmt17_zhen trains on WMT17 Zh-En")
+    assert not (checkout / "build").exists() and "prepare_data" not in result.stdout
