@@ -27,8 +27,8 @@ import warnings
 
 from onmt_ext.patches import FIX, MESSAGE, patch, record
 
-# OpenNMT-py is imported inside the functions: the start-up hook imports this module while ``onmt`` is being
-# imported, before its code has run.  torch too: tools import the command helpers (make_command) without torch.
+# OpenNMT-py is imported inside the functions: importing it while this module initialises would run the start-up
+# hook (onmt_ext._autoload), which needs this module whole.  torch too: tools import make_command without torch.
 
 # Regular expressions over the warning text (``warnings.filterwarnings`` matches
 # them against the start of the message).
