@@ -19,6 +19,9 @@ import importlib.util
 import os
 import sys
 
+# onmt_ext.compat and onmt_ext.plugin are imported inside the functions: this module runs at every Python start-up,
+# which must stay quick (plugin imports torch) and must not fail (their failures are reported in one line).
+
 DISABLE_ENV = "ONMT_EXT_DISABLE"
 
 

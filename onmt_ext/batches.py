@@ -17,6 +17,9 @@ import torch
 
 from onmt_ext.patches import SPEED, patch
 
+# OpenNMT-py is imported inside the functions: importing it while this module initialises would activate
+# onmt-ext (onmt_ext._autoload) before this module is whole.
+
 #: ``onmt.constants.CorpusTask.INFER`` (not imported: importing onmt from here, before onmt-ext is active,
 #: would run the start-up hook on this half-imported module)
 _INFER = "infer"

@@ -27,6 +27,9 @@ from onmt_ext.options import (EXT_TYPE, model_size, option, options_without_effe
                               tensor_parallel_problems)
 from onmt_ext.state import DecodingStateModule
 
+# OpenNMT-py is imported inside the functions: importing it while this module initialises would activate
+# onmt-ext (onmt_ext._autoload) before this module is whole.
+
 LAYOUTS = ("none", "rpehead", "mprhead")
 SCALES = ("embedding", "parts", "none")
 INITS = ("glorot", "pytorch")

@@ -27,6 +27,9 @@ from onmt_ext.options import (layers_check, option, options_without_effect, regi
                               selected_layers, tensor_parallel_problems)
 from onmt_ext.patches import NEEDED, patch
 
+# OpenNMT-py (and onmt_ext.clause_split, which imports it) is imported inside the functions: importing it while
+# this module initialises would activate onmt-ext (onmt_ext._autoload) before this module is whole.
+
 MIXINGS = ("scalar", "gate")
 TRANSFORM = "clause_split"
 _MASKED = -1e18  # the fill OpenNMT-py uses for masked scores (scores are float32 there)

@@ -14,15 +14,29 @@ Pure functions for the encoder (no OpenNMT-py needed): :func:`is_marker`, :func:
 """
 
 import html
+import importlib.util
 import logging
+import os
 import re
 import unicodedata
 import warnings
 import zlib
 from collections import namedtuple
 
+import numpy as np
+import torch
+
 from onmt_ext import _autoload
 from onmt_ext.compat import install_command
+from onmt_ext.patches import NEEDED, add_entry
+
+# OpenNMT-py after _autoload: where the start-up hook is not installed, importing _autoload installs it for onmt
+import onmt.transforms
+from onmt.transforms import AVAILABLE_TRANSFORMS  # noqa: F401  (tools read it from here)
+from onmt.transforms.transform import ObservableStats, Transform
+
+# spaCy and jieba are imported where a tagger is first loaded: spaCy is optional (without it only -clause_lang en
+# fails, in one line), and jieba.posseg takes most of a second to load its dictionary.
 
 # ---------------------------------------------------------------------------
 # Markers and the pure functions used by the encoder
@@ -442,8 +456,6 @@ class SignalTagger:
     """
 
     def __init__(self, weight, lang, info=None):
-        import numpy as np
-
         self.weight = np.ascontiguousarray(weight, dtype=np.float32)
         self.buckets = self.weight.shape[0]
         self.lang = lang
@@ -451,8 +463,6 @@ class SignalTagger:
 
     def levels(self, words):
         """Predicted level (0..6) of each tagged word."""
-        import numpy as np
-
         if not words:
             return []
         ids, offsets = [], []
@@ -464,16 +474,12 @@ class SignalTagger:
 
     def save(self, path):
         """Write the tagger to ``path`` (a torch file of plain tensors and strings)."""
-        import torch
-
         torch.save({"format": TAGGER_FORMAT, "version": TAGGER_VERSION, "lang": self.lang,
                     "weight": torch.from_numpy(self.weight.copy()), "info": self.info}, path)
 
     @classmethod
     def load(cls, path):
         """Read a tagger written by :meth:`save`; :class:`ClauseSplitError` naming ``path`` if it is unusable."""
-        import torch
-
         try:
             with warnings.catch_warnings():  # torch warns about the pickle protocol of foreign files
                 warnings.simplefilter("ignore")
@@ -650,9 +656,6 @@ def _transform_lists(opts):
 
 def option_problems(opts):
     """Messages for every bad ``clause_split`` option value or transform order in ``opts`` (empty: fine)."""
-    import importlib.util
-    import os
-
     problems = []
     lang = getattr(opts, "clause_lang", "en")
     if lang not in LANGS:
@@ -689,10 +692,6 @@ def option_problems(opts):
 
 # ---------------------------------------------------------------------------
 # The OpenNMT-py transform
-
-import onmt.transforms  # noqa: E402
-from onmt.transforms import AVAILABLE_TRANSFORMS  # noqa: E402,F401  (tools read it from here)
-from onmt.transforms.transform import ObservableStats, Transform  # noqa: E402
 
 
 class ClauseSplitStats(ObservableStats):
@@ -820,8 +819,6 @@ def _expand(length, where):
 def install():
     """Register ``clause_split`` in OpenNMT-py's transform registry (called by :func:`onmt_ext.plugin.activate`;
     after a re-execution of this module, its new class replaces the old)."""
-    from onmt_ext.patches import NEEDED, add_entry
-
     add_entry(onmt.transforms, "AVAILABLE_TRANSFORMS", TRANSFORM_NAME, ClauseSplitTransform, kind=NEEDED,
               reason="the clause_split transform (clause markers for clause attention) for -transforms",
               test="tests/unit/test_clause_split.py::test_registered_with_options_and_reimport_is_harmless")

@@ -12,6 +12,9 @@ import os
 from onmt_ext.errors import UsageError
 from onmt_ext.patches import FIX, patch
 
+# OpenNMT-py is imported inside the functions: importing it while this module initialises would activate
+# onmt-ext (onmt_ext._autoload) before this module is whole.
+
 #: argparse actions that are meant to be given several times.
 _REPEATABLE = (argparse._AppendAction, argparse._AppendConstAction, argparse._CountAction)
 

@@ -17,6 +17,8 @@ Stock behaviour, reasons and tests of each: docs/differences-from-stock.md.
 
 import argparse
 import importlib.util
+import itertools
+import logging
 import os
 import shlex
 import sys
@@ -24,6 +26,9 @@ import types
 import warnings
 
 from onmt_ext.patches import FIX, MESSAGE, patch, record
+
+# OpenNMT-py is imported inside the functions: importing it while this module initialises would run the start-up
+# hook (onmt_ext._autoload), which needs this module whole.  torch too: tools import make_command without torch.
 
 # Regular expressions over the warning text (``warnings.filterwarnings`` matches
 # them against the start of the message).
@@ -213,8 +218,6 @@ def keep_log_file():
 
 
 def _init_logger_keeping_handlers(stock, log_file=None, *args, **kwargs):
-    import logging
-
     logger = logging.getLogger("onmt")
     if log_file is None and not args and not kwargs and logger.handlers:
         return logger
@@ -223,7 +226,6 @@ def _init_logger_keeping_handlers(stock, log_file=None, *args, **kwargs):
 
 def atomic_save(obj, path, *args, **kwargs):
     """``torch.save(obj, path)`` that never leaves a partial file at ``path`` (temporary file, fsync, rename)."""
-    import os
     import torch
 
     if not isinstance(path, (str, os.PathLike)):
@@ -282,8 +284,6 @@ def resume_data_position():
 
 
 def _train_from_data_position(stock, self, train_iter, train_steps, *args, **kwargs):
-    import itertools
-
     from onmt.utils.logging import logger
 
     done = self.optim.training_step - 1

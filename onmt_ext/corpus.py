@@ -18,7 +18,12 @@ import os
 import re
 from typing import NamedTuple, Tuple
 
+import yaml
+
 from onmt_ext.patches import FIX, patch
+
+# OpenNMT-py is imported inside the functions: importing it while this module initialises would activate
+# onmt-ext (onmt_ext._autoload) before this module is whole.
 
 _BOM = "\ufeff"
 _BLOCK = 1 << 24
@@ -237,8 +242,6 @@ def _check_data_option(data, skip_empty_level="warning"):
     Parallel corpora (``path_src``/``path_tgt``) also get their empty lines
     reported at ``skip_empty_level`` (:func:`report_empty_lines`).
     """
-    import yaml
-
     corpora = yaml.safe_load(data) if isinstance(data, str) else data
     for name, entry in (corpora or {}).items():
         if not isinstance(entry, dict):

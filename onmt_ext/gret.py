@@ -24,6 +24,9 @@ from onmt_ext.patches import NEEDED, patch
 from onmt_ext.routing import simple_routing
 from onmt_ext.state import DecodingStateModule
 
+# OpenNMT-py is imported inside the functions: importing it while this module initialises would activate
+# onmt-ext (onmt_ext._autoload) before this module is whole.
+
 POOLINGS = ("capsules", "mean")
 LAYER_CHOICES = ("all", "last")
 

@@ -17,6 +17,12 @@ import os
 import sys
 import sysconfig
 
+from onmt_ext import patches
+
+# onmt_ext._autoload, onmt and onmt_ext.plugin are imported in print_patches: importing _autoload installs the
+# start-up hook (and activates onmt-ext if onmt is already imported), and onmt with plugin take seconds, which
+# install and uninstall do without.
+
 PTH_NAME = "onmt_ext.pth"
 PTH_LINE = (
     "import importlib.util as _u; "
@@ -78,8 +84,6 @@ def print_patches(out=None):
         print(f"{DISABLE_ENV} is set: onmt-ext changes nothing in OpenNMT-py; only torch.load is allowed the "
               "argparse.Namespace of OpenNMT-py checkpoints, so that they load", file=out)
         return
-    from onmt_ext import patches
-
     import onmt  # (the hook, when installed, activates the extension)
 
     if not patches.applied():

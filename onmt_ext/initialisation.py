@@ -18,6 +18,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from onmt_ext.patches import NEEDED, patch
+
+# OpenNMT-py is imported inside the functions: importing it while this module initialises would activate
+# onmt-ext (onmt_ext._autoload) before this module is whole.
+
 KINDS = ("glorot", "zeros", "ones", "uniform", "stock")
 
 
@@ -187,8 +192,6 @@ def install():
     """
     import onmt.model_builder as builder
     import onmt.train_single as train_single
-
-    from onmt_ext.patches import NEEDED, patch
 
     for module in (builder, train_single):  # onmt_train calls the name train_single imported
         patch(module, "build_model", _build_model_initialised, kind=NEEDED,

@@ -91,7 +91,7 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(sys.modules[__name__.rpartition("
 def check_version(version=None):
     """Raise :class:`UnsupportedVersion` unless ``version`` (default: ``onmt.__version__``) is supported."""
     if version is None:
-        import onmt
+        import onmt  # here: importing onmt runs the start-up hook, which needs this module whole
 
         version = getattr(onmt, "__version__", "unknown")
     if version not in SUPPORTED:

@@ -20,7 +20,14 @@ import os
 import re
 import sys
 
+import yaml
+
 from onmt_ext.errors import UsageError
+from onmt_ext.patches import FIX, patch
+
+# OpenNMT-py (and onmt_ext.zh_segment, which imports it) is imported inside the functions: importing it while this
+# module initialises would activate onmt-ext (onmt_ext._autoload) before this module is whole.  torch too: tools
+# (tools/evaluate.py) read SUBWORD_MARK from here without needing torch.
 
 #: Transforms that decide the source tokens a model reads: translation must repeat them.
 SHAPING = ("jieba", "sentencepiece", "bpe", "onmt_tokenize", "clause_split")
@@ -78,8 +85,6 @@ def trained_on_segmented_chinese(model_opt):
         return recorded or None
     data = getattr(model_opt, "data", None) or {}
     if isinstance(data, str):  # as parsed; onmt_train's validation (whose result the checkpoint keeps) reads it
-        import yaml
-
         data = yaml.safe_load(data)
     for name, corpus in (data if isinstance(data, dict) else {}).items():
         path = corpus.get("path_src") if name != "valid" and isinstance(corpus, dict) else None
@@ -212,8 +217,6 @@ def _transforms_of_training(stock, cls, opt):
 def install():
     """Wrap the choice of the translation's transforms (see the module docstring)."""
     from onmt.utils.parse import ArgumentParser
-
-    from onmt_ext.patches import FIX, patch
 
     patch(ArgumentParser, "_get_all_transform_translate", _transforms_of_training, kind=FIX,
           reason="onmt_translate ignores the transforms the checkpoint was trained with: without -transforms a "

@@ -13,12 +13,16 @@ Parameters after each step and the reported statistics equal stock's bit for bit
 ``tests/unit/test_train_step.py``).  docs/differences-from-stock.md, "Speed".
 """
 
+import sys
 import traceback
 
 import torch
 
 from onmt_ext.batches import HOST
 from onmt_ext.patches import SPEED, patch
+
+# OpenNMT-py is imported inside the functions: importing it while this module initialises would activate
+# onmt-ext (onmt_ext._autoload) before this module is whole.
 
 #: attribute of an onmt.utils.Statistics holding its device sums ``[loss, n_words, n_correct]`` (float64)
 _SUMS = "_onmt_ext_device_sums"
@@ -169,8 +173,6 @@ def gradient_accumulation(self, true_batches, normalization, total_stats, report
 def _skip_out_of_memory(trainer, batch):
     """Stock's answer to running out of GPU memory: drop the batch and free the cache; here with a warning
     that says what was dropped (stock logs "cuda OOM - batch removed" at INFO level)."""
-    import sys
-
     from onmt.utils.logging import logger
 
     _, tokens = host_counts(batch, trainer.train_loss.padding_idx)

@@ -17,6 +17,10 @@ import onmt.transforms
 from onmt.transforms.transform import Transform
 
 from onmt_ext import _autoload
+from onmt_ext.patches import NEEDED, add_entry
+
+# jieba is imported where the tokenizer is first built: activation imports this module in every OpenNMT-py command,
+# and most of them segment no Chinese.
 
 TRANSFORM_NAME = "jieba"
 SIDES = ("src", "tgt", "both")
@@ -104,8 +108,6 @@ class JiebaTransform(Transform):
 def install():
     """Register ``jieba`` in OpenNMT-py's transform registry (called by :func:`onmt_ext.plugin.activate`; after a
     re-execution of this module, its new class replaces the old)."""
-    from onmt_ext.patches import NEEDED, add_entry
-
     add_entry(onmt.transforms, "AVAILABLE_TRANSFORMS", TRANSFORM_NAME, JiebaTransform, kind=NEEDED,
               reason="the jieba transform (Chinese word segmentation, as the demo data was cut) for -transforms",
               test="tests/unit/test_preprocessing.py::test_jieba_cuts_raw_chinese_as_the_shipped_sample_was_cut")
