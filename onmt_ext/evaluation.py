@@ -522,7 +522,7 @@ def plot_by_length(comparisons: Sequence[LengthComparison], path: PathLike, titl
     Top: the two systems' scores per bucket; bottom: the difference with its
     significance marker; the x axis names each bucket and its segment count.
     """
-    import matplotlib
+    import matplotlib  # here: about half a second to import, and only this figure needs it
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
