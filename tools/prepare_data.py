@@ -35,13 +35,13 @@ what changed is redone):
     or a token-count ratio above ``ratio`` are dropped (as Moses'
     ``clean-corpus-n.perl``); the counts are written to ``clean/stats.json``.
     A task's ``subsets`` (a paper's own length filter, e.g. cao2019's Zh-En
-    pairs under 50 words) are written beside it as ``clean/train.<name>.<lang>``,
-    counting words (tokens of this step's input), before BPE.
+    pairs under 50 words) are counted there, in words (tokens of this step's
+    input), before BPE.
 ``bpe``
     Learn BPE with subword-nmt (``merges`` operations, 32K as the papers;
     joint over both languages, or one model per language for Chinese-English)
-    and apply it: ``{train,valid,test}.bpe.<lang>`` (and ``train.<subset>.bpe.<lang>``
-    with the same codes); the tokenized test
+    and apply it: ``{train,valid,test}.bpe.<lang>`` (and ``train.<subset>.bpe.<lang>``,
+    the subset's lines of ``train.bpe.<lang>``); the tokenized test
     reference ``test.tok.<tgt>`` and the raw one ``test.<tgt>`` (detokenized
     with sacremoses for a corpus released tokenized), the layout
     ``tools/reproduce.py`` reads.
@@ -149,6 +149,10 @@ class LengthSubset:
     name: str
     max_words: int
     note: str
+
+    def keeps(self, src, tgt):
+        """True for a tokenized pair of at most ``max_words`` words on each side."""
+        return max(len(src.split()), len(tgt.split())) <= self.max_words
 
 
 #: cao2019 sec. 4.1: of WMT17 Zh-En's 20.6M pairs it keeps "those with the sentence length less than 50", a step
@@ -802,8 +806,8 @@ def keep_pair(src, tgt, max_len, ratio):
 def clean(task_name):
     """Step ``clean``: length- and ratio-filtered training pairs in ``clean/``, counts in ``clean/stats.json``.
 
-    Each of the task's ``subsets`` keeps the cleaned pairs of at most ``max_words`` tokens on both sides
-    (``clean/train.<name>.<lang>``, counted before BPE as the paper does).
+    Each of the task's ``subsets`` counts the cleaned pairs it keeps (:meth:`LengthSubset.keeps`, before BPE
+    as the paper does); step ``bpe`` writes them.
     """
     task = TASKS[task_name]
     base = task_dir(task_name)
@@ -814,11 +818,9 @@ def clean(task_name):
     _write_lines(base / "clean" / f"train.{task.tgt}", [t for _, t in kept])
     stats = {"pairs_in": len(src_lines), "pairs_kept": len(kept), "max_len": task.max_len, "ratio": task.ratio}
     for subset in task.subsets:
-        pairs = [(s, t) for s, t in kept if max(len(s.split()), len(t.split())) <= subset.max_words]
-        _write_lines(base / "clean" / f"train.{subset.name}.{task.src}", [s for s, _ in pairs])
-        _write_lines(base / "clean" / f"train.{subset.name}.{task.tgt}", [t for _, t in pairs])
-        stats.setdefault("subsets", {})[subset.name] = {"pairs": len(pairs), "note": subset.note}
-        print(f"clean: {len(pairs)} of them in {subset.name} ({subset.note})", file=sys.stderr)
+        pairs = sum(subset.keeps(s, t) for s, t in kept)
+        stats.setdefault("subsets", {})[subset.name] = {"pairs": pairs, "note": subset.note}
+        print(f"clean: {pairs} of them in {subset.name} ({subset.note})", file=sys.stderr)
     (base / "clean" / "stats.json").write_text(json.dumps(stats, indent=1) + "\n", encoding="utf-8")
     print(f"clean: kept {len(kept)} of {len(src_lines)} training pairs of {task_name}", file=sys.stderr)
 
@@ -888,10 +890,11 @@ def bpe(task_name, workers=1, merges=None):
     for lang, path in train.items():
         _write_lines(base / f"train.bpe.{lang}", apply_bpe(_open_text(path), codes[lang], workers,
                                                             desc=f"bpe train.{lang}"))
-        for subset in task.subsets:  # the codes of the whole corpus, so that the vocabularies stay the task's
+    for subset in task.subsets:  # its pairs' lines of train.bpe.*: BPE'd once, with the whole corpus's codes
+        keep = bytearray(subset.keeps(s, t) for s, t in zip(_open_text(train[task.src]), _open_text(train[task.tgt])))
+        for lang in train:
             _write_lines(base / f"train.{subset.name}.bpe.{lang}",
-                         apply_bpe(_open_text(base / "clean" / f"train.{subset.name}.{lang}"), codes[lang], workers,
-                                   desc=f"bpe train.{subset.name}.{lang}"))
+                         (line for line, kept in zip(_open_text(base / f"train.bpe.{lang}"), keep) if kept))
     for name, path in _split_files(base / "tok").items():
         split, lang = name.split(".", 1)
         if split == "train":
