@@ -345,9 +345,9 @@ def render(paper, row, size, task, smoke):
     changed = ["the block below"]  # what differs from the baseline, for the header
     if run_options.keys() & {"batch_size", "accum_count"}:
         changed.append("the batch settings")
-    if paper.vocab_size is not None and not smoke and yaml.safe_load(text)["src_vocab_size"] != paper.vocab_size:
-        changed.append("the vocabulary cap")
     if paper.vocab_size is not None and not smoke:
+        if yaml.safe_load(text)["src_vocab_size"] != paper.vocab_size:
+            changed.append("the vocabulary cap")
         text = _set_key(text, "src_vocab_size", paper.vocab_size, base_path)
         text = _set_key(text, "tgt_vocab_size", paper.vocab_size, base_path)
         text = re.sub(r"^(#[^\n]*\n)*(?=src_vocab_size:)", f"# {paper.vocab_note}\n", text, count=1, flags=re.M)
