@@ -285,6 +285,10 @@ class _SyncWindow:
         return len(self.context.reads), [where for _, where in self.context.reads]
 
 
+class WarmedUp(Exception):
+    """Ends a warm-up job's training after its ``stop_after`` steps (raised after a whole step)."""
+
+
 class Meter:
     """What section b measures of each training run in a process, through OpenNMT-py's trainer: data waits,
     report statistics, synchronisations per step, the first step's time, a profiled window, peak memory.
@@ -324,6 +328,9 @@ class Meter:
             if step == 1:
                 meter._sync()
                 meter.first_step_end, meter.first_step_wall = time.perf_counter(), time.time()
+            if step >= meter.job.get("stop_after", step + 1):
+                meter._sync()
+                raise WarmedUp(step)
             return out
 
         trainer_class._accum_batches, trainer_class._gradient_accumulation = timed_batches, measured_step
@@ -337,6 +344,7 @@ class Meter:
                 model = build_model(*args, **kwargs)
                 meter._sync()
                 meter.model_built = time.perf_counter()
+                meter.build_s = meter.model_built - meter.began
                 return model
 
             train_single.build_model = timed_build
@@ -360,7 +368,7 @@ class Meter:
             self.torch.cuda.synchronize()
 
     def begin(self, job):
-        self.job, self.waits = job, {}
+        self.job, self.waits, self.began, self.build_s = job, {}, time.perf_counter(), None
         self.reports.clear()
         self.parameters.clear()
         self.model_built = self.first_step_end = self.first_step_wall = None
@@ -404,6 +412,9 @@ class Meter:
             self._sync()
             self.window["end"] = time.perf_counter()
             self.window["profiler"].__exit__(None, None, None)
+            if self.job.get("profile_file"):
+                write_profile_tables(self.window["profiler"], self.cuda, Path(self.job["profile_file"]),
+                                     f"{self.job['key']}: steps {first}-{first + count - 1}")
 
     def end(self, t0_wall):
         """The run's figures; ``t0_wall``: when the parent started this process (None: not the first run)."""
@@ -425,6 +436,7 @@ class Meter:
             "data_wait_share": sum(waits) / seconds, "peak_memory_mb": common.peak_memory_mb(self.cuda),
             "peak_memory_since": "the run" if self.cuda or self.peak_reset else "the process start",
             "parameters": self.parameters.get("total"), "replayed_batches": self.replayed,
+            "replay_s": self.replay_s, "model_build_s": self.build_s,
             "syncs_per_step": statistics.mean(between) if between else None, "sync_steps": len(between),
             "syncs_per_report_step": statistics.mean(at_reports) if at_reports else None,
             "sync_sites": _top_sites(self.sites),
@@ -443,6 +455,21 @@ class Meter:
             figures["busy_share"] = busy_seconds(self.window["profiler"].events(), self.cuda) / wall
             figures["busy_kind"] = "CUDA kernels" if self.cuda else "CPU operators"
         return figures
+
+
+def write_profile_tables(profiler, cuda, path, title):
+    """The profiled steps' operators, by self device time (on CUDA) and by self CPU time, top 30 each, into
+    ``path``: what to read before making a row faster."""
+    averages = profiler.key_averages()
+    sorts = ["self_cpu_time_total"]
+    if cuda:
+        sorts.insert(0, "self_device_time_total" if hasattr(averages[0], "self_device_time_total") else
+                     "self_cuda_time_total")
+    parts = [f"# {title}"]
+    for sort in sorts:
+        parts += [f"\n## sorted by {sort}\n", averages.table(sort_by=sort, row_limit=30, max_name_column_width=70)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(parts) + "\n", encoding="utf-8")
 
 
 def _parse_train_options(config, stock):
@@ -490,6 +517,8 @@ def child_train_many(result_file, head, argv):
             figures = meter.end(t0_wall if first_run else None)
             entry = {"key": job["key"], "status": "warmed up" if job.get("warmup") else "measured",
                      **({} if job.get("warmup") else figures)}
+        except WarmedUp as stop:
+            entry = {"key": job["key"], "status": "warmed up", "steps": stop.args[0]}
         except (Exception, SystemExit) as error:  # the run fails, the next one starts
             text = str(error).strip().splitlines()
             entry = {"key": job["key"], "status": "failed",
@@ -639,6 +668,39 @@ def start_warm_up(args, work, entry, configs, repeat_cache, deadline):
     return thread
 
 
+#: the untimed processes that compile the compiled rows' cores ahead (see :func:`start_compile_warm_up`)
+COMPILE_WARM_UP = "compile warm-up"
+
+
+def start_compile_warm_up(args, work, plan, configs, deadline):
+    """Trains every compiled row of ``plan`` for ``--compile-warmup-steps`` steps, untimed, in
+    ``--compile-warmups`` processes side by side (rows dealt round), until the monotonic ``deadline`` (while
+    section a runs).  torch.compile keeps what it generates on disk (Inductor's FX graph and AOTAutograd caches,
+    and Triton's kernels), so the measured compiled runs of section b load their cores instead of compiling
+    them.  Returns ``(threads, rows)``: one row per case, filled in place as its run ends."""
+    compiled = [(row, case, mode, extra) for _, _, _, rows in plan for row, case, mode, extra in rows
+                if mode == "compiled"]
+    if not compiled or args.compile_warmups < 1:
+        return [], []
+    entries = []
+    for row, case, mode, extra in compiled:
+        mine = dict(row, key=f"{COMPILE_WARM_UP}|{row['key']}", group=COMPILE_WARM_UP, reference=None, target=None)
+        configs[mine["key"]] = configs[row["key"]]  # the very config measured later: the same graphs
+        entries.append((mine, case, mode, extra))
+    processes = min(args.compile_warmups, len(entries))
+    threads = []
+    for number in range(processes):
+        share = entries[number::processes]
+        thread = threading.Thread(target=run_training_process, daemon=True,
+                                  args=(args, work, f"{COMPILE_WARM_UP} {number + 1}", {}, share, configs,
+                                        {"compiled": deadline}, args.compile_warmup_steps))
+        thread.start()
+        threads.append(thread)
+    print(f"== gpu-check b: compiling {len(entries)} compiled rows ahead in {processes} process(es), untimed, "
+          "while section a runs", flush=True)
+    return threads, [row for row, _, _, _ in entries]
+
+
 def prepare_training(args, work, plan, cache):
     """Writes every config of ``plan`` (data SentencePiece'd, clause-split and repeated once, the repeat factor
     kept in ``cache``, see :func:`training_config`); returns ``{row key: (path, checkpoint, options)}``."""
@@ -653,20 +715,29 @@ def prepare_training(args, work, plan, cache):
     return configs
 
 
-def run_training_process(args, work, group, env, rows, configs, deadlines):
+def _slug(text):
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def run_training_process(args, work, group, env, rows, configs, deadlines, stop_after=None):
     """One training process for ``rows`` (see :func:`child_train_many`), each run before the deadline of its
     mode (``deadlines``: mode -> monotonic time); fills the rows in place and returns when each mode's last
-    run ended (or None)."""
+    run ended (or None).  ``stop_after``: every run is an untimed warm-up that ends after that many steps."""
     steps = step_plan(args)
     jobs = [{"key": row["key"], "config": str(configs[row["key"]][0]), "replay": "replayed" in row["data_path"],
-             "batches": steps["total"] + 2, "save": row["group"] == IN_PROCESS and row["mode"] == "eager",
+             "batches": (stop_after or steps["total"]) + 2,
+             "save": row["group"] == IN_PROCESS and row["mode"] == "eager",
              "weight": 1 + math.log2(row["batch_tokens"] / args.batch_size) / 4,  # a guess: much is fixed cost
              "measure": steps["measure"], "profile": steps["profile"], "counted": steps["counted"],
              "host_reads": row["mode"] == "eager", "deadline": deadlines[row["mode"]],
-             "report_every": args.warmup_steps} for row, _, _, _ in rows]
+             "report_every": args.warmup_steps,
+             "profile_file": str(args.out / "profiles" / f"{_slug(row['key'])}.txt")} for row, _, _, _ in rows]
+    if stop_after:
+        for job in jobs:
+            job.update(warmup=True, stop_after=stop_after, profile_file=None)
     if group == IN_PROCESS:  # the first run in a process pays one-off costs: an untimed run of the first case
         jobs.insert(0, dict(jobs[0], key="process warm-up", warmup=True, save=False))
-    slug = re.sub(r"[^a-z0-9]+", "-", group.lower()).strip("-")
+    slug = _slug(group)
     jobs_file, runs_file = work / f"train-{slug}.jobs.json", work / f"train-{slug}.runs.jsonl"
     jobs_file.write_text(json.dumps(jobs), encoding="utf-8")
     runs_file.unlink(missing_ok=True)
@@ -779,6 +850,7 @@ def child_translate_many(result_file, head, argv):
     def once(job, source):
         engine = engine_for(job)
         engine.opt.src = str(source)
+        gc.collect()  # every run starts from the same collector state, outside its time
         start = time.perf_counter()
         engine.infer_file()
         return time.perf_counter() - start
@@ -1169,6 +1241,16 @@ def markdown(report):
                       "process, untimed, while section a ran, so that neither measured fresh process pays alone for "
                       "loading the CUDA libraries and kernels. Its first step took "
                       f"{fmt(warm.get('first_step_s'), 2)} s and its start-up {fmt(warm.get('startup_s'), 1)} s."]
+        ahead = b.get("compile_warm_up") or []
+        if ahead:
+            done = [row["case"] for row in ahead if row.get("status") == "warmed up"]
+            other = [f"{row['case']} ({row.get('status', 'not run')}{': ' + row['reason'] if row.get('reason') else ''})"
+                     for row in ahead if row.get("status") != "warmed up"]
+            lines += ["", f"Compiled ahead ({b.get('compile_warm_up_processes')} untimed processes while section a "
+                      f"ran, the measured rows' own configs, {report['settings'].get('compile_warmup_steps')} steps each; the "
+                      "measured compiled rows load what torch.compile cached on disk): "
+                      f"{', '.join(done) or 'none'}." + (f" Not compiled ahead: {'; '.join(other)}." if other else "")]
+        lines += ["", "Operator tables of each measured run's profiled steps: `profiles/` beside this report."]
         lines += ["", "Host-device synchronisation call sites over the counted steps (top 5 per run; on CUDA the "
                   "Python caller of each sync warning):", ""]
         lines += [f"- {row['case']}, {row['mode']}, {row['group']}, {row['batch_tokens']}: {_sites_text(row)}"
@@ -1292,13 +1374,18 @@ def parse_args(argv):
     parser.add_argument("--compile-backend", default=None,
                         help="torch.compile backend of the compiled rows (default: onmt-ext's, Inductor; --device "
                              "cpu --tiny: aot_eager, the same graphs without generating code)")
+    parser.add_argument("--compile-warmups", type=int, default=None,
+                        help="processes that compile the compiled rows ahead, while section a runs (default 3 on "
+                             "a GPU, 1 in the dry run; 0: none)")
+    parser.add_argument("--compile-warmup-steps", type=int, default=3,
+                        help="training steps of each compiled row's warm-up (default 3)")
     parser.add_argument("--threads", type=int, default=0,
                         help="OMP threads per child (0, the default: torch's default on CUDA, 1 on the CPU)")
     args = parser.parse_args(argv)
     tiny = args.tiny
     defaults = {"batch_size": (8192, 512), "num_workers": (2, 1), "paper_batch_size": (32768, 2048), "profile_steps": (3, 2),
-                "warmup_steps": (5, 2), "steps": (20, 4), "test_sentences": (200, 16), "translate_passes": (6, 2),
-                "min_run_seconds": (2.0, 0.0)}  # (GPU, --tiny)
+                "warmup_steps": (5, 2), "steps": (30, 4), "test_sentences": (200, 16), "translate_passes": (6, 2),
+                "min_run_seconds": (2.0, 0.0), "compile_warmups": (3, 1)}  # (GPU, --tiny)
     for name, (full, small) in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, small if tiny else full)
@@ -1311,6 +1398,8 @@ def parse_args(argv):
         args.threads = 1
     if set(args.sections) - set("abc") or not args.sections:
         parser.error(f"--sections {args.sections!r}: use letters from abc")
+    if args.compile_warmups < 0 or args.compile_warmup_steps < 1:
+        parser.error("--compile-warmups must be >= 0 and --compile-warmup-steps >= 1")
     if min(args.batch_size, args.paper_batch_size, args.warmup_steps, args.steps, args.profile_steps,
            args.test_sentences, args.translate_passes, args.translate_batch, args.translate_block) < 1 \
             or args.num_workers < 0 or args.output_length < 0 or args.min_run_seconds < 0:
@@ -1384,6 +1473,8 @@ def main(argv=None):
         warm_entry = warm_up_plan(args)
         b["warm_up"] = warm_entry[0]
         warm_thread = start_warm_up(args, args.work, warm_entry, configs, repeat_cache, warm_deadline)
+        compile_threads, b["compile_warm_up"] = start_compile_warm_up(args, args.work, plan, configs, warm_deadline)
+        b["compile_warm_up_processes"] = len(compile_threads)
     if "a" in args.sections:
         sections["a"] = finish_section_a(a_result, a_started, a_deadline)
         sections["a"].update(budget_s=round(a_deadline - a_began, 1), seconds=round(_now() - a_began, 1))
@@ -1395,7 +1486,8 @@ def main(argv=None):
             sections["c"].update(status="not run", reason="section c translates section b's checkpoints; run it "
                                                           "with b")
     if plan:
-        warm_thread.join(timeout=max(0.0, warm_deadline - _now()) + GRACE_S + 1)
+        for thread in [warm_thread, *compile_threads]:
+            thread.join(timeout=max(0.0, warm_deadline - _now()) + GRACE_S + 1)
         began, deadline = _now(), schedule.deadline("b fresh")
         fresh = [(group, env, rows) for name, group, env, rows in plan if name == "b fresh"]
         for number, (group, env, rows) in enumerate(fresh):  # an even share each, the last what is left

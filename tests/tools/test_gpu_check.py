@@ -99,6 +99,12 @@ def test_dry_run_measures_every_row(dry_run):
     assert warm["status"] == "measured" and warm["group"] == gpu_check.WARM_UP, warm
     assert _positive(warm["first_step_s"]) and _positive(warm["startup_s"])
     assert warm["options"]["num_workers"] >= 1 and "overwrite_checkpoints" not in warm["options"]
+    ahead = sections["b"]["compile_warm_up"]  # every compiled row's config, compiled ahead while section a ran
+    assert [row["case"] for row in ahead] == [row["case"] for row in rows if row["mode"] == "compiled"]
+    assert all(row["status"] == "warmed up" and row["steps"] >= 1 for row in ahead), ahead
+    for row in rows:  # the profiled steps' operator tables, one file per measured run
+        table = out / "profiles" / f"{gpu_check._slug(row['key'])}.txt"
+        assert "sorted by self_cpu_time_total" in table.read_text(encoding="utf-8"), row["key"]
     stock = [row for row in rows if row["group"] == gpu_check.FRESH_STOCK]
     assert all("ext_compile" not in row["options"] and "overwrite_checkpoints" not in row["options"]
                for row in stock)
