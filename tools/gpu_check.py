@@ -98,7 +98,7 @@ MEMORY_TARGETS = ((MECHANISMS[0], 2.0), (MECHANISMS[3], 4.0))
 #: follow the part times of the H100 run in results/gpu/README.md: the users'-path rows and every eager mechanism
 #: first; compiled rows, whose compilation did not fit there, get only what the eager parts leave
 BUDGETS = {"a": 85.0, "b": 275.0, "c": 120.0}
-TINY_BUDGETS = {"a": 25.0, "b": 125.0, "c": 30.0}
+TINY_BUDGETS = {"a": 22.0, "b": 125.0, "c": 30.0}
 #: the parts, in running order, with their shares of their section's budget on a GPU and in the dry run (where
 #: starting data workers outweighs everything else); the compiled parts also get what the parts before left
 PARTS = (("a", 1.0, 1.0), ("b fresh", 0.5, 0.35), ("b eager", 0.5, 0.25), ("b compiled", 0.0, 0.4),
@@ -634,13 +634,32 @@ def training_plan(args, cases):
             row = _row(case, "eager", group, batch, reference, users, f"{'stock' if stock else 'ext'}_{batch}")
             rows.append((row, BASELINE, "eager", {"batch_size": batch, "stock": stock}))
         fresh.append(("b fresh", group, {"ONMT_EXT_DISABLE": "1"} if stock else {}, rows))
-    eager = [(_row(BASELINE, "eager", IN_PROCESS, small, None, replay, "eager"), BASELINE, "eager", {"replay": True}),
-             (_row(control, "eager", IN_PROCESS, small, base_key, replay, "eager"), control, "eager", {"replay": True})]
+    runs = [0]
+
+    def baseline_again(part):
+        """One more run of the baseline, so that every case has a baseline run on each side of it."""
+        runs[0] += 1
+        row = _row(BASELINE, "eager", IN_PROCESS, small, None, replay, "eager")
+        row.update(key=f"{base_key}|run {runs[0] + 1}", repeat_of=base_key, part=part, run=runs[0] + 1)
+        return row, BASELINE, "eager", {"replay": True}
+
+    def interleaved(entries, part):
+        out = []
+        for number, entry in enumerate(entries):
+            if number and not number % args.train_block:
+                out.append(baseline_again(part))
+            out.append(entry)
+        return out + [baseline_again(part)]
+
+    first = _row(BASELINE, "eager", IN_PROCESS, small, None, replay, "eager") | {"run": 1}
+    eager = [(_row(control, "eager", IN_PROCESS, small, base_key, replay, "eager"), control, "eager", {"replay": True})]
     eager += [(_row(case, "eager", IN_PROCESS, small, base_key, replay, "eager", case.train_target, case.paper_train),
                case, "eager", {"replay": True}) for case in cases]
     compiled = [(_row(case, "compiled", IN_PROCESS, small, base_key, replay, "compiled", case.train_target,
                       case.paper_train), case, "compiled", {"replay": True}) for case in cases]
-    return fresh + [("b in-process", IN_PROCESS, {}, eager + compiled)]
+    in_process = [(first, BASELINE, "eager", {"replay": True}), *interleaved(eager, "eager"),
+                  *interleaved(compiled, "compiled")]
+    return fresh + [("b in-process", IN_PROCESS, {}, in_process)]
 
 
 def warm_up_plan(args):
@@ -726,17 +745,18 @@ def run_training_process(args, work, group, env, rows, configs, deadlines, stop_
     steps = step_plan(args)
     jobs = [{"key": row["key"], "config": str(configs[row["key"]][0]), "replay": "replayed" in row["data_path"],
              "batches": (stop_after or steps["total"]) + 2,
-             "save": row["group"] == IN_PROCESS and row["mode"] == "eager",
+             "save": row["group"] == IN_PROCESS and row["mode"] == "eager" and not row.get("repeat_of"),
              "weight": 1 + math.log2(row["batch_tokens"] / args.batch_size) / 4,  # a guess: much is fixed cost
              "measure": steps["measure"], "profile": steps["profile"], "counted": steps["counted"],
-             "host_reads": row["mode"] == "eager", "deadline": deadlines[row["mode"]],
+             "host_reads": row["mode"] == "eager", "deadline": deadlines[row.get("part", row["mode"])],
              "report_every": args.warmup_steps,
-             "profile_file": str(args.out / "profiles" / f"{_slug(row['key'])}.txt")} for row, _, _, _ in rows]
+             "profile_file": None if row.get("repeat_of") else str(args.profiles / f"{_slug(row['key'])}.txt")}
+            for row, _, _, _ in rows]
     if stop_after:
         for job in jobs:
             job.update(warmup=True, stop_after=stop_after, profile_file=None)
     if group == IN_PROCESS:  # the first run in a process pays one-off costs: an untimed run of the first case
-        jobs.insert(0, dict(jobs[0], key="process warm-up", warmup=True, save=False))
+        jobs.insert(0, dict(jobs[0], key="process warm-up", warmup=True, save=False, profile_file=None))
     slug = _slug(group)
     jobs_file, runs_file = work / f"train-{slug}.jobs.json", work / f"train-{slug}.runs.jsonl"
     jobs_file.write_text(json.dumps(jobs), encoding="utf-8")
@@ -769,20 +789,50 @@ def run_training_process(args, work, group, env, rows, configs, deadlines, stop_
         else:
             row.update(status="not run", reason="budget" if not stopped or "budget" in stopped else stopped)
     return {mode: max((entry["ended"] for entry in entries if "ended" in entry and entry["key"] in
-                       {row["key"] for row, _, _, _ in rows if row["mode"] == mode}), default=None)
+                       {row["key"] for row, _, _, _ in rows if row.get("part", row["mode"]) == mode}), default=None)
             for mode in deadlines}
 
 
+def _neighbour_speed(row, runs):
+    """The geometric mean of the target tokens/s of the baseline runs (``runs``: ``(ended, tokens/s)`` in running
+    order) nearest before and after ``row`` in its process, or of the one on its only side."""
+    before = [speed for ended, speed in runs if ended < row["ended"]]
+    after = [speed for ended, speed in runs if ended > row["ended"]]
+    sides = before[-1:] + after[:1]
+    return math.prod(sides) ** (1 / len(sides)) if sides else None
+
+
 def training_ratios(rows, cuda):
-    """Each measured row's ratio to its reference row (tokens/s and peak memory), and whether it meets its
-    target (on a GPU only)."""
+    """Each measured row's ratio to its reference (tokens/s and peak memory), and whether it meets its target (on a
+    GPU only).  A reference with runs again in the same process (the in-process baseline) counts the runs nearest
+    before and after the row, so that a drift of the machine's speed over the part cancels; the reference row
+    then shows the median of its runs."""
     by_key = {row["key"]: row for row in rows}
+    runs = {}
+    for row in rows:
+        origin = row.get("repeat_of", row["key"])
+        if row.get("status") == "measured" and row.get("ended") is not None:
+            runs.setdefault(origin, []).append((row["ended"], row["tokens_per_s"]))
+    for origin, measured in runs.items():
+        measured.sort()
+        if len(measured) > 1 and by_key[origin].get("status") == "measured":
+            speeds = [speed for _, speed in measured]
+            by_key[origin].update(runs_tokens_per_s=speeds, runs=len(speeds), tokens_per_s=statistics.median(speeds))
     for row in rows:
         if row.get("status") != "measured":
             continue
+        if row.get("repeat_of"):  # a run of the baseline against the baseline's median: the drift over the part
+            origin = by_key[row["repeat_of"]]
+            row.update(ratio=row["tokens_per_s"] / origin["tokens_per_s"],
+                       memory_ratio=row["peak_memory_mb"] / origin["peak_memory_mb"])
+            continue
         reference = by_key.get(row["reference"]) if row["reference"] else row
         if reference and reference.get("status") == "measured":
-            row["ratio"] = row["tokens_per_s"] / reference["tokens_per_s"]
+            speed = reference["tokens_per_s"]
+            if reference is not row and len(runs.get(reference["key"], [])) > 1:
+                speed = _neighbour_speed(row, runs[reference["key"]])
+                row["reference_runs"] = "the nearest baseline runs before and after, geometric mean"
+            row["ratio"] = row["tokens_per_s"] / speed
             row["memory_ratio"] = row["peak_memory_mb"] / reference["peak_memory_mb"]
             if row["target"] is not None and cuda:  # the targets are for a GPU
                 row["met"] = row["ratio"] >= row["target"]
@@ -1172,6 +1222,10 @@ def _interval_text(interval):
     return "n/a" if not interval else f"{interval[0]:.3f}-{interval[1]:.3f}"
 
 
+def _run_text(row):
+    return f" (run {row['run']})" if row.get("run") else ""
+
+
 def _sites_text(row):
     return "; ".join(f"{site} ×{count}" for site, count in row.get("sync_sites") or []) or "none"
 
@@ -1225,10 +1279,17 @@ def markdown(report):
         for row in b["rows"]:
             ratio = fmt(row.get("ratio"), 3) + (f" (>= {row['target']:.2f}){_met(row)}" if row["target"] else "")
             vs = by_key[row["reference"]]["case"] if row.get("reference") in by_key else "itself"
+            if row.get("reference_runs"):
+                vs += " (its runs before and after)"
+            case = row["case"]
+            if row.get("repeat_of"):
+                case, vs = f"{case} (run {row['run']})", "the baseline's median"
+            elif row.get("runs", 0) > 1:
+                case = f"{case} (median of {row['runs']} runs)"
             peak = fmt(row.get("peak_memory_mb"), 0) + (f" ({row['memory_ratio']:.2f}×)"
                                                          if row.get("memory_ratio") is not None else "")
             lines.append(
-                f"| {row['case']} | {row['mode']} | {row['group']} | {row['data_path']} | {row['batch_tokens']} | "
+                f"| {case} | {row['mode']} | {row['group']} | {row['data_path']} | {row['batch_tokens']} | "
                 f"{fmt(row.get('tokens_per_s'), 0)} | {ratio} | {vs} | {fmt(row.get('paper'))} | "
                 f"{fmt(row.get('busy_share'))} | {fmt(row.get('data_wait_share'), 3)} | {fmt(row.get('step_ms'), 1)} "
                 f"| {fmt(row.get('syncs_per_step'), 1)} | {fmt(row.get('first_step_s'), 2)} | "
@@ -1250,14 +1311,15 @@ def markdown(report):
                       f"ran, the measured rows' own configs, {report['settings'].get('compile_warmup_steps')} steps each; the "
                       "measured compiled rows load what torch.compile cached on disk): "
                       f"{', '.join(done) or 'none'}." + (f" Not compiled ahead: {'; '.join(other)}." if other else "")]
-        lines += ["", "Operator tables of each measured run's profiled steps: `profiles/` beside this report."]
+        lines += ["", "Operator tables of each measured run's profiled steps: `profiles/<this report's name>/` beside "
+                  "this report."]
         lines += ["", "Host-device synchronisation call sites over the counted steps (top 5 per run; on CUDA the "
                   "Python caller of each sync warning):", ""]
-        lines += [f"- {row['case']}, {row['mode']}, {row['group']}, {row['batch_tokens']}: {_sites_text(row)}"
-                  for row in b["rows"] if row.get("status") == "measured"]
+        lines += [f"- {row['case']}{_run_text(row)}, {row['mode']}, {row['group']}, {row['batch_tokens']}: "
+                  f"{_sites_text(row)}" for row in b["rows"] if row.get("status") == "measured"]
         lines += ["", "Configs trained:", ""]
         lines += [f"- {row['case']}, {row['mode']}, {row['group']}, {row['batch_tokens']}: `{row['command']}`"
-                  for row in b["rows"] if row.get("command")]
+                  for row in b["rows"] if row.get("command") and not row.get("repeat_of")]
         lines.append("")
     c = sections.get("c")
     if c:
@@ -1374,6 +1436,8 @@ def parse_args(argv):
     parser.add_argument("--compile-backend", default=None,
                         help="torch.compile backend of the compiled rows (default: onmt-ext's, Inductor; --device "
                              "cpu --tiny: aot_eager, the same graphs without generating code)")
+    parser.add_argument("--train-block", type=int, default=2,
+                        help="in-process cases between two runs of the baseline (default 2)")
     parser.add_argument("--compile-warmups", type=int, default=None,
                         help="processes that compile the compiled rows ahead, while section a runs (default 3 on "
                              "a GPU, 1 in the dry run; 0: none)")
@@ -1401,7 +1465,7 @@ def parse_args(argv):
     if args.compile_warmups < 0 or args.compile_warmup_steps < 1:
         parser.error("--compile-warmups must be >= 0 and --compile-warmup-steps >= 1")
     if min(args.batch_size, args.paper_batch_size, args.warmup_steps, args.steps, args.profile_steps,
-           args.test_sentences, args.translate_passes, args.translate_batch, args.translate_block) < 1 \
+           args.test_sentences, args.translate_passes, args.translate_batch, args.translate_block, args.train_block) < 1 \
             or args.num_workers < 0 or args.output_length < 0 or args.min_run_seconds < 0:
         parser.error("sizes, steps, sentences and passes must be >= 1, --num-workers, --output-length and "
                      "--min-run-seconds >= 0")
@@ -1450,6 +1514,7 @@ def main(argv=None):
     args.work.mkdir(parents=True, exist_ok=True)
     started, wall = datetime.datetime.now(datetime.timezone.utc), _now()
     info = device_info(args)
+    args.profiles = args.out / "profiles" / report_name(info, args)  # the operator tables of the profiled steps
     print(f"== gpu-check on {info['name']} (torch {info['torch']}, CUDA {info['cuda']}); report into {args.out}",
           flush=True)
     cases = TINY_MECHANISMS if args.tiny else MECHANISMS

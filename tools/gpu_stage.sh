@@ -83,6 +83,7 @@ if [ ! -f "$TAGGER" ]; then  # not copied: the same command as `make data`
     fail "could not train $TAGGER ($(tail -n1 "$STAGE/tagger.log"); log: $STAGE/tagger.log)"
 fi
 
+echo "== gpu_stage: staged in ${SECONDS} s"
 if [ -n "${GPU_STAGE_ONLY:-}" ]; then
   echo "== gpu_stage: staged in $VENV; the check would run: $VPY tools/gpu_check.py --out $OUT/gpu${*:+ $*}"
   exit 0

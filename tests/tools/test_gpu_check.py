@@ -9,6 +9,7 @@ rows: every row must then be measured, with finite, positive figures.
 
 import json
 import math
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -31,7 +32,7 @@ def _positive(value):
 def dry_run(tmp_path_factory):
     support.ensure_sample_data()
     out = tmp_path_factory.mktemp("gpu-check")
-    budgets = {"a": 150, "b": 600, "c": 240}  # far above the defaults (25, 125, 30 s): a slow machine cuts no row
+    budgets = {"a": 150, "b": 600, "c": 240}  # far above the defaults (22, 125, 30 s): a slow machine cuts no row
     done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--out", str(out),
                            "--work", str(out / "work"), "--commit", "test-commit",
                            *[f"--budget-{name}={seconds}" for name, seconds in budgets.items()]],
@@ -95,6 +96,21 @@ def test_dry_run_measures_every_row(dry_run):
         else:
             assert _positive(row.get("startup_s")) or row["batch_tokens"] == paper, row
             assert row["options"]["num_workers"] >= 1 and row["replayed_batches"] is None
+    # the in-process baseline runs again after every --train-block cases and last; each case's ratio is over the
+    # baseline runs nearest before and after it, and the baseline row shows the median of its runs
+    in_process = [row for row in rows if row["group"] == gpu_check.IN_PROCESS]
+    repeats = [row for row in in_process if row.get("repeat_of")]
+    cases_eager = len([row for row in in_process if row["mode"] == "eager" and not row["case"] == "baseline"])
+    assert len(repeats) == math.ceil(cases_eager / 2) + math.ceil(len(gpu_check.TINY_MECHANISMS) / 2)
+    base = next(row for row in in_process if row["key"] == repeats[0]["repeat_of"])
+    runs = [base["runs_tokens_per_s"][0]] + [row["tokens_per_s"] for row in repeats]
+    assert base["runs"] == len(runs) and math.isclose(base["tokens_per_s"], statistics.median(runs))
+    for row in in_process:
+        if row["reference"] == base["key"]:
+            before = max((r for r in [base, *repeats] if r["ended"] < row["ended"]), key=lambda r: r["ended"])
+            after = min((r for r in repeats if r["ended"] > row["ended"]), key=lambda r: r["ended"])
+            assert math.isclose(row["ratio"], row["tokens_per_s"] / math.sqrt(
+                (base["runs_tokens_per_s"][0] if before is base else before["tokens_per_s"]) * after["tokens_per_s"]))
     warm = sections["b"]["warm_up"]  # the machine's first training process: stock, untimed, during section a
     assert warm["status"] == "measured" and warm["group"] == gpu_check.WARM_UP, warm
     assert _positive(warm["first_step_s"]) and _positive(warm["startup_s"])
@@ -103,7 +119,9 @@ def test_dry_run_measures_every_row(dry_run):
     assert [row["case"] for row in ahead] == [row["case"] for row in rows if row["mode"] == "compiled"]
     assert all(row["status"] == "warmed up" and row["steps"] >= 1 for row in ahead), ahead
     for row in rows:  # the profiled steps' operator tables, one file per measured run
-        table = out / "profiles" / f"{gpu_check._slug(row['key'])}.txt"
+        if row.get("repeat_of"):  # the baseline's further runs are not profiled
+            continue
+        table = out / "profiles" / "cpu-tiny" / f"{gpu_check._slug(row['key'])}.txt"
         assert "sorted by self_cpu_time_total" in table.read_text(encoding="utf-8"), row["key"]
     stock = [row for row in rows if row["group"] == gpu_check.FRESH_STOCK]
     assert all("ext_compile" not in row["options"] and "overwrite_checkpoints" not in row["options"]
