@@ -22,6 +22,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 
 _NORM_EPS = 1e-12  # inside the square root of squash()
+_NORM_EPS_ROOT = math.sqrt(_NORM_EPS)
 _MIN_TOTAL = 1e-6  # floor of coupling totals used as denominators
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -30,17 +31,29 @@ def squash(s, dim=-1):
     """Squashing non-linearity, li2019 eq. 8 (Sabour et al. 2017).
 
     ``squash(s) = |s|^2 / (1 + |s|^2) * s / |s|`` along ``dim``; any shape.
-    Written as ``s * n / (1 + n^2)`` with ``n = sqrt(|s|^2 + eps)``, which is
+    Written as ``s / (n + 1/n)`` with ``n = sqrt(|s|^2 + eps)``, which is
     0 at ``s = 0`` with a finite gradient.
     """
+    if s.shape[dim] == 1:
+        return _squash_scalar(s, s.new_full((), _NORM_EPS_ROOT))
     norm = torch.sqrt((s * s).sum(dim=dim, keepdim=True) + _NORM_EPS)
-    return s * (norm / (1.0 + norm * norm))
+    return s / (norm + norm.reciprocal())
+
+
+def _squash_scalar(s, eps_root):
+    """:func:`squash` of capsules of one value (li2019 with N = d): ``n = hypot(s, sqrt(eps))``, one operator.
+
+    ``eps_root`` is ``sqrt(eps)`` as a 0-dim tensor of ``s``'s dtype and
+    device, made once per routing.
+    """
+    norm = torch.hypot(s, eps_root)
+    return s / (norm + norm.reciprocal())
 
 
 def _prepare(votes, mask):
     """Up-cast votes to at least float32 and zero masked inputs.
 
-    Returns ``(votes, keep, lead)``: ``keep`` is the mask as float
+    Returns ``(votes, keep, lead)``: ``keep`` is the mask in ``v``'s dtype
     ``(..., I, 1)`` (None without a mask) and ``lead`` the leading shape of
     the routing problems.  ``votes`` may broadcast against ``mask``: votes
     ``(B, 1, I, O, D)`` with a mask ``(B, L, I)`` route L problems over the
@@ -65,11 +78,13 @@ def _prepare(votes, mask):
     shared = [dim for dim, size in enumerate(lead) if size == 1 and mask.shape[dim] > 1]
     keep_votes = keep.any(dim=shared, keepdim=True) if shared else keep
     v = v.masked_fill(~keep_votes[..., None, None], 0.0)
-    return v, keep[..., None].float(), tuple(mask.shape)
+    return v, keep[..., None].to(v.dtype), tuple(mask.shape)
 
 
 def at_least_float32(tensor):
     """``tensor`` in float32, or unchanged if it is float32 or float64 already."""
+    if tensor.dtype in (torch.float32, torch.float64):
+        return tensor
     return tensor.to(torch.promote_types(tensor.dtype, torch.float32))
 
 
@@ -115,8 +130,10 @@ def _positive(total):
     Exact for every output that receives any real coupling; an output with
     (almost) none gets a zero mean instead of 0/0, and finite gradients (a
     floor near the float32 ``tiny`` would square to 0 in the backward pass).
+    ``threshold(x, m, m)`` is ``max(x, m)``; its backward pass is one
+    operator (``clamp_min``'s is three).
     """
-    return total.clamp_min(_MIN_TOTAL)
+    return F.threshold(total, _MIN_TOTAL, _MIN_TOTAL)
 
 
 def _weighted_sum(coupling, v):
@@ -144,17 +161,27 @@ def _agreement(v, outputs):
     return (v * outputs.unsqueeze(-3)).sum(dim=-1)
 
 
+def _sum_last(x):
+    """``x.sum(-1)``, a view where the last dimension has one element (li2019's default N = d: D = 1)."""
+    return x.squeeze(-1) if x.shape[-1] == 1 else x.sum(dim=-1)
+
+
 def _check_iterations(iterations):
     if int(iterations) != iterations or iterations < 1:
         raise ValueError(f"routing iterations must be an integer >= 1, got {iterations!r}")
 
 
-def _coupling(logits, normalize, keep):
-    """Step 1 of :func:`simple_routing`: ``C`` ``(..., I, O)`` from the logits, zero where ``keep`` is 0."""
+def _coupling(logits, normalize, keep, dropped=None):
+    """Step 1 of :func:`simple_routing`: ``C`` ``(..., I, O)`` from the logits, zero where ``keep`` is 0.
+
+    ``dropped`` is ``keep == 0``, where the caller has it already.
+    """
     if normalize == "outputs":
         coupling = torch.softmax(logits, dim=-1)
     else:
-        scores = logits if keep is None else logits.masked_fill(keep == 0, torch.finfo(logits.dtype).min)
+        if keep is not None and dropped is None:
+            dropped = keep == 0
+        scores = logits if keep is None else logits.masked_fill(dropped, torch.finfo(logits.dtype).min)
         coupling = torch.softmax(scores, dim=-2)
     return coupling if keep is None else coupling * keep
 
@@ -209,21 +236,33 @@ def simple_routing(votes, iterations=3, *, normalize="outputs", weighted_mean=Fa
     if normalize not in ("outputs", "inputs"):
         raise ValueError(f"normalize must be 'outputs' or 'inputs', got {normalize!r}")
     v, keep, lead = _prepare(votes, mask)
-    logits_shape = lead + (v.shape[-2],)
+    n_in, n_out = v.shape[-3], v.shape[-2]
+    logits_shape = lead + (n_out,)
     if init_logits is not None and init_logits.shape != logits_shape:
         raise ValueError(f"init_logits must be (..., I, O) = {tuple(logits_shape)}, got {tuple(init_logits.shape)}")
-    logits = torch.zeros(logits_shape, dtype=v.dtype, device=v.device)
+    dropped = None if keep is None else keep == 0
+    # logits None: zero logits without a mask, so the first coupling is uniform (see below) and never formed
+    logits = None
     if init_logits is not None:
-        logits = logits + init_logits.to(v.dtype)
+        logits = init_logits.to(v.dtype)
         if keep is not None:
-            logits = logits.masked_fill(keep == 0, 0.0)
+            logits = logits.masked_fill(dropped, 0.0)
+    elif keep is not None or (normalize == "outputs" and weighted_mean and n_in / n_out < _MIN_TOTAL):
+        logits = v.new_zeros(logits_shape)
+    eps_root = v.new_full((), _NORM_EPS_ROOT) if v.shape[-1] == 1 else None
     for _ in range(int(iterations)):
-        coupling = _coupling(logits, normalize, keep)
-        total = _weighted_sum(coupling, v)
-        if weighted_mean:
-            total = total / _positive(coupling.sum(dim=-2)[..., None])
-        outputs = squash(total)
-        logits = logits + _agreement(v, outputs)
+        if logits is None:
+            # C = 1/O (outputs) or 1/I (inputs) for every input: S is the mean of the votes, or
+            # their sum / O for unweighted "outputs" (the total I/O of eq. 7 is above its floor)
+            total = v.sum(dim=-3) / n_out if normalize == "outputs" and not weighted_mean else v.mean(dim=-3)
+        else:
+            coupling = _coupling(logits, normalize, keep, dropped)
+            total = _weighted_sum(coupling, v)
+            if weighted_mean:
+                total = total / _positive(coupling.sum(dim=-2)).unsqueeze(-1)
+        outputs = squash(total) if eps_root is None else _squash_scalar(total, eps_root)
+        agreement = _agreement(v, outputs)
+        logits = agreement if logits is None else logits + agreement
     return outputs.to(votes.dtype), logits
 
 
@@ -298,35 +337,48 @@ def em_routing(
         raise ValueError(f"min_var must be > 0, got {min_var!r}")
     schedule = inverse_temperature or linear_inverse_temperature()
     v, keep, lead = _prepare(votes, mask)
-    n_out, n_dim = v.shape[-2], v.shape[-1]
-    zero = v.new_zeros(())
-    beta_a = zero if beta_a is None else beta_a.to(v.dtype)
-    beta_u = zero if beta_u is None else beta_u.to(v.dtype)
-    coupling = v.new_full(lead + (n_out,), 1.0 / n_out)
-    if keep is not None:
-        coupling = coupling * keep
+    n_in, n_out, n_dim = v.shape[-3], v.shape[-2], v.shape[-1]
+    # chi_o = (sum_d log var_od / 2 + D (1 + log 2 pi) / 2) S_o: the constant joins beta_u once
+    beta_a = 0.0 if beta_a is None else beta_a.to(v.dtype)
+    beta_u = v.new_zeros(()) if beta_u is None else beta_u.to(v.dtype)
+    beta_u = (beta_u + 0.5 * n_dim * (1.0 + _LOG_2PI)).expand(*lead[:-1], n_out)
+    if torch.is_tensor(beta_a):
+        beta_a = beta_a.expand(*lead[:-1], n_out)
+    coupling = None  # without a mask: C = 1/O everywhere, S_o = I/O, never formed (first M-step below)
+    if keep is not None or n_in / n_out < _MIN_TOTAL:
+        coupling = (v.new_ones(()) / n_out if keep is None else keep / n_out).expand(*lead, n_out)
     for t in range(int(iterations)):
         # M-step
-        weight = coupling.sum(dim=-2)  # (..., O)
-        denom = _positive(weight[..., None])
-        mean = _weighted_sum(coupling, v) / denom  # (..., O, D)
-        dev2 = (v - mean.unsqueeze(-3)).square()  # (..., I, O, D)
-        var = _weighted_sum(coupling, dev2) / denom + min_var
+        if coupling is None:
+            weight = n_in / n_out  # S_o, above its floor
+            mean = v.mean(dim=-3)  # (..., O, D)
+            dev2 = (v - mean.unsqueeze(-3)).square()  # (..., I, O, D)
+            var = dev2.mean(dim=-3) + min_var
+        else:
+            weight = coupling.sum(dim=-2)  # (..., O)
+            share = coupling / _positive(weight).unsqueeze(-2)  # C_io / S_o
+            mean = _weighted_sum(share, v)  # (..., O, D)
+            dev2 = (v - mean.unsqueeze(-3)).square()  # (..., I, O, D)
+            var = _weighted_sum(share, dev2) + min_var
         log_var = torch.log(var)
-        chi = (0.5 * log_var + 0.5 * (1.0 + _LOG_2PI)).sum(dim=-1) * weight
-        logit_a = schedule(t, int(iterations)) * (beta_a - beta_u * weight - chi)
+        sum_log_var = _sum_last(log_var)  # (..., O)
+        logit_a = beta_a - weight * torch.add(beta_u, sum_log_var, alpha=0.5)  # beta_a - beta_u S_o - chi_o
+        inverse_temperature = schedule(t, int(iterations))
+        if inverse_temperature != 1:
+            logit_a = inverse_temperature * logit_a
         if t == int(iterations) - 1:
             break
-        # E-step: log C_io = log A_o + log P_io - logsumexp_o(...)
+        # E-step: log C_io = log A_o + log P_io - logsumexp_o(...); the terms of log P_io that are the
+        # same for every o (-D log(2 pi) / 2) leave the softmax unchanged and are left out
+        log_a = F.logsigmoid(logit_a)
         if density == "product":
-            # sum_d of the per-dimension log-densities; the parts that do not
-            # depend on i are summed on the small (..., O) tensor
-            log_norm = -0.5 * (n_dim * _LOG_2PI + log_var.sum(dim=-1))  # (..., O)
-            log_p = -0.5 * (dev2 / var.unsqueeze(-3)).sum(dim=-1) + log_norm.unsqueeze(-2)
+            # sum_d of the per-dimension log-densities; sum_d log var_od / 2 on the small (..., O) tensor
+            score = torch.add(torch.sub(log_a, sum_log_var, alpha=0.5).unsqueeze(-2),
+                              _sum_last(dev2 / var.unsqueeze(-3)), alpha=-0.5)
         else:
-            log_dens = -0.5 * (_LOG_2PI + log_var.unsqueeze(-3) + dev2 / var.unsqueeze(-3))  # (..., I, O, D)
-            log_p = torch.logsumexp(log_dens, dim=-1)
-        coupling = torch.softmax(F.logsigmoid(logit_a).unsqueeze(-2) + log_p, dim=-1)
+            log_dens = -0.5 * (log_var.unsqueeze(-3) + dev2 / var.unsqueeze(-3))  # (..., I, O, D)
+            score = log_a.unsqueeze(-2) + torch.logsumexp(log_dens, dim=-1)
+        coupling = torch.softmax(score, dim=-1)
         if keep is not None:
             coupling = coupling * keep
     activations = torch.sigmoid(logit_a)

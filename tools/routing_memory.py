@@ -2,7 +2,7 @@
 """Memory of one training step of li2019's Transformer-Base configs against the baseline's (issue 35).
 
     python tools/routing_memory.py [--device cpu|cuda] [--sentences 512] [--length 16] [--cases ...]
-        [--measure saved peak time] [--recompute false true] [--steps 3] [--json FILE]
+        [--measure saved peak time ops] [--recompute false true] [--steps 3] [--json FILE]
 
 Each (case, ``li2019_recompute``) runs in a fresh child process: the WMT17 Base config with the Tatoeba
 vocabularies (as ``make gpu-check`` trains it), a fixed batch of ``--sentences`` sentences of at most
@@ -11,7 +11,9 @@ mode.  ``saved``: bytes autograd saves for backward in the forward pass and loss
 into the attentions' ``final_linear`` (stock map or routing) and the rest; the counting hooks keep nothing, so
 steps that would not fit are counted too.  ``peak``: ``--steps`` training steps (Adam): peak resident set on
 the CPU, ``torch.cuda.max_memory_allocated`` on CUDA, fastest step after the first.  ``time``: one routing's
-forward + backward, stored against recomputed.  Method, figures: results/bench/li2019-routing-memory.md.
+forward + backward, stored against recomputed.  ``ops``: the aten operators of one routing's forward +
+backward (what eager mode launches one by one) and its time, both without and with autocast.  Method,
+figures: results/bench/li2019-routing-memory.md, results/bench/li2019-ops.md.
 """
 
 import argparse
@@ -171,6 +173,86 @@ def child(case, recompute, measure, args):
     print("RESULT " + json.dumps(result), flush=True)
 
 
+class AtenOps:
+    """The aten operators that run inside ``with counter:``, counted by name (``counter.ops``).
+
+    ``counter.launches`` leaves out views (``unsqueeze``, ``detach``, ...) and operators that return no tensor
+    (``promote_types``): what remains launches a kernel on an accelerator, one by one in eager mode.
+    """
+
+    def __init__(self):
+        import collections
+
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        self.ops, self.launches = collections.Counter(), collections.Counter()
+        counter = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                name = str(func.overloadpacket)
+                counter.ops[name] += 1
+                if not func.is_view and any(str(r.type).startswith("Tensor") for r in func._schema.returns):
+                    counter.launches[name] += 1
+                return func(*args, **(kwargs or {}))
+
+        self._mode = Mode()
+
+    def __enter__(self):
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._mode.__exit__(*exc)
+
+    def totals(self):
+        """``{"ops": all operators, "launches": those that launch a kernel}``."""
+        return dict(ops=sum(self.ops.values()), launches=sum(self.launches.values()))
+
+
+def routing_ops(args):
+    """Aten operators and time of one Base-size routing (H = 8, d = 512, ``--capsules``, ``--iterations``) on
+    ``--sentences * --length`` positions: forward and backward counted apart, in float32 and under autocast, stored
+    and recomputed; the time is the fastest of ``--repeats`` forward + backward passes."""
+    import torch
+
+    from onmt_ext.li2019 import RoutingAggregation
+
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    results = []
+    for method in ("simple", "em"):
+        for autocast in (False, True):
+            for recompute in (False, True):
+                torch.manual_seed(0)
+                module = RoutingAggregation(8, 512, args.capsules, method, args.iterations, recompute).to(device)
+                context = torch.randn(args.sentences, args.length, 512, device=device, requires_grad=True)
+                dtype = torch.bfloat16 if device.type == "cpu" else torch.float16
+
+                def forward():
+                    with torch.autocast(device.type, dtype=dtype, enabled=autocast):
+                        return module(context).float().sum()
+
+                with AtenOps() as forward_ops:
+                    loss = forward()
+                with AtenOps() as backward_ops:
+                    loss.backward()
+                times = []
+                for _ in range(args.repeats):
+                    start = time.perf_counter()
+                    forward().backward()
+                    if device.type == "cuda":
+                        torch.cuda.synchronize()
+                    times.append(time.perf_counter() - start)
+                result = dict(measure="ops", method=method, autocast=autocast, recompute=recompute,
+                              positions=args.sentences * args.length, capsules=args.capsules,
+                              iterations=args.iterations, forward=forward_ops.totals(),
+                              backward=backward_ops.totals(), seconds=min(times))
+                print(json.dumps(result), flush=True)
+                results.append(result)
+    return results
+
+
 def _child_env(args):
     """The environment of a child: on the CPU, glibc serves every allocation of 128 KiB or more by its own
     mapping and returns it on free, so that the resident set follows the live tensors (by default a freed block
@@ -220,9 +302,12 @@ def main(argv=None):
     parser.add_argument("--sentences", type=int, default=512, help="sentences per batch (default 512)")
     parser.add_argument("--length", type=int, default=16, help="tokens per sentence, padded (default 16)")
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
-    parser.add_argument("--measure", nargs="+", default=["saved", "peak"], choices=["saved", "peak", "time"],
-                        help="time: one routing's forward + backward, stored and recomputed (in this process)")
-    parser.add_argument("--repeats", type=int, default=5, help="rounds of --measure time (default 5)")
+    parser.add_argument("--measure", nargs="+", default=["saved", "peak"], choices=["saved", "peak", "time", "ops"],
+                        help="time: one routing's forward + backward, stored and recomputed; ops: its aten "
+                        "operators and time (both in this process)")
+    parser.add_argument("--repeats", type=int, default=5, help="rounds of --measure time and ops (default 5)")
+    parser.add_argument("--capsules", type=int, default=512, help="N of --measure ops (default 512 = d_model)")
+    parser.add_argument("--iterations", type=int, default=3, help="T of --measure ops (default 3)")
     parser.add_argument("--recompute", nargs="+", default=["false", "true"], choices=["false", "true"],
                         help="li2019_recompute values to run (the baseline runs once)")
     parser.add_argument("--skip", nargs="*", default=[], metavar="CASE:RECOMPUTE:MEASURE",
@@ -240,8 +325,8 @@ def main(argv=None):
         return child(case, recompute == "true", measure, args)
     results = []
     for measure in args.measure:
-        if measure == "time":
-            results += time_routing(args)
+        if measure in ("time", "ops"):
+            results += time_routing(args) if measure == "time" else routing_ops(args)
             continue
         for case in args.cases:
             for recompute in (["true"] if case == "baseline" else args.recompute):
