@@ -26,6 +26,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 import xml.etree.ElementTree as ElementTree
@@ -1368,6 +1369,19 @@ def markdown(report):
 COMMIT_ENV = "ONMT_EXT_COMMIT"
 
 
+def pack_files(args):
+    """``--pack``: the operator tables (as ``profiles/<report name>/...``) and the work logs of the child
+    processes (``work/...``) in one gzipped tar file."""
+    args.pack.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(args.pack, "w:gz") as archive:
+        if args.profiles.is_dir():
+            archive.add(args.profiles, arcname=f"profiles/{args.profiles.name}")
+        for path in sorted(args.work.iterdir()):
+            if path.suffix in (".log", ".jsonl", ".xml"):
+                archive.add(path, arcname=f"work/{path.name}")
+    print(f"== gpu-check: operator tables and logs also in {args.pack}")
+
+
 def project_commit(given=None):
     """``(commit, where it came from)``: ``--commit``, else ``$ONMT_EXT_COMMIT``, else git when this repository's
     root is the top of its git work tree (a copy inside another repository would name that one's HEAD), else
@@ -1443,6 +1457,9 @@ def parse_args(argv):
                              "a GPU, 1 in the dry run; 0: none)")
     parser.add_argument("--compile-warmup-steps", type=int, default=3,
                         help="training steps of each compiled row's warm-up (default 3)")
+    parser.add_argument("--pack", type=Path, default=None,
+                        help="also write the operator tables and the work logs into this one .tgz file (for "
+                             "machines that hand back few files)")
     parser.add_argument("--threads", type=int, default=0,
                         help="OMP threads per child (0, the default: torch's default on CUDA, 1 on the CPU)")
     args = parser.parse_args(argv)
@@ -1599,6 +1616,8 @@ def main(argv=None):
     (args.out / f"{name}.md").write_text(markdown(report), encoding="utf-8")
     print(markdown(report))
     print(f"== gpu-check: {args.out / name}.md and .json ({report['seconds']:.0f} s)")
+    if args.pack:
+        pack_files(args)
     failed = any(run.get("status") == "failed" for run in sections.get("a", {}).get("runs", []))
     failed |= any(row.get("status") == "failed" for key in "bc" for row in sections.get(key, {}).get("rows", []))
     failed |= any(group.get("status") == "failed" for group in sections.get("c", {}).get("groups", []))

@@ -17,9 +17,11 @@
 # is trained here from build/tatoeba/train.zh (a few seconds, as `make data` does), since the test suite's
 # data check asks for it.  spaCy and fasttext are not in the wheelhouse; if `import onmt` still asked for
 # them, one-line stand-in modules are put on PYTHONPATH for the check.  Last, tools/gpu_check.py --out
-# "$OUT"/gpu runs.  Variables: PYTHON (default python3), WHEELS (default wheelhouse), OUT (default results),
-# STAGE (default build/gpu-stage: the venv and stand-ins), GPU_STAGE_ONLY.  Exit status: gpu_check.py's, or
-# 2 when staging fails (one line, "gpu_stage.sh: error: ...").
+# "$OUT"/gpu runs; with GPU_STAGE_PACK=1 its operator tables and work logs are also packed into one file,
+# "$OUT"/gpu-check-files.tgz (its --pack, for machines that hand back few files).  Variables: PYTHON (default python3),
+# WHEELS (default wheelhouse), OUT (default results), STAGE (default build/gpu-stage: the venv and stand-ins),
+# GPU_STAGE_ONLY, GPU_STAGE_PACK.  Exit status: gpu_check.py's, or 2 when staging fails (one line,
+# "gpu_stage.sh: error: ...").
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -89,4 +91,6 @@ if [ -n "${GPU_STAGE_ONLY:-}" ]; then
   exit 0
 fi
 mkdir -p "$OUT"
-exec "$VPY" tools/gpu_check.py --out "$OUT/gpu" "$@"
+pack=()
+[ -n "${GPU_STAGE_PACK:-}" ] && pack=(--pack "$OUT/gpu-check-files.tgz")
+exec "$VPY" tools/gpu_check.py --out "$OUT/gpu" ${pack[@]+"${pack[@]}"} "$@"

@@ -12,6 +12,7 @@ import math
 import statistics
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,7 @@ def dry_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu-check")
     budgets = {"a": 150, "b": 600, "c": 240}  # far above the defaults (22, 125, 30 s): a slow machine cuts no row
     done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--out", str(out),
-                           "--work", str(out / "work"), "--commit", "test-commit",
+                           "--work", str(out / "work"), "--commit", "test-commit", "--pack", str(out / "files.tgz"),
                            *[f"--budget-{name}={seconds}" for name, seconds in budgets.items()]],
                           cwd=REPO, capture_output=True, text=True, timeout=sum(budgets.values()) + 120,
                           env=support.cli_env(OMP_NUM_THREADS="1"))
@@ -123,6 +124,10 @@ def test_dry_run_measures_every_row(dry_run):
             continue
         table = out / "profiles" / "cpu-tiny" / f"{gpu_check._slug(row['key'])}.txt"
         assert "sorted by self_cpu_time_total" in table.read_text(encoding="utf-8"), row["key"]
+    with tarfile.open(out / "files.tgz") as archive:  # --pack: the tables and the children's logs in one file
+        names = set(archive.getnames())
+    assert {f"profiles/cpu-tiny/{path.name}" for path in (out / "profiles" / "cpu-tiny").iterdir()} <= names
+    assert {"work/train-in-one-process.log", "work/translate.runs.jsonl", "work/properties-none.xml"} <= names
     stock = [row for row in rows if row["group"] == gpu_check.FRESH_STOCK]
     assert all("ext_compile" not in row["options"] and "overwrite_checkpoints" not in row["options"]
                for row in stock)
