@@ -17,6 +17,7 @@ failed; 2 nothing could run.
 
 import datetime
 import gc
+import itertools
 import json
 import math
 import os
@@ -635,13 +636,13 @@ def training_plan(args, cases):
             row = _row(case, "eager", group, batch, reference, users, f"{'stock' if stock else 'ext'}_{batch}")
             rows.append((row, BASELINE, "eager", {"batch_size": batch, "stock": stock}))
         fresh.append(("b fresh", group, {"ONMT_EXT_DISABLE": "1"} if stock else {}, rows))
-    runs = [0]
+    numbers = itertools.count(2)  # run 1 is the baseline's own row
 
     def baseline_again(part):
         """One more run of the baseline, so that every case has a baseline run on each side of it."""
-        runs[0] += 1
+        run = next(numbers)
         row = _row(BASELINE, "eager", IN_PROCESS, small, None, replay, "eager")
-        row.update(key=f"{base_key}|run {runs[0] + 1}", repeat_of=base_key, part=part, run=runs[0] + 1)
+        row.update(key=f"{base_key}|run {run}", repeat_of=base_key, part=part, run=run)
         return row, BASELINE, "eager", {"replay": True}
 
     def interleaved(entries, part):
@@ -1306,10 +1307,12 @@ def markdown(report):
         ahead = b.get("compile_warm_up") or []
         if ahead:
             done = [row["case"] for row in ahead if row.get("status") == "warmed up"]
-            other = [f"{row['case']} ({row.get('status', 'not run')}{': ' + row['reason'] if row.get('reason') else ''})"
+            other = [f"{row['case']} ({row.get('status', 'not run')}"
+                     f"{': ' + row['reason'] if row.get('reason') else ''})"
                      for row in ahead if row.get("status") != "warmed up"]
+            steps = report["settings"].get("compile_warmup_steps")
             lines += ["", f"Compiled ahead ({b.get('compile_warm_up_processes')} untimed processes while section a "
-                      f"ran, the measured rows' own configs, {report['settings'].get('compile_warmup_steps')} steps each; the "
+                      f"ran, the measured rows' own configs, {steps} steps each; the "
                       "measured compiled rows load what torch.compile cached on disk): "
                       f"{', '.join(done) or 'none'}." + (f" Not compiled ahead: {'; '.join(other)}." if other else "")]
         lines += ["", "Operator tables of each measured run's profiled steps: `profiles/<this report's name>/` beside "
@@ -1432,7 +1435,7 @@ def parse_args(argv):
     parser.add_argument("--warmup-steps", type=int, default=None, help="unmeasured first steps (default 5; "
                                                                        "--tiny 2); also the report interval")
     parser.add_argument("--steps", type=int, default=None,
-                        help="measured steps, a multiple of --warmup-steps (default 20; --tiny 4)")
+                        help="measured steps, a multiple of --warmup-steps (default 30; --tiny 4)")
     parser.add_argument("--profile-steps", type=int, default=None,
                         help="profiled steps after the measured ones (default 3; --tiny 2)")
     parser.add_argument("--test-sentences", type=int, default=None, help="translation test set (default 200; "
@@ -1479,13 +1482,12 @@ def parse_args(argv):
         args.threads = 1
     if set(args.sections) - set("abc") or not args.sections:
         parser.error(f"--sections {args.sections!r}: use letters from abc")
-    if args.compile_warmups < 0 or args.compile_warmup_steps < 1:
-        parser.error("--compile-warmups must be >= 0 and --compile-warmup-steps >= 1")
     if min(args.batch_size, args.paper_batch_size, args.warmup_steps, args.steps, args.profile_steps,
-           args.test_sentences, args.translate_passes, args.translate_batch, args.translate_block, args.train_block) < 1 \
-            or args.num_workers < 0 or args.output_length < 0 or args.min_run_seconds < 0:
-        parser.error("sizes, steps, sentences and passes must be >= 1, --num-workers, --output-length and "
-                     "--min-run-seconds >= 0")
+           args.test_sentences, args.translate_passes, args.translate_batch, args.translate_block, args.train_block,
+           args.compile_warmup_steps) < 1 \
+            or args.num_workers < 0 or args.compile_warmups < 0 or args.output_length < 0 or args.min_run_seconds < 0:
+        parser.error("sizes, steps, sentences and passes must be >= 1, --num-workers, --compile-warmups, "
+                     "--output-length and --min-run-seconds >= 0")
     if args.steps % args.warmup_steps:
         parser.error("--steps must be a multiple of --warmup-steps (the report interval)")
     if any(getattr(args, f"budget_{name}") <= 0 for name in "abc"):
