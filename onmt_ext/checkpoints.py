@@ -370,7 +370,8 @@ def _signature(checkpoint):
     opt = checkpoint["opt"]
     defaults = {spec.name: spec.default for spec in OPTION_SPECS}
     options = {name: getattr(opt, name, defaults.get(name)) for name in ARCHITECTURE_OPTIONS + tuple(defaults)}
-    options.pop("ext_compile", None)  # how it runs, not what it is
+    for name in ("ext_compile", "ext_compile_layers"):  # how it runs, not what it is
+        options.pop(name, None)
     shapes = {f"model.{k}": tuple(v.shape) for k, v in checkpoint["model"].items()}
     shapes.update({f"generator.{k}": tuple(v.shape) for k, v in (checkpoint.get("generator") or {}).items()})
     return options, shapes

@@ -160,6 +160,9 @@ class ClauseAttention(nn.Module):
     """
 
     ext_compile = False
+    #: outside ``-ext_compile_layers``'s layer graphs: the batch's clause structure, derived lazily by the first
+    #: layer that reads it, would change the graph's guards at every batch (a recompilation each)
+    layer_graph_boundary = True
 
     def __init__(self, structure, heads, mixing="scalar", d_model=None):
         super().__init__()

@@ -6,12 +6,15 @@ Each mechanism keeps its arithmetic in a pure function of tensors and plain sett
 clause attention's :func:`~onmt_ext.clause_attention.clause_mix`, GRET's :func:`~onmt_ext.gret.global_summary`
 and :func:`~onmt_ext.gret.fuse`, and the directional softmax).  The module that owns the parameters and decoding
 state calls its core through :func:`run`; with ``-ext_compile`` the call goes to
-``torch.compile(core, dynamic=True, fullgraph=True)``, built once per process and core.  Why cores and not
-modules, and when it recompiles: docs/compile.md.
+``torch.compile(core, dynamic=True, fullgraph=True)``, built once per process and core.
+
+``-ext_compile_layers`` (training only) compiles each whole Transformer encoder and decoder layer, stock or with
+mechanisms, for its training passes: :func:`compile_layers`.  Why, and when each recompiles: docs/compile.md.
 """
 
 import os
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -25,32 +28,67 @@ _COMPILED = {}
 BACKEND = os.environ.get("ONMT_EXT_COMPILE_BACKEND", "").strip() or "inductor"
 
 
-def compiled(fn):
-    """``torch.compile(fn, dynamic=True, fullgraph=True)``, built once per process, ``fn`` and backend."""
-    key = (fn, BACKEND)
+def compiled(fn, fullgraph=True):
+    """``torch.compile(fn, dynamic=True, fullgraph=fullgraph)``, built once per process, ``fn`` and backend."""
+    key = (fn, BACKEND, fullgraph)
     if key not in _COMPILED:
-        _COMPILED[key] = torch.compile(fn, dynamic=True, fullgraph=True, backend=BACKEND)
+        _COMPILED[key] = torch.compile(fn, dynamic=True, fullgraph=fullgraph, backend=BACKEND)
     return _COMPILED[key]
 
 
-def run(enabled, fn, *args, **kwargs):
-    """``fn(*args, **kwargs)``, compiled when ``enabled`` (a module's ``ext_compile`` attribute).
-
-    A failure of the compiler (Dynamo or Inductor, which raise many exception
-    types) becomes one ``RuntimeError`` naming ``-ext_compile`` and the way
-    back to eager execution; any other exception passes unchanged.
-    """
-    if not enabled:
-        return fn(*args, **kwargs)
+def _call_compiled(option, fn, call):
+    """``call()``; a failure of the compiler (Dynamo or Inductor, which raise many exception types) becomes one
+    ``RuntimeError`` naming ``option`` and the way back to eager execution; any other exception passes unchanged."""
     try:
-        return compiled(fn)(*args, **kwargs)
+        return call()
     except Exception as error:
         module = type(error).__module__
         if "dynamo" not in module and "inductor" not in module:
             raise
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        raise RuntimeError(f"-ext_compile: torch.compile could not compile {fn.__name__} "
-                           f"({type(error).__name__}: {first_line}); run with -ext_compile false") from error
+        raise RuntimeError(f"-{option}: torch.compile could not compile {fn.__qualname__} "
+                           f"({type(error).__name__}: {first_line}); run with -{option} false") from error
+
+
+def run(enabled, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, compiled when ``enabled`` (a module's ``ext_compile`` attribute)."""
+    if not enabled:
+        return fn(*args, **kwargs)
+    return _call_compiled("ext_compile", fn, lambda: compiled(fn)(*args, **kwargs))
+
+
+def _layer_forward(layer, eager, *args, **kwargs):
+    """A layer's ``forward``: compiled in training passes (``layer.training``, no decoding ``step``), else
+    ``eager``, the layer's own bound ``forward``."""
+    if not layer.training or kwargs.get("step") is not None:
+        return eager(*args, **kwargs)
+    fn = type(layer).forward
+    return _call_compiled("ext_compile_layers", fn, lambda: compiled(fn, fullgraph=False)(layer, *args, **kwargs))
+
+
+def compile_layers(model):
+    """Route the training passes of every Transformer encoder and decoder layer of ``model`` through
+    ``torch.compile(type(layer).forward, dynamic=True)``; returns the number of layers.
+
+    The compiled function takes the layer as an argument, so one graph serves every layer of a kind (its
+    parameters are inputs) and, with dynamic shapes, every batch.  Validation and decoding (eval mode or a
+    decoding ``step``) stay eager.  The layer's ``forward`` becomes an instance attribute: parameters, state
+    dict and checkpoints are unchanged.  Graph breaks are allowed (a mechanism's Python-side state splits
+    the graph rather than failing it); a module whose class sets ``layer_graph_boundary`` runs outside the
+    layer's graph (its own ``-ext_compile`` core, if any, still compiles).
+    """
+    from onmt.decoders.transformer import TransformerDecoderLayerBase
+    from onmt.encoders.transformer import TransformerEncoderLayer
+
+    layers = [module for module in model.modules()
+              if isinstance(module, (TransformerEncoderLayer, TransformerDecoderLayerBase))]
+    for layer in layers:
+        if not isinstance(layer.forward, partial):  # once
+            layer.forward = partial(_layer_forward, layer, layer.forward)
+        for module in layer.modules():  # modules that declare they stay out of the layer's graph run on their own
+            if getattr(type(module), "layer_graph_boundary", False) and "forward" not in vars(module):
+                module.forward = torch.compiler.disable(module.forward)
+    return len(layers)
 
 
 def enable(root, on):
@@ -64,9 +102,11 @@ def _combination_check(opt):
     """``-ext_compile`` needs a mechanism: every mechanism has an option away from its default when on."""
     if not getattr(opt, "ext_compile", False):
         return []
-    if any(getattr(opt, spec.name, spec.default) != spec.default for spec in OPTION_SPECS if spec.name != "ext_compile"):
+    if any(getattr(opt, spec.name, spec.default) != spec.default for spec in OPTION_SPECS
+           if spec.name not in ("ext_compile", "ext_compile_layers")):
         return []
-    return ["-ext_compile has no effect without an onmt-ext mechanism (the stock layers are not compiled)"]
+    return ["-ext_compile has no effect without an onmt-ext mechanism (the stock layers are not compiled; "
+            "-ext_compile_layers compiles whole layers)"]
 
 
 @register_mechanism("ext_", combination_check=_combination_check)
@@ -77,3 +117,7 @@ class Compile:
     compile: bool = option(False, "run every onmt-ext mechanism's tensor core through torch.compile (dynamic "
                            "shapes, full graph), in training and translation; the first batches compile (seconds to "
                            "minutes); stock layers stay eager")
+    compile_layers: bool = option(False, "onmt_train: run each whole Transformer encoder and decoder layer (stock "
+                                  "or with mechanisms) through torch.compile for its training passes (dynamic "
+                                  "shapes); fewer, fused GPU kernels per step; the first steps compile (about a "
+                                  "minute); validation and translation stay eager; docs/compile.md")

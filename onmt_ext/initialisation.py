@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from onmt_ext import compile as ext_compile
 from onmt_ext.patches import NEEDED, patch
 
 # OpenNMT-py is imported inside the functions: importing it while this module initialises would activate
@@ -184,7 +185,8 @@ def uncovered(model):
 
 
 def install():
-    """Re-apply the declared rules after OpenNMT-py's initialisation in ``onmt.model_builder.build_model``.
+    """Re-apply the declared rules after OpenNMT-py's initialisation in ``onmt.model_builder.build_model``
+    (and there, with ``-ext_compile_layers``, compile the layers: :func:`onmt_ext.compile.compile_layers`).
 
     Only for a fresh model (no checkpoint): OpenNMT-py loads a checkpoint inside ``build_model``, so a
     model built from one is left alone (a baseline checkpoint's missing mechanism tensors are drawn by
@@ -195,7 +197,8 @@ def install():
 
     for module in (builder, train_single):  # onmt_train calls the name train_single imported
         patch(module, "build_model", _build_model_initialised, kind=NEEDED,
-              reason="the mechanisms' parameters get their stated initialisation after OpenNMT-py's by-name rule",
+              reason="the mechanisms' parameters get their stated initialisation after OpenNMT-py's by-name rule; "
+                     "with -ext_compile_layers the built model's layers train compiled",
               test="tests/unit/test_initialisation.py::test_rules_are_reapplied_after_opennmt_glorot_pass")
 
 
@@ -203,6 +206,8 @@ def _build_model_initialised(stock, model_opt, opt, vocabs, checkpoint, *args, *
     model = stock(model_opt, opt, vocabs, checkpoint, *args, **kwargs)
     if checkpoint is None:
         initialise(model)
+    if getattr(opt, "ext_compile_layers", False):  # this run's option, not the checkpoint's: how it runs
+        ext_compile.compile_layers(model)
     return model
 
 

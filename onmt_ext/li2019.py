@@ -47,6 +47,9 @@ class RoutingAggregation(nn.Module):
     """
 
     ext_compile = False
+    #: outside ``-ext_compile_layers``'s layer graphs: Dynamo cannot trace the recompute's checkpoint inside
+    #: another graph; the core still compiles on its own with ``-ext_compile``
+    layer_graph_boundary = True
 
     def __init__(self, heads, d_model, capsules, method, iterations=3, recompute=True):
         super().__init__()

@@ -77,16 +77,23 @@ def test_dry_run_measures_every_row(dry_run):
         ("onmt-ext baseline", "eager", gpu_check.FRESH_EXT, tiny), ("onmt-ext baseline", "eager", gpu_check.FRESH_EXT, paper),
         (gpu_check.STOCK_LABEL, "eager", gpu_check.FRESH_STOCK, tiny),
         (gpu_check.STOCK_LABEL, "eager", gpu_check.FRESH_STOCK, paper),
+        ("onmt-ext baseline", gpu_check.LAYERS, gpu_check.FRESH_LAYERS, tiny),
+        ("onmt-ext baseline", gpu_check.LAYERS, gpu_check.FRESH_LAYERS, paper),
         ("baseline", "eager", gpu_check.IN_PROCESS, tiny),
         ("baseline, again (A/A control)", "eager", gpu_check.IN_PROCESS, tiny),
         *((case.label, mode, gpu_check.IN_PROCESS, tiny) for case in gpu_check.TINY_MECHANISMS
           for mode in ("eager", "compiled"))}
     for row in rows:
         assert row["status"] == "measured", row
-        for key in ("tokens_per_s", "step_ms", "peak_memory_mb", "busy_share", "ratio", "parameters",
-                    "first_step_s", "memory_ratio"):
+        for key in ("tokens_per_s", "step_ms", "peak_memory_mb", "ratio", "parameters", "first_step_s",
+                    "memory_ratio"):
             assert _positive(row[key]), (row["case"], key, row[key])
-        assert 0 < row["busy_share"] <= 1.0 and 0 <= row["data_wait_share"] < 1
+        assert 0 <= row["data_wait_share"] < 1
+        if row.get("repeat_of"):  # the baseline's further runs measure speed only, not profiled
+            assert "busy_share" not in row, row
+        else:
+            assert 0 < row["busy_share"] <= 1.0 and _positive(row["busy_ms_per_step"])
+            assert math.isclose(row["busy_share_unprofiled"], min(1.0, row["busy_ms_per_step"] / row["step_ms"]))
         assert row["command"].startswith("onmt_train -config ") and row["options"]["train_steps"] > 0
         if row["mode"] == "eager":  # counted (0 is the goal of issue 35), with a call site for every read
             assert row["syncs_per_step"] >= 0 and row["sync_steps"] >= 1, row
@@ -117,7 +124,8 @@ def test_dry_run_measures_every_row(dry_run):
     assert _positive(warm["first_step_s"]) and _positive(warm["startup_s"])
     assert warm["options"]["num_workers"] >= 1 and "overwrite_checkpoints" not in warm["options"]
     ahead = sections["b"]["compile_warm_up"]  # every compiled row's config, compiled ahead while section a ran
-    assert [row["case"] for row in ahead] == [row["case"] for row in rows if row["mode"] == "compiled"]
+    assert [(row["case"], row["mode"]) for row in ahead] == [("onmt-ext baseline", gpu_check.LAYERS)] + [
+        (row["case"], row["mode"]) for row in rows if row["mode"] == "compiled"]  # the layers first, small batch
     assert all(row["status"] == "warmed up" and row["steps"] >= 1 for row in ahead), ahead
     for row in rows:  # the profiled steps' operator tables, one file per measured run
         if row.get("repeat_of"):  # the baseline's further runs are not profiled
@@ -132,6 +140,11 @@ def test_dry_run_measures_every_row(dry_run):
     assert all("ext_compile" not in row["options"] and "overwrite_checkpoints" not in row["options"]
                for row in stock)
     assert all(row["options"]["ext_compile"] for row in rows if row["mode"] == "compiled")
+    layers = [row for row in rows if row["mode"] == gpu_check.LAYERS]
+    assert [row["batch_tokens"] for row in layers] == [paper, tiny]  # the paper's batch first
+    assert all(row["options"]["ext_compile_layers"] and not row["options"].get("ext_compile") for row in layers)
+    assert all(row["reference"] == f"{gpu_check.FRESH_STOCK}|{gpu_check.STOCK_LABEL}|eager|{row['batch_tokens']}"
+               for row in layers)
 
     c = sections["c"]
     assert {group["key"] for group in c["groups"]} == {"translate-eager", "greedy-eager", "translate-compiled",

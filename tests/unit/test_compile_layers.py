@@ -1,0 +1,129 @@
+"""``-ext_compile_layers``: whole Transformer layers through ``torch.compile`` in training passes
+(:func:`onmt_ext.compile.compile_layers`).
+
+On the CPU, with ``aot_eager`` (the graphs Dynamo and AOTAutograd capture, run without generated code):
+
+* a model with compiled layers gives the eager model's training outputs and gradients over three batch shapes,
+  stock (fast tier) and with each paper's mechanisms (slow tier); the third shape compiles nothing new;
+* evaluation and step-by-step decoding stay eager, and decoding still equals the full pass;
+* parameters and state dict are unchanged; the option reaches the model that ``onmt_train`` builds.
+"""
+
+import copy
+
+import pytest
+import torch
+
+import support
+from onmt_ext import compile as ext_compile
+from onmt_ext import initialisation, options
+
+BASELINE = "yaml_configs/smoke/baseline/transformer_base_wmt17_zhen.yaml"
+SHAPES = [([5, 3, 4], [4, 6, 2]), ([7, 2], [3, 5]), ([4, 6, 3, 5], [6, 2, 4, 3])]
+
+
+def _models(config):
+    opt = support.load_train_opts(config, "-dropout", "0", "-attention_dropout", "0")
+    vocabs = support.load_vocabs(opt)
+    eager = support.build_model(opt, vocabs, seed=5)
+    fast = copy.deepcopy(eager)
+    return eager, fast, vocabs
+
+
+@pytest.fixture
+def counter(monkeypatch):
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    counting = CompileCounterWithBackend("aot_eager")
+    monkeypatch.setattr(ext_compile, "BACKEND", counting)
+    monkeypatch.setattr(ext_compile, "_COMPILED", {})
+    yield counting
+    torch._dynamo.reset()
+
+
+def _pass(model, src, src_len, tgt):
+    model.zero_grad(set_to_none=True)
+    enc_out, dec_out = support.full_forward(model, src, src_len, tgt)
+    loss = (dec_out * torch.linspace(-1, 1, dec_out.numel()).view_as(dec_out)).sum() + enc_out.square().mean()
+    loss.backward()
+    return dec_out.detach(), [p.grad for p in model.parameters()]
+
+
+@pytest.mark.parametrize("config", [
+    BASELINE,
+    pytest.param("yaml_configs/smoke/li2019/em_all_components.yaml", marks=pytest.mark.slow),
+    pytest.param("yaml_configs/smoke/cao2019/transformer_base_wmt17_zhen_cross_zero.yaml", marks=pytest.mark.slow),
+    pytest.param("yaml_configs/smoke/chen2019/transformer_base_nist_zhen_mprhead.yaml", marks=pytest.mark.slow),
+    pytest.param("yaml_configs/smoke/clause/transformer_base_wmt16_ende_ca_rule.yaml", marks=pytest.mark.slow),
+    pytest.param("yaml_configs/smoke/gret/transformer_base_wmt14_deen_gret.yaml", marks=pytest.mark.slow),
+], ids=lambda c: c.split("smoke/")[1].removesuffix(".yaml"))
+def test_compiled_layers_train_as_eager(config, sample_data, onmt_active, counter):
+    eager, fast, vocabs = _models(config)
+    layers = ext_compile.compile_layers(fast)
+    assert layers == len(fast.encoder.transformer) + len(fast.decoder.transformer_layers)
+    eager.train(), fast.train()
+    frames = []
+    for seed, (src_lens, tgt_lens) in enumerate(SHAPES):
+        src, src_len, tgt = support.random_batch(vocabs, src_lens, tgt_lens, seed=seed)
+        (out_e, grads_e), (out_f, grads_f) = _pass(eager, src, src_len, tgt), _pass(fast, src, src_len, tgt)
+        torch.testing.assert_close(out_f, out_e, atol=1e-5, rtol=1e-4)
+        for g_f, g_e in zip(grads_f, grads_e):
+            assert (g_f is None) == (g_e is None)
+            if g_e is not None:
+                torch.testing.assert_close(g_f, g_e, atol=1e-5, rtol=1e-4)
+        frames.append(counter.frame_count)
+    assert frames[0] > 0, "no layer went through torch.compile"
+    assert frames[-1] == frames[1], f"still recompiling for new shapes: frames after each batch {frames}"
+
+
+def test_evaluation_and_decoding_stay_eager(sample_data, onmt_active, counter):
+    _, fast, vocabs = _models(BASELINE)
+    ext_compile.compile_layers(fast)
+    src, src_len, tgt = support.random_batch(vocabs, [6, 4, 5], [5, 5, 5], seed=7)
+    fast.eval()
+    with torch.no_grad():
+        _, full = support.full_forward(fast, src, src_len, tgt)
+        enc_out, lengths = support.start_decoding(fast, src, src_len)
+        stepwise = support.decode_steps(fast, tgt, enc_out, lengths, 0, tgt.size(1))
+    assert counter.frame_count == 0
+    torch.testing.assert_close(stepwise, full, atol=1e-5, rtol=0)
+
+
+def test_parameters_and_state_dict_are_unchanged_and_wrapping_is_once(sample_data, onmt_active):
+    eager, fast, _ = _models(BASELINE)
+    before = fast.forward
+    assert ext_compile.compile_layers(fast) == ext_compile.compile_layers(fast) > 0
+    layer = fast.encoder.transformer[0]
+    assert layer.forward.args[1].__func__ is type(layer).forward  # wrapped once: the eager forward inside
+    assert fast.forward == before
+    assert list(fast.state_dict()) == list(eager.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(fast.state_dict().values(), eager.state_dict().values()))
+
+
+def test_the_option_reaches_the_model_onmt_train_builds(sample_data, onmt_active):
+    opt = support.load_train_opts(BASELINE, "-ext_compile_layers", "true")
+    assert opt.ext_compile_layers is True and options.check_options(opt) == []  # stock layers: no mechanism needed
+    for on in (False, True):
+        opt.ext_compile_layers = on
+        model = copy.deepcopy(_models(BASELINE)[0])
+        built = initialisation._build_model_initialised(lambda *args, **kwargs: model, opt, opt, None, None)
+        wrapped = [type(layer).__name__ for layer in built.modules() if "forward" in vars(layer)]
+        assert bool(wrapped) is on, wrapped
+
+
+def test_a_layer_compile_failure_names_the_option(sample_data, onmt_active, monkeypatch):
+    class FakeBackendError(Exception):
+        __module__ = "torch._dynamo.exc"
+
+    def broken(*args, **kwargs):
+        raise FakeBackendError("cannot trace this\nmore detail")
+
+    _, fast, vocabs = _models(BASELINE)
+    ext_compile.compile_layers(fast)
+    fast.train()
+    monkeypatch.setattr(ext_compile, "compiled", lambda fn, fullgraph=True: broken)
+    src, src_len, tgt = support.random_batch(vocabs, [3, 2], [3, 3], seed=1)
+    with pytest.raises(RuntimeError, match=r"^-ext_compile_layers: .*TransformerEncoderLayer.forward.*cannot trace "
+                                           r"this\); run with -ext_compile_layers false$"):
+        support.full_forward(fast, src, src_len, tgt)
