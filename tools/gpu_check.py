@@ -123,9 +123,9 @@ class Schedule:
     def __init__(self, args):
         self.args, self.start, self.planned, self.parts = args, _now(), 0.0, []
 
-    def deadline(self, name):
+    def deadline(self, name, whole=False):
         gpu, tiny = next((gpu, tiny) for part, gpu, tiny in PARTS if part == name)
-        budget = (tiny if self.args.tiny else gpu) * getattr(self.args, f"budget_{name[0]}")
+        budget = (1.0 if whole else tiny if self.args.tiny else gpu) * getattr(self.args, f"budget_{name[0]}")
         self.planned += budget
         return self.start + self.planned if "compiled" in name else _now() + budget
 
@@ -648,6 +648,8 @@ def training_plan(args, cases):
             row = _row(case, mode, group, batch, reference, users, name) | {"part": "fresh"}
             rows.append((row, BASELINE, mode, {"batch_size": batch, "stock": stock}))
         fresh.append(("b fresh", group, {"ONMT_EXT_DISABLE": "1"} if stock else {}, rows))
+    if args.fresh_only:
+        return fresh
     numbers = itertools.count(2)  # run 1 is the baseline's own row
 
     def baseline_again(part):
@@ -1445,6 +1447,9 @@ def parse_args(argv):
                         help="report directory (default results/gpu on CUDA, build/gpu-check-tiny otherwise)")
     parser.add_argument("--work", type=Path, default=None, help="models, data and logs (default build/gpu-check)")
     parser.add_argument("--sections", default="abc", help="which sections to run (default abc)")
+    parser.add_argument("--fresh-only", action="store_true",
+                        help="section b's users'-path rows only (the onmt-ext, stock and -ext_compile_layers "
+                             "baselines, each in a fresh process), with all of section b's budget; no section c")
     parser.add_argument("--commit", default=None,
                         help=f"the project's commit for the report (default ${COMMIT_ENV}, else git when this "
                              "checkout is a repository's root, else unknown)")
@@ -1594,29 +1599,29 @@ def main(argv=None):
     if "c" in args.sections:
         sections["c"] = {"title": "translation", "rows": [], "groups": [], "passes": args.translate_passes,
                          "block": args.translate_block, "min_run_s": args.min_run_seconds}
-        if not plan:
-            sections["c"].update(status="not run", reason="section c translates section b's checkpoints; run it "
-                                                          "with b")
+        if not plan or args.fresh_only:
+            sections["c"].update(status="not run", reason="--fresh-only" if plan else "section c translates "
+                                 "section b's checkpoints; run it with b")
     if plan:
         for thread in [warm_thread, *compile_threads]:
             thread.join(timeout=max(0.0, warm_deadline - _now()) + GRACE_S + 1)
-        began, deadline = _now(), schedule.deadline("b fresh")
+        began, deadline = _now(), schedule.deadline("b fresh", whole=args.fresh_only)
         fresh = [(group, env, rows) for name, group, env, rows in plan if name == "b fresh"]
         for number, (group, env, rows) in enumerate(fresh):  # an even share each, the last what is left
             share = _now() + (deadline - _now()) / (len(fresh) - number)
             run_training_process(args, args.work, group, env, rows, configs, {"fresh": share})
         fresh_rows = [row for _, _, rows in fresh for row, _, _, _ in rows]
         schedule.record("b fresh", began, deadline, _now(), section_b_status(fresh_rows))
-        (_, group, env, rows), = [entry for entry in plan if entry[0] == "b in-process"]
-        began, deadlines = _now(), {mode: schedule.deadline(f"b {mode}") for mode in ("eager", "compiled")}
-        ends = run_training_process(args, args.work, group, env, rows, configs, deadlines)
-        eager_end = ends["eager"] or min(_now(), deadlines["eager"])
-        for mode, start, end in (("eager", began, eager_end), ("compiled", eager_end, _now())):
-            schedule.record(f"b {mode}", start, deadlines[mode], end,
-                            section_b_status([row for row, _, _, _ in rows if row["mode"] == mode]))
-        models = {case: (configs[row["key"]][0].stem, configs[row["key"]][1], row["options"])
-                  for row, case, mode, _ in rows if mode == "eager" and row.get("status") == "measured"}
-    if "c" in args.sections and plan:
+        for _, group, env, rows in [entry for entry in plan if entry[0] == "b in-process"]:
+            began, deadlines = _now(), {mode: schedule.deadline(f"b {mode}") for mode in ("eager", "compiled")}
+            ends = run_training_process(args, args.work, group, env, rows, configs, deadlines)
+            eager_end = ends["eager"] or min(_now(), deadlines["eager"])
+            for mode, start, end in (("eager", began, eager_end), ("compiled", eager_end, _now())):
+                schedule.record(f"b {mode}", start, deadlines[mode], end,
+                                section_b_status([row for row, _, _, _ in rows if row["mode"] == mode]))
+            models = {case: (configs[row["key"]][0].stem, configs[row["key"]][1], row["options"])
+                      for row, case, mode, _ in rows if mode == "eager" and row.get("status") == "measured"}
+    if "c" in args.sections and plan and not args.fresh_only:
         section_c(args, schedule, args.work, models, cases, sections["c"])
     for part in schedule.parts:
         print(f"== gpu-check {part['part']}: {part['status']} in {part['seconds']:.0f} s (budget "

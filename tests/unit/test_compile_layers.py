@@ -127,3 +127,45 @@ def test_a_layer_compile_failure_names_the_option(sample_data, onmt_active, monk
     with pytest.raises(RuntimeError, match=r"^-ext_compile_layers: .*TransformerEncoderLayer.forward.*cannot trace "
                                            r"this\); run with -ext_compile_layers false$"):
         support.full_forward(fast, src, src_len, tgt)
+
+
+def test_the_sdp_kernel_stand_in_chooses_the_same_backends():
+    cuda = torch.backends.cuda
+    states = lambda: (cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(), cuda.math_sdp_enabled(),
+                      cuda.cudnn_sdp_enabled())
+    names = ("enable_flash", "enable_math", "enable_mem_efficient", "enable_cudnn")
+    for number in range(16):
+        chosen = {name: bool(number >> bit & 1) for bit, name in enumerate(names)}
+        with pytest.warns(FutureWarning), cuda.sdp_kernel(**chosen):
+            stock = states()
+        with ext_compile.traceable_sdp_kernel(**chosen):
+            assert states() == stock, chosen
+
+
+class _Attending(torch.nn.Module):
+    """A layer shaped like OpenNMT-py's attention on a GPU: ``sdpa`` inside ``torch.backends.cuda.sdp_kernel``."""
+
+    training = True
+
+    def forward(self, x):
+        with torch.backends.cuda.sdp_kernel(enable_flash=False, enable_math=True, enable_mem_efficient=True):
+            y = torch.nn.functional.scaled_dot_product_attention(x, x, x)
+        return (y * 2).relu()
+
+
+def test_a_compiled_layer_traces_through_the_attention_backend_choice(monkeypatch):
+    """The attention is in the layer's one graph; with the stock ``sdp_kernel`` the graph breaks before it and
+    ``sdpa`` runs eagerly."""
+    from torch._dynamo.testing import EagerAndRecordGraphs
+
+    torch._dynamo.reset()
+    recorder = EagerAndRecordGraphs()
+    monkeypatch.setattr(ext_compile, "BACKEND", recorder)
+    monkeypatch.setattr(ext_compile, "_COMPILED", {})
+    layer, stock, x = _Attending(), torch.backends.cuda.sdp_kernel, torch.randn(2, 3, 5, 4)
+    out = ext_compile._layer_forward(layer, layer.forward, x)
+    torch._dynamo.reset()
+    assert len(recorder.graphs) == 1
+    assert "scaled_dot_product_attention" in recorder.graphs[0].code
+    torch.testing.assert_close(out, (torch.nn.functional.scaled_dot_product_attention(x, x, x) * 2).relu())
+    assert torch.backends.cuda.sdp_kernel is stock
