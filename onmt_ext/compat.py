@@ -10,8 +10,8 @@
 * :func:`resume_data_position`: ``-train_from`` skips the batches its steps already consumed;
 * :func:`count_filtered_examples`: ``filtertoolong`` drops are logged, and nothing to be translated is dropped;
 * :func:`explain_position_limit`: a clear error beyond the 5000 positions of ``PositionalEncoding``;
+* :func:`attention_backends`: OpenNMT-py's GPU attention without cuDNN's (planned anew for every batch shape);
 * :func:`stand_in_for_missing_packages`, :func:`drop_stand_ins`: ``import onmt`` without spaCy or fasttext.
-
 Stock behaviour, reasons and tests of each: docs/differences-from-stock.md.
 """
 
@@ -25,7 +25,7 @@ import sys
 import types
 import warnings
 
-from onmt_ext.patches import FIX, MESSAGE, patch, record
+from onmt_ext.patches import FIX, MESSAGE, SPEED, patch, record
 
 # OpenNMT-py is imported inside the functions: importing it while this module initialises would run the start-up
 # hook (onmt_ext._autoload), which needs this module whole.  torch too: tools import make_command without torch.
@@ -370,6 +370,45 @@ def position_limit_message(positions, limit, step=None):
     return (f"a sequence of {positions} tokens is longer than the {limit} positions of the sinusoidal position "
             f"encoding (onmt.modules.PositionalEncoding, max_len {limit}): split the sentence into shorter ones "
             "(in training, the filtertoolong transform's -src_seq_length/-tgt_seq_length drop such pairs)")
+
+
+def opennmt_sdp_kernel(enable_flash=True, enable_math=True, enable_mem_efficient=True, enable_cudnn=False):
+    """``torch.backends.cuda.sdp_kernel`` as OpenNMT-py 3.5.1 knew it (torch < 2.3): the attention backends it
+    names and not cuDNN's, which later torch adds unless told not to; made through
+    ``torch.nn.attention.sdpa_kernel``, which torch.compile traces (the stock generator context manager splits
+    a compiled graph)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    wanted = ((enable_flash, SDPBackend.FLASH_ATTENTION), (enable_mem_efficient, SDPBackend.EFFICIENT_ATTENTION),
+              (enable_math, SDPBackend.MATH), (enable_cudnn, SDPBackend.CUDNN_ATTENTION))
+    return sdpa_kernel([backend for on, backend in wanted if on])
+
+
+def _attention_forward(stock, self, *args, **kwargs):
+    import torch
+
+    if torch.compiler.is_compiling():  # a compiled layer (onmt_ext.compile) has made the same swap
+        return stock(self, *args, **kwargs)
+    cuda = torch.backends.cuda
+    saved, cuda.sdp_kernel = cuda.sdp_kernel, opennmt_sdp_kernel
+    try:
+        return stock(self, *args, **kwargs)
+    finally:
+        cuda.sdp_kernel = saved
+
+
+def attention_backends():
+    """OpenNMT-py's attention on a GPU asks ``torch.backends.cuda.sdp_kernel`` for the flash-less backends it knew;
+    later torch also allows cuDNN's attention there, which plans anew for every new batch shape.  Here the
+    call gets :func:`opennmt_sdp_kernel` (memory-efficient or math attention, as under torch < 2.3)."""
+    from onmt.modules.multi_headed_attn import MultiHeadedAttention
+
+    patch(MultiHeadedAttention, "forward", _attention_forward, kind=SPEED,
+          test="tests/unit/test_compile_layers.py::test_opennmt_attention_gets_the_backends_it_names",
+          reason="under later torch (2.11 on the H200) the backends OpenNMT-py 3.5.1 names for its GPU attention "
+                 "include cuDNN's, whose per-shape planning cost several ms of host time per call on the users' "
+                 "data path; memory-efficient attention, as under OpenNMT-py's torch < 2.3, computes the same "
+                 "attention")
 
 
 def explain_position_limit():

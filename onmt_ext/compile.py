@@ -18,8 +18,8 @@ from functools import partial
 
 import torch
 from torch.fx.experimental import _config as shape_config
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from onmt_ext.compat import opennmt_sdp_kernel
 from onmt_ext.options import OPTION_SPECS, option, register_mechanism
 
 _COMPILED = {}
@@ -59,21 +59,13 @@ def run(enabled, fn, *args, **kwargs):
     return _call_compiled("ext_compile", fn, lambda: compiled(fn)(*args, **kwargs))
 
 
-def traceable_sdp_kernel(enable_flash=True, enable_math=True, enable_mem_efficient=True, enable_cudnn=True):
-    """``torch.backends.cuda.sdp_kernel``'s choice of attention backends, made through
-    ``torch.nn.attention.sdpa_kernel``, which Dynamo traces; the stock function is a generator context manager
-    that splits a compiled graph around every attention call."""
-    wanted = ((enable_flash, SDPBackend.FLASH_ATTENTION), (enable_mem_efficient, SDPBackend.EFFICIENT_ATTENTION),
-              (enable_math, SDPBackend.MATH), (enable_cudnn, SDPBackend.CUDNN_ATTENTION))
-    return sdpa_kernel([backend for on, backend in wanted if on])
-
-
 def _layer_forward(layer, eager, *args, **kwargs):
     """A layer's ``forward``: compiled in training passes (``layer.training``, no decoding ``step``), else
     ``eager``, the layer's own bound ``forward``.
 
-    While the compiled layer runs, OpenNMT-py's attention finds :func:`traceable_sdp_kernel` under
-    ``torch.backends.cuda.sdp_kernel`` (the same backends), and the compiler gives every size its own symbol
+    While the compiled layer runs, OpenNMT-py's attention finds :func:`onmt_ext.compat.opennmt_sdp_kernel` under
+    ``torch.backends.cuda.sdp_kernel`` (traceable; the stock generator context manager would split the graph
+    around every attention call), and the compiler gives every size its own symbol
     (no "duck sizing": a source as long as the target in the first batch would otherwise make a later batch
     recompile).
     """
@@ -81,7 +73,7 @@ def _layer_forward(layer, eager, *args, **kwargs):
         return eager(*args, **kwargs)
     fn, cuda = type(layer).forward, torch.backends.cuda
     stock = cuda.sdp_kernel
-    cuda.sdp_kernel = traceable_sdp_kernel
+    cuda.sdp_kernel = opennmt_sdp_kernel
     try:
         with shape_config.patch(use_duck_shape=False):
             return _call_compiled("ext_compile_layers", fn,

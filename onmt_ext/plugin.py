@@ -122,6 +122,7 @@ def _activate():
     compat.resume_data_position()
     compat.count_filtered_examples()
     compat.explain_position_limit()
+    compat.attention_backends()  # OpenNMT-py's GPU attention: the backends it names, not cuDNN's
     corpus.install()
     batches.install()  # training batches: tensors only, copied to the GPU without waiting
     train_step.install()  # the training step: no host-device synchronisation between reports

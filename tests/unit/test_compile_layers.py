@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import support
+from onmt_ext import compat, initialisation, options
 from onmt_ext import compile as ext_compile
-from onmt_ext import initialisation, options
 
 BASELINE = "yaml_configs/smoke/baseline/transformer_base_wmt17_zhen.yaml"
 SHAPES = [([5, 3, 4], [4, 6, 2]), ([7, 2], [3, 5]), ([4, 6, 3, 5], [6, 2, 4, 3])]
@@ -35,6 +35,7 @@ def counter(monkeypatch):
     from torch._dynamo.testing import CompileCounterWithBackend
 
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     counting = CompileCounterWithBackend("aot_eager")
     monkeypatch.setattr(ext_compile, "BACKEND", counting)
     monkeypatch.setattr(ext_compile, "_COMPILED", {})
@@ -75,6 +76,9 @@ def test_compiled_layers_train_as_eager(config, sample_data, onmt_active, counte
         frames.append(counter.frame_count)
     assert frames[0] > 0, "no layer went through torch.compile"
     assert frames[-1] == frames[1], f"still recompiling for new shapes: frames after each batch {frames}"
+    if config == BASELINE:  # a stock layer is one graph, and a new batch shape compiles nothing new
+        assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
+        assert frames[-1] == frames[0], frames
 
 
 def test_evaluation_and_decoding_stay_eager(sample_data, onmt_active, counter):
@@ -129,17 +133,41 @@ def test_a_layer_compile_failure_names_the_option(sample_data, onmt_active, monk
         support.full_forward(fast, src, src_len, tgt)
 
 
-def test_the_sdp_kernel_stand_in_chooses_the_same_backends():
+def _sdp_states():
     cuda = torch.backends.cuda
-    states = lambda: (cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(), cuda.math_sdp_enabled(),
-                      cuda.cudnn_sdp_enabled())
+    return cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(), cuda.math_sdp_enabled(), cuda.cudnn_sdp_enabled()
+
+
+def test_the_sdp_kernel_stand_in_chooses_the_backends_it_is_given():
     names = ("enable_flash", "enable_math", "enable_mem_efficient", "enable_cudnn")
     for number in range(16):
         chosen = {name: bool(number >> bit & 1) for bit, name in enumerate(names)}
-        with pytest.warns(FutureWarning), cuda.sdp_kernel(**chosen):
-            stock = states()
-        with ext_compile.traceable_sdp_kernel(**chosen):
-            assert states() == stock, chosen
+        with pytest.warns(FutureWarning), torch.backends.cuda.sdp_kernel(**chosen):
+            stock = _sdp_states()
+        with compat.opennmt_sdp_kernel(**chosen):
+            assert _sdp_states() == stock, chosen
+
+
+def test_opennmt_attention_gets_the_backends_it_names(onmt_active):
+    """OpenNMT-py 3.5.1's GPU attention enters ``sdp_kernel(enable_flash=False, enable_math=True,
+    enable_mem_efficient=True)``; later torch adds cuDNN's attention to that unless told not to.  Through the
+    patch, the call gets the named backends only, and the stock function is back afterwards."""
+    from onmt.modules.multi_headed_attn import MultiHeadedAttention
+
+    seen, stock = [], torch.backends.cuda.sdp_kernel
+
+    def attention(self, fail=False):
+        with torch.backends.cuda.sdp_kernel(enable_flash=False, enable_math=True, enable_mem_efficient=True):
+            seen.append(_sdp_states())
+        if fail:
+            raise ValueError("inside the attention")
+        return "out"
+
+    assert compat._attention_forward(attention, None) == "out"
+    with pytest.raises(ValueError):
+        compat._attention_forward(attention, None, fail=True)
+    assert seen == [(False, True, True, False)] * 2 and torch.backends.cuda.sdp_kernel is stock
+    assert MultiHeadedAttention.forward.__wrapped_stock__ is not MultiHeadedAttention.forward  # installed
 
 
 class _Attending(torch.nn.Module):
