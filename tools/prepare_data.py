@@ -3,61 +3,16 @@
 
 Usage::
 
-    python tools/prepare_data.py STEP TASK [--workers N] [--merges N]
+    python tools/prepare_data.py STEP TASK [--workers N] [--merges N] [--progress | --no-progress]
     python tools/prepare_data.py --list
 
-Steps, each writing files (the Makefile keeps a stamp per step so that only
-what changed is redone):
+Steps: ``fetch`` (archives into ``build/downloads/``, resumed and checked by SHA-256; dev/test sets through
+sacreBLEU), ``raw`` (text pairs, ``raw/corpora.json``), ``tok`` (sacremoses, jieba for Chinese), ``clean``
+(length and ratio filter, ``clean/stats.json``) and ``bpe`` (subword-nmt), each leaving files the Makefile
+stamps.  NIST Zh-En is licensed: set ``NIST_DIR`` (see ``NIST_LAYOUT``).  After changing ``NIST_DIR``,
+``NIUTRANS_DIR`` or ``WMT17_EXTRA_DIR``, delete ``build/data/<task>`` and rerun.
 
-``fetch``
-    Download every archive of the task into ``build/downloads/`` from the
-    official WMT/statmt (or corpus) location, resuming a partial download
-    (``<file>.part``, HTTP ``Range``) and checking the SHA-256 where one is
-    pinned in ``ARCHIVES``.  An archive without a pinned checksum is recorded
-    in ``build/downloads/SHA256SUMS`` on first download and checked against
-    that record afterwards (a warning says it is not pinned).  The dev and
-    test sets come through sacreBLEU's own download, which checks its MD5
-    sums.  Where a download is impossible (no network, a licensed corpus such
-    as NIST's LDC data or CWMT) the step stops and says which file to put
-    where.
-``raw``
-    Extract the training pairs of every corpus of the task into
-    ``raw/train.<lang>`` (one sentence per line, pairs kept in step) and the
-    dev/test sets into ``raw/{valid,test}.<lang>``; a multi-reference test set
-    becomes ``raw/test.<tgt>0``, ``raw/test.<tgt>1``, ...; ``raw/corpora.json``
-    names every training corpus with its pair count (the reports cite it).
-``tok``
-    Punctuation normalisation and Moses tokenization with sacremoses
-    (aggressive hyphen splitting, no HTML escaping) for alphabetic languages,
-    jieba word segmentation for Chinese: ``tok/<split>.<lang>``.
-``clean``
-    Training pairs with an empty side, more than ``max_len`` tokens on a side,
-    or a token-count ratio above ``ratio`` are dropped (as Moses'
-    ``clean-corpus-n.perl``); the counts are written to ``clean/stats.json``.
-    A task's ``subsets`` (a paper's own length filter, e.g. cao2019's Zh-En
-    pairs under 50 words) are counted there, in words (tokens of this step's
-    input), before BPE.
-``bpe``
-    Learn BPE with subword-nmt (``merges`` operations, 32K as the papers;
-    joint over both languages, or one model per language for Chinese-English)
-    and apply it: ``{train,valid,test}.bpe.<lang>`` (and ``train.<subset>.bpe.<lang>``,
-    the subset's lines of ``train.bpe.<lang>``); the tokenized test
-    reference ``test.tok.<tgt>`` and the raw one ``test.<tgt>`` (detokenized
-    with sacremoses for a corpus released tokenized), the layout
-    ``tools/reproduce.py`` reads.
-
-Progress: downloads (bytes and rate; a resumed download starts at the bytes
-already on disk), SHA-256 checks, archive extraction, tokenization and BPE
-(lines, per file) show tqdm bars on stderr.  By default the bars appear only
-when stderr is a terminal (tqdm's ``disable=None``), so a log file gets the
-one-line messages alone; ``--progress`` forces them on, ``--no-progress`` off.
-``docs/data.md`` describes the steps, sources, checksums and disk space.
-
-The vocabularies are then built by ``onmt_build_vocab`` with the task's
-baseline config (the Makefile's ``data-<task>`` rule).  NIST Chinese-English
-is licensed: set ``NIST_DIR`` (see ``NIST_LAYOUT``).  The step stamps do not
-see these variables: after changing ``NIST_DIR``, ``NIUTRANS_DIR`` or
-``WMT17_EXTRA_DIR``, delete ``build/data/<task>`` and rerun.
+How it works and why (steps, sources, checksums, resuming, progress bars, disk space): docs/data.md.
 """
 
 import argparse
