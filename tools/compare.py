@@ -441,16 +441,6 @@ def baseline_until_plateau(runs, cores, valid_every, report_every, window, toler
 # ---------------------------------------------------------------- Scores and the report
 
 
-def training_speed(log_text):
-    """Mean target tokens/s over OpenNMT-py's step reports (:meth:`onmt_ext.train_log.TrainLog.tokens_per_second`)."""
-    return train_log.parse(log_text).tokens_per_second()
-
-
-def parameter_count(log_text):
-    """The parameter count an OpenNMT-py log reports, None if it has none."""
-    return train_log.parse(log_text).parameters
-
-
 def _mean_sd(values):
     values = [v for v in values if v is not None]
     if not values:
