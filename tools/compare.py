@@ -186,14 +186,9 @@ def seed_curves(logs):
 
 
 def find_plateau(steps, values, window, tolerance, max_steps):
-    """The plateau step of a learning curve (validation steps and mean perplexities, ascending steps).
-
-    Returns ``(P, True)`` for the first step s <= ``max_steps`` at which no
-    value in (s, s + window] is below ``(1 - tolerance)`` times the value at
-    s, once the curve reaches s + window; ``(max_steps, False)`` when every
-    step up to ``max_steps`` is followed within the window by such an
-    improvement; None while the curve is too short to say.
-    """
+    """``(s, True)`` for the first step s <= ``max_steps`` of a curve (ascending ``steps``, mean perplexities)
+    whose next ``window`` steps, all logged, stay above ``(1 - tolerance)`` times its value; ``(max_steps, False)``
+    when there is none; None while the curve is too short to say."""
     for i, step in enumerate(steps):
         if step > max_steps:
             return max_steps, False
@@ -231,13 +226,8 @@ def sustained_from(verdicts, kind):
 
 
 def verdict_text(verdicts):
-    """One sentence on a config's curve against the baseline's, by :func:`compare_at_steps`.
-
-    Every step at which the config is apart from the baseline is named: a
-    verdict held to the last step reads "from step s on", with any earlier
-    steps of the same kind after it ("beats the baseline from step 1000 on,
-    and earlier at step 200"); one not held to the end lists its steps.
-    """
+    """One sentence naming every step at which a config is apart from the baseline (:func:`compare_at_steps`):
+    "beats the baseline from step 1000 on, and earlier at step 200"; a verdict not held to the end lists steps."""
     if not verdicts:
         return "no common validation step"
     steps = sorted(verdicts)
@@ -326,14 +316,8 @@ def schedule_seconds(durations, jobs):
 
 def estimate(speeds, configs, seeds, jobs, plateau_step, window, valid_every, translate_seconds,
              search=True):
-    """Estimated seconds of phases 2-3 (a dict: ``baseline``, ``others``, ``total``) for a plateau step.
-
-    The baseline trains ``plateau_step + window`` steps with all seeds at
-    once (slower by ``seeds / jobs`` when there are more seeds than jobs);
-    every other config trains ``plateau_step`` steps per seed in ``jobs``
-    slots; every run validates every ``valid_every`` steps and translates
-    once.
-    """
+    """Estimated seconds (``baseline``, ``others``, ``total``) of phases 2-3 for a plateau step: the baseline's
+    seeds at once for ``plateau_step + window`` steps, then every other run in ``jobs`` slots, each translating once."""
     base = speeds[configs[0]]
     base_steps = plateau_step + window if search else plateau_step
     crowding = max(1.0, len(seeds) / jobs) if search else 1.0
@@ -449,15 +433,9 @@ def _mean_sd(values):
 
 
 def seed_test(baseline_bleus, bleus):
-    """Paired test across seeds: an exact sign-flip permutation test of the per-seed BLEU differences.
-
-    The seeds are the unit of replication: d_i = bleus[i] - baseline_bleus[i]
-    (seed i of both), and under the null hypothesis each d_i is as likely
-    negative as positive.  The two-sided p is the share of the 2^n sign
-    assignments whose |mean| reaches the observed |mean d| (ties counted), so
-    its smallest possible value is 2 / 2^n (0.25 for three seeds).  Returns
-    ``{"deltas", "mean_delta", "p_value", "min_p", "better", "worse"}``.
-    """
+    """Exact two-sided sign-flip permutation test of the per-seed differences d_i = bleus[i] - baseline_bleus[i]:
+    p is the share of the 2^n sign assignments whose |mean| reaches |mean d| (at least 2 / 2^n).  Returns
+    ``{"deltas", "mean_delta", "p_value", "min_p", "better", "worse"}``."""
     deltas = [b - a for a, b in zip(baseline_bleus, bleus, strict=True)]
     observed = abs(statistics.fmean(deltas))
     signs = itertools.product((1, -1), repeat=len(deltas))
@@ -475,12 +453,8 @@ def add_seed_tests(rows):
 
 
 def score(runs, configs, seeds, refs_path, test_lines=None, speeds=None):
-    """Per-config summary dicts (BLEU/chrF mean and sd, bootstrap per seed, speed, parameters).
-
-    The speed ratio to the baseline is that of the probe's seconds per step when ``speeds`` (the probe's
-    :class:`Speed` per config) are given: the probe runs every config under the same conditions, whereas
-    the baseline's seeds train three at once.  Without them it is the ratio of the runs' tokens/s.
-    """
+    """Per-config summary dicts (BLEU/chrF mean and sd, bootstrap per seed, speed, parameters).  The speed ratio
+    is the probe's (``speeds``: every config under the same conditions), else that of the runs' tokens/s."""
     from onmt_ext import evaluation as ev
 
     refs = ev.read_reference_tsv(refs_path)
@@ -648,13 +622,8 @@ def _invocation_time(invocation):
 
 
 def earlier_invocations(previous, reused, logs):
-    """The invocations whose runs this report includes besides its own.
-
-    ``previous`` is the report that ``--out`` held before (or None), ``reused`` the keys (``config/seedN``) of
-    the runs this invocation found finished, ``logs`` the modification time of every run's training log.  The
-    previous report's invocations count when it recorded every reused run with the same log; otherwise the
-    reused runs come from elsewhere (an interrupted invocation, say) and ``None`` says so.
-    """
+    """The earlier invocations whose ``reused`` runs (``config/seedN``) this report includes: those of the
+    ``previous`` report when it recorded each with the same log time (``logs``), else None (origin unknown)."""
     if not reused:
         return []
     recorded = (previous or {}).get("run_logs") or {}

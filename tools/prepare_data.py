@@ -70,12 +70,8 @@ class Archive:
 
 @dataclass(frozen=True)
 class Parallel:
-    """A parallel corpus: ``archive`` (a key of ``ARCHIVES`` or a path in this repository) and ``member``.
-
-    ``member`` is the file inside a tar/zip archive, with ``{lang}`` for the language; it is looked up by its
-    path, else by its file name alone (archives differ in their top directory).  Without ``member`` the
-    archive is the text itself and its name holds ``{lang}``.
-    """
+    """A parallel corpus: ``archive`` (a key of ``ARCHIVES`` or a repository path) and ``member``, the file in a
+    tar/zip archive (by path, else by file name), ``{lang}`` in the name; without it the archive is the text."""
 
     archive: str
     member: str = None
@@ -95,11 +91,8 @@ class SacrebleuSet:
 
 @dataclass(frozen=True)
 class LengthSubset:
-    """Training pairs of at most ``max_words`` words on each side, a paper's own filter (``note`` cites it).
-
-    Words are the tokens of the tokenized text (Moses tokens; jieba words for Chinese), counted before BPE,
-    where the paper applies its filter; the subset is written as ``train.<name>.bpe.<lang>``.
-    """
+    """Training pairs of at most ``max_words`` tokenized words a side (before BPE, as the paper filters), a
+    paper's own filter (``note`` cites it), written as ``train.<name>.bpe.<lang>``."""
 
     name: str
     max_words: int
@@ -247,12 +240,8 @@ def _record_sum(downloads, name, digest):
 
 
 def download(archive, downloads, timeout=60):
-    """Download ``archive`` into ``downloads/<filename>``, resuming ``<filename>.part``; return the path.
-
-    The finished file is checked against its pinned SHA-256 (a mismatch moves it aside to ``.bad`` and stops),
-    or against the sum recorded at its first download.  Nothing is fetched when the file is already there and
-    its sum checks out.
-    """
+    """Download ``archive`` into ``downloads/<filename>`` (resuming ``<filename>.part``) unless it is there, and
+    check its pinned or first recorded SHA-256; return the path."""
     downloads.mkdir(parents=True, exist_ok=True)
     dest = downloads / archive.filename
     with open(downloads / f".{archive.filename}.lock", "w") as lock:
@@ -276,11 +265,7 @@ def _expected_size(response, have):
 
 
 def _fetch(archive, dest, timeout):
-    """Download (or finish downloading) ``archive`` into ``<dest>.part``, then rename it to ``dest``.
-
-    A connection that ends before the size the server announced leaves the
-    ``.part`` file for the next run to resume, and stops with a message.
-    """
+    """Download (or finish) ``archive`` into ``<dest>.part``, renamed to ``dest`` when it has the announced size."""
     part = dest.with_name(dest.name + ".part")
     have = part.stat().st_size if part.exists() else 0
     request = urllib.request.Request(archive.url, headers={"Range": f"bytes={have}-"} if have else {})
@@ -375,24 +360,27 @@ def fetch(task_name, downloads=None):
 
 
 # ---------------------------------------------------------------- raw
-def _open_text(path):
-    """Lines of a plain or gzipped UTF-8 text file, without the newline (a BOM is dropped).
+def _decoded(raw, where, bar=None):
+    """The lines of the binary stream ``raw`` as text without CR/LF (a BOM dropped); bytes that are not UTF-8 stop
+    the step naming ``where`` and the line."""
+    for number, line in enumerate(raw, 1):
+        if bar is not None:
+            bar.update(len(line))
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise PrepareError(f"{where}, line {number}: not UTF-8 ({error.reason} at byte {error.start}); "
+                               "convert the file to UTF-8") from None
+        yield (text.removeprefix("\ufeff") if number == 1 else text).rstrip("\n").rstrip("\r")
 
-    Bytes that are not UTF-8 stop the step with the file and line number.
-    """
+
+def _open_text(path):
+    """Lines of a plain or gzipped UTF-8 text file (:func:`_decoded`)."""
     raw = open(path, "rb")
     if str(path).endswith(".gz"):
         raw = gzip.open(raw)
     with raw:
-        for number, line in enumerate(raw, 1):
-            try:
-                text = line.decode("utf-8")
-            except UnicodeDecodeError as error:
-                raise PrepareError(f"{path}, line {number}: not UTF-8 ({error.reason} at byte {error.start}); "
-                                   "convert the file to UTF-8") from None
-            if number == 1:
-                text = text.removeprefix("\ufeff")
-            yield text.rstrip("\n").rstrip("\r")
+        yield from _decoded(raw, path)
 
 
 def _find_member(names, member, archive_path):
@@ -421,15 +409,7 @@ def _member_lines(archive_path, member):
         name = _find_member(list(members), member, archive_path)
         raw, size = archive.extractfile(members[name]), members[name].size
     with archive, raw, _byte_bar(f"extract {name.rsplit('/', 1)[-1]}", size) as bar:
-        lines = []
-        for number, line in enumerate(raw, 1):
-            bar.update(len(line))
-            try:
-                text = line.decode("utf-8")
-            except UnicodeDecodeError as error:
-                raise PrepareError(f"{archive_path} ({member}), line {number}: not UTF-8 ({error.reason})") from None
-            lines.append((text.removeprefix("\ufeff") if number == 1 else text).rstrip("\n").rstrip("\r"))
-        return lines
+        return list(_decoded(raw, f"{archive_path} ({member})", bar))
 
 
 def _local(name, downloads):
@@ -466,11 +446,7 @@ def corpus_name(corpus):
 
 
 def write_corpora(out, task_name, corpora):
-    """``<out>/corpora.json``: the training corpora of the task as ``(name, pairs)``, read by the reports.
-
-    ``{"task": ..., "corpora": [{"name": ..., "pairs": n}, ...], "pairs": total}``; ``extra`` marks the
-    pairs from ``WMT17_EXTRA_DIR``.
-    """
+    """``<out>/corpora.json``: ``{"task", "corpora": [{"name", "pairs", "extra" (WMT17_EXTRA_DIR)}], "pairs"}``."""
     entries = [{"name": name, "pairs": pairs, **({"extra": True} if name.startswith("WMT17_EXTRA_DIR") else {})}
                for name, pairs in corpora]
     document = {"task": task_name, "corpora": entries, "pairs": sum(pairs for _, pairs in corpora)}
@@ -606,11 +582,7 @@ def _unescape(text):
 
 
 def read_sgml(path):
-    """Segments of a NIST/WMT SGML file as ``{sysid: [(docid, segid, text), ...]}`` in file order.
-
-    Entities are decoded and whitespace collapsed.  A file without ``sysid`` attributes (a source file) gives
-    one entry under ``""``.
-    """
+    """``{sysid ("" for a source file): [(docid, segid, text), ...]}`` of a NIST/WMT SGML file, in file order."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
@@ -628,11 +600,7 @@ def read_sgml(path):
 
 
 def nist_test_set(directory):
-    """Source lines and the list of reference line lists of one NIST test-set directory.
-
-    The references are aligned to the source by (docid, segid), so each reference system may list its
-    documents in any order; a reference missing a segment is an error naming the file and the segment.
-    """
+    """Source lines and reference line lists of a NIST test-set directory, aligned to the source by (docid, segid)."""
     directory = Path(directory)
     sgms = sorted(directory.glob("*.sgm"))
     src_files = [p for p in sgms if "src" in p.name.lower()]
@@ -705,11 +673,8 @@ def _chunk_job(job):
 
 
 def map_lines(function, key, lines, workers=1, desc=None):
-    """``[function((key, line)) for line in lines]``, in order, with a line bar (``desc``).
-
-    With ``workers`` > 1 the lines go to a process pool in chunks of ``CHUNK_LINES``; the bar advances by
-    each chunk a worker finishes, in whatever order they finish, and the results are put back in order.
-    """
+    """``[function((key, line)) for line in lines]`` with a line bar (``desc``), in chunks of ``CHUNK_LINES`` over
+    a pool of ``workers`` processes when there are several."""
     lines = lines if isinstance(lines, list) else list(lines)
     chunks = [lines[start:start + CHUNK_LINES] for start in range(0, len(lines), CHUNK_LINES)]
     done = [None] * len(chunks)
@@ -759,11 +724,8 @@ def keep_pair(src, tgt, max_len, ratio):
 
 
 def clean(task_name):
-    """Step ``clean``: length- and ratio-filtered training pairs in ``clean/``, counts in ``clean/stats.json``.
-
-    Each of the task's ``subsets`` counts the cleaned pairs it keeps (:meth:`LengthSubset.keeps`, before BPE
-    as the paper does); step ``bpe`` writes them.
-    """
+    """Step ``clean``: length- and ratio-filtered training pairs in ``clean/``, counts (and those of the task's
+    ``subsets``) in ``clean/stats.json``."""
     task = TASKS[task_name]
     base = task_dir(task_name)
     src_lines = list(_open_text(base / "tok" / f"train.{task.src}"))
@@ -800,11 +762,8 @@ def apply_bpe(lines, codes, workers=1, desc=None):
 
 
 def learn_bpe(inputs, codes, merges, workers=1):
-    """Learn ``merges`` BPE operations with subword-nmt over the lines of the files ``inputs`` into ``codes``.
-
-    subword-nmt draws its own tqdm bar over the merges, on stderr whether or not it is a terminal; for the
-    call its module's ``tqdm`` is swapped for ``progress_bar``, so that the bar follows ``PROGRESS`` too.
-    """
+    """Learn ``merges`` BPE operations with subword-nmt over the files ``inputs`` into ``codes`` (its own tqdm
+    bar swapped for ``progress_bar``, which follows ``PROGRESS``)."""
     from subword_nmt import learn_bpe as module
 
     joined = codes.with_name(codes.name + ".input")
