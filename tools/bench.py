@@ -438,24 +438,24 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:
         return common.child_main(argv, {"train": child_train, "translate": child_translate})
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = common.Parser(prog="bench.py", description=__doc__.split("\n")[0])
     parser.add_argument("--suite", choices=sorted(SUITES), default="li2019")
     parser.add_argument("--size", choices=("smoke", "paper"), default="smoke")
-    parser.add_argument("--steps", type=int, default=None,
+    parser.add_argument("--steps", type=common.at_least(1), default=None,
                         help="measured training steps (default: 300 at --size smoke, 100 at --size paper)")
-    parser.add_argument("--warmup-steps", type=int, default=20, help="unmeasured first steps")
+    parser.add_argument("--warmup-steps", type=common.at_least(1), default=20, help="unmeasured first steps")
     parser.add_argument("--batch-size", type=int, default=1024, help="tokens per step at --size paper")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--translate-repeats", type=int, default=10,
+    parser.add_argument("--repeats", type=common.at_least(1), default=3)
+    parser.add_argument("--translate-repeats", type=common.at_least(1), default=10,
                         help="beam-search passes per round (each case's run between two of the baseline's)")
-    parser.add_argument("--greedy-repeats", type=int, default=2,
+    parser.add_argument("--greedy-repeats", type=common.at_least(1), default=2,
                         help="greedy-search passes per round (no target depends on them)")
     parser.add_argument("--control", action=argparse.BooleanOptionalAction, default=True,
                         help="measure the baseline twice, the second time as an A/A control (default: on)")
-    parser.add_argument("--test-sentences", type=int, default=200,
+    parser.add_argument("--test-sentences", type=common.at_least(1), default=200,
                         help="test sentences per translation (a process's own speed varies by a few percent "
                              "whatever its length, so many short runs measure more precisely than few long ones)")
-    parser.add_argument("--output-length", type=int, default=0,
+    parser.add_argument("--output-length", type=common.at_least(0), default=0,
                         help="decoding steps of every translation (-min_length = -max_length); 0 (default): "
                              "the test sentences' mean reference length plus the end-of-sentence step")
     parser.add_argument("--gpu", type=int, default=-1, help="GPU id; -1: CPU")
@@ -467,10 +467,6 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.steps is None:  # a smoke step takes about 70 ms: 300 steps measure about 20 s per run
         args.steps = SMOKE_STEPS if args.size == "smoke" else 100
-    if min(args.steps, args.warmup_steps, args.repeats, args.translate_repeats, args.greedy_repeats,
-           args.test_sentences) < 1 or args.output_length < 0:
-        parser.error("--steps, --warmup-steps, --repeats, --translate-repeats, --greedy-repeats and "
-                     "--test-sentences must be >= 1, --output-length >= 0")
     if args.steps % args.warmup_steps:  # training reports come every --warmup-steps steps
         parser.error(f"--steps {args.steps} must be a multiple of --warmup-steps {args.warmup_steps}")
     workdir = args.work / f"{args.suite}-{args.size}"

@@ -744,21 +744,22 @@ def main(argv=None):
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS),
                         help="configs of yaml_configs/compare/ to run; the first is the baseline")
-    parser.add_argument("--jobs", type=int, default=2, help="runs at a time (each gets cores/jobs threads)")
-    parser.add_argument("--valid-every", type=int, default=100, help="validation interval in steps (default 100)")
-    parser.add_argument("--plateau-window", type=int, default=400,
+    parser.add_argument("--jobs", type=common.at_least(1), default=2, help="runs at a time (each gets cores/jobs threads)")
+    parser.add_argument("--valid-every", type=common.at_least(1), default=100, help="validation interval in steps (default 100)")
+    parser.add_argument("--plateau-window", type=common.at_least(1), default=400,
                         help="steps after a validation step within which the mean validation perplexity must "
                              "improve by the tolerance for training to go on (default 400)")
     parser.add_argument("--plateau-tolerance", type=float, default=0.01,
                         help="relative improvement of the mean validation perplexity that counts (default 0.01)")
-    parser.add_argument("--max-steps", type=int, default=None,
+    parser.add_argument("--max-steps", type=common.at_least(1), default=None,
                         help="cap of the plateau step (default: the largest that fits --budget-minutes)")
     parser.add_argument("--budget-minutes", type=float, default=120.0,
                         help="time the run may take; sizes the default --max-steps (default 120)")
-    parser.add_argument("--probe-steps", type=int, default=40, help="steps of each config's speed probe (default 40)")
-    parser.add_argument("--train-steps", type=int, default=None,
+    parser.add_argument("--probe-steps", type=common.at_least(6), default=40,
+                        help="steps of each config's speed probe, its speed read between step reports (default 40)")
+    parser.add_argument("--train-steps", type=common.at_least(1), default=None,
                         help="train every config this many steps, without the plateau search")
-    parser.add_argument("--test-lines", type=int, default=None, help="translate only the first N test lines")
+    parser.add_argument("--test-lines", type=common.at_least(1), default=None, help="translate only the first N test lines")
     parser.add_argument("--work", type=Path, default=Path("build/compare"))
     parser.add_argument("--out", type=Path, default=Path("results/compare"))
     parser.add_argument("--report-only", action="store_true",
@@ -776,12 +777,6 @@ def main(argv=None):
             parser.error(f"--configs: no {CONFIG_DIR / (name + '.yaml')}")
     if len(set(args.configs)) != len(args.configs) or len(set(args.seeds)) != len(args.seeds):
         parser.error("--configs and --seeds must be distinct")
-    for option in ("jobs", "valid_every", "plateau_window", "probe_steps", "max_steps", "train_steps", "test_lines"):
-        value = getattr(args, option)
-        if value is not None and value < 1:
-            parser.error(f"--{option.replace('_', '-')} must be >= 1")
-    if args.probe_steps < 6:
-        parser.error("--probe-steps must be >= 6 (the speed is read between step reports)")
     if not 0 <= args.plateau_tolerance < 1:
         parser.error("--plateau-tolerance must be in [0, 1)")
     if args.budget_minutes <= 0:

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from multiprocessing import Pool
 from pathlib import Path
 
+import common
+
 REPO = Path(__file__).resolve().parent.parent
 DOWNLOADS = Path("build/downloads")
 DATA = Path("build/data")
@@ -836,7 +838,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("step", nargs="?", choices=list(STEPS))
     parser.add_argument("task", nargs="?", choices=sorted(TASKS))
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+    parser.add_argument("--workers", type=common.at_least(1), default=os.cpu_count() or 1,
                         help="processes for tokenization and BPE (default: every CPU)")
     parser.add_argument("--merges", type=int, default=None, help="BPE merges (default: the task's, 32000)")
     parser.add_argument("--list", action="store_true", help="list the tasks and their sources")
@@ -857,8 +859,6 @@ def main(argv=None):
         return 0
     if not args.task:
         parser.error("a task is needed")
-    if args.workers < 1:
-        parser.error("--workers must be >= 1")
     os.chdir(REPO)
     step = STEPS[args.step]
     kwargs = {}

@@ -957,7 +957,7 @@ def main(argv=None):
     parser.add_argument("--passes", type=int, default=None,
                         help="batches per update on each GPU (default: the config's accum_count over the GPUs); "
                              "fewer, larger batches with the same tokens per update, as GPU memory allows")
-    parser.add_argument("--average", type=int, default=AVERAGE,
+    parser.add_argument("--average", type=common.at_least(1), default=AVERAGE,
                         help=f"average the last N checkpoints and translate with the average (default {AVERAGE}; "
                              "1: translate the last checkpoint)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands; run nothing")
@@ -987,8 +987,6 @@ def main(argv=None):
         gpus = parse_gpus(args.gpus)
     except ValueError as exc:
         parser.error(f"--gpus: {exc}")
-    if args.average < 1:
-        parser.error("--average must be >= 1")
     if args.results_json is not None and not args.report_only:
         parser.error("--results-json goes with --report-only")
     root = None if args.results_dir is None else args.results_dir.resolve()
