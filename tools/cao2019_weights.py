@@ -34,12 +34,8 @@ def _layers(model):
 
 
 def near_zero_shares(model, vocabs, sentences, iterations, thresholds, batch_size=64):
-    """Shares of routing weights below each threshold.
-
-    Returns ``{T: {routing: {"all": {threshold: share}, "layers": {layer: {threshold: share}},
-    "weights": n}}}`` for the routings the model has (vertical needs a learned
-    head weight, i.e. ``-cao2019_vertical``; horizontal ``-cao2019_horizontal``).
-    """
+    """Shares of routing weights below each threshold, for the routings the model has: ``{T: {routing: {"all":
+    {threshold: share}, "layers": {layer: {threshold: share}}, "weights": n}}}``."""
     from onmt_ext.cao2019 import routing_weights
 
     layers = _layers(model)

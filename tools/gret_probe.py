@@ -86,13 +86,8 @@ def features(model, vocabs, sentences, kind, batch_size=64):
 
 
 def encoded_batches(model, vocabs, sentences, batch_size=64):
-    """Run the model's encoder, without gradients, over token-list sentences in batches of ``batch_size``.
-
-    Yields ``(enc_out, final, lengths)`` per batch: the encoder output
-    ``(batch, len, d_model)``, its second output (GRET's global state
-    ``(batch, d_model)``, or None) and the lengths ``(batch,)``.  An empty
-    sentence is encoded as the one unknown token.
-    """
+    """``(enc_out (batch, len, d_model), final (GRET's global state (batch, d_model) or None), lengths (batch,))``
+    of the encoder, without gradients, per batch of token-list sentences (an empty one: the unknown token)."""
     import torch
     from onmt.constants import DefaultTokens
 

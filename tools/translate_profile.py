@@ -71,14 +71,8 @@ def translate_once(engine, steps, totals):
 
 
 def count_flops(engine, steps, totals):
-    """Floating-point operations of one translation forced to ``steps`` steps: the whole run and each part.
-
-    Returns ``{"total": ..., "encoder": ..., "decoder": ..., "generator": ...}``
-    as counted by ``torch.utils.flop_counter.FlopCounterMode``, which
-    attributes every operation to the modules it ran in.  The engine calls
-    the encoder, the decoder and the generator directly, so each is a
-    top-level module of the count, named by its class.
-    """
+    """``{"total", "encoder", "decoder", "generator"}`` floating-point operations of one translation forced to
+    ``steps`` steps, by ``FlopCounterMode`` (the engine calls each part directly: a top-level module of the count)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     model = engine.translator.model
