@@ -860,13 +860,10 @@ def main(argv=None):
     if not args.task:
         parser.error("a task is needed")
     os.chdir(REPO)
-    step = STEPS[args.step]
-    kwargs = {}
-    if args.step in ("tok", "bpe"):
-        kwargs["workers"] = args.workers
-    if args.step == "bpe":
-        kwargs["merges"] = args.merges
-    step(args.task, **kwargs)
+    if args.merges is not None and args.step != "bpe":
+        parser.error(f"--merges is an option of the bpe step, not of {args.step}")
+    options = {"tok": {"workers": args.workers}, "bpe": {"workers": args.workers, "merges": args.merges}}
+    STEPS[args.step](args.task, **options.get(args.step, {}))
     return 0
 
 
