@@ -209,10 +209,6 @@ class PrepareError(SystemExit):
         super().__init__(f"prepare_data.py: {message}")
 
 
-def task_dir(task):
-    return DATA / task
-
-
 # ---------------------------------------------------------------- fetch
 def sha256_of(path):
     """Hex SHA-256 of a file, read in 1 MB blocks (a byte bar: a WMT archive takes a while to hash)."""
@@ -465,7 +461,7 @@ def raw(task_name, downloads=None, out=None):
     """Step ``raw``: ``raw/{train,valid,test}.<lang>`` (multi-reference tests numbered) of the task."""
     task = TASKS[task_name]
     downloads = downloads or DOWNLOADS
-    out = out or task_dir(task_name) / "raw"
+    out = out or DATA / task_name / "raw"
     if task_name == "nist_zhen":
         return _nist_raw(out)
     if task.manual == "NIUTRANS_DIR":
@@ -704,18 +700,14 @@ def _split_files(directory):
     return {p.name: p for p in sorted(directory.iterdir()) if p.is_file() and not p.name.endswith((".tmp", ".json"))}
 
 
-def _lang_of(filename):
-    return filename.split(".", 1)[1].rstrip("0123456789")
-
-
 def tok(task_name, workers=1):
     """Step ``tok``: ``tok/<file>`` for every ``raw/<file>`` (copied as is for a pre-tokenized task)."""
     task = TASKS[task_name]
-    base = task_dir(task_name)
+    base = DATA / task_name
     for name, path in _split_files(base / "raw").items():
         lines = list(_open_text(path))
         _write_lines(base / "tok" / name, lines if task.pretokenized else tokenize_lines(
-            lines, _lang_of(name), workers, desc=f"tok {name}"))
+            lines, name.split(".", 1)[1].rstrip("0123456789"), workers, desc=f"tok {name}"))
 
 
 # ---------------------------------------------------------------- clean
@@ -729,7 +721,7 @@ def clean(task_name):
     """Step ``clean``: length- and ratio-filtered training pairs in ``clean/``, counts (and those of the task's
     ``subsets``) in ``clean/stats.json``."""
     task = TASKS[task_name]
-    base = task_dir(task_name)
+    base = DATA / task_name
     src_lines = list(_open_text(base / "tok" / f"train.{task.src}"))
     tgt_lines = list(_open_text(base / "tok" / f"train.{task.tgt}"))
     kept = [(s, t) for s, t in zip(src_lines, tgt_lines) if keep_pair(s, t, task.max_len, task.ratio)]
@@ -793,7 +785,7 @@ def learn_bpe(inputs, codes, merges, workers=1):
 def bpe(task_name, workers=1, merges=None):
     """Step ``bpe``: codes learned on the cleaned training data, then ``<split>.bpe.<lang>`` and the references."""
     task = TASKS[task_name]
-    base = task_dir(task_name)
+    base = DATA / task_name
     merges = merges or task.merges
     train = {lang: base / "clean" / f"train.{lang}" for lang in (task.src, task.tgt)}
     if task.joint_bpe:
