@@ -48,12 +48,7 @@ class Case:
 
 
 def control_case(baseline):
-    """The baseline again, as one more case: an A/A control.
-
-    It trains from the same seed into the same weights and translates the
-    same way, so any ratio of it other than 1 is what the machine adds; the
-    report shows that noise floor beside the mechanisms' ratios.
-    """
+    """The baseline again as one more case, an A/A control: any ratio of it other than 1 is the machine's."""
     return Case(f"{baseline.label}, again (A/A control)", baseline.config, pre_encoded=baseline.pre_encoded,
                 control=True)
 
@@ -116,12 +111,8 @@ FINE_TUNING_KEYS = ("train_from", "override_opts", "reset_optim")
 
 
 def bench_config(case, size, args, workdir, overrides=None, suffix="", repeat=1):
-    """Writes the YAML that is trained for ``case``; returns its path, the final checkpoint and the options.
-
-    ``overrides`` (options) are applied last, ``suffix`` is added to the run's name, and ``repeat`` copies of
-    the pre-encoded training corpus are concatenated (a case with ``pre_encoded``; see
-    :func:`_use_pre_encoded_data`).
-    """
+    """Writes the YAML trained for ``case`` (``overrides`` last, ``suffix`` on its name, ``repeat``: see
+    :func:`_use_pre_encoded_data`); returns its path, the final checkpoint and the options."""
     paper, twin = common.config_values(case.config), common.config_values(f"smoke/{case.config}")
     if size == "smoke":
         config = dict(twin, enc_layers=paper["enc_layers"], dec_layers=paper["dec_layers"])
@@ -154,11 +145,8 @@ def bench_config(case, size, args, workdir, overrides=None, suffix="", repeat=1)
 
 
 def _use_pre_encoded_data(config, workdir, repeat=1):
-    """Point ``config`` at SentencePiece'd (and, with clause attention, pre-split) copies of its corpora.
-
-    Training corpora (not ``valid``) are written ``repeat`` times over into one file, so that an epoch can
-    outlast the steps measured.  Each file is encoded (and split) once and reused by later runs.
-    """
+    """Point ``config`` at SentencePiece'd (with clause attention, pre-split) copies of its corpora, made once;
+    training corpora ``repeat`` times over, so that an epoch can outlast the steps measured."""
     transforms = [t for t in config["transforms"] if t != "sentencepiece"]
     for corpus_name, corpus in config["data"].items():
         for side, model in (("src", config["src_subword_model"]), ("tgt", config["tgt_subword_model"])):
@@ -279,19 +267,11 @@ def measure_translation(search, model, args, workdir, test_source):
 
 
 def translation_schedule(cases, baseline, passes, block=1):
-    """The order of one search's translation runs: every ``block`` other cases between two runs of the
-    ``baseline``.
-
-    Passes alternate in direction and share the baseline run at their
-    boundary, so the baseline never runs twice in a row and every other
-    case's run has a baseline run on each side (``block`` 1; with 2 the
-    baseline runs a third of the time, one case away at most)::
+    """The running order of one search's translations, ``passes`` of each other case, ``block`` of them between
+    two baseline runs; passes alternate in direction and share the baseline run at their boundary::
 
         B c1 B c2 B c3 B | c3 B c2 B c1 B | c1 B ...        block 1
         B c1 c2 B c3 B | c3 c2 B c1 B | ...                 block 2
-
-    Returns the list of cases in running order (``passes`` runs of each
-    other case; ``passes * (len(cases) - 1) + 1`` of the baseline with ``block`` 1).
     """
     others = [case for case in cases if case is not baseline]
     schedule = [baseline]
@@ -303,16 +283,9 @@ def translation_schedule(cases, baseline, passes, block=1):
 
 
 def measure_round(cases, size, args, workdir, test_source, label, baseline):
-    """One repeat: every case trained, then every case translated with beam search, then with greedy search.
-
-    Each search runs ``--translate-repeats`` (``--greedy-repeats``) passes
-    in the order of :func:`translation_schedule`; a case's paired ratio for
-    a pass is its sentences/s over the geometric mean of the two
-    ``baseline`` runs beside it.  A case's sentences/s for the round is the
-    median of its runs.  Returns ``{case: figures}``; the paired ratios are
-    lists under ``<search>_ratios`` (the baseline's are 1.0).  Why phases and
-    pairs: docs/benchmarks-method.md.
-    """
+    """One repeat: every case trained, then translated with each search in :func:`translation_schedule`'s order.
+    Returns ``{case: figures}`` (medians of its runs), with ``<search>_ratios``: each run's sentences/s over the
+    geometric mean of the baseline runs beside it.  Why: docs/benchmarks-method.md."""
     figures, models = {}, {}
     for case in cases:
         print(f"== bench {label}: train {case.label}", flush=True)
@@ -335,14 +308,8 @@ def measure_round(cases, size, args, workdir, test_source, label, baseline):
 
 
 def median_interval(values, level=0.95):
-    """A distribution-free confidence interval for the median of ``values``.
-
-    The order statistics ``(x_(k), x_(n+1-k))`` of the sorted values cover
-    the population median with probability ``1 - 2 P(Binomial(n, 1/2) < k)``;
-    this takes the largest ``k`` whose coverage is at least ``level``.
-    Returns ``(low, high)``, or None when even ``k = 1`` falls short (fewer
-    than six values at 0.95).
-    """
+    """Distribution-free interval ``(x_(k), x_(n+1-k))`` for the median of ``values``, with the largest k whose
+    coverage ``1 - 2 P(Binomial(n, 1/2) < k)`` reaches ``level``; None when k = 1 falls short (n < 6 at 0.95)."""
     ordered, n = sorted(values), len(values)
     chosen, below = None, 0
     for k in range(1, (n + 1) // 2 + 1):
@@ -354,22 +321,15 @@ def median_interval(values, level=0.95):
 
 
 def spread_indices(total, count):
-    """``count`` line numbers spread evenly over ``total`` lines (all of them when ``count >= total``).
-
-    The Tatoeba test set is sorted by length (its first 200 sentences
-    average 4.5 source pieces, the whole set 7.4), so its head would
-    under-represent the encoder's share of the work.
-    """
+    """``count`` line numbers spread evenly over ``total`` (the Tatoeba test set is sorted by length, so its head
+    would under-represent the encoder's share of the work)."""
     count = min(count, total)
     return [index * total // count for index in range(count)]
 
 
 def _test_source(workdir, sentences):
-    """``sentences`` Tatoeba test sentences spread over the test set, SentencePiece-encoded.
-
-    Returns ``(path of the encoded source, mean source pieces, mean reference
-    pieces)``, the reference being the first of each sentence's references.
-    """
+    """``(path, mean source pieces, mean first-reference pieces)`` of ``sentences`` Tatoeba test sentences spread
+    over the test set, SentencePiece-encoded."""
     import sentencepiece as spm
 
     data = REPO / "build/tatoeba"
@@ -478,24 +438,24 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:
         return common.child_main(argv, {"train": child_train, "translate": child_translate})
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = common.Parser(prog="bench.py", description=__doc__.split("\n")[0])
     parser.add_argument("--suite", choices=sorted(SUITES), default="li2019")
     parser.add_argument("--size", choices=("smoke", "paper"), default="smoke")
-    parser.add_argument("--steps", type=int, default=None,
+    parser.add_argument("--steps", type=common.at_least(1), default=None,
                         help="measured training steps (default: 300 at --size smoke, 100 at --size paper)")
-    parser.add_argument("--warmup-steps", type=int, default=20, help="unmeasured first steps")
+    parser.add_argument("--warmup-steps", type=common.at_least(1), default=20, help="unmeasured first steps")
     parser.add_argument("--batch-size", type=int, default=1024, help="tokens per step at --size paper")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--translate-repeats", type=int, default=10,
+    parser.add_argument("--repeats", type=common.at_least(1), default=3)
+    parser.add_argument("--translate-repeats", type=common.at_least(1), default=10,
                         help="beam-search passes per round (each case's run between two of the baseline's)")
-    parser.add_argument("--greedy-repeats", type=int, default=2,
+    parser.add_argument("--greedy-repeats", type=common.at_least(1), default=2,
                         help="greedy-search passes per round (no target depends on them)")
     parser.add_argument("--control", action=argparse.BooleanOptionalAction, default=True,
                         help="measure the baseline twice, the second time as an A/A control (default: on)")
-    parser.add_argument("--test-sentences", type=int, default=200,
+    parser.add_argument("--test-sentences", type=common.at_least(1), default=200,
                         help="test sentences per translation (a process's own speed varies by a few percent "
                              "whatever its length, so many short runs measure more precisely than few long ones)")
-    parser.add_argument("--output-length", type=int, default=0,
+    parser.add_argument("--output-length", type=common.at_least(0), default=0,
                         help="decoding steps of every translation (-min_length = -max_length); 0 (default): "
                              "the test sentences' mean reference length plus the end-of-sentence step")
     parser.add_argument("--gpu", type=int, default=-1, help="GPU id; -1: CPU")
@@ -507,10 +467,6 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.steps is None:  # a smoke step takes about 70 ms: 300 steps measure about 20 s per run
         args.steps = SMOKE_STEPS if args.size == "smoke" else 100
-    if min(args.steps, args.warmup_steps, args.repeats, args.translate_repeats, args.greedy_repeats,
-           args.test_sentences) < 1 or args.output_length < 0:
-        parser.error("--steps, --warmup-steps, --repeats, --translate-repeats, --greedy-repeats and "
-                     "--test-sentences must be >= 1, --output-length >= 0")
     if args.steps % args.warmup_steps:  # training reports come every --warmup-steps steps
         parser.error(f"--steps {args.steps} must be a multiple of --warmup-steps {args.warmup_steps}")
     workdir = args.work / f"{args.suite}-{args.size}"

@@ -105,11 +105,12 @@ def crossing_ms(packed, batches=300):
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="bench_host.py", description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=40, help="measured steps (default 40)")
-    parser.add_argument("--warmup-steps", type=int, default=10, help="steps before them (default 10)")
-    parser.add_argument("--report-every", type=int, default=10)
-    parser.add_argument("--repeats", type=int, default=2, help="runs of each variant, alternating (default 2)")
-    parser.add_argument("--batch-size", type=int, default=8192, help="tokens per batch (default 8192)")
+    parser.add_argument("--steps", type=common.at_least(1), default=40, help="measured steps (default 40)")
+    parser.add_argument("--warmup-steps", type=common.at_least(1), default=10, help="steps before them (default 10)")
+    parser.add_argument("--report-every", type=common.at_least(1), default=10)
+    parser.add_argument("--repeats", type=common.at_least(1), default=2,
+                        help="runs of each variant, alternating (default 2)")
+    parser.add_argument("--batch-size", type=common.at_least(1), default=8192, help="tokens per batch (default 8192)")
     parser.add_argument("--num-workers", type=int, default=2, help="data workers (default 2, as the paper configs)")
     parser.add_argument("--out", type=Path, default=REPO / "results/bench")
     parser.add_argument("--work", type=Path, default=REPO / "build/bench-host")
@@ -117,8 +118,6 @@ def parse_args(argv):
                         help="leave out the batch-crossing measurement")
     parser.add_argument("--label", default="proxy", help="report name: <out>/host-<label>.{json,md}")
     args = parser.parse_args(argv)
-    if min(args.steps, args.warmup_steps, args.report_every, args.repeats, args.batch_size) < 1:
-        parser.error("steps, warm-up, report interval, repeats and batch size must be >= 1")
     if args.steps % args.report_every or args.warmup_steps % args.report_every:
         parser.error("--steps and --warmup-steps must be multiples of --report-every")
     return args

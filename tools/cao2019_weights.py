@@ -15,6 +15,7 @@ import json
 import sys
 from pathlib import Path
 
+import common
 from gret_probe import _read_lines, _subword, encoded_batches, load_model
 
 ROUTINGS = ("vertical", "horizontal")
@@ -33,12 +34,8 @@ def _layers(model):
 
 
 def near_zero_shares(model, vocabs, sentences, iterations, thresholds, batch_size=64):
-    """Shares of routing weights below each threshold.
-
-    Returns ``{T: {routing: {"all": {threshold: share}, "layers": {layer: {threshold: share}},
-    "weights": n}}}`` for the routings the model has (vertical needs a learned
-    head weight, i.e. ``-cao2019_vertical``; horizontal ``-cao2019_horizontal``).
-    """
+    """Shares of routing weights below each threshold, for the routings the model has: ``{T: {routing: {"all":
+    {threshold: share}, "layers": {layer: {threshold: share}}, "weights": n}}}``."""
     from onmt_ext.cao2019 import routing_weights
 
     layers = _layers(model)
@@ -102,19 +99,16 @@ def main(argv=None):
     parser.add_argument("-model", required=True, nargs="+", help="checkpoints trained with cross aggregation")
     parser.add_argument("-src", required=True, help="source sentences to encode")
     parser.add_argument("--src-subword-model", help="SentencePiece model applied to the source text")
-    parser.add_argument("--iterations", type=int, nargs="+", default=[1, 2, 3, 4, 5], help="values of T")
+    parser.add_argument("--iterations", type=common.at_least(1), nargs="+", default=[1, 2, 3, 4, 5],
+                        help="values of T")
     parser.add_argument("--thresholds", type=float, nargs="+", default=[1e-2, 1e-3, 1e-6],
                         help="a weight below a threshold counts as near zero")
-    parser.add_argument("--limit", type=int, default=500, help="encode only the first N sentences (0: all)")
+    parser.add_argument("--limit", type=common.at_least(0), default=500, help="encode only the first N sentences (0: all)")
     parser.add_argument("--out", type=Path, help="write the shares as JSON")
     parser.add_argument("--markdown", type=Path, help="write the table as Markdown")
     args = parser.parse_args(argv)
-    if any(t < 1 for t in args.iterations):
-        parser.error("--iterations values must be >= 1")
     if any(not 0 < th < 1 for th in args.thresholds):
         parser.error("--thresholds must lie between 0 and 1")
-    if args.limit < 0:
-        parser.error("--limit must be >= 0")
     sentences = _read_lines(args.src, _subword(args.src_subword_model))
     if args.limit:
         sentences = sentences[: args.limit]

@@ -155,3 +155,14 @@ def inference_engine(argv):
     ArgumentParser._validate_transforms_opts(opt)
     ArgumentParser.validate_translate_opts_dynamic(opt)
     return InferenceEnginePY(opt)
+
+
+def at_least(minimum):
+    """An argparse ``type``: an integer >= ``minimum``; anything else is the one-line error of its option."""
+
+    def integer(text):
+        if not text.lstrip("-").isdigit() or int(text) < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, not {text!r}")
+        return int(text)
+
+    return integer

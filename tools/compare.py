@@ -186,14 +186,9 @@ def seed_curves(logs):
 
 
 def find_plateau(steps, values, window, tolerance, max_steps):
-    """The plateau step of a learning curve (validation steps and mean perplexities, ascending steps).
-
-    Returns ``(P, True)`` for the first step s <= ``max_steps`` at which no
-    value in (s, s + window] is below ``(1 - tolerance)`` times the value at
-    s, once the curve reaches s + window; ``(max_steps, False)`` when every
-    step up to ``max_steps`` is followed within the window by such an
-    improvement; None while the curve is too short to say.
-    """
+    """``(s, True)`` for the first step s <= ``max_steps`` of a curve (ascending ``steps``, mean perplexities)
+    whose next ``window`` steps, all logged, stay above ``(1 - tolerance)`` times its value; ``(max_steps, False)``
+    when there is none; None while the curve is too short to say."""
     for i, step in enumerate(steps):
         if step > max_steps:
             return max_steps, False
@@ -231,13 +226,8 @@ def sustained_from(verdicts, kind):
 
 
 def verdict_text(verdicts):
-    """One sentence on a config's curve against the baseline's, by :func:`compare_at_steps`.
-
-    Every step at which the config is apart from the baseline is named: a
-    verdict held to the last step reads "from step s on", with any earlier
-    steps of the same kind after it ("beats the baseline from step 1000 on,
-    and earlier at step 200"); one not held to the end lists its steps.
-    """
+    """One sentence naming every step at which a config is apart from the baseline (:func:`compare_at_steps`):
+    "beats the baseline from step 1000 on, and earlier at step 200"; a verdict not held to the end lists steps."""
     if not verdicts:
         return "no common validation step"
     steps = sorted(verdicts)
@@ -326,14 +316,8 @@ def schedule_seconds(durations, jobs):
 
 def estimate(speeds, configs, seeds, jobs, plateau_step, window, valid_every, translate_seconds,
              search=True):
-    """Estimated seconds of phases 2-3 (a dict: ``baseline``, ``others``, ``total``) for a plateau step.
-
-    The baseline trains ``plateau_step + window`` steps with all seeds at
-    once (slower by ``seeds / jobs`` when there are more seeds than jobs);
-    every other config trains ``plateau_step`` steps per seed in ``jobs``
-    slots; every run validates every ``valid_every`` steps and translates
-    once.
-    """
+    """Estimated seconds (``baseline``, ``others``, ``total``) of phases 2-3 for a plateau step: the baseline's
+    seeds at once for ``plateau_step + window`` steps, then every other run in ``jobs`` slots, each translating once."""
     base = speeds[configs[0]]
     base_steps = plateau_step + window if search else plateau_step
     crowding = max(1.0, len(seeds) / jobs) if search else 1.0
@@ -441,16 +425,6 @@ def baseline_until_plateau(runs, cores, valid_every, report_every, window, toler
 # ---------------------------------------------------------------- Scores and the report
 
 
-def training_speed(log_text):
-    """Mean target tokens/s over OpenNMT-py's step reports (:meth:`onmt_ext.train_log.TrainLog.tokens_per_second`)."""
-    return train_log.parse(log_text).tokens_per_second()
-
-
-def parameter_count(log_text):
-    """The parameter count an OpenNMT-py log reports, None if it has none."""
-    return train_log.parse(log_text).parameters
-
-
 def _mean_sd(values):
     values = [v for v in values if v is not None]
     if not values:
@@ -459,15 +433,9 @@ def _mean_sd(values):
 
 
 def seed_test(baseline_bleus, bleus):
-    """Paired test across seeds: an exact sign-flip permutation test of the per-seed BLEU differences.
-
-    The seeds are the unit of replication: d_i = bleus[i] - baseline_bleus[i]
-    (seed i of both), and under the null hypothesis each d_i is as likely
-    negative as positive.  The two-sided p is the share of the 2^n sign
-    assignments whose |mean| reaches the observed |mean d| (ties counted), so
-    its smallest possible value is 2 / 2^n (0.25 for three seeds).  Returns
-    ``{"deltas", "mean_delta", "p_value", "min_p", "better", "worse"}``.
-    """
+    """Exact two-sided sign-flip permutation test of the per-seed differences d_i = bleus[i] - baseline_bleus[i]:
+    p is the share of the 2^n sign assignments whose |mean| reaches |mean d| (at least 2 / 2^n).  Returns
+    ``{"deltas", "mean_delta", "p_value", "min_p", "better", "worse"}``."""
     deltas = [b - a for a, b in zip(baseline_bleus, bleus, strict=True)]
     observed = abs(statistics.fmean(deltas))
     signs = itertools.product((1, -1), repeat=len(deltas))
@@ -485,12 +453,8 @@ def add_seed_tests(rows):
 
 
 def score(runs, configs, seeds, refs_path, test_lines=None, speeds=None):
-    """Per-config summary dicts (BLEU/chrF mean and sd, bootstrap per seed, speed, parameters).
-
-    The speed ratio to the baseline is that of the probe's seconds per step when ``speeds`` (the probe's
-    :class:`Speed` per config) are given: the probe runs every config under the same conditions, whereas
-    the baseline's seeds train three at once.  Without them it is the ratio of the runs' tokens/s.
-    """
+    """Per-config summary dicts (BLEU/chrF mean and sd, bootstrap per seed, speed, parameters).  The speed ratio
+    is the probe's (``speeds``: every config under the same conditions), else that of the runs' tokens/s."""
     from onmt_ext import evaluation as ev
 
     refs = ev.read_reference_tsv(refs_path)
@@ -658,13 +622,8 @@ def _invocation_time(invocation):
 
 
 def earlier_invocations(previous, reused, logs):
-    """The invocations whose runs this report includes besides its own.
-
-    ``previous`` is the report that ``--out`` held before (or None), ``reused`` the keys (``config/seedN``) of
-    the runs this invocation found finished, ``logs`` the modification time of every run's training log.  The
-    previous report's invocations count when it recorded every reused run with the same log; otherwise the
-    reused runs come from elsewhere (an interrupted invocation, say) and ``None`` says so.
-    """
+    """The earlier invocations whose ``reused`` runs (``config/seedN``) this report includes: those of the
+    ``previous`` report when it recorded each with the same log time (``logs``), else None (origin unknown)."""
     if not reused:
         return []
     recorded = (previous or {}).get("run_logs") or {}
@@ -785,21 +744,22 @@ def main(argv=None):
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS),
                         help="configs of yaml_configs/compare/ to run; the first is the baseline")
-    parser.add_argument("--jobs", type=int, default=2, help="runs at a time (each gets cores/jobs threads)")
-    parser.add_argument("--valid-every", type=int, default=100, help="validation interval in steps (default 100)")
-    parser.add_argument("--plateau-window", type=int, default=400,
+    parser.add_argument("--jobs", type=common.at_least(1), default=2, help="runs at a time (each gets cores/jobs threads)")
+    parser.add_argument("--valid-every", type=common.at_least(1), default=100, help="validation interval in steps (default 100)")
+    parser.add_argument("--plateau-window", type=common.at_least(1), default=400,
                         help="steps after a validation step within which the mean validation perplexity must "
                              "improve by the tolerance for training to go on (default 400)")
     parser.add_argument("--plateau-tolerance", type=float, default=0.01,
                         help="relative improvement of the mean validation perplexity that counts (default 0.01)")
-    parser.add_argument("--max-steps", type=int, default=None,
+    parser.add_argument("--max-steps", type=common.at_least(1), default=None,
                         help="cap of the plateau step (default: the largest that fits --budget-minutes)")
     parser.add_argument("--budget-minutes", type=float, default=120.0,
                         help="time the run may take; sizes the default --max-steps (default 120)")
-    parser.add_argument("--probe-steps", type=int, default=40, help="steps of each config's speed probe (default 40)")
-    parser.add_argument("--train-steps", type=int, default=None,
+    parser.add_argument("--probe-steps", type=common.at_least(6), default=40,
+                        help="steps of each config's speed probe, its speed read between step reports (default 40)")
+    parser.add_argument("--train-steps", type=common.at_least(1), default=None,
                         help="train every config this many steps, without the plateau search")
-    parser.add_argument("--test-lines", type=int, default=None, help="translate only the first N test lines")
+    parser.add_argument("--test-lines", type=common.at_least(1), default=None, help="translate only the first N test lines")
     parser.add_argument("--work", type=Path, default=Path("build/compare"))
     parser.add_argument("--out", type=Path, default=Path("results/compare"))
     parser.add_argument("--report-only", action="store_true",
@@ -817,12 +777,6 @@ def main(argv=None):
             parser.error(f"--configs: no {CONFIG_DIR / (name + '.yaml')}")
     if len(set(args.configs)) != len(args.configs) or len(set(args.seeds)) != len(args.seeds):
         parser.error("--configs and --seeds must be distinct")
-    for option in ("jobs", "valid_every", "plateau_window", "probe_steps", "max_steps", "train_steps", "test_lines"):
-        value = getattr(args, option)
-        if value is not None and value < 1:
-            parser.error(f"--{option.replace('_', '-')} must be >= 1")
-    if args.probe_steps < 6:
-        parser.error("--probe-steps must be >= 6 (the speed is read between step reports)")
     if not 0 <= args.plateau_tolerance < 1:
         parser.error("--plateau-tolerance must be in [0, 1)")
     if args.budget_minutes <= 0:

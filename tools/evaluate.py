@@ -27,18 +27,9 @@ if importlib.util.find_spec("onmt_ext") is None:
 from onmt_ext import evaluation as ev  # noqa: E402
 from onmt_ext.preprocessing import SUBWORD_MARK  # noqa: E402
 
+import common  # noqa: E402
+
 PROG = "evaluate.py"
-
-
-def _positive_int(text):
-    """argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
 
 
 def build_parser():
@@ -57,15 +48,15 @@ def build_parser():
                         help="metrics to compute (default: bleu chrf)")
     parser.add_argument("--baseline", metavar="FILE",
                         help="baseline output: adds a paired bootstrap test for every selected metric")
-    parser.add_argument("--bootstrap-samples", type=_positive_int, default=1000, metavar="N",
+    parser.add_argument("--bootstrap-samples", type=common.at_least(1), default=1000, metavar="N",
                         help="bootstrap resamples for --baseline (default: 1000)")
-    parser.add_argument("--seed", type=_positive_int, default=12345,
+    parser.add_argument("--seed", type=common.at_least(1), default=12345,
                         help="random seed of the bootstrap resampling (default: 12345)")
     parser.add_argument("--by-length", action="store_true",
                         help="also report BLEU per bucket of source length")
     parser.add_argument("--src", metavar="FILE",
                         help="sources for --by-length (default: column 0 of --ref-tsv)")
-    parser.add_argument("--buckets", nargs="+", type=_positive_int, default=[10, 20, 30, 40, 50], metavar="N",
+    parser.add_argument("--buckets", nargs="+", type=common.at_least(1), default=[10, 20, 30, 40, 50], metavar="N",
                         help="--by-length: inclusive upper bounds of the length buckets, increasing "
                              "(default: 10 20 30 40 50; the last bucket is open)")
     parser.add_argument("--plot", metavar="FILE",
@@ -79,11 +70,8 @@ def build_parser():
 
 
 def subword_marks(lines, name):
-    """A message when ``lines`` still hold subword marks (:data:`SUBWORD_MARK`), else ``None``.
-
-    Such output was never detokenized (e.g. ``onmt_translate`` given ``-transforms`` without the subword
-    transform) and scores near 0 BLEU without being wrong in any other visible way.
-    """
+    """A message when ``lines`` still hold subword marks (:data:`SUBWORD_MARK`): output never detokenized, which
+    scores near 0 BLEU without being wrong in any other visible way; else ``None``."""
     marked = [i for i, line in enumerate(lines, 1) if SUBWORD_MARK.search(line)]
     if not marked:
         return None
@@ -97,8 +85,8 @@ def evaluate(args):
     """Read the files named in ``args``, compute everything asked for and return the report dict."""
     hyps = ev.read_hypotheses(args.hyp)
     hyp_name = f"hypothesis file {args.hyp}"
-    for lines, name in ((hyps, hyp_name),) + (((ev.read_hypotheses(args.baseline, "baseline file"),
-                                                f"baseline file {args.baseline}"),) if args.baseline else ()):
+    baseline = ev.read_hypotheses(args.baseline, "baseline file") if args.baseline else None
+    for lines, name in ((hyps, hyp_name),) + (((baseline, f"baseline file {args.baseline}"),) if args.baseline else ()):
         problem = None if args.allow_subword_markers else subword_marks(lines, name)
         if problem:
             raise ev.EvaluationError(problem)
@@ -121,7 +109,6 @@ def evaluate(args):
     }
 
     if args.baseline:
-        baseline = ev.read_hypotheses(args.baseline, "baseline file")
         ev.validate_inputs(baseline, refs, f"baseline file {args.baseline}", ref_name)
         report["bootstrap"] = {
             "baseline": args.baseline,

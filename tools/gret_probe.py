@@ -15,6 +15,8 @@ import json
 import sys
 from pathlib import Path
 
+import common
+
 KINDS = ("global", "last", "average")
 
 
@@ -84,13 +86,8 @@ def features(model, vocabs, sentences, kind, batch_size=64):
 
 
 def encoded_batches(model, vocabs, sentences, batch_size=64):
-    """Run the model's encoder, without gradients, over token-list sentences in batches of ``batch_size``.
-
-    Yields ``(enc_out, final, lengths)`` per batch: the encoder output
-    ``(batch, len, d_model)``, its second output (GRET's global state
-    ``(batch, d_model)``, or None) and the lengths ``(batch,)``.  An empty
-    sentence is encoded as the one unknown token.
-    """
+    """``(enc_out (batch, len, d_model), final (GRET's global state (batch, d_model) or None), lengths (batch,))``
+    of the encoder, without gradients, per batch of token-list sentences (an empty one: the unknown token)."""
     import torch
     from onmt.constants import DefaultTokens
 
@@ -175,13 +172,11 @@ def main(argv=None):
     parser.add_argument("--kind", choices=KINDS, default="global")
     parser.add_argument("--src-subword-model", help="SentencePiece model applied to the source text")
     parser.add_argument("--tgt-subword-model", help="SentencePiece model applied to the target text")
-    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--epochs", type=common.at_least(1), default=20)
     parser.add_argument("--limit", type=int, default=0, help="use only the first N training pairs (0: all)")
-    parser.add_argument("--top-k", type=int, nargs="+", default=[1, 5, 10])
+    parser.add_argument("--top-k", type=common.at_least(1), nargs="+", default=[1, 5, 10])
     parser.add_argument("--out", type=Path, help="write the result as JSON")
     args = parser.parse_args(argv)
-    if args.epochs < 1 or any(k < 1 for k in args.top_k):
-        parser.error("--epochs and --top-k values must be >= 1")
     src_sp, tgt_sp = _subword(args.src_subword_model), _subword(args.tgt_subword_model)
     train_src, train_tgt = _read_lines(args.src, src_sp), _read_lines(args.tgt, tgt_sp)
     test_src, test_tgt = _read_lines(args.test_src, src_sp), _read_lines(args.test_tgt, tgt_sp)

@@ -30,18 +30,9 @@ SIZES = ("base", "big")
 
 @dataclass(frozen=True)
 class Row:
-    """One table row of a paper: a config name suffix, what it is, and its options.
-
-    ``smoke_options`` override options of the smoke twin only (a layer count
-    the row's layer indices need, or a mechanism size that must fit the toy
-    model); ``tasks`` and ``sizes`` restrict the row to some of the paper's
-    tasks and sizes; ``base`` picks a variant of the baseline config (``rpr``:
-    relative positions).  ``paper_options`` are run settings of the paper
-    config only (not of the smoke twin), e.g. GRET's fine-tuning from the
-    baseline checkpoint; ``{size}`` and ``{task}`` in their string values are
-    filled in.  A row without options is the paper's own baseline run (stock
-    OpenNMT-py model types, the paper's run settings).
-    """
+    """One table row of a paper: a config name suffix, what it is, and its mechanism options (none: the paper's
+    own baseline run).  ``smoke_options`` apply to the smoke twin only, ``paper_options`` (run settings, ``{size}``
+    and ``{task}`` filled in) to the paper config only; ``tasks`` and ``sizes`` restrict the row."""
 
     name: str
     description: str

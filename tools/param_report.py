@@ -18,11 +18,6 @@ REPO = Path(__file__).resolve().parent.parent
 TYINGS = {"all": (True, True), "decoder": (False, True), "none": (False, False)}
 
 
-def _li2019(base, big):
-    """li2019's totals (Tables 2-4, 32K BPE merges): rows of yaml_configs/li2019 by name, at Base and Big."""
-    return {"": base, "_em_enc_self_layers_1-2": big}
-
-
 # config (relative to yaml_configs/) -> (paper's total, paper's vocabulary size, where the paper gives it)
 PAPER_TOTALS = {
     "baseline/transformer_base_wmt14_ende.yaml": (88.0e6, 32000, "li2019 Tables 2-4"),
@@ -58,7 +53,6 @@ PAPER_TOTALS = {
     "chen2019/transformer_big_nist_zhen_baseline.yaml": (243.7e6, 32000, "chen2019 Table 2"),
     "chen2019/transformer_big_nist_zhen_mprhead.yaml": (245.5e6, 32000, "chen2019 Table 2"),
 }
-
 
 
 def _vocabs(size, shared):

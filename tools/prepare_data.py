@@ -3,61 +3,16 @@
 
 Usage::
 
-    python tools/prepare_data.py STEP TASK [--workers N] [--merges N]
+    python tools/prepare_data.py STEP TASK [--workers N] [--merges N] [--progress | --no-progress]
     python tools/prepare_data.py --list
 
-Steps, each writing files (the Makefile keeps a stamp per step so that only
-what changed is redone):
+Steps: ``fetch`` (archives into ``build/downloads/``, resumed and checked by SHA-256; dev/test sets through
+sacreBLEU), ``raw`` (text pairs, ``raw/corpora.json``), ``tok`` (sacremoses, jieba for Chinese), ``clean``
+(length and ratio filter, ``clean/stats.json``) and ``bpe`` (subword-nmt), each leaving files the Makefile
+stamps.  NIST Zh-En is licensed: set ``NIST_DIR`` (see ``NIST_LAYOUT``).  After changing ``NIST_DIR``,
+``NIUTRANS_DIR`` or ``WMT17_EXTRA_DIR``, delete ``build/data/<task>`` and rerun.
 
-``fetch``
-    Download every archive of the task into ``build/downloads/`` from the
-    official WMT/statmt (or corpus) location, resuming a partial download
-    (``<file>.part``, HTTP ``Range``) and checking the SHA-256 where one is
-    pinned in ``ARCHIVES``.  An archive without a pinned checksum is recorded
-    in ``build/downloads/SHA256SUMS`` on first download and checked against
-    that record afterwards (a warning says it is not pinned).  The dev and
-    test sets come through sacreBLEU's own download, which checks its MD5
-    sums.  Where a download is impossible (no network, a licensed corpus such
-    as NIST's LDC data or CWMT) the step stops and says which file to put
-    where.
-``raw``
-    Extract the training pairs of every corpus of the task into
-    ``raw/train.<lang>`` (one sentence per line, pairs kept in step) and the
-    dev/test sets into ``raw/{valid,test}.<lang>``; a multi-reference test set
-    becomes ``raw/test.<tgt>0``, ``raw/test.<tgt>1``, ...; ``raw/corpora.json``
-    names every training corpus with its pair count (the reports cite it).
-``tok``
-    Punctuation normalisation and Moses tokenization with sacremoses
-    (aggressive hyphen splitting, no HTML escaping) for alphabetic languages,
-    jieba word segmentation for Chinese: ``tok/<split>.<lang>``.
-``clean``
-    Training pairs with an empty side, more than ``max_len`` tokens on a side,
-    or a token-count ratio above ``ratio`` are dropped (as Moses'
-    ``clean-corpus-n.perl``); the counts are written to ``clean/stats.json``.
-    A task's ``subsets`` (a paper's own length filter, e.g. cao2019's Zh-En
-    pairs under 50 words) are counted there, in words (tokens of this step's
-    input), before BPE.
-``bpe``
-    Learn BPE with subword-nmt (``merges`` operations, 32K as the papers;
-    joint over both languages, or one model per language for Chinese-English)
-    and apply it: ``{train,valid,test}.bpe.<lang>`` (and ``train.<subset>.bpe.<lang>``,
-    the subset's lines of ``train.bpe.<lang>``); the tokenized test
-    reference ``test.tok.<tgt>`` and the raw one ``test.<tgt>`` (detokenized
-    with sacremoses for a corpus released tokenized), the layout
-    ``tools/reproduce.py`` reads.
-
-Progress: downloads (bytes and rate; a resumed download starts at the bytes
-already on disk), SHA-256 checks, archive extraction, tokenization and BPE
-(lines, per file) show tqdm bars on stderr.  By default the bars appear only
-when stderr is a terminal (tqdm's ``disable=None``), so a log file gets the
-one-line messages alone; ``--progress`` forces them on, ``--no-progress`` off.
-``docs/data.md`` describes the steps, sources, checksums and disk space.
-
-The vocabularies are then built by ``onmt_build_vocab`` with the task's
-baseline config (the Makefile's ``data-<task>`` rule).  NIST Chinese-English
-is licensed: set ``NIST_DIR`` (see ``NIST_LAYOUT``).  The step stamps do not
-see these variables: after changing ``NIST_DIR``, ``NIUTRANS_DIR`` or
-``WMT17_EXTRA_DIR``, delete ``build/data/<task>`` and rerun.
+How it works and why (steps, sources, checksums, resuming, progress bars, disk space): docs/data.md.
 """
 
 import argparse
@@ -75,6 +30,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from multiprocessing import Pool
 from pathlib import Path
+
+import common
 
 REPO = Path(__file__).resolve().parent.parent
 DOWNLOADS = Path("build/downloads")
@@ -115,12 +72,8 @@ class Archive:
 
 @dataclass(frozen=True)
 class Parallel:
-    """A parallel corpus: ``archive`` (a key of ``ARCHIVES`` or a path in this repository) and ``member``.
-
-    ``member`` is the file inside a tar/zip archive, with ``{lang}`` for the language; it is looked up by its
-    path, else by its file name alone (archives differ in their top directory).  Without ``member`` the
-    archive is the text itself and its name holds ``{lang}``.
-    """
+    """A parallel corpus: ``archive`` (a key of ``ARCHIVES`` or a repository path) and ``member``, the file in a
+    tar/zip archive (by path, else by file name), ``{lang}`` in the name; without it the archive is the text."""
 
     archive: str
     member: str = None
@@ -140,11 +93,8 @@ class SacrebleuSet:
 
 @dataclass(frozen=True)
 class LengthSubset:
-    """Training pairs of at most ``max_words`` words on each side, a paper's own filter (``note`` cites it).
-
-    Words are the tokens of the tokenized text (Moses tokens; jieba words for Chinese), counted before BPE,
-    where the paper applies its filter; the subset is written as ``train.<name>.bpe.<lang>``.
-    """
+    """Training pairs of at most ``max_words`` tokenized words a side (before BPE, as the paper filters), a
+    paper's own filter (``note`` cites it), written as ``train.<name>.bpe.<lang>``."""
 
     name: str
     max_words: int
@@ -259,10 +209,6 @@ class PrepareError(SystemExit):
         super().__init__(f"prepare_data.py: {message}")
 
 
-def task_dir(task):
-    return DATA / task
-
-
 # ---------------------------------------------------------------- fetch
 def sha256_of(path):
     """Hex SHA-256 of a file, read in 1 MB blocks (a byte bar: a WMT archive takes a while to hash)."""
@@ -292,12 +238,8 @@ def _record_sum(downloads, name, digest):
 
 
 def download(archive, downloads, timeout=60):
-    """Download ``archive`` into ``downloads/<filename>``, resuming ``<filename>.part``; return the path.
-
-    The finished file is checked against its pinned SHA-256 (a mismatch moves it aside to ``.bad`` and stops),
-    or against the sum recorded at its first download.  Nothing is fetched when the file is already there and
-    its sum checks out.
-    """
+    """Download ``archive`` into ``downloads/<filename>`` (resuming ``<filename>.part``) unless it is there, and
+    check its pinned or first recorded SHA-256; return the path."""
     downloads.mkdir(parents=True, exist_ok=True)
     dest = downloads / archive.filename
     with open(downloads / f".{archive.filename}.lock", "w") as lock:
@@ -321,11 +263,7 @@ def _expected_size(response, have):
 
 
 def _fetch(archive, dest, timeout):
-    """Download (or finish downloading) ``archive`` into ``<dest>.part``, then rename it to ``dest``.
-
-    A connection that ends before the size the server announced leaves the
-    ``.part`` file for the next run to resume, and stops with a message.
-    """
+    """Download (or finish) ``archive`` into ``<dest>.part``, renamed to ``dest`` when it has the announced size."""
     part = dest.with_name(dest.name + ".part")
     have = part.stat().st_size if part.exists() else 0
     request = urllib.request.Request(archive.url, headers={"Range": f"bytes={have}-"} if have else {})
@@ -420,24 +358,27 @@ def fetch(task_name, downloads=None):
 
 
 # ---------------------------------------------------------------- raw
-def _open_text(path):
-    """Lines of a plain or gzipped UTF-8 text file, without the newline (a BOM is dropped).
+def _decoded(raw, where, bar=None):
+    """The lines of the binary stream ``raw`` as text without CR/LF (a BOM dropped); bytes that are not UTF-8 stop
+    the step naming ``where`` and the line."""
+    for number, line in enumerate(raw, 1):
+        if bar is not None:
+            bar.update(len(line))
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise PrepareError(f"{where}, line {number}: not UTF-8 ({error.reason} at byte {error.start}); "
+                               "convert the file to UTF-8") from None
+        yield (text.removeprefix("\ufeff") if number == 1 else text).rstrip("\n").rstrip("\r")
 
-    Bytes that are not UTF-8 stop the step with the file and line number.
-    """
+
+def _open_text(path):
+    """Lines of a plain or gzipped UTF-8 text file (:func:`_decoded`)."""
     raw = open(path, "rb")
     if str(path).endswith(".gz"):
         raw = gzip.open(raw)
     with raw:
-        for number, line in enumerate(raw, 1):
-            try:
-                text = line.decode("utf-8")
-            except UnicodeDecodeError as error:
-                raise PrepareError(f"{path}, line {number}: not UTF-8 ({error.reason} at byte {error.start}); "
-                                   "convert the file to UTF-8") from None
-            if number == 1:
-                text = text.removeprefix("\ufeff")
-            yield text.rstrip("\n").rstrip("\r")
+        yield from _decoded(raw, path)
 
 
 def _find_member(names, member, archive_path):
@@ -466,15 +407,7 @@ def _member_lines(archive_path, member):
         name = _find_member(list(members), member, archive_path)
         raw, size = archive.extractfile(members[name]), members[name].size
     with archive, raw, _byte_bar(f"extract {name.rsplit('/', 1)[-1]}", size) as bar:
-        lines = []
-        for number, line in enumerate(raw, 1):
-            bar.update(len(line))
-            try:
-                text = line.decode("utf-8")
-            except UnicodeDecodeError as error:
-                raise PrepareError(f"{archive_path} ({member}), line {number}: not UTF-8 ({error.reason})") from None
-            lines.append((text.removeprefix("\ufeff") if number == 1 else text).rstrip("\n").rstrip("\r"))
-        return lines
+        return list(_decoded(raw, f"{archive_path} ({member})", bar))
 
 
 def _local(name, downloads):
@@ -511,11 +444,7 @@ def corpus_name(corpus):
 
 
 def write_corpora(out, task_name, corpora):
-    """``<out>/corpora.json``: the training corpora of the task as ``(name, pairs)``, read by the reports.
-
-    ``{"task": ..., "corpora": [{"name": ..., "pairs": n}, ...], "pairs": total}``; ``extra`` marks the
-    pairs from ``WMT17_EXTRA_DIR``.
-    """
+    """``<out>/corpora.json``: ``{"task", "corpora": [{"name", "pairs", "extra" (WMT17_EXTRA_DIR)}], "pairs"}``."""
     entries = [{"name": name, "pairs": pairs, **({"extra": True} if name.startswith("WMT17_EXTRA_DIR") else {})}
                for name, pairs in corpora]
     document = {"task": task_name, "corpora": entries, "pairs": sum(pairs for _, pairs in corpora)}
@@ -532,7 +461,7 @@ def raw(task_name, downloads=None, out=None):
     """Step ``raw``: ``raw/{train,valid,test}.<lang>`` (multi-reference tests numbered) of the task."""
     task = TASKS[task_name]
     downloads = downloads or DOWNLOADS
-    out = out or task_dir(task_name) / "raw"
+    out = out or DATA / task_name / "raw"
     if task_name == "nist_zhen":
         return _nist_raw(out)
     if task.manual == "NIUTRANS_DIR":
@@ -651,11 +580,7 @@ def _unescape(text):
 
 
 def read_sgml(path):
-    """Segments of a NIST/WMT SGML file as ``{sysid: [(docid, segid, text), ...]}`` in file order.
-
-    Entities are decoded and whitespace collapsed.  A file without ``sysid`` attributes (a source file) gives
-    one entry under ``""``.
-    """
+    """``{sysid ("" for a source file): [(docid, segid, text), ...]}`` of a NIST/WMT SGML file, in file order."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
@@ -673,11 +598,7 @@ def read_sgml(path):
 
 
 def nist_test_set(directory):
-    """Source lines and the list of reference line lists of one NIST test-set directory.
-
-    The references are aligned to the source by (docid, segid), so each reference system may list its
-    documents in any order; a reference missing a segment is an error naming the file and the segment.
-    """
+    """Source lines and reference line lists of a NIST test-set directory, aligned to the source by (docid, segid)."""
     directory = Path(directory)
     sgms = sorted(directory.glob("*.sgm"))
     src_files = [p for p in sgms if "src" in p.name.lower()]
@@ -750,11 +671,8 @@ def _chunk_job(job):
 
 
 def map_lines(function, key, lines, workers=1, desc=None):
-    """``[function((key, line)) for line in lines]``, in order, with a line bar (``desc``).
-
-    With ``workers`` > 1 the lines go to a process pool in chunks of ``CHUNK_LINES``; the bar advances by
-    each chunk a worker finishes, in whatever order they finish, and the results are put back in order.
-    """
+    """``[function((key, line)) for line in lines]`` with a line bar (``desc``), in chunks of ``CHUNK_LINES`` over
+    a pool of ``workers`` processes when there are several."""
     lines = lines if isinstance(lines, list) else list(lines)
     chunks = [lines[start:start + CHUNK_LINES] for start in range(0, len(lines), CHUNK_LINES)]
     done = [None] * len(chunks)
@@ -782,18 +700,14 @@ def _split_files(directory):
     return {p.name: p for p in sorted(directory.iterdir()) if p.is_file() and not p.name.endswith((".tmp", ".json"))}
 
 
-def _lang_of(filename):
-    return filename.split(".", 1)[1].rstrip("0123456789")
-
-
 def tok(task_name, workers=1):
     """Step ``tok``: ``tok/<file>`` for every ``raw/<file>`` (copied as is for a pre-tokenized task)."""
     task = TASKS[task_name]
-    base = task_dir(task_name)
+    base = DATA / task_name
     for name, path in _split_files(base / "raw").items():
         lines = list(_open_text(path))
         _write_lines(base / "tok" / name, lines if task.pretokenized else tokenize_lines(
-            lines, _lang_of(name), workers, desc=f"tok {name}"))
+            lines, name.split(".", 1)[1].rstrip("0123456789"), workers, desc=f"tok {name}"))
 
 
 # ---------------------------------------------------------------- clean
@@ -804,13 +718,10 @@ def keep_pair(src, tgt, max_len, ratio):
 
 
 def clean(task_name):
-    """Step ``clean``: length- and ratio-filtered training pairs in ``clean/``, counts in ``clean/stats.json``.
-
-    Each of the task's ``subsets`` counts the cleaned pairs it keeps (:meth:`LengthSubset.keeps`, before BPE
-    as the paper does); step ``bpe`` writes them.
-    """
+    """Step ``clean``: length- and ratio-filtered training pairs in ``clean/``, counts (and those of the task's
+    ``subsets``) in ``clean/stats.json``."""
     task = TASKS[task_name]
-    base = task_dir(task_name)
+    base = DATA / task_name
     src_lines = list(_open_text(base / "tok" / f"train.{task.src}"))
     tgt_lines = list(_open_text(base / "tok" / f"train.{task.tgt}"))
     kept = [(s, t) for s, t in zip(src_lines, tgt_lines) if keep_pair(s, t, task.max_len, task.ratio)]
@@ -845,11 +756,8 @@ def apply_bpe(lines, codes, workers=1, desc=None):
 
 
 def learn_bpe(inputs, codes, merges, workers=1):
-    """Learn ``merges`` BPE operations with subword-nmt over the lines of the files ``inputs`` into ``codes``.
-
-    subword-nmt draws its own tqdm bar over the merges, on stderr whether or not it is a terminal; for the
-    call its module's ``tqdm`` is swapped for ``progress_bar``, so that the bar follows ``PROGRESS`` too.
-    """
+    """Learn ``merges`` BPE operations with subword-nmt over the files ``inputs`` into ``codes`` (its own tqdm
+    bar swapped for ``progress_bar``, which follows ``PROGRESS``)."""
     from subword_nmt import learn_bpe as module
 
     joined = codes.with_name(codes.name + ".input")
@@ -877,7 +785,7 @@ def learn_bpe(inputs, codes, merges, workers=1):
 def bpe(task_name, workers=1, merges=None):
     """Step ``bpe``: codes learned on the cleaned training data, then ``<split>.bpe.<lang>`` and the references."""
     task = TASKS[task_name]
-    base = task_dir(task_name)
+    base = DATA / task_name
     merges = merges or task.merges
     train = {lang: base / "clean" / f"train.{lang}" for lang in (task.src, task.tgt)}
     if task.joint_bpe:
@@ -922,7 +830,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("step", nargs="?", choices=list(STEPS))
     parser.add_argument("task", nargs="?", choices=sorted(TASKS))
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+    parser.add_argument("--workers", type=common.at_least(1), default=os.cpu_count() or 1,
                         help="processes for tokenization and BPE (default: every CPU)")
     parser.add_argument("--merges", type=int, default=None, help="BPE merges (default: the task's, 32000)")
     parser.add_argument("--list", action="store_true", help="list the tasks and their sources")
@@ -943,16 +851,11 @@ def main(argv=None):
         return 0
     if not args.task:
         parser.error("a task is needed")
-    if args.workers < 1:
-        parser.error("--workers must be >= 1")
     os.chdir(REPO)
-    step = STEPS[args.step]
-    kwargs = {}
-    if args.step in ("tok", "bpe"):
-        kwargs["workers"] = args.workers
-    if args.step == "bpe":
-        kwargs["merges"] = args.merges
-    step(args.task, **kwargs)
+    if args.merges is not None and args.step != "bpe":
+        parser.error(f"--merges is an option of the bpe step, not of {args.step}")
+    options = {"tok": {"workers": args.workers}, "bpe": {"workers": args.workers, "merges": args.merges}}
+    STEPS[args.step](args.task, **options.get(args.step, {}))
     return 0
 
 

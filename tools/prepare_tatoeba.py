@@ -15,9 +15,7 @@ import hashlib
 import io
 import json
 import logging
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -42,11 +40,7 @@ class DataError(Exception):
 
 # --------------------------------------------------------------------- reading
 def _read_lines(path):
-    """Yield ``(lineno, text)`` for each line of a UTF-8 file.
-
-    A byte-order mark at the start of the file and a CR before each LF are
-    removed.  Invalid UTF-8 raises :class:`DataError` naming the file and line.
-    """
+    """``(lineno, text)`` of each line of a UTF-8 file, BOM and CR removed; :class:`DataError` names a bad line."""
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -71,16 +65,9 @@ def _read_lines(path):
 
 
 def read_pairs(path):
-    """Read ``cmn.txt`` (``English<TAB>Chinese[<TAB>attribution]``).
-
-    Returns ``(pairs, counts)``: ``pairs`` is a list of :class:`Pair` in file
-    order with surrounding whitespace stripped from every field; ``counts`` is
-    a dict with ``lines`` (lines in the file), ``pairs``, ``skipped_empty``
-    (blank lines) and ``skipped_malformed`` (fewer than two columns, or an
-    empty English or Chinese side).  Skipped lines are logged.  Raises
-    :class:`DataError` on invalid UTF-8 (naming file and line) or when the
-    file cannot be read.
-    """
+    """``(pairs, counts)`` of ``cmn.txt`` (``English<TAB>Chinese[<TAB>attribution]``): :class:`Pair` in file order,
+    and ``lines``, ``pairs``, ``skipped_empty`` and ``skipped_malformed`` (fewer than two columns or an empty side;
+    logged)."""
     pairs = []
     counts = {"lines": 0, "pairs": 0, "skipped_empty": 0, "skipped_malformed": 0}
     malformed_examples = []
@@ -111,14 +98,8 @@ def read_pairs(path):
 
 
 def read_multiref(path):
-    """Read the multi-reference test set (``Chinese<TAB>ref1<TAB>ref2...``).
-
-    Returns a list of ``(chinese, [references])`` in file order, fields
-    stripped, empty reference fields dropped, blank lines skipped.  A line
-    without any reference, an empty Chinese side or a Chinese sentence listed
-    twice raises :class:`DataError` naming the file and line, since silently
-    changing a test set would make scores incomparable.
-    """
+    """``[(chinese, [references])]`` of the multi-reference test set (``Chinese<TAB>ref1<TAB>ref2...``); a line
+    without a reference or Chinese, or a repeated sentence, is a :class:`DataError` (the test set stays as given)."""
     items = []
     seen = {}
     for lineno, text in _read_lines(path):
@@ -145,21 +126,8 @@ def pair_hash(pair):
 
 
 def split_pairs(pairs, test_zh, valid_size):
-    """Remove test sentences and split the remaining pairs into train and valid.
-
-    ``test_zh`` is an iterable of test-set Chinese sentences; every pair whose
-    Chinese side (whitespace stripped) is one of them is removed.  Of the
-    remaining pairs, the ``valid_size`` distinct pairs (English and Chinese
-    text) with the smallest MD5 hash form the validation set; the rest form
-    the training set, except further copies of validation pairs, which are
-    dropped so that no validation pair is also a training pair.  Exact
-    duplicates inside train stay.  Both splits keep the input order.
-
-    Returns ``(train, valid, counts)`` with ``counts`` holding
-    ``removed_test_pairs``, ``remaining_pairs``, ``train``, ``valid`` and
-    ``dropped_valid_copies``.  Raises :class:`DataError` if ``valid_size``
-    leaves no training pair.
-    """
+    """``(train, valid, counts)``: the pairs whose Chinese is not in ``test_zh``, the ``valid_size`` distinct pairs
+    of smallest :func:`pair_hash` as valid (further copies dropped from train), both in input order."""
     if valid_size < 0:
         raise DataError(f"--valid-size must be >= 0, got {valid_size}")
     test_set = {zh.strip() for zh in test_zh}
@@ -198,22 +166,12 @@ def split_pairs(pairs, test_zh, valid_size):
 
 # ---------------------------------------------------------------- segmentation
 def segment_zh(sentences):
-    """Segment Chinese sentences into words with :func:`onmt_ext.zh_segment.segment` (jieba, HMM on).
-
-    Returns one string per sentence, words joined by single spaces (the
-    ``jieba`` transform cuts raw text the same way at training and
-    translation).  Repeated sentences are segmented once.
-    """
+    """Chinese sentences as words joined by spaces, as the ``jieba`` transform cuts them
+    (:func:`onmt_ext.zh_segment.segment`); repeated sentences are segmented once."""
     from onmt_ext.zh_segment import segment
 
-    cache = {}
-    out = []
-    for s in sentences:
-        seg = cache.get(s)
-        if seg is None:
-            seg = cache[s] = " ".join(segment(s))
-        out.append(seg)
-    return out
+    segmented = {s: " ".join(segment(s)) for s in dict.fromkeys(sentences)}
+    return [segmented[s] for s in sentences]
 
 
 # ----------------------------------------------------------------- sentencepiece
@@ -226,13 +184,8 @@ def _vocab_text(model_bytes):
 
 
 def encode_file(model, source, target, limit=None):
-    """Write the lines of ``source`` (the first ``limit``, or all) to ``target`` as SentencePiece pieces.
-
-    ``model`` is a SentencePiece model file; each output line holds the
-    line's pieces joined by single spaces, the pre-tokenized form
-    ``onmt_train``/``onmt_translate`` read without a subword transform.
-    Returns ``target``.
-    """
+    """Write the lines of ``source`` (the first ``limit``) to ``target`` as the pieces of the SentencePiece
+    ``model`` joined by spaces (read without a subword transform); returns ``target``."""
     import sentencepiece as spm
 
     processor = spm.SentencePieceProcessor(model_file=str(model))
@@ -244,15 +197,8 @@ def encode_file(model, source, target, limit=None):
 
 
 def train_spm(sentences, model_prefix, vocab_size, model_type="bpe", character_coverage=1.0):
-    """Train a SentencePiece model on ``sentences`` and write ``PREFIX.model`` and ``PREFIX.vocab``.
-
-    Uses the sentencepiece Python API with every sentence (no sampling), a
-    fixed seed and thread count, and an in-memory model writer so that the
-    model does not embed file paths: the same sentences give byte-identical
-    files.  Returns the two paths.  Raises :class:`DataError` if
-    SentencePiece refuses the settings (e.g. a vocabulary too large for the
-    data).
-    """
+    """Train SentencePiece on every sentence (fixed seed and threads, written from memory so that the same
+    sentences give identical files) into ``PREFIX.model`` and ``PREFIX.vocab``; returns the two paths."""
     import sentencepiece as spm
 
     if model_type not in SPM_TYPES:
@@ -284,18 +230,10 @@ def train_spm(sentences, model_prefix, vocab_size, model_type="bpe", character_c
 
 # ----------------------------------------------------------------------- output
 def _write_bytes(path, data):
-    """Write ``data`` to ``path`` atomically (temporary file in the same directory, then rename)."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write ``data`` to ``path`` through a temporary file beside it, renamed when complete."""
+    tmp = Path(path).with_name(f".{Path(path).name}.tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
 
 
 def _write_lines(path, lines):

@@ -77,11 +77,8 @@ FULL_CORPUS_TASK = "wmt17_zhen"
 
 @dataclass(frozen=True)
 class TableRow:
-    """One row: a config under yaml_configs/, the paper's BLEU (None: not legible) and command-line overrides.
-
-    A row with ``overrides`` (a sweep point) trains into its own run directory,
-    the config's named after the overrides (``..._chen2019_dim_256``).
-    """
+    """One row: a config under yaml_configs/, the paper's BLEU (None: not legible) and command-line overrides
+    (a sweep point, trained into the config's run directory named after them: ``..._chen2019_dim_256``)."""
 
     label: str
     config: str
@@ -96,14 +93,8 @@ TEST_SETS = {"nist_zhen": (("NIST02", "test"), ("NIST03", "test_nist03"), ("NIST
 
 
 def compared_row(configs, index):
-    """The index of the row that row ``index`` is tested against: the first row of its model size.
-
-    ``configs`` are the config names of a table's rows.  A Transformer-Big
-    row (``transformer_big_`` in its file name) is compared with the
-    table's first Big row, every other row with the first row that is not
-    Big, as the papers test Big systems against the Big baseline.  A row
-    that is its own reference gets no test.
-    """
+    """The index of the row that row ``index`` (of the config names ``configs``) is tested against: the first
+    row of its model size (``transformer_big_`` or not), as the papers test Big against the Big baseline."""
     big = ["transformer_big_" in Path(config).name for config in configs]
     return big.index(big[index])
 
@@ -254,12 +245,8 @@ TABLES = {**_li2019_tables(), **_cao2019_tables(), **_chen2019_tables(), **_gret
 # ---------------------------------------------------------------- Planning: the commands of a row
 
 def parse_gpus(text):
-    """The CUDA device ids of a ``--gpus`` value: ``"0,1,3"`` gives ``(0, 1, 3)``.
-
-    Only a comma-separated list of distinct non-negative integers, without
-    spaces, is accepted, or ``cpu`` (the empty tuple: run on the CPU); anything else (``""``, ``x``, ``0,,1``, ``-1``,
-    ``0,0``) raises ``ValueError`` saying what is wrong.
-    """
+    """The CUDA device ids of a ``--gpus`` value (``"0,1,3"``: ``(0, 1, 3)``; ``cpu``: ``()``); anything but
+    distinct non-negative integers joined by commas raises ``ValueError`` saying what is wrong."""
     if text == "cpu":  # no GPU: train and translate on the CPU (the chain test; tiny models only)
         return ()
     if not re.fullmatch(r"[0-9]+(,[0-9]+)*", text):
@@ -272,12 +259,7 @@ def parse_gpus(text):
 
 
 def checkpoint_steps(train_steps, save_every):
-    """The steps at which OpenNMT-py saves a checkpoint of a run, in order.
-
-    Its trainer saves every ``save_every`` steps (never when it is 0) and
-    once more after the last step, ``train_steps`` (no second file when that
-    is a multiple of ``save_every``).
-    """
+    """The steps at which OpenNMT-py saves a checkpoint: every ``save_every`` (none for 0), and ``train_steps``."""
     steps = list(range(save_every, train_steps + 1, save_every)) if save_every > 0 else []
     if not steps or steps[-1] != train_steps:
         steps.append(train_steps)
@@ -285,14 +267,8 @@ def checkpoint_steps(train_steps, save_every):
 
 
 def averaged_steps(values, average, config):
-    """The steps of the last ``average`` checkpoints a config's run leaves on disk, oldest first.
-
-    ``values`` are the config's options (with a row's overrides applied).
-    Raises SystemExit, naming the config and the option, when the config's
-    ``keep_checkpoint`` (unless negative: keep all) is smaller than
-    ``average``, so OpenNMT-py would delete checkpoints to be averaged, or
-    when the run saves fewer than ``average`` checkpoints at all.
-    """
+    """The steps of the last ``average`` checkpoints the run of a config (its options ``values``) leaves, oldest
+    first; SystemExit naming the option when ``keep_checkpoint`` or the run's checkpoints are fewer."""
     train_steps = int(values["train_steps"])
     save_every = int(values.get("save_checkpoint_steps", ONMT_CHECKPOINT_DEFAULTS["save_checkpoint_steps"]))
     keep = int(values.get("keep_checkpoint", ONMT_CHECKPOINT_DEFAULTS["keep_checkpoint"]))
@@ -309,13 +285,7 @@ def averaged_steps(values, average, config):
 
 @dataclass(frozen=True)
 class Step:
-    """One command of a row.
-
-    ``output`` is the file it writes: the step is skipped when it exists.
-    ``inputs`` are the files it reads; they are checked just before it runs
-    (and, those under ``build/data`` that no step writes, before anything
-    runs).
-    """
+    """One command of a row: skipped when its ``output`` exists; its ``inputs`` are checked before it runs."""
 
     command: tuple
     output: Path
@@ -324,14 +294,8 @@ class Step:
 
 @dataclass(frozen=True)
 class RowPlan:
-    """What reproducing one row does: its steps and the files they lead to.
-
-    ``checkpoints`` are the checkpoints averaged (oldest first; the last
-    checkpoint alone with ``--average 1``), ``model`` the model translated
-    (their average, or that last checkpoint) and ``hypotheses`` the BPE'd
-    translation of the test source; :meth:`hypotheses_of` names those of
-    every test set of the task.
-    """
+    """What reproducing one row does: its steps, the ``checkpoints`` averaged (oldest first), the ``model``
+    translated (their average, or the last checkpoint) and the BPE'd ``hypotheses`` of the main test set."""
 
     row: TableRow
     task: str
@@ -390,13 +354,8 @@ def _training_inputs(values):
 
 
 def update_passes(values, gpus, passes=None, config="the config"):
-    """``(batch_size, accum_count)`` per GPU for one update of the config's tokens in ``passes`` passes.
-
-    The configs hold the paper's update as ``batch_size`` x ``accum_count`` on
-    one GPU; the GPUs ``gpus`` share its passes, and ``passes`` (default: all
-    of them, the config's batch) merges them into fewer, larger batches with
-    the same tokens per update.
-    """
+    """``(batch_size, accum_count)`` per GPU that keeps the config's one-GPU update (``batch_size`` x
+    ``accum_count``) over the GPUs ``gpus`` in ``passes`` passes each (default: the config's batch)."""
     accum_total, batch, n_gpus = values.get("accum_count", [1])[0], int(values["batch_size"]), max(1, len(gpus))
     if accum_total % n_gpus:
         raise SystemExit(f"reproduce.py: --gpus {','.join(map(str, gpus))} ({n_gpus} GPUs) does not divide "
@@ -412,6 +371,8 @@ def update_passes(values, gpus, passes=None, config="the config"):
 def plan(row, gpus=(0,), average=AVERAGE, passes=None):
     """The :class:`RowPlan` of one row trained on the CUDA devices ``gpus`` with ``average`` checkpoints averaged
     (``passes``: batches per update and GPU, see :func:`update_passes`)."""
+    from onmt_ext.clause_split import translate_options
+
     values = _with_overrides(common.config_values(row.config), row.overrides)
     save_model = Path(values["save_model"])
     if row.overrides:
@@ -444,7 +405,7 @@ def plan(row, gpus=(0,), average=AVERAGE, passes=None):
         translate = ["onmt_translate", "-model", model, "-src", test_source, "-output", hypotheses,
                      "-beam_size", 4, "-length_penalty", "wu", "-alpha", 0.6, "-batch_size", 4096,
                      "-batch_type", "tokens", *(["-gpu", 0] if gpus else []), "-log_file", log,
-                     *_split_options(values)]
+                     *translate_options(values)]  # the test source split as in training (clause attention)
         steps.append(Step(tuple(translate), hypotheses, (model, test_source)))
     steps = tuple(Step(tuple(str(part) for part in step.command), step.output, step.inputs) for step in steps)
     return RowPlan(row, task, run_dir, train_steps, checkpoints, model, hypotheses_file(run_dir, "test", model), steps)
@@ -477,13 +438,6 @@ def _clause_preparation(values, task):
     return steps
 
 
-def _split_options(values):
-    """onmt_translate options that split the BPE'd test source as in training (clause attention), else none."""
-    from onmt_ext.clause_split import translate_options
-
-    return translate_options(values)
-
-
 # ---------------------------------------------------------------- Before anything runs: the devices and the corpus
 
 @functools.lru_cache(maxsize=None)
@@ -499,11 +453,8 @@ def _cuda_devices(gpus):
 
 
 def device_problem(gpus, probe=None):
-    """One line saying why the CUDA devices ``gpus`` cannot run the table, or None (also for ``cpu``: ``()``).
-
-    ``probe(gpus)`` gives the number of devices torch sees with those ids
-    visible, or the error of importing torch (default :func:`_cuda_devices`).
-    """
+    """One line saying why the CUDA devices ``gpus`` cannot run the table, or None; ``probe``: as
+    :func:`_cuda_devices`."""
     if not gpus:
         return None
     asked = ",".join(map(str, gpus))
@@ -531,15 +482,8 @@ def _read_corpora(task):
 
 
 def corpus_problem(table, small_data=False, environ=None):
-    """One line saying why ``table`` must not train on the data at hand, or None.
-
-    Only tables on :data:`FULL_CORPUS_TASK` (WMT17 Zh-En) are checked: without
-    ``WMT17_EXTRA_DIR`` (UN v1.0 + CWMT) its data is News Commentary v12 alone,
-    about 0.2M of the papers' 20.6M pairs.  Prepared data counts first (its
-    ``raw/corpora.json`` says whether the extra pairs went in), else the
-    environment.  ``small_data`` (``WMT17_SMALL_DATA=1``) accepts the small
-    data on purpose.
-    """
+    """One line saying why a WMT17 Zh-En ``table`` must not train on News Commentary v12 alone (prepared data
+    without the ``WMT17_EXTRA_DIR`` pairs, or no such directory), or None; ``small_data`` accepts it."""
     task = table_task(table)
     if task != FULL_CORPUS_TASK or small_data:
         return None
@@ -564,12 +508,8 @@ def corpus_problem(table, small_data=False, environ=None):
 
 
 def preflight(table, gpus, small_data=False, dry_run=False, probe=None, environ=None):
-    """Check the devices and the corpus of ``table`` before any data is prepared.
-
-    Raises SystemExit with one line per problem (:func:`device_problem`,
-    :func:`corpus_problem`); with ``dry_run`` prints them as warnings to
-    stderr instead.  Returns the problems.
-    """
+    """The device and corpus problems of ``table``, before any data is prepared: SystemExit with one line each,
+    or with ``dry_run`` warnings on stderr."""
     problems = [p for p in (device_problem(gpus, probe), corpus_problem(table, small_data, environ)) if p]
     if small_data and table_task(table) != FULL_CORPUS_TASK:
         print(f"reproduce.py: note: WMT17_SMALL_DATA applies to WMT17 Zh-En tables only; {table} trains on "
@@ -625,7 +565,7 @@ def _missing_message(missing, task, needed_by):
     message = f"reproduce.py: {names} {'is' if len(missing) == 1 else 'are'} missing (needed by {needed_by})"
     if any(DATA in path.parents for path in missing):
         message += (f"; prepare {DATA / task}/ with `make data-{task}` "
-                    "(tools/reproduce.py's docstring lists the files it must hold)")
+                    "(docs/data.md lists the files it holds)")
     return message
 
 
@@ -639,11 +579,7 @@ def _scoring_inputs(task, by_length):
 
 
 def check_data(plans, task, by_length=False):
-    """Raise SystemExit naming the data files (under ``build/data``) missing for the steps still to run.
-
-    Files written by a step of ``plans`` do not count; the references the
-    scoring reads always do.  Paths are relative to the working directory.
-    """
+    """SystemExit naming the ``build/data`` files missing for the steps still to run and for the scoring."""
     written = {step.output for p in plans for step in p.steps}
     needed = [path for p in plans for step in p.steps if not step.output.exists()
               for path in step.inputs if DATA in path.parents and path not in written]
@@ -654,14 +590,8 @@ def check_data(plans, task, by_length=False):
 
 
 def execute(plans, gpus, run=subprocess.run, bin_dir=None):
-    """Run the steps of ``plans`` in order, skipping those whose output exists; returns the command log.
-
-    Every command runs with ``CUDA_VISIBLE_DEVICES`` set to ``gpus``; its
-    program is taken from ``bin_dir`` (default: the directory of this
-    Python, i.e. the venv).  The log has one ``{"command": <shell line>,
-    "status": "ran" | "skipped: <output> exists"}`` per step.  A missing input
-    or a step that does not write its output raises SystemExit.
-    """
+    """Run the steps of ``plans`` on ``gpus`` with the programs of ``bin_dir`` (default: the venv's), skipping
+    those whose output exists; returns ``[{"command": <shell line>, "status": "ran" | "skipped: ..."}]``."""
     bin_dir = Path(sys.executable).parent if bin_dir is None else Path(bin_dir)
     env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(map(str, gpus)))
     log = []
@@ -713,16 +643,8 @@ def _reference_files(task, name):
 
 
 def score(plans, task, by_length=False, test_set=0):
-    """Per row: BLEU, tokenized BLEU, chrF, their signatures and (after the first) the bootstrap p-value.
-
-    Each row's hypotheses for the test set ``test_set`` (an index into
-    :func:`test_sets`; ``plan.hypotheses_of(test_set)``) are scored against
-    that set's references; every row but the first of its model size is
-    tested against that first row (paired bootstrap; :func:`compared_row`).
-    With ``by_length`` each tested row also gets ``by_length``:
-    :func:`onmt_ext.evaluation.compare_by_length` against the same row over
-    :data:`CLAUSE_BUCKETS`, as a list of dicts.  Returns one dict per row.
-    """
+    """Per row, on test set number ``test_set``: BLEU, tokenized BLEU, chrF, their signatures and the paired
+    bootstrap against :func:`compared_row`'s row (with ``by_length``, per :data:`CLAUSE_BUCKETS` too)."""
     from onmt_ext import evaluation as ev
 
     src, tgt = LANGS[task]
@@ -760,14 +682,8 @@ def score(plans, task, by_length=False, test_set=0):
 
 
 def parse_train_log(text):
-    """The training and validation curves in the text of an OpenNMT-py ``train.log``, columnar.
-
-    The records are read by :mod:`onmt_ext.train_log` (the reader every tool
-    shares; it says how a validation is given its step).  Returns
-    ``{"train": {"step": [...], "acc": [...], "ppl": [...], "xent": [...]},
-    "valid": {"step": [...], "acc": [...], "ppl": [...]}}`` sorted by step (a
-    missing validation value is None).
-    """
+    """``{"train": {"step", "acc", "ppl", "xent"}, "valid": {"step", "acc", "ppl"}}`` (lists) of a ``train.log``
+    text, read by :mod:`onmt_ext.train_log`."""
     from onmt_ext import train_log
 
     log = train_log.parse(text)
@@ -797,12 +713,8 @@ def read_curves(log_file):
 
 
 def plot_curves(rows, path, title=""):
-    """Draw the training curves of result rows (their ``curves``) to ``path``; False when no row has any point.
-
-    Left: training perplexity (thin line) and validation perplexity (dots),
-    log scale; right: validation accuracy, with the legend of the rows; one
-    colour per row.
-    """
+    """Training and validation perplexity (left) and validation accuracy (right) of the rows' ``curves`` to
+    ``path``; False when no row has any point."""
     shown = [(row["label"], row["curves"]) for row in rows
              if row.get("curves") and (row["curves"]["train"]["step"] or row["curves"]["valid"]["step"])]
     if not shown:
@@ -838,14 +750,8 @@ def plot_curves(rows, path, title=""):
 # ---------------------------------------------------------------- Report
 
 def row_results(plans, scores, more_scores=()):
-    """The result dicts of scored rows: each row's identity, its scores and how its model was made.
-
-    ``scores`` are :func:`score`'s results on the task's main test set;
-    ``more_scores`` has one such list per further test set of
-    :func:`test_sets`, which land in each row's ``test_sets`` as ``{label:
-    {"paper_bleu": ..., <scores>, "hypotheses": ...}}`` (no key when the
-    task has one test set).
-    """
+    """The result dicts of scored rows: identity, :func:`score`'s ``scores``, how the model was made, and
+    ``test_sets`` (``{label: {"paper_bleu", <scores>, "hypotheses"}}``) from ``more_scores``, one per further set."""
     rows = []
     labels = [label for label, _ in test_sets(plans[0].task)] if plans else []
     for index, (p, result) in enumerate(zip(plans, scores)):
@@ -901,13 +807,8 @@ def _by_length_section(table, task, rows, out_dir):
 
 
 def report_markdown(table, task, rows, curves_file=None, data=None):
-    """The Markdown report of result rows (without the by-length section): the paper's BLEU beside ours.
-
-    A task with several test sets (:func:`test_sets`) gets one table per
-    set, the further ones from each row's ``test_sets``.  "ours - paper" is
-    in the paper's own metric (:func:`paper_metric`); ``data`` (``{"ours":
-    ..., "paper": ...}``, :func:`training_data`) heads the report.
-    """
+    """The Markdown lines of result rows (by-length section apart): one table per test set, the paper's BLEU
+    beside ours in its own metric (:func:`paper_metric`), headed by the training ``data`` (ours, the paper's)."""
     tgt = LANGS[task][1]
     metric_key, metric_name = paper_metric(table, task)
     data = data or {}
@@ -952,23 +853,9 @@ def _bleu_table(rows, metric_key="bleu"):
 
 
 def write_report(table, task, rows, out_dir, commands=(), data=None):
-    """Write the report of scored rows to ``out_dir``; returns the paths written, by kind.
-
-    ``rows`` has one dict per table row: ``label``, ``config``,
-    ``paper_bleu`` (None: not legible), ``bleu`` and ``tok_bleu`` are
-    required; ``overrides``, ``chrf``, ``signature``, ``p_value``,
-    ``marker``, ``model``, ``checkpoints``, ``averaged``, ``train_steps``,
-    ``curves`` (as :func:`parse_train_log` returns them), ``by_length``
-    (as :func:`score` computes it) and ``test_sets`` (as
-    :func:`row_results` makes it) are used when present.  ``commands`` are
-    the command log of :func:`execute`, ``data`` the training data
-    (``{"ours": ..., "paper": ...}``; default: :func:`training_data` of the
-    task on disk and :data:`PAPER_DATA`).  Writes ``<table>.json`` (table,
-    paper, task, metric, the paper's metric, training data, rows,
-    commands), ``<table>.md`` (the table with the paper's BLEU beside ours),
-    ``<table>.curves.png`` when some row has a training curve and a
-    by-length plot per row that has ``by_length``.
-    """
+    """Write ``<table>.json``, ``<table>.md``, ``<table>.curves.png`` (when a row has curves) and by-length
+    plots for the rows (as :func:`row_results` makes them; ``label``, ``config``, ``paper_bleu``, ``bleu`` and
+    ``tok_bleu`` required) to ``out_dir``; returns the paths by kind.  ``commands``: :func:`execute`'s log."""
     paper = table.split("-", 1)[0]
     data = data or {"ours": training_data(task), "paper": paper_data(table, task)}
     out_dir = Path(out_dir)
@@ -1006,13 +893,8 @@ def _json_text(document):
 
 
 def load_results(path, table):
-    """The ``(rows, commands)`` of a results JSON of ``table``, checked against ``TABLES[table]``.
-
-    The file is a JSON object as :func:`write_report` writes it (``rows``
-    and optionally ``table`` and ``commands``) or a bare list of rows.
-    Raises SystemExit when it names another table, its row labels are not
-    the table's or a row has no ``config``, ``bleu`` or ``tok_bleu``.
-    """
+    """The ``(rows, commands, training data or None)`` of a results JSON of ``table`` (as :func:`write_report`
+    writes it, or a bare list of rows); SystemExit when its table, row labels or scores do not fit the table."""
     try:
         document = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -1031,13 +913,7 @@ def load_results(path, table):
                     for key in ("bleu", "tok_bleu") if scores.get(key) is None]
         if missing:
             raise SystemExit(f"reproduce.py: row {row['label']!r} of {path} has no {', '.join(missing)}")
-    return document["rows"], document.get("commands", [])
-
-
-def _recorded_data(path):
-    """The ``training_data`` a results JSON records (None when it has none, or is a bare list of rows)."""
-    document = json.loads(Path(path).read_text(encoding="utf-8"))
-    return document.get("training_data") if isinstance(document, dict) else None
+    return document["rows"], document.get("commands", []), document.get("training_data")
 
 
 def _show(path):
@@ -1081,7 +957,7 @@ def main(argv=None):
     parser.add_argument("--passes", type=int, default=None,
                         help="batches per update on each GPU (default: the config's accum_count over the GPUs); "
                              "fewer, larger batches with the same tokens per update, as GPU memory allows")
-    parser.add_argument("--average", type=int, default=AVERAGE,
+    parser.add_argument("--average", type=common.at_least(1), default=AVERAGE,
                         help=f"average the last N checkpoints and translate with the average (default {AVERAGE}; "
                              "1: translate the last checkpoint)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands; run nothing")
@@ -1111,8 +987,6 @@ def main(argv=None):
         gpus = parse_gpus(args.gpus)
     except ValueError as exc:
         parser.error(f"--gpus: {exc}")
-    if args.average < 1:
-        parser.error("--average must be >= 1")
     if args.results_json is not None and not args.report_only:
         parser.error("--results-json goes with --report-only")
     root = None if args.results_dir is None else args.results_dir.resolve()
@@ -1128,9 +1002,8 @@ def main(argv=None):
         return 0
     if args.report_only:
         source = results_json or out_dir / f"{table}.json"
-        rows_done, commands = load_results(source, table)
-        data = _recorded_data(source) or {"ours": f"not recorded in {_show(source)}",
-                                          "paper": paper_data(table, task)}
+        rows_done, commands, data = load_results(source, table)
+        data = data or {"ours": f"not recorded in {_show(source)}", "paper": paper_data(table, task)}
     else:
         plans = [plan(row, gpus, args.average, args.passes) for row in rows]
         if not args.preflight_done:

@@ -12,8 +12,7 @@ into the attentions' ``final_linear`` (stock map or routing) and the rest; the c
 steps that would not fit are counted too.  ``peak``: ``--steps`` training steps (Adam): peak resident set on
 the CPU, ``torch.cuda.max_memory_allocated`` on CUDA, fastest step after the first.  ``time``: one routing's
 forward + backward, stored against recomputed.  ``ops``: the aten operators of one routing's forward +
-backward (what eager mode launches one by one) and its time, both without and with autocast.  Method,
-figures: results/bench/li2019-routing-memory.md, results/bench/li2019-ops.md.
+backward (what eager mode launches one by one) and its time, without and with autocast.  Figures: results/bench/.
 """
 
 import argparse

@@ -11,9 +11,10 @@ Usage::
 How it works and why: docs/tools.md (train_signal_tagger.py).
 """
 
-import argparse
 import sys
 import time
+
+import common
 
 
 class UsageError(Exception):
@@ -112,19 +113,18 @@ def evaluate(tagger, splitter, words_all, labels_all):
 
 
 def build_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = common.Parser(prog="train_signal_tagger", description=__doc__.split("\n")[0])
     p.add_argument("--lang", choices=["en", "zh"], required=True, help="language of the sentences")
     p.add_argument("--input", required=True, help="one sentence per line (UTF-8)")
-    p.add_argument("--column", type=int, default=None,
+    p.add_argument("--column", type=common.at_least(0), default=None,
                    help="take the N-th tab-separated field of each line (0-based; cmn.txt: 0 English, 1 Chinese)")
     p.add_argument("--output", required=True, help="where to write the tagger (a torch file)")
-    p.add_argument("--max-sentences", type=int, default=5000, help="use the first N sentences (default 5000)")
-    p.add_argument("--epochs", type=int, default=6, help="passes over the training words (default 6)")
+    p.add_argument("--max-sentences", type=common.at_least(1), default=5000, help="use the first N sentences (default 5000)")
+    p.add_argument("--epochs", type=common.at_least(1), default=6, help="passes over the training words (default 6)")
     p.add_argument("--lr", type=float, default=0.05, help="Adam learning rate (default 0.05)")
-    p.add_argument("--buckets", type=int, default=1 << 18, help="hashed feature buckets (default 2^18)")
+    p.add_argument("--buckets", type=common.at_least(1), default=1 << 18, help="hashed feature buckets (default 2^18)")
     p.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--threads", type=common.at_least(1), default=1, help="torch threads (default 1)")
     p.add_argument("--spacy-model", default=None, help="spaCy pipeline for English (default: the transform's)")
     return p
 
@@ -132,11 +132,6 @@ def build_parser():
 def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
-        for name in ("max_sentences", "epochs", "buckets", "threads"):
-            if getattr(args, name) < 1:
-                raise UsageError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-        if args.column is not None and args.column < 0:
-            raise UsageError(f"--column must be >= 0, got {args.column}")
         if not args.lr > 0:
             raise UsageError(f"--lr must be positive, got {args.lr}")
         import torch

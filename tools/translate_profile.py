@@ -71,14 +71,8 @@ def translate_once(engine, steps, totals):
 
 
 def count_flops(engine, steps, totals):
-    """Floating-point operations of one translation forced to ``steps`` steps: the whole run and each part.
-
-    Returns ``{"total": ..., "encoder": ..., "decoder": ..., "generator": ...}``
-    as counted by ``torch.utils.flop_counter.FlopCounterMode``, which
-    attributes every operation to the modules it ran in.  The engine calls
-    the encoder, the decoder and the generator directly, so each is a
-    top-level module of the count, named by its class.
-    """
+    """``{"total", "encoder", "decoder", "generator"}`` floating-point operations of one translation forced to
+    ``steps`` steps, by ``FlopCounterMode`` (the engine calls each part directly: a top-level module of the count)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     model = engine.translator.model
@@ -138,10 +132,11 @@ def main(argv=None):
     parser.add_argument("models", nargs="+", type=Path, help="checkpoints; ratios are to the first")
     parser.add_argument("--src", type=Path, required=True, help="source file, in the form onmt_translate reads")
     parser.add_argument("--pairs", type=int, default=8, help="alternations per output length")
-    parser.add_argument("--output-lengths", type=int, nargs="+", default=[20], help="decoding steps per output")
-    parser.add_argument("--beam-size", type=int, default=4)
-    parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--output-lengths", type=common.at_least(1), nargs="+", default=[20],
+                        help="decoding steps per output")
+    parser.add_argument("--beam-size", type=common.at_least(1), default=4)
+    parser.add_argument("--batch-size", type=common.at_least(1), default=32, help="sentences per batch")
+    parser.add_argument("--threads", type=common.at_least(1), default=1, help="torch CPU threads")
     parser.add_argument("--count-flops", action="store_true",
                         help="also count each checkpoint's floating-point operations (matrix products) per length")
     parser.add_argument("--json", type=Path, help="write every run's parts here")
@@ -151,8 +146,6 @@ def main(argv=None):
             parser.error(f"no such file: {path}")
     if len(args.models) < 2:
         parser.error("give at least two checkpoints (the first is the reference of the ratios)")
-    if min(args.beam_size, args.batch_size, args.threads, *args.output_lengths) < 1:
-        parser.error("--output-lengths, --beam-size, --batch-size and --threads must be >= 1")
     if args.pairs < (0 if args.count_flops else 1):
         parser.error("--pairs must be >= 1 (or 0 with --count-flops: counting only)")
     import torch

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 import compare
+from onmt_ext import train_log
 
 LOG = """[2026-11-23 12:26:01,531 INFO] * number of parameters: 5689032
 [2026-11-23 12:26:01,531 INFO] Step  5/  600; acc: 1.0; ppl: 900.0; xent: 6.8; lr: 0.00001; sents:     100; bsz:  731/ 831/106; 1000/1200 tok/s;      3 sec;
@@ -14,10 +15,10 @@ LOG = """[2026-11-23 12:26:01,531 INFO] * number of parameters: 5689032
 """
 
 
-def test_speed_leaves_out_the_first_report_and_reads_target_tokens():
-    assert compare.training_speed(LOG) == (2660 + 3040) / 2
-    assert compare.parameter_count(LOG) == 5689032
-    assert compare.training_speed("no reports") is None
+def test_speed_leaves_out_the_first_report_and_reads_target_tokens():  # the reader compare.score uses
+    assert train_log.parse(LOG).tokens_per_second() == (2660 + 3040) / 2
+    assert train_log.parse(LOG).parameters == 5689032
+    assert train_log.parse("no reports").tokens_per_second() is None
 
 
 def test_translations_are_named_after_steps_and_test_lines(tmp_path):

@@ -82,7 +82,8 @@ def test_the_tools_read_logs_through_the_shared_reader():
     curves = reproduce.parse_train_log(TEXT)
     assert curves["train"]["step"] == [5, 10, 15, 20] and curves["train"]["xent"] == [8.3, 8.0, 7.6, 7.4]
     assert curves["valid"] == {"step": [10, 20], "acc": [1.56875, 6.01866], "ppl": [2783.18, 1844.45]}
-    assert compare.training_speed(TEXT) == (1162 + 781) / 2 and compare.parameter_count(TEXT) == 5689032
+    log = train_log.parse(TEXT)  # what compare.score reads from each run's log
+    assert log.tokens_per_second() == (1162 + 781) / 2 and log.parameters == 5689032
 
 
 # ---------------------------------------------------------------- the plateau rule

@@ -440,3 +440,14 @@ def test_every_raw_step_names_its_corpora(tmp_path, monkeypatch):
     out = pd.raw("sample_ende", out=tmp_path / "raw")
     [entry] = json.loads((out / "corpora.json").read_text(encoding="utf-8"))["corpora"]
     assert entry["name"] == "data/wmt14-ende-sample/train.*" and entry["pairs"] > 1000
+
+
+def test_merges_belongs_to_the_bpe_step_and_is_not_ignored_elsewhere(monkeypatch, capsys):
+    calls = []
+    monkeypatch.setattr(pd, "STEPS", {name: lambda task, **options: calls.append(options) for name in pd.STEPS})
+    monkeypatch.chdir(pd.REPO)
+    with pytest.raises(SystemExit) as exit_info:
+        pd.main(["tok", "sample_ende", "--merges", "10"])
+    assert exit_info.value.code == 2 and "--merges is an option of the bpe step" in capsys.readouterr().err
+    assert pd.main(["bpe", "sample_ende", "--merges", "10", "--workers", "1"]) == 0
+    assert calls == [{"workers": 1, "merges": 10}]

@@ -24,3 +24,13 @@ def test_the_package_is_found():
 def test_module_docstring_is_at_most_15_lines(path):
     lines = docstring_lines(path)
     assert 0 < lines <= MAX_LINES, f"{path.name}: module docstring of {lines} lines (at most {MAX_LINES})"
+
+
+TOOLS = sorted((PACKAGE.parent / "tools").glob("*.py"))
+
+
+@pytest.mark.parametrize("path", TOOLS, ids=lambda p: p.name)
+def test_tool_docstring_is_at_most_15_lines(path):
+    """The commands under tools/ say what they are for and how to call them; how they work is in docs/."""
+    lines = docstring_lines(path)
+    assert 0 < lines <= MAX_LINES, f"tools/{path.name}: module docstring of {lines} lines (at most {MAX_LINES})"
