@@ -100,10 +100,10 @@ MEMORY_TARGETS = ((MECHANISMS[0], 2.0), (MECHANISMS[3], 4.0))
 #: follow the part times of the H100 run in results/gpu/README.md: the users'-path rows and every eager mechanism
 #: first; compiled rows, whose compilation did not fit there, get only what the eager parts leave
 BUDGETS = {"a": 85.0, "b": 275.0, "c": 120.0}
-TINY_BUDGETS = {"a": 22.0, "b": 125.0, "c": 30.0}
+TINY_BUDGETS = {"a": 16.0, "b": 127.0, "c": 34.0}
 #: the parts, in running order, with their shares of their section's budget on a GPU and in the dry run (where
 #: starting data workers outweighs everything else); the compiled parts also get what the parts before left
-PARTS = (("a", 1.0, 1.0), ("b fresh", 0.55, 0.35), ("b eager", 0.45, 0.25), ("b compiled", 0.0, 0.4),
+PARTS = (("a", 1.0, 1.0), ("b fresh", 0.55, 0.4), ("b eager", 0.45, 0.22), ("b compiled", 0.0, 0.38),
          ("c eager", 0.85, 0.4), ("c compiled", 0.15, 0.6))
 #: a new run is not started with less than this many seconds of its part's budget left
 MIN_START_S = 3.0
@@ -530,9 +530,11 @@ def child_train_many(result_file, head, argv):
             text = str(error).strip().splitlines()
             entry = {"key": job["key"], "status": "failed",
                      "reason": f"{type(error).__name__}: {text[-1] if text else ''}"[:300]}
-        entry["seconds"], entry["ended"], first_run = round(time.monotonic() - start, 1), time.monotonic(), False
-        if entry["status"] == "measured":
-            per_weight.append(entry["seconds"] / job["weight"])
+        entry["seconds"], entry["ended"] = round(time.monotonic() - start, 1), time.monotonic()
+        if entry["status"] == "measured":  # the process's first step (imports, compilation) is paid once
+            once = (entry.get("first_step_s") or 0.0) if first_run else 0.0
+            per_weight.append(max(0.0, entry["seconds"] - once) / job["weight"])
+        first_run = False
         record(entry)
         if cuda:
             torch.cuda.empty_cache()
