@@ -91,13 +91,16 @@ def compile_layers(model):
     decoding ``step``) stay eager.  The layer's ``forward`` becomes an instance attribute: parameters, state
     dict and checkpoints are unchanged.  Graph breaks are allowed (a mechanism's Python-side state splits
     the graph rather than failing it); a module whose class sets ``layer_graph_boundary`` runs outside the
-    layer's graph (its own ``-ext_compile`` core, if any, still compiles).
+    layer's graph (its own ``-ext_compile`` core, if any, still compiles).  Unless ``TORCH_LOGS`` says
+    otherwise, every recompilation is logged with the guard that failed.
     """
     from onmt.decoders.transformer import TransformerDecoderLayerBase
     from onmt.encoders.transformer import TransformerEncoderLayer
 
     layers = [module for module in model.modules()
               if isinstance(module, (TransformerEncoderLayer, TransformerDecoderLayerBase))]
+    if layers and not os.environ.get("TORCH_LOGS"):  # each recompilation costs seconds: say when and why
+        torch._logging.set_logs(recompiles=True)
     for layer in layers:
         if not isinstance(layer.forward, partial):  # once
             layer.forward = partial(_layer_forward, layer, layer.forward)

@@ -197,3 +197,14 @@ def test_a_compiled_layer_traces_through_the_attention_backend_choice(monkeypatc
     assert "scaled_dot_product_attention" in recorder.graphs[0].code
     torch.testing.assert_close(out, (torch.nn.functional.scaled_dot_product_attention(x, x, x) * 2).relu())
     assert torch.backends.cuda.sdp_kernel is stock
+
+
+def test_recompilations_are_logged_unless_torch_logs_says_otherwise(sample_data, onmt_active, monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch._logging, "set_logs", lambda **kwargs: calls.append(kwargs))
+    monkeypatch.setenv("TORCH_LOGS", "+dynamo")
+    ext_compile.compile_layers(_models(BASELINE)[1])
+    assert calls == []  # the user's choice stands
+    monkeypatch.delenv("TORCH_LOGS")
+    ext_compile.compile_layers(_models(BASELINE)[1])
+    assert calls == [{"recompiles": True}]
