@@ -10,7 +10,7 @@
 * :func:`resume_data_position`: ``-train_from`` skips the batches its steps already consumed;
 * :func:`count_filtered_examples`: ``filtertoolong`` drops are logged, and nothing to be translated is dropped;
 * :func:`explain_position_limit`: a clear error beyond the 5000 positions of ``PositionalEncoding``;
-* :func:`attention_backends`: OpenNMT-py's GPU attention without cuDNN's (planned anew for every batch shape);
+* :func:`attention_backends`: OpenNMT-py's GPU attention without cuDNN's (ms per call on new batch shapes);
 * :func:`stand_in_for_missing_packages`, :func:`drop_stand_ins`: ``import onmt`` without spaCy or fasttext.
 Stock behaviour, reasons and tests of each: docs/differences-from-stock.md.
 """
@@ -399,16 +399,16 @@ def _attention_forward(stock, self, *args, **kwargs):
 
 def attention_backends():
     """OpenNMT-py's attention on a GPU asks ``torch.backends.cuda.sdp_kernel`` for the flash-less backends it knew;
-    later torch also allows cuDNN's attention there, which plans anew for every new batch shape.  Here the
-    call gets :func:`opennmt_sdp_kernel` (memory-efficient or math attention, as under torch < 2.3)."""
+    later torch also allows cuDNN's attention there, which cost ms of host time per call on new batch shapes.
+    Here the call gets :func:`opennmt_sdp_kernel` (memory-efficient or math attention, as under torch < 2.3)."""
     from onmt.modules.multi_headed_attn import MultiHeadedAttention
 
     patch(MultiHeadedAttention, "forward", _attention_forward, kind=SPEED,
           test="tests/unit/test_compile_layers.py::test_opennmt_attention_gets_the_backends_it_names",
           reason="under later torch (2.11 on the H200) the backends OpenNMT-py 3.5.1 names for its GPU attention "
-                 "include cuDNN's, whose per-shape planning cost several ms of host time per call on the users' "
-                 "data path; memory-efficient attention, as under OpenNMT-py's torch < 2.3, computes the same "
-                 "attention")
+                 "include cuDNN's, whose calls cost several ms of host time each on the users' data path (new "
+                 "batch shapes every step); memory-efficient attention, as under OpenNMT-py's torch < 2.3, computes "
+                 "the same attention")
 
 
 def explain_position_limit():
