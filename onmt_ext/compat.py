@@ -384,17 +384,33 @@ def opennmt_sdp_kernel(enable_flash=True, enable_math=True, enable_mem_efficient
     return sdpa_kernel([backend for on, backend in wanted if on])
 
 
+class OpenNMTBackends:
+    """Context: while inside, ``torch.backends.cuda.sdp_kernel`` is :func:`opennmt_sdp_kernel`, so OpenNMT-py's
+    attention gets the backends it names; the stock function is back on leaving, whatever happened."""
+
+    __slots__ = ("saved",)
+
+    def __enter__(self):
+        import torch
+
+        cuda = torch.backends.cuda
+        self.saved, cuda.sdp_kernel = cuda.sdp_kernel, opennmt_sdp_kernel
+        return self
+
+    def __exit__(self, *exc):
+        import torch
+
+        torch.backends.cuda.sdp_kernel = self.saved
+        return False
+
+
 def _attention_forward(stock, self, *args, **kwargs):
     import torch
 
-    if torch.compiler.is_compiling():  # a compiled layer (onmt_ext.compile) has made the same swap
+    if torch.compiler.is_compiling():  # a compiled layer (onmt_ext.compile) is inside OpenNMTBackends already
         return stock(self, *args, **kwargs)
-    cuda = torch.backends.cuda
-    saved, cuda.sdp_kernel = cuda.sdp_kernel, opennmt_sdp_kernel
-    try:
+    with OpenNMTBackends():
         return stock(self, *args, **kwargs)
-    finally:
-        cuda.sdp_kernel = saved
 
 
 def attention_backends():

@@ -19,7 +19,7 @@ from functools import partial
 import torch
 from torch.fx.experimental import _config as shape_config
 
-from onmt_ext.compat import opennmt_sdp_kernel
+from onmt_ext.compat import OpenNMTBackends
 from onmt_ext.options import OPTION_SPECS, option, register_mechanism
 
 _COMPILED = {}
@@ -64,22 +64,17 @@ def _layer_forward(layer, eager, *args, **kwargs):
     ``eager``, the layer's own bound ``forward``.
 
     While the compiled layer runs, OpenNMT-py's attention finds :func:`onmt_ext.compat.opennmt_sdp_kernel` under
-    ``torch.backends.cuda.sdp_kernel`` (traceable; the stock generator context manager would split the graph
-    around every attention call), and the compiler gives every size its own symbol
+    ``torch.backends.cuda.sdp_kernel`` (:class:`~onmt_ext.compat.OpenNMTBackends`: traceable, where the stock
+    generator context manager would split the graph around every attention call), and the compiler gives every
+    size its own symbol
     (no "duck sizing": a source as long as the target in the first batch would otherwise make a later batch
     recompile).
     """
     if not layer.training or kwargs.get("step") is not None:
         return eager(*args, **kwargs)
-    fn, cuda = type(layer).forward, torch.backends.cuda
-    stock = cuda.sdp_kernel
-    cuda.sdp_kernel = opennmt_sdp_kernel
-    try:
-        with shape_config.patch(use_duck_shape=False):
-            return _call_compiled("ext_compile_layers", fn,
-                                  lambda: compiled(fn, fullgraph=False)(layer, *args, **kwargs))
-    finally:
-        cuda.sdp_kernel = stock
+    fn = type(layer).forward
+    with OpenNMTBackends(), shape_config.patch(use_duck_shape=False):
+        return _call_compiled("ext_compile_layers", fn, lambda: compiled(fn, fullgraph=False)(layer, *args, **kwargs))
 
 
 def compile_layers(model):
