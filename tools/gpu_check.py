@@ -715,10 +715,9 @@ def start_compile_warm_up(args, work, plan, configs, deadline):
     section a runs).  torch.compile keeps what it generates on disk (Inductor's FX graph and AOTAutograd caches,
     and Triton's kernels), so the measured compiled runs of section b load their cores instead of compiling
     them.  Returns ``(threads, rows)``: one row per case, filled in place as its run ends."""
-    layers = [(row, case, mode, extra) for _, _, _, rows in plan for row, case, mode, extra in rows
-              if mode == LAYERS and row["batch_tokens"] == args.batch_size]
-    compiled = layers + [(row, case, mode, extra) for _, _, _, rows in plan for row, case, mode, extra in rows
-                         if mode == "compiled"]
+    compiled = [(row, case, mode, extra) for _, _, _, rows in plan for row, case, mode, extra in rows
+                if mode == "compiled" or mode == LAYERS and row["batch_tokens"] == args.batch_size]
+    compiled.sort(key=lambda entry: entry[2] != LAYERS)  # the layers first (the small batch: the same graphs)
     if not compiled or args.compile_warmups < 1:
         return [], []
     entries = []
@@ -1614,15 +1613,16 @@ def main(argv=None):
             run_training_process(args, args.work, group, env, rows, configs, {"fresh": share})
         fresh_rows = [row for _, _, rows in fresh for row, _, _, _ in rows]
         schedule.record("b fresh", began, deadline, _now(), section_b_status(fresh_rows))
-        for _, group, env, rows in [entry for entry in plan if entry[0] == "b in-process"]:
-            began, deadlines = _now(), {mode: schedule.deadline(f"b {mode}") for mode in ("eager", "compiled")}
-            ends = run_training_process(args, args.work, group, env, rows, configs, deadlines)
-            eager_end = ends["eager"] or min(_now(), deadlines["eager"])
-            for mode, start, end in (("eager", began, eager_end), ("compiled", eager_end, _now())):
-                schedule.record(f"b {mode}", start, deadlines[mode], end,
-                                section_b_status([row for row, _, _, _ in rows if row["mode"] == mode]))
-            models = {case: (configs[row["key"]][0].stem, configs[row["key"]][1], row["options"])
-                      for row, case, mode, _ in rows if mode == "eager" and row.get("status") == "measured"}
+    if plan and not args.fresh_only:
+        (_, group, env, rows), = [entry for entry in plan if entry[0] == "b in-process"]
+        began, deadlines = _now(), {mode: schedule.deadline(f"b {mode}") for mode in ("eager", "compiled")}
+        ends = run_training_process(args, args.work, group, env, rows, configs, deadlines)
+        eager_end = ends["eager"] or min(_now(), deadlines["eager"])
+        for mode, start, end in (("eager", began, eager_end), ("compiled", eager_end, _now())):
+            schedule.record(f"b {mode}", start, deadlines[mode], end,
+                            section_b_status([row for row, _, _, _ in rows if row["mode"] == mode]))
+        models = {case: (configs[row["key"]][0].stem, configs[row["key"]][1], row["options"])
+                  for row, case, mode, _ in rows if mode == "eager" and row.get("status") == "measured"}
     if "c" in args.sections and plan and not args.fresh_only:
         section_c(args, schedule, args.work, models, cases, sections["c"])
     for part in schedule.parts:
