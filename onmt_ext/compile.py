@@ -25,8 +25,8 @@ from onmt_ext.options import OPTION_SPECS, option, register_mechanism
 _COMPILED = {}
 
 #: ``torch.compile``'s backend; the tests swap in ``"aot_eager"`` (the same graphs, forward and backward,
-#: without generating code) where they check the wiring rather than Inductor's arithmetic, and so does the GPU
-#: check's CPU dry run through ``ONMT_EXT_COMPILE_BACKEND`` (unset: Inductor).
+#: without generating code) where they check the wiring rather than Inductor's arithmetic; the GPU check's CPU
+#: dry run sets ``"eager"`` (Dynamo's graphs, run eagerly) through ``ONMT_EXT_COMPILE_BACKEND`` (unset: Inductor).
 BACKEND = os.environ.get("ONMT_EXT_COMPILE_BACKEND", "").strip() or "inductor"
 
 

@@ -100,11 +100,11 @@ MEMORY_TARGETS = ((MECHANISMS[0], 2.0), (MECHANISMS[3], 4.0))
 #: follow the part times of the H100 run in results/gpu/README.md: the users'-path rows and every eager mechanism
 #: first; compiled rows, whose compilation did not fit there, get only what the eager parts leave
 BUDGETS = {"a": 85.0, "b": 275.0, "c": 120.0}
-TINY_BUDGETS = {"a": 16.0, "b": 127.0, "c": 34.0}
+TINY_BUDGETS = {"a": 16.0, "b": 110.0, "c": 50.0}
 #: the parts, in running order, with their shares of their section's budget on a GPU and in the dry run (where
 #: starting data workers outweighs everything else); the compiled parts also get what the parts before left
-PARTS = (("a", 1.0, 1.0), ("b fresh", 0.55, 0.4), ("b eager", 0.45, 0.22), ("b compiled", 0.0, 0.38),
-         ("c eager", 0.85, 0.4), ("c compiled", 0.15, 0.6))
+PARTS = (("a", 1.0, 1.0), ("b fresh", 0.55, 0.43), ("b eager", 0.45, 0.29), ("b compiled", 0.0, 0.28),
+         ("c eager", 0.85, 0.5), ("c compiled", 0.15, 0.5))
 #: a new run is not started with less than this many seconds of its part's budget left
 MIN_START_S = 3.0
 #: a child process gets this long after its deadline to write what it has before it is stopped
@@ -1477,7 +1477,7 @@ def parse_args(argv):
     parser.add_argument("--translate-batch", type=int, default=32, help="sentences per translation batch")
     parser.add_argument("--translate-passes", type=int, default=None,
                         help="timed runs of each case per group (default 6, the fewest with a 95%% interval; "
-                             "--tiny 2)")
+                             "--tiny 1)")
     parser.add_argument("--translate-block", type=int, default=2,
                         help="case runs between two baseline runs (default 2)")
     parser.add_argument("--min-run-seconds", type=float, default=None,
@@ -1486,7 +1486,7 @@ def parse_args(argv):
                         help="decoding steps of every output; 0: the references' mean length plus one")
     parser.add_argument("--compile-backend", default=None,
                         help="torch.compile backend of the compiled rows (default: onmt-ext's, Inductor; --device "
-                             "cpu --tiny: aot_eager, the same graphs without generating code)")
+                             "cpu --tiny: eager, Dynamo's graphs run by eager PyTorch)")
     parser.add_argument("--train-block", type=int, default=2,
                         help="in-process cases between two runs of the baseline (default 2)")
     parser.add_argument("--compile-warmups", type=int, default=None,
@@ -1502,7 +1502,7 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     tiny = args.tiny
     defaults = {"batch_size": (8192, 512), "num_workers": (2, 1), "paper_batch_size": (32768, 2048), "profile_steps": (3, 2),
-                "warmup_steps": (5, 2), "steps": (30, 4), "test_sentences": (200, 16), "translate_passes": (6, 2),
+                "warmup_steps": (5, 2), "steps": (30, 4), "test_sentences": (200, 16), "translate_passes": (6, 1),
                 "min_run_seconds": (2.0, 0.0), "compile_warmups": (3, 1)}  # (GPU, --tiny)
     for name, (full, small) in defaults.items():
         if getattr(args, name) is None:
@@ -1511,7 +1511,7 @@ def parse_args(argv):
         if getattr(args, f"budget_{name}") is None:
             setattr(args, f"budget_{name}", (TINY_BUDGETS if tiny else BUDGETS)[name])
     if args.compile_backend is None and args.device == "cpu" and tiny:
-        args.compile_backend = "aot_eager"
+        args.compile_backend = "eager"
     if args.threads == 0 and args.device == "cpu":
         args.threads = 1
     if set(args.sections) - set("abc") or not args.sections:
