@@ -578,6 +578,7 @@ def make_rules(table, plans, gpus):
     task = plans[0].task
     targets = [p.hypotheses_of(i) for p in plans for i in range(len(test_sets(task)))]
     lines = [f"# {table}: written by tools/reproduce.py --rules for make reproduce-{table}", ".DELETE_ON_ERROR:",
+             ".NOTPARALLEL:",  # one step at a time: the rows share the devices
              f"export CUDA_VISIBLE_DEVICES := {','.join(map(str, gpus))}",
              "all: " + " ".join(map(str, _scoring_inputs(task, table.startswith("clause-")) + targets))]
     steps = {step.output: (p, step) for p in plans for step in p.steps}  # rows may share a step (a tagger)
