@@ -480,19 +480,21 @@ sweep-chen2019-dr: reproduce-chen2019-figure2-rpehead reproduce-chen2019-figure2
 
 # Each table first checks its options against its configs, the CUDA devices GPUS and, on WMT17 Zh-En, the full corpus (WMT17_EXTRA_DIR, or
 # WMT17_SMALL_DATA=1 for News Commentary alone on purpose), then prepares its task's data (make data-<task>),
-# then trains, averages, translates and scores every row.  DRY_RUN=1 prints the checks' failures as warnings
-# and every command (the data preparation's with make -n), and runs nothing.  The toy sample table runs on
-# the CPU unless GPUS is given.
+# then trains, averages and translates every row through the rules build/reproduce/<table>.mk (a step is
+# redone when its output is missing or older than what it reads), then scores and reports.  DRY_RUN=1 prints
+# the checks' failures as warnings and every command (the data preparation's with make -n), and runs nothing.
+# The toy sample table runs on the CPU unless GPUS is given.
 table_gpus = $(if $(and $(filter sample-%,$(1)),$(filter file default,$(origin GPUS))),cpu,$(GPUS))
-preflight = $(PY) tools/reproduce.py $(1) --preflight --gpus $(call table_gpus,$(1)) --average $(AVERAGE) \
-  $(if $(PASSES),--passes $(PASSES)) $(if $(DRY_RUN),--dry-run) $(if $(filter 1,$(WMT17_SMALL_DATA)),--small-data)
+table_args = --gpus $(call table_gpus,$(1)) --average $(AVERAGE) $(if $(PASSES),--passes $(PASSES))
+preflight = $(PY) tools/reproduce.py $(1) --preflight $(call table_args,$(1)) $(if $(DRY_RUN),--dry-run) \
+  $(if $(filter 1,$(WMT17_SMALL_DATA)),--small-data)
 $(addprefix reproduce-,$(REPRODUCE_TABLES)): reproduce-%: | $(SETUP_STAMP)
 	@$(call preflight,$*)
 	@task=$$($(PY) tools/reproduce.py $* --task); \
 	  $(MAKE) --no-print-directory $(if $(DRY_RUN),-n) data-$$task
-	$(PY) tools/reproduce.py $* --preflight-done --gpus $(call table_gpus,$*) --average $(AVERAGE) \
-	  $(if $(DRY_RUN),--dry-run) $(if $(filter 1,$(WMT17_SMALL_DATA)),--small-data) \
-	  $(if $(PASSES),--passes $(PASSES)) $(if $(RESULTS_DIR),--results-dir $(RESULTS_DIR))
+	$(PY) tools/reproduce.py $* $(call table_args,$*) $(if $(DRY_RUN),--dry-run,--rules build/reproduce/$*.mk && \
+	  $(MAKE) --no-print-directory -f build/reproduce/$*.mk BIN=$(abspath $(BIN)))
+	$(if $(DRY_RUN),,$(PY) tools/reproduce.py $* $(call table_args,$*) $(if $(RESULTS_DIR),--results-dir $(RESULTS_DIR)))
 
 # rewrite a table's report (results/<paper>/<task>/) from its results JSON, without training anything
 $(addprefix report-,$(REPRODUCE_TABLES)): report-%: | $(SETUP_STAMP)

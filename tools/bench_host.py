@@ -53,7 +53,7 @@ def one_run(args, work, name, env, number):
     for old in folder.glob("model_step_*.pt"):
         old.unlink()
     log = folder / "train.log"
-    command = [str(Path(sys.executable).parent / "onmt_train"), "-config", str(config), "-log_file", str(log)]
+    command = [common.program("onmt_train"), "-config", str(config), "-log_file", str(log)]
     log.unlink(missing_ok=True)
     done = subprocess.run(command, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1", **env},
                           capture_output=True, text=True, check=False)

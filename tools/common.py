@@ -83,6 +83,16 @@ def record_training(reports, parameters):
         cls.count_parameters = recording(cls.__dict__["count_parameters"])
 
 
+def program(name):
+    """The path of the console script ``name`` (``onmt_train``, ...) of this interpreter's environment."""
+    return str(Path(sys.executable).parent / name)
+
+
+def threads_env(threads):
+    """This process's environment with ``threads`` CPU threads for torch (OMP, MKL); unchanged for 0 or None."""
+    return dict(os.environ, **({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {}))
+
+
 class ChildFailed(Exception):
     """A child process exited with an error (``timed_out``: it was stopped at its time limit)."""
 
@@ -98,8 +108,7 @@ def run_child(script, kind, argv, log, threads, timeout=None, head=(), env=None)
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as handle:
         result_file = handle.name
     command = [sys.executable, str(script), "--child", kind, result_file, *map(str, head), "--", *map(str, argv)]
-    env = dict(os.environ, **({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {}),
-               **(env or {}))
+    env = dict(threads_env(threads), **(env or {}))
     try:
         with open(log, "w", encoding="utf-8") as out:
             child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)

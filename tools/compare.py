@@ -125,21 +125,14 @@ def translate_command(run, source, train_steps=None):
             "-log_file", str(run.directory / "translate.log")]
 
 
-def _environment(threads):
-    return dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-
-
-def _binary(command):
-    return [str(Path(sys.executable).parent / command[0]), *command[1:]]
-
-
 def _execute(command, threads, log):
     """Run a command with its output to ``log``; its wall-clock seconds.  A failure ends the tool."""
     start = time.perf_counter()
     with open(log, "w", encoding="utf-8") as out:
         out.write(f"$ {shlex.join(command)}\n")
         out.flush()
-        result = subprocess.run(_binary(command), env=_environment(threads), stdout=out, stderr=subprocess.STDOUT)
+        result = subprocess.run([common.program(command[0]), *command[1:]], env=common.threads_env(threads),
+                                stdout=out, stderr=subprocess.STDOUT)
     if result.returncode:
         raise SystemExit(f"compare.py: error: {command[0]} failed (exit {result.returncode}); see {log}")
     return time.perf_counter() - start
@@ -378,8 +371,9 @@ def baseline_until_plateau(runs, cores, valid_every, report_every, window, toler
             console = open(run.directory / "train.console.log", "w", encoding="utf-8")
             console.write(f"$ {shlex.join(command)}\n")
             console.flush()
-            processes.append((run, console, subprocess.Popen(_binary(command), env=_environment(threads),
-                                                             stdout=console, stderr=subprocess.STDOUT)))
+            processes.append((run, console, subprocess.Popen(
+                [common.program(command[0]), *command[1:]], env=common.threads_env(threads), stdout=console,
+                stderr=subprocess.STDOUT)))
         shown = 0
         while True:
             time.sleep(POLL_SECONDS)

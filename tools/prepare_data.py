@@ -27,6 +27,7 @@ import tarfile
 import gzip
 import urllib.error
 import urllib.request
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from multiprocessing import Pool
 from pathlib import Path
@@ -665,29 +666,23 @@ def _tokenize_line(args):
 
 
 def _chunk_job(job):
-    """Worker side of ``map_lines``: ``function((key, line))`` over one chunk, returned with its index."""
-    function, key, index, lines = job
-    return index, [function((key, line)) for line in lines]
+    """Worker side of ``map_lines``: ``function((key, line))`` over one chunk of lines."""
+    function, key, lines = job
+    return [function((key, line)) for line in lines]
 
 
 def map_lines(function, key, lines, workers=1, desc=None):
     """``[function((key, line)) for line in lines]`` with a line bar (``desc``), in chunks of ``CHUNK_LINES`` over
     a pool of ``workers`` processes when there are several."""
     lines = lines if isinstance(lines, list) else list(lines)
-    chunks = [lines[start:start + CHUNK_LINES] for start in range(0, len(lines), CHUNK_LINES)]
-    done = [None] * len(chunks)
-    with progress_bar(desc=desc, total=len(lines), unit=" lines", unit_scale=True) as bar:
-        if workers <= 1:
-            for index, chunk in enumerate(chunks):
-                done[index] = _chunk_job((function, key, index, chunk))[1]
-                bar.update(len(chunk))
-        else:
-            with Pool(workers) as pool:
-                jobs = ((function, key, index, chunk) for index, chunk in enumerate(chunks))
-                for index, result in pool.imap_unordered(_chunk_job, jobs):
-                    done[index] = result
-                    bar.update(len(result))
-    return [line for chunk in done for line in chunk]
+    jobs = [(function, key, lines[start:start + CHUNK_LINES]) for start in range(0, len(lines), CHUNK_LINES)]
+    done = []
+    with progress_bar(desc=desc, total=len(lines), unit=" lines", unit_scale=True) as bar, \
+            (Pool(workers) if workers > 1 else nullcontext()) as pool:
+        for chunk in (pool.imap(_chunk_job, jobs) if pool else map(_chunk_job, jobs)):
+            done += chunk
+            bar.update(len(chunk))
+    return done
 
 
 def tokenize_lines(lines, lang, workers=1, desc=None):

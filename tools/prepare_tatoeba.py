@@ -19,9 +19,10 @@ import sys
 import time
 from pathlib import Path
 
+import common
+
 LOG = logging.getLogger("prepare_tatoeba")
 
-BOM = "\ufeff"
 CMN_FILE = "cmn.txt"
 MULTIREF_FILE = "zh2en.multiref.tsv"
 SPM_TYPES = ("bpe", "unigram", "char", "word")
@@ -39,29 +40,15 @@ class DataError(Exception):
 
 
 # --------------------------------------------------------------------- reading
-def _read_lines(path):
-    """``(lineno, text)`` of each line of a UTF-8 file, BOM and CR removed; :class:`DataError` names a bad line."""
-    path = Path(path)
+def read_lines(path):
+    """``(lineno, text)`` of each line of a UTF-8 file, BOM and CR removed (by
+    :func:`onmt_ext.evaluation.read_hypotheses`); :class:`DataError` names a bad line."""
+    from onmt_ext.evaluation import EvaluationError, read_hypotheses
+
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise DataError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if data.startswith(BOM.encode("utf-8")):
-        data = data[len(BOM.encode("utf-8")):]
-    raw_lines = data.split(b"\n")
-    if raw_lines and raw_lines[-1] == b"":
-        raw_lines.pop()  # the file ends with a newline: no extra (empty) line
-    for lineno, raw in enumerate(raw_lines, start=1):
-        if raw.endswith(b"\r"):
-            raw = raw[:-1]
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise DataError(
-                f"{path}: line {lineno}: invalid UTF-8 (byte 0x{raw[exc.start]:02x} "
-                f"at byte {exc.start + 1} of the line): {exc.reason}"
-            ) from None
-        yield lineno, text
+        return list(enumerate(read_hypotheses(path, "file"), start=1))
+    except EvaluationError as exc:
+        raise DataError(str(exc)) from None
 
 
 def read_pairs(path):
@@ -71,7 +58,7 @@ def read_pairs(path):
     pairs = []
     counts = {"lines": 0, "pairs": 0, "skipped_empty": 0, "skipped_malformed": 0}
     malformed_examples = []
-    for lineno, text in _read_lines(path):
+    for lineno, text in read_lines(path):
         counts["lines"] += 1
         if not text.strip():
             counts["skipped_empty"] += 1
@@ -102,7 +89,7 @@ def read_multiref(path):
     without a reference or Chinese, or a repeated sentence, is a :class:`DataError` (the test set stays as given)."""
     items = []
     seen = {}
-    for lineno, text in _read_lines(path):
+    for lineno, text in read_lines(path):
         if not text.strip():
             continue
         cols = [c.strip() for c in text.split("\t")]
@@ -128,8 +115,6 @@ def pair_hash(pair):
 def split_pairs(pairs, test_zh, valid_size):
     """``(train, valid, counts)``: the pairs whose Chinese is not in ``test_zh``, the ``valid_size`` distinct pairs
     of smallest :func:`pair_hash` as valid (further copies dropped from train), both in input order."""
-    if valid_size < 0:
-        raise DataError(f"--valid-size must be >= 0, got {valid_size}")
     test_set = {zh.strip() for zh in test_zh}
     remaining = [p for p in pairs if p.zh.strip() not in test_set]
     removed = len(pairs) - len(remaining)
@@ -201,8 +186,6 @@ def train_spm(sentences, model_prefix, vocab_size, model_type="bpe", character_c
     sentences give identical files) into ``PREFIX.model`` and ``PREFIX.vocab``; returns the two paths."""
     import sentencepiece as spm
 
-    if model_type not in SPM_TYPES:
-        raise DataError(f"unknown SentencePiece model type {model_type!r} (choose from {', '.join(SPM_TYPES)})")
     model_prefix = Path(model_prefix)
     spm.set_random_generator_seed(SPM_SEED)
     writer = io.BytesIO()
@@ -264,9 +247,11 @@ def build_parser():
     p.add_argument("--data-dir", required=True, type=Path,
                    help=f"directory holding {CMN_FILE} and {MULTIREF_FILE}")
     p.add_argument("--out-dir", required=True, type=Path, help="output directory (created if missing)")
-    p.add_argument("--valid-size", type=int, default=1000, help="validation pairs (default: 1000)")
-    p.add_argument("--zh-vocab", type=int, default=8000, help="Chinese SentencePiece vocabulary size (default: 8000)")
-    p.add_argument("--en-vocab", type=int, default=8000, help="English SentencePiece vocabulary size (default: 8000)")
+    p.add_argument("--valid-size", type=common.at_least(0), default=1000, help="validation pairs (default: 1000)")
+    p.add_argument("--zh-vocab", type=common.at_least(1), default=8000,
+                   help="Chinese SentencePiece vocabulary size (default: 8000)")
+    p.add_argument("--en-vocab", type=common.at_least(1), default=8000,
+                   help="English SentencePiece vocabulary size (default: 8000)")
     p.add_argument("--spm-type", choices=SPM_TYPES, default="bpe", help="SentencePiece model type (default: bpe)")
     return p
 
@@ -285,9 +270,6 @@ def prepare(data_dir, out_dir, valid_size=1000, zh_vocab=8000, en_vocab=8000, sp
     """Run the whole preparation; returns the statistics written to ``stats.json``."""
     t0 = time.monotonic()
     data_dir, out_dir = Path(data_dir), Path(out_dir)
-    for name, v in (("--zh-vocab", zh_vocab), ("--en-vocab", en_vocab)):
-        if v < 1:
-            raise DataError(f"{name} must be positive, got {v}")
     cmn_path, ref_path = data_dir / CMN_FILE, data_dir / MULTIREF_FILE
 
     LOG.info("reading %s", cmn_path)

@@ -19,16 +19,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from prepare_tatoeba import DataError, train_spm
+from prepare_tatoeba import DataError, read_lines, train_spm
 
 LANGS = ("en", "de")
-
-
-def _read(path):
-    try:
-        return path.read_text(encoding="utf-8").split("\n")[:-1]
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DataError(f"{path}: cannot read: {exc}") from None
 
 
 def prepare(data_dir, out_dir, vocab, test_size):
@@ -36,7 +29,7 @@ def prepare(data_dir, out_dir, vocab, test_size):
     out_dir.mkdir(parents=True, exist_ok=True)
     counts = {}
     for split in ("train", "valid", "test"):
-        sides = [_read(data_dir / f"{split}.{lang}") for lang in LANGS]
+        sides = [[text for _, text in read_lines(data_dir / f"{split}.{lang}")] for lang in LANGS]
         if len(sides[0]) != len(sides[1]):
             raise DataError(f"{data_dir}/{split}.en and .de have {len(sides[0])} and {len(sides[1])} lines")
         pairs = [(s, t) for s, t in zip(*sides) if s.strip() and t.strip()]
@@ -46,7 +39,7 @@ def prepare(data_dir, out_dir, vocab, test_size):
         for lang, lines in zip(LANGS, zip(*pairs)):
             (out_dir / f"{split}.{lang}").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     for lang in LANGS:
-        sentences = _read(out_dir / f"train.{lang}")
+        sentences = [text for _, text in read_lines(out_dir / f"train.{lang}")]
         train_spm(sentences, out_dir / f"spm.{lang}", vocab)
     return counts
 

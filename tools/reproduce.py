@@ -1,9 +1,11 @@
 #!/usr/bin/env python
 """Reproduce a paper table: train every row's config, average its last checkpoints, translate, score, report.
 
-Usage::
+``make reproduce-TABLE`` runs it: ``--preflight``, then ``--rules FILE`` (a Makefile of the rows' steps, which
+make runs), then the scoring and report.  Usage::
 
-    python tools/reproduce.py TABLE [--gpus 0,1,2,3] [--average 5] [--dry-run] [--results-dir DIR]
+    python tools/reproduce.py TABLE (--preflight | --rules FILE | --dry-run) [--gpus 0,1,2,3] [--average 5]
+    python tools/reproduce.py TABLE [--gpus ...] [--average 5] [--results-dir DIR]   # score and report
     python tools/reproduce.py TABLE --report-only [--results-json FILE] [--results-dir DIR]
     python tools/reproduce.py --list
 
@@ -285,7 +287,7 @@ def averaged_steps(values, average, config):
 
 @dataclass(frozen=True)
 class Step:
-    """One command of a row: skipped when its ``output`` exists; its ``inputs`` are checked before it runs."""
+    """One command of a row: a rule of :func:`make_rules`, ``output`` its target, ``inputs`` its prerequisites."""
 
     command: tuple
     output: Path
@@ -559,16 +561,6 @@ def shell_line(command, gpus):
     return f"CUDA_VISIBLE_DEVICES={','.join(map(str, gpus))} {shlex.join(command)}"
 
 
-def _missing_message(missing, task, needed_by):
-    """The error for files missing before a step (or the scoring) can run."""
-    names = ", ".join(str(path) for path in missing)
-    message = f"reproduce.py: {names} {'is' if len(missing) == 1 else 'are'} missing (needed by {needed_by})"
-    if any(DATA in path.parents for path in missing):
-        message += (f"; prepare {DATA / task}/ with `make data-{task}` "
-                    "(docs/data.md lists the files it holds)")
-    return message
-
-
 def _scoring_inputs(task, by_length):
     """The data files the scoring reads: the references of every test set and, for the by-length report, the
     main test source."""
@@ -578,44 +570,32 @@ def _scoring_inputs(task, by_length):
     return paths + ([DATA / task / f"test.bpe.{src}"] if by_length else [])
 
 
-def check_data(plans, task, by_length=False):
-    """SystemExit naming the ``build/data`` files missing for the steps still to run and for the scoring."""
-    written = {step.output for p in plans for step in p.steps}
-    needed = [path for p in plans for step in p.steps if not step.output.exists()
-              for path in step.inputs if DATA in path.parents and path not in written]
-    needed += _scoring_inputs(task, by_length)
-    missing = [path for path in dict.fromkeys(needed) if not path.exists()]
-    if missing:
-        raise SystemExit(_missing_message(missing, task, f"reproducing a table on {task}"))
-
-
-def execute(plans, gpus, run=subprocess.run, bin_dir=None):
-    """Run the steps of ``plans`` on ``gpus`` with the programs of ``bin_dir`` (default: the venv's), skipping
-    those whose output exists; returns ``[{"command": <shell line>, "status": "ran" | "skipped: ..."}]``."""
-    bin_dir = Path(sys.executable).parent if bin_dir is None else Path(bin_dir)
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(map(str, gpus)))
-    log = []
-    for p in plans:
-        for step in p.steps:
-            line = shell_line(step.command, gpus)
-            if step.output.exists():
-                log.append({"command": line, "status": f"skipped: {step.output} exists"})
-                continue
-            missing = [path for path in step.inputs if not path.exists()]
-            if missing:
-                raise SystemExit(_missing_message(missing, p.task, step.command[0]))
-            p.run_dir.mkdir(parents=True, exist_ok=True)
-            print(line, flush=True)
-            try:
-                run([str(bin_dir / step.command[0]), *step.command[1:]], check=True, env=env)
-            except subprocess.CalledProcessError as error:
-                log_file = step.command[step.command.index("-log_file") + 1] if "-log_file" in step.command else None
-                raise SystemExit(f"reproduce.py: {step.command[0]} stopped with exit status {error.returncode}"
-                                 + (f"; its log: {log_file}" if log_file else "; its messages are above")) from None
-            if not step.output.exists():
-                raise SystemExit(f"reproduce.py: {step.command[0]} finished without writing {step.output}")
-            log.append({"command": line, "status": "ran"})
-    return log
+def make_rules(table, plans, gpus):
+    """The Makefile that runs the steps of ``plans`` on ``gpus`` (``make -f FILE BIN=<venv>/bin``): each step's
+    output is a target with the files it reads as prerequisites, so make skips what is up to date and redoes
+    what an input changed under.  ``all`` needs the scoring inputs first; a missing data file stops make with
+    one line naming it and ``make data-<task>``, a failed command with one line naming its log."""
+    task = plans[0].task
+    targets = [p.hypotheses_of(i) for p in plans for i in range(len(test_sets(task)))]
+    lines = [f"# {table}: written by tools/reproduce.py --rules for make reproduce-{table}", ".DELETE_ON_ERROR:",
+             ".NOTPARALLEL:",  # one step at a time: the rows share the devices
+             f"export CUDA_VISIBLE_DEVICES := {','.join(map(str, gpus))}",
+             "all: " + " ".join(map(str, _scoring_inputs(task, table.startswith("clause-")) + targets))]
+    steps = {step.output: (p, step) for p in plans for step in p.steps}  # rows may share a step (a tagger)
+    for output, (p, step) in steps.items():
+        command = shlex.join(step.command).replace("$", "$$")
+        log = step.command[step.command.index("-log_file") + 1] if "-log_file" in step.command else None
+        lines += ["", f"{output}: {' '.join(map(str, step.inputs))}", f"\t@mkdir -p {output.parent}",
+                  f"\t$(BIN)/{command} || {{ echo 'reproduce.py: {step.command[0]} failed; "
+                  + (f"its log: {log}" if log else "its messages are above") + "' >&2; exit 1; }"]
+    for p in plans:  # the checkpoints averaged besides the last one (the target of the training)
+        if len(p.checkpoints) > 1:
+            lines += ["", f"{' '.join(map(str, p.checkpoints[:-1]))}: | {p.checkpoints[-1]}",
+                      f"\t@test -f $@ || {{ echo 'reproduce.py: $@ is missing; delete {p.checkpoints[-1]} to train "
+                      "again' >&2; exit 1; }"]
+    return "\n".join(lines + ["", f"{DATA}/%:", f"\t@echo 'reproduce.py: $@ is missing; prepare {DATA / task}/ "
+                                              f"with `make data-{task}` (docs/data.md lists its files)' >&2; exit 1",
+                               ""])
 
 
 # ---------------------------------------------------------------- Scoring
@@ -855,7 +835,7 @@ def _bleu_table(rows, metric_key="bleu"):
 def write_report(table, task, rows, out_dir, commands=(), data=None):
     """Write ``<table>.json``, ``<table>.md``, ``<table>.curves.png`` (when a row has curves) and by-length
     plots for the rows (as :func:`row_results` makes them; ``label``, ``config``, ``paper_bleu``, ``bleu`` and
-    ``tok_bleu`` required) to ``out_dir``; returns the paths by kind.  ``commands``: :func:`execute`'s log."""
+    ``tok_bleu`` required) to ``out_dir``; returns the paths by kind.  ``commands``: the steps' shell lines."""
     paper = table.split("-", 1)[0]
     data = data or {"ours": training_data(task), "paper": paper_data(table, task)}
     out_dir = Path(out_dir)
@@ -960,7 +940,10 @@ def main(argv=None):
     parser.add_argument("--average", type=common.at_least(1), default=AVERAGE,
                         help=f"average the last N checkpoints and translate with the average (default {AVERAGE}; "
                              "1: translate the last checkpoint)")
-    parser.add_argument("--dry-run", action="store_true", help="print the commands; run nothing")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the commands (with --preflight: the failed checks as warnings); run nothing")
+    parser.add_argument("--rules", type=Path, metavar="FILE",
+                        help="write the Makefile of the table's steps to FILE (make reproduce-<table> runs it)")
     parser.add_argument("--report-only", action="store_true",
                         help="only rewrite the report from a results JSON (no training, translation or scoring)")
     parser.add_argument("--results-json", type=Path,
@@ -972,7 +955,6 @@ def main(argv=None):
                              "WMT17_SMALL_DATA=1); without it such a table needs WMT17_EXTRA_DIR")
     parser.add_argument("--preflight", action="store_true",
                         help="only check the CUDA devices and the corpus (make runs this before preparing data)")
-    parser.add_argument("--preflight-done", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--list", action="store_true", help="list the tables")
     parser.add_argument("--task", action="store_true", help="print the table's task (its build/data/ directory)")
     args = parser.parse_args(argv)
@@ -990,6 +972,7 @@ def main(argv=None):
     if args.results_json is not None and not args.report_only:
         parser.error("--results-json goes with --report-only")
     root = None if args.results_dir is None else args.results_dir.resolve()
+    rules = None if args.rules is None else args.rules.resolve()
     results_json = None if args.results_json is None else args.results_json.resolve()
     os.chdir(REPO)
     table, rows = args.table, TABLES[args.table]
@@ -1006,20 +989,23 @@ def main(argv=None):
         data = data or {"ours": f"not recorded in {_show(source)}", "paper": paper_data(table, task)}
     else:
         plans = [plan(row, gpus, args.average, args.passes) for row in rows]
-        if not args.preflight_done:
-            preflight(table, gpus, args.small_data, args.dry_run)
-        data = None
-        clause = table.startswith("clause-")  # the paper's claim is about long sentences (Tables 6-9)
-        if args.dry_run:
-            for p in plans:
-                for command in p.commands:
-                    print(shell_line(command, gpus))
-            print("\n".join(_dry_run_notes(table, plans, task, out_dir)))
+        if rules:
+            rules.parent.mkdir(parents=True, exist_ok=True)
+            rules.write_text(make_rules(table, plans, gpus), encoding="utf-8")
             return 0
-        check_data(plans, task, by_length=clause)
-        commands = execute(plans, gpus)
-        more = [score(plans, task, test_set=index) for index in range(1, len(test_sets(task)))]
-        rows_done = row_results(plans, score(plans, task, by_length=clause), more)
+        commands = [shell_line(command, gpus) for p in plans for command in p.commands]
+        if args.dry_run:
+            print("\n".join(commands + _dry_run_notes(table, plans, task, out_dir)))
+            return 0
+        clause = table.startswith("clause-")  # the paper's claim is about long sentences (Tables 6-9)
+        from onmt_ext.evaluation import EvaluationError
+
+        try:
+            more = [score(plans, task, test_set=index) for index in range(1, len(test_sets(task)))]
+            rows_done = row_results(plans, score(plans, task, by_length=clause), more)
+        except EvaluationError as exc:
+            raise SystemExit(f"reproduce.py: {exc} (`make reproduce-{table}` trains and translates first)") from None
+        data = None
     written = write_report(table, task, rows_done, out_dir, commands, data)
     print(written["md"].read_text(encoding="utf-8"))
     print(f"written: {', '.join(str(_show(path)) for kind, path in written.items() if kind != 'by_length')}"

@@ -19,6 +19,8 @@ import threading
 import time
 from pathlib import Path
 
+import common
+
 REPO = Path(__file__).resolve().parent.parent
 TATOEBA = Path("build/tatoeba")
 #: Every translation is forced to this many tokens, so that an undertrained model does real decoding work.
@@ -32,10 +34,6 @@ MECHANISMS = {
     "clause": "yaml_configs/smoke/clause/transformer_base_niutrans_enzh_ca_rule.yaml",
     "gret": "yaml_configs/smoke/gret/transformer_base_wmt14_ende_gret.yaml",
 }
-
-
-def _bin(name):
-    return str(Path(sys.executable).parent / name)
 
 
 def _rss_kib(pid):
@@ -137,14 +135,14 @@ def main(argv=None):
         config = MECHANISMS[name]
         run = work / name
         run.mkdir(exist_ok=True)
-        common = ["-config", config, "-save_data", str(run / "samples"), "-report_every", "10",
+        shared = ["-config", config, "-save_data", str(run / "samples"), "-report_every", "10",
                   "-valid_steps", "1000", "-overwrite_checkpoints"]
-        short_peak = run_peak([_bin("onmt_train"), *common, "-save_model", str(run / "model"), "-train_steps", "30",
-                               "-save_checkpoint_steps", "30"], run / "train.log")
+        short_peak = run_peak([common.program("onmt_train"), *shared, "-save_model", str(run / "model"),
+                               "-train_steps", "30", "-save_checkpoint_steps", "30"], run / "train.log")
         data = json.dumps({"corpus_1": {"path_src": str(work / "long.zh"), "path_tgt": str(work / "long.en")},
                            "valid": {"path_src": str(TATOEBA / "valid.zh"), "path_tgt": str(TATOEBA / "valid.en")}})
-        long_peak = run_peak([_bin("onmt_train"), *common, "-save_model", str(run / "long"), "-train_steps", "5",
-                              "-save_checkpoint_steps", "1000", "-data", data, "-batch_type", "sents",
+        long_peak = run_peak([common.program("onmt_train"), *shared, "-save_model", str(run / "long"),
+                              "-train_steps", "5", "-save_checkpoint_steps", "1000", "-data", data, "-batch_type", "sents",
                               "-batch_size", "4", "-src_seq_length", str(args.length * 2),
                               "-tgt_seq_length", str(args.length * 2)], run / "train_long.log")
         from onmt_ext.clause_split import translate_options
@@ -152,7 +150,7 @@ def main(argv=None):
 
         values = yaml.safe_load(Path(config).read_text(encoding="utf-8"))
         seconds, samples = run_sampled(
-            [_bin("onmt_translate"), "-model", str(run / "model_step_30.pt"), "-src", str(source), "-output",
+            [common.program("onmt_translate"), "-model", str(run / "model_step_30.pt"), "-src", str(source), "-output",
              str(run / "hyp.en"), "-beam_size", "4", "-batch_size", "64", "-batch_type", "sents",
              "-min_length", str(OUTPUT_LENGTH), "-max_length", str(OUTPUT_LENGTH), "-max_length_ratio", "0",
              *translate_options(values, ("sentencepiece",)), "-src_subword_model", str(TATOEBA / "spm.zh.model"),

@@ -91,7 +91,7 @@ def test_cli_invalid_utf8_exits_2_without_traceback(tmp_path, capsys):
     rc = pt.main(["--data-dir", str(data), "--out-dir", str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert rc == 2
-    assert "cmn.txt: line 4: invalid UTF-8" in err
+    assert "cmn.txt, line 4: invalid UTF-8" in err
     assert "Traceback" not in err
     # (the same through the command in a subprocess: tests/tools/test_tool_commands.py)
 

@@ -1,7 +1,10 @@
 """tools/reproduce.py: GPU lists, checkpoint averaging, the dry run of every table, running, scoring, the report."""
 
 import json
+import os
 import shlex
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -70,44 +73,86 @@ def test_the_gpu_list_sets_visible_devices_world_size_and_ranks(capsys):
     assert " -gpu 0 " in translate  # device 2: the first visible one
 
 
-def test_execute_runs_every_command_with_the_visible_devices(tmp_path, monkeypatch):
+def _fake_programs(tmp_path, plan):
+    """``bin/`` with stand-ins of the OpenNMT-py commands that log their call (and the visible devices) to
+    ``calls`` and write their outputs: every checkpoint of ``plan``, the file after ``-output``."""
+    programs = tmp_path / "bin"
+    programs.mkdir()
+    output = 'while [ "$1" != -output ]; do shift; done; echo x > "$2"'
+    for name, body in (("onmt_train", f"touch {' '.join(map(str, plan.checkpoints))}"),
+                       ("onmt_average_models", output), ("onmt_translate", output)):
+        (programs / name).write_text(f'#!/bin/sh\necho "{name} $CUDA_VISIBLE_DEVICES" >> calls\n{body}\n')
+        (programs / name).chmod(0o755)
+    return programs
+
+
+def _run_rules(tmp_path, plans, gpus, programs):
+    rules = tmp_path / "steps.mk"
+    rules.write_text(reproduce.make_rules("li2019-table3", plans, gpus), encoding="utf-8")
+    return subprocess.run(["make", "--no-print-directory", "-f", str(rules), f"BIN={programs}"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+
+
+def _calls(tmp_path):
+    calls = tmp_path / "calls"
+    done = calls.read_text(encoding="utf-8").splitlines() if calls.exists() else []
+    calls.unlink(missing_ok=True)
+    return done
+
+
+def test_make_runs_each_step_once_on_the_visible_devices_and_again_when_an_input_changes(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    [plan] = [reproduce.plan(reproduce.TABLES["li2019-table3"][0], (1, 2), average=2)]
-    calls = []
-
-    def fake_run(argv, check, env):
-        calls.append((argv, env["CUDA_VISIBLE_DEVICES"]))
-        if Path(argv[0]).name == "onmt_train":
-            for checkpoint in plan.checkpoints:
-                checkpoint.parent.mkdir(parents=True, exist_ok=True)
-                checkpoint.write_text("checkpoint")
-        else:
-            Path(_option(argv, "-output")[0]).write_text("output")
-
-    for path in plan.steps[0].inputs + (Path("build/data/wmt14_ende/test.bpe.en"),):
+    plan = reproduce.plan(reproduce.TABLES["li2019-table3"][0], (1, 2), average=2)
+    programs = _fake_programs(tmp_path, plan)
+    data = [*plan.steps[0].inputs, *(Path("build/data/wmt14_ende") / name for name in ("test.bpe.en", "test.de",
+                                                                                        "test.tok.de"))]
+    for path in data:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("x\n")
-    log = reproduce.execute([plan], (1, 2), run=fake_run, bin_dir="/venv/bin")
-    assert [Path(argv[0]).name for argv, _ in calls] == ["onmt_train", "onmt_average_models", "onmt_translate"]
-    assert all(argv[0].startswith("/venv/bin/") for argv, _ in calls)
-    assert {devices for _, devices in calls} == {"1,2"}
-    assert _option_values(calls[1][0], "-models") == [str(c) for c in plan.checkpoints]
-    assert [entry["status"] for entry in log] == ["ran"] * 3
-    assert log[0]["command"].startswith("CUDA_VISIBLE_DEVICES=1,2 onmt_train ")
-    calls.clear()
-    log = reproduce.execute([plan], (1, 2), run=fake_run, bin_dir="/venv/bin")  # everything is on disk now
-    assert calls == []
-    assert [entry["status"] for entry in log] == [f"skipped: {step.output} exists" for step in plan.steps]
+    result = _run_rules(tmp_path, [plan], (1, 2), programs)
+    assert result.returncode == 0, result.stderr
+    assert _calls(tmp_path) == ["onmt_train 1,2", "onmt_average_models 1,2", "onmt_translate 1,2"]
+    assert f"{programs}/onmt_average_models -models {' '.join(map(str, plan.checkpoints))} -output" in result.stdout
+    assert _run_rules(tmp_path, [plan], (1, 2), programs).returncode == 0 and _calls(tmp_path) == []  # up to date
+    plan.model.unlink()
+    assert _run_rules(tmp_path, [plan], (1, 2), programs).returncode == 0
+    assert _calls(tmp_path) == ["onmt_average_models 1,2", "onmt_translate 1,2"]
+    plan.checkpoints[0].unlink()  # a checkpoint to average is gone, the last one is there: nothing runs
+    plan.model.unlink()
+    result = _run_rules(tmp_path, [plan], (1, 2), programs)
+    assert result.returncode != 0 and _calls(tmp_path) == []
+    assert (f"reproduce.py: {plan.checkpoints[0]} is missing; delete {plan.checkpoints[-1]} to train again"
+            in result.stderr.splitlines())
+    os.utime(data[0], (time.time() + 10, time.time() + 10))  # a corpus newer than the checkpoints: train again
+    assert _run_rules(tmp_path, [plan], (1, 2), programs).returncode == 0
+    assert _calls(tmp_path) == ["onmt_train 1,2", "onmt_average_models 1,2", "onmt_translate 1,2"]
 
 
-def test_averaging_stops_when_a_checkpoint_is_missing(tmp_path, monkeypatch):
+def test_missing_data_stops_before_anything_runs_naming_the_file_and_the_make_target(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    plan = reproduce.plan(reproduce.TABLES["li2019-table3"][0], (0,), average=3)
-    plan.checkpoints[-1].parent.mkdir(parents=True)
-    plan.checkpoints[-1].write_text("only the last checkpoint")  # training is skipped, the others are gone
-    with pytest.raises(SystemExit, match=r"model_step_190000\.pt, .*model_step_195000\.pt are missing "
-                                         r"\(needed by onmt_average_models\)"):
-        reproduce.execute([plan], (0,), run=lambda *args, **kwargs: pytest.fail("nothing may run"))
+    plan = reproduce.plan(reproduce.TABLES["li2019-table3"][0], (0,), average=2)
+    programs = _fake_programs(tmp_path, plan)
+    for path in plan.steps[0].inputs + (Path("build/data/wmt14_ende/test.bpe.en"), Path("build/data/wmt14_ende/test.de")):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("x\n")
+    result = _run_rules(tmp_path, [plan], (0,), programs)  # test.tok.de, a reference of the scoring, is missing
+    assert result.returncode != 0 and _calls(tmp_path) == []
+    assert result.stderr.splitlines()[0] == ("reproduce.py: build/data/wmt14_ende/test.tok.de is missing; prepare "
+                                             "build/data/wmt14_ende/ with `make data-wmt14_ende` (docs/data.md "
+                                             "lists its files)")
+
+
+def test_a_failing_command_ends_the_run_in_one_line_naming_its_log(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    plan = reproduce.plan(reproduce.TABLES["li2019-table3"][0], (0,), average=2)
+    programs = _fake_programs(tmp_path, plan)
+    (programs / "onmt_train").write_text("#!/bin/sh\nexit 3\n")
+    for path in plan.steps[0].inputs + tuple(reproduce._scoring_inputs("wmt14_ende", False)):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("x\n")
+    result = _run_rules(tmp_path, [plan], (0,), programs)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert f"reproduce.py: onmt_train failed; its log: {plan.run_dir / 'train.log'}" in result.stderr.splitlines()
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -223,23 +268,6 @@ def test_results_go_to_the_paper_and_task_directory(tmp_path):
     assert reproduce.results_dir("cao2019-table2-wmt17_zhen", tmp_path) == tmp_path / "cao2019/wmt17_zhen"
     assert reproduce.results_dir("gret-big") == reproduce.REPO / "results/gret/wmt14_ende"
     assert reproduce.results_dir("clause-table5") == reproduce.REPO / "results/clause/niutrans_enzh"
-
-
-def test_missing_data_stops_before_anything_runs_naming_the_file_and_the_make_target(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    plans = [reproduce.plan(row, (0,)) for row in reproduce.TABLES["cao2019-table2-wmt14_ende"]]
-    with pytest.raises(SystemExit) as exit_info:
-        reproduce.check_data(plans, "wmt14_ende")
-    message = str(exit_info.value)
-    assert "build/data/wmt14_ende/train.bpe.en" in message and "make data-wmt14_ende" in message
-    for name in ("train.bpe.en", "train.bpe.de", "valid.bpe.en", "valid.bpe.de", "vocab.shared", "test.bpe.en",
-                 "test.de"):
-        (tmp_path / "build/data/wmt14_ende").mkdir(parents=True, exist_ok=True)
-        (tmp_path / "build/data/wmt14_ende" / name).write_text("x\n")
-    with pytest.raises(SystemExit, match=r"build/data/wmt14_ende/test\.tok\.de is missing .*make data-wmt14_ende"):
-        reproduce.check_data(plans, "wmt14_ende")
-    (tmp_path / "build/data/wmt14_ende/test.tok.de").write_text("x\n")
-    reproduce.check_data(plans, "wmt14_ende")
 
 
 # ---------------------------------------------------------------- training logs
@@ -435,7 +463,7 @@ def test_clause_table_scored_and_reported_from_hypotheses_on_disk(tmp_path, monk
     rows = reproduce.row_results(plans, scores)
     assert rows[1]["curves"]["valid"]["ppl"] == [98.76, 50.5] and rows[1]["averaged"] == 5
     assert rows[2]["model"] == "build/runs/clause/transformer_base_wmt16_ende_ca_study/average_last5.pt"
-    written = reproduce.write_report(table, task, rows, tmp_path / "out", [{"command": "x", "status": "ran"}])
+    written = reproduce.write_report(table, task, rows, tmp_path / "out", ["CUDA_VISIBLE_DEVICES=0 onmt_train x"])
     assert [path.name for path in written["by_length"]] == [f"{table}.ca_rule.by_length.png",
                                                            f"{table}.ca_study.by_length.png"]
     assert all(path.read_bytes().startswith(PNG_MAGIC) for path in written["by_length"] + [written["curves"]])
@@ -458,7 +486,7 @@ def test_clause_table_scored_and_reported_from_hypotheses_on_disk(tmp_path, monk
         assert float(cell["chrF"]) == pytest.approx(score["chrf"], abs=0.005)
         assert cell["p"] == ("" if score["p_value"] is None else f"{score['p_value']:.3f} {score['marker']}".strip())
     assert f"CA with rule vs Transformer (plot: [{table}.ca_rule.by_length.png]" in markdown
-    assert json.loads(written["json"].read_text(encoding="utf-8"))["commands"] == [{"command": "x", "status": "ran"}]
+    assert json.loads(written["json"].read_text(encoding="utf-8"))["commands"] == ["CUDA_VISIBLE_DEVICES=0 onmt_train x"]
 
 
 def test_nist_table_is_scored_on_all_three_test_sets_with_big_rows_against_the_big_baseline(tmp_path, monkeypatch):
@@ -637,16 +665,14 @@ def test_the_wmt17_tables_are_those_of_cao2019_li2019_and_gret():
 def test_wmt17_tables_refuse_news_commentary_alone_unless_asked(table, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("WMT17_EXTRA_DIR", raising=False)
-    with pytest.raises(SystemExit) as stop:  # before the data check: no build/data at all here
-        reproduce.main([table, "--gpus", "cpu"])
+    with pytest.raises(SystemExit) as stop:  # before the data: no build/data at all here
+        reproduce.main([table, "--preflight", "--gpus", "cpu"])
     message = str(stop.value)
     assert len(message.splitlines()) == 1 and "WMT17_EXTRA_DIR" in message and "WMT17_SMALL_DATA=1" in message
     assert "UN Parallel Corpus v1.0" in message and "CWMT" in message and not (tmp_path / "build").exists()
-    # asked for on purpose: the run goes on (to the missing data here)
-    with pytest.raises(SystemExit, match="make data-wmt17_zhen"):
-        reproduce.main([table, "--gpus", "cpu", "--small-data"])
+    assert reproduce.main([table, "--preflight", "--gpus", "cpu", "--small-data"]) == 0  # asked for on purpose
     # a DRY_RUN says the same, as a warning, and prints the commands
-    assert reproduce.main([table, "--dry-run"]) == 0
+    assert reproduce.main([table, "--preflight", "--dry-run"]) == 0 and reproduce.main([table, "--dry-run"]) == 0
     captured = capsys.readouterr()
     assert "reproduce.py: warning: " in captured.err and "WMT17_SMALL_DATA=1" in captured.err
     assert "onmt_train" in captured.out
@@ -678,14 +704,12 @@ def test_no_cuda_stops_the_table_before_its_data_in_one_line(tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(reproduce, "_cuda_devices", lambda gpus: 0)
     with pytest.raises(SystemExit) as stop:
-        reproduce.main(["li2019-table2", "--gpus", "0"])
+        reproduce.main(["li2019-table2", "--preflight", "--gpus", "0"])
     assert str(stop.value).startswith("reproduce.py: GPUS=0 asks for CUDA device 0, but torch")
     assert "sees no CUDA device" in str(stop.value) and len(str(stop.value).splitlines()) == 1
     assert not (tmp_path / "build").exists()
     assert reproduce.main(["li2019-table2", "--gpus", "0", "--preflight", "--dry-run"]) == 0
     assert "reproduce.py: warning: GPUS=0 asks for CUDA device 0" in capsys.readouterr().err
-    assert reproduce.main(["li2019-table2", "--dry-run"]) == 0
-    assert "sees no CUDA device" in capsys.readouterr().err
     assert reproduce.device_problem((), lambda gpus: 0) is None  # GPUS=cpu needs no CUDA
 
 
@@ -694,22 +718,3 @@ def test_fewer_gpus_than_asked_and_a_broken_torch_are_one_line_each():
     assert "GPUS=0,1,2,3 asks for 4 CUDA devices, but torch sees only 2 of them" in message
     assert reproduce.device_problem((0, 1), lambda gpus: 2) is None
     assert "importing torch failed: ImportError: x" in reproduce.device_problem((0,), lambda gpus: "ImportError: x")
-
-
-def test_a_failing_command_ends_the_run_in_one_line_without_a_traceback(tmp_path, monkeypatch):
-    import subprocess
-
-    monkeypatch.chdir(tmp_path)
-    row = reproduce.TABLES["sample-li2019"][0]
-    plans = [reproduce.plan(row, (), average=1)]
-    for path in plans[0].steps[0].inputs:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("x\n")
-
-    def fail(command, check, env):
-        raise subprocess.CalledProcessError(3, command)
-
-    with pytest.raises(SystemExit) as stop:
-        reproduce.execute(plans, (), run=fail, bin_dir=tmp_path)
-    assert str(stop.value) == ("reproduce.py: onmt_train stopped with exit status 3; its log: "
-                               f"{plans[0].run_dir / 'train.log'}")
