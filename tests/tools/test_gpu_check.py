@@ -47,6 +47,7 @@ def test_dry_run_writes_every_section(dry_run):  # the default tier: the check m
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((out / "cpu-tiny.json").read_text(encoding="utf-8"))
     text = (out / "cpu-tiny.md").read_text(encoding="utf-8")
+    assert "| interval tok/s: median (min-max) |" in text
     for heading in ("## Time per part", "## a. Decoding properties", "## b. Training", "## c. Translation",
                     "## Targets (issues 29 and 35)"):
         assert heading in text
@@ -89,6 +90,9 @@ def test_dry_run_measures_every_row(dry_run):
                     "memory_ratio"):
             assert _positive(row[key]), (row["case"], key, row[key])
         assert 0 <= row["data_wait_share"] < 1
+        speeds = row["interval_tokens_per_s"]  # one per report interval of the measured steps
+        assert len(speeds) == row["measured_steps"] // row["options"]["report_every"] and all(map(_positive, speeds))
+        assert row["median_interval_tokens_per_s"] == statistics.median(speeds)
         if row.get("repeat_of"):  # the baseline's further runs measure speed only, not profiled
             assert "busy_share" not in row, row
         else:
