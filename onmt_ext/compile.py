@@ -59,9 +59,58 @@ def run(enabled, fn, *args, **kwargs):
     return _call_compiled("ext_compile", fn, lambda: compiled(fn)(*args, **kwargs))
 
 
+#: the compiled stock layers see source and target lengths padded up to a multiple of this (:func:`_aligned`)
+ALIGN = 8
+
+
+def _padded(x, dim, length, value):
+    """``x`` with dimension ``dim`` filled up at its end to ``length`` with ``value``."""
+    extra = length - x.size(dim)
+    if extra == 0:
+        return x
+    fill = list(x.shape)
+    fill[dim] = extra
+    return torch.cat([x, x.new_full(fill, value)], dim)
+
+
+def _aligned(encoder, call, *args, **kwargs):
+    """``call(*args, **kwargs)`` for a stock encoder or decoder layer, with its lengths padded up to a multiple
+    of :data:`ALIGN` and the outputs cut back.
+
+    On CUDA, Inductor's attention guards on whether the mask's key length is a multiple of 8 (PyTorch pull
+    request 163083), so batches of both kinds compile the layer twice or more.  Padded positions are masked
+    keys (``True`` in OpenNMT-py's pad masks) and extra query rows that are cut off: the real positions' values
+    are unchanged up to rounding.  Encoder layer: ``(layer_in (batch, src, dim), mask (batch, 1, src, src))``;
+    decoder layer: ``(layer_in (batch, tgt, dim), enc_out (batch, src, dim), src_pad_mask (batch, 1, src),
+    tgt_pad_mask (batch, 1, tgt), **kwargs)`` returning ``(out, top_attn, attn_align)``, attentions
+    ``(batch, tgt, src)`` or None.
+    """
+    def up(length):
+        return -(-length // ALIGN) * ALIGN
+
+    if encoder:
+        layer_in, mask = args
+        length = layer_in.size(1)
+        if up(length) == length:
+            return call(layer_in, mask, **kwargs)
+        keys = _padded(mask, 3, up(length), True)  # new rows repeat the first: no query row is fully masked
+        keys = torch.cat([keys, keys[:, :, :1].expand(-1, -1, up(length) - length, -1)], 2)
+        return call(_padded(layer_in, 1, up(length), 0.0), keys, **kwargs)[:, :length]
+    layer_in, enc_out, src_pad_mask, tgt_pad_mask = args
+    tgt, src = layer_in.size(1), enc_out.size(1)
+    if (up(tgt), up(src)) == (tgt, src):
+        return call(*args, **kwargs)
+    out, *attentions = call(_padded(layer_in, 1, up(tgt), 0.0), _padded(enc_out, 1, up(src), 0.0),
+                            _padded(src_pad_mask, 2, up(src), True), _padded(tgt_pad_mask, 2, up(tgt), True),
+                            **kwargs)
+    return (out[:, :tgt], *(None if attn is None else attn[:, :tgt, :src] for attn in attentions))
+
+
 def _layer_forward(layer, eager, *args, **kwargs):
     """A layer's ``forward``: compiled in training passes (``layer.training``, no decoding ``step``), else
-    ``eager``, the layer's own bound ``forward``.
+    ``eager``, the layer's own bound ``forward``.  A stock OpenNMT-py layer gets its lengths padded to a
+    multiple of :data:`ALIGN` (:func:`_aligned`); a layer with a mechanism module, whose state may depend on the
+    length, does not.
 
     While the compiled layer runs, OpenNMT-py's attention finds :func:`onmt_ext.compat.opennmt_sdp_kernel` under
     ``torch.backends.cuda.sdp_kernel`` (:class:`~onmt_ext.compat.OpenNMTBackends`: traceable, where the stock
@@ -73,8 +122,23 @@ def _layer_forward(layer, eager, *args, **kwargs):
     if not layer.training or kwargs.get("step") is not None:
         return eager(*args, **kwargs)
     fn = type(layer).forward
+    graph = partial(compiled(fn, fullgraph=False), layer)
+    kind = _stock_kind(layer)
+    if kind:
+        graph = partial(_aligned, kind == "encoder", graph)
     with OpenNMTBackends(), shape_config.patch(use_duck_shape=False):
-        return _call_compiled("ext_compile_layers", fn, lambda: compiled(fn, fullgraph=False)(layer, *args, **kwargs))
+        return _call_compiled("ext_compile_layers", fn, lambda: graph(*args, **kwargs))
+
+
+def _stock_kind(layer):
+    """``"encoder"`` or ``"decoder"`` for an OpenNMT-py layer made of OpenNMT-py and torch modules only; None for
+    a layer that holds an onmt-ext mechanism module (onmt-ext keeps OpenNMT-py's layer classes)."""
+    from onmt.decoders.transformer import TransformerDecoderLayer
+    from onmt.encoders.transformer import TransformerEncoderLayer
+
+    if any(type(module).__module__.startswith("onmt_ext") for module in layer.modules()):
+        return None
+    return {TransformerEncoderLayer: "encoder", TransformerDecoderLayer: "decoder"}.get(type(layer))
 
 
 def compile_layers(model):

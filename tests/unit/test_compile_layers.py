@@ -5,6 +5,8 @@ On the CPU, with ``aot_eager`` (the graphs Dynamo and AOTAutograd capture, run w
 
 * a model with compiled layers gives the eager model's training outputs and gradients over three batch shapes,
   stock (fast tier) and with each paper's mechanisms (slow tier); the third shape compiles nothing new;
+* layers of OpenNMT-py modules only see lengths padded to a multiple of 8, with the eager values; layers
+  holding an onmt-ext module keep theirs;
 * evaluation and step-by-step decoding stay eager, and decoding still equals the full pass;
 * parameters and state dict are unchanged; the option reaches the model that ``onmt_train`` builds.
 """
@@ -79,6 +81,41 @@ def test_compiled_layers_train_as_eager(config, sample_data, onmt_active, counte
     if config == BASELINE:  # a stock layer is one graph, and a new batch shape compiles nothing new
         assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
         assert frames[-1] == frames[0], frames
+
+
+@pytest.mark.parametrize("config", [BASELINE, "yaml_configs/smoke/chen2019/transformer_base_nist_zhen_mprhead.yaml",
+                                    "yaml_configs/smoke/cao2019/transformer_base_wmt17_zhen_cross_zero.yaml"],
+                         ids=["stock", "chen2019-stock-layers", "cao2019"])
+def test_stock_layers_see_lengths_padded_to_a_multiple_of_8(config, sample_data, onmt_active, monkeypatch):
+    """Inductor's CUDA attention guards on the key length being a multiple of 8, so the compiled stock layers get
+    their lengths padded (masked keys, query rows cut off), also around chen2019's embeddings; layers that hold
+    an onmt-ext module (cao2019's attention) keep theirs.  The graph is run eagerly here: this checks the
+    padding, the test above the compiled arithmetic."""
+    seen = []
+
+    def recording(fn, fullgraph=True):
+        def run(layer, layer_in, *args, **kwargs):
+            seen.append((type(layer).__name__, layer_in.size(1), *(a.size(1) for a in args[:1] if a.dim() == 3)))
+            return fn(layer, layer_in, *args, **kwargs)
+        return run
+
+    eager, fast, vocabs = _models(config)
+    ext_compile.compile_layers(fast)
+    eager.train(), fast.train()
+    monkeypatch.setattr(ext_compile, "compiled", recording)
+    for seed, (src_lens, tgt_lens) in enumerate([([5, 3, 9], [4, 6, 2]), ([8, 2], [9, 3])]):
+        src, src_len, tgt = support.random_batch(vocabs, src_lens, tgt_lens, seed=seed)
+        (out_e, grads_e), (out_f, grads_f) = _pass(eager, src, src_len, tgt), _pass(fast, src, src_len, tgt)
+        torch.testing.assert_close(out_f, out_e, atol=1e-5, rtol=1e-4)
+        for g_f, g_e in zip(grads_f, grads_e):
+            if g_e is not None:
+                torch.testing.assert_close(g_f, g_e, atol=1e-5, rtol=1e-4)
+    lengths = [length for _, *sizes in seen for length in sizes]
+    assert seen and any(length % 8 for length in [5, 3, 9, 4, 6, 2])
+    if "cao2019" not in config:
+        assert all(length % 8 == 0 for length in lengths), seen
+    else:
+        assert any(length % 8 for length in lengths), seen
 
 
 def test_evaluation_and_decoding_stay_eager(sample_data, onmt_active, counter):
