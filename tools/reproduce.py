@@ -573,8 +573,10 @@ def _scoring_inputs(task, by_length):
 def make_rules(table, plans, gpus):
     """The Makefile that runs the steps of ``plans`` on ``gpus`` (``make -f FILE BIN=<venv>/bin``): each step's
     output is a target with the files it reads as prerequisites, so make skips what is up to date and redoes
-    what an input changed under.  ``all`` needs the scoring inputs first; a missing data file stops make with
-    one line naming it and ``make data-<task>``, a failed command with one line naming its log."""
+    what an input changed under, except a training: its data are order-only prerequisites, so that a newer
+    corpus never overwrites finished checkpoints (days of GPU time; delete the last checkpoint to train again).
+    ``all`` needs the scoring inputs first; a missing data file stops make with one line naming it and
+    ``make data-<task>``, a failed command with one line naming its log."""
     task = plans[0].task
     targets = [p.hypotheses_of(i) for p in plans for i in range(len(test_sets(task)))]
     lines = [f"# {table}: written by tools/reproduce.py --rules for make reproduce-{table}", ".DELETE_ON_ERROR:",
@@ -585,7 +587,8 @@ def make_rules(table, plans, gpus):
     for output, (p, step) in steps.items():
         command = shlex.join(step.command).replace("$", "$$")
         log = step.command[step.command.index("-log_file") + 1] if "-log_file" in step.command else None
-        lines += ["", f"{output}: {' '.join(map(str, step.inputs))}", f"\t@mkdir -p {output.parent}",
+        needs = ("| " if step.command[0] == "onmt_train" else "") + " ".join(map(str, step.inputs))
+        lines += ["", f"{output}: {needs}", f"\t@mkdir -p {output.parent}",
                   f"\t$(BIN)/{command} || {{ echo 'reproduce.py: {step.command[0]} failed; "
                   + (f"its log: {log}" if log else "its messages are above") + "' >&2; exit 1; }"]
     for p in plans:  # the checkpoints averaged besides the last one (the target of the training)

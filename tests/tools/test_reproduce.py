@@ -100,7 +100,7 @@ def _calls(tmp_path):
     return done
 
 
-def test_make_runs_each_step_once_on_the_visible_devices_and_again_when_an_input_changes(tmp_path, monkeypatch):
+def test_make_runs_each_step_once_on_the_visible_devices_and_never_trains_over_checkpoints(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     plan = reproduce.plan(reproduce.TABLES["li2019-table3"][0], (1, 2), average=2)
     programs = _fake_programs(tmp_path, plan)
@@ -123,9 +123,14 @@ def test_make_runs_each_step_once_on_the_visible_devices_and_again_when_an_input
     assert result.returncode != 0 and _calls(tmp_path) == []
     assert (f"reproduce.py: {plan.checkpoints[0]} is missing; delete {plan.checkpoints[-1]} to train again"
             in result.stderr.splitlines())
-    os.utime(data[0], (time.time() + 10, time.time() + 10))  # a corpus newer than the checkpoints: train again
+    plan.checkpoints[0].write_text("x\n")
+    later = time.time() + 10
+    os.utime(data[0], (later, later))  # a corpus newer than the checkpoints: they are kept, not trained over
     assert _run_rules(tmp_path, [plan], (1, 2), programs).returncode == 0
-    assert _calls(tmp_path) == ["onmt_train 1,2", "onmt_average_models 1,2", "onmt_translate 1,2"]
+    assert _calls(tmp_path) == ["onmt_average_models 1,2", "onmt_translate 1,2"]
+    os.utime(data[-3], (later, later))  # a newer test source: translated again, from the same average
+    assert _run_rules(tmp_path, [plan], (1, 2), programs).returncode == 0
+    assert _calls(tmp_path) == ["onmt_translate 1,2"]
 
 
 def test_missing_data_stops_before_anything_runs_naming_the_file_and_the_make_target(tmp_path, monkeypatch):
