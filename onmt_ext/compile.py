@@ -91,26 +91,29 @@ def _aligned(encoder, call, *args, **kwargs):
     if encoder:
         layer_in, mask = args
         length = layer_in.size(1)
-        if up(length) == length:
+        full = up(length)
+        if full == length:
             return call(layer_in, mask, **kwargs)
-        keys = _padded(mask, 3, up(length), True)  # new rows repeat the first: no query row is fully masked
-        keys = torch.cat([keys, keys[:, :, :1].expand(-1, -1, up(length) - length, -1)], 2)
-        return call(_padded(layer_in, 1, up(length), 0.0), keys, **kwargs)[:, :length]
+        keys = _padded(mask, 3, full, True)  # new rows repeat the first: no query row is fully masked
+        keys = torch.cat([keys, keys[:, :, :1].expand(-1, -1, full - length, -1)], 2)
+        return call(_padded(layer_in, 1, full, 0.0), keys, **kwargs)[:, :length]
     layer_in, enc_out, src_pad_mask, tgt_pad_mask = args
     tgt, src = layer_in.size(1), enc_out.size(1)
-    if (up(tgt), up(src)) == (tgt, src):
+    full_tgt, full_src = up(tgt), up(src)
+    if (full_tgt, full_src) == (tgt, src):
         return call(*args, **kwargs)
-    out, *attentions = call(_padded(layer_in, 1, up(tgt), 0.0), _padded(enc_out, 1, up(src), 0.0),
-                            _padded(src_pad_mask, 2, up(src), True), _padded(tgt_pad_mask, 2, up(tgt), True),
+    out, *attentions = call(_padded(layer_in, 1, full_tgt, 0.0), _padded(enc_out, 1, full_src, 0.0),
+                            _padded(src_pad_mask, 2, full_src, True), _padded(tgt_pad_mask, 2, full_tgt, True),
                             **kwargs)
     return (out[:, :tgt], *(None if attn is None else attn[:, :tgt, :src] for attn in attentions))
 
 
-def _layer_forward(layer, eager, *args, **kwargs):
+def _layer_forward(layer, eager, kind, *args, **kwargs):
     """A layer's ``forward``: compiled in training passes (``layer.training``, no decoding ``step``), else
-    ``eager``, the layer's own bound ``forward``.  A stock OpenNMT-py layer gets its lengths padded to a
-    multiple of :data:`ALIGN` (:func:`_aligned`); a layer with a mechanism module, whose state may depend on the
-    length, does not.
+    ``eager``, the layer's own bound ``forward``.  ``kind`` (:func:`_stock_kind`, decided once when the layer is
+    wrapped): ``"encoder"`` or ``"decoder"`` for a stock OpenNMT-py layer, whose lengths are padded to a multiple
+    of :data:`ALIGN` (:func:`_aligned`); None for a layer with a mechanism module, whose state may depend on the
+    length.
 
     While the compiled layer runs, OpenNMT-py's attention finds :func:`onmt_ext.compat.opennmt_sdp_kernel` under
     ``torch.backends.cuda.sdp_kernel`` (:class:`~onmt_ext.compat.OpenNMTBackends`: traceable, where the stock
@@ -123,22 +126,19 @@ def _layer_forward(layer, eager, *args, **kwargs):
         return eager(*args, **kwargs)
     fn = type(layer).forward
     graph = partial(compiled(fn, fullgraph=False), layer)
-    kind = _stock_kind(layer)
     if kind:
         graph = partial(_aligned, kind == "encoder", graph)
     with OpenNMTBackends(), shape_config.patch(use_duck_shape=False):
         return _call_compiled("ext_compile_layers", fn, lambda: graph(*args, **kwargs))
 
 
-def _stock_kind(layer):
-    """``"encoder"`` or ``"decoder"`` for an OpenNMT-py layer made of OpenNMT-py and torch modules only; None for
-    a layer that holds an onmt-ext mechanism module (onmt-ext keeps OpenNMT-py's layer classes)."""
-    from onmt.decoders.transformer import TransformerDecoderLayer
-    from onmt.encoders.transformer import TransformerEncoderLayer
-
+def _stock_kind(layer, stock):
+    """``stock[type(layer)]`` (``"encoder"`` or ``"decoder"``) for an OpenNMT-py layer made of OpenNMT-py and
+    torch modules only; None for a layer that holds an onmt-ext mechanism module (onmt-ext keeps OpenNMT-py's
+    layer classes)."""
     if any(type(module).__module__.startswith("onmt_ext") for module in layer.modules()):
         return None
-    return {TransformerEncoderLayer: "encoder", TransformerDecoderLayer: "decoder"}.get(type(layer))
+    return stock.get(type(layer))
 
 
 def compile_layers(model):
@@ -153,16 +153,17 @@ def compile_layers(model):
     layer's graph (its own ``-ext_compile`` core, if any, still compiles).  Unless ``TORCH_LOGS`` says
     otherwise, every recompilation is logged with the guard that failed.
     """
-    from onmt.decoders.transformer import TransformerDecoderLayerBase
+    from onmt.decoders.transformer import TransformerDecoderLayer, TransformerDecoderLayerBase
     from onmt.encoders.transformer import TransformerEncoderLayer
 
     layers = [module for module in model.modules()
               if isinstance(module, (TransformerEncoderLayer, TransformerDecoderLayerBase))]
+    stock = {TransformerEncoderLayer: "encoder", TransformerDecoderLayer: "decoder"}
     if layers and not os.environ.get("TORCH_LOGS"):  # each recompilation costs seconds: say when and why
         torch._logging.set_logs(recompiles=True)
     for layer in layers:
         if not isinstance(layer.forward, partial):  # once
-            layer.forward = partial(_layer_forward, layer, layer.forward)
+            layer.forward = partial(_layer_forward, layer, layer.forward, _stock_kind(layer, stock))
         for module in layer.modules():  # modules that declare they stay out of the layer's graph run on their own
             if getattr(type(module), "layer_graph_boundary", False) and "forward" not in vars(module):
                 module.forward = torch.compiler.disable(module.forward)

@@ -228,7 +228,7 @@ def test_a_compiled_layer_traces_through_the_attention_backend_choice(monkeypatc
     monkeypatch.setattr(ext_compile, "BACKEND", recorder)
     monkeypatch.setattr(ext_compile, "_COMPILED", {})
     layer, stock, x = _Attending(), torch.backends.cuda.sdp_kernel, torch.randn(2, 3, 5, 4)
-    out = ext_compile._layer_forward(layer, layer.forward, x)
+    out = ext_compile._layer_forward(layer, layer.forward, None, x)
     torch._dynamo.reset()
     assert len(recorder.graphs) == 1
     assert "scaled_dot_product_attention" in recorder.graphs[0].code
