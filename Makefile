@@ -26,8 +26,9 @@
 #                 results/gpu/<gpu model>.{md,json}; docs/gpu-check.md)
 #   make bench-host  host ms per 8k-token training step (trivial model), onmt-ext and stock OpenNMT-py: a CPU
 #                 proxy for the GPU work (results/bench/host-proxy.md)
-#   make bench    speed/memory of the mechanisms against the baseline, for information (CPU, smoke
-#                 size; BENCH_ARGS="--size paper --gpu 0" for the paper size; docs/benchmarks-method.md)
+#   make bench    speed/memory of the mechanisms against the baseline on the CPU, for information: gpu-check's
+#                 sections b and c at smoke size (build/bench/; docs/benchmarks-method.md)
+#   make layer-cost  one encoder layer's time and memory per mechanism as the length grows (CPU)
 #   make reproduce-li2019-table2 (-table3, -table4-wmt14_ende, -table4-wmt17_zhen),
 #        reproduce-cao2019-table1 (-table2-wmt17_zhen, -table2-wmt14_ende),
 #        reproduce-chen2019-table1 (-table2-nist_zhen, -table3), sweep-chen2019-dr (Figure 2),
@@ -77,14 +78,13 @@ AVERAGE ?= 5
 DRY_RUN ?=
 WMT17_SMALL_DATA ?=
 RESULTS_DIR ?=
-BENCH_ARGS ?=
 REPRODUCE_TABLES := li2019-table2 li2019-table3 li2019-table4-wmt14_ende li2019-table4-wmt17_zhen \
 	cao2019-table1 cao2019-table2-wmt17_zhen cao2019-table2-wmt14_ende \
 	chen2019-table1 chen2019-table2-nist_zhen chen2019-table3 chen2019-figure2-rpehead chen2019-figure2-mprhead \
 	gret-main-wmt14_ende gret-main-wmt14_deen gret-main-wmt17_zhen gret-main-wmt16_roen gret-ablation gret-big \
 	clause-table5 clause-table10 clause-table11 sample-li2019
 
-.PHONY: help setup wheelhouse gpu-check data demo compare scale cao2019-weights split-speed length-demo test test-all test-unit smoke bench bench-host paper-configs clean distclean \
+.PHONY: help setup wheelhouse gpu-check data demo compare scale cao2019-weights split-speed length-demo test test-all test-unit smoke bench bench-host layer-cost paper-configs clean distclean \
 	reproduce-li2019 reproduce-cao2019 reproduce-chen2019 reproduce-gret reproduce-clause sweep-chen2019-dr $(addprefix reproduce-,$(REPRODUCE_TABLES)) $(addprefix report-,$(REPRODUCE_TABLES)) reproduce-sample
 
 help:
@@ -425,16 +425,19 @@ smoke: $(TATOEBA)/vocab.en | $(SETUP_STAMP)
 	done
 
 # ---------------------------------------------------------------- benchmark
-BENCH_SUITES ?= li2019 cao2019 chen2019 gret clause
+# speed and memory of every mechanism against the baseline on the CPU, for information: make gpu-check's
+# training and translation sections at smoke size, with longer budgets than its dry run (a ratio below its
+# target is reported, not a failure) -> build/bench/ (docs/benchmarks-method.md)
+BENCH_ARGS ?= --warmup-steps 5 --steps 40 --budget-b 900 --budget-c 300
+bench: | $(SETUP_STAMP)
+	@$(MAKE) --no-print-directory data
+	$(PY) tools/gpu_check.py --device cpu --tiny --sections bc --out build/bench --work build/bench/work $(BENCH_ARGS)
 
-# the cost of cao2019's horizontal routing as the length grows, then every suite, for information: a ratio
-# below its target is reported, not a failure; a suite that cannot run fails make bench after the others ran
-# (docs/benchmarks-method.md)
-bench: $(TATOEBA)/vocab.en | $(SETUP_STAMP)
-	$(PY) tools/layer_cost.py
-	@status=0; for suite in $(BENCH_SUITES); do \
-	  $(PY) tools/bench.py --suite $$suite $(BENCH_ARGS) || status=1; \
-	done; exit $$status
+# the cost of one encoder layer per mechanism as the length grows (cao2019's horizontal routing is quadratic in
+# it), for information -> printed (docs/benchmarks-method.md)
+LAYER_COST_ARGS ?=
+layer-cost: | $(SETUP_STAMP)
+	$(PY) tools/layer_cost.py $(LAYER_COST_ARGS)
 
 # host milliseconds per 8k-token training step with a trivial model, onmt-ext and stock OpenNMT-py in one run:
 # a CPU proxy for the host's share of a GPU step (information only) -> results/bench/host-proxy.{md,json}

@@ -3,8 +3,8 @@
 The commands import it as a sibling (``python tools/x.py`` puts tools/ first on ``sys.path``); the tests get
 tools/ on the path from pyproject.toml's pytest ``pythonpath``.  A child process is this interpreter running a
 tool's ``--child KIND RESULT [head...] -- argv`` entry (:func:`run_child`), which writes its figures as JSON to
-``RESULT``; :func:`record_training` is the training statistics both bench.py and gpu_check.py take from
-OpenNMT-py's own trainer.
+``RESULT``; :func:`record_training` is the training statistics gpu_check.py takes from OpenNMT-py's own
+trainer.
 """
 
 import argparse

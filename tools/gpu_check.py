@@ -35,10 +35,12 @@ from collections import Counter
 from itertools import islice
 from pathlib import Path
 
-import bench
+import yaml
+
 import common
-from bench import Case
+import timed_runs
 from common import fmt
+from timed_runs import Case
 
 REPO = Path(__file__).resolve().parent.parent
 PROPERTY_TEST = "tests/integration/test_decoding_properties.py"
@@ -568,7 +570,7 @@ def step_plan(args):
 
 
 class Settings:
-    """What section b's configs need from bench.bench_config (its ``args``)."""
+    """What section b's configs need from timed_runs.case_config (its ``args``)."""
 
     def __init__(self, args, batch_size):
         self.batch_size = batch_size
@@ -607,15 +609,15 @@ def training_config(case, mode, args, work, repeat_cache, batch_size=None, repla
     key = (case.config, batch_size)
     suffix = f"_{name or mode}"
     if key not in repeat_cache:  # the corpus as the case reads it, to count its tokens once
-        _, _, plain = bench.bench_config(case, size, settings, work, overrides=overrides, suffix=suffix)
+        _, _, plain = timed_runs.case_config(case, size, settings, work, overrides=overrides, suffix=suffix)
         repeat_cache[key] = _repeat_factor(plain, batch_size * total)
-    path, checkpoint, config = bench.bench_config(case, size, settings, work, overrides=overrides, suffix=suffix,
-                                                  repeat=repeat_cache[key])
+    path, checkpoint, config = timed_runs.case_config(case, size, settings, work, overrides=overrides,
+                                                      suffix=suffix, repeat=repeat_cache[key])
     if stock:  # any other option stock OpenNMT-py does not know fails its run (child_train_many)
         if "ext_transformer" in (config.get("encoder_type"), config.get("decoder_type")) or mode != "eager":
             raise ValueError(f"{case.config} ({mode}) uses onmt-ext: it has no stock OpenNMT-py twin")
         config = {key: value for key, value in config.items() if key not in EXT_TRAIN_OPTIONS}
-        path.write_text(bench.yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+        path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     return path, checkpoint, config
 
 
@@ -640,7 +642,7 @@ def training_plan(args, cases):
     users = f"{args.num_workers} data workers (the users' path)"
     replay = "built ahead, no workers, replayed from memory"
     paper, small = args.paper_batch_size, args.batch_size
-    control = bench.control_case(BASELINE)
+    control = timed_runs.control_case(BASELINE)
     stock_case = Case(STOCK_LABEL, BASELINE.config, pre_encoded=True)
     ext_case = Case("onmt-ext baseline", BASELINE.config, pre_encoded=True)
     base_key = f"{IN_PROCESS}|{BASELINE.label}|eager|{small}"
@@ -961,7 +963,7 @@ def child_translate_many(result_file, head, argv):
         if not repeated.exists():
             repeated.write_text(source.read_text(encoding="utf-8") * copies, encoding="utf-8")
         by_name = {job["name"]: job for job in jobs}
-        for index, name in enumerate(bench.translation_schedule([base, *chosen], base, group["passes"],
+        for index, name in enumerate(timed_runs.translation_schedule([base, *chosen], base, group["passes"],
                                                                 group["block"])):
             if time.monotonic() > group_deadline:
                 break
@@ -972,7 +974,7 @@ def child_translate_many(result_file, head, argv):
 
 
 def translation_argv(checkpoint, config, source, args, search, output):
-    """``onmt_translate`` arguments of one run (see bench.measure_translation)."""
+    """``onmt_translate`` arguments of one run (see docs/benchmarks-method.md)."""
     from onmt_ext.clause_split import translate_options
 
     _, _, options = search
@@ -1085,7 +1087,7 @@ def _group_figures(args, group, rows, jobs, runs, stopped):
         if ratios:
             row["ratio"] = statistics.median(ratios)
             row["ratios"] = len(ratios)
-            interval = bench.median_interval(ratios)
+            interval = timed_runs.median_interval(ratios)
             row["ratio_interval"] = list(interval) if interval else None
             if row["target"] is not None and args.device == "cuda":  # the targets are for a GPU
                 row["met"] = row["ratio"] >= row["target"]
@@ -1102,10 +1104,10 @@ def section_c(args, schedule, work, models, cases, result):
     if BASELINE not in models:
         result.update(status="not run", reason="section b trained no baseline checkpoint")
         return
-    source, _, reference_pieces = bench._test_source(work, args.test_sentences)
-    args.output_length = args.output_length or bench.natural_output_length(reference_pieces)
+    source, _, reference_pieces = timed_runs.translation_source(work, args.test_sentences)
+    args.output_length = args.output_length or timed_runs.natural_output_length(reference_pieces)
     result.update(output_length=args.output_length, test_sentences=args.test_sentences)
-    control = bench.control_case(BASELINE)
+    control = timed_runs.control_case(BASELINE)
     began, built, deadlines = _now(), [], {}
     for compiled in (False, True):
         mode = "compiled" if compiled else "eager"
@@ -1117,7 +1119,7 @@ def section_c(args, schedule, work, models, cases, result):
                 (case for case in cases if case in models), key=lambda case: case.translate_target is None)
         if entries:
             built += [_translation_group(args, models, source, search, compiled, entries, GROUP_SHARES[search[0]],
-                                         deadlines[mode]) for search in bench.SEARCHES]
+                                         deadlines[mode]) for search in timed_runs.SEARCHES]
     jobs_file, runs_file = work / "translate.jobs.json", work / "translate.runs.jsonl"
     jobs_file.write_text(json.dumps([jobs for jobs, _, _ in built]), encoding="utf-8")
     runs_file.unlink(missing_ok=True)

@@ -9,7 +9,6 @@ and ``python -m`` entry points are in the default tier.
 
 import json
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -52,48 +51,6 @@ def test_extension_model_through_stock_commands(sample_data, onmt_active, tmp_pa
     assert all("▁" not in h for h in hyps), "translations must come out detokenized"
     saved = torch.load(checkpoint)
     assert saved["opt"].encoder_type == saved["opt"].decoder_type == "ext_transformer"
-    # tools/translate_profile.py on the same two checkpoints: every run timed and split into its parts
-    report = tmp_path / "profile.json"
-    support.run_cli("python", "tools/translate_profile.py", checkpoint, tmp_path / "model_step_20.pt",
-                    "--src", tmp_path / "src.zh", "--pairs", 2, "--output-lengths", 2, 4, "--beam-size", 2,
-                    "--count-flops", "--json", report, "--", "-transforms", "sentencepiece",
-                    "-src_subword_model", support.TATOEBA / "spm.zh.model",
-                    "-tgt_subword_model", support.TATOEBA / "spm.en.model")
-    profile = json.loads(report.read_text(encoding="utf-8"))
-    runs = profile["runs"]
-    assert [(run["steps"], run["pair"], Path(run["model"]).name) for run in runs] == [
-        (steps, pair, name) for steps in (2, 4) for pair in range(2)
-        for name in (("avg.pt", "model_step_20.pt") if pair == 0 else ("model_step_20.pt", "avg.pt"))]
-    for run in runs:
-        parts = [run[name] for name in ("encoder", "decoder", "generator", "map_state")]
-        assert min(parts) > 0 and run["other"] >= 0 and sum(parts) + run["other"] == pytest.approx(run["total"])
-        assert run["calls"]["decoder"] == run["steps"]  # one batch of 12 sentences, every output forced
-        assert run["calls"]["encoder"] == 1
-    _check_flop_counts(profile["flops"], saved["opt"], tmp_path / "src.zh")
-
-
-def _check_flop_counts(counts, opt, source):
-    """translate_profile --count-flops: the encoder's count written out by hand, the rest by its structure."""
-    import sentencepiece as spm
-
-    assert [(entry["steps"], Path(entry["model"]).name) for entry in counts] == [
-        (steps, name) for steps in (2, 4) for name in ("avg.pt", "model_step_20.pt")]
-    pieces = spm.SentencePieceProcessor(model_file=str(support.TATOEBA / "spm.zh.model"))
-    lines = source.read_text(encoding="utf-8").splitlines()
-    sentences, length = len(lines), max(len(pieces.encode(line)) for line in lines)  # one batch, padded
-    d, ff = opt.hidden_size, opt.transformer_ff
-    per_layer = 2 * sentences * length * (4 * d * d + 2 * d * ff) + 2 * 2 * sentences * length * length * d
-    by_steps = {}
-    for entry in counts:
-        assert entry["encoder"] == opt.enc_layers * per_layer  # Q, K, V, output, feed-forward; scores, context
-        assert min(entry["decoder"], entry["generator"]) > 0
-        assert entry["encoder"] + entry["decoder"] + entry["generator"] <= entry["total"]
-        by_steps.setdefault(entry["steps"], []).append(entry)
-    for entries in by_steps.values():  # the same architecture: the same counts
-        assert all({k: v for k, v in e.items() if k != "model"} == {k: v for k, v in entries[0].items()
-                                                                   if k != "model"} for e in entries)
-    # every output forced to its length: the generator runs once per step on every hypothesis
-    assert by_steps[4][0]["generator"] == 2 * by_steps[2][0]["generator"]
 
 
 @pytest.mark.slow

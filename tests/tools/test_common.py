@@ -4,8 +4,8 @@ import argparse
 
 import pytest
 
-import bench
 import common
+import compare
 
 
 @pytest.mark.parametrize("text", ["0", "-3", "x", "1.5", ""])
@@ -20,7 +20,7 @@ def test_at_least_gives_the_integer():
 
 def test_a_bad_bound_is_one_line_naming_the_option(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        bench.main(["--repeats", "0"])
+        compare.main(["--jobs", "0"])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2
-    assert err == "bench.py: error: argument --repeats: must be an integer >= 1, not '0'\n"
+    assert err == "compare.py: error: argument --jobs: must be an integer >= 1, not '0'\n"

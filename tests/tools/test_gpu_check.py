@@ -230,8 +230,8 @@ def test_gpu_configs_parse_strictly(tmp_path, onmt_active, monkeypatch):
         out.write_text("a b c\n" * 10, encoding="utf-8")
         return out
 
-    monkeypatch.setattr(gpu_check.bench, "encode_file", encode)
-    monkeypatch.setattr(gpu_check.bench.subprocess, "run", lambda command, check: Path(
+    monkeypatch.setattr(gpu_check.timed_runs, "encode_file", encode)
+    monkeypatch.setattr(gpu_check.timed_runs.subprocess, "run", lambda command, check: Path(
         command[command.index("--output") + 1]).write_text("a b c\n" * 10, encoding="utf-8"))
     args = gpu_check.parse_args(["--work", str(tmp_path)])
     total = args.warmup_steps + args.steps + args.profile_steps
@@ -265,7 +265,7 @@ def test_property_configs_exist():
 
 
 def test_stock_config_holds_stock_options_only(tmp_path, onmt_active, monkeypatch):
-    monkeypatch.setattr(gpu_check.bench, "encode_file", lambda model, path, out: (
+    monkeypatch.setattr(gpu_check.timed_runs, "encode_file", lambda model, path, out: (
         out.parent.mkdir(parents=True, exist_ok=True), out.write_text("a b c\n" * 10, encoding="utf-8"), out)[-1])
     args = gpu_check.parse_args(["--work", str(tmp_path)])
     _, _, ext = gpu_check.training_config(gpu_check.BASELINE, "eager", args, tmp_path, {}, name="ext")
@@ -308,7 +308,7 @@ def test_plan_cases_keeps_priority_and_fits():
 
 def test_schedule_blocks_and_nearest_baselines():
     base, a, b, c = "B", "a", "b", "c"
-    schedule = gpu_check.bench.translation_schedule([base, a, b, c], base, 2, block=2)
+    schedule = gpu_check.timed_runs.translation_schedule([base, a, b, c], base, 2, block=2)
     assert schedule == [base, a, b, base, c, base, c, b, base, a, base]
     runs = [{"name": name} for name in schedule]
     assert (gpu_check._nearest(runs, 2, base, -1), gpu_check._nearest(runs, 2, base, 1)) == (0, 3)

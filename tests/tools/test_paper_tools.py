@@ -1,4 +1,4 @@
-"""The paper-table tooling: generated configs, reproduction plans, benchmark configs."""
+"""The paper-table tooling: generated configs, reproduction plans, the configs and schedule of timed runs."""
 
 import argparse
 import math
@@ -10,9 +10,10 @@ import yaml
 
 import support
 
-import bench
+import gpu_check
 import paper_configs
 import reproduce
+import timed_runs
 
 
 def test_committed_paper_configs_are_what_the_generator_writes(capsys):
@@ -164,13 +165,22 @@ def test_reproduction_rejects_a_gpu_count_that_breaks_the_batch():
         reproduce.main(["li2019-table3", "--gpus", "0,1,2"])
 
 
+def _no_encoding(monkeypatch):
+    """Pre-encoded corpora by name only: a timed run's config is checked here, not a full encoding pass."""
+    monkeypatch.setattr(timed_runs, "encode_file", lambda model, path, out: out.parent.mkdir(exist_ok=True)
+                        or out.touch())
+    monkeypatch.setattr(timed_runs.subprocess, "run", lambda command, check: Path(
+        command[command.index("--output") + 1]).touch())
+
+
 @pytest.mark.parametrize("size", ["smoke", "paper"])
-def test_bench_configs_parse_strictly_and_keep_the_mechanism(size, tmp_path, onmt_active):
+def test_timed_configs_parse_strictly_and_keep_the_mechanism(size, tmp_path, onmt_active, monkeypatch):
     from onmt_ext.parsing import parse_train_config
 
+    _no_encoding(monkeypatch)
     args = argparse.Namespace(warmup_steps=10, steps=20, batch_size=512, gpu=-1)
-    for case in bench.SUITES["li2019"]:
-        path, checkpoint, _ = bench.bench_config(case, size, args, tmp_path)
+    for case in (gpu_check.BASELINE, *gpu_check.MECHANISMS):
+        path, checkpoint, _ = timed_runs.case_config(case, size, args, tmp_path)
         opt = parse_train_config(path)
         paper = yaml.safe_load((support.REPO / "yaml_configs" / case.config).read_text(encoding="utf-8"))
         assert (opt.enc_layers, opt.dec_layers) == (paper["enc_layers"], paper["dec_layers"])
@@ -178,117 +188,40 @@ def test_bench_configs_parse_strictly_and_keep_the_mechanism(size, tmp_path, onm
         assert opt.li2019_enc_layers == paper.get("li2019_enc_layers", [])
         assert opt.ext_compile == paper.get("ext_compile", False)
         assert opt.train_steps == 30 and checkpoint.name == "model_step_30.pt"
+        assert not opt.train_from  # speed is measured from scratch, also for fine-tuned rows
+        assert (opt.encoder_type == "transformer") == (case is gpu_check.BASELINE)
         if size == "paper":
             assert opt.hidden_size == paper["hidden_size"] and opt.model_dtype == "fp32"
 
 
-@pytest.mark.parametrize("suite", sorted(bench.SUITES))
-def test_every_bench_suite_has_a_stock_baseline_and_parses_strictly(suite, tmp_path, onmt_active, monkeypatch):
+def test_the_timing_control_is_the_baseline_under_its_own_name(tmp_path, onmt_active, monkeypatch):
     from onmt_ext.parsing import parse_train_config
 
-    # the pre-encoded corpora of the clause suite: only their names matter here, not a full encoding pass
-    monkeypatch.setattr(bench, "encode_file", lambda model, path, out: out.parent.mkdir(exist_ok=True) or out.touch())
-    monkeypatch.setattr(bench.subprocess, "run", lambda command, check: Path(command[command.index("--output") + 1])
-                        .touch())
+    _no_encoding(monkeypatch)
     args = argparse.Namespace(warmup_steps=10, steps=20, batch_size=512, gpu=-1)
-    cases = bench.SUITES[suite]
-    for size in ("smoke", "paper"):
-        for case in cases:
-            opt = parse_train_config(bench.bench_config(case, size, args, tmp_path)[0])
-            assert not opt.train_from  # speed is measured from scratch, also for fine-tuned rows
-            assert (opt.encoder_type == "transformer") == (case is cases[0])
+    baseline = gpu_check.BASELINE
+    control = timed_runs.control_case(baseline)
+    assert control.control and control.train_target is control.translate_target is None
+    (path, checkpoint, config), (path2, checkpoint2, config2) = (
+        timed_runs.case_config(case, "smoke", args, tmp_path) for case in (baseline, control))
+    assert path != path2 and checkpoint.parent != checkpoint2.parent  # nothing shared on disk
+    differing = {key for key in config if config[key] != config2[key]}
+    assert differing == {"save_data", "save_model"}, differing  # same model, same seed, same data
+    assert vars(parse_train_config(path2)).keys() == vars(parse_train_config(path)).keys()
 
 
-def test_the_bench_control_is_the_baseline_under_its_own_name(tmp_path, onmt_active):
-    from onmt_ext.parsing import parse_train_config
-
-    args = argparse.Namespace(warmup_steps=10, steps=20, batch_size=512, gpu=-1)
-    for suite in ("li2019", "clause"):
-        baseline = bench.SUITES[suite][0]
-        control = bench.control_case(baseline)
-        assert control.control and control.train_target is control.translate_target is None
-        (path, checkpoint, config), (path2, checkpoint2, config2) = (
-            bench.bench_config(case, "smoke", args, tmp_path) for case in (baseline, control))
-        assert path != path2 and checkpoint.parent != checkpoint2.parent  # nothing shared on disk
-        differing = {key for key in config if config[key] != config2[key]}
-        assert differing == {"save_data", "save_model"}, differing  # same model, same seed, same data
-        assert vars(parse_train_config(path2)).keys() == vars(parse_train_config(path)).keys()
-
-
-@pytest.mark.parametrize("target", [0.75, 0.9, 0.97])
-def test_bench_ratio_cells_never_show_a_ratio_on_the_wrong_side_of_its_target(target):
-    """Around the target (steps of 1e-4), the verdict follows ratio >= target, and the printed ratio, read back,
-    lies on the verdict's side of the target unless the ratio is within 5e-4 of it; it is the ratio rounded."""
-    for step in range(-300, 301):
-        ratio = round(target + step / 10000, 4)
-        text, paper = bench._ratio_cell(ratio, target, None).split(" | ")
-        shown, verdict, relation, printed_target = text.replace("(", "").replace(")", "").split(" ")
-        assert relation == ">=" and verdict in ("meets", "BELOW"), text
-        assert verdict == ("meets" if ratio >= target else "BELOW"), (ratio, text)
-        assert float(printed_target) == target and paper == "n/a"
-        decimals = len(shown.split(".")[1])
-        assert abs(float(shown) - ratio) <= 0.5 * 10 ** -decimals + 1e-12, (ratio, text)
-        if abs(ratio - target) >= 0.0005:
-            assert (float(shown) >= target) == (verdict == "meets"), (ratio, text)
-    assert bench._ratio_cell(0.5, None, None).split(" | ")[0] == "0.50"  # no target: no verdict
-
-
-def test_bench_paper_ratio_cells_round_half_up_as_the_readme_quotes_them():
-    for paper in (1.20 / 1.92, 1.23 / 1.92, 0.125, 0.9949, 1.0):
-        quoted = bench._ratio_cell(1.0, None, paper).split(" | ")[1]
-        assert abs(float(quoted) - paper) <= 0.005 + 1e-12 and len(quoted.split(".")[1]) == 2, (paper, quoted)
-    assert bench._ratio_cell(1.0, None, 1.20 / 1.92).endswith("| 0.63")  # 0.625 up, where float rounding gives 0.62
-    assert bench._ratio_cell(1.0, None, 0.125).endswith("| 0.13")
-    assert bench._ratio_cell(1.0, None, None).endswith("| n/a")
-
-
-def test_bench_schedule_puts_every_case_run_between_two_baseline_runs():
-    base, a, b = (bench.Case(name, f"{name}.yaml") for name in "Bab")
-    assert bench.translation_schedule((base, a, b), base, 3) == [base, a, base, b, base, b, base, a, base, a, base,
-                                                                 b, base]
-    assert bench.translation_schedule((a, base, b), base, 1) == [base, a, base, b, base]  # whatever its position
-
-
-def test_bench_round_pairs_each_run_with_the_baseline_runs_beside_it(monkeypatch):
-    """Training once per case; beam search runs --translate-repeats passes and greedy search --greedy-repeats;
-    a case's figure is the median of its runs, its ratios its speed over the geometric mean of its neighbours."""
-    calls = []
-    speeds = {"B": iter([4.0, 16.0, 9.0, 1.0]), "a": iter([4.0, 6.0, 30.0])}
-    monkeypatch.setattr(bench, "measure_training", lambda case, *rest: ({"train": case.label}, case.label))
-
-    def translation(search, model, *rest):
-        calls.append((search[0], model))
-        return {f"{search[0]}_sentences_per_s": next(speeds[model]) if search[0] == "translate" else 1.0}
-
-    monkeypatch.setattr(bench, "measure_translation", translation)
-    cases = (bench.Case("B", "B.yaml"), bench.Case("a", "a.yaml"))
-    args = argparse.Namespace(translate_repeats=3, greedy_repeats=2)
-    figures = bench.measure_round(cases, "smoke", args, None, None, "test", cases[0])
-    assert calls == [("translate", name) for name in "BaBaBaB"] + [("greedy", name) for name in "BaBaB"]
-    assert figures[cases[0]] == {"train": "B", "translate_sentences_per_s": 6.5, "greedy_sentences_per_s": 1.0,
-                                 "translate_ratios": [1.0, 1.0, 1.0], "greedy_ratios": [1.0, 1.0]}
-    assert figures[cases[1]]["translate_sentences_per_s"] == 6.0
-    assert figures[cases[1]]["translate_ratios"] == [0.5, 0.5, 10.0]  # 4 / sqrt(4 * 16), 6 / 12, 30 / 3
-    assert figures[cases[1]]["greedy_ratios"] == [1.0, 1.0]
-
-
-def test_bench_pools_repeats_and_reports_the_median_paired_ratio_with_its_interval():
-    runs = [{"train_tokens_per_s": 10.0, "translate_ratios": [0.9, 1.0, 0.95]},
-            {"train_tokens_per_s": 30.0, "translate_ratios": [0.97, 0.98, 0.96]},
-            {"train_tokens_per_s": 20.0, "translate_ratios": [0.99, 0.94, 0.93]}]
-    pooled = bench.pool(runs)
-    assert pooled["train_tokens_per_s"] == 20.0
-    assert sorted(pooled["translate_ratios"]) == [0.9, 0.93, 0.94, 0.95, 0.96, 0.97, 0.98, 0.99, 1.0]
-    assert bench._translation_ratio(pooled, "translate") == (0.96, (0.93, 0.99))  # 2nd and 8th of 9
-    assert bench._translation_ratio({"greedy_ratios": [0.9, 1.0, 0.8]}, "greedy") == (0.9, None)  # too few
-    assert bench._ratio_cell(0.96, 0.97, None, (0.93, 0.99)) == "0.96 [0.930, 0.990] (BELOW >= 0.97) | n/a"
+def test_timed_schedule_puts_every_case_run_between_two_baseline_runs():
+    base, a, b = (timed_runs.Case(name, f"{name}.yaml") for name in "Bab")
+    assert timed_runs.translation_schedule((base, a, b), base, 3) == [base, a, base, b, base, b, base, a, base, a,
+                                                                      base, b, base]
+    assert timed_runs.translation_schedule((a, base, b), base, 1) == [base, a, base, b, base]  # whatever its place
 
 
 @pytest.mark.parametrize("n, expected", [(5, None), (6, (1, 6)), (9, (2, 8)), (15, (4, 12)), (30, (10, 21))])
 def test_median_interval_takes_the_binomial_order_statistics(n, expected):
     """The textbook 95% intervals for the median (e.g. the 10th and 21st of 30 values)."""
     values = [float(v) for v in range(n, 0, -1)]  # unsorted on purpose
-    assert bench.median_interval(values) == expected
+    assert timed_runs.median_interval(values) == expected
     if expected:  # its coverage reaches 95%, and the next narrower interval's does not
         k = int(expected[0])
         coverage = 1 - 2 * sum(math.comb(n, i) for i in range(k)) / 2**n
@@ -326,49 +259,25 @@ def test_layer_cost_times_the_variant_s_own_mechanism_and_reports_the_median(var
     assert calls == ([] if expected is None else [expected] * 4), calls  # the untimed pass and three timed ones
 
 
-def test_bench_spreads_its_test_sentences_over_the_sorted_test_set():
-    assert bench.spread_indices(10, 4) == [0, 2, 5, 7]
-    assert bench.spread_indices(3, 5) == [0, 1, 2]  # never more than there are
-    assert bench.natural_output_length(7.63) == 9  # the mean reference's pieces and the end-of-sentence step
-    assert bench.natural_output_length(0.2) == 1
+def test_timed_runs_spread_their_test_sentences_over_the_sorted_test_set():
+    assert timed_runs.spread_indices(10, 4) == [0, 2, 5, 7]
+    assert timed_runs.spread_indices(3, 5) == [0, 1, 2]  # never more than there are
+    assert timed_runs.natural_output_length(7.63) == 9  # the mean reference's pieces and the end-of-sentence step
+    assert timed_runs.natural_output_length(0.2) == 1
 
 
-def test_bench_test_source_reports_its_lengths(sample_data, tmp_path):
+def test_timed_translation_source_reports_its_lengths(sample_data, tmp_path):
     import sentencepiece as spm
 
-    path, source_pieces, reference_pieces = bench._test_source(tmp_path, 50)
+    path, source_pieces, reference_pieces = timed_runs.translation_source(tmp_path, 50)
     lines = path.read_text(encoding="utf-8").splitlines()
     everything = (sample_data / "test.zh").read_text(encoding="utf-8").splitlines()
-    chosen = bench.spread_indices(len(everything), 50)
+    chosen = timed_runs.spread_indices(len(everything), 50)
     assert len(lines) == 50 and chosen[-1] > len(everything) * 0.9  # reaches the end of the sorted set
     zh = spm.SentencePieceProcessor(model_file=str(sample_data / "spm.zh.model"))
     assert lines[7].split() == zh.encode(everything[chosen[7]], out_type=str)
     assert source_pieces == sum(len(line.split()) for line in lines) / 50
     # the head of the set is shorter than the spread sample: the reason for spreading
     (tmp_path / "head").mkdir()
-    head, head_source, head_reference = bench._test_source(tmp_path / "head", 1)
+    head, head_source, head_reference = timed_runs.translation_source(tmp_path / "head", 1)
     assert head_source < source_pieces and head_reference < reference_pieces
-
-
-def test_translate_profile_pairs_each_run_with_the_first_model_of_its_pair():
-    import translate_profile
-
-    parts = {"encoder": 0.1, "decoder": 0.5, "generator": 0.1, "map_state": 0.1, "other": 0.2}
-    totals = {("a", 0): 1.0, ("b", 0): 1.25, ("a", 1): 2.0, ("b", 1): 2.0, ("a", 2): 1.0, ("b", 2): 2.0}
-    runs = [{"steps": 5, "pair": pair, "model": model, "total": total, **parts}
-            for (model, pair), total in totals.items()]
-    rows = translate_profile.summarise(runs, ["a", "b"])
-    assert [(row["model"], row["ratio"], row["total"]) for row in rows] == [("a", 1.0, 1.0), ("b", 0.8, 2.0)]
-    assert rows[1]["interval"] is None  # three pairs are too few for a 95% interval
-    assert "| 5 | b | 2.000 | 0.100 | 0.500 | 0.100 | 0.100 | 0.200 | 0.800 |" in translate_profile.report(rows)
-
-
-def test_translate_profile_flops_report_divides_the_first_models_total_by_each_ones_at_the_same_length():
-    import translate_profile
-
-    counts = [{"steps": steps, "model": model, "total": total, "encoder": 1e9, "decoder": 2e9, "generator": 5e8}
-              for steps, model, total in ((9, "a", 4e9), (9, "b", 5e9), (20, "a", 8e9), (20, "b", 1e10))]
-    table = translate_profile.flops_report(counts, ["a", "b"])
-    assert "| 9 | a | 4.000 | 1.000 | 2.000 | 0.500 | 1.000 |" in table
-    assert "| 9 | b | 5.000 | 1.000 | 2.000 | 0.500 | 0.800 |" in table
-    assert "| 20 | b | 10.000 | 1.000 | 2.000 | 0.500 | 0.800 |" in table

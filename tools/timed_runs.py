@@ -1,0 +1,191 @@
+#!/usr/bin/env python
+"""The configs that ``tools/gpu_check.py`` times, and the pieces of its method that are not about a GPU.
+
+A :class:`Case` is a paper config with its speed targets.  :func:`case_config` writes the YAML of one timed run
+(the smoke twin with the paper's layer counts, or the Base config on the Tatoeba sample); with ``pre_encoded``
+the run reads SentencePiece'd (and clause-split) copies of the data, so that it times the model, not the
+transforms.  Translation runs follow :func:`translation_schedule`, each between two of the baseline's, and
+:func:`median_interval` bounds the median of their paired ratios.  Why: docs/benchmarks-method.md.
+"""
+
+import math
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+import common
+from prepare_tatoeba import encode_file
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Case:
+    """A config to measure; ``train_target``/``translate_target`` are minimum ratios to the baseline."""
+
+    label: str
+    config: str
+    train_target: float = None
+    translate_target: float = None
+    paper_train: float = None
+    paper_translate: float = None
+    pre_encoded: bool = False  # train on SentencePiece'd (and clause-split) copies of the data: no data transforms
+    control: bool = False  # a second copy of the baseline, measured under its own name (see control_case)
+
+
+def control_case(baseline):
+    """The baseline again as one more case, an A/A control: any ratio of it other than 1 is the machine's."""
+    return Case(f"{baseline.label}, again (A/A control)", baseline.config, pre_encoded=baseline.pre_encoded,
+                control=True)
+
+
+# keys taken from the smoke twin when a paper config runs on the Tatoeba sample
+DATA_KEYS = ("data", "src_vocab", "tgt_vocab", "src_vocab_size", "tgt_vocab_size", "share_vocab",
+             "share_embeddings", "transforms", "src_subword_model", "tgt_subword_model",
+             "src_seq_length", "tgt_seq_length", "clause_lang", "clause_tagger_model", "clause_presplit")
+#: options a fine-tuning config carries that a timed run from scratch drops
+FINE_TUNING_KEYS = ("train_from", "override_opts", "reset_optim")
+
+
+def case_config(case, size, args, workdir, overrides=None, suffix="", repeat=1):
+    """Writes the YAML trained for ``case`` (``overrides`` last, ``suffix`` on its name, ``repeat``: see
+    :func:`_use_pre_encoded_data`); returns its path, the final checkpoint and the options."""
+    paper, twin = common.config_values(case.config), common.config_values(f"smoke/{case.config}")
+    if size == "smoke":
+        config = dict(twin, enc_layers=paper["enc_layers"], dec_layers=paper["dec_layers"])
+    else:
+        config = dict(paper)
+        for key in FINE_TUNING_KEYS:  # measured from scratch: the speed does not depend on the start
+            config.pop(key, None)
+        for key in DATA_KEYS:
+            config.pop(key, None)
+            if key in twin:
+                config[key] = twin[key]
+        config.update(model_dtype="fp32", batch_type="tokens", batch_size=args.batch_size,
+                      valid_batch_size=args.batch_size, accum_count=[1], accum_steps=[0],
+                      bucket_size=args.batch_size * 16, num_workers=0)
+    name = (Path(case.config).stem + ("_pre_encoded" if case.pre_encoded else "")
+            + ("_control" if case.control else "") + suffix)
+    if case.pre_encoded:
+        _use_pre_encoded_data(config, workdir, repeat)
+    total = args.warmup_steps + args.steps
+    config.update(
+        save_data=str(workdir / name / "samples"), save_model=str(workdir / name / "model"),
+        train_steps=total, report_every=args.warmup_steps, valid_steps=10 * total,
+        save_checkpoint_steps=total, keep_checkpoint=1, world_size=1,
+        gpu_ranks=[0] if args.gpu >= 0 else [], seed=1234, overwrite_checkpoints=True,
+    )
+    config.update(overrides or {})
+    path = workdir / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return path, workdir / name / f"model_step_{total}.pt", config
+
+
+
+def _use_pre_encoded_data(config, workdir, repeat=1):
+    """Point ``config`` at SentencePiece'd (with clause attention, pre-split) copies of its corpora, made once;
+    training corpora ``repeat`` times over, so that an epoch can outlast the steps measured."""
+    transforms = [t for t in config["transforms"] if t != "sentencepiece"]
+    for corpus_name, corpus in config["data"].items():
+        for side, model in (("src", config["src_subword_model"]), ("tgt", config["tgt_subword_model"])):
+            path = Path(REPO / corpus[f"path_{side}"])
+            out = workdir / "data" / f"{path.name}.sp"
+            if not out.exists():
+                encode_file(REPO / model, path, out)
+            if side == "src" and config.get("clause_attention"):
+                split = out.with_name(out.name + ".clause")
+                if not split.exists():
+                    command = [sys.executable, str(REPO / "tools/clause_split_corpus.py"), "--lang",
+                               config["clause_lang"], "--levels", str(config.get("clause_levels", 6)),
+                               "--input", str(out), "--output", str(split)]
+                    if config.get("clause_tagger_model"):
+                        command += ["--tagger-model", str(REPO / config["clause_tagger_model"])]
+                    subprocess.run(command, check=True)
+                out = split
+            if repeat > 1 and corpus_name != "valid":
+                repeated = out.with_name(f"{out.name}.x{repeat}")
+                if not repeated.exists():
+                    text = out.read_text(encoding="utf-8")
+                    partial = repeated.with_name(repeated.name + ".partial")
+                    partial.write_text(text * repeat, encoding="utf-8")
+                    partial.replace(repeated)
+                out = repeated
+            corpus[f"path_{side}"] = str(out)
+    config["transforms"] = transforms
+    if config.get("clause_attention"):
+        config["clause_presplit"] = True
+
+
+
+#: The two searches measured: (key of the figures, output suffix, onmt_translate options).  Greedy search is
+#: OpenNMT-py's sampling from the top 1 (beam size 1 alone is a one-beam search).
+SEARCHES = (("translate", "", ("-beam_size", 4)),
+            ("greedy", ".greedy", ("-beam_size", 1, "-random_sampling_topk", 1)))
+
+
+
+def translation_schedule(cases, baseline, passes, block=1):
+    """The running order of one search's translations, ``passes`` of each other case, ``block`` of them between
+    two baseline runs; passes alternate in direction and share the baseline run at their boundary::
+
+        B c1 B c2 B c3 B | c3 B c2 B c1 B | c1 B ...        block 1
+        B c1 c2 B c3 B | c3 c2 B c1 B | ...                 block 2
+    """
+    others = [case for case in cases if case is not baseline]
+    schedule = [baseline]
+    for number in range(passes):
+        ordered = others if number % 2 == 0 else others[::-1]
+        for start in range(0, len(ordered), block):
+            schedule += [*ordered[start:start + block], baseline]
+    return schedule
+
+
+
+def median_interval(values, level=0.95):
+    """Distribution-free interval ``(x_(k), x_(n+1-k))`` for the median of ``values``, with the largest k whose
+    coverage ``1 - 2 P(Binomial(n, 1/2) < k)`` reaches ``level``; None when k = 1 falls short (n < 6 at 0.95)."""
+    ordered, n = sorted(values), len(values)
+    chosen, below = None, 0
+    for k in range(1, (n + 1) // 2 + 1):
+        below += math.comb(n, k - 1)  # the sum of C(n, i) for i < k
+        if 1 - 2 * below / 2**n < level:
+            break
+        chosen = k
+    return None if chosen is None else (ordered[chosen - 1], ordered[n - chosen])
+
+
+def spread_indices(total, count):
+    """``count`` line numbers spread evenly over ``total`` (the Tatoeba test set is sorted by length, so its head
+    would under-represent the encoder's share of the work)."""
+    count = min(count, total)
+    return [index * total // count for index in range(count)]
+
+
+def translation_source(workdir, sentences):
+    """``(path, mean source pieces, mean first-reference pieces)`` of ``sentences`` Tatoeba test sentences spread
+    over the test set, SentencePiece-encoded."""
+    import sentencepiece as spm
+
+    data = REPO / "build/tatoeba"
+    if not (data / "spm.zh.model").exists():
+        from onmt_ext.compat import make_command
+
+        raise SystemExit(f"gpu_check.py: build/tatoeba is missing; run `{make_command('data')}` first")
+    sources = (data / "test.zh").read_text(encoding="utf-8").splitlines()
+    references = (data / "test.en.ref0").read_text(encoding="utf-8").splitlines()
+    chosen = spread_indices(len(sources), sentences)
+    raw = workdir / "test.zh"
+    raw.write_text("".join(sources[index] + "\n" for index in chosen), encoding="utf-8")
+    path = encode_file(data / "spm.zh.model", raw, workdir / "test.sp.zh")
+    pieces = spm.SentencePieceProcessor(model_file=str(data / "spm.en.model"))
+    source_pieces = sum(len(line.split()) for line in path.read_text(encoding="utf-8").splitlines()) / len(chosen)
+    reference_pieces = sum(len(pieces.encode(references[index])) for index in chosen) / len(chosen)
+    return path, source_pieces, reference_pieces
+
+
+def natural_output_length(reference_pieces):
+    """Decoding steps of an output as long as the mean reference: its pieces plus the end-of-sentence step."""
+    return max(1, round(reference_pieces + 1))
