@@ -248,7 +248,8 @@ $(TATOEBA)/signal_tagger.zh.pt: $(TATOEBA)/stats.json tools/train_signal_tagger.
 # ---------------------------------------------------------------- paper corpora
 # make data-<task>: download (resumable, checksummed), extract, tokenize (sacremoses / jieba), clean, BPE
 # (subword-nmt, 32K merges) and build the vocabularies into build/data/<task>/, the files the paper configs
-# and `make reproduce-...` read.  Each step leaves a stamp, so a rerun redoes only what is missing.
+# and `make reproduce-...` read.  Each step leaves a stamp, so a rerun redoes only what is missing or what a
+# changed recipe (below) makes out of date.
 # NIST_DIR=... (licensed LDC/NIST data) for nist_zhen, NIUTRANS_DIR=... for niutrans_enzh, optionally
 # WMT17_EXTRA_DIR=... (UN + CWMT pairs) for wmt17_zhen, without which its `make reproduce-...` tables refuse to
 # start unless WMT17_SMALL_DATA=1 (docs/data.md); see `python tools/prepare_data.py --help`.
@@ -260,27 +261,35 @@ PREPARE := $(PY) tools/prepare_data.py$(if $(filter 1,$(DATA_PROGRESS)), --progr
 # the config whose vocabulary section builds the task's vocabularies
 vocab_config = $(firstword $(wildcard yaml_configs/baseline/transformer_base_$(1).yaml yaml_configs/sample/*_$(1)_baseline.yaml))
 
-.PHONY: $(addprefix data-,$(DATA_TASKS))
-.PRECIOUS: build/data/%/.fetch build/data/%/.raw build/data/%/.tok build/data/%/.clean build/data/%/.bpe build/data/%/.vocab
+DATA_STEPS := fetch raw tok clean bpe
+.PHONY: $(addprefix data-,$(DATA_TASKS)) ALWAYS
+.PRECIOUS: build/data/%/.fetch build/data/%/.raw build/data/%/.tok build/data/%/.clean build/data/%/.bpe build/data/%/.vocab \
+	$(foreach step,$(DATA_STEPS),build/data/%/.recipe.$(step))
 $(addprefix data-,$(DATA_TASKS)): data-%: build/data/%/.vocab
 
-build/data/%/.fetch: | $(SETUP_STAMP)
+# what each step's output depends on besides its input (settings, tokenizer versions, NIST_DIR and the like),
+# checked on every run and rewritten only when it changes: a step whose recipe changed is redone, and so are
+# the steps after it (prepare_data.py says which and why)
+$(foreach step,$(DATA_STEPS),build/data/%/.recipe.$(step)): ALWAYS | $(SETUP_STAMP)
+	@$(PREPARE) recipe $*
+
+build/data/%/.fetch: build/data/%/.recipe.fetch | $(SETUP_STAMP)
 	$(PREPARE) fetch $*
 	mkdir -p $(@D) && touch $@
 
-build/data/%/.raw: build/data/%/.fetch
+build/data/%/.raw: build/data/%/.fetch build/data/%/.recipe.raw
 	$(PREPARE) raw $*
 	touch $@
 
-build/data/%/.tok: build/data/%/.raw
+build/data/%/.tok: build/data/%/.raw build/data/%/.recipe.tok
 	$(PREPARE) tok $* --workers $(DATA_WORKERS)
 	touch $@
 
-build/data/%/.clean: build/data/%/.tok
+build/data/%/.clean: build/data/%/.tok build/data/%/.recipe.clean
 	$(PREPARE) clean $*
 	touch $@
 
-build/data/%/.bpe: build/data/%/.clean
+build/data/%/.bpe: build/data/%/.clean build/data/%/.recipe.bpe
 	$(PREPARE) bpe $* --workers $(DATA_WORKERS)
 	touch $@
 

@@ -9,8 +9,9 @@ Usage::
 Steps: ``fetch`` (archives into ``build/downloads/``, resumed and checked by SHA-256; dev/test sets through
 sacreBLEU), ``raw`` (text pairs, ``raw/corpora.json``), ``tok`` (sacremoses, jieba for Chinese), ``clean``
 (length and ratio filter, ``clean/stats.json``) and ``bpe`` (subword-nmt), each leaving files the Makefile
-stamps.  NIST Zh-En is licensed: set ``NIST_DIR`` (see ``NIST_LAYOUT``).  After changing ``NIST_DIR``,
-``NIUTRANS_DIR`` or ``WMT17_EXTRA_DIR``, delete ``build/data/<task>`` and rerun.
+stamps.  NIST Zh-En is licensed: set ``NIST_DIR`` (see ``NIST_LAYOUT``).  ``recipe`` records what each step's
+output depends on besides its input (settings, tokenizer versions, a data directory once set), rewriting a
+step's record only when it changes, so that make redoes that step and the ones after it.
 
 How it works and why (steps, sources, checksums, resuming, progress bars, disk space): docs/data.md.
 """
@@ -818,12 +819,84 @@ def bpe(task_name, workers=1, merges=None):
                 shutil.copyfile(base / "raw" / name, base / f"{split}.{lang}")
 
 
+# ---------------------------------------------------------------- recipes
+#: Raised by hand when a step's code changes what it writes for the same input and settings.
+STEP_VERSIONS = {"fetch": 1, "raw": 1, "tok": 1, "clean": 1, "bpe": 1}
+#: The data directory a task's raw step reads, named by an environment variable.
+DIRECTORY_VARIABLES = {"wmt17_zhen": "WMT17_EXTRA_DIR", "nist_zhen": "NIST_DIR", "niutrans_enzh": "NIUTRANS_DIR"}
+
+
+def _version(package):
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def recipes(task_name, previous_raw=None):
+    """What each step of ``task_name`` writes depends on besides its input files: ``{step: {name: value}}``.
+
+    A data directory variable (``DIRECTORY_VARIABLES``) counts once set: left unset later, the one the data were
+    made from (``previous_raw``, the raw step's earlier recipe) stands, so a later ``make`` without it keeps them."""
+    task = TASKS[task_name]
+    languages = {task.src, task.tgt}
+    tokenizers = {} if task.pretokenized else {
+        **({"jieba": _version("jieba")} if "zh" in languages else {}),
+        **({"sacremoses": _version("sacremoses")} if languages - {"zh"} else {})}
+    raw = {"train": repr(task.train), "valid": repr(task.valid), "test": repr(task.test), "test_lines": task.test_lines}
+    variable = DIRECTORY_VARIABLES.get(task_name)
+    if variable:
+        value = os.environ.get(variable)
+        raw[variable] = str(Path(value).resolve()) if value else (previous_raw or {}).get(variable, "")
+    steps = {
+        "fetch": {"archives": _archive_names(task), "sets": [repr(task.valid), repr(task.test)]},
+        "raw": raw,
+        "tok": {"src": task.src, "tgt": task.tgt, "pretokenized": task.pretokenized, **tokenizers},
+        "clean": {"max_len": task.max_len, "ratio": task.ratio, "subsets": repr(task.subsets)},
+        "bpe": {"joint_bpe": task.joint_bpe, "merges": task.merges, "subsets": repr(task.subsets),
+                "subword-nmt": _version("subword-nmt"),
+                **({"sacremoses": _version("sacremoses")} if task.pretokenized else {})},  # detokenized references
+    }
+    return {step: {"version": STEP_VERSIONS[step], **settings} for step, settings in steps.items()}
+
+
+def write_recipes(task_name, directory=None):
+    """Write ``<directory>/.recipe.<step>`` for every step whose recipe differs from the recorded one (or has none),
+    saying why on stderr when that step had been done; leave the others untouched (make compares their times)."""
+    directory = Path(directory or DATA / task_name)
+    directory.mkdir(parents=True, exist_ok=True)
+
+    def recorded(step):
+        path = directory / f".recipe.{step}"
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+
+    for step, recipe in recipes(task_name, recorded("raw")).items():
+        before = recorded(step)
+        if before == recipe:
+            continue
+        if (directory / f".{step}").exists():
+            why = ("it has no recorded recipe (made by an earlier onmt-ext)" if before is None else
+                   "its " + ", ".join(key for key in sorted(set(recipe) | set(before))
+                                      if recipe.get(key) != before.get(key)) + " changed")
+            print(f"prepare_data.py: {directory}: step {step} is redone with the steps after it: {why}",
+                  file=sys.stderr)
+        path = directory / f".recipe.{step}"
+        partial = path.with_name(path.name + ".tmp")
+        partial.write_text(json.dumps(recipe, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        partial.replace(path)
+
+
 STEPS = {"fetch": fetch, "raw": raw, "tok": tok, "clean": clean, "bpe": bpe}
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("step", nargs="?", choices=list(STEPS))
+    parser.add_argument("step", nargs="?", choices=[*STEPS, "recipe"])
     parser.add_argument("task", nargs="?", choices=sorted(TASKS))
     parser.add_argument("--workers", type=common.at_least(1), default=os.cpu_count() or 1,
                         help="processes for tokenization and BPE (default: every CPU)")
@@ -849,6 +922,9 @@ def main(argv=None):
     os.chdir(REPO)
     if args.merges is not None and args.step != "bpe":
         parser.error(f"--merges is an option of the bpe step, not of {args.step}")
+    if args.step == "recipe":
+        write_recipes(args.task)
+        return 0
     options = {"tok": {"workers": args.workers}, "bpe": {"workers": args.workers, "merges": args.merges}}
     STEPS[args.step](args.task, **options.get(args.step, {}))
     return 0

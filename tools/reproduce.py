@@ -494,12 +494,12 @@ def corpus_problem(table, small_data=False, environ=None):
 
     opt_in = "or set WMT17_SMALL_DATA=1 to train on News Commentary v12 alone on purpose"
     prepared = _read_corpora(task)
-    if prepared is not None:
-        if any(entry.get("extra") for entry in prepared["corpora"]):
-            return None
+    if prepared is not None and any(entry.get("extra") for entry in prepared["corpora"]):
+        return None
+    extra = environ.get("WMT17_EXTRA_DIR")  # once set, make data-wmt17_zhen prepares the data again with it
+    if not extra and prepared is not None:
         return (f"reproduce.py: {table}: {DATA / task} holds News Commentary v12 alone ({prepared['pairs']:,} pairs "
-                f"of the papers' 20.6M): delete it, {WMT17_EXTRA}, and rerun; {opt_in}")
-    extra = environ.get("WMT17_EXTRA_DIR")
+                f"of the papers' 20.6M): {WMT17_EXTRA} (the data are then prepared again), and rerun; {opt_in}")
     if not extra:
         return (f"reproduce.py: {table} trains on WMT17 Zh-En, which without WMT17_EXTRA_DIR is News Commentary v12 "
                 f"alone (about 0.2M of the papers' 20.6M pairs): {WMT17_EXTRA}; {opt_in}")

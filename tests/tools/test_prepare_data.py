@@ -1,8 +1,10 @@
 """tools/prepare_data.py: resumable checksummed downloads, archive extraction, NIST SGML, tokenization, filtering,
 progress bars."""
 
+import dataclasses
 import hashlib
 import http.server
+import json
 import sys
 import tarfile
 import threading
@@ -411,8 +413,6 @@ def _wmt17_without_network(tmp_path, monkeypatch):
 
 
 def test_wmt17_raw_records_its_corpora_and_pair_counts(tmp_path, monkeypatch, capsys):
-    import json
-
     _wmt17_without_network(tmp_path, monkeypatch)
     monkeypatch.delenv("WMT17_EXTRA_DIR", raising=False)
     out = pd.raw("wmt17_zhen", out=tmp_path / "small")
@@ -434,8 +434,6 @@ def test_wmt17_raw_records_its_corpora_and_pair_counts(tmp_path, monkeypatch, ca
 
 
 def test_every_raw_step_names_its_corpora(tmp_path, monkeypatch):
-    import json
-
     monkeypatch.chdir(pd.REPO)  # the sample is read from the repository
     out = pd.raw("sample_ende", out=tmp_path / "raw")
     [entry] = json.loads((out / "corpora.json").read_text(encoding="utf-8"))["corpora"]
@@ -451,3 +449,58 @@ def test_merges_belongs_to_the_bpe_step_and_is_not_ignored_elsewhere(monkeypatch
     assert exit_info.value.code == 2 and "--merges is an option of the bpe step" in capsys.readouterr().err
     assert pd.main(["bpe", "sample_ende", "--merges", "10", "--workers", "1"]) == 0
     assert calls == [{"workers": 1, "merges": 10}]
+
+
+# ---------------------------------------------------------------- recipes (what make redoes)
+def _recipe_times(directory):
+    return {step: (directory / f".recipe.{step}").stat().st_mtime_ns for step in pd.STEP_VERSIONS}
+
+
+def test_recipes_are_rewritten_only_for_the_steps_whose_settings_changed(tmp_path, monkeypatch, capsys):
+    directory = tmp_path / "sample_ende"
+    pd.write_recipes("sample_ende", directory)
+    assert capsys.readouterr().err == ""  # nothing made yet: nothing to say
+    first = _recipe_times(directory)
+    assert json.loads((directory / ".recipe.bpe").read_text(encoding="utf-8"))["merges"] == 1000
+    pd.write_recipes("sample_ende", directory)
+    assert _recipe_times(directory) == first  # unchanged: make sees nothing newer
+    for step in pd.STEP_VERSIONS:
+        (directory / f".{step}").touch()  # every step done
+    task = pd.TASKS["sample_ende"]
+    monkeypatch.setitem(pd.TASKS, "sample_ende", dataclasses.replace(task, ratio=2.0))
+    pd.write_recipes("sample_ende", directory)
+    after = _recipe_times(directory)
+    assert [step for step in after if after[step] != first[step]] == ["clean"]
+    assert capsys.readouterr().err == (f"prepare_data.py: {directory}: step clean is redone with the steps after it: "
+                                       "its ratio changed\n")
+
+
+def test_a_step_done_by_an_earlier_version_without_a_recipe_is_redone_and_said(tmp_path, capsys):
+    directory = tmp_path / "sample_ende"
+    directory.mkdir()
+    (directory / ".tok").touch()
+    pd.write_recipes("sample_ende", directory)
+    assert capsys.readouterr().err == (f"prepare_data.py: {directory}: step tok is redone with the steps after it: "
+                                       "it has no recorded recipe (made by an earlier onmt-ext)\n")
+
+
+def test_a_data_directory_counts_once_set_and_stands_when_left_unset(tmp_path, monkeypatch):
+    directory = tmp_path / "wmt17_zhen"
+    monkeypatch.delenv("WMT17_EXTRA_DIR", raising=False)
+    pd.write_recipes("wmt17_zhen", directory)
+    assert json.loads((directory / ".recipe.raw").read_text(encoding="utf-8"))["WMT17_EXTRA_DIR"] == ""
+    monkeypatch.setenv("WMT17_EXTRA_DIR", str(tmp_path / "extra"))
+    pd.write_recipes("wmt17_zhen", directory)
+    recorded = json.loads((directory / ".recipe.raw").read_text(encoding="utf-8"))["WMT17_EXTRA_DIR"]
+    assert recorded == str((tmp_path / "extra").resolve())
+    before = _recipe_times(directory)
+    monkeypatch.delenv("WMT17_EXTRA_DIR")  # a later make without it keeps the full data
+    pd.write_recipes("wmt17_zhen", directory)
+    assert _recipe_times(directory) == before
+
+
+def test_tokenizer_versions_are_part_of_the_tokenization_recipe():
+    zhen, ende, sample = (pd.recipes(name)["tok"] for name in ("wmt17_zhen", "wmt14_ende", "sample_ende"))
+    assert set(zhen) >= {"jieba", "sacremoses"} and "jieba" not in ende and "sacremoses" in ende
+    assert "jieba" not in sample and "sacremoses" not in sample  # released tokenized: not tokenized again
+    assert pd.recipes("sample_ende")["bpe"]["sacremoses"] == ende["sacremoses"]  # its references are detokenized

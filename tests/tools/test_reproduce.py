@@ -697,8 +697,10 @@ def test_the_corpus_check_reads_the_extra_directory_and_the_prepared_data(tmp_pa
 
     raw = tmp_path / "build/data/wmt17_zhen/raw"
     prepare_data.write_corpora(raw, "wmt17_zhen", [("News Commentary v12", 227062)])
-    stale = reproduce.corpus_problem(table, environ={"WMT17_EXTRA_DIR": str(extra)})
-    assert "holds News Commentary v12 alone (227,062 pairs" in stale and "delete it" in stale
+    stale = reproduce.corpus_problem(table, environ={})
+    assert "holds News Commentary v12 alone (227,062 pairs" in stale and "set WMT17_EXTRA_DIR" in stale
+    # with the directory set, the data step's changed recipe prepares the data again with its pairs
+    assert reproduce.corpus_problem(table, environ={"WMT17_EXTRA_DIR": str(extra)}) is None
     assert reproduce.corpus_problem(table, small_data=True, environ={}) is None
     prepare_data.write_corpora(raw, "wmt17_zhen", [("News Commentary v12", 227062),
                                                    (f"WMT17_EXTRA_DIR ({extra}): UN v1.0 + CWMT", 1)])
