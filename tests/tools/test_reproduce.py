@@ -370,6 +370,20 @@ def _fixed_rows(table, shift=-0.5):
     return rows
 
 
+def _markdown_rows(markdown, first_column="row"):
+    """The report's table as ``[{column: cell}]``, read by its header (the first line that starts with
+    ``| <first_column> |``), so a test checks each value in its named column, not a row's exact layout."""
+    lines = markdown.splitlines()
+    start = next(index for index, line in enumerate(lines) if line.startswith(f"| {first_column} |"))
+    columns = [cell.strip() for cell in lines[start].strip("|").split("|")]
+    rows = []
+    for line in lines[start + 2:]:  # after the header and its alignment line
+        if not line.startswith("|"):
+            break
+        rows.append(dict(zip(columns, (cell.strip() for cell in line.strip("|").split("|")))))
+    return rows
+
+
 def test_report_from_fixed_json_puts_the_papers_bleu_beside_ours(tmp_path, capsys):
     table = "li2019-table3"
     source = tmp_path / "input.json"
@@ -379,10 +393,16 @@ def test_report_from_fixed_json_puts_the_papers_bleu_beside_ours(tmp_path, capsy
     out_dir = tmp_path / "results/li2019/wmt14_ende"
     markdown = (out_dir / f"{table}.md").read_text(encoding="utf-8")
     assert markdown in capsys.readouterr().out
-    assert ("| 1 none | `baseline/transformer_base_wmt14_ende.yaml` | 27.31 | 26.81 | -0.50 | 26.81 | 27.56 | 55.00 |  | "
-            "last 5 checkpoints averaged, 200000 steps |") in markdown
-    assert ("| 6 [6] | `li2019/transformer_base_wmt14_ende_em_enc_self_layers_6.yaml` | 27.68 | 27.18 | -0.50 | "
-            "27.18 | 27.93 | 60.00 | 0.004 ‡ | last 5 checkpoints averaged, 200000 steps |") in markdown
+    cells = _markdown_rows(markdown)
+    assert [cell["row"] for cell in cells] == [row.label for row in reproduce.TABLES[table]]
+    for cell, row, index in zip(cells, reproduce.TABLES[table], range(len(cells))):
+        assert cell["config"] == f"`{row.config}`" and float(cell["paper BLEU"]) == row.paper_bleu
+        ours = round(row.paper_bleu - 0.5, 2)
+        assert float(cell["ours, paper's metric"]) == float(cell["sacreBLEU"]) == ours
+        assert float(cell["ours - paper"]) == -0.5 and float(cell["tok. BLEU"]) == pytest.approx(ours + 0.75)
+        assert float(cell["chrF"]) == 55.0 + index
+        assert cell["p"] == ("" if index == 0 else "0.004 ‡")  # the baseline row is the reference of the tests
+        assert cell["model"] == "last 5 checkpoints averaged, 200000 steps"
     assert "sacreBLEU signature: nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.4.3" in markdown
     assert f"({table}.curves.png)" in markdown
     document = json.loads((out_dir / f"{table}.json").read_text(encoding="utf-8"))
@@ -405,8 +425,11 @@ def test_report_of_a_sweep_without_paper_scores_or_curves(tmp_path):
         del row["curves"]
     written = reproduce.write_report(table, "wmt14_ende", rows, tmp_path)
     markdown = written["md"].read_text(encoding="utf-8")
-    assert "| mprhead d_r = 448 | `chen2019/transformer_base_wmt14_ende_mprhead.yaml` `-chen2019_dim` `448` | n/a | " \
-           "27.75 |  | 27.00 | 27.75 |" in markdown  # chen2019's own metric: multi-bleu on tokenized text
+    cell = next(cell for cell in _markdown_rows(markdown) if cell["row"] == "mprhead d_r = 448")
+    assert cell["config"] == "`chen2019/transformer_base_wmt14_ende_mprhead.yaml` `-chen2019_dim` `448`"
+    assert cell["paper BLEU"] == "n/a" and cell["ours - paper"] == ""  # no paper score: no difference
+    # chen2019's own metric is multi-bleu on tokenized text: the tokenized score, not sacreBLEU's
+    assert cell["ours, paper's metric"] == cell["tok. BLEU"] != cell["sacreBLEU"]
     assert "curves" not in written and not (tmp_path / f"{table}.curves.png").exists()
 
 
@@ -473,13 +496,9 @@ def test_clause_table_scored_and_reported_from_hypotheses_on_disk(tmp_path, monk
                                                            f"{table}.ca_study.by_length.png"]
     assert all(path.read_bytes().startswith(PNG_MAGIC) for path in written["by_length"] + [written["curves"]])
     markdown = written["md"].read_text(encoding="utf-8")
-    header = ("| row | config | paper BLEU | ours, paper's metric | ours - paper | sacreBLEU | tok. BLEU | chrF | p | "
-              "model |")
     metric, _ = reproduce.paper_metric(table, task)
-    columns = [c.strip() for c in header.strip("|").split("|")]
-    start = markdown.splitlines().index(header) + 2  # after the header and its alignment line
-    cells = [dict(zip(columns, (c.strip() for c in line.strip("|").split("|"))))
-             for line in markdown.splitlines()[start:start + len(plans)]]
+    cells = _markdown_rows(markdown)
+    assert len(cells) == len(plans)
     for p, score, cell in zip(plans, scores, cells):  # each row's own scores, in their columns
         paper = p.row.paper_bleu
         assert (cell["row"], cell["config"]) == (p.row.label, f"`{p.row.config}`")
