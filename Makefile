@@ -437,13 +437,13 @@ smoke: $(TATOEBA)/vocab.en | $(SETUP_STAMP)
 # speed and memory of every mechanism against the baseline on the CPU, for information: make gpu-check's
 # training and translation sections at smoke size, with longer budgets than its dry run (a ratio below its
 # target is reported, not a failure) -> build/bench/ (docs/benchmarks-method.md)
-BENCH_ARGS ?= --warmup-steps 5 --steps 40 --budget-b 900 --budget-c 300
+BENCH_ARGS ?= --warmup-steps 5 --steps 40 --test-sentences 200 --translate-passes 6 --min-run-seconds 1 --budget-b 900 --budget-c 900
 bench: | $(SETUP_STAMP)
 	@$(MAKE) --no-print-directory data
 	$(PY) tools/gpu_check.py --device cpu --tiny --sections bc --out build/bench --work build/bench/work $(BENCH_ARGS)
 
-# the cost of one encoder layer per mechanism as the length grows (cao2019's horizontal routing is quadratic in
-# it), for information -> printed (docs/benchmarks-method.md)
+# time and memory of one encoder layer per mechanism as the sentence length grows, with growth exponents, for
+# information -> printed (docs/benchmarks-method.md)
 LAYER_COST_ARGS ?=
 layer-cost: | $(SETUP_STAMP)
 	$(PY) tools/layer_cost.py $(LAYER_COST_ARGS)

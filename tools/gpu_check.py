@@ -959,9 +959,7 @@ def child_translate_many(result_file, head, argv):
         chosen, estimate = plan_cases(costs, costs[base], candidates, group["passes"], group["block"], 0.9 * left)
         record({"group": key, "phase": "plan", "copies": copies, "chosen": chosen, "estimate_s": estimate,
                 "left_s": left, "costs": costs, "sentences": copies * group["sentences"]})
-        repeated = source.with_name(f"{source.name}.x{copies}")
-        if not repeated.exists():
-            repeated.write_text(source.read_text(encoding="utf-8") * copies, encoding="utf-8")
+        repeated = timed_runs.repeated_file(source, copies)  # never an earlier run's copy of another test set
         by_name = {job["name"]: job for job in jobs}
         for index, name in enumerate(timed_runs.translation_schedule([base, *chosen], base, group["passes"],
                                                                 group["block"])):

@@ -84,47 +84,55 @@ def case_config(case, size, args, workdir, overrides=None, suffix="", repeat=1):
     return path, workdir / name / f"model_step_{total}.pt", config
 
 
+def _stale(target, *inputs):
+    """True when ``target`` is missing or older than any of ``inputs`` (a copy made from data since remade)."""
+    return not target.exists() or any(Path(path).stat().st_mtime_ns > target.stat().st_mtime_ns for path in inputs)
+
 
 def _use_pre_encoded_data(config, workdir, repeat=1):
-    """Point ``config`` at SentencePiece'd (with clause attention, pre-split) copies of its corpora, made once;
-    training corpora ``repeat`` times over, so that an epoch can outlast the steps measured."""
+    """Point ``config`` at SentencePiece'd (with clause attention, pre-split) copies of its corpora, made again
+    whenever what they are made from is newer; training corpora ``repeat`` times over, so that an epoch can
+    outlast the steps measured."""
     transforms = [t for t in config["transforms"] if t != "sentencepiece"]
     for corpus_name, corpus in config["data"].items():
         for side, model in (("src", config["src_subword_model"]), ("tgt", config["tgt_subword_model"])):
             path = Path(REPO / corpus[f"path_{side}"])
             out = workdir / "data" / f"{path.name}.sp"
-            if not out.exists():
+            if _stale(out, path, REPO / model):
                 encode_file(REPO / model, path, out)
             if side == "src" and config.get("clause_attention"):
-                split = out.with_name(out.name + ".clause")
-                if not split.exists():
+                levels, tagger = config.get("clause_levels", 6), config.get("clause_tagger_model")
+                split = out.with_name(f"{out.name}.clause{levels}" + (".tagger" if tagger else ""))
+                if _stale(split, out, *([REPO / tagger] if tagger else [])):
                     command = [sys.executable, str(REPO / "tools/clause_split_corpus.py"), "--lang",
-                               config["clause_lang"], "--levels", str(config.get("clause_levels", 6)),
-                               "--input", str(out), "--output", str(split)]
-                    if config.get("clause_tagger_model"):
-                        command += ["--tagger-model", str(REPO / config["clause_tagger_model"])]
+                               config["clause_lang"], "--levels", str(levels), "--input", str(out),
+                               "--output", str(split)]
+                    if tagger:
+                        command += ["--tagger-model", str(REPO / tagger)]
                     subprocess.run(command, check=True)
                 out = split
             if repeat > 1 and corpus_name != "valid":
-                repeated = out.with_name(f"{out.name}.x{repeat}")
-                if not repeated.exists():
-                    text = out.read_text(encoding="utf-8")
-                    partial = repeated.with_name(repeated.name + ".partial")
-                    partial.write_text(text * repeat, encoding="utf-8")
-                    partial.replace(repeated)
-                out = repeated
+                out = repeated_file(out, repeat)
             corpus[f"path_{side}"] = str(out)
     config["transforms"] = transforms
     if config.get("clause_attention"):
         config["clause_presplit"] = True
 
 
+def repeated_file(path, copies):
+    """``<path>.x<copies>``: the lines of ``path`` ``copies`` times over, made again when ``path`` is newer."""
+    repeated = path.with_name(f"{path.name}.x{copies}")
+    if _stale(repeated, path):
+        partial = repeated.with_name(repeated.name + ".partial")
+        partial.write_text(path.read_text(encoding="utf-8") * copies, encoding="utf-8")
+        partial.replace(repeated)
+    return repeated
+
 
 #: The two searches measured: (key of the figures, output suffix, onmt_translate options).  Greedy search is
 #: OpenNMT-py's sampling from the top 1 (beam size 1 alone is a one-beam search).
 SEARCHES = (("translate", "", ("-beam_size", 4)),
             ("greedy", ".greedy", ("-beam_size", 1, "-random_sampling_topk", 1)))
-
 
 
 def translation_schedule(cases, baseline, passes, block=1):
@@ -141,7 +149,6 @@ def translation_schedule(cases, baseline, passes, block=1):
         for start in range(0, len(ordered), block):
             schedule += [*ordered[start:start + block], baseline]
     return schedule
-
 
 
 def median_interval(values, level=0.95):

@@ -255,7 +255,7 @@ def test_gpu_configs_parse_strictly(tmp_path, onmt_active, monkeypatch):
             assert train["path_tgt"].endswith(f".x{repeat}") and not valid["path_tgt"].endswith(f".x{repeat}")
             assert Path(train["path_tgt"]).read_text(encoding="utf-8").count("\n") == 10 * repeat
             if opt.clause_attention:
-                assert opt.clause_presplit and train["path_src"].endswith(f".clause.x{repeat}")
+                assert opt.clause_presplit and train["path_src"].endswith(f".clause6.x{repeat}")
 
 
 def test_property_configs_exist():

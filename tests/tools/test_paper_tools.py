@@ -2,7 +2,9 @@
 
 import argparse
 import math
+import os
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -281,3 +283,60 @@ def test_timed_translation_source_reports_its_lengths(sample_data, tmp_path):
     (tmp_path / "head").mkdir()
     head, head_source, head_reference = timed_runs.translation_source(tmp_path / "head", 1)
     assert head_source < source_pieces and head_reference < reference_pieces
+
+
+def _later(path, seconds=10):
+    """Give ``path`` a modification time ``seconds`` after now, as a file remade later would have."""
+    stamp = time.time() + seconds
+    os.utime(path, (stamp, stamp))
+
+
+def test_a_repeated_test_set_is_made_again_from_a_newer_one(tmp_path):
+    """An earlier run's copy of another test set under the same name (same number of copies) is not reused: the
+    check once timed 16 sentences while counting 200."""
+    source = tmp_path / "test.sp.zh"
+    source.write_text("a\n" * 16, encoding="utf-8")
+    repeated = timed_runs.repeated_file(source, 3)
+    assert repeated.read_text(encoding="utf-8").count("\n") == 48
+    made = repeated.stat().st_mtime_ns
+    assert timed_runs.repeated_file(source, 3).stat().st_mtime_ns == made  # unchanged source: kept
+    source.write_text("b\n" * 200, encoding="utf-8")
+    _later(source)
+    assert timed_runs.repeated_file(source, 3).read_text(encoding="utf-8") == "b\n" * 600
+
+
+def test_pre_encoded_copies_follow_their_corpus_and_model(tmp_path, monkeypatch):
+    encoded = []
+
+    def encode(model, path, out):
+        encoded.append(Path(path).name)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(Path(path).read_text(encoding="utf-8"), encoding="utf-8")
+        return out
+
+    monkeypatch.setattr(timed_runs, "encode_file", encode)
+    corpus = {name: tmp_path / name for name in ("train.zh", "train.en", "spm.model")}
+    for path in corpus.values():
+        path.write_text("x\n", encoding="utf-8")
+
+    def config():
+        return {"transforms": ["sentencepiece"], "src_subword_model": str(corpus["spm.model"]),
+                "tgt_subword_model": str(corpus["spm.model"]),
+                "data": {"corpus_1": {"path_src": str(corpus["train.zh"]), "path_tgt": str(corpus["train.en"])}}}
+
+    work = tmp_path / "work"
+    first = config()
+    timed_runs._use_pre_encoded_data(first, work, repeat=2)
+    assert encoded == ["train.zh", "train.en"] and first["transforms"] == []
+    assert Path(first["data"]["corpus_1"]["path_src"]).read_text(encoding="utf-8") == "x\nx\n"
+    timed_runs._use_pre_encoded_data(config(), work, repeat=2)
+    assert encoded == ["train.zh", "train.en"]  # nothing newer: the copies stand
+    corpus["train.zh"].write_text("y\n", encoding="utf-8")
+    _later(corpus["train.zh"])
+    again = config()
+    timed_runs._use_pre_encoded_data(again, work, repeat=2)
+    assert encoded[2:] == ["train.zh"]  # the remade corpus only, and its repeated copy after it
+    assert Path(again["data"]["corpus_1"]["path_src"]).read_text(encoding="utf-8") == "y\ny\n"
+    _later(corpus["spm.model"], 20)
+    timed_runs._use_pre_encoded_data(config(), work, repeat=2)
+    assert encoded[3:] == ["train.zh", "train.en"]  # a newer subword model: both sides again
