@@ -866,12 +866,10 @@ def write_recipes(task_name, directory=None):
     """Write ``<directory>/.recipe.<step>`` for every step whose recipe differs from the recorded one (or has none),
     saying why on stderr when that step had been done; leave the others untouched (make compares their times)."""
     directory = Path(directory or DATA / task_name)
-    directory.mkdir(parents=True, exist_ok=True)
 
     def recorded(step):
-        path = directory / f".recipe.{step}"
         try:
-            return json.loads(path.read_text(encoding="utf-8"))
+            return json.loads((directory / f".recipe.{step}").read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
 
@@ -885,10 +883,7 @@ def write_recipes(task_name, directory=None):
                                       if recipe.get(key) != before.get(key)) + " changed")
             print(f"prepare_data.py: {directory}: step {step} is redone with the steps after it: {why}",
                   file=sys.stderr)
-        path = directory / f".recipe.{step}"
-        partial = path.with_name(path.name + ".tmp")
-        partial.write_text(json.dumps(recipe, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-        partial.replace(path)
+        _write_lines(directory / f".recipe.{step}", json.dumps(recipe, indent=1, sort_keys=True).splitlines())
 
 
 STEPS = {"fetch": fetch, "raw": raw, "tok": tok, "clean": clean, "bpe": bpe}
