@@ -39,7 +39,7 @@
 #                 translate and score a paper table on the CUDA devices GPUS (e.g. GPUS=0,1,2,3;
 #                 default 0; gradient accumulation keeps the paper's batch) into results/<paper>/<task>/;
 #                 no CUDA (or fewer GPUs than GPUS) stops it before any data is prepared; WMT17 Zh-En tables
-#                 need WMT17_EXTRA_DIR (or WMT17_SMALL_DATA=1: News Commentary alone, on purpose);
+#                 download the full corpus (WMT17_SMALL_DATA=1: News Commentary alone, on purpose);
 #                 DRY_RUN=1 prints every command; reproduce-sample runs the chain on the CPU; reproduce-li2019,
 #                 reproduce-cao2019, reproduce-chen2019, reproduce-gret, reproduce-clause: all tables of a paper
 #   make paper-configs  rewrite yaml_configs/<paper>/ from tools/paper_configs.py
@@ -250,9 +250,9 @@ $(TATOEBA)/signal_tagger.zh.pt: $(TATOEBA)/stats.json tools/train_signal_tagger.
 # (subword-nmt, 32K merges) and build the vocabularies into build/data/<task>/, the files the paper configs
 # and `make reproduce-...` read.  Each step leaves a stamp, so a rerun redoes only what is missing or what a
 # changed recipe (below) makes out of date.
-# NIST_DIR=... (licensed LDC/NIST data) for nist_zhen, NIUTRANS_DIR=... for niutrans_enzh, optionally
-# WMT17_EXTRA_DIR=... (UN + CWMT pairs) for wmt17_zhen, without which its `make reproduce-...` tables refuse to
-# start unless WMT17_SMALL_DATA=1 (docs/data.md); see `python tools/prepare_data.py --help`.
+# NIST_DIR=... (licensed LDC/NIST data) for nist_zhen, NIUTRANS_DIR=... for niutrans_enzh; wmt17_zhen downloads
+# News Commentary, UN and CWMT (about 2.3 GB), or takes your own UN + CWMT pairs from WMT17_EXTRA_DIR=..., or
+# News Commentary alone with WMT17_SMALL_DATA=1 (docs/data.md); see `python tools/prepare_data.py --help`.
 DATA_TASKS := wmt14_ende wmt14_deen wmt16_ende wmt16_roen wmt17_zhen wmt15_envi nist_zhen niutrans_enzh sample_ende
 DATA_WORKERS ?= $(shell nproc)
 # Progress bars (bytes and rate for downloads, lines for tokenization and BPE) go to stderr when it is a
@@ -490,8 +490,8 @@ reproduce-sample: reproduce-sample-li2019
 # chen2019 Figure 2: BLEU against d_r for RPEHead and MPRHead (d_r = 64 ... 448)
 sweep-chen2019-dr: reproduce-chen2019-figure2-rpehead reproduce-chen2019-figure2-mprhead
 
-# Each table first checks its options against its configs, the CUDA devices GPUS and, on WMT17 Zh-En, the full corpus (WMT17_EXTRA_DIR, or
-# WMT17_SMALL_DATA=1 for News Commentary alone on purpose), then prepares its task's data (make data-<task>),
+# Each table first checks its options against its configs, the CUDA devices GPUS and, on WMT17 Zh-En, WMT17_EXTRA_DIR
+# and WMT17_SMALL_DATA (docs/data.md), then prepares its task's data (make data-<task>),
 # then trains, averages and translates every row through the rules build/reproduce/<table>.mk (a step is
 # redone when its output is missing or older than what it reads), then scores and reports.  DRY_RUN=1 prints
 # the checks' failures as warnings and every command (the data preparation's with make -n), and runs nothing.

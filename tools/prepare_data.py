@@ -9,7 +9,9 @@ Usage::
 Steps: ``fetch`` (archives into ``build/downloads/``, resumed and checked by SHA-256; dev/test sets through
 sacreBLEU), ``raw`` (text pairs, ``raw/corpora.json``), ``tok`` (sacremoses, jieba for Chinese), ``clean``
 (length and ratio filter, ``clean/stats.json``) and ``bpe`` (subword-nmt), each leaving files the Makefile
-stamps.  NIST Zh-En is licensed: set ``NIST_DIR`` (see ``NIST_LAYOUT``).  ``recipe`` records what each step's
+stamps.  NIST Zh-En is licensed: set ``NIST_DIR`` (see ``NIST_LAYOUT``).  WMT17 Zh-En is its full corpus, or
+News Commentary alone with ``WMT17_SMALL_DATA=1``; ``WMT17_EXTRA_DIR`` holds your own UN and CWMT pairs instead
+of their downloads.  ``recipe`` records what each step's
 output depends on besides its input (settings, tokenizer versions, a data directory once set), rewriting a
 step's record only when it changes, so that make redoes that step and the ones after it.
 
@@ -18,6 +20,7 @@ How it works and why (steps, sources, checksums, resuming, progress bars, disk s
 
 import argparse
 import fcntl
+import fnmatch
 import hashlib
 import json
 import os
@@ -25,10 +28,13 @@ import re
 import shutil
 import sys
 import tarfile
+import zipfile
 import gzip
+from itertools import islice
 import urllib.error
 import urllib.request
-from contextlib import nullcontext
+from collections import deque
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from multiprocessing import Pool
 from pathlib import Path
@@ -72,17 +78,29 @@ class Archive:
         return self.url.rstrip("/").rsplit("/", 1)[-1]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Parallel:
     """A parallel corpus: ``archive`` (a key of ``ARCHIVES`` or a repository path) and ``member``, the file in a
-    tar/zip archive (by path, else by file name), ``{lang}`` in the name; without it the archive is the text."""
+    tar/zip archive (by path, else by file name), ``{lang}`` in the name; without it the archive is the text.
+
+    A member with ``*``, ``?`` or ``[`` is a pattern matching several files a side (CWMT's corpora), paired in
+    sorted order; ``spelled`` says how its names spell a language, e.g. ``(("zh", "c[hn]"),)``."""
 
     archive: str
     member: str = None
+    spelled: tuple = ()
+
+    def __repr__(self):  # the recipes hold it: unchanged for the corpora made before ``spelled`` existed
+        return (f"Parallel(archive={self.archive!r}, member={self.member!r}"
+                + (f", spelled={self.spelled!r})" if self.spelled else ")"))
 
     def archives(self, langs):
         """The archive keys/paths this corpus reads for the languages ``langs``."""
         return [self.archive] if self.member else [self.archive.format(lang=lang) for lang in langs]
+
+    def member_of(self, lang):
+        """The member (name or pattern) holding the language ``lang``."""
+        return self.member.format(lang=dict(self.spelled).get(lang, lang))
 
 
 @dataclass(frozen=True)
@@ -130,6 +148,12 @@ class Task:
     manual: str = ""  # corpora the user must supply, said when a step cannot find them
     notes: tuple = field(default_factory=tuple)
     subsets: tuple = ()  # LengthSubset: a paper's own length filter of the training pairs, before BPE
+    #: Corpora beyond ``train`` that make the full training data (WMT17's UN and CWMT parts): downloaded, unless
+    #: the environment variable ``extra_dir`` names a directory with the user's own copy of them as
+    #: ``train.<src>``/``train.<tgt>``; ``small_flag``=1 leaves them out on purpose.
+    extra: tuple = ()
+    extra_dir: str = ""
+    small_flag: str = ""
 
 
 #: Download locations.  The pinned SHA-256 sums were taken from public download scripts that verify these
@@ -154,6 +178,28 @@ ARCHIVES = {
     "iwslt15-en-vi-tst2013.vi": Archive("https://nlp.stanford.edu/projects/nmt/data/iwslt15.en-vi/tst2013.vi"),
 }
 
+#: The rest of WMT17's Zh-En training data: the UN Parallel Corpus v1.0, its en-zh part (Ziemski et al., LREC
+#: 2016), and the six CWMT corpora WMT17 lists, from the copies the Hugging Face ``wmt`` datasets serve.  The
+#: SHA-256 sums are those the Hugging Face ``datasets`` library records for these addresses (its wmt17 record);
+#: five of the CWMT sums equal the ones TensorFlow Datasets recorded for the files on CWMT's own server, and
+#: neu2017 differs there (docs/data.md).
+HF_WMT = "https://huggingface.co/datasets/wmt"
+CWMT_SUMS = {"casia2015": "c939f1528f96c419e9bbffb9caad869616a969e7704ffac896e245a02aff59a9",
+             "casict2011": "606adc0ccc5d8fc7c47f8589991286616342a1a379a571ce3038918731ae0182",
+             "casict2015": "eef8e25b297c1aff12ab24719247d3588e756d7a4e2c30d4d34fcb4d05ab1050",
+             "datum2015": "654afce6731485c40ce856514ab80cd2bfd836126bcaf48cdb911ebc32b021a4",
+             "datum2017": "737455c139596f4abf3b1da73bc38932b3ef9534549328eff47d867e29950ed2",
+             "neu2017": "5c5ea9ac5cbc43c974bd53796a3a29829800865b6398b52cda0a3854cb0d2e03"}
+ARCHIVES["un-v1.0-en-zh"] = Archive(f"{HF_WMT}/uncorpus/resolve/main-zip/UNv1.0.en-zh.zip",
+                                    "97f5ce0892084cdbb2332b52ffcc0299a649ba0a43712d921575fe2b7edfb4b4",
+                                    note="UN Parallel Corpus v1.0 en-zh, as one zip (the UN's own site splits it "
+                                         "in two parts)")
+ARCHIVES.update({f"cwmt-{name}": Archive(f"{HF_WMT}/wmt18/resolve/main/cwmt-wmt/{name}.zip", digest,
+                                         note=f"CWMT {name}, as WMT17 and WMT18 distributed it")
+                 for name, digest in CWMT_SUMS.items()})
+WMT17_FULL = (Parallel("un-v1.0-en-zh", "en-zh/UNv1.0.en-zh.{lang}"),) + tuple(
+    Parallel(f"cwmt-{name}", f"{name}/*_{{lang}}.txt", spelled=(("zh", "c[hn]"),)) for name in CWMT_SUMS)
+
 _WMT14_DE_EN = (Parallel("europarl-v7", "training/europarl-v7.de-en.{lang}"),
                 Parallel("commoncrawl", "commoncrawl.de-en.{lang}"),
                 Parallel("nc-v9", "training/news-commentary-v9.de-en.{lang}"))
@@ -167,14 +213,17 @@ NIST_LAYOUT = """NIST_DIR must hold:
 NIST06 becomes the dev set and NIST02 the test set (test.*); NIST03 and NIST04 are written as
 test_nist03.* and test_nist04.* beside them."""
 
-#: What ``WMT17_EXTRA_DIR`` must hold for the full ``wmt17_zhen`` (docs/data.md says where each part comes from).
-WMT17_EXTRA = ("put the zh-en pairs of the UN Parallel Corpus v1.0 and of the CWMT corpus (docs/data.md says where "
-               "to get them), in step, as train.zh and train.en in one directory and set WMT17_EXTRA_DIR to it")
+#: What ``WMT17_EXTRA_DIR`` holds when it is set: the user's own copy of the parts ``make data-wmt17_zhen`` would
+#: otherwise download.
+WMT17_EXTRA = ("WMT17_EXTRA_DIR, when set, is a directory holding your own copy of the zh-en pairs of the UN "
+               "Parallel Corpus v1.0 and of the CWMT corpora, in step, as train.zh and train.en, used instead of "
+               "downloading them (docs/data.md)")
 
 #: Readable names of the corpora, for ``raw/corpora.json`` and the reports.
 CORPUS_NAMES = {"europarl-v7": "Europarl v7", "commoncrawl": "Common Crawl", "nc-v9": "News Commentary v9",
                 "nc-v11": "News Commentary v11", "nc-v12": "News Commentary v12", "europarl-v8": "Europarl v8",
-                "setimes2-en-ro": "SETIMES2"}
+                "setimes2-en-ro": "SETIMES2", "un-v1.0-en-zh": "UN Parallel Corpus v1.0",
+                **{f"cwmt-{name}": f"CWMT {name}" for name in CWMT_SUMS}}
 
 TASKS = {
     "wmt14_ende": Task("en", "de", _WMT14_DE_EN, SacrebleuSet("wmt13", "en-de"), SacrebleuSet("wmt14/full", "en-de")),
@@ -187,8 +236,10 @@ TASKS = {
                        SacrebleuSet("wmt16/dev", "ro-en"), SacrebleuSet("wmt16", "ro-en")),
     "wmt17_zhen": Task("zh", "en", (Parallel("nc-v12", "training/news-commentary-v12.zh-en.{lang}"),),
                        SacrebleuSet("wmt17/dev", "zh-en"), SacrebleuSet("wmt17", "zh-en"),
-                       joint_bpe=False, ratio=9.0, manual=WMT17_EXTRA, subsets=(CAO2019_ZHEN,),
-                       notes=("without WMT17_EXTRA_DIR only News Commentary v12 (about 0.2M pairs) is used",)),
+                       joint_bpe=False, ratio=9.0, subsets=(CAO2019_ZHEN,), extra=WMT17_FULL,
+                       extra_dir="WMT17_EXTRA_DIR", small_flag="WMT17_SMALL_DATA",
+                       notes=("News Commentary v12, the UN Parallel Corpus v1.0 and the six CWMT corpora "
+                              "(about 2.3 GB to download); WMT17_SMALL_DATA=1: News Commentary v12 alone",)),
     "wmt15_envi": Task("en", "vi", (Parallel("iwslt15-en-vi-train.{lang}"),),
                        Parallel("iwslt15-en-vi-tst2012.{lang}"), Parallel("iwslt15-en-vi-tst2013.{lang}"),
                        joint_bpe=False, pretokenized=True, ratio=9.0,
@@ -333,9 +384,12 @@ def _sacrebleu_files(test_set):
             f"/some/dir/{test_set.name.split('/')[0]} into {where}/, then rerun") from None
 
 
-def _archive_names(task):
+def _archive_names(task, corpora=None):
+    """The ``ARCHIVES`` keys a task reads: of its training ``corpora`` (default: every one it may train on) and of
+    its dev and test sets."""
     names = []
-    for corpus in task.train + tuple(s for s in (task.valid, task.test) if isinstance(s, Parallel)):
+    corpora = task.train + task.extra if corpora is None else corpora
+    for corpus in corpora + tuple(s for s in (task.valid, task.test) if isinstance(s, Parallel)):
         for name in corpus.archives((task.src, task.tgt)):
             if name in ARCHIVES and name not in names:
                 names.append(name)
@@ -352,7 +406,10 @@ def fetch(task_name, downloads=None):
     if task.manual == "NIUTRANS_DIR":
         _plain_dir(task)
         return
-    for name in _archive_names(task):
+    corpora, own = training_corpora(task_name, current_settings(task_name))
+    if own:
+        _own_extra(task, own)
+    for name in _archive_names(task, corpora):
         download(ARCHIVES[name], downloads)
     for test_set in (task.valid, task.test):
         if isinstance(test_set, SacrebleuSet):
@@ -383,6 +440,26 @@ def _open_text(path):
         yield from _decoded(raw, path)
 
 
+def _is_pattern(member):
+    return any(character in member for character in "*?[")
+
+
+def _member_names(archive_path, member):
+    """``[member]``, or for a pattern the sorted names of the archive's files that match it (none: the step stops)."""
+    if not _is_pattern(member):
+        return [member]
+    if str(archive_path).endswith(".zip"):
+        with zipfile.ZipFile(archive_path) as archive:
+            names = [info.filename for info in archive.infolist() if not info.is_dir()]
+    else:
+        with tarfile.open(archive_path) as archive:
+            names = [m.name for m in archive.getmembers() if m.isfile()]
+    found = sorted(name for name in names if fnmatch.fnmatchcase(name, member))
+    if not found:
+        raise PrepareError(f"{archive_path} has no member matching {member} (it holds e.g. {names[:10]})")
+    return found
+
+
 def _find_member(names, member, archive_path):
     """``member`` if the archive holds it, else the one name ending in ``/<its file name>``."""
     if member in names:
@@ -396,10 +473,13 @@ def _find_member(names, member, archive_path):
 
 
 def _member_lines(archive_path, member):
-    """Lines of one member of a tar or zip archive (a BOM dropped, CR/LF stripped)."""
-    if str(archive_path).endswith(".zip"):
-        import zipfile
+    """Lines of one member of a tar or zip archive (a BOM dropped, CR/LF stripped), as a list."""
+    return list(_member_stream(archive_path, member))
 
+
+def _member_stream(archive_path, member):
+    """Lines of one member of a tar or zip archive, read as they are asked for (a BOM dropped, CR/LF stripped)."""
+    if str(archive_path).endswith(".zip"):
         archive = zipfile.ZipFile(archive_path)
         name = _find_member(archive.namelist(), member, archive_path)
         raw, size = archive.open(name), archive.getinfo(name).file_size
@@ -409,7 +489,7 @@ def _member_lines(archive_path, member):
         name = _find_member(list(members), member, archive_path)
         raw, size = archive.extractfile(members[name]), members[name].size
     with archive, raw, _byte_bar(f"extract {name.rsplit('/', 1)[-1]}", size) as bar:
-        return list(_decoded(raw, f"{archive_path} ({member})", bar))
+        yield from _decoded(raw, f"{archive_path} ({name})", bar)
 
 
 def _local(name, downloads):
@@ -423,21 +503,55 @@ def _local(name, downloads):
     return path
 
 
-def corpus_lines(corpus, src, tgt, downloads):
-    """The (source lines, target lines) of a ``Parallel`` corpus, each as a list."""
+def corpus_parts(corpus, src, tgt, downloads):
+    """``[(where, source lines, target lines)]``: each pair of files of a ``Parallel`` corpus (one, unless its member
+    is a pattern), its lines read lazily, ``where`` naming the files for messages."""
     if corpus.member is None:
-        return tuple(list(_open_text(_local(corpus.archive.format(lang=lang), downloads))) for lang in (src, tgt))
+        paths = [_local(corpus.archive.format(lang=lang), downloads) for lang in (src, tgt)]
+        return [(f"{paths[0]} and {paths[1]}", _open_text(paths[0]), _open_text(paths[1]))]
     path = _local(corpus.archive, downloads)
-    return tuple(_member_lines(path, corpus.member.format(lang=lang)) for lang in (src, tgt))
+    sides = [_member_names(path, corpus.member_of(lang)) for lang in (src, tgt)]
+    if len(sides[0]) != len(sides[1]):
+        raise PrepareError(f"{path}: {len(sides[0])} {src} files {sides[0]} but {len(sides[1])} {tgt} files "
+                           f"{sides[1]}")
+    return [(f"{path} ({a} and {b})", _member_stream(path, a), _member_stream(path, b)) for a, b in zip(*sides)]
 
 
-def _write_lines(path, lines):
+def corpus_lines(corpus, src, tgt, downloads):
+    """The (source lines, target lines) of a ``Parallel`` corpus, each as a list (dev and test sets)."""
+    parts = corpus_parts(corpus, src, tgt, downloads)
+    return tuple([line for part in parts for line in part[side]] for side in (1, 2))
+
+
+@contextmanager
+def _text_output(path):
+    """A UTF-8 text file written as ``<path>.tmp`` and renamed to ``path`` only when the block ends without error."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", encoding="utf-8", newline="\n") as out:
-        for line in lines:
-            out.write(line.replace("\n", " ") + "\n")
+        yield out
     tmp.replace(path)
+
+
+def _append(out, lines):
+    """Write ``lines`` (a newline inside one becomes a space) to the open file ``out``; return how many."""
+    count = 0
+    for count, line in enumerate(lines, 1):
+        out.write(line.replace("\n", " ") + "\n")
+    return count
+
+
+def _write_lines(path, lines):
+    with _text_output(path) as out:
+        _append(out, lines)
+
+
+def _append_pairs(src_out, tgt_out, where, src_lines, tgt_lines):
+    """Append a corpus's source and target lines to the two open files; return the pairs (unequal sides: stop)."""
+    pairs, targets = _append(src_out, src_lines), _append(tgt_out, tgt_lines)
+    if pairs != targets:
+        raise PrepareError(f"{where}: {pairs} source lines but {targets} target lines")
+    return pairs
 
 
 def corpus_name(corpus):
@@ -446,10 +560,11 @@ def corpus_name(corpus):
 
 
 def write_corpora(out, task_name, corpora):
-    """``<out>/corpora.json``: ``{"task", "corpora": [{"name", "pairs", "extra" (WMT17_EXTRA_DIR)}], "pairs"}``."""
-    entries = [{"name": name, "pairs": pairs, **({"extra": True} if name.startswith("WMT17_EXTRA_DIR") else {})}
-               for name, pairs in corpora]
-    document = {"task": task_name, "corpora": entries, "pairs": sum(pairs for _, pairs in corpora)}
+    """``<out>/corpora.json`` of ``corpora``, ``(name, pairs[, extra])`` each: ``{"task", "corpora": [{"name", "pairs",
+    "extra" (true for a part of the task's full data beyond ``train``: WMT17's UN and CWMT)}], "pairs"}``."""
+    entries = [{"name": name, "pairs": pairs, **({"extra": True} if extra and extra[0] else {})}
+               for name, pairs, *extra in corpora]
+    document = {"task": task_name, "corpora": entries, "pairs": sum(entry["pairs"] for entry in entries)}
     out.mkdir(parents=True, exist_ok=True)
     (out / "corpora.json").write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
 
@@ -457,6 +572,13 @@ def write_corpora(out, task_name, corpora):
 def _check_pair(src_lines, tgt_lines, what):
     if len(src_lines) != len(tgt_lines):
         raise PrepareError(f"{what}: {len(src_lines)} source lines but {len(tgt_lines)} target lines")
+
+
+def _own_extra(task, directory):
+    """Stop, naming what is missing, unless ``directory`` (``task.extra_dir``'s value) holds both training files."""
+    missing = [name for name in (f"train.{task.src}", f"train.{task.tgt}") if not (directory / name).is_file()]
+    if missing:
+        raise PrepareError(f"{task.extra_dir}={directory} lacks {', '.join(missing)}: {WMT17_EXTRA}")
 
 
 def raw(task_name, downloads=None, out=None):
@@ -476,29 +598,25 @@ def raw(task_name, downloads=None, out=None):
             if split == "train":
                 write_corpora(out, task_name, [(f"NIUTRANS_DIR ({directory})", len(src_lines))])
         return out
-    src_all, tgt_all, corpora = [], [], []
-    for corpus in task.train:
-        src_lines, tgt_lines = corpus_lines(corpus, task.src, task.tgt, downloads)
-        _check_pair(src_lines, tgt_lines, f"training corpus {corpus.archive}")
-        src_all += src_lines
-        tgt_all += tgt_lines
-        corpora.append((corpus_name(corpus), len(src_lines)))
-    extra = os.environ.get("WMT17_EXTRA_DIR") if task_name == "wmt17_zhen" else None
-    if extra:
-        missing = [name for name in (f"train.{task.src}", f"train.{task.tgt}") if not (Path(extra) / name).is_file()]
-        if missing:
-            raise PrepareError(f"WMT17_EXTRA_DIR={extra} lacks {', '.join(missing)}: {WMT17_EXTRA}")
-        src_lines = list(_open_text(Path(extra) / f"train.{task.src}"))
-        tgt_lines = list(_open_text(Path(extra) / f"train.{task.tgt}"))
-        _check_pair(src_lines, tgt_lines, f"WMT17_EXTRA_DIR={extra}")
-        src_all += src_lines
-        tgt_all += tgt_lines
-        corpora.append((f"WMT17_EXTRA_DIR ({extra}): UN v1.0 + CWMT", len(src_lines)))
-    elif task.manual:
-        print(f"raw: note: {task.notes[0] if task.notes else task.manual}", file=sys.stderr)
-    write_corpora(out, task_name, corpora)
-    _write_lines(out / f"train.{task.src}", src_all)
-    _write_lines(out / f"train.{task.tgt}", tgt_all)
+    settings = current_settings(task_name, Path(out).parent)
+    corpora, own = training_corpora(task_name, settings)
+    if own:
+        _own_extra(task, own)
+    elif task.extra and not set(task.extra) <= set(corpora):
+        print(f"raw: note: {task.small_flag}=1: {', '.join(map(corpus_name, corpora))} alone, not the task's full "
+              f"training data", file=sys.stderr)
+    records = []
+    # streamed, pair file by pair file: WMT17's full data (25M pairs) would not fit in memory as lists
+    with _text_output(out / f"train.{task.src}") as src_out, _text_output(out / f"train.{task.tgt}") as tgt_out:
+        for corpus in corpora:
+            pairs = sum(_append_pairs(src_out, tgt_out, *part)
+                        for part in corpus_parts(corpus, task.src, task.tgt, downloads))
+            records.append((corpus_name(corpus), pairs, corpus in task.extra))
+        if own:
+            pairs = _append_pairs(src_out, tgt_out, f"{task.extra_dir}={own}",
+                                  *(_open_text(own / f"train.{lang}") for lang in (task.src, task.tgt)))
+            records.append((f"{task.extra_dir} ({own}): UN v1.0 + CWMT", pairs, True))
+    write_corpora(out, task_name, records)
     for split, test_set in (("valid", task.valid), ("test", task.test)):
         if isinstance(test_set, SacrebleuSet):
             source, refs = _sacrebleu_files(test_set)
@@ -672,23 +790,44 @@ def _chunk_job(job):
     return [function((key, line)) for line in lines]
 
 
-def map_lines(function, key, lines, workers=1, desc=None):
-    """``[function((key, line)) for line in lines]`` with a line bar (``desc``), in chunks of ``CHUNK_LINES`` over
-    a pool of ``workers`` processes when there are several."""
-    lines = lines if isinstance(lines, list) else list(lines)
-    jobs = [(function, key, lines[start:start + CHUNK_LINES]) for start in range(0, len(lines), CHUNK_LINES)]
-    done = []
-    with progress_bar(desc=desc, total=len(lines), unit=" lines", unit_scale=True) as bar, \
+def _chunks(lines, size):
+    lines = iter(lines)
+    while chunk := list(islice(lines, size)):
+        yield chunk
+
+
+def map_lines(function, key, lines, workers=1, desc=None, total=None):
+    """``function((key, line))`` of each of ``lines`` in order, yielded as they are done, with a line bar (``desc``;
+    ``total`` lines, default ``len(lines)`` of a list), in chunks of ``CHUNK_LINES`` over a pool of ``workers``
+    processes when there are several.  At most ``4 * workers`` chunks are read ahead of the one being yielded, so
+    memory does not grow with the corpus (``Pool.imap`` would read all of its input at once)."""
+    total = len(lines) if total is None and isinstance(lines, list) else total
+    with progress_bar(desc=desc, total=total, unit=" lines", unit_scale=True) as bar, \
             (Pool(workers) if workers > 1 else nullcontext()) as pool:
-        for chunk in (pool.imap(_chunk_job, jobs) if pool else map(_chunk_job, jobs)):
-            done += chunk
-            bar.update(len(chunk))
-    return done
+        ahead = deque()
+        for chunk in _chunks(lines, CHUNK_LINES):
+            job = (function, key, chunk)
+            ahead.append(pool.apply_async(_chunk_job, (job,)) if pool else _chunk_job(job))
+            while ahead and (not pool or len(ahead) >= 4 * workers):
+                done = ahead.popleft()
+                done = done if isinstance(done, list) else done.get()
+                bar.update(len(done))
+                yield from done
+        for done in ahead:
+            done = done.get()
+            bar.update(len(done))
+            yield from done
 
 
-def tokenize_lines(lines, lang, workers=1, desc=None):
-    """Tokenized lines (sacremoses for alphabetic languages, jieba for Chinese), in order."""
-    return map_lines(_tokenize_line, lang, lines, workers, desc or f"tok {lang}")
+def count_lines(path):
+    """The number of lines of a text file (its newline bytes), for a bar's total."""
+    with open(path, "rb") as handle:
+        return sum(block.count(b"\n") for block in iter(lambda: handle.read(1 << 20), b""))
+
+
+def tokenize_lines(lines, lang, workers=1, desc=None, total=None):
+    """Tokenized lines (sacremoses for alphabetic languages, jieba for Chinese), in order, as a generator."""
+    return map_lines(_tokenize_line, lang, lines, workers, desc or f"tok {lang}", total)
 
 
 def _split_files(directory):
@@ -701,9 +840,9 @@ def tok(task_name, workers=1):
     task = TASKS[task_name]
     base = DATA / task_name
     for name, path in _split_files(base / "raw").items():
-        lines = list(_open_text(path))
+        lines = _open_text(path)
         _write_lines(base / "tok" / name, lines if task.pretokenized else tokenize_lines(
-            lines, name.split(".", 1)[1].rstrip("0123456789"), workers, desc=f"tok {name}"))
+            lines, name.split(".", 1)[1].rstrip("0123456789"), workers, desc=f"tok {name}", total=count_lines(path)))
 
 
 # ---------------------------------------------------------------- clean
@@ -718,18 +857,25 @@ def clean(task_name):
     ``subsets``) in ``clean/stats.json``."""
     task = TASKS[task_name]
     base = DATA / task_name
-    src_lines = list(_open_text(base / "tok" / f"train.{task.src}"))
-    tgt_lines = list(_open_text(base / "tok" / f"train.{task.tgt}"))
-    kept = [(s, t) for s, t in zip(src_lines, tgt_lines) if keep_pair(s, t, task.max_len, task.ratio)]
-    _write_lines(base / "clean" / f"train.{task.src}", [s for s, _ in kept])
-    _write_lines(base / "clean" / f"train.{task.tgt}", [t for _, t in kept])
-    stats = {"pairs_in": len(src_lines), "pairs_kept": len(kept), "max_len": task.max_len, "ratio": task.ratio}
+    pairs_in = kept = 0
+    in_subsets = {subset.name: 0 for subset in task.subsets}
+    with _text_output(base / "clean" / f"train.{task.src}") as src_out, \
+            _text_output(base / "clean" / f"train.{task.tgt}") as tgt_out:
+        for src, tgt in zip(*(_open_text(base / "tok" / f"train.{lang}") for lang in (task.src, task.tgt)),
+                            strict=True):
+            pairs_in += 1
+            if keep_pair(src, tgt, task.max_len, task.ratio):
+                kept += 1
+                src_out.write(src + "\n")
+                tgt_out.write(tgt + "\n")
+                for subset in task.subsets:
+                    in_subsets[subset.name] += subset.keeps(src, tgt)
+    stats = {"pairs_in": pairs_in, "pairs_kept": kept, "max_len": task.max_len, "ratio": task.ratio}
     for subset in task.subsets:
-        pairs = sum(subset.keeps(s, t) for s, t in kept)
-        stats.setdefault("subsets", {})[subset.name] = {"pairs": pairs, "note": subset.note}
-        print(f"clean: {pairs} of them in {subset.name} ({subset.note})", file=sys.stderr)
+        stats.setdefault("subsets", {})[subset.name] = {"pairs": in_subsets[subset.name], "note": subset.note}
+        print(f"clean: {in_subsets[subset.name]} of them in {subset.name} ({subset.note})", file=sys.stderr)
     (base / "clean" / "stats.json").write_text(json.dumps(stats, indent=1) + "\n", encoding="utf-8")
-    print(f"clean: kept {len(kept)} of {len(src_lines)} training pairs of {task_name}", file=sys.stderr)
+    print(f"clean: kept {kept} of {pairs_in} training pairs of {task_name}", file=sys.stderr)
 
 
 # ---------------------------------------------------------------- bpe
@@ -746,9 +892,9 @@ def _apply_line(args):
     return _BPE[codes].process_line(line)
 
 
-def apply_bpe(lines, codes, workers=1, desc=None):
-    """BPE-segmented lines (subword-nmt, ``@@`` separator) with the codes file ``codes``."""
-    return map_lines(_apply_line, str(codes), lines, workers, desc or f"bpe {Path(codes).name}")
+def apply_bpe(lines, codes, workers=1, desc=None, total=None):
+    """BPE-segmented lines (subword-nmt, ``@@`` separator) with the codes file ``codes``, as a generator."""
+    return map_lines(_apply_line, str(codes), lines, workers, desc or f"bpe {Path(codes).name}", total)
 
 
 def learn_bpe(inputs, codes, merges, workers=1):
@@ -793,7 +939,7 @@ def bpe(task_name, workers=1, merges=None):
             learn_bpe([path], codes[lang], merges, workers)
     for lang, path in train.items():
         _write_lines(base / f"train.bpe.{lang}", apply_bpe(_open_text(path), codes[lang], workers,
-                                                            desc=f"bpe train.{lang}"))
+                                                            desc=f"bpe train.{lang}", total=count_lines(path)))
     for subset in task.subsets:  # its pairs' lines of train.bpe.*: BPE'd once, with the whole corpus's codes
         keep = bytearray(subset.keeps(s, t) for s, t in zip(_open_text(train[task.src]), _open_text(train[task.tgt])))
         for lang in train:
@@ -806,7 +952,7 @@ def bpe(task_name, workers=1, merges=None):
         plain = lang.rstrip("0123456789")
         if plain == task.src or split == "valid":
             _write_lines(base / f"{split}.bpe.{lang}", apply_bpe(_open_text(path), codes[plain], workers,
-                                                                 desc=f"bpe {name}"))
+                                                                 desc=f"bpe {name}", total=count_lines(path)))
         if plain == task.tgt and split != "valid":  # references: tokenized (multi-bleu) and raw (sacreBLEU)
             shutil.copyfile(path, base / f"{split}.tok.{lang}")
             if task.pretokenized:  # released tokenized (and HTML-escaped): detokenize for sacreBLEU
@@ -823,7 +969,8 @@ def bpe(task_name, workers=1, merges=None):
 #: Raised by hand when a step's code changes what it writes for the same input and settings.
 STEP_VERSIONS = {"fetch": 1, "raw": 1, "tok": 1, "clean": 1, "bpe": 1}
 #: The data directory a task's raw step reads, named by an environment variable.
-DIRECTORY_VARIABLES = {"wmt17_zhen": "WMT17_EXTRA_DIR", "nist_zhen": "NIST_DIR", "niutrans_enzh": "NIUTRANS_DIR"}
+DIRECTORY_VARIABLES = {name: task.extra_dir or task.manual for name, task in TASKS.items()
+                       if task.extra_dir or task.manual in ("NIST_DIR", "NIUTRANS_DIR")}
 
 
 def _version(package):
@@ -835,23 +982,70 @@ def _version(package):
         return "not installed"
 
 
-def recipes(task_name, previous_raw=None):
-    """What each step of ``task_name`` writes depends on besides its input files: ``{step: {name: value}}``.
+def _small(task):
+    """True when the task's ``small_flag`` variable is 1; a value other than 1, 0 or nothing stops the step."""
+    value = os.environ.get(task.small_flag, "") if task.small_flag else ""
+    if value not in ("", "0", "1"):
+        raise PrepareError(f"{task.small_flag}={value}: set it to 1 (the small data, on purpose) or 0, or unset it")
+    return value == "1"
 
-    A data directory variable (``DIRECTORY_VARIABLES``) counts once set: left unset later, the one the data were
-    made from (``previous_raw``, the raw step's earlier recipe) stands, so a later ``make`` without it keeps them."""
+
+def data_settings(task_name, previous_raw=None):
+    """What the environment says about a task's data: ``{variable: value}`` of its data directory variable
+    (``DIRECTORY_VARIABLES``) and of its small-data flag.
+
+    The directory counts once set: left unset later, the one the data were made from (``previous_raw``, the raw
+    step's earlier recipe) stands, so that a later ``make`` without it keeps the data.  The flag counts when set."""
+    task = TASKS[task_name]
+    settings = {}
+    variable = DIRECTORY_VARIABLES.get(task_name)
+    if variable:
+        value = os.environ.get(variable)
+        settings[variable] = str(Path(value).resolve()) if value else (previous_raw or {}).get(variable, "")
+    if task.small_flag:
+        settings[task.small_flag] = _small(task)
+        if settings[task.small_flag] and os.environ.get(task.extra_dir):
+            raise PrepareError(f"{task.small_flag}=1 leaves out the pairs {task.extra_dir} holds: unset one of them")
+    return settings
+
+
+def current_settings(task_name, directory=None):
+    """:func:`data_settings` against the raw step's recorded recipe in ``directory`` (default the task's)."""
+    return data_settings(task_name, _recorded_recipe(Path(directory or DATA / task_name), "raw"))
+
+
+def training_corpora(task_name, settings):
+    """``(corpora, own)``: the ``Parallel`` corpora a task trains on under ``settings`` (:func:`data_settings`),
+    and the directory of the user's own copy of its ``extra`` corpora, or None."""
+    task = TASKS[task_name]
+    if not task.extra or settings.get(task.small_flag):
+        return task.train, None
+    if settings.get(task.extra_dir):
+        return task.train, Path(settings[task.extra_dir])
+    return task.train + task.extra, None
+
+
+def _recorded_recipe(directory, step):
+    try:
+        return json.loads((directory / f".recipe.{step}").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def recipes(task_name, previous_raw=None):
+    """What each step of ``task_name`` writes depends on besides its input files: ``{step: {name: value}}``; the
+    raw step's holds :func:`data_settings` (``previous_raw``: its earlier recipe)."""
     task = TASKS[task_name]
     languages = {task.src, task.tgt}
     tokenizers = {} if task.pretokenized else {
         **({"jieba": _version("jieba")} if "zh" in languages else {}),
         **({"sacremoses": _version("sacremoses")} if languages - {"zh"} else {})}
-    raw = {"train": repr(task.train), "valid": repr(task.valid), "test": repr(task.test), "test_lines": task.test_lines}
-    variable = DIRECTORY_VARIABLES.get(task_name)
-    if variable:
-        value = os.environ.get(variable)
-        raw[variable] = str(Path(value).resolve()) if value else (previous_raw or {}).get(variable, "")
+    settings = data_settings(task_name, previous_raw)
+    corpora, _ = training_corpora(task_name, settings)
+    raw = {"train": repr(corpora), "valid": repr(task.valid), "test": repr(task.test), "test_lines": task.test_lines,
+           **settings}
     steps = {
-        "fetch": {"archives": _archive_names(task), "sets": [repr(task.valid), repr(task.test)]},
+        "fetch": {"archives": _archive_names(task, corpora), "sets": [repr(task.valid), repr(task.test)]},
         "raw": raw,
         "tok": {"src": task.src, "tgt": task.tgt, "pretokenized": task.pretokenized, **tokenizers},
         "clean": {"max_len": task.max_len, "ratio": task.ratio, "subsets": repr(task.subsets)},
@@ -866,15 +1060,8 @@ def write_recipes(task_name, directory=None):
     """Write ``<directory>/.recipe.<step>`` for every step whose recipe differs from the recorded one (or has none),
     saying why on stderr when that step had been done; leave the others untouched (make compares their times)."""
     directory = Path(directory or DATA / task_name)
-
-    def recorded(step):
-        try:
-            return json.loads((directory / f".recipe.{step}").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-
-    for step, recipe in recipes(task_name, recorded("raw")).items():
-        before = recorded(step)
+    for step, recipe in recipes(task_name, _recorded_recipe(directory, "raw")).items():
+        before = _recorded_recipe(directory, step)
         if before == recipe:
             continue
         if (directory / f".{step}").exists():

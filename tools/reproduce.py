@@ -484,28 +484,24 @@ def _read_corpora(task):
 
 
 def corpus_problem(table, small_data=False, environ=None):
-    """One line saying why a WMT17 Zh-En ``table`` must not train on News Commentary v12 alone (prepared data
-    without the ``WMT17_EXTRA_DIR`` pairs, or no such directory), or None; ``small_data`` accepts it."""
-    task = table_task(table)
-    if task != FULL_CORPUS_TASK or small_data:
+    """One line saying why a WMT17 Zh-En ``table`` cannot have the training data it asks for, or None.
+
+    The data step downloads the full corpus itself (News Commentary v12, the UN corpus and CWMT), or takes the UN and
+    CWMT pairs from ``WMT17_EXTRA_DIR``; ``small_data`` asks for News Commentary alone.  What can be seen before
+    any data is prepared: that directory lacking its files, or set together with ``small_data``."""
+    if table_task(table) != FULL_CORPUS_TASK:
         return None
     environ = os.environ if environ is None else environ
     from prepare_data import WMT17_EXTRA
 
-    opt_in = "or set WMT17_SMALL_DATA=1 to train on News Commentary v12 alone on purpose"
-    prepared = _read_corpora(task)
-    if prepared is not None and any(entry.get("extra") for entry in prepared["corpora"]):
-        return None
-    extra = environ.get("WMT17_EXTRA_DIR")  # once set, make data-wmt17_zhen prepares the data again with it
-    if not extra and prepared is not None:
-        return (f"reproduce.py: {table}: {DATA / task} holds News Commentary v12 alone ({prepared['pairs']:,} pairs "
-                f"of the papers' 20.6M): {WMT17_EXTRA} (the data are then prepared again), and rerun; {opt_in}")
-    if not extra:
-        return (f"reproduce.py: {table} trains on WMT17 Zh-En, which without WMT17_EXTRA_DIR is News Commentary v12 "
-                f"alone (about 0.2M of the papers' 20.6M pairs): {WMT17_EXTRA}; {opt_in}")
-    missing = [name for name in ("train.zh", "train.en") if not (Path(extra) / name).is_file()]
+    extra = environ.get("WMT17_EXTRA_DIR")
+    if extra and small_data:
+        return ("reproduce.py: WMT17_SMALL_DATA=1 trains on News Commentary v12 alone, which leaves out the pairs "
+                f"WMT17_EXTRA_DIR={extra} holds: unset one of them")
+    missing = [name for name in ("train.zh", "train.en") if extra and not (Path(extra) / name).is_file()]
     if missing:
-        return f"reproduce.py: WMT17_EXTRA_DIR={extra} lacks {', '.join(missing)}: {WMT17_EXTRA}; {opt_in}"
+        return (f"reproduce.py: WMT17_EXTRA_DIR={extra} lacks {', '.join(missing)}: {WMT17_EXTRA}; or unset it, "
+                "and make data-wmt17_zhen downloads them")
     return None
 
 
@@ -954,8 +950,9 @@ def main(argv=None):
     parser.add_argument("--results-dir", type=Path,
                         help="where results/<paper>/<task>/ goes instead of the repository's results/")
     parser.add_argument("--small-data", action="store_true",
-                        help="train a WMT17 Zh-En table on News Commentary v12 alone, on purpose (make's "
-                             "WMT17_SMALL_DATA=1); without it such a table needs WMT17_EXTRA_DIR")
+                        help="the WMT17 Zh-En table trains on News Commentary v12 alone, on purpose (make's "
+                             "WMT17_SMALL_DATA=1, which the data step reads); without it the data step downloads "
+                             "the full corpus")
     parser.add_argument("--preflight", action="store_true",
                         help="only check the CUDA devices and the corpus (make runs this before preparing data)")
     parser.add_argument("--list", action="store_true", help="list the tables")

@@ -214,9 +214,9 @@ def test_missing_nist_dir_explains_the_layout(monkeypatch):
 
 
 def test_tokenization_uses_moses_for_latin_script_and_jieba_for_chinese():
-    assert pd.tokenize_lines(["Hello, world! It's a well-known fact."], "en") == [
+    assert list(pd.tokenize_lines(["Hello, world! It's a well-known fact."], "en")) == [
         "Hello , world ! It 's a well @-@ known fact ."]
-    [zh] = pd.tokenize_lines(["我们在北京学习中文。"], "zh")
+    [zh] = pd.tokenize_lines(["我们在北京学习中文。"], "zh")  # unpacking consumes the generator
     assert "".join(zh.split()) == "我们在北京学习中文。" and len(zh.split()) >= 4
 
 
@@ -368,7 +368,7 @@ def test_the_progress_flag_sets_the_mode(monkeypatch, capsys):
 def test_worker_processes_advance_one_line_bar_and_keep_the_order(monkeypatch, bars):
     monkeypatch.setattr(pd, "CHUNK_LINES", 2)  # five chunks for two workers, finishing in any order
     lines = [f"It's line {n}, isn't it?" for n in range(9)]
-    assert pd.tokenize_lines(lines, "en", workers=2, desc="tok train.en") == pd.tokenize_lines(lines, "en")
+    assert list(pd.tokenize_lines(lines, "en", workers=2, desc="tok train.en")) == list(pd.tokenize_lines(lines, "en"))
     pooled, single = [b for b in bars if b.desc == "tok train.en"] + [b for b in bars if b.desc == "tok en"]
     assert (pooled.total, pooled.n) == (single.total, single.n) == (9, 9)
 
@@ -380,7 +380,7 @@ def test_learning_and_applying_bpe_report_merges_and_lines(tmp_path, bars):
     merges = len((tmp_path / "codes").read_text(encoding="utf-8").splitlines()) - 1  # less the #version line
     learned = _bar(bars, "learn codes")
     assert learned.total == learned.n == merges == 5
-    pd.apply_bpe(["the newer lower"] * 4, tmp_path / "codes", desc="bpe valid.en")
+    list(pd.apply_bpe(["the newer lower"] * 4, tmp_path / "codes", desc="bpe valid.en"))
     assert (_bar(bars, "bpe valid.en").n, _bar(bars, "bpe valid.en").total) == (4, 4)
 
 
@@ -403,34 +403,140 @@ def test_subword_nmt_draws_no_bar_of_its_own_on_a_log(tmp_path, monkeypatch, cap
     assert module.tqdm.__module__.startswith("tqdm")  # its own bar is back after the call
 
 
-# ---------------------------------------------------------------- WMT17 Zh-En: the extra corpus and the record
-def _wmt17_without_network(tmp_path, monkeypatch):
-    """raw() of wmt17_zhen on three News Commentary pairs and local dev/test files."""
-    monkeypatch.setattr(pd, "corpus_lines", lambda corpus, src, tgt, downloads: (["新闻"] * 3, ["news"] * 3))
+# ---------------------------------------------------------------- WMT17 Zh-En: the full corpus and the record
+def _zip(path, members):
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, text in members.items():
+            archive.writestr(name, text)
+
+
+def _wmt17_downloads(tmp_path, monkeypatch):
+    """Every WMT17 Zh-En archive as a small stand-in under ``tmp_path/downloads`` (News Commentary: 3 pairs; UN: 2;
+    each CWMT corpus: 1, but casict2011: two files a side, spelled ``_ch`` and ``_cn``), local dev/test sets and no
+    recorded recipe; returns the downloads directory."""
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    _tar(downloads / pd.ARCHIVES["nc-v12"].filename,
+         {"training/news-commentary-v12.zh-en.zh": "新闻一\n新闻二\n新闻三\n",
+          "training/news-commentary-v12.zh-en.en": "news one\nnews two\nnews three\n"})
+    _zip(downloads / pd.ARCHIVES["un-v1.0-en-zh"].filename,
+         {"en-zh/UNv1.0.en-zh.zh": "联合国\n会议\n", "en-zh/UNv1.0.en-zh.en": "united nations\nmeeting\n"})
+    for name in pd.CWMT_SUMS:
+        members = {f"{name}/{name}_ch.txt": f"{name} 中文\n", f"{name}/{name}_en.txt": f"{name} english\n"}
+        if name == "casict2011":  # two sub-corpora; sorted, B's files come after A's on both sides
+            members = {f"{name}/casict-B_cn.txt": "乙\r\n", f"{name}/casict-A_ch.txt": "甲\n",
+                       f"{name}/casict-A_en.txt": "A\n", f"{name}/casict-B_en.txt": "B\n"}
+        _zip(downloads / pd.ARCHIVES[f"cwmt-{name}"].filename, members)
     for name, text in (("src", "你好\n"), ("ref", "hello\n")):
         (tmp_path / name).write_text(text, encoding="utf-8")
     monkeypatch.setattr(pd, "_sacrebleu_files", lambda test_set: (tmp_path / "src", [tmp_path / "ref"]))
+    for variable in ("WMT17_EXTRA_DIR", "WMT17_SMALL_DATA"):
+        monkeypatch.delenv(variable, raising=False)
+    return downloads
 
 
-def test_wmt17_raw_records_its_corpora_and_pair_counts(tmp_path, monkeypatch, capsys):
-    _wmt17_without_network(tmp_path, monkeypatch)
-    monkeypatch.delenv("WMT17_EXTRA_DIR", raising=False)
-    out = pd.raw("wmt17_zhen", out=tmp_path / "small")
-    assert json.loads((out / "corpora.json").read_text(encoding="utf-8")) == {
-        "task": "wmt17_zhen", "corpora": [{"name": "News Commentary v12", "pairs": 3}], "pairs": 3}
-    assert "only News Commentary v12" in capsys.readouterr().err
+def _corpora(out):
+    return json.loads((out / "corpora.json").read_text(encoding="utf-8"))
+
+
+def test_wmt17_raw_streams_every_part_of_the_full_corpus_and_records_it(tmp_path, monkeypatch):
+    downloads = _wmt17_downloads(tmp_path, monkeypatch)
+    out = pd.raw("wmt17_zhen", downloads, out=tmp_path / "full" / "raw")
+    record = _corpora(out)
+    assert [(e["name"], e["pairs"], e.get("extra", False)) for e in record["corpora"]] == [
+        ("News Commentary v12", 3, False), ("UN Parallel Corpus v1.0", 2, True)] + [
+        (f"CWMT {name}", 2 if name == "casict2011" else 1, True) for name in pd.CWMT_SUMS]
+    assert record["pairs"] == 3 + 2 + 7
+    zh = (out / "train.zh").read_text(encoding="utf-8").splitlines()
+    en = (out / "train.en").read_text(encoding="utf-8").splitlines()
+    assert zh[:6] == ["新闻一", "新闻二", "新闻三", "联合国", "会议", "casia2015 中文"]
+    assert en[:6] == ["news one", "news two", "news three", "united nations", "meeting", "casia2015 english"]
+    assert (zh[6:8], en[6:8]) == (["甲", "乙"], ["A", "B"])  # casict2011's files paired by their sorted names
+
+
+def test_wmt17_downloads_every_part_unless_the_small_data_is_asked_for(monkeypatch, tmp_path):
+    for variable in ("WMT17_EXTRA_DIR", "WMT17_SMALL_DATA"):
+        monkeypatch.delenv(variable, raising=False)
+    full = pd.recipes("wmt17_zhen")
+    assert full["fetch"]["archives"] == ["nc-v12", "un-v1.0-en-zh"] + [f"cwmt-{name}" for name in pd.CWMT_SUMS]
+    assert full["raw"]["WMT17_SMALL_DATA"] is False
+    monkeypatch.setenv("WMT17_SMALL_DATA", "1")
+    small = pd.recipes("wmt17_zhen")
+    assert small["fetch"]["archives"] == ["nc-v12"] and small["raw"] != full["raw"]  # switching redoes the data
+    monkeypatch.setenv("WMT17_SMALL_DATA", "0")
+    assert pd.recipes("wmt17_zhen") == full
+    monkeypatch.setenv("WMT17_SMALL_DATA", "yes")
+    with pytest.raises(SystemExit, match="WMT17_SMALL_DATA=yes: set it to 1"):
+        pd.recipes("wmt17_zhen")
+
+
+def test_the_full_corpus_archives_are_pinned_https_downloads():
+    for corpus in pd.WMT17_FULL:
+        archive = pd.ARCHIVES[corpus.archive]
+        assert archive.url.startswith("https://huggingface.co/datasets/wmt/"), corpus
+        assert len(archive.sha256) == 64 and int(archive.sha256, 16) >= 0, corpus
+    assert len({pd.ARCHIVES[c.archive].filename for c in pd.WMT17_FULL}) == len(pd.WMT17_FULL)  # no clash on disk
+
+
+def test_wmt17_small_data_takes_news_commentary_alone_and_says_so(tmp_path, monkeypatch, capsys):
+    downloads = _wmt17_downloads(tmp_path, monkeypatch)
+    monkeypatch.setenv("WMT17_SMALL_DATA", "1")
+    out = pd.raw("wmt17_zhen", downloads, out=tmp_path / "small" / "raw")
+    assert _corpora(out) == {"task": "wmt17_zhen", "corpora": [{"name": "News Commentary v12", "pairs": 3}],
+                             "pairs": 3}
+    assert "WMT17_SMALL_DATA=1: News Commentary v12 alone" in capsys.readouterr().err
+    monkeypatch.setenv("WMT17_EXTRA_DIR", str(tmp_path))
+    with pytest.raises(SystemExit, match="WMT17_SMALL_DATA=1 leaves out the pairs WMT17_EXTRA_DIR holds"):
+        pd.raw("wmt17_zhen", downloads, out=tmp_path / "small" / "raw")
+
+
+def test_wmt17_extra_dir_replaces_the_downloaded_un_and_cwmt_parts(tmp_path, monkeypatch):
+    downloads = _wmt17_downloads(tmp_path, monkeypatch)
     extra = tmp_path / "extra"
     extra.mkdir()
     (extra / "train.zh").write_text("联合国\n会议\n", encoding="utf-8")
     monkeypatch.setenv("WMT17_EXTRA_DIR", str(extra))
-    with pytest.raises(SystemExit, match=r"WMT17_EXTRA_DIR=.*extra lacks train\.en: put the zh-en pairs of the UN"):
-        pd.raw("wmt17_zhen", out=tmp_path / "full")
+    with pytest.raises(SystemExit, match=r"WMT17_EXTRA_DIR=.*extra lacks train\.en: WMT17_EXTRA_DIR, when set, is"):
+        pd.raw("wmt17_zhen", downloads, out=tmp_path / "own" / "raw")
+    assert pd.recipes("wmt17_zhen")["fetch"]["archives"] == ["nc-v12"]  # nothing else to download
     (extra / "train.en").write_text("united nations\nmeeting\n", encoding="utf-8")
-    out = pd.raw("wmt17_zhen", out=tmp_path / "full")
-    record = json.loads((out / "corpora.json").read_text(encoding="utf-8"))
-    assert record["pairs"] == 5 and record["corpora"][1] == {
-        "name": f"WMT17_EXTRA_DIR ({extra}): UN v1.0 + CWMT", "pairs": 2, "extra": True}
+    out = pd.raw("wmt17_zhen", downloads, out=tmp_path / "own" / "raw")
+    assert _corpora(out)["corpora"][1] == {"name": f"WMT17_EXTRA_DIR ({extra}): UN v1.0 + CWMT", "pairs": 2,
+                                           "extra": True}
     assert (out / "train.en").read_text(encoding="utf-8").splitlines()[-1] == "meeting"
+
+
+def test_a_pattern_member_with_unequal_sides_names_its_files(tmp_path, monkeypatch):
+    downloads = _wmt17_downloads(tmp_path, monkeypatch)
+    _zip(downloads / "casia2015.zip", {"casia2015/casia2015_ch.txt": "一\n二\n", "casia2015/casia2015_en.txt": "one\n"})
+    with pytest.raises(SystemExit, match=r"casia2015.zip \(casia2015/casia2015_ch.txt and casia2015/casia2015_en.txt"
+                                         r"\): 2 source lines but 1 target lines"):
+        pd.raw("wmt17_zhen", downloads, out=tmp_path / "raw")
+    assert not (tmp_path / "raw" / "train.zh").exists()  # nothing half-written under the final name
+    _zip(downloads / "casia2015.zip", {"casia2015/a_ch.txt": "一\n", "casia2015/b_ch.txt": "二\n",
+                                       "casia2015/a_en.txt": "one\n"})
+    with pytest.raises(SystemExit, match=r"casia2015.zip: 2 zh files .* but 1 en files"):
+        pd.raw("wmt17_zhen", downloads, out=tmp_path / "raw")
+    _zip(downloads / "casia2015.zip", {"other/a_zh.txt": "一\n"})
+    with pytest.raises(SystemExit, match=r"has no member matching casia2015/\*_c\[hn\].txt"):
+        pd.raw("wmt17_zhen", downloads, out=tmp_path / "raw")
+
+
+def test_the_line_workers_read_a_bounded_way_ahead(monkeypatch):
+    """A corpus streams through tokenization and BPE: the first lines come back before the input is all read."""
+    monkeypatch.setattr(pd, "CHUNK_LINES", 2)
+    read = []
+
+    def lines():
+        for number in range(200):
+            read.append(number)
+            yield f"line {number} ."
+
+    for workers in (1, 2):
+        read.clear()
+        done = pd.map_lines(pd._tokenize_line, "en", lines(), workers=workers)
+        assert next(done) == "line 0 ." and len(read) <= 2 * 4 * workers
+        assert list(done)[-1] == "line 199 ." and len(read) == 200
 
 
 def test_every_raw_step_names_its_corpora(tmp_path, monkeypatch):

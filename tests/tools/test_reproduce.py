@@ -686,24 +686,25 @@ def test_the_wmt17_tables_are_those_of_cao2019_li2019_and_gret():
 
 
 @pytest.mark.parametrize("table", WMT17_TABLES)
-def test_wmt17_tables_refuse_news_commentary_alone_unless_asked(table, tmp_path, monkeypatch, capsys):
+def test_wmt17_tables_stop_on_an_extra_directory_that_cannot_serve(table, tmp_path, monkeypatch, capsys):
+    """The data step downloads the full corpus itself; what stops a table before any data: WMT17_EXTRA_DIR (the
+    user's own UN and CWMT pairs) without its files, or together with WMT17_SMALL_DATA=1."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("WMT17_EXTRA_DIR", raising=False)
+    assert reproduce.main([table, "--preflight", "--gpus", "cpu"]) == 0  # nothing set: the full corpus is fetched
+    monkeypatch.setenv("WMT17_EXTRA_DIR", str(tmp_path / "extra"))
     with pytest.raises(SystemExit) as stop:  # before the data: no build/data at all here
         reproduce.main([table, "--preflight", "--gpus", "cpu"])
     message = str(stop.value)
-    assert len(message.splitlines()) == 1 and "WMT17_EXTRA_DIR" in message and "WMT17_SMALL_DATA=1" in message
+    assert len(message.splitlines()) == 1 and "lacks train.zh, train.en" in message
     assert "UN Parallel Corpus v1.0" in message and "CWMT" in message and not (tmp_path / "build").exists()
-    assert reproduce.main([table, "--preflight", "--gpus", "cpu", "--small-data"]) == 0  # asked for on purpose
     # a DRY_RUN says the same, as a warning, and prints the commands
     assert reproduce.main([table, "--preflight", "--dry-run"]) == 0 and reproduce.main([table, "--dry-run"]) == 0
     captured = capsys.readouterr()
-    assert "reproduce.py: warning: " in captured.err and "WMT17_SMALL_DATA=1" in captured.err
-    assert "onmt_train" in captured.out
+    assert "reproduce.py: warning: WMT17_EXTRA_DIR=" in captured.err and "onmt_train" in captured.out
 
 
-def test_the_corpus_check_reads_the_extra_directory_and_the_prepared_data(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+def test_the_corpus_check_reads_the_extra_directory_and_the_small_data_choice(tmp_path):
     table = "li2019-table4-wmt17_zhen"
     extra = tmp_path / "extra"
     extra.mkdir()
@@ -711,19 +712,11 @@ def test_the_corpus_check_reads_the_extra_directory_and_the_prepared_data(tmp_pa
     assert "lacks train.en" in reproduce.corpus_problem(table, environ={"WMT17_EXTRA_DIR": str(extra)})
     (extra / "train.en").write_text("hello\n")
     assert reproduce.corpus_problem(table, environ={"WMT17_EXTRA_DIR": str(extra)}) is None
-    assert reproduce.corpus_problem("li2019-table2", environ={}) is None  # WMT14: nothing to check
-    import prepare_data
-
-    raw = tmp_path / "build/data/wmt17_zhen/raw"
-    prepare_data.write_corpora(raw, "wmt17_zhen", [("News Commentary v12", 227062)])
-    stale = reproduce.corpus_problem(table, environ={})
-    assert "holds News Commentary v12 alone (227,062 pairs" in stale and "set WMT17_EXTRA_DIR" in stale
-    # with the directory set, the data step's changed recipe prepares the data again with its pairs
-    assert reproduce.corpus_problem(table, environ={"WMT17_EXTRA_DIR": str(extra)}) is None
-    assert reproduce.corpus_problem(table, small_data=True, environ={}) is None
-    prepare_data.write_corpora(raw, "wmt17_zhen", [("News Commentary v12", 227062),
-                                                   (f"WMT17_EXTRA_DIR ({extra}): UN v1.0 + CWMT", 1)])
     assert reproduce.corpus_problem(table, environ={}) is None
+    assert reproduce.corpus_problem(table, small_data=True, environ={}) is None
+    both = reproduce.corpus_problem(table, small_data=True, environ={"WMT17_EXTRA_DIR": str(extra)})
+    assert "WMT17_SMALL_DATA=1 trains on News Commentary v12 alone" in both and "unset one of them" in both
+    assert reproduce.corpus_problem("li2019-table2", environ={"WMT17_EXTRA_DIR": "/nowhere"}) is None  # WMT14
 
 
 def test_no_cuda_stops_the_table_before_its_data_in_one_line(tmp_path, monkeypatch, capsys):

@@ -1,5 +1,5 @@
 """`make reproduce-<table>` stops before preparing any data when the machine lacks the CUDA devices asked for, or
-when a WMT17 Zh-En table would train on News Commentary alone; DRY_RUN=1 says the same as warnings; the toy
+when a WMT17 Zh-En table's WMT17_EXTRA_DIR lacks its files; DRY_RUN=1 says the same as warnings; the toy
 sample table runs on the CPU by default.  Each runs in a scratch copy of what make reads (Makefile, tools/,
 yaml_configs/), so that a check that failed to stop could not start preparing data in the repository."""
 
@@ -27,21 +27,24 @@ def checkout(tmp_path_factory):
     return root
 
 
-def _make(root, *args):
+def _make(root, *args, extra_dir=None):
     env = support.cli_env()
+    env.pop("WMT17_SMALL_DATA", None)
     env.pop("WMT17_EXTRA_DIR", None)
+    if extra_dir:
+        env["WMT17_EXTRA_DIR"] = str(extra_dir)
     return subprocess.run(["make", "--no-print-directory", f"VENV={support.REPO / '.venv'}",
                            f"SETUP_STAMP={root / '.setup-done'}", *args], cwd=root, capture_output=True, text=True,
                           timeout=300, env=env)
 
 
-def test_missing_gpus_and_a_small_wmt17_corpus_stop_the_table_before_its_data(checkout):
-    result = _make(checkout, "reproduce-cao2019-table1", f"GPUS={MANY_GPUS}")
+def test_missing_gpus_and_an_empty_wmt17_extra_dir_stop_the_table_before_its_data(checkout, tmp_path):
+    result = _make(checkout, "reproduce-cao2019-table1", f"GPUS={MANY_GPUS}", extra_dir=tmp_path)
     assert result.returncode != 0 and "Traceback" not in result.stderr
     gpus, corpus = [line for line in result.stderr.splitlines() if line.startswith("reproduce.py:")]
     assert gpus.startswith(f"reproduce.py: GPUS={MANY_GPUS} asks for ")
     assert "sees no CUDA device" in gpus or "sees only" in gpus
-    assert "WMT17_EXTRA_DIR" in corpus and "WMT17_SMALL_DATA=1" in corpus
+    assert f"WMT17_EXTRA_DIR={tmp_path} lacks train.zh, train.en" in corpus
     assert not (checkout / "build").exists()
 
 
@@ -51,8 +54,9 @@ def test_gpus_that_cannot_keep_the_papers_batch_stop_before_the_data(checkout):
     assert "(3 GPUs) does not divide accum_count 8" in result.stderr and not (checkout / "build").exists()
 
 
-def test_a_dry_run_warns_the_same_and_prints_the_commands(checkout):
-    result = _make(checkout, "reproduce-li2019-table4-wmt17_zhen", f"GPUS={MANY_GPUS}", "DRY_RUN=1")
+def test_a_dry_run_warns_the_same_and_prints_the_commands(checkout, tmp_path):
+    result = _make(checkout, "reproduce-li2019-table4-wmt17_zhen", f"GPUS={MANY_GPUS}", "DRY_RUN=1",
+                   extra_dir=tmp_path)
     assert result.returncode == 0, result.stderr
     warnings = [line for line in result.stderr.splitlines() if line.startswith("reproduce.py: warning: ")]
     assert len(warnings) == 2 and f"GPUS={MANY_GPUS} asks for" in warnings[0] and "WMT17_EXTRA_DIR" in warnings[1]
@@ -68,11 +72,11 @@ def test_the_sample_table_runs_on_the_cpu_unless_gpus_are_given(checkout):
     assert "-gpu_ranks" not in result.stdout
 
 
-def test_a_papers_target_checks_every_table_before_the_first_one_prepares_data(checkout):
-    """reproduce-li2019's last table (WMT17 Zh-En) cannot run without the full corpus: the target stops at once,
-    not after its first three tables have prepared their data and trained."""
-    result = _make(checkout, "reproduce-li2019", "GPUS=cpu")
+def test_a_papers_target_checks_every_table_before_the_first_one_prepares_data(checkout, tmp_path):
+    """reproduce-li2019's last table (WMT17 Zh-En) cannot run with an empty WMT17_EXTRA_DIR: the target stops at
+    once, not after its first three tables have prepared their data and trained."""
+    result = _make(checkout, "reproduce-li2019", "GPUS=cpu", extra_dir=tmp_path)
     assert result.returncode != 0 and "Traceback" not in result.stderr
     lines = [line for line in result.stderr.splitlines() if line.startswith("reproduce.py:")]
-    assert len(lines) == 1 and lines[0].startswith("reproduce.py: li2019-table4-wmt17_zhen trains on WMT17 Zh-En")
+    assert len(lines) == 1 and lines[0].startswith(f"reproduce.py: WMT17_EXTRA_DIR={tmp_path} lacks train.zh")
     assert not (checkout / "build").exists() and "prepare_data" not in result.stdout
