@@ -195,7 +195,7 @@ ARCHIVES["un-v1.0-en-zh"] = Archive(f"{HF_WMT}/uncorpus/resolve/main-zip/UNv1.0.
                                     note="UN Parallel Corpus v1.0 en-zh, as one zip (the UN's own site splits it "
                                          "in two parts)")
 ARCHIVES.update({f"cwmt-{name}": Archive(f"{HF_WMT}/wmt18/resolve/main/cwmt-wmt/{name}.zip", digest,
-                                         note=f"CWMT {name}, as WMT17 and WMT18 distributed it")
+                                         note=f"CWMT {name}, from the cwmt-wmt folder of the Hugging Face wmt18 copy")
                  for name, digest in CWMT_SUMS.items()})
 WMT17_FULL = (Parallel("un-v1.0-en-zh", "en-zh/UNv1.0.en-zh.{lang}"),) + tuple(
     Parallel(f"cwmt-{name}", f"{name}/*_{{lang}}.txt", spelled=(("zh", "c[hn]"),)) for name in CWMT_SUMS)

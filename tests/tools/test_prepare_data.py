@@ -508,7 +508,8 @@ def test_wmt17_extra_dir_replaces_the_downloaded_un_and_cwmt_parts(tmp_path, mon
 
 def test_a_pattern_member_with_unequal_sides_names_its_files(tmp_path, monkeypatch):
     downloads = _wmt17_downloads(tmp_path, monkeypatch)
-    _zip(downloads / "casia2015.zip", {"casia2015/casia2015_ch.txt": "一\n二\n", "casia2015/casia2015_en.txt": "one\n"})
+    _zip(downloads / "casia2015.zip", {"casia2015/casia2015_ch.txt": "一\n二\n",
+                                       "casia2015/casia2015_en.txt": "one\n"})
     with pytest.raises(SystemExit, match=r"casia2015.zip \(casia2015/casia2015_ch.txt and casia2015/casia2015_en.txt"
                                          r"\): 2 source lines but 1 target lines"):
         pd.raw("wmt17_zhen", downloads, out=tmp_path / "raw")
