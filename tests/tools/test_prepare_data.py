@@ -470,6 +470,26 @@ def test_wmt17_downloads_every_part_unless_the_small_data_is_asked_for(monkeypat
         pd.recipes("wmt17_zhen")
 
 
+def test_the_fetch_step_downloads_what_the_settings_train_on(tmp_path, monkeypatch):
+    fetched = []
+    monkeypatch.setattr(pd, "DATA", tmp_path / "data")  # no recorded recipe
+    monkeypatch.setattr(pd, "download", lambda archive, downloads: fetched.append(archive.filename))
+    monkeypatch.setattr(pd, "_sacrebleu_files", lambda test_set: None)
+    for variable in ("WMT17_EXTRA_DIR", "WMT17_SMALL_DATA"):
+        monkeypatch.delenv(variable, raising=False)
+    pd.fetch("wmt17_zhen", tmp_path)
+    assert fetched == ["training-parallel-nc-v12.tgz", "UNv1.0.en-zh.zip"] + [f"{n}.zip" for n in pd.CWMT_SUMS]
+    fetched.clear()
+    monkeypatch.setenv("WMT17_EXTRA_DIR", str(tmp_path))  # no train.zh there: stops before any download
+    with pytest.raises(SystemExit, match="lacks train.zh, train.en"):
+        pd.fetch("wmt17_zhen", tmp_path)
+    assert fetched == []
+    monkeypatch.delenv("WMT17_EXTRA_DIR")
+    monkeypatch.setenv("WMT17_SMALL_DATA", "1")
+    pd.fetch("wmt17_zhen", tmp_path)
+    assert fetched == ["training-parallel-nc-v12.tgz"]
+
+
 def test_the_full_corpus_archives_are_pinned_https_downloads():
     for corpus in pd.WMT17_FULL:
         archive = pd.ARCHIVES[corpus.archive]
