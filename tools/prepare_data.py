@@ -9,13 +9,10 @@ Usage::
 Steps: ``fetch`` (archives into ``build/downloads/``, resumed and checked by SHA-256; dev/test sets through
 sacreBLEU), ``raw`` (text pairs, ``raw/corpora.json``), ``tok`` (sacremoses, jieba for Chinese), ``clean``
 (length and ratio filter, ``clean/stats.json``) and ``bpe`` (subword-nmt), each leaving files the Makefile
-stamps.  NIST Zh-En is licensed: set ``NIST_DIR`` (see ``NIST_LAYOUT``).  WMT17 Zh-En is its full corpus, or
-News Commentary alone with ``WMT17_SMALL_DATA=1``; ``WMT17_EXTRA_DIR`` holds your own UN and CWMT pairs instead
-of their downloads.  ``recipe`` records what each step's
-output depends on besides its input (settings, tokenizer versions, a data directory once set), rewriting a
-step's record only when it changes, so that make redoes that step and the ones after it.
-
-How it works and why (steps, sources, checksums, resuming, progress bars, disk space): docs/data.md.
+stamps.  NIST Zh-En is licensed: set ``NIST_DIR`` (see ``NIST_LAYOUT``); WMT17 Zh-En: ``WMT17_EXTRA_DIR`` and
+``WMT17_SMALL_DATA`` (docs/data.md).  ``recipe`` records what each step's output depends on besides its input
+(settings, tokenizer versions, a data directory once set), rewriting a step's record only when it changes, so
+that make redoes that step and the ones after it.  How it works and why: docs/data.md.
 """
 
 import argparse
