@@ -180,6 +180,26 @@ def test_dry_run_targets_have_issue_35s_rows(dry_run):
     assert "| start-up overhead of onmt-ext over stock" in text
 
 
+@pytest.mark.slow
+def test_the_fresh_only_run_measures_the_users_path_rows_alone(tmp_path):
+    """``--sections b --fresh-only``, the first command of the next GPU session (docs/gpu-check.md): the three fresh
+    processes, the stock control among them, and nothing else, their tables packed."""
+    support.ensure_sample_data()
+    done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--sections", "b",
+                           "--fresh-only", "--budget-b", "300", "--out", str(tmp_path), "--work", str(tmp_path / "w"),
+                           "--commit", "test-commit", "--pack", str(tmp_path / "files.tgz")],
+                          cwd=REPO, capture_output=True, text=True, timeout=420,
+                          env=support.cli_env(OMP_NUM_THREADS="1"))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((tmp_path / "cpu-tiny.json").read_text(encoding="utf-8"))
+    assert set(report["sections"]) == {"b"} and [part["part"] for part in report["parts"]] == ["b fresh"]
+    rows = report["sections"]["b"]["rows"]
+    assert {row["group"] for row in rows} == {gpu_check.FRESH_EXT, gpu_check.FRESH_STOCK, gpu_check.FRESH_LAYERS}
+    assert len(rows) == 6 and all(row["status"] == "measured" and _positive(row["tokens_per_s"]) for row in rows)
+    with tarfile.open(tmp_path / "files.tgz") as archive:
+        assert any(name.startswith("profiles/cpu-tiny/") for name in archive.getnames())
+
+
 def test_dry_run_defaults_keep_out_of_results():
     args = gpu_check.parse_args(["--device", "cpu", "--tiny"])
     assert args.out == REPO / "build/gpu-check-tiny"
