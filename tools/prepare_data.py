@@ -401,7 +401,7 @@ def fetch(task_name, downloads=None):
         _nist_dir()
         return
     if task.manual == "NIUTRANS_DIR":
-        _plain_dir(task)
+        _plain_dir(task_name)
         return
     corpora, own = training_corpora(task_name, current_settings(task_name))
     if own:
@@ -586,7 +586,7 @@ def raw(task_name, downloads=None, out=None):
     if task_name == "nist_zhen":
         return _nist_raw(out)
     if task.manual == "NIUTRANS_DIR":
-        directory = _plain_dir(task)
+        directory = _plain_dir(task_name, Path(out).parent)
         for split in ("train", "valid", "test"):
             src_lines, tgt_lines = (list(_open_text(directory / f"{split}.{lang}")) for lang in (task.src, task.tgt))
             _check_pair(src_lines, tgt_lines, f"{directory}/{split}.{task.src} and .{task.tgt}")
@@ -636,8 +636,9 @@ def raw(task_name, downloads=None, out=None):
 
 
 # ---------------------------------------------------------------- NIST (licensed, from NIST_DIR)
-def _nist_dir():
-    value = os.environ.get("NIST_DIR")
+def _nist_dir(directory=None):
+    """``NIST_DIR`` (or the one the data in ``directory`` were made from: :func:`data_settings`), checked."""
+    value = current_settings("nist_zhen", directory)["NIST_DIR"]
     if not value:
         raise PrepareError("nist_zhen needs the licensed LDC/NIST data: make data-nist_zhen NIST_DIR=/path\n"
                            + NIST_LAYOUT)
@@ -667,11 +668,13 @@ def _keys(segments, positional):
     return keys
 
 
-def _plain_dir(task):
-    """The directory named by the task's environment variable, holding ``{train,valid,test}.<lang>``."""
+def _plain_dir(task_name, directory=None):
+    """The directory named by the task's environment variable (or the one the data in ``directory`` were made
+    from: :func:`data_settings`), holding ``{train,valid,test}.<lang>``."""
+    task = TASKS[task_name]
     variable = task.manual
     names = [f"{split}.{lang}" for split in ("train", "valid", "test") for lang in (task.src, task.tgt)]
-    value = os.environ.get(variable)
+    value = current_settings(task_name, directory)[variable]
     if not value:
         raise PrepareError(f"this task's corpus cannot be downloaded: set {variable}=/path to a directory "
                            f"holding {', '.join(names)} (plain text, one sentence per line, untokenized)")
@@ -743,7 +746,7 @@ def nist_test_set(directory):
 
 
 def _nist_raw(out):
-    nist = _nist_dir()
+    nist = _nist_dir(Path(out).parent)
     src_lines, tgt_lines = list(_open_text(nist / "train.zh")), list(_open_text(nist / "train.en"))
     _check_pair(src_lines, tgt_lines, f"{nist}/train.zh and train.en")
     write_corpora(out, "nist_zhen", [(f"NIST_DIR ({nist})", len(src_lines))])

@@ -626,6 +626,29 @@ def test_a_data_directory_counts_once_set_and_stands_when_left_unset(tmp_path, m
     assert _recipe_times(directory) == before
 
 
+def test_the_steps_read_the_directory_the_data_were_made_from(tmp_path, monkeypatch):
+    """A step redone later (a changed recipe) without NIST_DIR or NIUTRANS_DIR set uses the recorded one, as the
+    recipes do, instead of stopping for want of the variable."""
+    monkeypatch.setattr(pd, "DATA", tmp_path / "data")
+    plain = tmp_path / "niutrans"
+    plain.mkdir()
+    for split in ("train", "valid", "test"):
+        for lang in ("en", "zh"):
+            (plain / f"{split}.{lang}").write_text("x\n", encoding="utf-8")
+    monkeypatch.setenv("NIUTRANS_DIR", str(plain))
+    pd.write_recipes("niutrans_enzh")
+    monkeypatch.delenv("NIUTRANS_DIR")
+    assert pd._plain_dir("niutrans_enzh") == plain.resolve()
+    out = pd.raw("niutrans_enzh")
+    assert _corpora(out)["corpora"] == [{"name": f"NIUTRANS_DIR ({plain.resolve()})", "pairs": 1}]
+    monkeypatch.delenv("NIST_DIR", raising=False)
+    monkeypatch.setenv("NIST_DIR", str(tmp_path / "ldc"))
+    pd.write_recipes("nist_zhen")
+    monkeypatch.delenv("NIST_DIR")
+    with pytest.raises(SystemExit, match=f"NIST_DIR={tmp_path / 'ldc'} lacks"):  # the recorded one, checked
+        pd.fetch("nist_zhen")
+
+
 def test_tokenizer_versions_are_part_of_the_tokenization_recipe():
     zhen, ende, sample = (pd.recipes(name)["tok"] for name in ("wmt17_zhen", "wmt14_ende", "sample_ende"))
     assert set(zhen) >= {"jieba", "sacremoses"} and "jieba" not in ende and "sacremoses" in ende
