@@ -543,6 +543,13 @@ def _write_lines(path, lines):
         _append(out, lines)
 
 
+def _copy_pairs(out, split, paths):
+    """Stream the plain-text pair ``paths`` (source, target) into ``out/<split>.<their languages>``; the pairs."""
+    with _text_output(out / f"{split}.{paths[0].suffix[1:]}") as src_out, \
+            _text_output(out / f"{split}.{paths[1].suffix[1:]}") as tgt_out:
+        return _append_pairs(src_out, tgt_out, f"{paths[0]} and {paths[1].name}", *map(_open_text, paths))
+
+
 def _append_pairs(src_out, tgt_out, where, src_lines, tgt_lines):
     """Append a corpus's source and target lines to the two open files; return the pairs (unequal sides: stop)."""
     pairs, targets = _append(src_out, src_lines), _append(tgt_out, tgt_lines)
@@ -588,12 +595,9 @@ def raw(task_name, downloads=None, out=None):
     if task.manual == "NIUTRANS_DIR":
         directory = _plain_dir(task_name, Path(out).parent)
         for split in ("train", "valid", "test"):
-            src_lines, tgt_lines = (list(_open_text(directory / f"{split}.{lang}")) for lang in (task.src, task.tgt))
-            _check_pair(src_lines, tgt_lines, f"{directory}/{split}.{task.src} and .{task.tgt}")
-            _write_lines(out / f"{split}.{task.src}", src_lines)
-            _write_lines(out / f"{split}.{task.tgt}", tgt_lines)
+            pairs = _copy_pairs(out, split, [directory / f"{split}.{lang}" for lang in (task.src, task.tgt)])
             if split == "train":
-                write_corpora(out, task_name, [(f"NIUTRANS_DIR ({directory})", len(src_lines))])
+                write_corpora(out, task_name, [(f"NIUTRANS_DIR ({directory})", pairs)])
         return out
     settings = current_settings(task_name, Path(out).parent)
     corpora, own = training_corpora(task_name, settings)
@@ -747,11 +751,8 @@ def nist_test_set(directory):
 
 def _nist_raw(out):
     nist = _nist_dir(Path(out).parent)
-    src_lines, tgt_lines = list(_open_text(nist / "train.zh")), list(_open_text(nist / "train.en"))
-    _check_pair(src_lines, tgt_lines, f"{nist}/train.zh and train.en")
-    write_corpora(out, "nist_zhen", [(f"NIST_DIR ({nist})", len(src_lines))])
-    _write_lines(out / "train.zh", src_lines)
-    _write_lines(out / "train.en", tgt_lines)
+    pairs = _copy_pairs(out, "train", [nist / "train.zh", nist / "train.en"])
+    write_corpora(out, "nist_zhen", [(f"NIST_DIR ({nist})", pairs)])
     for name, split in (("nist06", "valid"), ("nist02", "test"), ("nist03", "test_nist03"),
                         ("nist04", "test_nist04")):
         sources, references = nist_test_set(nist / name)

@@ -641,6 +641,9 @@ def test_the_steps_read_the_directory_the_data_were_made_from(tmp_path, monkeypa
     assert pd._plain_dir("niutrans_enzh") == plain.resolve()
     out = pd.raw("niutrans_enzh")
     assert _corpora(out)["corpora"] == [{"name": f"NIUTRANS_DIR ({plain.resolve()})", "pairs": 1}]
+    (plain / "valid.zh").write_text("x\ny\n", encoding="utf-8")
+    with pytest.raises(SystemExit, match=r"valid.en and valid.zh: 1 source lines but 2 target lines"):
+        pd.raw("niutrans_enzh")
     monkeypatch.delenv("NIST_DIR", raising=False)
     monkeypatch.setenv("NIST_DIR", str(tmp_path / "ldc"))
     pd.write_recipes("nist_zhen")
