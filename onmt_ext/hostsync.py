@@ -20,6 +20,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 _PYTHON_READS = ("tolist", "cpu", "numpy")
 
 
+def _in_optimizer():
+    """True when a frame of the current stack runs the code of ``torch.optim``."""
+    return any("/torch/optim/" in frame.filename.replace("\\", "/") for frame in traceback.extract_stack())
+
+
 def caller(skip=()):
     """``file:line (function)`` of the innermost frame outside torch, the warnings module, this module and the
     files whose paths end in one of ``skip``."""
@@ -39,12 +44,16 @@ class HostReads(TorchDispatchMode):
     ``bool()``, a tensor used as a Python number) or the method name for
     ``.tolist()``, ``.cpu()`` and ``.numpy()``; ``where`` is the caller
     outside torch.  ``device`` limits the count to tensors on that device type
-    (``None``: every tensor).
+    (``None``: every tensor).  ``optimizer_counters=False`` leaves out the
+    scalar reads a ``torch.optim`` optimizer makes of CPU tensors inside its
+    own code: its step counters, which stay on the host on a GPU too (unless
+    it is fused or capturable), so they are no synchronisation there.
     """
 
-    def __init__(self, device=None):
+    def __init__(self, device=None, optimizer_counters=True):
         super().__init__()
         self.device = device
+        self.optimizer_counters = optimizer_counters
         self.reads = []
         self._saved = {}
 
@@ -52,7 +61,8 @@ class HostReads(TorchDispatchMode):
         return isinstance(tensor, torch.Tensor) and (self.device is None or tensor.device.type == self.device)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._local_scalar_dense.default and self._counts(args[0]):
+        if func is torch.ops.aten._local_scalar_dense.default and self._counts(args[0]) and (
+                self.optimizer_counters or args[0].device.type != "cpu" or not _in_optimizer()):
             self.reads.append(("item", caller()))
         return func(*args, **(kwargs or {}))
 

@@ -265,7 +265,7 @@ def _top_sites(sites, count=5):
 class _SyncWindow:
     """Host-device synchronisations between :meth:`open` and :meth:`close`, with their call sites: on CUDA
     torch's sync warnings (onmt_ext.hostsync.cuda_sync_warnings), on the CPU the host's reads of tensor
-    values (HostReads)."""
+    values (HostReads), less the optimizer's reads of its CPU step counters (no synchronisation on a GPU)."""
 
     def __init__(self, cuda):
         from onmt_ext import hostsync
@@ -278,7 +278,7 @@ class _SyncWindow:
             self.context = self.hostsync.cuda_sync_warnings(skip=("/gpu_check.py",))
             self.found = self.context.__enter__()
         else:
-            self.context = self.hostsync.HostReads()
+            self.context = self.hostsync.HostReads(optimizer_counters=False)
             self.context.__enter__()
 
     def close(self):

@@ -144,6 +144,24 @@ def test_encoder_equals_stock():
     assert stock_reads.reads and not ours_reads.reads
 
 
+def test_host_reads_can_leave_out_the_optimizers_own_step_counters():
+    """gpu_check's CPU count leaves out what a non-fused Adam reads of its CPU step counters (they stay on the host
+    on a GPU too); every other read still counts."""
+    from onmt_ext.hostsync import HostReads
+
+    weight = torch.nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.Adam([weight], lr=0.1, foreach=False)
+    weight.grad = torch.ones(3)
+    optimizer.step()  # the state exists: the next step reads its counter
+    for counters, expected in ((True, 1), (False, 0)):
+        with HostReads(optimizer_counters=counters) as found:
+            optimizer.step()
+        assert len(found.reads) == expected, (counters, found.reads)
+    with HostReads(optimizer_counters=False) as found:
+        float(weight.sum())
+    assert [what for what, _ in found.reads] == ["item"]
+
+
 def test_fused_adam_follows_adam():
     from onmt_ext.train_step import fused_adam
 
