@@ -405,7 +405,7 @@ def fetch(task_name, downloads=None):
         return
     corpora, own = training_corpora(task_name, current_settings(task_name))
     if own:
-        _own_extra(task, own)
+        _own_extra(task_name, own)
     for name in _archive_names(task, corpora):
         download(ARCHIVES[name], downloads)
     for test_set in (task.valid, task.test):
@@ -578,11 +578,17 @@ def _check_pair(src_lines, tgt_lines, what):
         raise PrepareError(f"{what}: {len(src_lines)} source lines but {len(tgt_lines)} target lines")
 
 
-def _own_extra(task, directory):
-    """Stop, naming what is missing, unless ``directory`` (``task.extra_dir``'s value) holds both training files."""
-    missing = [name for name in (f"train.{task.src}", f"train.{task.tgt}") if not (directory / name).is_file()]
+def extra_dir_missing(task_name, directory):
+    """The training files (``train.<src>``, ``train.<tgt>``) that ``directory``, the task's ``extra_dir``, lacks."""
+    task = TASKS[task_name]
+    return [name for name in (f"train.{task.src}", f"train.{task.tgt}") if not (Path(directory) / name).is_file()]
+
+
+def _own_extra(task_name, directory):
+    """Stop, naming what is missing, unless ``directory`` (the task's ``extra_dir``) holds both training files."""
+    missing = extra_dir_missing(task_name, directory)
     if missing:
-        raise PrepareError(f"{task.extra_dir}={directory} lacks {', '.join(missing)}: {WMT17_EXTRA}")
+        raise PrepareError(f"{TASKS[task_name].extra_dir}={directory} lacks {', '.join(missing)}: {WMT17_EXTRA}")
 
 
 def raw(task_name, downloads=None, out=None):
@@ -602,8 +608,8 @@ def raw(task_name, downloads=None, out=None):
     settings = current_settings(task_name, Path(out).parent)
     corpora, own = training_corpora(task_name, settings)
     if own:
-        _own_extra(task, own)
-    elif task.extra and not set(task.extra) <= set(corpora):
+        _own_extra(task_name, own)
+    elif settings.get(task.small_flag):
         print(f"raw: note: {task.small_flag}=1: {', '.join(map(corpus_name, corpora))} alone, not the task's full "
               f"training data", file=sys.stderr)
     records = []
@@ -805,23 +811,29 @@ def map_lines(function, key, lines, workers=1, desc=None, total=None):
     total = len(lines) if total is None and isinstance(lines, list) else total
     with progress_bar(desc=desc, total=total, unit=" lines", unit_scale=True) as bar, \
             (Pool(workers) if workers > 1 else nullcontext()) as pool:
+
+        def counted(done):
+            bar.update(len(done))
+            return done
+
         ahead = deque()
         for chunk in _chunks(lines, CHUNK_LINES):
             job = (function, key, chunk)
-            ahead.append(pool.apply_async(_chunk_job, (job,)) if pool else _chunk_job(job))
-            while ahead and (not pool or len(ahead) >= 4 * workers):
-                done = ahead.popleft()
-                done = done if isinstance(done, list) else done.get()
-                bar.update(len(done))
-                yield from done
-        for done in ahead:
-            done = done.get()
-            bar.update(len(done))
-            yield from done
+            if pool is None:
+                yield from counted(_chunk_job(job))
+                continue
+            ahead.append(pool.apply_async(_chunk_job, (job,)))
+            if len(ahead) >= 4 * workers:
+                yield from counted(ahead.popleft().get())
+        while ahead:
+            yield from counted(ahead.popleft().get())
 
 
 def count_lines(path):
-    """The number of lines of a text file (its newline bytes), for a bar's total."""
+    """The number of lines of a text file (its newline bytes) for a line bar's total, or None when the bars are not
+    shown (``PROGRESS``; tqdm's own test of a terminal): a 25M-line corpus is then not read once more for nothing."""
+    if not (PROGRESS if PROGRESS is not None else sys.stderr.isatty()):
+        return None
     with open(path, "rb") as handle:
         return sum(block.count(b"\n") for block in iter(lambda: handle.read(1 << 20), b""))
 

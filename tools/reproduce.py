@@ -492,13 +492,13 @@ def corpus_problem(table, small_data=False, environ=None):
     if table_task(table) != FULL_CORPUS_TASK:
         return None
     environ = os.environ if environ is None else environ
-    from prepare_data import WMT17_EXTRA
+    from prepare_data import WMT17_EXTRA, extra_dir_missing
 
     extra = environ.get("WMT17_EXTRA_DIR")
     if extra and small_data:
         return ("reproduce.py: WMT17_SMALL_DATA=1 trains on News Commentary v12 alone, which leaves out the pairs "
                 f"WMT17_EXTRA_DIR={extra} holds: unset one of them")
-    missing = [name for name in ("train.zh", "train.en") if extra and not (Path(extra) / name).is_file()]
+    missing = extra_dir_missing(FULL_CORPUS_TASK, extra) if extra else []
     if missing:
         return (f"reproduce.py: WMT17_EXTRA_DIR={extra} lacks {', '.join(missing)}: {WMT17_EXTRA}; or unset it, "
                 "and make data-wmt17_zhen downloads them")

@@ -373,6 +373,16 @@ def test_worker_processes_advance_one_line_bar_and_keep_the_order(monkeypatch, b
     assert (pooled.total, pooled.n) == (single.total, single.n) == (9, 9)
 
 
+def test_a_line_bar_counts_its_file_only_when_it_is_shown(tmp_path, monkeypatch):
+    text = tmp_path / "train.en"
+    text.write_text("a\nb\nc\n", encoding="utf-8")
+    monkeypatch.setattr(pd, "PROGRESS", True)
+    assert pd.count_lines(text) == 3
+    for quiet in (False, None):  # --no-progress, or automatic with pytest's captured stderr: no extra read
+        monkeypatch.setattr(pd, "PROGRESS", quiet)
+        assert pd.count_lines(text) is None
+
+
 def test_learning_and_applying_bpe_report_merges_and_lines(tmp_path, bars):
     text = tmp_path / "train.en"
     text.write_text("the lower newer widest\n" * 30, encoding="utf-8")
