@@ -613,7 +613,7 @@ def raw(task_name, downloads=None, out=None):
         print(f"raw: note: {task.small_flag}=1: {', '.join(map(corpus_name, corpora))} alone, not the task's full "
               f"training data", file=sys.stderr)
     records = []
-    # streamed, pair file by pair file: WMT17's full data (25M pairs) would not fit in memory as lists
+    # streamed, pair file by pair file: as lists, WMT17's full data (25M pairs) would take many GB of memory
     with _text_output(out / f"train.{task.src}") as src_out, _text_output(out / f"train.{task.tgt}") as tgt_out:
         for corpus in corpora:
             pairs = sum(_append_pairs(src_out, tgt_out, *part)
