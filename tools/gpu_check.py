@@ -625,6 +625,8 @@ def training_config(case, mode, args, work, repeat_cache, batch_size=None, repla
 FRESH_EXT, FRESH_STOCK, IN_PROCESS = "onmt-ext, fresh process", "stock, fresh process", "in one process"
 #: the onmt-ext baseline with its whole layers compiled (-ext_compile_layers), in a fresh process of its own
 FRESH_LAYERS, LAYERS = "onmt-ext -ext_compile_layers, fresh process", "layers compiled"
+#: ``--fresh``'s name of each fresh process
+FRESH_NAMES = {FRESH_EXT: "ext", FRESH_STOCK: "stock", FRESH_LAYERS: "layers"}
 #: the untimed first training process on the machine (see :func:`warm_up_plan`)
 WARM_UP = "machine warm-up, fresh process"
 STOCK_LABEL = "stock OpenNMT-py 3.5.1 (ONMT_EXT_DISABLE=1)"
@@ -656,7 +658,8 @@ def training_plan(args, cases):
             name = f"{'stock' if stock else 'ext'}{'_layers' if mode == LAYERS else ''}_{batch}"
             row = _row(case, mode, group, batch, reference, users, name) | {"part": "fresh"}
             rows.append((row, BASELINE, mode, {"batch_size": batch, "stock": stock}))
-        fresh.append(("b fresh", group, {"ONMT_EXT_DISABLE": "1"} if stock else {}, rows))
+        if FRESH_NAMES[group] in args.fresh:
+            fresh.append(("b fresh", group, {"ONMT_EXT_DISABLE": "1"} if stock else {}, rows))
     if args.fresh_only:
         return fresh
     numbers = itertools.count(2)  # run 1 is the baseline's own row
@@ -1467,6 +1470,9 @@ def parse_args(argv):
     parser.add_argument("--fresh-only", action="store_true",
                         help="section b's users'-path rows only (the onmt-ext, stock and -ext_compile_layers "
                              "baselines, each in a fresh process), with all of section b's budget; no section c")
+    parser.add_argument("--fresh", default="ext,stock,layers",
+                        help="which of section b's fresh processes run, in this order: ext (the onmt-ext baseline), "
+                             "stock (stock OpenNMT-py), layers (-ext_compile_layers); default all three")
     parser.add_argument("--commit", default=None,
                         help=f"the project's commit for the report (default ${COMMIT_ENV}, else git when this "
                              "checkout is a repository's root, else unknown)")
@@ -1532,6 +1538,9 @@ def parse_args(argv):
         args.threads = 1
     if set(args.sections) - set("abc") or not args.sections:
         parser.error(f"--sections {args.sections!r}: use letters from abc")
+    args.fresh = [name.strip() for name in args.fresh.split(",") if name.strip()]
+    if not args.fresh or set(args.fresh) - set(FRESH_NAMES.values()):
+        parser.error(f"--fresh: a comma-separated list of {', '.join(FRESH_NAMES.values())}")
     if min(args.batch_size, args.paper_batch_size, args.warmup_steps, args.steps, args.profile_steps,
            args.test_sentences, args.translate_passes, args.translate_batch, args.translate_block, args.train_block,
            args.compile_warmup_steps) < 1 \

@@ -351,3 +351,16 @@ def test_sync_warnings_name_their_call_sites():
         warnings.warn("something else")
     assert len(caught) == 2 and sites == [f"{__file__}:{line} (test_sync_warnings_name_their_call_sites)"]
     assert warnings._showwarnmsg_impl.__name__ != "with_site"
+
+
+def test_fresh_picks_the_fresh_processes_and_refuses_others(capsys):
+    def groups(*extra):
+        args = gpu_check.parse_args(["--device", "cpu", "--tiny", "--fresh-only", *extra])
+        return [group for _, group, _, _ in gpu_check.training_plan(args, gpu_check.TINY_MECHANISMS)]
+
+    assert groups() == [gpu_check.FRESH_EXT, gpu_check.FRESH_STOCK, gpu_check.FRESH_LAYERS]
+    assert groups("--fresh", "stock, ext") == [gpu_check.FRESH_EXT, gpu_check.FRESH_STOCK]
+    with pytest.raises(SystemExit) as stopped:
+        gpu_check.parse_args(["--device", "cpu", "--tiny", "--fresh", "ext,fast"])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("gpu_check.py: error: --fresh:")

@@ -26,7 +26,7 @@ def first_batches(opt, stock, monkeypatch, count=BATCHES):
     """The first ``count`` training batches of ``opt`` with the stock or onmt-ext's ``DynamicDatasetIter``."""
     from onmt import train_single
     from onmt.constants import CorpusTask
-    from onmt.inputters import dynamic_iterator
+    from onmt.inputters import dynamic_iterator, text_corpus
     from onmt.utils.misc import set_random_seed
 
     from onmt_ext import patches
@@ -35,6 +35,7 @@ def first_batches(opt, stock, monkeypatch, count=BATCHES):
         if stock:
             patched.setattr(dynamic_iterator.DynamicDatasetIter, "__iter__",
                             patches.original(dynamic_iterator.DynamicDatasetIter, "__iter__"))
+            patched.setattr(text_corpus, "parse_features", patches.original(text_corpus, "parse_features"))
         set_random_seed(opt.seed, False)
         _, vocabs, transforms_cls = train_single._init_train(opt)
         data = dynamic_iterator.build_dynamic_dataset_iter(opt, transforms_cls, vocabs, task=CorpusTask.TRAIN)
@@ -111,3 +112,53 @@ def test_training_iterators_build_on_the_cpu(monkeypatch):
     assert isinstance(built.data_iter, DynamicDatasetIter) and built.data_iter.device == torch.device("cpu")
     on_cpu = train_single.build_dynamic_dataset_iter(opt, transforms_cls, vocabs, task=CorpusTask.TRAIN)
     assert isinstance(on_cpu, DynamicDatasetIter)  # stock's own iterator off the GPU
+
+
+def test_the_collector_is_paused_only_while_a_batch_is_built(monkeypatch):
+    import gc
+
+    from onmt.inputters import dynamic_iterator
+
+    from onmt_ext import batches
+
+    monkeypatch.chdir(support.REPO)
+    seen, bucketing = [], dynamic_iterator.DynamicDatasetIter._bucketing
+
+    def recorded(self):
+        for bucket in bucketing(self):
+            seen.append(gc.isenabled())  # while the stock iterator fills a bucket
+            yield bucket
+
+    monkeypatch.setattr(dynamic_iterator.DynamicDatasetIter, "_bucketing", recorded)
+    assert gc.isenabled()
+    ours, _ = first_batches(training_opts(), False, monkeypatch, count=3)
+    assert len(ours) == 3 and seen and not any(seen)
+    assert gc.isenabled()  # where the consumer (the training loop without workers) runs
+
+    def stock(self):
+        yield from ((number, 0) for number in range(3))
+
+    gc.disable()  # a collector that the caller turned off stays off
+    try:
+        assert [number for number, _ in batches._collector_paused(stock, None)] == [0, 1, 2]
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+@pytest.mark.parametrize("line", ["a b c\n", "a b c", "", "\n", " \n", "a  b \n", "a\tb\r\n", "a\u2028b\n",
+                                  "x\n\n", "a\nb\n", "a￨b c￨d\n", "a￨b\n", " lead and trail \n"])
+@pytest.mark.parametrize("n_feats, defaults", [(0, None), (0, "X"), (1, None), (1, "X")])
+def test_plain_lines_parse_as_stock_parses_them(line, n_feats, defaults):
+    from onmt.inputters import text_utils
+
+    from onmt_ext import batches
+
+    def outcome(parse):
+        try:
+            return parse(line, n_feats, defaults)
+        except AssertionError as error:  # stock's check of the feature count
+            return type(error)
+
+    assert outcome(lambda *a: batches._plain_line(text_utils.parse_features, *a)) == outcome(
+        text_utils.parse_features)
