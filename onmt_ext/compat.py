@@ -332,12 +332,16 @@ def count_filtered_examples():
           test="tests/unit/test_plugin.py::test_filtertoolong_logs_its_first_drop_and_the_running_count")
 
 
-def _filter_too_long(stock, self, example, is_train=False, stats=None, **kwargs):
-    from onmt.constants import CorpusName
-    from onmt.utils.logging import logger
+#: ``onmt.constants.CorpusName.INFER`` (a data worker calls :func:`_filter_too_long` for every example: no import
+#: there; tests/unit/test_plugin.py checks the value)
+_INFER_CORPUS = "infer"
 
-    if example.get("cid") == CorpusName.INFER or example.get("tgt") is None:
+
+def _filter_too_long(stock, self, example, is_train=False, stats=None, **kwargs):
+    if example.get("cid") == _INFER_CORPUS or example.get("tgt") is None:
         if not getattr(self, "_onmt_ext_told_infer", False):
+            from onmt.utils.logging import logger
+
             self._onmt_ext_told_infer = True
             logger.warning("filtertoolong drops nothing that is to be translated (the onmt_translate source, "
                            "the -valid_metrics source): a dropped sentence would put every later translation on "
@@ -347,6 +351,8 @@ def _filter_too_long(stock, self, example, is_train=False, stats=None, **kwargs)
     self._onmt_ext_seen = getattr(self, "_onmt_ext_seen", 0) + 1
     if kept is not None:
         return kept
+    from onmt.utils.logging import logger
+
     dropped = self._onmt_ext_dropped = getattr(self, "_onmt_ext_dropped", 0) + 1
     limits = f"-src_seq_length {self.src_seq_length}, -tgt_seq_length {self.tgt_seq_length}"
     if dropped == 1:

@@ -625,6 +625,9 @@ def training_config(case, mode, args, work, repeat_cache, batch_size=None, repla
 FRESH_EXT, FRESH_STOCK, IN_PROCESS = "onmt-ext, fresh process", "stock, fresh process", "in one process"
 #: the onmt-ext baseline with its whole layers compiled (-ext_compile_layers), in a fresh process of its own
 FRESH_LAYERS, LAYERS = "onmt-ext -ext_compile_layers, fresh process", "layers compiled"
+#: the share of the fresh part that each fresh process keeps for every one after it: the onmt-ext and stock
+#: baselines (issue 35's targets) take what they need, -ext_compile_layers (off by default) what is left
+FRESH_RESERVE = 0.2
 #: ``--fresh``'s name of each fresh process
 FRESH_NAMES = {FRESH_EXT: "ext", FRESH_STOCK: "stock", FRESH_LAYERS: "layers"}
 #: the untimed first training process on the machine (see :func:`warm_up_plan`)
@@ -688,6 +691,13 @@ def training_plan(args, cases):
     in_process = [(first, BASELINE, "eager", {"replay": True}), *interleaved(eager, "eager"),
                   *interleaved(compiled, "compiled")]
     return fresh + [("b in-process", IN_PROCESS, {}, in_process)]
+
+
+def fresh_deadlines(began, deadline, count):
+    """The deadline of each of ``count`` fresh processes run in turn in the part from ``began`` to ``deadline``:
+    each leaves :data:`FRESH_RESERVE` of the part to every process after it."""
+    reserve = FRESH_RESERVE * (deadline - began)
+    return [deadline - reserve * (count - 1 - number) for number in range(count)]
 
 
 def warm_up_plan(args):
@@ -1633,8 +1643,7 @@ def main(argv=None):
             thread.join(timeout=max(0.0, warm_deadline - _now()) + GRACE_S + 1)
         began, deadline = _now(), schedule.deadline("b fresh", whole=args.fresh_only)
         fresh = [(group, env, rows) for name, group, env, rows in plan if name == "b fresh"]
-        for number, (group, env, rows) in enumerate(fresh):  # an even share each, the last what is left
-            share = _now() + (deadline - _now()) / (len(fresh) - number)
+        for (group, env, rows), share in zip(fresh, fresh_deadlines(began, deadline, len(fresh))):
             run_training_process(args, args.work, group, env, rows, configs, {"fresh": share})
         fresh_rows = [row for _, _, rows in fresh for row, _, _, _ in rows]
         schedule.record("b fresh", began, deadline, _now(), section_b_status(fresh_rows))

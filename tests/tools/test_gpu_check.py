@@ -364,3 +364,8 @@ def test_fresh_picks_the_fresh_processes_and_refuses_others(capsys):
         gpu_check.parse_args(["--device", "cpu", "--tiny", "--fresh", "ext,fast"])
     assert stopped.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("gpu_check.py: error: --fresh:")
+
+
+def test_the_fresh_processes_leave_a_reserve_to_the_later_ones():
+    assert gpu_check.fresh_deadlines(10.0, 110.0, 3) == pytest.approx([70.0, 90.0, 110.0])
+    assert gpu_check.fresh_deadlines(0.0, 50.0, 1) == [50.0]

@@ -260,10 +260,12 @@ def test_training_with_report_every_0_stops_at_parsing_with_the_option_named(onm
 def test_filtertoolong_logs_its_first_drop_and_the_running_count(onmt_active, monkeypatch, caplog):
     import argparse
 
+    from onmt.constants import CorpusName
     from onmt.transforms.misc import FilterTooLongTransform
 
     from onmt_ext import compat
 
+    assert compat._INFER_CORPUS == CorpusName.INFER
     monkeypatch.setattr(compat, "_FILTER_LOG_AT", (2,))
     transform = FilterTooLongTransform(argparse.Namespace(src_seq_length=3, tgt_seq_length=4))
 
