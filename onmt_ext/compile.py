@@ -94,8 +94,12 @@ def _aligned(encoder, call, *args, **kwargs):
         full = up(length)
         if full == length:
             return call(layer_in, mask, **kwargs)
-        keys = _padded(mask, 3, full, True)  # new rows repeat the first: no query row is fully masked
-        keys = torch.cat([keys, keys[:, :, :1].expand(-1, -1, full - length, -1)], 2)
+        if mask.stride(2) == 0:  # one row for every query (OpenNMT-py's encoder expands it): stay a view, as
+            # unpadded batches pass it, or the graph compiled for one layout recompiles for the other
+            keys = _padded(mask[:, :, :1], 3, full, True).expand(-1, -1, full, -1)
+        else:
+            keys = _padded(mask, 3, full, True)  # new rows repeat the first: no query row is fully masked
+            keys = torch.cat([keys, keys[:, :, :1].expand(-1, -1, full - length, -1)], 2)
         return call(_padded(layer_in, 1, full, 0.0), keys, **kwargs)[:, :length]
     layer_in, enc_out, src_pad_mask, tgt_pad_mask = args
     tgt, src = layer_in.size(1), enc_out.size(1)

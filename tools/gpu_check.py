@@ -105,7 +105,7 @@ BUDGETS = {"a": 85.0, "b": 275.0, "c": 120.0}
 TINY_BUDGETS = {"a": 16.0, "b": 110.0, "c": 50.0}
 #: the parts, in running order, with their shares of their section's budget on a GPU and in the dry run (where
 #: starting data workers outweighs everything else); the compiled parts also get what the parts before left
-PARTS = (("a", 1.0, 1.0), ("b fresh", 0.55, 0.43), ("b eager", 0.45, 0.29), ("b compiled", 0.0, 0.28),
+PARTS = (("a", 1.0, 1.0), ("b fresh", 0.50, 0.43), ("b eager", 0.50, 0.29), ("b compiled", 0.0, 0.28),
          ("c eager", 0.85, 0.5), ("c compiled", 0.15, 0.5))
 #: a new run is not started with less than this many seconds of its part's budget left
 MIN_START_S = 3.0
@@ -338,7 +338,7 @@ class Meter:
             return out
 
         trainer_class._accum_batches, trainer_class._gradient_accumulation = timed_batches, measured_step
-        self.reports, self.parameters = [], {}
+        self.reports, self.parameters, self.replayed_by_key = [], {}, {}
         common.record_training(self.reports, self.parameters)
         save = model_saver.ModelSaverBase.save
         model_saver.ModelSaverBase.save = lambda saver, *a, **k: save(saver, *a, **k) if meter.job["save"] else None
@@ -359,10 +359,17 @@ class Meter:
                 built = build_iter(*args, **kwargs)
                 if not meter.job["replay"] or kwargs.get("task", CorpusTask.TRAIN) != CorpusTask.TRAIN:
                     return built
+                key, count = meter.job.get("replay_key"), meter.job["batches"]
+                if key in meter.replayed_by_key and len(meter.replayed_by_key[key]) >= count:
+                    items = meter.replayed_by_key[key][:count]  # a case with the same data options built them
+                    meter.replayed, meter.replay_reused = len(items), True
+                    return items
                 start = time.perf_counter()
-                items = list(islice(iter(built), meter.job["batches"]))
+                items = list(islice(iter(built), count))
                 meter._sync()
                 meter.replay_s, meter.replayed = time.perf_counter() - start, len(items)
+                if key:
+                    meter.replayed_by_key[key] = items
                 return items
 
             train_single.build_dynamic_dataset_iter = replayed_iter
@@ -377,6 +384,7 @@ class Meter:
         self.parameters.clear()
         self.model_built = self.first_step_end = self.first_step_wall = None
         self.replay_s, self.replayed, self.window, self.syncs, self.sites = 0.0, None, {}, {}, []
+        self.replay_reused = False
         self.sync_window, self.sync_step = None, None
         gc.collect()
         if self.cuda:
@@ -445,7 +453,7 @@ class Meter:
             "data_wait_share": sum(waits) / seconds, "peak_memory_mb": common.peak_memory_mb(self.cuda),
             "peak_memory_since": "the run" if self.cuda or self.peak_reset else "the process start",
             "parameters": self.parameters.get("total"), "replayed_batches": self.replayed,
-            "replay_s": self.replay_s, "model_build_s": self.build_s,
+            "replay_s": self.replay_s, "replay_reused": self.replay_reused, "model_build_s": self.build_s,
             "syncs_per_step": statistics.mean(between) if between else None, "sync_steps": len(between),
             "syncs_per_report_step": statistics.mean(at_reports) if at_reports else None,
             "sync_sites": _top_sites(self.sites),
@@ -650,7 +658,8 @@ def training_plan(args, cases):
     control = timed_runs.control_case(BASELINE)
     stock_case = Case(STOCK_LABEL, BASELINE.config, pre_encoded=True)
     ext_case = Case("onmt-ext baseline", BASELINE.config, pre_encoded=True)
-    base_key = f"{IN_PROCESS}|{BASELINE.label}|eager|{small}"
+    cases_batch = args.case_batch_size
+    base_key = f"{IN_PROCESS}|{BASELINE.label}|eager|{cases_batch}"
     fresh = []
     for group, case, mode, stock in ((FRESH_EXT, ext_case, "eager", False), (FRESH_STOCK, stock_case, "eager", True),
                                      (FRESH_LAYERS, ext_case, LAYERS, False)):
@@ -670,7 +679,7 @@ def training_plan(args, cases):
     def baseline_again(part):
         """One more run of the baseline, so that every case has a baseline run on each side of it."""
         run = next(numbers)
-        row = _row(BASELINE, "eager", IN_PROCESS, small, None, replay, "eager")
+        row = _row(BASELINE, "eager", IN_PROCESS, cases_batch, None, replay, "eager")
         row.update(key=f"{base_key}|run {run}", repeat_of=base_key, part=part, run=run)
         return row, BASELINE, "eager", {"replay": True}
 
@@ -682,11 +691,13 @@ def training_plan(args, cases):
             out.append(entry)
         return out + [baseline_again(part)]
 
-    first = _row(BASELINE, "eager", IN_PROCESS, small, None, replay, "eager") | {"run": 1}
-    eager = [(_row(control, "eager", IN_PROCESS, small, base_key, replay, "eager"), control, "eager", {"replay": True})]
-    eager += [(_row(case, "eager", IN_PROCESS, small, base_key, replay, "eager", case.train_target, case.paper_train),
-               case, "eager", {"replay": True}) for case in cases]
-    compiled = [(_row(case, "compiled", IN_PROCESS, small, base_key, replay, "compiled", case.train_target,
+    cases = sorted(cases, key=lambda case: case.train_target is None)  # the cases with a target first
+    first = _row(BASELINE, "eager", IN_PROCESS, cases_batch, None, replay, "eager") | {"run": 1}
+    eager = [(_row(control, "eager", IN_PROCESS, cases_batch, base_key, replay, "eager"), control, "eager",
+              {"replay": True})]
+    eager += [(_row(case, "eager", IN_PROCESS, cases_batch, base_key, replay, "eager", case.train_target,
+                    case.paper_train), case, "eager", {"replay": True}) for case in cases]
+    compiled = [(_row(case, "compiled", IN_PROCESS, cases_batch, base_key, replay, "compiled", case.train_target,
                       case.paper_train), case, "compiled", {"replay": True}) for case in cases]
     in_process = [(first, BASELINE, "eager", {"replay": True}), *interleaved(eager, "eager"),
                   *interleaved(compiled, "compiled")]
@@ -777,12 +788,29 @@ def _slug(text):
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
+#: options that shape the model, the optimiser or the output files, not the training batches; every other option
+#: is part of :func:`replay_key` (an option left out of this list costs a rebuild, never a wrong batch)
+MODEL_ONLY_OPTIONS = {"save_data", "save_model", "encoder_type", "decoder_type", "share_decoder_embeddings",
+                      "learning_rate", "learning_rate_decay", "decay_method", "ext_compile", "ext_compile_layers",
+                      "gret", "clause_attention", "clause_levels"}
+MODEL_ONLY_PREFIXES = ("li2019_", "cao2019_", "chen2019_", "gret_")
+
+
+def replay_key(options):
+    """What decides a run's training batches: its options less :data:`MODEL_ONLY_OPTIONS` (and prefixes), as
+    text.  Runs of one process with the same key replay the batches that the first of them built."""
+    kept = {key: value for key, value in options.items()
+            if key not in MODEL_ONLY_OPTIONS and not key.startswith(MODEL_ONLY_PREFIXES)}
+    return json.dumps(kept, sort_keys=True, default=str)
+
+
 def run_training_process(args, work, group, env, rows, configs, deadlines, stop_after=None):
     """One training process for ``rows`` (see :func:`child_train_many`), each run before the deadline of its
     mode (``deadlines``: mode -> monotonic time); fills the rows in place and returns when each mode's last
     run ended (or None).  ``stop_after``: every run is an untimed warm-up that ends after that many steps."""
     steps = step_plan(args)
     jobs = [{"key": row["key"], "config": str(configs[row["key"]][0]), "replay": "replayed" in row["data_path"],
+             "replay_key": replay_key(configs[row["key"]][2]),
              "batches": (stop_after or steps["total"]) + 2,
              "save": row["group"] == IN_PROCESS and row["mode"] == "eager" and not row.get("repeat_of"),
              "weight": 1 + math.log2(row["batch_tokens"] / args.batch_size) / 4,  # a guess: much is fixed cost
@@ -1244,15 +1272,16 @@ def targets_table(sections, on_gpu):
     overhead = None if ext_start is None or stock_start is None else ext_start - stock_start
     rows.append(_target("start-up overhead of onmt-ext over stock, s (process start to the end of the first step)",
                         STARTUP_OVERHEAD_TARGET_S, overhead, at_least=False))
+    cases_batch = b.get("case_batch_tokens", small)
     for mode in ("eager", "compiled"):
         for case in MECHANISMS:
-            if case.train_target is not None and f"{IN_PROCESS}|{case.label}|{mode}|{small}" in train:
-                rows.append(_target(f"training ratio, {case.label}, {mode}", case.train_target,
-                                    measured(IN_PROCESS, case.label, small, "ratio", mode)))
+            if case.train_target is not None and f"{IN_PROCESS}|{case.label}|{mode}|{cases_batch}" in train:
+                rows.append(_target(f"training ratio, {case.label}, {mode} ({cases_batch} tokens)",
+                                    case.train_target, measured(IN_PROCESS, case.label, cases_batch, "ratio", mode)))
     for case, most in MEMORY_TARGETS:
-        if f"{IN_PROCESS}|{case.label}|eager|{small}" in train:
-            rows.append(_target(f"peak memory over the baseline's, {case.label} ({small} tokens)", most,
-                                measured(IN_PROCESS, case.label, small, "memory_ratio"), at_least=False))
+        if f"{IN_PROCESS}|{case.label}|eager|{cases_batch}" in train:
+            rows.append(_target(f"peak memory over the baseline's, {case.label} ({cases_batch} tokens)", most,
+                                measured(IN_PROCESS, case.label, cases_batch, "memory_ratio"), at_least=False))
     for row in c.get("rows", []):
         if row.get("target") is not None:
             interval = row.get("ratio_interval")
@@ -1480,9 +1509,10 @@ def parse_args(argv):
     parser.add_argument("--fresh-only", action="store_true",
                         help="section b's users'-path rows only (the onmt-ext, stock and -ext_compile_layers "
                              "baselines, each in a fresh process), with all of section b's budget; no section c")
-    parser.add_argument("--fresh", default="ext,stock,layers",
+    parser.add_argument("--fresh", default="ext,stock",
                         help="which of section b's fresh processes run, in this order: ext (the onmt-ext baseline), "
-                             "stock (stock OpenNMT-py), layers (-ext_compile_layers); default all three")
+                             "stock (stock OpenNMT-py), layers (-ext_compile_layers, off by default in training; "
+                             "its compilation does not fit the default budget); default ext,stock")
     parser.add_argument("--commit", default=None,
                         help=f"the project's commit for the report (default ${COMMIT_ENV}, else git when this "
                              "checkout is a repository's root, else unknown)")
@@ -1495,6 +1525,9 @@ def parse_args(argv):
     parser.add_argument("--paper-batch-size", type=int, default=None,
                         help="tokens per step of the baseline's runs at the paper's update, in one pass (default "
                              "32768; --tiny 2048)")
+    parser.add_argument("--case-batch-size", type=int, default=None,
+                        help="tokens per step of the in-process group, the mechanisms and their baseline (default "
+                             "--paper-batch-size: a GPU-bound baseline; --tiny: --batch-size)")
     parser.add_argument("--num-workers", type=int, default=None,
                         help="data workers of the users'-path runs (the onmt-ext and stock baselines; default 2; "
                              "--tiny 1: the same code path, one worker process fewer to start per run)")
@@ -1539,6 +1572,8 @@ def parse_args(argv):
     for name, (full, small) in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, small if tiny else full)
+    if args.case_batch_size is None:
+        args.case_batch_size = args.batch_size if tiny else args.paper_batch_size
     for name in "abc":
         if getattr(args, f"budget_{name}") is None:
             setattr(args, f"budget_{name}", (TINY_BUDGETS if tiny else BUDGETS)[name])
@@ -1551,7 +1586,7 @@ def parse_args(argv):
     args.fresh = [name.strip() for name in args.fresh.split(",") if name.strip()]
     if not args.fresh or set(args.fresh) - set(FRESH_NAMES.values()):
         parser.error(f"--fresh: a comma-separated list of {', '.join(FRESH_NAMES.values())}")
-    if min(args.batch_size, args.paper_batch_size, args.warmup_steps, args.steps, args.profile_steps,
+    if min(args.batch_size, args.paper_batch_size, args.case_batch_size, args.warmup_steps, args.steps, args.profile_steps,
            args.test_sentences, args.translate_passes, args.translate_batch, args.translate_block, args.train_block,
            args.compile_warmup_steps) < 1 \
             or args.num_workers < 0 or args.compile_warmups < 0 or args.output_length < 0 or args.min_run_seconds < 0:
@@ -1619,6 +1654,7 @@ def main(argv=None):
         b = sections["b"] = {"title": "training", "rows": [row for _, _, _, rows in plan for row, _, _, _ in rows],
                              "prepare_s": round(_now() - prepared, 1), "steps_text": _steps_text(args),
                              "batch_tokens": (args.batch_size, args.paper_batch_size),
+                             "case_batch_tokens": args.case_batch_size,
                              "sync_kind": "torch's CUDA sync warnings" if cuda else "host reads of tensor values"}
         print(f"== gpu-check b: data and configs prepared in {b['prepare_s']:.0f} s", flush=True)
         # with section a, the warm-up shares its time; without it, it takes a tenth of section b's budget

@@ -34,7 +34,8 @@ def dry_run(tmp_path_factory):
     support.ensure_sample_data()
     out = tmp_path_factory.mktemp("gpu-check")
     budgets = {"a": 150, "b": 600, "c": 240}  # far above the defaults (16, 110, 50 s): a slow machine cuts no row
-    done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--out", str(out),
+    done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--fresh", "ext,stock,layers",
+                           "--out", str(out),
                            "--work", str(out / "work"), "--commit", "test-commit", "--pack", str(out / "files.tgz"),
                            *[f"--budget-{name}={seconds}" for name, seconds in budgets.items()]],
                           cwd=REPO, capture_output=True, text=True, timeout=sum(budgets.values()) + 120,
@@ -84,6 +85,9 @@ def test_dry_run_measures_every_row(dry_run):
         ("baseline, again (A/A control)", "eager", gpu_check.IN_PROCESS, tiny),
         *((case.label, mode, gpu_check.IN_PROCESS, tiny) for case in gpu_check.TINY_MECHANISMS
           for mode in ("eager", "compiled"))}
+    baseline_options, = [row["options"] for row in rows if row["case"] == "baseline" and not row.get("repeat_of")]
+    built = {gpu_check.replay_key(baseline_options)}
+    assert sum(row.get("replay_reused", False) for row in rows) >= len(gpu_check.TINY_MECHANISMS)
     for row in rows:
         assert row["status"] == "measured", row
         for key in ("tokens_per_s", "step_ms", "peak_memory_mb", "ratio", "parameters", "first_step_s",
@@ -105,6 +109,12 @@ def test_dry_run_measures_every_row(dry_run):
         if row["group"] == gpu_check.IN_PROCESS:
             assert "replayed" in row["data_path"] and row["replayed_batches"] > 0
             assert row["options"]["num_workers"] == 0
+            # a run reuses the batches of an earlier run of the process with the same data options (the untimed
+            # first run is the baseline's): rows are in running order
+            key = gpu_check.replay_key(row["options"])
+            assert row["replay_reused"] == (key in built), (row["case"], row["mode"])
+            assert row["replay_reused"] == (row["replay_s"] == 0.0), row["replay_s"]
+            built.add(key)
         else:
             first = paper if row["mode"] == gpu_check.LAYERS else tiny  # the first run of its fresh process
             assert _positive(row.get("startup_s")) or row["batch_tokens"] != first, row
@@ -186,7 +196,7 @@ def test_the_fresh_only_run_measures_the_users_path_rows_alone(tmp_path):
     processes, the stock control among them, and nothing else, their tables packed."""
     support.ensure_sample_data()
     done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--sections", "b",
-                           "--fresh-only", "--budget-b", "300", "--out", str(tmp_path), "--work", str(tmp_path / "w"),
+                           "--fresh-only", "--fresh", "ext,stock,layers", "--budget-b", "300", "--out", str(tmp_path), "--work", str(tmp_path / "w"),
                            "--commit", "test-commit", "--pack", str(tmp_path / "files.tgz")],
                           cwd=REPO, capture_output=True, text=True, timeout=420,
                           env=support.cli_env(OMP_NUM_THREADS="1"))
@@ -358,8 +368,9 @@ def test_fresh_picks_the_fresh_processes_and_refuses_others(capsys):
         args = gpu_check.parse_args(["--device", "cpu", "--tiny", "--fresh-only", *extra])
         return [group for _, group, _, _ in gpu_check.training_plan(args, gpu_check.TINY_MECHANISMS)]
 
-    assert groups() == [gpu_check.FRESH_EXT, gpu_check.FRESH_STOCK, gpu_check.FRESH_LAYERS]
-    assert groups("--fresh", "stock, ext") == [gpu_check.FRESH_EXT, gpu_check.FRESH_STOCK]
+    assert groups() == [gpu_check.FRESH_EXT, gpu_check.FRESH_STOCK]  # -ext_compile_layers on request
+    assert groups("--fresh", "layers,stock, ext") == [gpu_check.FRESH_EXT, gpu_check.FRESH_STOCK,
+                                                     gpu_check.FRESH_LAYERS]
     with pytest.raises(SystemExit) as stopped:
         gpu_check.parse_args(["--device", "cpu", "--tiny", "--fresh", "ext,fast"])
     assert stopped.value.code == 2
@@ -369,3 +380,27 @@ def test_fresh_picks_the_fresh_processes_and_refuses_others(capsys):
 def test_the_fresh_processes_leave_a_reserve_to_the_later_ones():
     assert gpu_check.fresh_deadlines(10.0, 110.0, 3) == pytest.approx([70.0, 90.0, 110.0])
     assert gpu_check.fresh_deadlines(0.0, 50.0, 1) == [50.0]
+
+
+def test_the_replay_key_leaves_out_model_options_only():
+    base = {"batch_size": 8, "transforms": ["filtertoolong"], "save_model": "a/model", "seed": 1}
+    mechanism = dict(base, save_model="b/model", encoder_type="ext_transformer", li2019_enc_self="em",
+                     ext_compile=True)
+    assert gpu_check.replay_key(mechanism) == gpu_check.replay_key(base)
+    for other in ({"batch_size": 16}, {"transforms": ["clause_split", "filtertoolong"]}, {"seed": 2},
+                  {"some_new_option": 1}):  # anything not known to be the model's counts
+        assert gpu_check.replay_key(dict(base, **other)) != gpu_check.replay_key(base), other
+
+
+def test_the_mechanisms_train_at_the_case_batch_size_targets_first():
+    """On a GPU the in-process group trains at the paper's batch (at 8,192 tokens the H200's replayed baseline
+    kept the GPU busy 22% of a step: a ratio there measures host time); the dry run keeps its small batch."""
+    assert gpu_check.parse_args([]).case_batch_size == 32768
+    assert gpu_check.parse_args(["--device", "cpu", "--tiny"]).case_batch_size == 512
+    args = gpu_check.parse_args(["--case-batch-size", "16384"])
+    (_, _, _, rows), = [entry for entry in gpu_check.training_plan(args, gpu_check.MECHANISMS)
+                        if entry[1] == gpu_check.IN_PROCESS]
+    assert {row["batch_tokens"] for row, _, _, _ in rows} == {16384}
+    eager = [case for row, case, mode, _ in rows if mode == "eager" and case in gpu_check.MECHANISMS]
+    targets = [case.train_target is not None for case in eager]
+    assert eager and targets == sorted(targets, reverse=True)  # every case with a target before those without

@@ -91,11 +91,13 @@ def test_stock_layers_see_lengths_padded_to_a_multiple_of_8(config, sample_data,
     their lengths padded (masked keys, query rows cut off), also around chen2019's embeddings; layers that hold
     an onmt-ext module (cao2019's attention) keep theirs.  The graph is run eagerly here: this checks the
     padding, the test above the compiled arithmetic."""
-    seen = []
+    seen, mask_strides = [], set()
 
     def recording(fn, fullgraph=True):
         def run(layer, layer_in, *args, **kwargs):
             seen.append((type(layer).__name__, layer_in.size(1), *(a.size(1) for a in args[:1] if a.dim() == 3)))
+            if args[0].dim() == 4:  # an encoder layer's mask (batch, 1, src, src): one layout, padded or not
+                mask_strides.add(args[0].stride(2))
             return fn(layer, layer_in, *args, **kwargs)
         return run
 
@@ -114,6 +116,7 @@ def test_stock_layers_see_lengths_padded_to_a_multiple_of_8(config, sample_data,
     assert seen and any(length % 8 for length in [5, 3, 9, 4, 6, 2])
     if "cao2019" not in config:
         assert all(length % 8 == 0 for length in lengths), seen
+        assert mask_strides == {0}, mask_strides  # batch 2's source (8) is not padded, batch 1's (9) is
     else:
         assert any(length % 8 for length in lengths), seen
 
