@@ -144,6 +144,18 @@ def test_the_collector_is_paused_only_while_a_batch_is_built(monkeypatch):
         assert not gc.isenabled()
     finally:
         gc.enable()
+    assert gc.get_freeze_count() == 0  # the training process freezes nothing
+
+    # a data worker freezes what the stock iterator made, and every COLLECT_EVERY batches releases and collects it
+    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: object())
+    monkeypatch.setattr(batches, "COLLECT_EVERY", 2)
+    frozen = []
+    try:
+        for _ in batches._collector_paused(stock, None):
+            frozen.append(gc.get_freeze_count())
+    finally:
+        gc.unfreeze()
+    assert frozen[0] > 0 and frozen[1] == 0 and frozen[2] > 0 and gc.isenabled()
 
 
 @pytest.mark.parametrize("line", ["a b c\n", "a b c", "", "\n", " \n", "a  b \n", "a\tb\r\n", "a\u2028b\n",
