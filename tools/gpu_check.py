@@ -1507,8 +1507,8 @@ def parse_args(argv):
     parser.add_argument("--work", type=Path, default=None, help="models, data and logs (default build/gpu-check)")
     parser.add_argument("--sections", default="abc", help="which sections to run (default abc)")
     parser.add_argument("--fresh-only", action="store_true",
-                        help="section b's users'-path rows only (the onmt-ext, stock and -ext_compile_layers "
-                             "baselines, each in a fresh process), with all of section b's budget; no section c")
+                        help="section b's users'-path rows only (the fresh processes that --fresh names), with "
+                             "all of section b's budget; no section c")
     parser.add_argument("--fresh", default="ext,stock",
                         help="which of section b's fresh processes run, in this order: ext (the onmt-ext baseline), "
                              "stock (stock OpenNMT-py), layers (-ext_compile_layers, off by default in training; "
