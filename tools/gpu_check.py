@@ -356,14 +356,14 @@ class Meter:
         if build_iter is not None:
             def replayed_iter(*args, **kwargs):
                 """The training batches built ahead of the first step, then replayed from memory."""
-                built = build_iter(*args, **kwargs)
                 if not meter.job["replay"] or kwargs.get("task", CorpusTask.TRAIN) != CorpusTask.TRAIN:
-                    return built
+                    return build_iter(*args, **kwargs)
                 key, count = meter.job.get("replay_key"), meter.job["batches"]
                 if key in meter.replayed_by_key and len(meter.replayed_by_key[key]) >= count:
                     items = meter.replayed_by_key[key][:count]  # a case with the same data options built them
                     meter.replayed, meter.replay_reused = len(items), True
-                    return items
+                    return items  # (no data iterator built for nothing)
+                built = build_iter(*args, **kwargs)
                 start = time.perf_counter()
                 items = list(islice(iter(built), count))
                 meter._sync()

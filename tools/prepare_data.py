@@ -49,13 +49,17 @@ PROGRESS = None
 CHUNK_LINES = 2000
 
 
+def bars_shown():
+    """Whether progress bars are shown: ``PROGRESS``, or when it is None whether stderr is a terminal."""
+    return PROGRESS if PROGRESS is not None else sys.stderr.isatty()
+
+
 def progress_bar(**kwargs):
-    """A tqdm bar on stderr, shown as ``PROGRESS`` says; usable as a context manager."""
+    """A tqdm bar on stderr, shown as :func:`bars_shown` says; usable as a context manager."""
     from tqdm import tqdm
 
     kwargs.setdefault("mininterval", 0.5)
-    return tqdm(file=sys.stderr, disable=None if PROGRESS is None else not PROGRESS, dynamic_ncols=True,
-                **kwargs)
+    return tqdm(file=sys.stderr, disable=not bars_shown(), dynamic_ncols=True, **kwargs)
 
 
 def _byte_bar(desc, total, initial=0):
@@ -831,8 +835,8 @@ def map_lines(function, key, lines, workers=1, desc=None, total=None):
 
 def count_lines(path):
     """The number of lines of a text file (its newline bytes) for a line bar's total, or None when the bars are not
-    shown (``PROGRESS``; tqdm's own test of a terminal): a 25M-line corpus is then not read once more for nothing."""
-    if not (PROGRESS if PROGRESS is not None else sys.stderr.isatty()):
+    shown (:func:`bars_shown`): a 25M-line corpus is then not read once more for nothing."""
+    if not bars_shown():
         return None
     with open(path, "rb") as handle:
         return sum(block.count(b"\n") for block in iter(lambda: handle.read(1 << 20), b""))
