@@ -110,8 +110,8 @@ def _collector_paused(stock, self):
     batch is handed on, so the consumer (the training loop without workers) runs with it as it was. In a data
     worker, which only builds batches, what exists then is also frozen (``gc.freeze``): the bucket's examples
     outlive many batches, and each collection would scan them again. Reference counting frees them all the same.
-    The few objects in reference cycles (920 over three 65,536-example buckets of the Tatoeba sample) wait for
-    the next collection; in a worker every :data:`COLLECT_EVERY` batches they are unfrozen and collected.
+    The few objects in reference cycles (``docs/differences-from-stock.md`` counts them) wait for the next
+    collection; in a worker every :data:`COLLECT_EVERY` batches they are unfrozen and collected.
     """
     batches, handed = stock(self), 0
     in_worker = torch.utils.data.get_worker_info() is not None
