@@ -24,8 +24,8 @@
 #   make wheelhouse  download every dependency but torch as wheels for PY= (default 3.12) into wheelhouse/
 #   make gpu-check  decoding properties, training and translation speed on one CUDA GPU (about 8 minutes;
 #                 results/gpu/<gpu model>.{md,json}; docs/gpu-check.md)
-#   make bench-host  host ms per 8k-token training step (trivial model), onmt-ext and stock OpenNMT-py: a CPU
-#                 proxy for the GPU work (results/bench/host-proxy.md)
+#   make bench-host  host ms per 8k-token training step (trivial model) and one data worker's batches/s,
+#                 onmt-ext and stock OpenNMT-py: a CPU proxy for the GPU work (results/bench/host-proxy.md)
 #   make bench    speed/memory of the mechanisms against the baseline on the CPU, for information: gpu-check's
 #                 sections b and c at smoke size (build/bench/; docs/benchmarks-method.md)
 #   make layer-cost  one encoder layer's time and memory per mechanism as the length grows (CPU)

@@ -8,12 +8,13 @@ with a blocking ``.to(device)``; and without workers builds every sentence's ten
 Here a training or validation batch crosses from a worker as one packed int64 buffer with its layout (the lists
 become tensors, ``cid`` the position of the example's corpus in ``opt.data``), is built on the CPU, pinned once
 and copied with one ``non_blocking`` copy; :data:`HOST` keeps its CPU ``srclen`` and ``tgt`` for counting. A
-worker fills its buckets with the garbage collector paused and without splitting plain lines into features
-(``docs/differences-from-stock.md``). The data and its order are stock's (``tests/unit/test_batches.py``).
+worker fills its buckets with the garbage collector paused and without splitting plain lines into features, and
+pads each side of a batch as one tensor (``docs/differences-from-stock.md``). The data and its order are stock's (``tests/unit/test_batches.py``).
 """
 
 import gc
 import math
+from itertools import chain
 
 import torch
 
@@ -150,6 +151,45 @@ def _plain_line(stock, line, n_feats=0, defaults=None):
     return stock(line, n_feats, defaults)
 
 
+def _padded(sequences, pad, device):
+    """``(batch, max len)`` int64 of ``sequences`` (lists of ids), padded on the right with ``pad``: one tensor from
+    all the ids at once, where stock makes one per sequence and pads them with ``pad_sequence``."""
+    lengths = torch.tensor([len(ids) for ids in sequences], dtype=torch.long)
+    width = int(lengths.max()) if len(sequences) else 0
+    padded = torch.full((len(sequences), width), pad, dtype=torch.long)
+    padded[torch.arange(width) < lengths[:, None]] = torch.tensor(list(chain.from_iterable(sequences)),
+                                                                    dtype=torch.long)
+    return padded.to(device), lengths.to(device)
+
+
+#: example keys that only stock's ``tensorify`` turns into tensors (features, alignments, the copy mechanism)
+_STOCK_ONLY_KEYS = ("src_map", "alignment", "src_ex_vocab")
+
+
+def _padded_at_once(stock, vocabs, minibatch, device, left_pad=False):
+    """``tensorify`` of a batch with right padding, no source features, alignments or copy vocabularies: stock's
+    dict, its ``src`` ``(batch, len, 1)`` and ``tgt`` each made from one flat list of ids. Other batches go to
+    stock. Like stock, it looks at the first example to tell which keys the batch has."""
+    from onmt.constants import DefaultTokens
+
+    first = minibatch[0][0]
+    if left_pad or "feats" in first["src"] or first.get("align") is not None \
+            or any(key in first for key in _STOCK_ONLY_KEYS):
+        return stock(vocabs, minibatch, device, left_pad)
+    examples = [example for example, _ in minibatch]
+    src, srclen = _padded([example["src"]["src_ids"] for example in examples], vocabs["src"][DefaultTokens.PAD],
+                          device)
+    batch = {"src": src[:, :, None], "srclen": srclen}
+    if first["tgt"] is not None:
+        tgt, tgtlen = _padded([example["tgt"]["tgt_ids"] for example in examples],
+                              vocabs["tgt"][DefaultTokens.PAD], device)
+        batch.update(tgt=tgt[:, :, None], tgtlen=tgtlen)
+    batch["ind_in_bucket"] = [index for _, index in minibatch]
+    batch["cid"] = [example["cid"] for example in examples]
+    batch["cid_line_number"] = [example["cid_line_number"] for example in examples]
+    return batch
+
+
 def to_device(batch, device):
     """Pin and copy a CPU batch's tensors to ``device`` without waiting; keep the CPU counts under :data:`HOST`.
 
@@ -192,7 +232,7 @@ def _cpu_built_iterator(stock, opt, transforms_cls, vocabs, *args, task="train",
 
 
 def install():
-    """Register the five changes (idempotent)."""
+    """Register the six changes (idempotent)."""
     from onmt import train_single
     from onmt.inputters import dynamic_iterator, text_corpus
 
@@ -208,6 +248,10 @@ def install():
           test=f"{_TEST}::test_plain_lines_parse_as_stock_parses_them",
           reason="stock splits every token of every training line on the feature separator in Python, also when "
                  "the corpus has no features")
+    patch(dynamic_iterator, "tensorify", _padded_at_once, kind=SPEED,
+          test=f"{_TEST}::test_batches_carry_tensors_only_and_the_same_data",
+          reason="stock makes one tensor per sentence and side and pads them in a second pass, which took most of a "
+                 "data worker's time per batch besides the bucket")
     patch(dynamic_iterator.OnDeviceDatasetIter, "__iter__", _device_batches, wrap=False, kind=SPEED,
           test=f"{_TEST}::test_batches_reach_the_device_unchanged",
           reason="a blocking .to(device) of every batch tensor waits for all queued GPU work")

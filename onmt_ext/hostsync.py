@@ -26,14 +26,25 @@ def _in_optimizer():
 
 
 def caller(skip=()):
-    """``file:line (function)`` of the innermost frame outside torch, the warnings module, this module and the
-    files whose paths end in one of ``skip``."""
-    skipped = ("/warnings.py", "onmt_ext/hostsync.py", *skip)
+    """``file:line (function)`` of the innermost frame outside torch, the warnings module, ``contextlib``, this
+    module and the files whose paths end in one of ``skip``; when frames inside torch lie between it and the
+    read, `` via `` and the outermost of them (a torch context manager's body, say, entered from that line)."""
+    skipped = ("/warnings.py", "/contextlib.py", "onmt_ext/hostsync.py", *skip)
+    inside = None
     for frame in reversed(traceback.extract_stack()):
         name = frame.filename.replace("\\", "/")
-        if "/torch/" not in name and not name.endswith(skipped):
-            return f"{name}:{frame.lineno} ({frame.name})"
+        if "/torch/" in name:
+            inside = frame
+        elif not name.endswith(skipped):
+            via = f" via {_torch_path(inside.filename)}:{inside.lineno} ({inside.name})" if inside else ""
+            return f"{name}:{frame.lineno} ({frame.name}){via}"
     return "unknown"
+
+
+def _torch_path(filename):
+    """``torch/...`` of a file inside torch."""
+    name = filename.replace("\\", "/")
+    return name[name.rindex("/torch/") + 1:]
 
 
 class HostReads(TorchDispatchMode):

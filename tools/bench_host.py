@@ -5,6 +5,7 @@ Usage::
 
     python tools/bench_host.py [--steps 40] [--warmup-steps 10] [--repeats 2] [--batch-size 8192]
         [--num-workers 2] [--out results/bench] [--work build/bench-host] [--label NAME]
+        [--no-crossing] [--no-worker] [--worker-batches 64]
 
 How it works and why: docs/tools.md (bench_host.py).
 """
@@ -26,6 +27,9 @@ import common
 from onmt_ext import train_log
 
 REPO = Path(__file__).resolve().parent.parent
+
+#: the data-worker measurement: the paper's one-pass update and gpu-check's bucket for it (twice the batch)
+WORKER_BATCH, WORKER_BUCKET = 32768, 65536
 
 MODEL = {"enc_layers": 1, "dec_layers": 1, "hidden_size": 16, "word_vec_size": 16, "transformer_ff": 16,
          "heads": 2}
@@ -103,6 +107,72 @@ def crossing_ms(packed, batches=300):
     return 1000 * (time.perf_counter() - start) / batches
 
 
+def child_worker_rate(result_file, head, argv):
+    """One data worker's batches: the Base baseline's config on the pre-encoded Tatoeba sample (repeated so that
+    no epoch ends), :data:`WORKER_BATCH` tokens, :data:`WORKER_BUCKET`-example buckets, through OpenNMT-py's
+    training iterator with one DataLoader worker.  Writes each batch's arrival (seconds after the first) and its
+    target tokens to ``result_file``.  ``head``: the work folder and the number of batches."""
+    from onmt import train_single
+    from onmt.constants import CorpusTask
+    from onmt.inputters.dynamic_iterator import build_dynamic_dataset_iter
+    from onmt.utils.misc import set_random_seed
+    from onmt.utils.parse import ArgumentParser
+
+    import timed_runs
+
+    work, count = Path(head[0]), int(head[1])
+    settings = argparse.Namespace(batch_size=WORKER_BATCH, warmup_steps=1, steps=1, gpu=-1)
+    case = timed_runs.Case("baseline", "baseline/transformer_base_wmt17_zhen.yaml", pre_encoded=True)
+    config, _, _ = timed_runs.case_config(case, "paper", settings, work, suffix="_worker", repeat=40, overrides={
+        "num_workers": 1, "bucket_size": WORKER_BUCKET, "bucket_size_init": -1, "bucket_size_increment": 0})
+    from onmt.bin.train import _get_parser
+
+    opt, _ = _get_parser().parse_known_args(["-config", str(config)])
+    ArgumentParser.validate_train_opts(opt)
+    set_random_seed(opt.seed, False)
+    _, vocabs, transforms_cls = train_single._init_train(opt)
+    batches = iter(build_dynamic_dataset_iter(opt, transforms_cls, vocabs, task=CorpusTask.TRAIN))
+    arrivals, tokens, buckets = [], [], []
+    for _ in range(count):
+        batch, bucket = next(batches)
+        arrivals.append(time.perf_counter())
+        buckets.append(int(bucket))
+        tokens.append(int(batch["tgtlen"].sum()) - len(batch["tgtlen"]))  # less each sentence's start token
+    Path(result_file).write_text(json.dumps({"arrivals": [t - arrivals[0] for t in arrivals], "tokens": tokens,
+                                             "buckets": buckets}),
+                                 encoding="utf-8")
+
+
+def worker_rate(args, name, env):
+    """One data worker's rate for ``name`` over whole buckets: batches and target tokens per second.  Returns a
+    dict."""
+    folder = args.work / f"worker-{name.split()[0]}"
+    folder.mkdir(parents=True, exist_ok=True)
+    result = folder / "arrivals.json"
+    result.unlink(missing_ok=True)
+    command = [sys.executable, str(Path(__file__).resolve()), "--child", "worker-rate", str(result),
+               str(folder), str(args.worker_batches), "--"]
+    done = subprocess.run(command, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+                          capture_output=True, text=True, check=False)
+    if done.returncode or not result.exists():
+        raise SystemExit(f"bench_host.py: error: the {name} data worker failed (exit {done.returncode}): "
+                         f"{done.stderr.strip().splitlines()[-1:]}")
+    found = json.loads(result.read_text(encoding="utf-8"))
+    arrivals, tokens = found["arrivals"], found["tokens"]
+    # whole buckets, from the first batch of the second (the first also pays the worker's start) to the first of
+    # the last, so that each bucket's build and its batches count once
+    firsts = [index for index in range(1, len(arrivals)) if found["buckets"][index] != found["buckets"][index - 1]]
+    if len(firsts) < 2:
+        raise SystemExit(f"bench_host.py: error: {len(arrivals)} batches of the {name} data worker span fewer "
+                         "than three buckets; raise --worker-batches")
+    start, end = firsts[0], firsts[-1]
+    seconds = arrivals[end] - arrivals[start]
+    return {"batches": end - start, "buckets": len(firsts) - 1, "seconds": seconds,
+            "batches_per_s": (end - start) / seconds, "tokens_per_s": sum(tokens[start:end]) / seconds,
+            "target_tokens_per_batch": statistics.mean(tokens),
+            "bucket_waits_s": [arrivals[index] - arrivals[index - 1] for index in firsts]}
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="bench_host.py", description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=common.at_least(1), default=40, help="measured steps (default 40)")
@@ -116,6 +186,10 @@ def parse_args(argv):
     parser.add_argument("--work", type=Path, default=REPO / "build/bench-host")
     parser.add_argument("--no-crossing", dest="crossing", action="store_false",
                         help="leave out the batch-crossing measurement")
+    parser.add_argument("--no-worker", dest="worker", action="store_false",
+                        help="leave out the data-worker measurement")
+    parser.add_argument("--worker-batches", type=common.at_least(8), default=64,
+                        help=f"batches of {WORKER_BATCH} tokens the data worker builds per variant (default 64)")
     parser.add_argument("--label", default="proxy", help="report name: <out>/host-<label>.{json,md}")
     args = parser.parse_args(argv)
     if args.steps % args.report_every or args.warmup_steps % args.report_every:
@@ -143,12 +217,28 @@ def markdown(report):
         lines += ["", "Receiving one 8k-token batch from 2 data workers (the training process's side, ms per "
                   "batch): seven shared-memory tensors (stock) "
                   f"{crossing['tensors']:.2f}, one packed buffer (onmt-ext) {crossing['packed']:.2f}."]
+    worker = report.get("worker")
+    if worker:
+        lines += ["", f"One data worker building {report['worker_batch']}-token batches from "
+                  f"{report['worker_bucket']}-example buckets (the Base baseline's config on the pre-encoded Tatoeba "
+                  "sample, one DataLoader worker), from the first batch of its second bucket to the first of its "
+                  "last:", "", "| variant | batches/s (median) | target tokens/s | runs (batches/s, buckets) | "
+                  "target tokens per batch |", "|---|---:|---:|---|---:|"]
+        for name, runs in worker.items():
+            rates = [run["batches_per_s"] for run in runs]
+            lines.append(f"| {name} | {statistics.median(rates):.2f} | "
+                         f"{statistics.median(run['tokens_per_s'] for run in runs):,.0f} | "
+                         + ", ".join(f"{run['batches_per_s']:.2f} ({run['buckets']})" for run in runs)
+                         + f" | {statistics.mean(run['target_tokens_per_batch'] for run in runs):,.0f} |")
     lines += ["", "A CPU proxy for the host's share of a GPU step; information only, not a GPU figure."]
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None):
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child"]:
+        return common.child_main(argv, {"worker-rate": child_worker_rate})
+    args = parse_args(argv)
     if not (REPO / "build/tatoeba/vocab.en").exists():
         from onmt_ext.compat import make_command
 
@@ -162,6 +252,15 @@ def main(argv=None):
                   + (f"{1000 * seconds:.1f} ms per step" if seconds else "no figure") + f" ({log})", flush=True)
             results[name].append(seconds)
     crossing = {"tensors": crossing_ms(False), "packed": crossing_ms(True)} if args.crossing else None
+    worker = None
+    if args.worker:
+        worker = {name: [] for name in VARIANTS}
+        for number in range(args.repeats):
+            for name, env in VARIANTS.items():
+                found = worker_rate(args, name, env)
+                print(f"== bench-host: {name}, data worker {number + 1}: {found['batches_per_s']:.2f} batches/s "
+                      f"over {found['buckets']} buckets", flush=True)
+                worker[name].append(found)
     # the commit of the onmt-ext that this interpreter's onmt_train loads (another checkout's, with another venv)
     where = subprocess.run([sys.executable, "-c", "import onmt_ext, os; print(os.path.dirname(onmt_ext.__file__))"],
                            capture_output=True, text=True, check=False).stdout.strip() or str(REPO)
@@ -175,10 +274,11 @@ def main(argv=None):
     report = {"label": args.label, "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} "
               f"cores, Python {platform.python_version()}", "commit": commit or None,
               "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-              "command": "python tools/bench_host.py " + " ".join(sys.argv[1:] if argv is None else argv),
+              "command": "python tools/bench_host.py " + " ".join(argv),
               "batch_size": args.batch_size, "num_workers": args.num_workers, "steps": args.steps,
               "warmup_steps": args.warmup_steps, "variants": variants,
-              "stock_over_ext": stock / ext if ext and stock else None, "crossing_ms": crossing}
+              "stock_over_ext": stock / ext if ext and stock else None, "crossing_ms": crossing,
+              "worker": worker, "worker_batch": WORKER_BATCH, "worker_bucket": WORKER_BUCKET}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"host-{args.label}.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     (args.out / f"host-{args.label}.md").write_text(markdown(report), encoding="utf-8")

@@ -363,6 +363,24 @@ def test_sync_warnings_name_their_call_sites():
     assert warnings._showwarnmsg_impl.__name__ != "with_site"
 
 
+def test_a_sync_inside_a_torch_context_manager_names_the_with_statement_and_the_torch_frame(monkeypatch):
+    """A read inside a torch context manager's body is reported at the ``with`` line outside torch (not at
+    contextlib's ``__enter__``), with the torch frame that made it."""
+    import contextlib
+    import traceback
+
+    from onmt_ext import hostsync
+
+    torch_file = "/venv/lib/python3.12/site-packages/torch/nn/attention/__init__.py"
+    stack = [traceback.FrameSummary(__file__, 10, "step"),
+             traceback.FrameSummary(contextlib.__file__, 137, "__enter__"),
+             traceback.FrameSummary(torch_file, 99, "sdpa_kernel"),
+             traceback.FrameSummary("/venv/lib/python3.12/site-packages/torch/cuda/__init__.py", 5, "inner"),
+             traceback.FrameSummary(hostsync.__file__, 3, "with_site")]
+    monkeypatch.setattr(traceback, "extract_stack", lambda: stack)
+    assert hostsync.caller() == f"{__file__}:10 (step) via torch/nn/attention/__init__.py:99 (sdpa_kernel)"
+
+
 def test_fresh_picks_the_fresh_processes_and_refuses_others(capsys):
     def groups(*extra):
         args = gpu_check.parse_args(["--device", "cpu", "--tiny", "--fresh-only", *extra])

@@ -36,6 +36,7 @@ def first_batches(opt, stock, monkeypatch, count=BATCHES):
             patched.setattr(dynamic_iterator.DynamicDatasetIter, "__iter__",
                             patches.original(dynamic_iterator.DynamicDatasetIter, "__iter__"))
             patched.setattr(text_corpus, "parse_features", patches.original(text_corpus, "parse_features"))
+            patched.setattr(dynamic_iterator, "tensorify", patches.original(dynamic_iterator, "tensorify"))
         set_random_seed(opt.seed, False)
         _, vocabs, transforms_cls = train_single._init_train(opt)
         data = dynamic_iterator.build_dynamic_dataset_iter(opt, transforms_cls, vocabs, task=CorpusTask.TRAIN)
@@ -174,3 +175,48 @@ def test_plain_lines_parse_as_stock_parses_them(line, n_feats, defaults):
 
     assert outcome(lambda *a: batches._plain_line(text_utils.parse_features, *a)) == outcome(
         text_utils.parse_features)
+
+
+def _minibatch(rng, size, with_tgt=True, **extra):
+    """``size`` numericalised examples as stock's iterator hands them to ``tensorify``, with their bucket indices."""
+    def ids():
+        return [rng.randrange(4, 60) for _ in range(rng.choice([0, 1, 2, 5, 9, 17]))]
+
+    return [({"src": {"src": "", "src_ids": ids()}, "tgt": {"tgt": "", "tgt_ids": ids()} if with_tgt else None,
+              "cid": rng.choice(["corpus_1", "corpus_2"]), "cid_line_number": rng.randrange(1000), **extra},
+             rng.randrange(5000)) for _ in range(size)]
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("with_tgt", [True, False])
+def test_a_batch_is_padded_at_once_as_stock_pads_it(seed, with_tgt):
+    import random
+
+    from onmt.inputters import text_utils
+
+    from onmt_ext import batches
+
+    rng = random.Random(seed)
+    vocabs = {"src": {"<blank>": 1}, "tgt": {"<blank>": 3}}
+    for size in (1, 2, 7, 40):
+        minibatch = _minibatch(rng, size, with_tgt)
+        theirs = text_utils.tensorify(vocabs, minibatch, torch.device("cpu"))
+        mine = batches._padded_at_once(text_utils.tensorify, vocabs, minibatch, torch.device("cpu"))
+        assert list(mine) == list(theirs)
+        for key, value in theirs.items():
+            if torch.is_tensor(value):
+                assert mine[key].dtype == value.dtype and torch.equal(mine[key], value), (size, key)
+            else:
+                assert mine[key] == value, (size, key)
+
+
+@pytest.mark.parametrize("extra, left_pad", [({}, True), ({"align": "0-0"}, False), ({"src_map": [0]}, False),
+                                             ({"alignment": [0]}, False), ({"src_ex_vocab": None}, False)])
+def test_batches_with_more_than_ids_go_to_stock(extra, left_pad):
+    import random
+
+    from onmt_ext import batches
+
+    minibatch, calls = _minibatch(random.Random(0), 3, **extra), []
+    batches._padded_at_once(lambda *args: calls.append(args), {}, minibatch, torch.device("cpu"), left_pad)
+    assert len(calls) == 1 and calls[0][1] is minibatch
