@@ -246,14 +246,22 @@ def _merge(intervals):
     return total
 
 
-def busy_seconds(events, cuda):
-    """Seconds during which at least one CUDA kernel (``cuda``) or one CPU operator ran, from profiler events."""
+def busy_seconds(profiler, cuda):
+    """Seconds during which at least one CUDA kernel (``cuda``) or one CPU operator ran in a finished profile.
+
+    Read from the profiler's raw events: building torch's ``FunctionEvent`` tree first took a second or two per
+    profiled run, more than the steps themselves in section b's small runs."""
     from torch.autograd import DeviceType
 
     wanted = DeviceType.CUDA if cuda else DeviceType.CPU
-    intervals = [(event.time_range.start, event.time_range.end) for event in events
-                 if event.device_type == wanted and event.time_range.end > event.time_range.start]
-    return _merge(intervals) / 1e6
+    raw = getattr(getattr(profiler, "profiler", None), "kineto_results", None)
+    if raw is None:  # a torch without the raw results: the events torch builds from them
+        intervals = [(event.time_range.start, event.time_range.end) for event in profiler.events()
+                     if event.device_type == wanted]
+        return _merge([(start, end) for start, end in intervals if end > start]) / 1e6
+    intervals = [(event.start_ns(), event.start_ns() + event.duration_ns()) for event in raw.events()
+                 if event.device_type() == wanted and event.duration_ns() > 0]
+    return _merge(intervals) / 1e9
 
 
 def _top_sites(sites, count=5):
@@ -338,7 +346,7 @@ class Meter:
             return out
 
         trainer_class._accum_batches, trainer_class._gradient_accumulation = timed_batches, measured_step
-        self.reports, self.parameters, self.replayed_by_key = [], {}, {}
+        self.reports, self.parameters, self.replayed_by_key, self.tables = [], {}, {}, []
         common.record_training(self.reports, self.parameters)
         save = model_saver.ModelSaverBase.save
         model_saver.ModelSaverBase.save = lambda saver, *a, **k: save(saver, *a, **k) if meter.job["save"] else None
@@ -373,6 +381,20 @@ class Meter:
                 return items
 
             train_single.build_dynamic_dataset_iter = replayed_iter
+
+    def write_tables(self, deadline, record):
+        """The operator tables of the profiled runs, in run order, while the time before ``deadline`` (monotonic)
+        seems to hold one more; ``record`` gets ``{"key", "phase": "table", "written"}`` for each.  torch's
+        summaries take a second or two per run, so they wait until every run has been measured."""
+        cost = 0.0
+        while self.tables:
+            key, profiler, path, title = self.tables.pop(0)
+            written = time.monotonic() + max(cost, MIN_START_S / 3) < deadline
+            if written:
+                start = time.monotonic()
+                write_profile_tables(profiler, self.cuda, path, title)
+                cost = time.monotonic() - start
+            record({"key": key, "phase": "table", "written": written})
 
     def _sync(self):
         if self.cuda:
@@ -424,9 +446,9 @@ class Meter:
             self._sync()
             self.window["end"] = time.perf_counter()
             self.window["profiler"].__exit__(None, None, None)
-            if self.job.get("profile_file"):
-                write_profile_tables(self.window["profiler"], self.cuda, Path(self.job["profile_file"]),
-                                     f"{self.job['key']}: steps {first}-{first + count - 1}")
+            if self.job.get("profile_file"):  # written after the process's last run (write_tables)
+                self.tables.append((self.job["key"], self.window["profiler"], Path(self.job["profile_file"]),
+                                    f"{self.job['key']}: steps {first}-{first + count - 1}"))
 
     def end(self, t0_wall):
         """The run's figures; ``t0_wall``: when the parent started this process (None: not the first run)."""
@@ -469,7 +491,7 @@ class Meter:
             figures["startup_s"] = self.first_step_wall - t0_wall
         if "end" in self.window:
             wall = self.window["end"] - self.window["start"]
-            busy = busy_seconds(self.window["profiler"].events(), self.cuda)
+            busy = busy_seconds(self.window["profiler"], self.cuda)
             figures["busy_share"] = busy / wall
             figures["busy_kind"] = "CUDA kernels" if self.cuda else "CPU operators"
             # the profiler slows the host, not the kernels: their time over the unprofiled step's is the busy
@@ -553,6 +575,7 @@ def child_train_many(result_file, head, argv):
         record(entry)
         if cuda:
             torch.cuda.empty_cache()
+    meter.write_tables(max((job["deadline"] for job in jobs), default=0.0), record)
     Path(result_file).write_text(json.dumps({"done": True}), encoding="utf-8")
 
 
@@ -846,12 +869,15 @@ def run_training_process(args, work, group, env, rows, configs, deadlines, stop_
             stopped = ("stopped: budget" if failure.timed_out else f"failed: {failure}")
     entries = ([json.loads(line) for line in runs_file.read_text(encoding="utf-8").splitlines()]
                if runs_file.exists() else [])
-    by_key = {entry["key"]: entry for entry in entries if entry.get("phase") != "start"}
+    by_key = {entry["key"]: entry for entry in entries if entry.get("phase") not in ("start", "table")}
     began = {entry["key"] for entry in entries if entry.get("phase") == "start"}
+    tables = {entry["key"]: entry["written"] for entry in entries if entry.get("phase") == "table"}
     for row, _, _, _ in rows:
         entry = by_key.get(row["key"])
         if entry:
             row.update({key: value for key, value in entry.items() if key != "key"})
+            if row["key"] in tables:
+                row["profile_table"] = tables[row["key"]]
         elif row["key"] in began and stopped:
             kind, _, why = stopped.partition(": ")
             row.update(status="stopped" if kind == "stopped" else "failed", reason=why)
@@ -1404,8 +1430,10 @@ def markdown(report):
                       f"ran, the measured rows' own configs, {steps} steps each; the "
                       "measured compiled rows load what torch.compile cached on disk): "
                       f"{', '.join(done) or 'none'}." + (f" Not compiled ahead: {'; '.join(other)}." if other else "")]
+        profiled = [row for row in b["rows"] if "profile_table" in row]
         lines += ["", "Operator tables of each measured run's profiled steps: `profiles/<this report's name>/` beside "
-                  "this report."]
+                  "this report, written after each training process's last run while its budget lasted "
+                  f"({sum(row['profile_table'] for row in profiled)} of {len(profiled)} profiled runs)."]
         lines += ["", "Host-device synchronisation call sites over the counted steps (top 5 per run; on CUDA the "
                   "Python caller of each sync warning):", ""]
         lines += [f"- {row['case']}{_run_text(row)}, {row['mode']}, {row['group']}, {row['batch_tokens']}: "

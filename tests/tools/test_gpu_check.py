@@ -239,6 +239,32 @@ def test_busy_time_is_the_union_of_intervals():
     assert gpu_check._merge([(0, 10), (2, 3)]) == 10
 
 
+def test_busy_time_from_raw_events_equals_torchs_events():
+    from torch.autograd import DeviceType
+
+    layer = torch.nn.Linear(32, 32)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        for _ in range(3):
+            layer(torch.randn(16, 32)).relu().sum().backward()
+    old = gpu_check._merge([(event.time_range.start, event.time_range.end) for event in profiler.events()
+                            if event.device_type == DeviceType.CPU and event.time_range.end > event.time_range.start])
+    assert old > 0 and math.isclose(gpu_check.busy_seconds(profiler, False), old / 1e6, rel_tol=1e-9)
+
+
+def test_operator_tables_wait_for_the_last_run_and_the_budget(monkeypatch):
+    import types
+
+    written, clock = [], iter([0.0, 0.0, 2.5, 2.5, 2.5])  # the first table takes 2.5 s; the deadline is at 4 s
+    monkeypatch.setattr(gpu_check.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(gpu_check, "write_profile_tables", lambda profiler, *rest: written.append(profiler))
+    meter = types.SimpleNamespace(cuda=False, tables=[(f"run {n}", f"profile {n}", None, "") for n in range(3)])
+    records = []
+    gpu_check.Meter.write_tables(meter, 4.0, records.append)
+    assert written == ["profile 0"] and meter.tables == []
+    assert [(entry["key"], entry["written"]) for entry in records] == [("run 0", True), ("run 1", False),
+                                                                       ("run 2", False)]
+
+
 def test_junit_counts(tmp_path):
     xml = tmp_path / "report.xml"
     xml.write_text('<testsuites><testsuite><testcase classname="m" name="a"/>'
