@@ -18,6 +18,7 @@ that make redoes that step and the ones after it.  How it works and why: docs/da
 import argparse
 import fcntl
 import fnmatch
+import functools
 import hashlib
 import json
 import os
@@ -445,16 +446,25 @@ def _is_pattern(member):
     return any(character in member for character in "*?[")
 
 
+def _open_archive(path):
+    return zipfile.ZipFile(path) if str(path).endswith(".zip") else tarfile.open(path)
+
+
+def _archive_files(archive):
+    """``{name: (open, size)}`` of the files (not folders) of an open tar or zip archive."""
+    if isinstance(archive, zipfile.ZipFile):
+        return {info.filename: (functools.partial(archive.open, info), info.file_size)
+                for info in archive.infolist() if not info.is_dir()}
+    return {info.name: (functools.partial(archive.extractfile, info), info.size)
+            for info in archive.getmembers() if info.isfile()}
+
+
 def _member_names(archive_path, member):
     """``[member]``, or for a pattern the sorted names of the archive's files that match it (none: the step stops)."""
     if not _is_pattern(member):
         return [member]
-    if str(archive_path).endswith(".zip"):
-        with zipfile.ZipFile(archive_path) as archive:
-            names = [info.filename for info in archive.infolist() if not info.is_dir()]
-    else:
-        with tarfile.open(archive_path) as archive:
-            names = [m.name for m in archive.getmembers() if m.isfile()]
+    with _open_archive(archive_path) as archive:
+        names = list(_archive_files(archive))
     found = sorted(name for name in names if fnmatch.fnmatchcase(name, member))
     if not found:
         raise PrepareError(f"{archive_path} has no member matching {member} (it holds e.g. {names[:10]})")
@@ -480,16 +490,11 @@ def _member_lines(archive_path, member):
 
 def _member_stream(archive_path, member):
     """Lines of one member of a tar or zip archive, read as they are asked for (a BOM dropped, CR/LF stripped)."""
-    if str(archive_path).endswith(".zip"):
-        archive = zipfile.ZipFile(archive_path)
-        name = _find_member(archive.namelist(), member, archive_path)
-        raw, size = archive.open(name), archive.getinfo(name).file_size
-    else:
-        archive = tarfile.open(archive_path)
-        members = {m.name: m for m in archive.getmembers() if m.isfile()}
-        name = _find_member(list(members), member, archive_path)
-        raw, size = archive.extractfile(members[name]), members[name].size
-    with archive, raw, _byte_bar(f"extract {name.rsplit('/', 1)[-1]}", size) as bar:
+    archive = _open_archive(archive_path)
+    files = _archive_files(archive)
+    name = _find_member(list(files), member, archive_path)
+    open_member, size = files[name]
+    with archive, open_member() as raw, _byte_bar(f"extract {name.rsplit('/', 1)[-1]}", size) as bar:
         yield from _decoded(raw, f"{archive_path} ({name})", bar)
 
 
