@@ -8,6 +8,8 @@ trainer.
 """
 
 import argparse
+import copy
+import functools
 import json
 import math
 import os
@@ -136,10 +138,17 @@ def child_main(argv, children):
 
 
 def config_values(config):
-    """The options of ``yaml_configs/<config>`` as a dict."""
+    """The options of ``yaml_configs/<config>`` as a dict (a new one each call)."""
+    path = CONFIGS / config
+    return copy.deepcopy(_parsed_config(path, path.stat().st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=None)
+def _parsed_config(path, modified):
+    """``path`` parsed (libyaml's safe loader where PyYAML has it), once per modification time."""
     import yaml
 
-    return yaml.safe_load((CONFIGS / config).read_text(encoding="utf-8"))
+    return yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def pyplot():

@@ -94,6 +94,7 @@ def _use_pre_encoded_data(config, workdir, repeat=1):
     whenever what they are made from is newer; training corpora ``repeat`` times over, so that an epoch can
     outlast the steps measured."""
     transforms = [t for t in config["transforms"] if t != "sentencepiece"]
+    outputs, splitting = {}, []  # the corpora's clause splits run at once, one process each
     for corpus_name, corpus in config["data"].items():
         for side, model in (("src", config["src_subword_model"]), ("tgt", config["tgt_subword_model"])):
             path = Path(REPO / corpus[f"path_{side}"])
@@ -109,11 +110,16 @@ def _use_pre_encoded_data(config, workdir, repeat=1):
                                "--output", str(split)]
                     if tagger:
                         command += ["--tagger-model", str(REPO / tagger)]
-                    subprocess.run(command, check=True)
+                    splitting.append((command, subprocess.Popen(command)))
                 out = split
-            if repeat > 1 and corpus_name != "valid":
-                out = repeated_file(out, repeat)
-            corpus[f"path_{side}"] = str(out)
+            outputs[corpus_name, side] = out
+    for command, process in splitting:
+        if process.wait():
+            raise subprocess.CalledProcessError(process.returncode, command)
+    for (corpus_name, side), out in outputs.items():
+        if repeat > 1 and corpus_name != "valid":
+            out = repeated_file(out, repeat)
+        config["data"][corpus_name][f"path_{side}"] = str(out)
     config["transforms"] = transforms
     if config.get("clause_attention"):
         config["clause_presplit"] = True
