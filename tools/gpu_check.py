@@ -966,34 +966,50 @@ def plan_cases(costs, base_cost, candidates, passes, block, seconds):
 def child_translate_many(result_file, head, argv):
     """Section c in one process.  For each group of the jobs file (``head[0]``), within its ``share`` of the time
     left before its part's monotonic ``deadline``: every checkpoint is loaded once through OpenNMT-py's
-    inference engine, translates the test set once untimed (compiled ones compile then) and once timed; the
-    input is then repeated so that the fastest run takes ``head[2]`` seconds at least, the cases that fit are
+    inference engine (the group of its other search reuses the model), translates the test set once untimed
+    (compiled ones compile then) and once timed; the input is then repeated so that the fastest run takes ``head[2]`` seconds at least, the cases that fit are
     chosen in priority order (:func:`plan_cases`), and the timed schedule runs.  Every event is appended to
     ``head[1]`` (JSON lines) at once, so that a stop keeps what was done."""
+    from onmt import model_builder
+
     from onmt_ext import compile as ext_compile
 
     groups = json.loads(Path(head[0]).read_text(encoding="utf-8"))
     runs_file, min_run_s = Path(head[1]), float(head[2])
     cli_compile = _translate_parser_knows("ext_compile")
-    engines = {}
+    engines, models = {}, {}
+    load_test_model = model_builder.load_test_model
 
     def record(entry):
         common.append_json_line(runs_file, entry)
 
     record({"phase": "meta", "cli_compile": cli_compile, "backend": ext_compile.BACKEND})
 
-    def engine_for(job):
+    def engine_for(job, group):
+        """The job's engine; engines whose options differ only in the search share one loaded model."""
         key = (job["checkpoint"], job["compiled"], tuple(job["argv"]))
         if key not in engines:
             argv = list(job["argv"]) + (["-ext_compile"] if job["compiled"] and cli_compile else [])
-            engine = common.inference_engine(argv)
+            loaded = (job["checkpoint"], job["compiled"], tuple(job["model_argv"]))
+
+            def shared(*args, **kwargs):
+                record({"group": group, "phase": "model", "name": job["name"], "reused": loaded in models})
+                if loaded not in models:
+                    models[loaded] = load_test_model(*args, **kwargs)
+                return models[loaded]
+
+            model_builder.load_test_model = shared  # (what OpenNMT-py's build_translator calls)
+            try:
+                engine = common.inference_engine(argv)
+            finally:
+                model_builder.load_test_model = load_test_model
             if job["compiled"] and not cli_compile:  # what -ext_compile does when the model is built
                 ext_compile.enable(engine.translator.model, True)
             engines[key] = engine
         return engines[key]
 
-    def once(job, source):
-        engine = engine_for(job)
+    def once(job, source, group):
+        engine = engine_for(job, group)
         engine.opt.src = str(source)
         gc.collect()  # every run starts from the same collector state, outside its time
         start = time.perf_counter()
@@ -1012,8 +1028,8 @@ def child_translate_many(result_file, head, argv):
         for job in jobs:  # untimed (compiles), then timed on the test set once: the cost of a run
             if time.monotonic() > group_deadline:
                 break
-            warm = once(job, source)
-            first[job["name"]] = once(job, source)
+            warm = once(job, source, key)
+            first[job["name"]] = once(job, source, key)
             record({"group": key, "phase": "warmup", "name": job["name"], "seconds": warm,
                     "estimate": first[job["name"]]})
         if base not in first:
@@ -1033,7 +1049,7 @@ def child_translate_many(result_file, head, argv):
             if time.monotonic() > group_deadline:
                 break
             record({"group": key, "phase": "timed", "index": index, "name": name,
-                    "seconds": once(by_name[name], repeated)})
+                    "seconds": once(by_name[name], repeated, key)})
         record({"group": key, "phase": "end", "seconds": time.monotonic() - began, "ended": time.monotonic()})
     Path(result_file).write_text(json.dumps({"done": True}), encoding="utf-8")
 
@@ -1061,7 +1077,8 @@ def _translation_group(args, models, source, search, compiled, entries, share, d
         case, on = by_label[label]
         _, checkpoint, config = models[case]
         return {"name": label, "checkpoint": str(checkpoint), "compiled": on,
-                "argv": translation_argv(checkpoint, config, source, args, search, os.devnull)}
+                "argv": translation_argv(checkpoint, config, source, args, search, os.devnull),
+                "model_argv": translation_argv(checkpoint, config, source, args, (None, None, ()), os.devnull)}
 
     key = f"{search[0]}-{mode}"
     jobs = {"key": key, "compiled": compiled, "baseline": base_label, "jobs": [job(label) for label in by_label],
@@ -1110,6 +1127,7 @@ def _group_figures(args, group, rows, jobs, runs, stopped):
     plan = next((run for run in mine if run["phase"] == "plan"), None)
     ends = [run["seconds"] for run in mine if run["phase"] == "end"]
     group["warmup_s"] = {run["name"]: round(run["seconds"], 2) for run in mine if run["phase"] == "warmup"}
+    group["models_reused"] = sorted(run["name"] for run in mine if run["phase"] == "model" and run["reused"])
     group["seconds"] = round(ends[0], 1) if ends else None
     if plan:
         group.update(sentences_per_run=plan["sentences"], planned_s=round(plan["estimate_s"], 1),
@@ -1459,7 +1477,8 @@ def markdown(report):
             lines.append(f"- {group['search']}, {group['mode']}: {group.get('status')}"
                          + (f" ({group['reason']})" if group.get("reason") else "")
                          + f", {fmt(group.get('seconds'), 0)} s, {fmt(group.get('sentences_per_run'))} sentences "
-                           f"per run; compilation: {group['compile']}; `{group['command']}`")
+                           f"per run, {len(group.get('models_reused', []))} models reused from the other search; "
+                           f"compilation: {group['compile']}; `{group['command']}`")
         if c.get("rows"):
             lines += ["", "| case | mode | search | sent/s | ratio (target) | 95% interval | runs | status |",
                       "|---|---|---|---:|---:|---|---:|---|"]

@@ -170,6 +170,12 @@ def test_dry_run_measures_every_row(dry_run):
         assert "-min_length" in group["command"] and "-max_length" in group["command"]
         assert group["compile"] == ("none (eager)" if group["mode"] == "eager"
                                     else "onmt_translate's -ext_compile option, torch.compile backend eager")
+        # greedy comes after beam search in each mode and takes the models beam search loaded (the compiled
+        # groups' eager baseline takes the eager groups' engine whole)
+        reused = {name.rsplit(" (", 1)[0] for name in group["models_reused"]}
+        cases = {row["case"] for row in c["rows"] if row["group"] == group["key"]}
+        assert reused == (set() if group["search"] == "beam 4" else cases if group["mode"] == "eager"
+                          else cases - {"baseline"}), group
     assert any(row["control"] for row in c["rows"])
     for row in c["rows"]:
         assert row["status"] == "measured", row
