@@ -132,44 +132,50 @@ def child_worker_rate(result_file, head, argv):
     set_random_seed(opt.seed, False)
     _, vocabs, transforms_cls = train_single._init_train(opt)
     batches = iter(build_dynamic_dataset_iter(opt, transforms_cls, vocabs, task=CorpusTask.TRAIN))
-    arrivals, tokens, buckets = [], [], []
+    arrivals, tokens, buckets, sentences = [], [], [], []
     for _ in range(count):
         batch, bucket = next(batches)
         arrivals.append(time.perf_counter())
         buckets.append(int(bucket))
         tokens.append(int(batch["tgtlen"].sum()) - len(batch["tgtlen"]))  # less each sentence's start token
+        sentences.append(len(batch["tgtlen"]))
     Path(result_file).write_text(json.dumps({"arrivals": [t - arrivals[0] for t in arrivals], "tokens": tokens,
-                                             "buckets": buckets}),
-                                 encoding="utf-8")
+                                             "buckets": buckets, "sentences": sentences}), encoding="utf-8")
 
 
 def worker_rate(args, name, env):
     """One data worker's rate for ``name`` over whole buckets: batches and target tokens per second.  Returns a
-    dict."""
+    dict (``{"error": why}`` when no figure came)."""
     folder = args.work / f"worker-{name.split()[0]}"
     folder.mkdir(parents=True, exist_ok=True)
     result = folder / "arrivals.json"
     result.unlink(missing_ok=True)
     command = [sys.executable, str(Path(__file__).resolve()), "--child", "worker-rate", str(result),
                str(folder), str(args.worker_batches), "--"]
-    done = subprocess.run(command, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1", **env},
-                          capture_output=True, text=True, check=False)
+    try:
+        done = subprocess.run(command, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+                              capture_output=True, text=True, check=False, timeout=900)
+    except subprocess.TimeoutExpired:
+        return {"error": "the data worker's process ran past 900 s"}
     if done.returncode or not result.exists():
-        raise SystemExit(f"bench_host.py: error: the {name} data worker failed (exit {done.returncode}): "
-                         f"{done.stderr.strip().splitlines()[-1:]}")
+        return {"error": f"the data worker's process failed (exit {done.returncode}): "
+                         f"{done.stderr.strip().splitlines()[-1:]}"}
     found = json.loads(result.read_text(encoding="utf-8"))
     arrivals, tokens = found["arrivals"], found["tokens"]
     # whole buckets, from the first batch of the second (the first also pays the worker's start) to the first of
     # the last, so that each bucket's build and its batches count once
     firsts = [index for index in range(1, len(arrivals)) if found["buckets"][index] != found["buckets"][index - 1]]
     if len(firsts) < 2:
-        raise SystemExit(f"bench_host.py: error: {len(arrivals)} batches of the {name} data worker span fewer "
-                         "than three buckets; raise --worker-batches")
+        return {"error": f"its {len(arrivals)} batches span fewer than three buckets; raise --worker-batches"}
     start, end = firsts[0], firsts[-1]
-    seconds = arrivals[end] - arrivals[start]
-    return {"batches": end - start, "buckets": len(firsts) - 1, "seconds": seconds,
-            "batches_per_s": (end - start) / seconds, "tokens_per_s": sum(tokens[start:end]) / seconds,
+    seconds = arrivals[end] - arrivals[start]  # the arrivals of batches start + 1 to end
+    buckets = len(firsts) - 1
+    return {"batches": end - start, "buckets": buckets, "seconds": seconds,
+            "batches_per_s": (end - start) / seconds, "tokens_per_s": sum(tokens[start + 1:end + 1]) / seconds,
             "target_tokens_per_batch": statistics.mean(tokens),
+            # OpenNMT-py leaves out of a training batch a source line that is already in it: the share of each
+            # bucket's examples that reached a batch
+            "kept_share": sum(found["sentences"][start:end]) / (buckets * WORKER_BUCKET),
             "bucket_waits_s": [arrivals[index] - arrivals[index - 1] for index in firsts]}
 
 
@@ -221,15 +227,23 @@ def markdown(report):
     if worker:
         lines += ["", f"One data worker building {report['worker_batch']}-token batches from "
                   f"{report['worker_bucket']}-example buckets (the Base baseline's config on the pre-encoded Tatoeba "
-                  "sample, one DataLoader worker), from the first batch of its second bucket to the first of its "
-                  "last:", "", "| variant | batches/s (median) | target tokens/s | runs (batches/s, buckets) | "
-                  "target tokens per batch |", "|---|---:|---:|---|---:|"]
+                  "sample repeated, one DataLoader worker), from the first batch of its second bucket to the first "
+                  "of its last. A bucket holds each line of the sample several times, and OpenNMT-py leaves out of a "
+                  "batch a source line already in it: the last column is the share of a bucket's examples that "
+                  "reached a batch.", "", "| variant | batches/s (median) | target tokens/s | runs (batches/s, "
+                  "buckets) | target tokens per batch | examples kept |", "|---|---:|---:|---|---:|---:|"]
         for name, runs in worker.items():
-            rates = [run["batches_per_s"] for run in runs]
-            lines.append(f"| {name} | {statistics.median(rates):.2f} | "
-                         f"{statistics.median(run['tokens_per_s'] for run in runs):,.0f} | "
-                         + ", ".join(f"{run['batches_per_s']:.2f} ({run['buckets']})" for run in runs)
-                         + f" | {statistics.mean(run['target_tokens_per_batch'] for run in runs):,.0f} |")
+            good = [run for run in runs if "error" not in run]
+            failed = "; ".join(run["error"] for run in runs if "error" in run)
+            if not good:
+                lines.append(f"| {name} | n/a | n/a | {failed} | n/a | n/a |")
+                continue
+            lines.append(f"| {name} | {statistics.median(run['batches_per_s'] for run in good):.2f} | "
+                         f"{statistics.median(run['tokens_per_s'] for run in good):,.0f} | "
+                         + ", ".join(f"{run['batches_per_s']:.2f} ({run['buckets']})" for run in good)
+                         + (f"; {failed}" if failed else "")
+                         + f" | {statistics.mean(run['target_tokens_per_batch'] for run in good):,.0f} | "
+                         f"{statistics.mean(run['kept_share'] for run in good):.2f} |")
     lines += ["", "A CPU proxy for the host's share of a GPU step; information only, not a GPU figure."]
     return "\n".join(lines) + "\n"
 
@@ -258,8 +272,9 @@ def main(argv=None):
         for number in range(args.repeats):
             for name, env in VARIANTS.items():
                 found = worker_rate(args, name, env)
-                print(f"== bench-host: {name}, data worker {number + 1}: {found['batches_per_s']:.2f} batches/s "
-                      f"over {found['buckets']} buckets", flush=True)
+                print(f"== bench-host: {name}, data worker {number + 1}: " + (
+                    f"{found['batches_per_s']:.2f} batches/s over {found['buckets']} buckets" if "error" not in found
+                    else f"no figure: {found['error']}"), flush=True)
                 worker[name].append(found)
     # the commit of the onmt-ext that this interpreter's onmt_train loads (another checkout's, with another venv)
     where = subprocess.run([sys.executable, "-c", "import onmt_ext, os; print(os.path.dirname(onmt_ext.__file__))"],

@@ -140,12 +140,13 @@ def child_main(argv, children):
 def config_values(config):
     """The options of ``yaml_configs/<config>`` as a dict (a new one each call)."""
     path = CONFIGS / config
-    return copy.deepcopy(_parsed_config(path, path.stat().st_mtime_ns))
+    stat = path.stat()
+    return copy.deepcopy(_parsed_config(path, stat.st_mtime_ns, stat.st_size))
 
 
 @functools.lru_cache(maxsize=None)
-def _parsed_config(path, modified):
-    """``path`` parsed (libyaml's safe loader where PyYAML has it), once per modification time."""
+def _parsed_config(path, modified, size):
+    """``path`` parsed (libyaml's safe loader where PyYAML has it), once per modification time and size."""
     import yaml
 
     return yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))

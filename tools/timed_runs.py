@@ -94,7 +94,30 @@ def _use_pre_encoded_data(config, workdir, repeat=1):
     whenever what they are made from is newer; training corpora ``repeat`` times over, so that an epoch can
     outlast the steps measured."""
     transforms = [t for t in config["transforms"] if t != "sentencepiece"]
-    outputs, splitting = {}, []  # the corpora's clause splits run at once, one process each
+    outputs, splitting = {}, {}  # the corpora's clause splits run at once, one process per output
+    try:
+        _encode_and_split(config, workdir, outputs, splitting)
+        for command, process in splitting.values():
+            if process.wait():
+                raise subprocess.CalledProcessError(process.returncode, command)
+    finally:
+        for _, process in splitting.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    for (corpus_name, side), out in outputs.items():
+        if repeat > 1 and corpus_name != "valid":
+            out = repeated_file(out, repeat)
+        config["data"][corpus_name][f"path_{side}"] = str(out)
+    config["transforms"] = transforms
+    if config.get("clause_attention"):
+        config["clause_presplit"] = True
+
+
+def _encode_and_split(config, workdir, outputs, splitting):
+    """The SentencePiece'd copy of each corpus side (made now), and the clause split of each source (started as a
+    process in ``splitting``, ``{output: (command, process)}``, once per output); ``outputs[corpus, side]``: the
+    file that side will read."""
     for corpus_name, corpus in config["data"].items():
         for side, model in (("src", config["src_subword_model"]), ("tgt", config["tgt_subword_model"])):
             path = Path(REPO / corpus[f"path_{side}"])
@@ -104,25 +127,15 @@ def _use_pre_encoded_data(config, workdir, repeat=1):
             if side == "src" and config.get("clause_attention"):
                 levels, tagger = config.get("clause_levels", 6), config.get("clause_tagger_model")
                 split = out.with_name(f"{out.name}.clause{levels}" + (".tagger" if tagger else ""))
-                if _stale(split, out, *([REPO / tagger] if tagger else [])):
+                if split not in splitting and _stale(split, out, *([REPO / tagger] if tagger else [])):
                     command = [sys.executable, str(REPO / "tools/clause_split_corpus.py"), "--lang",
                                config["clause_lang"], "--levels", str(levels), "--input", str(out),
                                "--output", str(split)]
                     if tagger:
                         command += ["--tagger-model", str(REPO / tagger)]
-                    splitting.append((command, subprocess.Popen(command)))
+                    splitting[split] = (command, subprocess.Popen(command))
                 out = split
             outputs[corpus_name, side] = out
-    for command, process in splitting:
-        if process.wait():
-            raise subprocess.CalledProcessError(process.returncode, command)
-    for (corpus_name, side), out in outputs.items():
-        if repeat > 1 and corpus_name != "valid":
-            out = repeated_file(out, repeat)
-        config["data"][corpus_name][f"path_{side}"] = str(out)
-    config["transforms"] = transforms
-    if config.get("clause_attention"):
-        config["clause_presplit"] = True
 
 
 def repeated_file(path, copies):
