@@ -9,7 +9,8 @@ Here a training or validation batch crosses from a worker as one packed int64 bu
 become tensors, ``cid`` the position of the example's corpus in ``opt.data``), is built on the CPU, pinned once
 and copied with one ``non_blocking`` copy; :data:`HOST` keeps its CPU ``srclen`` and ``tgt`` for counting. A
 worker fills its buckets with the garbage collector paused and without splitting plain lines into features, and
-pads each side of a batch as one tensor (``docs/differences-from-stock.md``). The data and its order are stock's (``tests/unit/test_batches.py``).
+pads each side of a batch as one tensor (``docs/differences-from-stock.md``). The data and its order are stock's
+(``tests/unit/test_batches.py``).
 """
 
 import gc

@@ -113,20 +113,19 @@ def child_worker_rate(result_file, head, argv):
     training iterator with one DataLoader worker.  Writes each batch's arrival (seconds after the first) and its
     target tokens to ``result_file``.  ``head``: the work folder and the number of batches."""
     from onmt import train_single
+    from onmt.bin.train import _get_parser
     from onmt.constants import CorpusTask
     from onmt.inputters.dynamic_iterator import build_dynamic_dataset_iter
     from onmt.utils.misc import set_random_seed
     from onmt.utils.parse import ArgumentParser
 
     import timed_runs
+    from gpu_check import BASELINE
 
     work, count = Path(head[0]), int(head[1])
     settings = argparse.Namespace(batch_size=WORKER_BATCH, warmup_steps=1, steps=1, gpu=-1)
-    case = timed_runs.Case("baseline", "baseline/transformer_base_wmt17_zhen.yaml", pre_encoded=True)
-    config, _, _ = timed_runs.case_config(case, "paper", settings, work, suffix="_worker", repeat=40, overrides={
+    config, _, _ = timed_runs.case_config(BASELINE, "paper", settings, work, suffix="_worker", repeat=40, overrides={
         "num_workers": 1, "bucket_size": WORKER_BUCKET, "bucket_size_init": -1, "bucket_size_increment": 0})
-    from onmt.bin.train import _get_parser
-
     opt, _ = _get_parser().parse_known_args(["-config", str(config)])
     ArgumentParser.validate_train_opts(opt)
     set_random_seed(opt.seed, False)

@@ -254,12 +254,8 @@ def busy_seconds(profiler, cuda):
     from torch.autograd import DeviceType
 
     wanted = DeviceType.CUDA if cuda else DeviceType.CPU
-    raw = getattr(getattr(profiler, "profiler", None), "kineto_results", None)
-    if raw is None:  # a torch without the raw results: the events torch builds from them
-        intervals = [(event.time_range.start, event.time_range.end) for event in profiler.events()
-                     if event.device_type == wanted]
-        return _merge([(start, end) for start, end in intervals if end > start]) / 1e6
-    intervals = [(event.start_ns(), event.start_ns() + event.duration_ns()) for event in raw.events()
+    intervals = [(event.start_ns(), event.start_ns() + event.duration_ns())
+                 for event in profiler.profiler.kineto_results.events()
                  if event.device_type() == wanted and event.duration_ns() > 0]
     return _merge(intervals) / 1e9
 
@@ -967,9 +963,10 @@ def child_translate_many(result_file, head, argv):
     """Section c in one process.  For each group of the jobs file (``head[0]``), within its ``share`` of the time
     left before its part's monotonic ``deadline``: every checkpoint is loaded once through OpenNMT-py's
     inference engine (the group of its other search reuses the model), translates the test set once untimed
-    (compiled ones compile then) and once timed; the input is then repeated so that the fastest run takes ``head[2]`` seconds at least, the cases that fit are
-    chosen in priority order (:func:`plan_cases`), and the timed schedule runs.  Every event is appended to
-    ``head[1]`` (JSON lines) at once, so that a stop keeps what was done."""
+    (compiled ones compile then) and once timed; the input is then repeated so that the fastest run takes
+    ``head[2]`` seconds at least, the cases that fit are chosen in priority order (:func:`plan_cases`), and the
+    timed schedule runs.  Every event is appended to ``head[1]`` (JSON lines) at once, so that a stop keeps what
+    was done."""
     from onmt import model_builder
 
     from onmt_ext import compile as ext_compile
