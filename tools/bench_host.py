@@ -5,7 +5,7 @@ Usage::
 
     python tools/bench_host.py [--steps 40] [--warmup-steps 10] [--repeats 2] [--batch-size 8192]
         [--num-workers 2] [--out results/bench] [--work build/bench-host] [--label NAME]
-        [--no-crossing] [--no-worker] [--worker-batches 64]
+        [--no-crossing] [--no-worker] [--worker-batches 160]
 
 How it works and why: docs/tools.md (bench_host.py).
 """
@@ -109,9 +109,10 @@ def crossing_ms(packed, batches=300):
 
 def child_worker_rate(result_file, head, argv):
     """One data worker's batches: the Base baseline's config on the pre-encoded Tatoeba sample (repeated so that
-    no epoch ends), :data:`WORKER_BATCH` tokens, :data:`WORKER_BUCKET`-example buckets, through OpenNMT-py's
-    training iterator with one DataLoader worker.  Writes each batch's arrival (seconds after the first) and its
-    target tokens to ``result_file``.  ``head``: the work folder and the number of batches."""
+    no epoch ends, the sources as varied copies: timed_runs.repeated_file), :data:`WORKER_BATCH` tokens,
+    :data:`WORKER_BUCKET`-example buckets, through OpenNMT-py's training iterator with one DataLoader worker.
+    Writes each batch's arrival (seconds after the first) and its target tokens to ``result_file``.  ``head``:
+    the work folder and the number of batches."""
     from onmt import train_single
     from onmt.bin.train import _get_parser
     from onmt.constants import CorpusTask
@@ -193,8 +194,9 @@ def parse_args(argv):
                         help="leave out the batch-crossing measurement")
     parser.add_argument("--no-worker", dest="worker", action="store_false",
                         help="leave out the data-worker measurement")
-    parser.add_argument("--worker-batches", type=common.at_least(8), default=64,
-                        help=f"batches of {WORKER_BATCH} tokens the data worker builds per variant (default 64)")
+    parser.add_argument("--worker-batches", type=common.at_least(8), default=160,
+                        help=f"batches of {WORKER_BATCH} tokens the data worker builds per variant (default 160: "
+                             "about four buckets)")
     parser.add_argument("--label", default="proxy", help="report name: <out>/host-<label>.{json,md}")
     args = parser.parse_args(argv)
     if args.steps % args.report_every or args.warmup_steps % args.report_every:
@@ -227,9 +229,10 @@ def markdown(report):
         lines += ["", f"One data worker building {report['worker_batch']}-token batches from "
                   f"{report['worker_bucket']}-example buckets (the Base baseline's config on the pre-encoded Tatoeba "
                   "sample repeated, one DataLoader worker), from the first batch of its second bucket to the first "
-                  "of its last. A bucket holds each line of the sample several times, and OpenNMT-py leaves out of a "
-                  "batch a source line already in it: the last column is the share of a bucket's examples that "
-                  "reached a batch.", "", "| variant | batches/s (median) | target tokens/s | runs (batches/s, "
+                  "of its last. The sample's copies vary the order of each source line's pieces, since OpenNMT-py "
+                  "leaves out of a batch a source line already in it (plain copies: 0.37 of a bucket kept): the last "
+                  "column is the share of a bucket's examples that reached a batch.", "",
+                  "| variant | batches/s (median) | target tokens/s | runs (batches/s, "
                   "buckets) | target tokens per batch | examples kept |", "|---|---:|---:|---|---:|---:|"]
         for name, runs in worker.items():
             good = [run for run in runs if "error" not in run]

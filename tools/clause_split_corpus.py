@@ -4,12 +4,13 @@
 Usage::
 
     python tools/clause_split_corpus.py --lang en --input train.bpe.en --output train.bpe.en.clause_rule
-        [--levels 6] [--tagger-model FILE] [--subword-model spm.model] [--bucket 256]
+        [--levels 6] [--tagger-model FILE] [--subword-model spm.model] [--bucket 256] [--jobs 1]
 
 How it works and why: docs/tools.md (clause_split_corpus.py).
 """
 
 import argparse
+import multiprocessing
 import sys
 import time
 
@@ -25,9 +26,12 @@ def main(argv=None):
     p.add_argument("--tagger-model", default="", help="-clause_tagger_model (default: the rules)")
     p.add_argument("--subword-model", default="", help="SentencePiece model applied first (default: none)")
     p.add_argument("--bucket", type=int, default=256, help="sentences per batch_apply call (default 256)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="processes splitting buckets at once, forked once the splitter is loaded (default 1)")
     args = p.parse_args(argv)
-    if args.bucket < 1:
-        p.error(f"--bucket must be positive, got {args.bucket}")
+    for name in ("bucket", "jobs"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be positive, got {getattr(args, name)}")
     try:
         lines = read_lines(args.input, None, 0)
     except (OSError, UnicodeDecodeError) as exc:
@@ -38,21 +42,36 @@ def main(argv=None):
 
     opts, classes = _opts(args)
     transforms = make_transforms(opts, classes, None)
-    examples = [{"src": line.strip().split(" "), "tgt": None, "src_original": None, "tgt_original": None}
-                for line in lines]
-    if "sentencepiece" in transforms:
-        examples = [transforms["sentencepiece"].apply(example) for example in examples]
-    split = transforms["clause_split"]
+    global _TRANSFORMS
+    _TRANSFORMS = transforms
+    buckets = [lines[first:first + args.bucket] for first in range(0, len(lines), args.bucket)]
     start = time.perf_counter()
     with open(args.output, "w", encoding="utf-8") as out:
-        for first in range(0, len(examples), args.bucket):
-            bucket = examples[first:first + args.bucket]
-            split.batch_apply([(example, None, "corpus") for example in bucket])
-            out.writelines(" ".join(token for token in example["src"] if token) + "\n" for example in bucket)
+        if args.jobs == 1 or len(buckets) < 2:
+            for bucket in buckets:
+                out.write(_split_bucket(bucket))
+        else:  # fork: the workers inherit the loaded splitter (its models and dictionaries) instead of loading it
+            with multiprocessing.get_context("fork").Pool(min(args.jobs, len(buckets))) as pool:
+                for text in pool.imap(_split_bucket, buckets):
+                    out.write(text)
     seconds = time.perf_counter() - start
-    print(f"clause_split_corpus: {len(examples)} lines -> {args.output} in {seconds:.1f} s "
-          f"({len(examples) / max(seconds, 1e-9):.0f} sentences/s)", file=sys.stderr)
+    print(f"clause_split_corpus: {len(lines)} lines -> {args.output} in {seconds:.1f} s "
+          f"({len(lines) / max(seconds, 1e-9):.0f} sentences/s)", file=sys.stderr)
     return 0
+
+
+#: the transforms of :func:`main` (SentencePiece if asked for, then clause_split), which forked workers inherit
+_TRANSFORMS = {}
+
+
+def _split_bucket(lines):
+    """The split of ``lines`` (one bucket), as the text written for them."""
+    examples = [{"src": line.strip().split(" "), "tgt": None, "src_original": None, "tgt_original": None}
+                for line in lines]
+    if "sentencepiece" in _TRANSFORMS:
+        examples = [_TRANSFORMS["sentencepiece"].apply(example) for example in examples]
+    _TRANSFORMS["clause_split"].batch_apply([(example, None, "corpus") for example in examples])
+    return "".join(" ".join(token for token in example["src"] if token) + "\n" for example in examples)
 
 
 if __name__ == "__main__":

@@ -107,25 +107,45 @@ def run_child(script, kind, argv, log, threads, timeout=None, head=(), env=None)
     """Runs ``script --child kind RESULT [head...] -- argv`` with its output in ``log`` and ``env`` (variables)
     added to the environment; returns the JSON the child wrote.  Raises :class:`ChildFailed` if it fails or
     outlives ``timeout`` seconds (then its whole process group is killed)."""
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as handle:
-        result_file = handle.name
-    command = [sys.executable, str(script), "--child", kind, result_file, *map(str, head), "--", *map(str, argv)]
-    env = dict(threads_env(threads), **(env or {}))
-    try:
+    return Child(script, kind, argv, log, threads, head, env).finish(timeout)
+
+
+class Child:
+    """:func:`run_child` in two halves: the child starts now; :meth:`finish` waits for it (or :meth:`kill` stops it)."""
+
+    def __init__(self, script, kind, argv, log, threads, head=(), env=None):
+        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as handle:
+            self.result_file = handle.name
+        self.kind, self.log = kind, log
+        command = [sys.executable, str(script), "--child", kind, self.result_file, *map(str, head), "--",
+                   *map(str, argv)]
         with open(log, "w", encoding="utf-8") as out:
-            child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                            env=dict(threads_env(threads), **(env or {})))
+
+    def finish(self, timeout=None):
+        """The JSON the child wrote once it ends; :class:`ChildFailed` as :func:`run_child`."""
+        try:
             try:
-                code = child.wait(timeout=timeout)
+                code = self.process.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                os.killpg(child.pid, 9)
-                child.wait()
-                raise ChildFailed(f"{kind} stopped after {timeout:.0f} s (time budget); see {log}", timed_out=True)
-        if code:
-            raise ChildFailed(f"{kind} failed (exit {code}); see {log}")
-        return json.loads(Path(result_file).read_text(encoding="utf-8"))
-    finally:
-        if os.path.exists(result_file):
-            os.unlink(result_file)
+                self.kill()
+                raise ChildFailed(f"{self.kind} stopped after {timeout:.0f} s (time budget); see {self.log}",
+                                  timed_out=True) from None
+            if code:
+                raise ChildFailed(f"{self.kind} failed (exit {code}); see {self.log}")
+            return json.loads(Path(self.result_file).read_text(encoding="utf-8"))
+        finally:
+            if os.path.exists(self.result_file):
+                os.unlink(self.result_file)
+
+    def kill(self):
+        """Stops the child's whole process group (and removes its result file)."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, 9)
+        self.process.wait()
+        if os.path.exists(self.result_file):
+            os.unlink(self.result_file)
 
 
 def child_main(argv, children):

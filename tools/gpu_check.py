@@ -88,6 +88,9 @@ MECHANISMS = (
          pre_encoded=True),
 )
 TINY_MECHANISMS = MECHANISMS
+#: the dry run's training and validation corpora: the sample's first lines only (SentencePiece-encoding and
+#: clause-splitting all 21,977 took most of its preparation), repeated as varied copies like the GPU run's
+TINY_LINES = 2000
 #: issue 35's targets for the baseline
 BASELINE_TOKENS_TARGET = 100_000
 BASELINE_BUSY_TARGET = 0.90
@@ -102,13 +105,16 @@ MEMORY_TARGETS = ((MECHANISMS[0], 2.0), (MECHANISMS[3], 4.0))
 #: follow the part times of the H100 run in results/gpu/README.md: the users'-path rows and every eager mechanism
 #: first; compiled rows, whose compilation did not fit there, get only what the eager parts leave
 BUDGETS = {"a": 85.0, "b": 275.0, "c": 120.0}
-TINY_BUDGETS = {"a": 16.0, "b": 110.0, "c": 50.0}
+TINY_BUDGETS = {"a": 22.0, "b": 104.0, "c": 50.0}
 #: the parts, in running order, with their shares of their section's budget on a GPU and in the dry run (where
 #: starting data workers outweighs everything else); the compiled parts also get what the parts before left
 PARTS = (("a", 1.0, 1.0), ("b fresh", 0.50, 0.43), ("b eager", 0.50, 0.29), ("b compiled", 0.0, 0.28),
          ("c eager", 0.85, 0.5), ("c compiled", 0.15, 0.5))
 #: a new run is not started with less than this many seconds of its part's budget left
 MIN_START_S = 3.0
+#: the share of section b's budget that a training process may spend on operator tables after its last run: the
+#: time its parts leave otherwise goes to the compiled parts after it (section c's included), and rows come first
+TABLES_SHARE = 0.08
 #: a child process gets this long after its deadline to write what it has before it is stopped
 GRACE_S = 5.0
 
@@ -404,7 +410,10 @@ class Meter:
         self.replay_s, self.replayed, self.window, self.syncs, self.sites = 0.0, None, {}, {}, []
         self.replay_reused = False
         self.sync_window, self.sync_step = None, None
+        # the earlier runs' garbage goes; what survives (imports, caches) is frozen, so that the next run's
+        # collection scans only what came since: a full one took 0.1-0.2 s on this project's CPU
         gc.collect()
+        gc.freeze()
         if self.cuda:
             self.torch.cuda.empty_cache()
             self.torch.cuda.reset_peak_memory_stats()
@@ -571,7 +580,8 @@ def child_train_many(result_file, head, argv):
         record(entry)
         if cuda:
             torch.cuda.empty_cache()
-    meter.write_tables(max((job["deadline"] for job in jobs), default=0.0), record)
+    tables_s = max((job.get("tables_s", math.inf) for job in jobs), default=0.0)
+    meter.write_tables(min(max((job["deadline"] for job in jobs), default=0.0), time.monotonic() + tables_s), record)
     Path(result_file).write_text(json.dumps({"done": True}), encoding="utf-8")
 
 
@@ -618,7 +628,7 @@ def training_config(case, mode, args, work, repeat_cache, batch_size=None, repla
     OpenNMT-py (a case with a mechanism cannot be one)."""
     batch_size = batch_size or args.batch_size
     settings = Settings(args, batch_size)
-    size = "smoke" if args.tiny else "paper"
+    size, lines = ("smoke", TINY_LINES) if args.tiny else ("paper", None)
     paper = common.config_values(case.config)
     overrides = {"num_workers": 0 if replay else args.num_workers, "report_every": args.warmup_steps,
                  "batch_size": batch_size, "valid_batch_size": batch_size}
@@ -636,10 +646,11 @@ def training_config(case, mode, args, work, repeat_cache, batch_size=None, repla
     key = (case.config, batch_size)
     suffix = f"_{name or mode}"
     if key not in repeat_cache:  # the corpus as the case reads it, to count its tokens once
-        _, _, plain = timed_runs.case_config(case, size, settings, work, overrides=overrides, suffix=suffix)
+        _, _, plain = timed_runs.case_config(case, size, settings, work, overrides=overrides, suffix=suffix,
+                                             lines=lines)
         repeat_cache[key] = _repeat_factor(plain, batch_size * total)
     path, checkpoint, config = timed_runs.case_config(case, size, settings, work, overrides=overrides,
-                                                      suffix=suffix, repeat=repeat_cache[key])
+                                                      suffix=suffix, repeat=repeat_cache[key], lines=lines)
     if stock:  # any other option stock OpenNMT-py does not know fails its run (child_train_many)
         if "ext_transformer" in (config.get("encoder_type"), config.get("decoder_type")) or mode != "eager":
             raise ValueError(f"{case.config} ({mode}) uses onmt-ext: it has no stock OpenNMT-py twin")
@@ -837,7 +848,7 @@ def run_training_process(args, work, group, env, rows, configs, deadlines, stop_
              # a repeated baseline run measures speed only: no profiled steps (their tables and busy share)
              "profile": [steps["profile"][0], 0] if row.get("repeat_of") else steps["profile"],
              "host_reads": row["mode"] == "eager", "deadline": deadlines[row.get("part", row["mode"])],
-             "report_every": args.warmup_steps,
+             "report_every": args.warmup_steps, "tables_s": TABLES_SHARE * args.budget_b,
              "profile_file": None if row.get("repeat_of") else str(args.profiles / f"{_slug(row['key'])}.txt")}
             for row, _, _, _ in rows]
     if stop_after:
@@ -959,6 +970,18 @@ def plan_cases(costs, base_cost, candidates, passes, block, seconds):
     return chosen, estimate
 
 
+def _warm_model_building():
+    """Pays a process's one-off costs of building its first model before any time is measured: OpenNMT-py
+    builds embeddings through ``torch.nn.utils.skip_init``, whose first call imports torch's compiler stack
+    (1.5-4 s on this project's CPU), and its inference engine imports the translator."""
+    import torch
+
+    import onmt.inference_engine  # noqa: F401
+    import onmt.translate.translator  # noqa: F401
+
+    torch.nn.utils.skip_init(torch.nn.Embedding, 2, 2)
+
+
 def child_translate_many(result_file, head, argv):
     """Section c in one process.  For each group of the jobs file (``head[0]``), within its ``share`` of the time
     left before its part's monotonic ``deadline``: every checkpoint is loaded once through OpenNMT-py's
@@ -966,12 +989,19 @@ def child_translate_many(result_file, head, argv):
     (compiled ones compile then) and once timed; the input is then repeated so that the fastest run takes
     ``head[2]`` seconds at least, the cases that fit are chosen in priority order (:func:`plan_cases`), and the
     timed schedule runs.  Every event is appended to ``head[1]`` (JSON lines) at once, so that a stop keeps what
-    was done."""
+    was done.  The process may start early: it pays its one-off costs (imports, :func:`_warm_model_building`),
+    then waits for the jobs file, at most ``head[3]`` seconds."""
     from onmt import model_builder
 
     from onmt_ext import compile as ext_compile
 
-    groups = json.loads(Path(head[0]).read_text(encoding="utf-8"))
+    _warm_model_building()
+    jobs_file, given_up = Path(head[0]), time.time() + float(head[3])
+    while not jobs_file.exists():  # started early (start_section_c): the jobs come once section b has trained
+        if time.time() > given_up:
+            raise SystemExit(f"no jobs in {jobs_file} after {head[3]} s")
+        time.sleep(0.1)
+    groups = json.loads(jobs_file.read_text(encoding="utf-8"))
     runs_file, min_run_s = Path(head[1]), float(head[2])
     cli_compile = _translate_parser_knows("ext_compile")
     engines, models = {}, {}
@@ -1008,7 +1038,11 @@ def child_translate_many(result_file, head, argv):
     def once(job, source, group):
         engine = engine_for(job, group)
         engine.opt.src = str(source)
-        gc.collect()  # every run starts from the same collector state, outside its time
+        # every run starts from the same collector state, outside its time; what survives is frozen (the engines
+        # live as long as the process), so that each collection scans only what the runs since made: a full one
+        # took about 0.2 s on this project's CPU once the models were loaded, 40 of them in one group
+        gc.collect()
+        gc.freeze()
         start = time.perf_counter()
         engine.infer_file()
         return time.perf_counter() - start
@@ -1177,12 +1211,27 @@ def _group_figures(args, group, rows, jobs, runs, stopped):
 GROUP_SHARES = {"translate": 0.85, "greedy": 1.0}
 
 
-def section_c(args, schedule, work, models, cases, result):
-    """Section c in one child process: the eager groups (the A/A control first, then the cases with a decoding
-    target, then the others, as many as fit), then the compiled ones, each part before its deadline.  Ratios
-    pair each run with the eager baseline's runs nearest before and after it."""
+def start_section_c(args, work):
+    """Section c's process, started while section b trains so that its start-up (imports, the first model's
+    one-off costs) is paid outside section c's time; it waits for :func:`section_c`'s jobs.  On a GPU it starts
+    with section b's in-process group, whose own start-up and untimed first run come before any timed run."""
+    jobs_file = work / "translate.jobs.json"
+    jobs_file.unlink(missing_ok=True)
+    env = {"ONMT_EXT_COMPILE_BACKEND": args.compile_backend} if args.compile_backend else {}
+    return common.Child(Path(__file__).resolve(), "translate-many", [], work / "translate.log", args.threads,
+                        head=(jobs_file, work / "translate.runs.jsonl", args.min_run_seconds,
+                              args.budget_b + args.budget_c), env=env)
+
+
+def section_c(args, schedule, work, models, cases, result, child=None):
+    """Section c in one child process (``child``, from :func:`start_section_c`, or started now): the eager groups
+    (the A/A control first, then the cases with a decoding target, then the others, as many as fit), then the
+    compiled ones, each part before its deadline.  Ratios pair each run with the eager baseline's runs nearest
+    before and after it."""
     if BASELINE not in models:
         result.update(status="not run", reason="section b trained no baseline checkpoint")
+        if child:
+            child.kill()
         return
     source, _, reference_pieces = timed_runs.translation_source(work, args.test_sentences)
     args.output_length = args.output_length or timed_runs.natural_output_length(reference_pieces)
@@ -1201,17 +1250,20 @@ def section_c(args, schedule, work, models, cases, result):
             built += [_translation_group(args, models, source, search, compiled, entries, GROUP_SHARES[search[0]],
                                          deadlines[mode]) for search in timed_runs.SEARCHES]
     jobs_file, runs_file = work / "translate.jobs.json", work / "translate.runs.jsonl"
-    jobs_file.write_text(json.dumps([jobs for jobs, _, _ in built]), encoding="utf-8")
     runs_file.unlink(missing_ok=True)
     stopped, seconds = None, deadlines["compiled"] - _now()
     if seconds < MIN_START_S:
         stopped = ("not run", "budget")
+        if child:
+            child.kill()
     else:
         print(f"== gpu-check c: translate, {len(built)} groups in one process ({seconds:.0f} s at most)", flush=True)
-        env = {"ONMT_EXT_COMPILE_BACKEND": args.compile_backend} if args.compile_backend else {}
+        child = child or start_section_c(args, work)
+        partial = jobs_file.with_name(jobs_file.name + ".partial")  # the waiting child reads it whole
+        partial.write_text(json.dumps([jobs for jobs, _, _ in built]), encoding="utf-8")
+        partial.replace(jobs_file)
         try:
-            common.run_child(Path(__file__).resolve(), "translate-many", [], work / "translate.log", args.threads,
-                             timeout=seconds + GRACE_S, env=env, head=(jobs_file, runs_file, args.min_run_seconds))
+            child.finish(timeout=seconds + GRACE_S)
         except common.ChildFailed as failure:
             stopped = ("stopped", "budget") if failure.timed_out else ("failed", str(failure))
     ended = _now()
@@ -1447,7 +1499,8 @@ def markdown(report):
                       f"{', '.join(done) or 'none'}." + (f" Not compiled ahead: {'; '.join(other)}." if other else "")]
         profiled = [row for row in b["rows"] if "profile_table" in row]
         lines += ["", "Operator tables of each measured run's profiled steps: `profiles/<this report's name>/` beside "
-                  "this report, written after each training process's last run while its budget lasted "
+                  "this report, written after each training process's last run while its budget lasted (at most 8% "
+                  "of section b's) "
                   f"({sum(row['profile_table'] for row in profiled)} of {len(profiled)} profiled runs)."]
         lines += ["", "Host-device synchronisation call sites over the counted steps (top 5 per run; on CUDA the "
                   "Python caller of each sync warning):", ""]
@@ -1578,9 +1631,9 @@ def parse_args(argv):
     parser.add_argument("--warmup-steps", type=int, default=None, help="unmeasured first steps (default 5; "
                                                                        "--tiny 2); also the report interval")
     parser.add_argument("--steps", type=int, default=None,
-                        help="measured steps, a multiple of --warmup-steps (default 30; --tiny 4)")
+                        help="measured steps, a multiple of --warmup-steps (default 30; --tiny 2)")
     parser.add_argument("--profile-steps", type=int, default=None,
-                        help="profiled steps after the measured ones (default 3; --tiny 2)")
+                        help="profiled steps after the measured ones (default 3; --tiny 1)")
     parser.add_argument("--test-sentences", type=int, default=None, help="translation test set (default 200; "
                                                                           "--tiny 16)")
     parser.add_argument("--translate-batch", type=int, default=32, help="sentences per translation batch")
@@ -1600,7 +1653,7 @@ def parse_args(argv):
                         help="in-process cases between two runs of the baseline (default 2)")
     parser.add_argument("--compile-warmups", type=int, default=None,
                         help="processes that compile the compiled rows ahead, while section a runs (default 3 on "
-                             "a GPU, 1 in the dry run; 0: none)")
+                             "a GPU; 0, none, in the dry run, whose eager backend leaves nothing on disk to reuse)")
     parser.add_argument("--compile-warmup-steps", type=int, default=3,
                         help="training steps of each compiled row's warm-up (default 3)")
     parser.add_argument("--pack", type=Path, default=None,
@@ -1610,9 +1663,9 @@ def parse_args(argv):
                         help="OMP threads per child (0, the default: torch's default on CUDA, 1 on the CPU)")
     args = parser.parse_args(argv)
     tiny = args.tiny
-    defaults = {"batch_size": (8192, 512), "num_workers": (2, 1), "paper_batch_size": (32768, 2048), "profile_steps": (3, 2),
-                "warmup_steps": (5, 2), "steps": (30, 4), "test_sentences": (200, 16), "translate_passes": (6, 1),
-                "min_run_seconds": (2.0, 0.0), "compile_warmups": (3, 1)}  # (GPU, --tiny)
+    defaults = {"batch_size": (8192, 512), "num_workers": (2, 1), "paper_batch_size": (32768, 2048), "profile_steps": (3, 1),
+                "warmup_steps": (5, 2), "steps": (30, 2), "test_sentences": (200, 16), "translate_passes": (6, 1),
+                "min_run_seconds": (2.0, 0.0), "compile_warmups": (3, 0)}  # (GPU, --tiny)
     for name, (full, small) in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, small if tiny else full)
@@ -1727,8 +1780,11 @@ def main(argv=None):
             run_training_process(args, args.work, group, env, rows, configs, {"fresh": share})
         fresh_rows = [row for _, _, rows in fresh for row, _, _, _ in rows]
         schedule.record("b fresh", began, deadline, _now(), section_b_status(fresh_rows))
+    translator = None
     if plan and not args.fresh_only:
         (_, group, env, rows), = [entry for entry in plan if entry[0] == "b in-process"]
+        if "c" in args.sections:
+            translator = start_section_c(args, args.work)
         began, deadlines = _now(), {mode: schedule.deadline(f"b {mode}") for mode in ("eager", "compiled")}
         ends = run_training_process(args, args.work, group, env, rows, configs, deadlines)
         eager_end = ends["eager"] or min(_now(), deadlines["eager"])
@@ -1738,7 +1794,7 @@ def main(argv=None):
         models = {case: (configs[row["key"]][0].stem, configs[row["key"]][1], row["options"])
                   for row, case, mode, _ in rows if mode == "eager" and row.get("status") == "measured"}
     if "c" in args.sections and plan and not args.fresh_only:
-        section_c(args, schedule, args.work, models, cases, sections["c"])
+        section_c(args, schedule, args.work, models, cases, sections["c"], translator)
     for part in schedule.parts:
         print(f"== gpu-check {part['part']}: {part['status']} in {part['seconds']:.0f} s (budget "
               f"{part['budget_s']:.0f} s)", flush=True)

@@ -9,6 +9,8 @@ transforms.  Translation runs follow :func:`translation_schedule`, each between 
 """
 
 import math
+import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -50,9 +52,9 @@ DATA_KEYS = ("data", "src_vocab", "tgt_vocab", "src_vocab_size", "tgt_vocab_size
 FINE_TUNING_KEYS = ("train_from", "override_opts", "reset_optim")
 
 
-def case_config(case, size, args, workdir, overrides=None, suffix="", repeat=1):
-    """Writes the YAML trained for ``case`` (``overrides`` last, ``suffix`` on its name, ``repeat``: see
-    :func:`_use_pre_encoded_data`); returns its path, the final checkpoint and the options."""
+def case_config(case, size, args, workdir, overrides=None, suffix="", repeat=1, lines=None):
+    """Writes the YAML trained for ``case`` (``overrides`` last, ``suffix`` on its name, ``repeat`` and ``lines``:
+    see :func:`_use_pre_encoded_data`); returns its path, the final checkpoint and the options."""
     paper, twin = common.config_values(case.config), common.config_values(f"smoke/{case.config}")
     if size == "smoke":
         config = dict(twin, enc_layers=paper["enc_layers"], dec_layers=paper["dec_layers"])
@@ -70,7 +72,7 @@ def case_config(case, size, args, workdir, overrides=None, suffix="", repeat=1):
     name = (Path(case.config).stem + ("_pre_encoded" if case.pre_encoded else "")
             + ("_control" if case.control else "") + suffix)
     if case.pre_encoded:
-        _use_pre_encoded_data(config, workdir, repeat)
+        _use_pre_encoded_data(config, workdir, repeat, lines)
     total = args.warmup_steps + args.steps
     config.update(
         save_data=str(workdir / name / "samples"), save_model=str(workdir / name / "model"),
@@ -89,14 +91,14 @@ def _stale(target, *inputs):
     return not target.exists() or any(Path(path).stat().st_mtime_ns > target.stat().st_mtime_ns for path in inputs)
 
 
-def _use_pre_encoded_data(config, workdir, repeat=1):
-    """Point ``config`` at SentencePiece'd (with clause attention, pre-split) copies of its corpora, made again
-    whenever what they are made from is newer; training corpora ``repeat`` times over, so that an epoch can
-    outlast the steps measured."""
+def _use_pre_encoded_data(config, workdir, repeat=1, lines=None):
+    """Point ``config`` at SentencePiece'd (with clause attention, pre-split) copies of its corpora (``lines``: of
+    their first lines only), made again whenever what they are made from is newer; training corpora ``repeat``
+    times over, so that an epoch can outlast the steps measured."""
     transforms = [t for t in config["transforms"] if t != "sentencepiece"]
     outputs, splitting = {}, {}  # the corpora's clause splits run at once, one process per output
     try:
-        _encode_and_split(config, workdir, outputs, splitting)
+        _encode_and_split(config, workdir, outputs, splitting, lines)
         for command, process in splitting.values():
             if process.wait():
                 raise subprocess.CalledProcessError(process.returncode, command)
@@ -107,30 +109,41 @@ def _use_pre_encoded_data(config, workdir, repeat=1):
                 process.wait()
     for (corpus_name, side), out in outputs.items():
         if repeat > 1 and corpus_name != "valid":
-            out = repeated_file(out, repeat)
+            out = repeated_file(out, repeat, varied=side == "src")
         config["data"][corpus_name][f"path_{side}"] = str(out)
     config["transforms"] = transforms
     if config.get("clause_attention"):
         config["clause_presplit"] = True
 
 
-def _encode_and_split(config, workdir, outputs, splitting):
+#: processes of a corpus's clause split (tools/clause_split_corpus.py --jobs): up to 8, a quarter of the cores,
+#: since gpu-check splits beside its property tests
+SPLIT_JOBS = max(1, min(8, (os.cpu_count() or 1) // 4))
+
+
+def _encode_and_split(config, workdir, outputs, splitting, lines=None):
     """The SentencePiece'd copy of each corpus side (made now), and the clause split of each source (started as a
     process in ``splitting``, ``{output: (command, process)}``, once per output); ``outputs[corpus, side]``: the
-    file that side will read."""
-    for corpus_name, corpus in config["data"].items():
+    file that side will read.  A timed run never validates (``valid_steps`` lies past its last step), so the
+    validation corpus reads the training corpus's copies: its own split cost a second process."""
+    corpora = sorted(config["data"].items(), key=lambda item: item[0] == "valid")
+    for corpus_name, corpus in corpora:
+        trained = next((name for name, _ in corpora if name != "valid"), None)
+        if corpus_name == "valid" and trained:
+            outputs.update({("valid", side): outputs[trained, side] for side in ("src", "tgt")})
+            continue
         for side, model in (("src", config["src_subword_model"]), ("tgt", config["tgt_subword_model"])):
             path = Path(REPO / corpus[f"path_{side}"])
-            out = workdir / "data" / f"{path.name}.sp"
+            out = workdir / "data" / f"{path.name}{f'.head{lines}' if lines else ''}.sp"
             if _stale(out, path, REPO / model):
-                encode_file(REPO / model, path, out)
+                encode_file(REPO / model, path, out, limit=lines)
             if side == "src" and config.get("clause_attention"):
                 levels, tagger = config.get("clause_levels", 6), config.get("clause_tagger_model")
                 split = out.with_name(f"{out.name}.clause{levels}" + (".tagger" if tagger else ""))
                 if split not in splitting and _stale(split, out, *([REPO / tagger] if tagger else [])):
                     command = [sys.executable, str(REPO / "tools/clause_split_corpus.py"), "--lang",
                                config["clause_lang"], "--levels", str(levels), "--input", str(out),
-                               "--output", str(split)]
+                               "--output", str(split), "--jobs", str(SPLIT_JOBS)]
                     if tagger:
                         command += ["--tagger-model", str(REPO / tagger)]
                     splitting[split] = (command, subprocess.Popen(command))
@@ -138,14 +151,45 @@ def _encode_and_split(config, workdir, outputs, splitting):
             outputs[corpus_name, side] = out
 
 
-def repeated_file(path, copies):
-    """``<path>.x<copies>``: the lines of ``path`` ``copies`` times over, made again when ``path`` is newer."""
-    repeated = path.with_name(f"{path.name}.x{copies}")
+#: a placeholder piece, as the clause markers of onmt_ext.clause_split (``｟cl4_prep｠``)
+PLACEHOLDER = re.compile(r"｟[^｠]*｠")
+
+
+def repeated_file(path, copies, varied=False):
+    """``<path>.x<copies>``: the lines of ``path`` ``copies`` times over, made again when ``path`` is newer.
+
+    ``varied`` (``<path>.v<copies>``, for training sources): copy ``k`` of each line is :func:`varied_line`
+    ``(line, k)``.  OpenNMT-py leaves out of a training batch a source line already in it, so plain copies that
+    meet in one bucket are built and then dropped: 37% of a 65,536-example bucket of the Tatoeba sample
+    reached a batch.  Varied copies keep each line's length, pieces and clause markers."""
+    repeated = path.with_name(f"{path.name}.{'v' if varied else 'x'}{copies}")
     if _stale(repeated, path):
         partial = repeated.with_name(repeated.name + ".partial")
-        partial.write_text(path.read_text(encoding="utf-8") * copies, encoding="utf-8")
+        text = path.read_text(encoding="utf-8")
+        if varied:
+            lines = text.splitlines()
+            text = "".join(varied_line(line, copy) + "\n" for copy in range(copies) for line in lines)
+        partial.write_text(text if varied else text * copies, encoding="utf-8")
         partial.replace(repeated)
     return repeated
+
+
+def varied_line(line, copy):
+    """``line`` with its pieces other than placeholders (``｟...｠``, clause markers) rotated ``copy`` places left,
+    and reversed on every second round of rotations: up to twice as many distinct copies as the line has
+    such pieces.  Copy 0 is ``line``."""
+    pieces = line.split()
+    where = [index for index, piece in enumerate(pieces) if not PLACEHOLDER.fullmatch(piece)]
+    if copy == 0 or len(where) < 2:
+        return line
+    moved = [pieces[index] for index in where]
+    shift = copy % len(moved)
+    moved = moved[shift:] + moved[:shift]
+    if (copy // len(moved)) % 2:
+        moved.reverse()
+    for index, piece in zip(where, moved):
+        pieces[index] = piece
+    return " ".join(pieces)
 
 
 #: The two searches measured: (key of the figures, output suffix, onmt_translate options).  Greedy search is

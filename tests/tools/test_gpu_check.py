@@ -33,8 +33,9 @@ def _positive(value):
 def dry_run(tmp_path_factory):
     support.ensure_sample_data()
     out = tmp_path_factory.mktemp("gpu-check")
-    budgets = {"a": 150, "b": 600, "c": 240}  # far above the defaults (16, 110, 50 s): a slow machine cuts no row
+    budgets = {"a": 150, "b": 600, "c": 240}  # far above the defaults (22, 104, 50 s): a slow machine cuts no row
     done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--fresh", "ext,stock,layers",
+                           "--compile-warmups", "1",  # (none by default in the dry run)
                            "--out", str(out),
                            "--work", str(out / "work"), "--commit", "test-commit", "--pack", str(out / "files.tgz"),
                            *[f"--budget-{name}={seconds}" for name, seconds in budgets.items()]],
@@ -287,7 +288,7 @@ def test_gpu_configs_parse_strictly(tmp_path, onmt_active, monkeypatch):
     pre-encoded repeated data, and -ext_compile on the compiled runs only."""
     from onmt_ext.parsing import parse_train_config
 
-    def encode(model, path, out):  # a stand-in corpus of 10 lines of 3 pieces: the names and counts matter here
+    def encode(model, path, out, limit=None):  # a stand-in corpus of 10 lines of 3 pieces: names and counts matter
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text("a b c\n" * 10, encoding="utf-8")
         return out
@@ -316,8 +317,10 @@ def test_gpu_configs_parse_strictly(tmp_path, onmt_active, monkeypatch):
             train, valid = config["data"]["corpus_1"], config["data"]["valid"]
             assert train["path_tgt"].endswith(f".x{repeat}") and not valid["path_tgt"].endswith(f".x{repeat}")
             assert Path(train["path_tgt"]).read_text(encoding="utf-8").count("\n") == 10 * repeat
+            assert train["path_src"].endswith(f".v{repeat}")  # the sources' copies vary (a batch keeps them all)
+            assert valid["path_src"] == train["path_src"].rsplit(".", 1)[0]  # never validated: the training copy
             if opt.clause_attention:
-                assert opt.clause_presplit and train["path_src"].endswith(f".clause6.x{repeat}")
+                assert opt.clause_presplit and train["path_src"].endswith(f".clause6.v{repeat}")
 
 
 def test_property_configs_exist():
@@ -327,7 +330,7 @@ def test_property_configs_exist():
 
 
 def test_stock_config_holds_stock_options_only(tmp_path, onmt_active, monkeypatch):
-    monkeypatch.setattr(gpu_check.timed_runs, "encode_file", lambda model, path, out: (
+    monkeypatch.setattr(gpu_check.timed_runs, "encode_file", lambda model, path, out, limit=None: (
         out.parent.mkdir(parents=True, exist_ok=True), out.write_text("a b c\n" * 10, encoding="utf-8"), out)[-1])
     args = gpu_check.parse_args(["--work", str(tmp_path)])
     _, _, ext = gpu_check.training_config(gpu_check.BASELINE, "eager", args, tmp_path, {}, name="ext")

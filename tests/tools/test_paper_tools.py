@@ -169,7 +169,7 @@ def test_reproduction_rejects_a_gpu_count_that_breaks_the_batch():
 
 def _no_encoding(monkeypatch):
     """Pre-encoded corpora by name only: a timed run's config is checked here, not a full encoding pass."""
-    monkeypatch.setattr(timed_runs, "encode_file", lambda model, path, out: out.parent.mkdir(exist_ok=True)
+    monkeypatch.setattr(timed_runs, "encode_file", lambda model, path, out, limit=None: out.parent.mkdir(exist_ok=True)
                         or out.touch())
     monkeypatch.setattr(timed_runs.subprocess, "run", lambda command, check: Path(
         command[command.index("--output") + 1]).touch())
@@ -305,13 +305,30 @@ def test_a_repeated_test_set_is_made_again_from_a_newer_one(tmp_path):
     assert timed_runs.repeated_file(source, 3).read_text(encoding="utf-8") == "b\n" * 600
 
 
+def test_repeated_training_sources_are_varied_copies_that_a_batch_keeps(tmp_path):
+    """OpenNMT-py drops a training source line already in the batch: plain copies of the sample were mostly
+    dropped.  Varied copies differ from each other, and keep each line's pieces, length and clause markers."""
+    line = "▁你 ｟cl4_prep｠ ▁用 ▁跑 ▁的 ▁。"
+    copies = [timed_runs.varied_line(line, copy) for copy in range(10)]
+    assert copies[0] == line and len(set(copies)) == 10  # 5 pieces: 5 rotations, each also reversed
+    for copy in copies:
+        pieces = copy.split()
+        assert sorted(pieces) == sorted(line.split()) and pieces[1] == "｟cl4_prep｠"
+    assert timed_runs.varied_line("▁嗨", 3) == "▁嗨"  # one piece: nothing to vary
+    source = tmp_path / "train.sp.zh"
+    source.write_text("a b c\nd e\n", encoding="utf-8")
+    varied = timed_runs.repeated_file(source, 3, varied=True)
+    assert varied.read_text(encoding="utf-8") == "a b c\nd e\nb c a\ne d\nc a b\ne d\n"
+    assert timed_runs.repeated_file(source, 3).read_text(encoding="utf-8") == "a b c\nd e\n" * 3
+
+
 def test_pre_encoded_copies_follow_their_corpus_and_model(tmp_path, monkeypatch):
     encoded = []
 
-    def encode(model, path, out):
+    def encode(model, path, out, limit=None):
         encoded.append(Path(path).name)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(Path(path).read_text(encoding="utf-8"), encoding="utf-8")
+        out.write_text("".join(Path(path).read_text(encoding="utf-8").splitlines(True)[:limit]), encoding="utf-8")
         return out
 
     monkeypatch.setattr(timed_runs, "encode_file", encode)
@@ -329,6 +346,8 @@ def test_pre_encoded_copies_follow_their_corpus_and_model(tmp_path, monkeypatch)
     timed_runs._use_pre_encoded_data(first, work, repeat=2)
     assert encoded == ["train.zh", "train.en"] and first["transforms"] == []
     assert Path(first["data"]["corpus_1"]["path_src"]).read_text(encoding="utf-8") == "x\nx\n"
+    assert first["data"]["corpus_1"]["path_src"].endswith(".v2")  # the source's copies varied, the target's not
+    assert first["data"]["corpus_1"]["path_tgt"].endswith(".x2")
     timed_runs._use_pre_encoded_data(config(), work, repeat=2)
     assert encoded == ["train.zh", "train.en"]  # nothing newer: the copies stand
     corpus["train.zh"].write_text("y\n", encoding="utf-8")
@@ -340,3 +359,13 @@ def test_pre_encoded_copies_follow_their_corpus_and_model(tmp_path, monkeypatch)
     _later(corpus["spm.model"], 20)
     timed_runs._use_pre_encoded_data(config(), work, repeat=2)
     assert encoded[3:] == ["train.zh", "train.en"]  # a newer subword model: both sides again
+    with_valid = config()
+    with_valid["data"]["valid"] = {"path_src": "/nowhere/valid.zh", "path_tgt": "/nowhere/valid.en"}
+    timed_runs._use_pre_encoded_data(with_valid, work, repeat=2)
+    assert not [name for name in encoded if "valid" in name]  # never validated: it reads the training copies
+    assert with_valid["data"]["valid"]["path_src"] == str(work / "data" / "train.zh.sp")
+    corpus["train.zh"].write_text("y\nz\n", encoding="utf-8")
+    head = config()
+    timed_runs._use_pre_encoded_data(head, work, repeat=2, lines=1)  # the dry run's first lines: copies apart
+    assert Path(head["data"]["corpus_1"]["path_src"]).read_text(encoding="utf-8") == "y\ny\n"
+    assert Path(head["data"]["corpus_1"]["path_src"]).name == "train.zh.head1.sp.v2"

@@ -91,7 +91,8 @@ def test_two_runs_give_identical_outputs(tmp_path):
 
 # ---------------------------------------------------------------- tools/clause_split_corpus.py
 def test_presplit_corpus_equals_the_transform_on_the_fly(tmp_path, sample_data):
-    """tools/clause_split_corpus.py writes what the transform inserts; -clause_presplit passes it through."""
+    """tools/clause_split_corpus.py writes what the transform inserts (with --jobs too); -clause_presplit passes
+    it through."""
     lines = (sample_data / "train.zh").read_text(encoding="utf-8").splitlines()[-300:] + [""]  # segmented Chinese
     source = tmp_path / "src.zh"
     source.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -108,6 +109,11 @@ def test_presplit_corpus_equals_the_transform_on_the_fly(tmp_path, sample_data):
         on_the_fly.apply(example)
         expected.append(" ".join(token for token in example["src"] if token))
     assert written == expected and any(cs.is_marker(t) for line in written for t in line.split())
+    forked = tmp_path / "src.zh.clause.jobs"  # buckets split by forked processes: the same lines, in order
+    subprocess.run([sys.executable, str(support.REPO / "tools/clause_split_corpus.py"), "--lang", "zh",
+                    "--input", source, "--output", forked, "--levels", "4", "--jobs", "3", "--bucket", "64"],
+                   check=True, capture_output=True)
+    assert forked.read_text(encoding="utf-8") == out.read_text(encoding="utf-8")
     passing = cs.ClauseSplitTransform.__new__(cs.ClauseSplitTransform)
     passing.splitter, passing.presplit = None, True
     stats = cs.ClauseSplitStats(0, 0)
