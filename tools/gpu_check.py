@@ -410,10 +410,9 @@ class Meter:
         self.replay_s, self.replayed, self.window, self.syncs, self.sites = 0.0, None, {}, {}, []
         self.replay_reused = False
         self.sync_window, self.sync_step = None, None
-        # the earlier runs' garbage goes; what survives (imports, caches) is frozen, so that the next run's
-        # collection scans only what came since: a full one took 0.1-0.2 s on this project's CPU
         gc.collect()
-        gc.freeze()
+        if job["replay"]:  # in one process, what survives (imports, caches) is frozen, so that the next run's
+            gc.freeze()  # collection scans only what came since: 0.1-0.2 s each on this project's CPU otherwise
         if self.cuda:
             self.torch.cuda.empty_cache()
             self.torch.cuda.reset_peak_memory_stats()
@@ -1786,7 +1785,12 @@ def main(argv=None):
         if "c" in args.sections:
             translator = start_section_c(args, args.work)
         began, deadlines = _now(), {mode: schedule.deadline(f"b {mode}") for mode in ("eager", "compiled")}
-        ends = run_training_process(args, args.work, group, env, rows, configs, deadlines)
+        try:
+            ends = run_training_process(args, args.work, group, env, rows, configs, deadlines)
+        except BaseException:
+            if translator:
+                translator.kill()
+            raise
         eager_end = ends["eager"] or min(_now(), deadlines["eager"])
         for mode, start, end in (("eager", began, eager_end), ("compiled", eager_end, _now())):
             schedule.record(f"b {mode}", start, deadlines[mode], end,
