@@ -88,8 +88,9 @@ MECHANISMS = (
          pre_encoded=True),
 )
 TINY_MECHANISMS = MECHANISMS
-#: the dry run's training and validation corpora: the sample's first lines only (SentencePiece-encoding and
-#: clause-splitting all 21,977 took most of its preparation), repeated as varied copies like the GPU run's
+#: the dry run's training corpus: this many of the sample's lines, evenly spread over it (it is sorted by length),
+#: since SentencePiece-encoding and clause-splitting all 21,977 took most of its preparation; repeated as varied
+#: copies like the GPU run's
 TINY_LINES = 2000
 #: issue 35's targets for the baseline
 BASELINE_TOKENS_TARGET = 100_000

@@ -168,13 +168,17 @@ def _vocab_text(model_bytes):
     return "".join(f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.get_piece_size()))
 
 
-def encode_file(model, source, target, limit=None):
-    """Write the lines of ``source`` (the first ``limit``) to ``target`` as the pieces of the SentencePiece
+def encode_file(model, source, target, limit=None, spread=False):
+    """Write the lines of ``source`` (the first ``limit``; with ``spread``, ``limit`` lines evenly spaced over the
+    file, which keeps a length-sorted corpus's lengths) to ``target`` as the pieces of the SentencePiece
     ``model`` joined by spaces (read without a subword transform); returns ``target``."""
     import sentencepiece as spm
 
     processor = spm.SentencePieceProcessor(model_file=str(model))
-    lines = Path(source).read_text(encoding="utf-8").splitlines()[:limit]
+    lines = Path(source).read_text(encoding="utf-8").splitlines()
+    if spread and limit and limit < len(lines):
+        lines = [lines[index * len(lines) // limit] for index in range(limit)]
+    lines = lines[:limit]
     Path(target).parent.mkdir(parents=True, exist_ok=True)
     Path(target).write_text("".join(" ".join(processor.encode(line, out_type=str)) + "\n" for line in lines),
                             encoding="utf-8")

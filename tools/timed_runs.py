@@ -93,8 +93,8 @@ def _stale(target, *inputs):
 
 def _use_pre_encoded_data(config, workdir, repeat=1, lines=None):
     """Point ``config`` at SentencePiece'd (with clause attention, pre-split) copies of its corpora (``lines``: of
-    their first lines only), made again whenever what they are made from is newer; training corpora ``repeat``
-    times over, so that an epoch can outlast the steps measured."""
+    that many lines spread over each), made again whenever what they are made from is newer; training corpora
+    ``repeat`` times over, so that an epoch can outlast the steps measured."""
     transforms = [t for t in config["transforms"] if t != "sentencepiece"]
     outputs, splitting = {}, {}  # the corpora's clause splits run at once, one process per output
     try:
@@ -127,16 +127,16 @@ def _encode_and_split(config, workdir, outputs, splitting, lines=None):
     file that side will read.  A timed run never validates (``valid_steps`` lies past its last step), so the
     validation corpus reads the training corpus's copies: its own split cost a second process."""
     corpora = sorted(config["data"].items(), key=lambda item: item[0] == "valid")
+    trained = next((name for name, _ in corpora if name != "valid"), None)
     for corpus_name, corpus in corpora:
-        trained = next((name for name, _ in corpora if name != "valid"), None)
         if corpus_name == "valid" and trained:
             outputs.update({("valid", side): outputs[trained, side] for side in ("src", "tgt")})
             continue
         for side, model in (("src", config["src_subword_model"]), ("tgt", config["tgt_subword_model"])):
             path = Path(REPO / corpus[f"path_{side}"])
-            out = workdir / "data" / f"{path.name}{f'.head{lines}' if lines else ''}.sp"
+            out = workdir / "data" / f"{path.name}{f'.spread{lines}' if lines else ''}.sp"
             if _stale(out, path, REPO / model):
-                encode_file(REPO / model, path, out, limit=lines)
+                encode_file(REPO / model, path, out, limit=lines, spread=True)
             if side == "src" and config.get("clause_attention"):
                 levels, tagger = config.get("clause_levels", 6), config.get("clause_tagger_model")
                 split = out.with_name(f"{out.name}.clause{levels}" + (".tagger" if tagger else ""))

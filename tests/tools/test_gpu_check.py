@@ -288,7 +288,7 @@ def test_gpu_configs_parse_strictly(tmp_path, onmt_active, monkeypatch):
     pre-encoded repeated data, and -ext_compile on the compiled runs only."""
     from onmt_ext.parsing import parse_train_config
 
-    def encode(model, path, out, limit=None):  # a stand-in corpus of 10 lines of 3 pieces: names and counts matter
+    def encode(model, path, out, **_):  # a stand-in corpus of 10 lines of 3 pieces: names and counts matter
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text("a b c\n" * 10, encoding="utf-8")
         return out
@@ -330,7 +330,7 @@ def test_property_configs_exist():
 
 
 def test_stock_config_holds_stock_options_only(tmp_path, onmt_active, monkeypatch):
-    monkeypatch.setattr(gpu_check.timed_runs, "encode_file", lambda model, path, out, limit=None: (
+    monkeypatch.setattr(gpu_check.timed_runs, "encode_file", lambda model, path, out, **_: (
         out.parent.mkdir(parents=True, exist_ok=True), out.write_text("a b c\n" * 10, encoding="utf-8"), out)[-1])
     args = gpu_check.parse_args(["--work", str(tmp_path)])
     _, _, ext = gpu_check.training_config(gpu_check.BASELINE, "eager", args, tmp_path, {}, name="ext")

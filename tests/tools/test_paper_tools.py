@@ -169,7 +169,7 @@ def test_reproduction_rejects_a_gpu_count_that_breaks_the_batch():
 
 def _no_encoding(monkeypatch):
     """Pre-encoded corpora by name only: a timed run's config is checked here, not a full encoding pass."""
-    monkeypatch.setattr(timed_runs, "encode_file", lambda model, path, out, limit=None: out.parent.mkdir(exist_ok=True)
+    monkeypatch.setattr(timed_runs, "encode_file", lambda model, path, out, **_: out.parent.mkdir(exist_ok=True)
                         or out.touch())
     monkeypatch.setattr(timed_runs.subprocess, "run", lambda command, check: Path(
         command[command.index("--output") + 1]).touch())
@@ -322,13 +322,27 @@ def test_repeated_training_sources_are_varied_copies_that_a_batch_keeps(tmp_path
     assert timed_runs.repeated_file(source, 3).read_text(encoding="utf-8") == "a b c\nd e\n" * 3
 
 
+def test_a_spread_subset_keeps_a_length_sorted_corpus_lengths(tmp_path, sample_data):
+    """The dry run's corpus is ``limit`` lines evenly spaced over the sample (which is sorted by length), not its
+    shortest first lines."""
+    source = tmp_path / "train.zh"
+    source.write_text("".join("字 " * (index + 1) + "\n" for index in range(10)), encoding="utf-8")
+    model = sample_data / "spm.zh.model"
+    spread = timed_runs.encode_file(model, source, tmp_path / "spread.sp", limit=3, spread=True)
+    head = timed_runs.encode_file(model, source, tmp_path / "head.sp", limit=3)
+    everything = timed_runs.encode_file(model, source, tmp_path / "all.sp").read_text(encoding="utf-8").splitlines()
+    assert spread.read_text(encoding="utf-8").splitlines() == [everything[0], everything[3], everything[6]]
+    assert head.read_text(encoding="utf-8").splitlines() == everything[:3]
+
+
 def test_pre_encoded_copies_follow_their_corpus_and_model(tmp_path, monkeypatch):
     encoded = []
 
-    def encode(model, path, out, limit=None):
+    def encode(model, path, out, limit=None, spread=False):
         encoded.append(Path(path).name)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text("".join(Path(path).read_text(encoding="utf-8").splitlines(True)[:limit]), encoding="utf-8")
+        lines = Path(path).read_text(encoding="utf-8").splitlines(True)
+        out.write_text("".join(lines[::len(lines) // limit] if spread and limit else lines[:limit]), encoding="utf-8")
         return out
 
     monkeypatch.setattr(timed_runs, "encode_file", encode)
@@ -366,6 +380,6 @@ def test_pre_encoded_copies_follow_their_corpus_and_model(tmp_path, monkeypatch)
     assert with_valid["data"]["valid"]["path_src"] == str(work / "data" / "train.zh.sp")
     corpus["train.zh"].write_text("y\nz\n", encoding="utf-8")
     head = config()
-    timed_runs._use_pre_encoded_data(head, work, repeat=2, lines=1)  # the dry run's first lines: copies apart
+    timed_runs._use_pre_encoded_data(head, work, repeat=2, lines=1)  # the dry run's lines: copies apart
     assert Path(head["data"]["corpus_1"]["path_src"]).read_text(encoding="utf-8") == "y\ny\n"
-    assert Path(head["data"]["corpus_1"]["path_src"]).name == "train.zh.head1.sp.v2"
+    assert Path(head["data"]["corpus_1"]["path_src"]).name == "train.zh.spread1.sp.v2"
