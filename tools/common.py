@@ -136,16 +136,14 @@ class Child:
                 raise ChildFailed(f"{self.kind} failed (exit {code}); see {self.log}")
             return json.loads(Path(self.result_file).read_text(encoding="utf-8"))
         finally:
-            if os.path.exists(self.result_file):
-                os.unlink(self.result_file)
+            Path(self.result_file).unlink(missing_ok=True)
 
     def kill(self):
         """Stops the child's whole process group (and removes its result file)."""
         if self.process.poll() is None:
             os.killpg(self.process.pid, 9)
         self.process.wait()
-        if os.path.exists(self.result_file):
-            os.unlink(self.result_file)
+        Path(self.result_file).unlink(missing_ok=True)
 
 
 def child_main(argv, children):

@@ -580,7 +580,7 @@ def child_train_many(result_file, head, argv):
         record(entry)
         if cuda:
             torch.cuda.empty_cache()
-    tables_s = max((job.get("tables_s", math.inf) for job in jobs), default=0.0)
+    tables_s = max((job["tables_s"] for job in jobs), default=0.0)
     meter.write_tables(min(max((job["deadline"] for job in jobs), default=0.0), time.monotonic() + tables_s), record)
     Path(result_file).write_text(json.dumps({"done": True}), encoding="utf-8")
 
@@ -1499,9 +1499,9 @@ def markdown(report):
                       f"{', '.join(done) or 'none'}." + (f" Not compiled ahead: {'; '.join(other)}." if other else "")]
         profiled = [row for row in b["rows"] if "profile_table" in row]
         lines += ["", "Operator tables of each measured run's profiled steps: `profiles/<this report's name>/` beside "
-                  "this report, written after each training process's last run while its budget lasted (at most 8% "
-                  "of section b's) "
-                  f"({sum(row['profile_table'] for row in profiled)} of {len(profiled)} profiled runs)."]
+                  "this report, written after each training process's last run while its budget lasted (at most "
+                  f"{TABLES_SHARE:.0%} of section b's) ({sum(row['profile_table'] for row in profiled)} of "
+                  f"{len(profiled)} profiled runs)."]
         lines += ["", "Host-device synchronisation call sites over the counted steps (top 5 per run; on CUDA the "
                   "Python caller of each sync warning):", ""]
         lines += [f"- {row['case']}{_run_text(row)}, {row['mode']}, {row['group']}, {row['batch_tokens']}: "

@@ -169,7 +169,9 @@ def repeated_file(path, copies, varied=False):
         if varied:
             lines = text.splitlines()
             text = "".join(varied_line(line, copy) + "\n" for copy in range(copies) for line in lines)
-        partial.write_text(text if varied else text * copies, encoding="utf-8")
+        else:
+            text *= copies
+        partial.write_text(text, encoding="utf-8")
         partial.replace(repeated)
     return repeated
 
