@@ -413,7 +413,7 @@ class Meter:
         self.sync_window, self.sync_step = None, None
         gc.collect()
         if job["replay"]:  # in one process, what survives (imports, caches) is frozen, so that the next run's
-            gc.freeze()  # collection scans only what came since: 0.1-0.2 s each on this project's CPU otherwise
+            gc.freeze()  # collection scans only what came since (a full one's cost: docs/gpu-check.md, section c)
         if self.cuda:
             self.torch.cuda.empty_cache()
             self.torch.cuda.reset_peak_memory_stats()
@@ -973,7 +973,7 @@ def plan_cases(costs, base_cost, candidates, passes, block, seconds):
 def _warm_model_building():
     """Pays a process's one-off costs of building its first model before any time is measured: OpenNMT-py
     builds embeddings through ``torch.nn.utils.skip_init``, whose first call imports torch's compiler stack
-    (1.5-4 s on this project's CPU), and its inference engine imports the translator."""
+    (seconds: docs/gpu-check.md, section c), and its inference engine imports the translator."""
     import torch
 
     import onmt.inference_engine  # noqa: F401
@@ -1039,8 +1039,8 @@ def child_translate_many(result_file, head, argv):
         engine = engine_for(job, group)
         engine.opt.src = str(source)
         # every run starts from the same collector state, outside its time; what survives is frozen (the engines
-        # live as long as the process), so that each collection scans only what the runs since made: a full one
-        # took about 0.2 s on this project's CPU once the models were loaded, 40 of them in one group
+        # live as long as the process), so that each collection scans only what the runs since made, not the
+        # loaded models again (docs/gpu-check.md, section c)
         gc.collect()
         gc.freeze()
         start = time.perf_counter()

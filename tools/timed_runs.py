@@ -160,8 +160,8 @@ def repeated_file(path, copies, varied=False):
 
     ``varied`` (``<path>.v<copies>``, for training sources): copy ``k`` of each line is :func:`varied_line`
     ``(line, k)``.  OpenNMT-py leaves out of a training batch a source line already in it, so plain copies that
-    meet in one bucket are built and then dropped: 37% of a 65,536-example bucket of the Tatoeba sample
-    reached a batch.  Varied copies keep each line's length, pieces and clause markers."""
+    meet in one bucket are built and then dropped (results/bench/host-kept.md).  Varied copies keep each line's
+    length, pieces and clause markers."""
     repeated = path.with_name(f"{path.name}.{'v' if varied else 'x'}{copies}")
     if _stale(repeated, path):
         partial = repeated.with_name(repeated.name + ".partial")
