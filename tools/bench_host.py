@@ -57,10 +57,9 @@ def one_run(args, work, name, env, number):
     for old in folder.glob("model_step_*.pt"):
         old.unlink()
     log = folder / "train.log"
-    command = [common.program("onmt_train"), "-config", str(config), "-log_file", str(log)]
     log.unlink(missing_ok=True)
-    done = subprocess.run(command, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1", **env},
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run([common.program("onmt_train"), "-config", str(config), "-log_file", str(log)], cwd=REPO,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", **env}, capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"bench_host.py: error: {name} run {number} failed (exit {done.returncode}); "
                          f"see {log}: {done.stderr.strip().splitlines()[-1:]}")
@@ -108,11 +107,9 @@ def crossing_ms(packed, batches=300):
 
 
 def child_worker_rate(result_file, head, argv):
-    """One data worker's batches: the Base baseline's config on the pre-encoded Tatoeba sample (repeated so that
-    no epoch ends, the sources as varied copies: timed_runs.repeated_file), :data:`WORKER_BATCH` tokens,
-    :data:`WORKER_BUCKET`-example buckets, through OpenNMT-py's training iterator with one DataLoader worker.
-    Writes each batch's arrival (seconds after the first) and its target tokens to ``result_file``.  ``head``:
-    the work folder and the number of batches."""
+    """``head`` (work folder, count) batches of the Base baseline's config on the repeated pre-encoded Tatoeba
+    sample, through OpenNMT-py's training iterator with one DataLoader worker (docs/tools.md); writes each one's
+    arrival (seconds after the first), bucket, sentences and target tokens to ``result_file``."""
     from onmt import train_single
     from onmt.bin.train import _get_parser
     from onmt.constants import CorpusTask
@@ -180,7 +177,7 @@ def worker_rate(args, name, env):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="bench_host.py", description=__doc__.split("\n")[0])
+    parser = common.Parser(prog="bench_host.py", description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=common.at_least(1), default=40, help="measured steps (default 40)")
     parser.add_argument("--warmup-steps", type=common.at_least(1), default=10, help="steps before them (default 10)")
     parser.add_argument("--report-every", type=common.at_least(1), default=10)
@@ -199,6 +196,7 @@ def parse_args(argv):
                              "about four buckets)")
     parser.add_argument("--label", default="proxy", help="report name: <out>/host-<label>.{json,md}")
     args = parser.parse_args(argv)
+    args.work = args.work.resolve()  # the worker child runs in the repository root
     if args.steps % args.report_every or args.warmup_steps % args.report_every:
         parser.error("--steps and --warmup-steps must be multiples of --report-every")
     return args
@@ -214,18 +212,14 @@ def markdown(report):
              "| variant | host ms per step (median) | runs (ms) |", "|---|---:|---|"]
     for name, row in report["variants"].items():
         runs = ", ".join(f"{1000 * s:.1f}" if s else "n/a" for s in row["seconds_per_step"])
-        median = row["median_ms"]
-        lines.append(f"| {name} | {median:.1f} | {runs} |" if median else f"| {name} | n/a | {runs} |")
-    ratio = report.get("stock_over_ext")
-    if ratio:
+        lines.append(f"| {name} | {common.fmt(row['median_ms'], 1)} | {runs} |")
+    if ratio := report.get("stock_over_ext"):
         lines += ["", f"Stock's time per step over onmt-ext's: {ratio:.2f}."]
-    crossing = report.get("crossing_ms")
-    if crossing:
+    if crossing := report.get("crossing_ms"):
         lines += ["", "Receiving one 8k-token batch from 2 data workers (the training process's side, ms per "
                   "batch): seven shared-memory tensors (stock) "
                   f"{crossing['tensors']:.2f}, one packed buffer (onmt-ext) {crossing['packed']:.2f}."]
-    worker = report.get("worker")
-    if worker:
+    if worker := report.get("worker"):
         lines += ["", f"One data worker building {report['worker_batch']}-token batches from "
                   f"{report['worker_bucket']}-example buckets (the Base baseline's config on the pre-encoded Tatoeba "
                   "sample repeated, one DataLoader worker), from the first batch of its second bucket to the first "

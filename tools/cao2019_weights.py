@@ -10,7 +10,6 @@ Usage::
 How it works and why: docs/tools.md (cao2019_weights.py).
 """
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -95,7 +94,7 @@ def markdown(reports, thresholds):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = common.Parser(description=__doc__.split("\n")[0])
     parser.add_argument("-model", required=True, nargs="+", help="checkpoints trained with cross aggregation")
     parser.add_argument("-src", required=True, help="source sentences to encode")
     parser.add_argument("--src-subword-model", help="SentencePiece model applied to the source text")

@@ -9,16 +9,16 @@ Usage::
 How it works and why: docs/tools.md (clause_split_corpus.py).
 """
 
-import argparse
 import multiprocessing
 import sys
 import time
 
+import common
 from clause_split_speed import _opts, read_lines
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = common.Parser(description=__doc__.split("\n")[0])
     p.add_argument("--lang", choices=["en", "zh"], required=True, help="-clause_lang")
     p.add_argument("--input", required=True, help="one tokenized (or BPE'd) sentence per line (UTF-8)")
     p.add_argument("--output", required=True, help="where to write the split lines")

@@ -10,9 +10,10 @@ Usage::
 How it works and why: docs/tools.md (clause_split_speed.py).
 """
 
-import argparse
 import sys
 import time
+
+import common
 
 
 def _opts(args):
@@ -50,7 +51,7 @@ def read_lines(path, column, limit):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = common.Parser(description=__doc__.split("\n")[0])
     p.add_argument("--lang", choices=["en", "zh"], required=True)
     p.add_argument("--input", required=True, help="one sentence per line (UTF-8)")
     p.add_argument("--column", type=int, default=None, help="N-th tab-separated field (0-based)")

@@ -42,6 +42,12 @@ def append_json_line(path, entry):
         out.write(json.dumps(entry) + "\n")
 
 
+def read_json_lines(path):
+    """The entries of the JSON-lines file ``path`` (none when it does not exist)."""
+    path = Path(path)
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()] if path.exists() else []
+
+
 def peak_memory_mb(cuda):
     """Peak CUDA memory allocated (``cuda``), else the peak resident set of this process, in MiB."""
     if cuda:
@@ -119,9 +125,13 @@ class Child:
         self.kind, self.log = kind, log
         command = [sys.executable, str(script), "--child", kind, self.result_file, *map(str, head), "--",
                    *map(str, argv)]
-        with open(log, "w", encoding="utf-8") as out:
-            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                            env=dict(threads_env(threads), **(env or {})))
+        try:
+            with open(log, "w", encoding="utf-8") as out:
+                self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                                start_new_session=True, env=dict(threads_env(threads), **(env or {})))
+        except BaseException:
+            Path(self.result_file).unlink(missing_ok=True)
+            raise
 
     def finish(self, timeout=None):
         """The JSON the child wrote once it ends; :class:`ChildFailed` as :func:`run_child`."""

@@ -1,14 +1,7 @@
 #!/usr/bin/env python
 """``make compare``: the five papers' mechanisms side by side on the shipped Chinese->English sample (CPU).
 
-Usage::
-
-    python tools/compare.py [--seeds 1 2 3] [--jobs 2] [--configs baseline gret ...]
-                            [--valid-every 100] [--plateau-window 400] [--plateau-tolerance 0.01]
-                            [--max-steps N] [--budget-minutes 120] [--train-steps N]
-                            [--test-lines N] [--work build/compare] [--out results/compare]
-
-How it works and why: docs/tools.md (compare.py).
+Options: ``--help``; how it works and why: docs/tools.md (compare.py).
 """
 
 import itertools
@@ -16,25 +9,21 @@ import json
 import math
 import os
 import shlex
-import signal
 import statistics
 import subprocess
 import sys
 import time
+from collections import namedtuple
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
 import common
-from common import fmt
+from common import REPO, fmt
 from onmt_ext import train_log
 from onmt_ext.compat import make_command
 
 CONFIG_DIR = Path("yaml_configs/compare")
-#: Order of the rows; the first is the baseline every other row is tested against.
-CONFIGS = ("baseline", "li2019_em", "cao2019_cross", "chen2019_mprhead", "chen2019_rpehead", "clause_ca_rule", "gret",
-           "combined")
 LABELS = {
     "baseline": "Transformer (stock OpenNMT-py)",
     "li2019_em": "li2019: EM routing, enc-self",
@@ -45,6 +34,8 @@ LABELS = {
     "gret": "GRET (weng2020)",
     "combined": "MPRHead + EM routing + GRET",
 }
+#: Order of the rows; the first is the baseline every other row is tested against.
+CONFIGS = tuple(LABELS)
 #: What each paper reports for the row's mechanism: (table of tools/reproduce.py, index of its baseline row,
 #: index of the mechanism's row, what the rows are) or a sentence where the paper gives no legible number.
 PAPER_CLAIMS = {
@@ -93,18 +84,15 @@ class Run:
         return self.directory / "train.log"
 
 
-def train_command(run, train_steps=None, valid_every=None, save_every=None, keep=None, report_every=None):
-    """``onmt_train`` arguments of a run: the compare config with its seed, its own output paths and the
-    given schedule (the config's own where an argument is None)."""
-    command = ["onmt_train", "-config", str(CONFIG_DIR / f"{run.config}.yaml"), "-seed", str(run.seed),
-               "-save_model", str(run.directory / "model"), "-save_data", str(run.directory / "samples"),
-               "-log_file", str(run.train_log), "-overwrite_checkpoints"]
-    for option, value in (("-train_steps", train_steps), ("-valid_steps", valid_every),
-                          ("-save_checkpoint_steps", save_every), ("-keep_checkpoint", keep),
-                          ("-report_every", report_every)):
-        if value is not None:
-            command += [option, str(value)]
-    return command
+def train_command(run, valid_every, report_every, until=None):
+    """``onmt_train`` arguments of a run (its config, seed and paths), validating every ``valid_every`` steps: to
+    ``run.train_steps`` keeping that checkpoint, or (the plateau search) to ``until`` keeping one per validation."""
+    steps, save_every, keep = (until, valid_every, -1) if until else (run.train_steps, run.train_steps, 1)
+    return ["onmt_train", "-config", str(CONFIG_DIR / f"{run.config}.yaml"), "-seed", str(run.seed),
+            "-save_model", str(run.directory / "model"), "-save_data", str(run.directory / "samples"),
+            "-log_file", str(run.train_log), "-overwrite_checkpoints", "-train_steps", str(steps),
+            "-valid_steps", str(valid_every), "-save_checkpoint_steps", str(save_every), "-keep_checkpoint", str(keep),
+            "-report_every", str(report_every)]
 
 
 def checkpoint(run, train_steps=None):
@@ -112,29 +100,33 @@ def checkpoint(run, train_steps=None):
     return run.directory / f"model_step_{train_steps or run.train_steps}.pt"
 
 
-def translate_command(run, source, train_steps=None):
-    """``onmt_translate`` arguments: beam 4 with the model's SentencePiece models and, for clause attention,
-    the same on-the-fly clause split as in training."""
+def translate_command(run, source):
+    """``onmt_translate`` arguments: beam 4, the model's SentencePiece models and any clause split as in training."""
     from onmt_ext.clause_split import translate_options
 
     values = common.config_values(f"compare/{run.config}.yaml")
-    return ["onmt_translate", "-model", str(checkpoint(run, train_steps)), "-src", str(source),
+    return ["onmt_translate", "-model", str(checkpoint(run)), "-src", str(source),
             "-output", str(run.hypotheses), "-beam_size", "4", "-batch_size", "64", "-batch_type", "sents",
             "-max_length", "100", *translate_options(values, ("sentencepiece",)),
             "-src_subword_model", values["src_subword_model"], "-tgt_subword_model", values["tgt_subword_model"],
             "-log_file", str(run.directory / "translate.log")]
 
 
-def _execute(command, threads, log):
-    """Run a command with its output to ``log``; its wall-clock seconds.  A failure ends the tool."""
-    start = time.perf_counter()
+def _logged(command, threads, log, start=subprocess.Popen):
+    """``start`` (Popen or run) the command with ``threads`` threads, its output after its line in the file ``log``."""
     with open(log, "w", encoding="utf-8") as out:
         out.write(f"$ {shlex.join(command)}\n")
         out.flush()
-        result = subprocess.run([common.program(command[0]), *command[1:]], env=common.threads_env(threads),
-                                stdout=out, stderr=subprocess.STDOUT)
-    if result.returncode:
-        raise SystemExit(f"compare.py: error: {command[0]} failed (exit {result.returncode}); see {log}")
+        return start([common.program(command[0]), *command[1:]], env=common.threads_env(threads), stdout=out,
+                     stderr=subprocess.STDOUT)
+
+
+def _execute(command, threads, log):
+    """Run a command with its output to ``log``; its wall-clock seconds.  A failure ends the tool."""
+    start = time.perf_counter()
+    code = _logged(command, threads, log, subprocess.run).returncode
+    if code:
+        raise SystemExit(f"compare.py: error: {command[0]} failed (exit {code}); see {log}")
     return time.perf_counter() - start
 
 
@@ -146,23 +138,25 @@ def _fresh_training(run):
         old.unlink()
 
 
-def train_run(run, threads, valid_every, report_every):
-    """Train a run to its ``train_steps``, validating every ``valid_every``, unless its checkpoint exists
-    and its log holds all those validations."""
-    wanted = set(range(valid_every, run.train_steps + 1, valid_every))
-    if checkpoint(run).exists() and wanted <= {r.step for r in train_log.read(run.train_log).valid}:
-        return run
+def _train(run, threads, valid_every, report_every):
+    """Train a run from scratch to its ``train_steps``; its wall-clock seconds."""
     _fresh_training(run)
-    run.train_seconds = _execute(train_command(run, run.train_steps, valid_every, run.train_steps, 1, report_every),
-                                 threads, run.directory / "train.console.log")
+    return _execute(train_command(run, valid_every, report_every), threads, run.directory / "train.console.log")
+
+
+def train_run(run, threads, valid_every, report_every):
+    """Train a run to its ``train_steps`` unless its checkpoint exists and its log holds every ``valid_every``."""
+    wanted = set(range(valid_every, run.train_steps + 1, valid_every))
+    if not (checkpoint(run).exists() and wanted <= {r.step for r in train_log.read(run.train_log).valid}):
+        run.train_seconds = _train(run, threads, valid_every, report_every)
     return run
 
 
 def translate_run(run, threads, source):
     """Translate the test source with a run's checkpoint unless the output exists or the model is older."""
-    if run.hypotheses.exists() and run.hypotheses.stat().st_mtime >= checkpoint(run).stat().st_mtime:
-        return run
-    run.translate_seconds = _execute(translate_command(run, source), threads, run.directory / "translate.console.log")
+    if not (run.hypotheses.exists() and run.hypotheses.stat().st_mtime >= checkpoint(run).stat().st_mtime):
+        run.translate_seconds = _execute(translate_command(run, source), threads,
+                                         run.directory / "translate.console.log")
     return run
 
 
@@ -172,10 +166,8 @@ def translate_run(run, threads, source):
 def seed_curves(logs):
     """Validation perplexity of several runs at the steps all of them have validated: ``{step: [ppl, ...]}``."""
     per_run = [{r.step: r.ppl for r in log.valid if r.ppl is not None} for log in logs]
-    if not per_run:
-        return {}
-    common = sorted(set.intersection(*(set(curve) for curve in per_run)))
-    return {step: [curve[step] for curve in per_run] for step in common}
+    shared = sorted(set.intersection(*map(set, per_run))) if per_run else []
+    return {step: [curve[step] for curve in per_run] for step in shared}
 
 
 def find_plateau(steps, values, window, tolerance, max_steps):
@@ -186,36 +178,23 @@ def find_plateau(steps, values, window, tolerance, max_steps):
         if step > max_steps:
             return max_steps, False
         bound = (1.0 - tolerance) * values[i]
-        if any(later <= step + window and value < bound for later, value in zip(steps[i + 1:], values[i + 1:])):
-            continue
-        return (step, True) if steps[-1] >= step + window else None
+        if not any(later <= step + window and value < bound for later, value in zip(steps[i + 1:], values[i + 1:])):
+            return (step, True) if steps[-1] >= step + window else None
     return None
 
 
 def compare_at_steps(baseline, other):
-    """The beats-the-baseline rule at every step both curves (``{step: [ppl per seed]}``) have:
-    ``{step: "better" | "worse" | "tie"}``; better: the other's highest perplexity is below the baseline's
-    lowest, worse: its lowest is above the baseline's highest."""
-    verdicts = {}
-    for step in sorted(set(baseline) & set(other)):
-        if max(other[step]) < min(baseline[step]):
-            verdicts[step] = "better"
-        elif min(other[step]) > max(baseline[step]):
-            verdicts[step] = "worse"
-        else:
-            verdicts[step] = "tie"
-    return verdicts
+    """The beats-the-baseline rule at every step both curves (``{step: [ppl per seed]}``) have, ``{step: verdict}``:
+    "better" when the other's highest perplexity is below the baseline's lowest, "worse" the mirror case, else "tie"."""
+    return {step: "better" if max(other[step]) < min(baseline[step]) else
+                  "worse" if min(other[step]) > max(baseline[step]) else "tie"
+            for step in sorted(set(baseline) & set(other))}
 
 
 def sustained_from(verdicts, kind):
     """The first step from which every later verdict is ``kind`` (None if the last one is not)."""
-    first = None
-    for step in sorted(verdicts):
-        if verdicts[step] == kind:
-            first = step if first is None else first
-        else:
-            first = None
-    return first
+    tail = list(itertools.takewhile(lambda step: verdicts[step] == kind, sorted(verdicts, reverse=True)))
+    return tail[-1] if tail else None
 
 
 def verdict_text(verdicts):
@@ -224,22 +203,19 @@ def verdict_text(verdicts):
     if not verdicts:
         return "no common validation step"
     steps = sorted(verdicts)
-    parts, kept = [], False
+    parts = []
     for kind, words in (("better", "beats the baseline"), ("worse", "behind the baseline")):
         held = [s for s in steps if verdicts[s] == kind]
-        if not held:
-            continue
         start = sustained_from(verdicts, kind)
-        if start is None:
+        if start is not None:
+            earlier = [s for s in held if s < start]
+            parts.insert(0, f"{words} from step {start} on" + (f", and earlier at {_ranges(earlier, steps)}"
+                                                               if earlier else ""))
+        elif held:
             parts.append(f"{words} at {_ranges(held, steps)}")
-            continue
-        kept = True
-        earlier = [s for s in held if s < start]
-        parts.insert(0, f"{words} from step {start} on" + (f", and earlier at {_ranges(earlier, steps)}"
-                                                           if earlier else ""))
     if not parts:
         return "never apart from the baseline (seed ranges overlap at every step)"
-    return "; ".join(parts) + ("" if kept else "; not at the last step")
+    return "; ".join(parts) + ("; not at the last step" if verdicts[steps[-1]] == "tie" else "")
 
 
 def _ranges(steps, all_steps):
@@ -256,27 +232,21 @@ def _ranges(steps, all_steps):
 
 def paper_claim(config):
     """What the paper of a config reports (one line), from the paper BLEU of tools/reproduce.py's tables."""
-    claim = PAPER_CLAIMS.get(config)
-    if claim is None or isinstance(claim, str):
-        return claim or ""
+    claim = PAPER_CLAIMS.get(config, "")
+    if isinstance(claim, str):
+        return claim
     import reproduce
 
     table, base_index, index, what = claim
-    rows = reproduce.TABLES[table]
-    base, row = rows[base_index].paper_bleu, rows[index].paper_bleu
+    base, row = (reproduce.TABLES[table][i].paper_bleu for i in (base_index, index))
     return f"{row - base:+.2f} BLEU ({base:.2f} -> {row:.2f}): {what}"
 
 
 # ---------------------------------------------------------------- Speed and the estimate
 
 
-@dataclass
-class Speed:
-    """What the probe measured for one config: seconds per training step, per validation and to start."""
-
-    step: float
-    valid: float
-    startup: float
+#: What the probe measured for one config: seconds per training step, per validation and to start.
+Speed = namedtuple("Speed", "step valid startup")
 
 
 def probe(configs, seed, steps, jobs, threads, work):
@@ -285,9 +255,7 @@ def probe(configs, seed, steps, jobs, threads, work):
 
     def one(name):
         run = Run(name, seed, work / "probe" / name, steps)
-        _fresh_training(run)
-        wall = _execute(train_command(run, steps, steps, steps, 1, report_every), threads,
-                        run.directory / "train.console.log")
+        wall = _train(run, threads, steps, report_every)
         log = train_log.read(run.train_log)
         per_step, valid = log.seconds_per_step(), log.valid_seconds() or 0.0
         if per_step is None:
@@ -302,43 +270,33 @@ def schedule_seconds(durations, jobs):
     """Wall-clock seconds of tasks given to ``jobs`` workers in order, each to the first worker free."""
     free = [0.0] * jobs
     for duration in durations:
-        k = free.index(min(free))
-        free[k] += duration
-    return max(free) if durations else 0.0
+        free[free.index(min(free))] += duration
+    return max(free)
 
 
-def estimate(speeds, configs, seeds, jobs, plateau_step, window, valid_every, translate_seconds,
-             search=True):
+def estimate(speeds, configs, seeds, jobs, plateau_step, window, valid_every, translate_seconds, search=True):
     """Estimated seconds (``baseline``, ``others``, ``total``) of phases 2-3 for a plateau step: the baseline's
-    seeds at once for ``plateau_step + window`` steps, then every other run in ``jobs`` slots, each translating once."""
-    base = speeds[configs[0]]
-    base_steps = plateau_step + window if search else plateau_step
-    crowding = max(1.0, len(seeds) / jobs) if search else 1.0
-    baseline = base.startup + crowding * (base.step * base_steps + base.valid * (base_steps // valid_every))
-    if not search:  # the baseline is one more config in the queue
-        baseline = 0.0
-    tasks = []
-    for _ in seeds:
-        for name in configs[1 if search else 0:]:
-            speed = speeds[name]
-            tasks.append(speed.startup + speed.step * plateau_step + speed.valid * (plateau_step // valid_every)
-                         + translate_seconds)
-    others = schedule_seconds(tasks, jobs)
-    if search:
-        others += math.ceil(len(seeds) / jobs) * translate_seconds  # the baseline's translations
+    seeds at once for ``plateau_step + window`` steps, then every other run in ``jobs`` slots, each translating once;
+    without the ``search``, every run in the slots for ``plateau_step`` steps."""
+    baseline = others = 0.0
+    if search:  # the baseline's seeds share the cores; their translations then take turns in the slots
+        base, steps = speeds[configs[0]], plateau_step + window
+        baseline = base.startup + max(1.0, len(seeds) / jobs) * (base.step * steps
+                                                                  + base.valid * (steps // valid_every))
+        others = math.ceil(len(seeds) / jobs) * translate_seconds
+    queued = [speeds[name] for _ in seeds for name in (configs[1:] if search else configs)]
+    others += schedule_seconds([speed.startup + speed.step * plateau_step + speed.valid * (plateau_step // valid_every)
+                                + translate_seconds for speed in queued], jobs)
     return {"baseline": baseline, "others": others, "total": baseline + others}
 
 
 def choose_max_steps(speeds, configs, seeds, jobs, window, valid_every, translate_seconds, budget_seconds):
     """The largest multiple of ``valid_every`` (at least ``valid_every``) whose :func:`estimate` with the
     plateau there fits ``budget_seconds``."""
-    best = valid_every
-    for steps in range(valid_every, MAX_STEPS_CEILING + 1, valid_every):
-        if estimate(speeds, configs, seeds, jobs, steps, window, valid_every, translate_seconds)["total"] \
-                > budget_seconds:
-            break
-        best = steps
-    return best
+    fitting = itertools.takewhile(
+        lambda steps: estimate(speeds, configs, seeds, jobs, steps, window, valid_every, translate_seconds)["total"]
+        <= budget_seconds, range(valid_every, MAX_STEPS_CEILING + 1, valid_every))
+    return max(fitting, default=valid_every)
 
 
 def _minutes(seconds):
@@ -349,69 +307,59 @@ def _minutes(seconds):
 
 
 def _plateau_of(runs, window, tolerance, max_steps):
+    """The runs' validation perplexities (:func:`seed_curves`) and :func:`find_plateau`'s decision on their mean."""
     curves = seed_curves([train_log.read(run.train_log) for run in runs])
     steps = sorted(curves)
-    return find_plateau(steps, [statistics.fmean(curves[s]) for s in steps], window, tolerance, max_steps)
+    return curves, find_plateau(steps, [statistics.fmean(curves[s]) for s in steps], window, tolerance, max_steps)
 
 
 def baseline_until_plateau(runs, cores, valid_every, report_every, window, tolerance, max_steps):
     """Train the baseline's runs at once until :func:`find_plateau` decides; ``(P, found, seconds)``."""
-    decided = _plateau_of(runs, window, tolerance, max_steps) if all(r.train_log.exists() for r in runs) else None
+    decided = _plateau_of(runs, window, tolerance, max_steps)[1] if all(r.train_log.exists() for r in runs) else None
     if decided and all(checkpoint(r, decided[0]).exists() for r in runs):
         print(f"compare.py: the baseline's logs in {runs[0].directory.parent} already decide the plateau", flush=True)
         return decided[0], decided[1], None
     threads = max(1, cores // len(runs))
-    limit = max_steps + window
     processes = []
     start = time.perf_counter()
     try:
         for run in runs:
             _fresh_training(run)
-            command = train_command(run, limit, valid_every, valid_every, -1, report_every)
-            console = open(run.directory / "train.console.log", "w", encoding="utf-8")
-            console.write(f"$ {shlex.join(command)}\n")
-            console.flush()
-            processes.append((run, console, subprocess.Popen(
-                [common.program(command[0]), *command[1:]], env=common.threads_env(threads), stdout=console,
-                stderr=subprocess.STDOUT)))
-        shown = 0
-        while True:
+            processes.append(_logged(train_command(run, valid_every, report_every, max_steps + window), threads,
+                                     run.directory / "train.console.log"))
+        shown, decided = 0, None
+        while not decided:
             time.sleep(POLL_SECONDS)
-            decided = _plateau_of(runs, window, tolerance, max_steps)
-            curves = seed_curves([train_log.read(run.train_log) for run in runs])
+            curves, decided = _plateau_of(runs, window, tolerance, max_steps)
             if curves and max(curves) > shown:
                 shown = max(curves)
                 print(f"  baseline step {shown}: mean validation perplexity "
                       f"{statistics.fmean(curves[shown]):.2f} ({_minutes(time.perf_counter() - start)})", flush=True)
-            if decided:
-                break
-            if all(process.poll() is not None for _, _, process in processes):
-                failed = [(run, p.returncode) for run, _, p in processes if p.returncode]
-                if failed:
-                    run, code = failed[0]
-                    raise SystemExit(f"compare.py: error: onmt_train failed (exit {code}); see "
-                                     f"{run.directory / 'train.console.log'}")
-                decided = _plateau_of(runs, window, tolerance, max_steps)
+            if not decided and all(process.poll() is not None for process in processes):
+                for run, process in zip(runs, processes):
+                    if process.returncode:
+                        raise SystemExit(f"compare.py: error: onmt_train failed (exit {process.returncode}); see "
+                                         f"{run.directory / 'train.console.log'}")
+                decided = _plateau_of(runs, window, tolerance, max_steps)[1]
                 if not decided:
                     raise SystemExit("compare.py: error: the baseline's logs end before the plateau rule can "
                                      f"decide; see {runs[0].train_log}")
-                break
     finally:
-        for _, console, process in processes:
+        for process in processes:
             if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
+                process.terminate()
                 try:
                     process.wait(timeout=60)
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait()
-            console.close()
     step = decided[0]
     for run in runs:
-        if not checkpoint(run, step).exists():
+        kept = checkpoint(run, step)
+        if not kept.exists():
             raise SystemExit(f"compare.py: error: no checkpoint of step {step} in {run.directory}")
         for other in run.directory.glob("model_step_*.pt"):
-            if other.name != checkpoint(run, step).name:
+            if other.name != kept.name:
                 other.unlink()
     return step, decided[1], time.perf_counter() - start
 
@@ -446,9 +394,8 @@ def add_seed_tests(rows):
     return rows
 
 
-def score(runs, configs, seeds, refs_path, test_lines=None, speeds=None):
-    """Per-config summary dicts (BLEU/chrF mean and sd, bootstrap per seed, speed, parameters).  The speed ratio
-    is the probe's (``speeds``: every config under the same conditions), else that of the runs' tokens/s."""
+def score(runs, configs, seeds, refs_path, test_lines, speeds):
+    """Per-config summary dicts: BLEU/chrF mean and sd, bootstrap per seed, the probe's speed ratio, parameters."""
     from onmt_ext import evaluation as ev
 
     refs = ev.read_reference_tsv(refs_path)
@@ -470,29 +417,21 @@ def score(runs, configs, seeds, refs_path, test_lines=None, speeds=None):
                 test = ev.paired_bootstrap(hyps[(configs[0], seed)], hyps[(name, seed)], refs)
                 entry.update(delta=test.delta, p_value=test.p_value, marker=test.marker)
             per_seed.append(entry)
-        bleu, bleu_sd = _mean_sd([e["bleu"] for e in per_seed])
-        chrf, chrf_sd = _mean_sd([e["chrf"] for e in per_seed])
-        speed, _ = _mean_sd([e["tok_per_s"] for e in per_seed])
+        (bleu, bleu_sd), (chrf, chrf_sd) = (_mean_sd([e[key] for e in per_seed]) for key in ("bleu", "chrf"))
+        significant = [e for e in per_seed if e.get("p_value") is not None and e["p_value"] < 0.05]
         rows.append({"config": name, "label": LABELS.get(name, name), "file": str(CONFIG_DIR / f"{name}.yaml"),
                      "bleu_mean": bleu, "bleu_sd": bleu_sd, "chrf_mean": chrf, "chrf_sd": chrf_sd,
-                     "tok_per_s": speed, "parameters": per_seed[0]["parameters"], "seeds": per_seed})
-    base = rows[0]
-    for row in rows:
-        if speeds:
-            row["speed_ratio"] = speeds[configs[0]].step / speeds[row["config"]].step
-        else:
-            row["speed_ratio"] = (row["tok_per_s"] / base["tok_per_s"]
-                                  if row["tok_per_s"] and base["tok_per_s"] else None)
-        significant = [e for e in row["seeds"] if e.get("p_value") is not None and e["p_value"] < 0.05]
-        row["significant_better"] = sum(e["delta"] > 0 for e in significant)
-        row["significant_worse"] = sum(e["delta"] < 0 for e in significant)
+                     "tok_per_s": _mean_sd([e["tok_per_s"] for e in per_seed])[0],
+                     "parameters": per_seed[0]["parameters"], "seeds": per_seed,
+                     "speed_ratio": speeds[configs[0]].step / speeds[name].step,
+                     "significant_better": sum(e["delta"] > 0 for e in significant),
+                     "significant_worse": sum(e["delta"] < 0 for e in significant)})
     return add_seed_tests(rows)
 
 
 def learning_curves(runs, configs, seeds, last_step):
-    """Per config: validation perplexity per seed, mean, min and max at the steps every seed has (the
-    baseline's up to its last validation, the others' up to ``last_step``), and the verdicts of the
-    beats-the-baseline rule up to ``last_step``."""
+    """Per config: validation perplexity per seed, mean, min and max at the steps every seed has, and (but the
+    baseline) the verdicts of the beats-the-baseline rule up to ``last_step``."""
     by_key = {(r.config, r.seed): r for r in runs}
     curves = {}
     for name in configs:
@@ -501,26 +440,14 @@ def learning_curves(runs, configs, seeds, last_step):
         curves[name] = {"step": steps, "mean": [statistics.fmean(per_seed[s]) for s in steps],
                         "min": [min(per_seed[s]) for s in steps], "max": [max(per_seed[s]) for s in steps],
                         "seeds": {str(seed): [per_seed[s][k] for s in steps] for k, seed in enumerate(seeds)}}
-    base = curves[configs[0]]
-    base_by_step = {s: [base["seeds"][str(seed)][i] for seed in seeds] for i, s in enumerate(base["step"])
-                    if s <= last_step}
-    for name in configs[1:]:
-        curve = curves[name]
-        by_step = {s: [curve["seeds"][str(seed)][i] for seed in seeds] for i, s in enumerate(curve["step"])
-                   if s <= last_step}
-        verdicts = compare_at_steps(base_by_step, by_step)
-        curve["verdicts"] = {str(s): v for s, v in verdicts.items()}
-        curve["verdict"] = verdict_text(verdicts)
-        curve["paper"] = paper_claim(name)
+        until_last = {s: ppl for s, ppl in per_seed.items() if s <= last_step}
+        if name == configs[0]:
+            base = until_last
+            continue
+        verdicts = compare_at_steps(base, until_last)
+        curves[name].update(verdicts={str(s): v for s, v in verdicts.items()}, verdict=verdict_text(verdicts),
+                            paper=paper_claim(name))
     return curves
-
-
-def _at(curve, step):
-    """(mean, min, max) of a curve at ``step``, None when it has no such step."""
-    if step not in curve["step"]:
-        return None
-    i = curve["step"].index(step)
-    return curve["mean"][i], curve["min"][i], curve["max"][i]
 
 
 def markdown(report):
@@ -570,11 +497,9 @@ def markdown(report):
               "| config | " + " | ".join(f"seed {s}" for s in seeds) + " |",
               "|---|" + "---:|" * len(seeds)]
     for row in report["rows"]:
-        cells = []
-        for entry in row["seeds"]:
-            extra = "" if "p_value" not in entry else \
-                f" ({entry['delta']:+.2f}, p {entry['p_value']:.3f}{entry['marker'] and ' ' + entry['marker']})"
-            cells.append(f"{entry['bleu']:.2f}{extra}")
+        cells = [f"{e['bleu']:.2f}" + ("" if "p_value" not in e else
+                                       f" ({e['delta']:+.2f}, p {e['p_value']:.3f}{e['marker'] and ' ' + e['marker']})")
+                 for e in row["seeds"]]
         lines.append(f"| {row['config']} | " + " | ".join(cells) + " |")
     curves = report.get("curves")
     if curves:
@@ -588,26 +513,24 @@ def markdown(report):
                   f"| config | validation ppl at step {step}: mean (min-max) | against the baseline | what the paper "
                   "reports (BLEU, its task) |", "|---|---:|---|---|"]
         for name, curve in curves.items():
-            point = _at(curve, step)
-            value = "n/a" if point is None else f"{point[0]:.2f} ({point[1]:.2f}-{point[2]:.2f})"
+            i = curve["step"].index(step) if step in curve["step"] else None
+            value = "n/a" if i is None else f"{curve['mean'][i]:.2f} ({curve['min'][i]:.2f}-{curve['max'][i]:.2f})"
             lines.append(f"| {name} | {value} | {curve.get('verdict', '—')} | {curve.get('paper', '—')} |")
-    estimate_text = report.get("estimate_text")
-    if estimate_text:
-        lines += ["", f"Estimate printed before the trainings: {estimate_text}"]
+    if report.get("estimate_text"):
+        lines += ["", f"Estimate printed before the trainings: {report['estimate_text']}"]
     earlier = report.get("earlier_invocations", [])
     own = _invocation_time(report)
     if earlier is None:
-        lines += ["", f"Wall-clock time of this invocation: {own}; it reused {len(report['reused_runs'])} finished "
-                      "runs of an earlier invocation whose report does not record them, so the whole comparison "
-                      "took longer.", ""]
+        wall = (f"Wall-clock time of this invocation: {own}; it reused {len(report['reused_runs'])} finished runs of "
+                "an earlier invocation whose report does not record them, so the whole comparison took longer.")
     elif earlier:
         total = sum(e["wall_seconds"] for e in earlier) + report["wall_seconds"]
-        lines += ["", f"Wall-clock time: {total / 60:.1f} min in {len(earlier) + 1} invocations sharing the runs of "
-                      f"the work folder: {', then '.join(map(_invocation_time, earlier))}, then {own}, which "
-                      f"reused {len(report['reused_runs'])} finished runs.", ""]
+        wall = (f"Wall-clock time: {total / 60:.1f} min in {len(earlier) + 1} invocations sharing the runs of the "
+                f"work folder: {', then '.join(map(_invocation_time, earlier))}, then {own}, which reused "
+                f"{len(report['reused_runs'])} finished runs.")
     else:
-        lines += ["", f"Wall-clock time of the whole comparison: {own}.", ""]
-    return "\n".join(lines)
+        wall = f"Wall-clock time of the whole comparison: {own}."
+    return "\n".join(lines + ["", wall, ""])
 
 
 def _invocation_time(invocation):
@@ -645,17 +568,15 @@ def plot(report, path):
                      "training tokens/s relative to the baseline")
     for axis in (left, right):
         axis.tick_params(axis="x", rotation=35)
-        for label in axis.get_xticklabels():
-            label.set_horizontalalignment("right")
+        plt.setp(axis.get_xticklabels(), horizontalalignment="right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 def plot_curves(report, path):
-    """The learning curves to ``path``: left, validation perplexity (log scale), mean over the seeds with
-    the min-max band; right, each config's over the baseline's mean (below 1: lower perplexity).  A dotted
-    line marks the step every config trained to."""
+    """The learning curves to ``path``: left, validation perplexity (log scale), mean and min-max band over the seeds;
+    right, each over the baseline's mean (below 1: lower); a dotted line at the step every config trained to."""
     plt = common.pyplot()
     from matplotlib.ticker import MaxNLocator
 
@@ -666,21 +587,21 @@ def plot_curves(report, path):
     tab10 = plt.get_cmap("tab10")
     colours = [tab10(i) for i in range(10) if i != 7]  # no grey: the baseline's band is grey-black
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
+    late = []  # the ratios from a quarter of the steps on (the early ones, still falling fast, would squash the range)
     for k, name in enumerate(names):
         curve = curves[name]
         colour = "black" if k == 0 else colours[(k - 1) % len(colours)]
-        left.plot(curve["step"], curve["mean"], color=colour, linewidth=1.6 if k == 0 else 1.2, marker=".",
-                  markersize=4, label=name)
-        left.fill_between(curve["step"], curve["min"], curve["max"], color=colour, alpha=0.15, linewidth=0)
-        steps = [s for s in curve["step"] if s in base_mean]
-        if steps:
-            index = [curve["step"].index(s) for s in steps]
-            ratio = [curve["mean"][i] / base_mean[s] for i, s in zip(index, steps)]
-            low = [curve["min"][i] / base_mean[s] for i, s in zip(index, steps)]
-            high = [curve["max"][i] / base_mean[s] for i, s in zip(index, steps)]
-            right.plot(steps, ratio, color=colour, linewidth=1.6 if k == 0 else 1.2, marker=".", markersize=4,
-                       label=name)
-            right.fill_between(steps, low, high, color=colour, alpha=0.15, linewidth=0)
+        style = {"color": colour, "linewidth": 1.6 if k == 0 else 1.2, "marker": ".", "markersize": 4, "label": name}
+        band = {"color": colour, "alpha": 0.15, "linewidth": 0}
+        left.plot(curve["step"], curve["mean"], **style)
+        left.fill_between(curve["step"], curve["min"], curve["max"], **band)
+        shared = [(i, s) for i, s in enumerate(curve["step"]) if s in base_mean]
+        if shared:
+            steps = [s for _, s in shared]
+            ratio, low, high = ([curve[key][i] / base_mean[s] for i, s in shared] for key in ("mean", "min", "max"))
+            right.plot(steps, ratio, **style)
+            right.fill_between(steps, low, high, **band)
+            late += [v for s, lo, hi in zip(steps, low, high) if s >= report["train_steps"] / 4 for v in (lo, hi)]
     for axis in (left, right):
         axis.axvline(report["train_steps"], color="grey", linestyle=":", linewidth=1)
         axis.annotate(f" step {report['train_steps']}", (report["train_steps"], 1.0),
@@ -694,9 +615,6 @@ def plot_curves(report, path):
     right.axhline(1.0, color="black", linewidth=0.8)
     right.set_ylabel("validation perplexity / baseline's mean")
     right.set_title("relative to the baseline (below 1: better)")
-    # the early steps, where every perplexity is still falling fast, would squash the interesting range
-    late = [v for name in names for s, lo, hi in zip(curves[name]["step"], curves[name]["min"], curves[name]["max"])
-            if s in base_mean and s >= report["train_steps"] / 4 for v in (lo / base_mean[s], hi / base_mean[s])]
     if late:
         right.set_ylim(min(late + [1.0]) * 0.97, max(late + [1.0]) * 1.03)
     left.legend(fontsize=8)
@@ -708,57 +626,55 @@ def plot_curves(report, path):
 # ---------------------------------------------------------------- main
 
 
-def refresh(report):
-    """``report`` (a ``compare.json`` document) with the statistics and wording the current code derives from
-    its numbers: the across-seeds tests (:func:`add_seed_tests`) and each curve's verdict sentence (from its
-    stored per-step verdicts)."""
-    add_seed_tests(report["rows"])
-    for curve in (report.get("curves") or {}).values():
-        if "verdicts" in curve:
-            curve["verdict"] = verdict_text({int(step): kind for step, kind in curve["verdicts"].items()})
-    return report
-
-
 def report_only(out):
-    """``--report-only``: rewrite ``<out>/compare.json`` and ``compare.md`` through :func:`refresh`."""
+    """``--report-only``: rewrite ``<out>/compare.json`` and ``compare.md`` with what the current code derives from
+    the numbers: the across-seeds tests (:func:`add_seed_tests`) and each curve's verdict from its per-step verdicts."""
     path = Path(out) / "compare.json"
     try:
         report = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise SystemExit(f"compare.py: error: cannot read {path}: {exc}") from None
-    text = markdown(refresh(report))
-    path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-    (Path(out) / "compare.md").write_text(text, encoding="utf-8")
-    print(text)
+    add_seed_tests(report["rows"])
+    for curve in (report.get("curves") or {}).values():
+        if "verdicts" in curve:
+            curve["verdict"] = verdict_text({int(step): kind for step, kind in curve["verdicts"].items()})
+    print(write_report(report, Path(out)))
     return 0
+
+
+def write_report(report, out):
+    """Write ``report`` to ``<out>/compare.json`` and its :func:`markdown` to ``<out>/compare.md``; the Markdown."""
+    text = markdown(report)
+    (out / "compare.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    (out / "compare.md").write_text(text, encoding="utf-8")
+    return text
 
 
 def main(argv=None):
     parser = common.Parser(prog="compare.py", description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--configs", nargs="+", default=list(CONFIGS),
-                        help="configs of yaml_configs/compare/ to run; the first is the baseline")
-    parser.add_argument("--jobs", type=common.at_least(1), default=2, help="runs at a time (each gets cores/jobs threads)")
-    parser.add_argument("--valid-every", type=common.at_least(1), default=100, help="validation interval in steps (default 100)")
-    parser.add_argument("--plateau-window", type=common.at_least(1), default=400,
-                        help="steps after a validation step within which the mean validation perplexity must "
-                             "improve by the tolerance for training to go on (default 400)")
-    parser.add_argument("--plateau-tolerance", type=float, default=0.01,
-                        help="relative improvement of the mean validation perplexity that counts (default 0.01)")
-    parser.add_argument("--max-steps", type=common.at_least(1), default=None,
-                        help="cap of the plateau step (default: the largest that fits --budget-minutes)")
-    parser.add_argument("--budget-minutes", type=float, default=120.0,
-                        help="time the run may take; sizes the default --max-steps (default 120)")
-    parser.add_argument("--probe-steps", type=common.at_least(6), default=40,
-                        help="steps of each config's speed probe, its speed read between step reports (default 40)")
-    parser.add_argument("--train-steps", type=common.at_least(1), default=None,
-                        help="train every config this many steps, without the plateau search")
-    parser.add_argument("--test-lines", type=common.at_least(1), default=None, help="translate only the first N test lines")
-    parser.add_argument("--work", type=Path, default=Path("build/compare"))
-    parser.add_argument("--out", type=Path, default=Path("results/compare"))
-    parser.add_argument("--report-only", action="store_true",
-                        help="rewrite <out>/compare.{json,md} from <out>/compare.json with the current statistics and "
-                             "wording, training and translating nothing")
+    add, positive = parser.add_argument, common.at_least(1)
+    add("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    add("--configs", nargs="+", default=list(CONFIGS),
+        help="configs of yaml_configs/compare/ to run; the first is the baseline")
+    add("--jobs", type=positive, default=2, help="runs at a time (each gets cores/jobs threads)")
+    add("--valid-every", type=positive, default=100, help="validation interval in steps (default 100)")
+    add("--plateau-window", type=positive, default=400,
+        help="steps after a validation step within which the mean validation perplexity must improve by the tolerance "
+             "for training to go on (default 400)")
+    add("--plateau-tolerance", type=float, default=0.01,
+        help="relative improvement of the mean validation perplexity that counts (default 0.01)")
+    add("--max-steps", type=positive, help="cap of the plateau step (default: the largest that fits --budget-minutes)")
+    add("--budget-minutes", type=float, default=120.0,
+        help="time the run may take; sizes the default --max-steps (default 120)")
+    add("--probe-steps", type=common.at_least(6), default=40,
+        help="steps of each config's speed probe, its speed read between step reports (default 40)")
+    add("--train-steps", type=positive, help="train every config this many steps, without the plateau search")
+    add("--test-lines", type=positive, help="translate only the first N test lines")
+    add("--work", type=Path, default=Path("build/compare"))
+    add("--out", type=Path, default=Path("results/compare"))
+    add("--report-only", action="store_true",
+        help="rewrite <out>/compare.{json,md} from <out>/compare.json with the current statistics and wording, "
+             "training and translating nothing")
     args = parser.parse_args(argv)
     if args.report_only:
         others = [name for name, value in vars(args).items()
@@ -807,24 +723,24 @@ def main(argv=None):
         print(f"  {name}: {speed.step:.3f} s/step, {speed.valid:.1f} s/validation, {speed.startup:.0f} s start-up",
               flush=True)
     translate_allowance = TRANSLATE_ALLOWANCE * test_sentences / all_sentences
+
+    def estimate_at(plateau_step, translate_seconds=translate_allowance):
+        return estimate(speeds, args.configs, args.seeds, args.jobs, plateau_step, window, args.valid_every,
+                        translate_seconds, search)
+
     budget = args.budget_minutes * 60 - (time.perf_counter() - started)
     max_steps = args.max_steps or args.train_steps or choose_max_steps(
         speeds, args.configs, args.seeds, args.jobs, window, args.valid_every, translate_allowance,
         BUDGET_SHARE * budget)
+    worst = estimate_at(max_steps)
     if search:
-        worst = estimate(speeds, args.configs, args.seeds, args.jobs, max_steps, window, args.valid_every,
-                         translate_allowance)
         half_step = max(args.valid_every, max_steps // 2 // args.valid_every * args.valid_every)
-        half = estimate(speeds, args.configs, args.seeds, args.jobs, half_step, window, args.valid_every,
-                        translate_allowance)
         estimate_text = (f"at most {_minutes(worst['total'])} more (baseline until its plateau, at most "
                          f"{max_steps + window} steps: {_minutes(worst['baseline'])}; the other configs to a plateau "
                          f"at the cap of {max_steps} steps: {_minutes(worst['others'])}); "
-                         f"{_minutes(half['total'])} if the plateau is at step {half_step}; translation counted "
-                         f"at {translate_allowance:.0f} s per model until the baseline's is timed")
+                         f"{_minutes(estimate_at(half_step)['total'])} if the plateau is at step {half_step}; "
+                         f"translation counted at {translate_allowance:.0f} s per model until the baseline's is timed")
     else:
-        worst = estimate(speeds, args.configs, args.seeds, args.jobs, max_steps, 0, args.valid_every,
-                         translate_allowance, search=False)
         estimate_text = f"about {_minutes(worst['total'])} more ({max_steps} steps per run)"
     print(f"compare.py: estimate: {estimate_text}; the probe took {_minutes(time.perf_counter() - started)}",
           flush=True)
@@ -832,52 +748,41 @@ def main(argv=None):
         print(f"compare.py: warning: the estimate exceeds --budget-minutes {args.budget_minutes:g}", flush=True)
 
     # 2. the baseline until its plateau
-    base_runs = [Run(args.configs[0], seed, args.work / args.configs[0] / f"seed{seed}", None, args.test_lines)
+    steps, plateau = args.train_steps, None
+    base_runs = [Run(args.configs[0], seed, args.work / args.configs[0] / f"seed{seed}", steps, args.test_lines)
                  for seed in args.seeds]
-    plateau = None
     if search:
         print(f"compare.py: training the baseline with seeds {args.seeds} until its plateau (at most "
               f"{max_steps + window} steps)", flush=True)
-        step, found, seconds = baseline_until_plateau(base_runs, cores, args.valid_every, report_every,
-                                                      window, args.plateau_tolerance, max_steps)
+        steps, found, seconds = baseline_until_plateau(base_runs, cores, args.valid_every, report_every,
+                                                       window, args.plateau_tolerance, max_steps)
         for run in base_runs:
-            run.train_steps, run.train_seconds = step, seconds
+            run.train_steps, run.train_seconds = steps, seconds
         plateau = {"rule": "first validation step s with min(v(t), s < t <= s + window) > (1 - tolerance) v(s), "
                            "v the mean validation perplexity over the seeds; the cap if none",
                    "window": window, "tolerance": args.plateau_tolerance, "valid_every": args.valid_every,
-                   "max_steps": max_steps, "step": step, "found": found,
+                   "max_steps": max_steps, "step": steps, "found": found,
                    "valid_set": str(common.config_values(f"compare/{args.configs[0]}.yaml")["data"]["valid"]
                                     ["path_src"]).rsplit(".", 1)[0] + ".{zh,en}"}
-        print(f"compare.py: plateau step {step}" + ("" if found else f" (the cap: no plateau up to {max_steps})"),
+        print(f"compare.py: plateau step {steps}" + ("" if found else f" (the cap: no plateau up to {max_steps})"),
               flush=True)
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
             list(pool.map(lambda run: translate_run(run, threads, source), base_runs))
         timed = [run.translate_seconds for run in base_runs if run.translate_seconds]
-        translate_seconds = statistics.fmean(timed) if timed else translate_allowance
-        rest = estimate(speeds, args.configs, args.seeds, args.jobs, step, window, args.valid_every,
-                        translate_seconds)
+        rest = estimate_at(steps, statistics.fmean(timed) if timed else translate_allowance)
         print(f"compare.py: the other configs: about {_minutes(rest['others'])} more (less for runs already done)",
               flush=True)
-        steps = step
-    else:
-        steps = args.train_steps
-        for run in base_runs:
-            run.train_steps = steps
 
     # 3. the other configs
-    runs = list(base_runs)
-    todo = [] if search else list(base_runs)
-    for seed in args.seeds:
-        for name in args.configs[1:]:
-            run = Run(name, seed, args.work / name / f"seed{seed}", steps, args.test_lines)
-            runs.append(run)
-            todo.append(run)
+    others = [Run(name, seed, args.work / name / f"seed{seed}", steps, args.test_lines)
+              for seed in args.seeds for name in args.configs[1:]]
+    runs = base_runs + others
 
     def train_and_translate(run):
         return translate_run(train_run(run, threads, args.valid_every, report_every), threads, source)
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        list(pool.map(train_and_translate, todo))
+        list(pool.map(train_and_translate, others if search else runs))
     wall = time.perf_counter() - started
     reused = [f"{run.config}/seed{run.seed}" for run in runs if run.train_seconds is None]
     logs = {f"{run.config}/seed{run.seed}": run.train_log.stat().st_mtime for run in runs}
@@ -888,20 +793,17 @@ def main(argv=None):
     report = {"seeds": args.seeds, "train_steps": steps, "jobs": args.jobs, "threads": threads,
               "test_sentences": test_sentences, "wall_seconds": wall, "estimate_text": estimate_text,
               "command": shlex.join(["python", "tools/compare.py", *(sys.argv[1:] if argv is None else argv)]),
-              "plateau": plateau, "probe": {name: vars(speed) for name, speed in speeds.items()},
+              "plateau": plateau, "probe": {name: speed._asdict() for name, speed in speeds.items()},
               "commands": {f"{r.config}/seed{r.seed}": [
-                  shlex.join(train_command(r, max_steps + window, args.valid_every, args.valid_every, -1, report_every)
-                             if search and r in base_runs else
-                             train_command(r, steps, args.valid_every, steps, 1, report_every)),
+                  shlex.join(train_command(r, args.valid_every, report_every,
+                                           max_steps + window if search and r in base_runs else None)),
                   shlex.join(translate_command(r, source))] for r in runs},
               "rows": rows, "curves": curves, "reused_runs": reused, "run_logs": logs}
     previous = args.out / "compare.json"
     report["earlier_invocations"] = earlier_invocations(
         json.loads(previous.read_text(encoding="utf-8")) if previous.exists() else None, reused, logs)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "compare.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-    text = markdown(report)
-    (args.out / "compare.md").write_text(text, encoding="utf-8")
+    text = write_report(report, args.out)
     plot(report, args.out / "compare.png")
     plot_curves(report, args.out / "curves.png")
     print(text)

@@ -11,10 +11,10 @@ references (multi-reference BLEU, 13a, case-sensitive; chrF) through
 translation times that the Makefile recorded (``*.start``/``*.end``).
 """
 
-import argparse
 import sys
 from pathlib import Path
 
+import common
 from onmt_ext import evaluation
 
 
@@ -33,7 +33,7 @@ def _minutes(seconds):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = common.Parser(description=__doc__.split("\n")[0])
     parser.add_argument("--demo-dir", type=Path, required=True)
     parser.add_argument("--data-dir", type=Path, required=True)
     args = parser.parse_args(argv)

@@ -44,7 +44,6 @@ from timed_runs import Case
 
 REPO = Path(__file__).resolve().parent.parent
 PROPERTY_TEST = "tests/integration/test_decoding_properties.py"
-PROPERTY_VARIABLES = ("ONMT_EXT_TEST_DEVICE", "ONMT_EXT_TEST_AUTOCAST", "ONMT_EXT_TEST_CONFIGS")
 
 #: Section a: one smoke config per mechanism (relative to yaml_configs/smoke/), then every mechanism at once.
 PROPERTY_CONFIGS = (
@@ -146,16 +145,6 @@ class Schedule:
 # ---------------------------------------------------------------- section a
 
 
-def property_suite_support():
-    """None when the property suite reads ONMT_EXT_TEST_*; otherwise why section a cannot run."""
-    texts = [(REPO / name).read_text(encoding="utf-8") for name in (PROPERTY_TEST, "tests/support.py")
-             if (REPO / name).exists()]
-    missing = [name for name in PROPERTY_VARIABLES if not any(name in text for text in texts)]
-    if missing:
-        return f"{PROPERTY_TEST} does not read {', '.join(missing)} yet"
-    return None
-
-
 def junit_counts(path):
     """``{passed, failed, errors, skipped, tests, failures: [test ids]}`` from a pytest JUnit XML file."""
     root = ElementTree.parse(path).getroot()
@@ -180,10 +169,6 @@ def start_section_a(args, work):
     """Starts one pytest process per dtype, all at once on the one device, each with an even share of the CPU
     threads; returns what :func:`finish_section_a` needs."""
     result = {"title": "decoding properties", "runs": []}
-    reason = property_suite_support()
-    if reason:
-        result.update(status="not run", reason=reason)
-        return result, []
     configs = TINY_PROPERTY_CONFIGS if args.tiny else PROPERTY_CONFIGS
     dtypes = TINY_PROPERTY_DTYPES if args.tiny else PROPERTY_DTYPES
     threads = max(1, (os.cpu_count() or 1) // len(dtypes))
@@ -353,37 +338,34 @@ class Meter:
         common.record_training(self.reports, self.parameters)
         save = model_saver.ModelSaverBase.save
         model_saver.ModelSaverBase.save = lambda saver, *a, **k: save(saver, *a, **k) if meter.job["save"] else None
-        build_model = getattr(train_single, "build_model", None)
-        if build_model is not None:
-            def timed_build(*args, **kwargs):
-                model = build_model(*args, **kwargs)
-                meter._sync()
-                meter.model_built = time.perf_counter()
-                meter.build_s = meter.model_built - meter.began
-                return model
+        build_model, build_iter = train_single.build_model, train_single.build_dynamic_dataset_iter
 
-            train_single.build_model = timed_build
-        build_iter = getattr(train_single, "build_dynamic_dataset_iter", None)
-        if build_iter is not None:
-            def replayed_iter(*args, **kwargs):
-                """The training batches built ahead of the first step, then replayed from memory."""
-                if not meter.job["replay"] or kwargs.get("task", CorpusTask.TRAIN) != CorpusTask.TRAIN:
-                    return build_iter(*args, **kwargs)
-                key, count = meter.job.get("replay_key"), meter.job["batches"]
-                if key in meter.replayed_by_key and len(meter.replayed_by_key[key]) >= count:
-                    items = meter.replayed_by_key[key][:count]  # a case with the same data options built them
-                    meter.replayed, meter.replay_reused = len(items), True
-                    return items  # (no data iterator built for nothing)
-                built = build_iter(*args, **kwargs)
-                start = time.perf_counter()
-                items = list(islice(iter(built), count))
-                meter._sync()
-                meter.replay_s, meter.replayed = time.perf_counter() - start, len(items)
-                if key:
-                    meter.replayed_by_key[key] = items
-                return items
+        def timed_build(*args, **kwargs):
+            model = build_model(*args, **kwargs)
+            meter._sync()
+            meter.model_built = time.perf_counter()
+            meter.build_s = meter.model_built - meter.began
+            return model
 
-            train_single.build_dynamic_dataset_iter = replayed_iter
+        def replayed_iter(*args, **kwargs):
+            """The training batches built ahead of the first step, then replayed from memory."""
+            if not meter.job["replay"] or kwargs.get("task", CorpusTask.TRAIN) != CorpusTask.TRAIN:
+                return build_iter(*args, **kwargs)
+            key, count = meter.job.get("replay_key"), meter.job["batches"]
+            if key in meter.replayed_by_key and len(meter.replayed_by_key[key]) >= count:
+                items = meter.replayed_by_key[key][:count]  # a case with the same data options built them
+                meter.replayed, meter.replay_reused = len(items), True
+                return items  # (no data iterator built for nothing)
+            built = build_iter(*args, **kwargs)
+            start = time.perf_counter()
+            items = list(islice(iter(built), count))
+            meter._sync()
+            meter.replay_s, meter.replayed = time.perf_counter() - start, len(items)
+            if key:
+                meter.replayed_by_key[key] = items
+            return items
+
+        train_single.build_model, train_single.build_dynamic_dataset_iter = timed_build, replayed_iter
 
     def write_tables(self, deadline, record):
         """The operator tables of the profiled runs, in run order, while the time before ``deadline`` (monotonic)
@@ -874,8 +856,7 @@ def run_training_process(args, work, group, env, rows, configs, deadlines, stop_
                              head=(jobs_file, runs_file, time.time(), args.device))
         except common.ChildFailed as failure:
             stopped = ("stopped: budget" if failure.timed_out else f"failed: {failure}")
-    entries = ([json.loads(line) for line in runs_file.read_text(encoding="utf-8").splitlines()]
-               if runs_file.exists() else [])
+    entries = common.read_json_lines(runs_file)
     by_key = {entry["key"]: entry for entry in entries if entry.get("phase") not in ("start", "table")}
     began = {entry["key"] for entry in entries if entry.get("phase") == "start"}
     tables = {entry["key"]: entry["written"] for entry in entries if entry.get("phase") == "table"}
@@ -947,12 +928,6 @@ def section_b_status(rows):
 # ---------------------------------------------------------------- section c: translation
 
 
-def _translate_parser_knows(option):
-    from onmt.bin.translate import _get_parser
-
-    return any(f"-{option}" in action.option_strings for action in _get_parser()._actions)
-
-
 def plan_cases(costs, base_cost, candidates, passes, block, seconds):
     """The candidates (in priority order) whose timed runs fit in ``seconds``: each in turn joins when the whole
     schedule with it still fits (a costly case is left out, a cheaper later one may still join).  ``costs``: a
@@ -1003,20 +978,19 @@ def child_translate_many(result_file, head, argv):
         time.sleep(0.1)
     groups = json.loads(jobs_file.read_text(encoding="utf-8"))
     runs_file, min_run_s = Path(head[1]), float(head[2])
-    cli_compile = _translate_parser_knows("ext_compile")
     engines, models = {}, {}
     load_test_model = model_builder.load_test_model
 
     def record(entry):
         common.append_json_line(runs_file, entry)
 
-    record({"phase": "meta", "cli_compile": cli_compile, "backend": ext_compile.BACKEND})
+    record({"phase": "meta", "backend": ext_compile.BACKEND})
 
     def engine_for(job, group):
         """The job's engine; engines whose options differ only in the search share one loaded model."""
         key = (job["checkpoint"], job["compiled"], tuple(job["argv"]))
         if key not in engines:
-            argv = list(job["argv"]) + (["-ext_compile"] if job["compiled"] and cli_compile else [])
+            argv = list(job["argv"]) + (["-ext_compile"] if job["compiled"] else [])
             loaded = (job["checkpoint"], job["compiled"], tuple(job["model_argv"]))
 
             def shared(*args, **kwargs):
@@ -1030,8 +1004,6 @@ def child_translate_many(result_file, head, argv):
                 engine = common.inference_engine(argv)
             finally:
                 model_builder.load_test_model = load_test_model
-            if job["compiled"] and not cli_compile:  # what -ext_compile does when the model is built
-                ext_compile.enable(engine.translator.model, True)
             engines[key] = engine
         return engines[key]
 
@@ -1134,9 +1106,7 @@ def _compile_description(meta, compiled):
         return "none (eager)"
     if meta is None:
         return "-ext_compile (not started)"
-    how = ("onmt_translate's -ext_compile option" if meta["cli_compile"]
-           else "onmt_ext.compile.enable on the loaded model (onmt_translate has no -ext_compile)")
-    return f"{how}, torch.compile backend {meta['backend']}"
+    return f"onmt_translate's -ext_compile option, torch.compile backend {meta['backend']}"
 
 
 def _nearest(timed, index, base, step):
@@ -1267,8 +1237,7 @@ def section_c(args, schedule, work, models, cases, result, child=None):
         except common.ChildFailed as failure:
             stopped = ("stopped", "budget") if failure.timed_out else ("failed", str(failure))
     ended = _now()
-    runs = ([json.loads(line) for line in runs_file.read_text(encoding="utf-8").splitlines()]
-            if runs_file.exists() else [])
+    runs = common.read_json_lines(runs_file)
     for jobs, group, rows in built:
         _group_figures(args, group, rows, jobs, runs, stopped)
         result["groups"].append(group)
@@ -1595,6 +1564,23 @@ def project_commit(given=None):
     return git("rev-parse", "--short", "HEAD"), "git rev-parse HEAD of this checkout"
 
 
+#: options whose default differs on a GPU and in the dry run: (type, GPU default, --tiny default, help)
+SIZED_OPTIONS = {
+    "batch_size": (int, 8192, 512, "training tokens per step"),
+    "paper_batch_size": (int, 32768, 2048, "tokens per step of the baseline's runs at the paper's update, in one pass"),
+    "num_workers": (int, 2, 1, "data workers of the users'-path runs (the onmt-ext and stock baselines; --tiny: the "
+                               "same code path, one worker process fewer to start per run)"),
+    "warmup_steps": (int, 5, 2, "unmeasured first steps; also the report interval"),
+    "steps": (int, 30, 2, "measured steps, a multiple of --warmup-steps"),
+    "profile_steps": (int, 3, 1, "profiled steps after the measured ones"),
+    "test_sentences": (int, 200, 16, "translation test set"),
+    "translate_passes": (int, 6, 1, "timed runs of each case per group; 6 is the fewest with a 95%% interval"),
+    "min_run_seconds": (float, 2.0, 0.0, "the test set is repeated until a timed run takes this long"),
+    "compile_warmups": (int, 3, 0, "processes that compile the compiled rows ahead, while section a runs (the dry "
+                                   "run's eager backend leaves nothing on disk to reuse)"),
+}
+
+
 def parse_args(argv):
     parser = common.Parser(prog="gpu_check.py", description=__doc__.split("\n")[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -1617,33 +1603,15 @@ def parse_args(argv):
         parser.add_argument(f"--budget-{name}", type=float, default=None,
                             help=f"seconds for section {name} (default {BUDGETS[name]:.0f}; --tiny "
                                  f"{TINY_BUDGETS[name]:.0f})")
-    parser.add_argument("--batch-size", type=int, default=None, help="training tokens per step (default 8192; "
-                                                                     "--tiny 512)")
-    parser.add_argument("--paper-batch-size", type=int, default=None,
-                        help="tokens per step of the baseline's runs at the paper's update, in one pass (default "
-                             "32768; --tiny 2048)")
+    for name, (kind, gpu, tiny, text) in SIZED_OPTIONS.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None,
+                            help=f"{text} (default {gpu:g}; --tiny {tiny:g})")
     parser.add_argument("--case-batch-size", type=int, default=None,
                         help="tokens per step of the in-process group, the mechanisms and their baseline (default "
                              "--paper-batch-size: a GPU-bound baseline; --tiny: --batch-size)")
-    parser.add_argument("--num-workers", type=int, default=None,
-                        help="data workers of the users'-path runs (the onmt-ext and stock baselines; default 2; "
-                             "--tiny 1: the same code path, one worker process fewer to start per run)")
-    parser.add_argument("--warmup-steps", type=int, default=None, help="unmeasured first steps (default 5; "
-                                                                       "--tiny 2); also the report interval")
-    parser.add_argument("--steps", type=int, default=None,
-                        help="measured steps, a multiple of --warmup-steps (default 30; --tiny 2)")
-    parser.add_argument("--profile-steps", type=int, default=None,
-                        help="profiled steps after the measured ones (default 3; --tiny 1)")
-    parser.add_argument("--test-sentences", type=int, default=None, help="translation test set (default 200; "
-                                                                          "--tiny 16)")
     parser.add_argument("--translate-batch", type=int, default=32, help="sentences per translation batch")
-    parser.add_argument("--translate-passes", type=int, default=None,
-                        help="timed runs of each case per group (default 6, the fewest with a 95%% interval; "
-                             "--tiny 1)")
     parser.add_argument("--translate-block", type=int, default=2,
                         help="case runs between two baseline runs (default 2)")
-    parser.add_argument("--min-run-seconds", type=float, default=None,
-                        help="the test set is repeated until a timed run takes this long (default 2; --tiny 0)")
     parser.add_argument("--output-length", type=int, default=0,
                         help="decoding steps of every output; 0: the references' mean length plus one")
     parser.add_argument("--compile-backend", default=None,
@@ -1651,9 +1619,6 @@ def parse_args(argv):
                              "cpu --tiny: eager, Dynamo's graphs run by eager PyTorch)")
     parser.add_argument("--train-block", type=int, default=2,
                         help="in-process cases between two runs of the baseline (default 2)")
-    parser.add_argument("--compile-warmups", type=int, default=None,
-                        help="processes that compile the compiled rows ahead, while section a runs (default 3 on "
-                             "a GPU; 0, none, in the dry run, whose eager backend leaves nothing on disk to reuse)")
     parser.add_argument("--compile-warmup-steps", type=int, default=3,
                         help="training steps of each compiled row's warm-up (default 3)")
     parser.add_argument("--pack", type=Path, default=None,
@@ -1663,12 +1628,9 @@ def parse_args(argv):
                         help="OMP threads per child (0, the default: torch's default on CUDA, 1 on the CPU)")
     args = parser.parse_args(argv)
     tiny = args.tiny
-    defaults = {"batch_size": (8192, 512), "num_workers": (2, 1), "paper_batch_size": (32768, 2048), "profile_steps": (3, 1),
-                "warmup_steps": (5, 2), "steps": (30, 2), "test_sentences": (200, 16), "translate_passes": (6, 1),
-                "min_run_seconds": (2.0, 0.0), "compile_warmups": (3, 0)}  # (GPU, --tiny)
-    for name, (full, small) in defaults.items():
+    for name, (_, gpu, small, _) in SIZED_OPTIONS.items():
         if getattr(args, name) is None:
-            setattr(args, name, small if tiny else full)
+            setattr(args, name, small if tiny else gpu)
     if args.case_batch_size is None:
         args.case_batch_size = args.batch_size if tiny else args.paper_batch_size
     for name in "abc":

@@ -4,15 +4,13 @@
 Usage::
 
     python tools/layer_cost.py [--lengths 25 50 100 200] [--batch 8] [--d-model 512] [--heads 8]
-        [--variants baseline cao2019 clause] [--repeats 3] [--threads 1] [--gpu -1]
+        [--variants baseline cao2019 clause] [--repeats 3] [--processes 3] [--threads 1] [--gpu -1]
 
-Each (variant, length) builds one OpenNMT-py ``TransformerEncoderLayer``
-(Transformer-Base sizes by default) with the variant's mechanism in place
-(cao2019 cross aggregation, clause attention with ``CLAUSE_LEVELS`` levels
-and a marker every ``CLAUSE_EVERY`` tokens, li2019 routing) and times its
-forward+backward pass on ``(batch, L, d)`` inputs in fresh child processes,
-keeping the fastest, with the peak memory and the growth exponent of the
-cost in L.  Method: docs/benchmarks-method.md.
+Each (variant, length) times one OpenNMT-py ``TransformerEncoderLayer`` (Transformer-Base sizes by default)
+with the variant's mechanism in place (cao2019 cross aggregation, clause attention with ``CLAUSE_LEVELS`` levels
+and a marker every ``CLAUSE_EVERY`` tokens, li2019 routing) on ``(batch, L, d)`` inputs in fresh child
+processes, keeping the fastest, with the peak memory and the growth exponent of the cost in L.
+Method: docs/benchmarks-method.md.
 """
 
 import argparse
@@ -25,6 +23,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import common
 
 
 #: ``clause`` variant: one clause marker every this many tokens.
@@ -86,20 +86,19 @@ def child(args):
         start = time.perf_counter()
         run()
         times.append(time.perf_counter() - start)
-    if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated(device) / 2**20
-    else:
-        peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    peak = (torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda"
+            else (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
     print(json.dumps({"seconds": statistics.median(times), "peak_mb": peak}))
 
 
 def _exponents(lengths, values):
-    return [math.log(values[i + 1] / values[i]) / math.log(lengths[i + 1] / lengths[i])
-            if values[i] > 0 and values[i + 1] > 0 else float("nan") for i in range(len(lengths) - 1)]
+    """The slopes of log(value) against log(length) between successive lengths, as text (nan where a value is 0)."""
+    return ", ".join(f"{math.log(values[i + 1] / values[i]) / math.log(lengths[i + 1] / lengths[i]):.2f}"
+                     if values[i] > 0 and values[i + 1] > 0 else "nan" for i in range(len(lengths) - 1))
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = common.Parser(description=__doc__.split("\n")[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[25, 50, 100, 200])
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--d-model", type=int, default=512)
@@ -135,19 +134,17 @@ def main(argv=None):
                 runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
             # the fastest process: whole processes are sometimes several times slower here (the host, not the code)
             results[variant, length] = min(runs, key=lambda run: run["seconds"])
+    device = f"GPU {args.gpu}" if args.gpu >= 0 else f"CPU, {args.threads or chr(0x2013)} thread(s)"
     print(f"One encoder layer, d={args.d_model}, H={args.heads}, batch {args.batch}, forward+backward, "
-          f"median of {args.repeats} passes, fastest of {args.processes} processes; "
-          f"device {'GPU ' + str(args.gpu) if args.gpu >= 0 else 'CPU'}"
-          f"{'' if args.gpu >= 0 else f', {args.threads or chr(0x2013)} thread(s)'}.\n")
+          f"median of {args.repeats} passes, fastest of {args.processes} processes; device {device}.\n")
     print("| variant | L | time (ms) | peak memory (MB) |\n|---|---:|---:|---:|")
     for (variant, length), r in results.items():
         print(f"| {variant} | {length} | {1000 * r['seconds']:.1f} | {r['peak_mb']:.0f} |")
     print("\nGrowth exponents (slope of log cost against log L between successive lengths):\n")
     for variant in args.variants:
-        times = [results[variant, length]["seconds"] for length in args.lengths]
-        peaks = [results[variant, length]["peak_mb"] for length in args.lengths]
-        print(f"- {variant}: time " + ", ".join(f"{e:.2f}" for e in _exponents(args.lengths, times))
-              + "; memory " + ", ".join(f"{e:.2f}" for e in _exponents(args.lengths, peaks)))
+        in_time, in_memory = (_exponents(args.lengths, [results[variant, n][key] for n in args.lengths])
+                              for key in ("seconds", "peak_mb"))
+        print(f"- {variant}: time {in_time}; memory {in_memory}")
     return 0
 
 

@@ -14,7 +14,6 @@ means a fix to a baseline reaches every paper config, and the test suite
 checks that the committed files are what this script writes.
 """
 
-import argparse
 import difflib
 import re
 import sys
@@ -22,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+
+import common
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "yaml_configs"
@@ -383,7 +384,7 @@ def generated():
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = common.Parser(description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 on any difference")
     args = parser.parse_args(argv)
     stale = []

@@ -1,39 +1,35 @@
 #!/usr/bin/env python
 """Prepare the paper tasks' corpora under ``build/data/<task>/`` (``make data-<task>`` runs the steps in order).
 
-Usage::
-
-    python tools/prepare_data.py STEP TASK [--workers N] [--merges N] [--progress | --no-progress]
-    python tools/prepare_data.py --list
-
-Steps: ``fetch`` (archives into ``build/downloads/``, resumed and checked by SHA-256; dev/test sets through
-sacreBLEU), ``raw`` (text pairs, ``raw/corpora.json``), ``tok`` (sacremoses, jieba for Chinese), ``clean``
-(length and ratio filter, ``clean/stats.json``) and ``bpe`` (subword-nmt), each leaving files the Makefile
-stamps.  NIST Zh-En is licensed: set ``NIST_DIR`` (see ``NIST_LAYOUT``); WMT17 Zh-En: ``WMT17_EXTRA_DIR`` and
-``WMT17_SMALL_DATA`` (docs/data.md).  ``recipe`` records what each step's output depends on besides its input
-(settings, tokenizer versions, a data directory once set), rewriting a step's record only when it changes, so
-that make redoes that step and the ones after it.  How it works and why: docs/data.md.
+``prepare_data.py STEP TASK`` (``--list``: the tasks) runs one step: ``fetch`` (archives into ``build/downloads/``,
+resumed and checked by SHA-256; dev/test sets through sacreBLEU), ``raw`` (text pairs, ``raw/corpora.json``), ``tok``
+(sacremoses, jieba for Chinese), ``clean`` (length and ratio filter, ``clean/stats.json``) or ``bpe`` (subword-nmt).
+``recipe`` rewrites a step's record of what its output depends on besides its input (settings, tokenizer versions, a
+data directory once set) only when it changes, so that make redoes that step and the ones after it.  The data
+directories and flags (``NIST_DIR``, ``WMT17_EXTRA_DIR``, ...), how it works and why: docs/data.md.
 """
 
 import argparse
 import fcntl
 import fnmatch
 import functools
+import gzip
 import hashlib
+import html
 import json
 import os
 import re
 import shutil
 import sys
 import tarfile
-import zipfile
-import gzip
-from itertools import islice
 import urllib.error
 import urllib.request
-from collections import deque
-from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+import zipfile
+from collections import defaultdict, deque
+from contextlib import ExitStack, contextmanager, nullcontext
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from itertools import compress, count, islice, zip_longest
 from multiprocessing import Pool
 from pathlib import Path
 
@@ -43,8 +39,7 @@ REPO = Path(__file__).resolve().parent.parent
 DOWNLOADS = Path("build/downloads")
 DATA = Path("build/data")
 
-#: Progress bars: None shows them when stderr is a terminal (tqdm's ``disable=None``), True/False force them
-#: on/off (``--progress`` / ``--no-progress``).
+#: Progress bars: None shows them when stderr is a terminal, True/False force them on/off (``--[no-]progress``).
 PROGRESS = None
 #: Lines per job handed to a worker process by tokenization and BPE; the line bar advances per finished job.
 CHUNK_LINES = 2000
@@ -69,11 +64,10 @@ def _byte_bar(desc, total, initial=0):
 
 @dataclass(frozen=True)
 class Archive:
-    """A file to download: its URL, SHA-256 (None: not pinned) and a note on where it comes from."""
+    """A file to download: its URL and SHA-256 (None: not pinned)."""
 
     url: str
     sha256: str = None
-    note: str = ""
 
     @property
     def filename(self):
@@ -84,7 +78,6 @@ class Archive:
 class Parallel:
     """A parallel corpus: ``archive`` (a key of ``ARCHIVES`` or a repository path) and ``member``, the file in a
     tar/zip archive (by path, else by file name), ``{lang}`` in the name; without it the archive is the text.
-
     A member with ``*``, ``?`` or ``[`` is a pattern matching several files a side (CWMT's corpora), paired in
     sorted order; ``spelled`` says how its names spell a language, e.g. ``(("zh", "c[hn]"),)``."""
 
@@ -127,11 +120,6 @@ class LengthSubset:
         return max(len(src.split()), len(tgt.split())) <= self.max_words
 
 
-#: cao2019 sec. 4.1: of WMT17 Zh-En's 20.6M pairs it keeps "those with the sentence length less than 50", a step
-#: of the corpus named before BPE: pairs of at most 49 words on both sides.
-CAO2019_ZHEN = LengthSubset("lt50", 49, "cao2019 sec. 4.1: pairs with sentences shorter than 50 words")
-
-
 @dataclass(frozen=True)
 class Task:
     """One translation task: languages, training corpora, dev and test sets and preprocessing settings."""
@@ -148,18 +136,26 @@ class Task:
     pretokenized: bool = False
     test_lines: int = None  # keep only the first lines of the test set (the CPU chain test)
     manual: str = ""  # corpora the user must supply, said when a step cannot find them
-    notes: tuple = field(default_factory=tuple)
+    notes: tuple = ()
     subsets: tuple = ()  # LengthSubset: a paper's own length filter of the training pairs, before BPE
-    #: Corpora beyond ``train`` that make the full training data (WMT17's UN and CWMT parts): downloaded, unless
-    #: the environment variable ``extra_dir`` names a directory with the user's own copy of them as
-    #: ``train.<src>``/``train.<tgt>``; ``small_flag``=1 leaves them out on purpose.
+    #: Corpora beyond ``train`` making the full training data (WMT17's UN and CWMT parts): downloaded, unless the
+    #: variable ``extra_dir`` names the user's own copy (``train.<src>``/``train.<tgt>``); ``small_flag``=1: left out.
     extra: tuple = ()
     extra_dir: str = ""
     small_flag: str = ""
 
 
-#: Download locations.  The pinned SHA-256 sums were taken from public download scripts that verify these
-#: files (two independent ones agree for Europarl v7); the others are recorded on first download.
+#: The rest of WMT17's Zh-En training data, the UN Parallel Corpus v1.0 (en-zh) and the six CWMT corpora WMT17 lists,
+#: come from the Hugging Face ``wmt`` datasets, with the SHA-256 sums the ``datasets`` library records (docs/data.md).
+HF_WMT = "https://huggingface.co/datasets/wmt"
+CWMT_SUMS = {"casia2015": "c939f1528f96c419e9bbffb9caad869616a969e7704ffac896e245a02aff59a9",
+             "casict2011": "606adc0ccc5d8fc7c47f8589991286616342a1a379a571ce3038918731ae0182",
+             "casict2015": "eef8e25b297c1aff12ab24719247d3588e756d7a4e2c30d4d34fcb4d05ab1050",
+             "datum2015": "654afce6731485c40ce856514ab80cd2bfd836126bcaf48cdb911ebc32b021a4",
+             "datum2017": "737455c139596f4abf3b1da73bc38932b3ef9534549328eff47d867e29950ed2",
+             "neu2017": "5c5ea9ac5cbc43c974bd53796a3a29829800865b6398b52cda0a3854cb0d2e03"}
+
+#: Download locations; the statmt.org SHA-256 sums are those of public download scripts (docs/data.md, Checksums).
 ARCHIVES = {
     "europarl-v7": Archive("https://www.statmt.org/wmt13/training-parallel-europarl-v7.tgz",
                            "0224c7c710c8a063dfd893b0cc0830202d61f4c75c17eb8e31836103d27d96e7"),
@@ -170,35 +166,14 @@ ARCHIVES = {
     "nc-v12": Archive("https://data.statmt.org/wmt17/translation-task/training-parallel-nc-v12.tgz",
                       "2b45f30ef1d550d302fd17dd3a5cbe19134ccc4c2cf50c2dae534aee600101a2"),
     "europarl-v8": Archive("https://data.statmt.org/wmt16/translation-task/training-parallel-ep-v8.tgz"),
-    "setimes2-en-ro": Archive("https://object.pouta.csc.fi/OPUS-SETIMES/v2/moses/en-ro.txt.zip",
-                              note="SETIMES2 from OPUS (WMT16 points there)"),
-    "iwslt15-en-vi-train.en": Archive("https://nlp.stanford.edu/projects/nmt/data/iwslt15.en-vi/train.en"),
-    "iwslt15-en-vi-train.vi": Archive("https://nlp.stanford.edu/projects/nmt/data/iwslt15.en-vi/train.vi"),
-    "iwslt15-en-vi-tst2012.en": Archive("https://nlp.stanford.edu/projects/nmt/data/iwslt15.en-vi/tst2012.en"),
-    "iwslt15-en-vi-tst2012.vi": Archive("https://nlp.stanford.edu/projects/nmt/data/iwslt15.en-vi/tst2012.vi"),
-    "iwslt15-en-vi-tst2013.en": Archive("https://nlp.stanford.edu/projects/nmt/data/iwslt15.en-vi/tst2013.en"),
-    "iwslt15-en-vi-tst2013.vi": Archive("https://nlp.stanford.edu/projects/nmt/data/iwslt15.en-vi/tst2013.vi"),
+    "setimes2-en-ro": Archive("https://object.pouta.csc.fi/OPUS-SETIMES/v2/moses/en-ro.txt.zip"),  # where WMT16 points
+    **{f"iwslt15-en-vi-{name}": Archive(f"https://nlp.stanford.edu/projects/nmt/data/iwslt15.en-vi/{name}")
+       for name in (f"{split}.{lang}" for split in ("train", "tst2012", "tst2013") for lang in ("en", "vi"))},
+    "un-v1.0-en-zh": Archive(f"{HF_WMT}/uncorpus/resolve/main-zip/UNv1.0.en-zh.zip",  # one zip (the UN's site: two)
+                             "97f5ce0892084cdbb2332b52ffcc0299a649ba0a43712d921575fe2b7edfb4b4"),
+    **{f"cwmt-{name}": Archive(f"{HF_WMT}/wmt18/resolve/main/cwmt-wmt/{name}.zip", digest)
+       for name, digest in CWMT_SUMS.items()},
 }
-
-#: The rest of WMT17's Zh-En training data: the UN Parallel Corpus v1.0, its en-zh part (Ziemski et al., LREC
-#: 2016), and the six CWMT corpora WMT17 lists, from the copies the Hugging Face ``wmt`` datasets serve.  The
-#: SHA-256 sums are those the Hugging Face ``datasets`` library records for these addresses (its wmt17 record);
-#: five of the CWMT sums equal the ones TensorFlow Datasets recorded for the files on CWMT's own server, and
-#: neu2017 differs there (docs/data.md).
-HF_WMT = "https://huggingface.co/datasets/wmt"
-CWMT_SUMS = {"casia2015": "c939f1528f96c419e9bbffb9caad869616a969e7704ffac896e245a02aff59a9",
-             "casict2011": "606adc0ccc5d8fc7c47f8589991286616342a1a379a571ce3038918731ae0182",
-             "casict2015": "eef8e25b297c1aff12ab24719247d3588e756d7a4e2c30d4d34fcb4d05ab1050",
-             "datum2015": "654afce6731485c40ce856514ab80cd2bfd836126bcaf48cdb911ebc32b021a4",
-             "datum2017": "737455c139596f4abf3b1da73bc38932b3ef9534549328eff47d867e29950ed2",
-             "neu2017": "5c5ea9ac5cbc43c974bd53796a3a29829800865b6398b52cda0a3854cb0d2e03"}
-ARCHIVES["un-v1.0-en-zh"] = Archive(f"{HF_WMT}/uncorpus/resolve/main-zip/UNv1.0.en-zh.zip",
-                                    "97f5ce0892084cdbb2332b52ffcc0299a649ba0a43712d921575fe2b7edfb4b4",
-                                    note="UN Parallel Corpus v1.0 en-zh, as one zip (the UN's own site splits it "
-                                         "in two parts)")
-ARCHIVES.update({f"cwmt-{name}": Archive(f"{HF_WMT}/wmt18/resolve/main/cwmt-wmt/{name}.zip", digest,
-                                         note=f"CWMT {name}, from the cwmt-wmt folder of the Hugging Face wmt18 copy")
-                 for name, digest in CWMT_SUMS.items()})
 WMT17_FULL = (Parallel("un-v1.0-en-zh", "en-zh/UNv1.0.en-zh.{lang}"),) + tuple(
     Parallel(f"cwmt-{name}", f"{name}/*_{{lang}}.txt", spelled=(("zh", "c[hn]"),)) for name in CWMT_SUMS)
 
@@ -215,8 +190,7 @@ NIST_LAYOUT = """NIST_DIR must hold:
 NIST06 becomes the dev set and NIST02 the test set (test.*); NIST03 and NIST04 are written as
 test_nist03.* and test_nist04.* beside them."""
 
-#: What ``WMT17_EXTRA_DIR`` holds when it is set: the user's own copy of the parts ``make data-wmt17_zhen`` would
-#: otherwise download.
+#: What ``WMT17_EXTRA_DIR`` holds when it is set (said when it lacks a file).
 WMT17_EXTRA = ("WMT17_EXTRA_DIR, when set, is a directory holding your own copy of the zh-en pairs of the UN "
                "Parallel Corpus v1.0 and of the CWMT corpora, in step, as train.zh and train.en, used instead of "
                "downloading them (docs/data.md)")
@@ -230,16 +204,16 @@ CORPUS_NAMES = {"europarl-v7": "Europarl v7", "commoncrawl": "Common Crawl", "nc
 TASKS = {
     "wmt14_ende": Task("en", "de", _WMT14_DE_EN, SacrebleuSet("wmt13", "en-de"), SacrebleuSet("wmt14/full", "en-de")),
     "wmt14_deen": Task("de", "en", _WMT14_DE_EN, SacrebleuSet("wmt13", "de-en"), SacrebleuSet("wmt14/full", "de-en")),
-    "wmt16_ende": Task("en", "de", _WMT14_DE_EN[:2] + (
-        Parallel("nc-v11", "news-commentary-v11.de-en.{lang}"),),
-        SacrebleuSet("wmt15", "en-de"), SacrebleuSet("wmt16", "en-de")),
+    "wmt16_ende": Task("en", "de", _WMT14_DE_EN[:2] + (Parallel("nc-v11", "news-commentary-v11.de-en.{lang}"),),
+                       SacrebleuSet("wmt15", "en-de"), SacrebleuSet("wmt16", "en-de")),
     "wmt16_roen": Task("ro", "en", (Parallel("europarl-v8", "europarl-v8.ro-en.{lang}"),
                                     Parallel("setimes2-en-ro", "SETIMES.en-ro.{lang}")),
                        SacrebleuSet("wmt16/dev", "ro-en"), SacrebleuSet("wmt16", "ro-en")),
     "wmt17_zhen": Task("zh", "en", (Parallel("nc-v12", "training/news-commentary-v12.zh-en.{lang}"),),
                        SacrebleuSet("wmt17/dev", "zh-en"), SacrebleuSet("wmt17", "zh-en"),
-                       joint_bpe=False, ratio=9.0, subsets=(CAO2019_ZHEN,), extra=WMT17_FULL,
-                       extra_dir="WMT17_EXTRA_DIR", small_flag="WMT17_SMALL_DATA",
+                       joint_bpe=False, ratio=9.0, extra=WMT17_FULL, extra_dir="WMT17_EXTRA_DIR",
+                       small_flag="WMT17_SMALL_DATA", subsets=(  # cao2019's own length filter
+                           LengthSubset("lt50", 49, "cao2019 sec. 4.1: pairs with sentences shorter than 50 words"),),
                        notes=("News Commentary v12, the UN Parallel Corpus v1.0 and the six CWMT corpora "
                               "(about 2.3 GB to download); WMT17_SMALL_DATA=1: News Commentary v12 alone",)),
     "wmt15_envi": Task("en", "vi", (Parallel("iwslt15-en-vi-train.{lang}"),),
@@ -277,31 +251,39 @@ def sha256_of(path):
 
 def _recorded_sums(downloads):
     sums = downloads / "SHA256SUMS"
-    if not sums.exists():
-        return {}
-    return {name: digest for digest, name in (line.split(maxsplit=1) for line in
-                                              sums.read_text(encoding="utf-8").split("\n") if line.strip())}
+    lines = sums.read_text(encoding="utf-8").split("\n") if sums.exists() else []
+    return {name: digest for digest, name in (line.split(maxsplit=1) for line in lines if line.strip())}
 
 
 def _record_sum(downloads, name, digest):
     with open(downloads / ".SHA256SUMS.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        recorded = _recorded_sums(downloads)
-        recorded[name] = digest
+        recorded = {**_recorded_sums(downloads), name: digest}
         (downloads / "SHA256SUMS").write_text("".join(f"{d}  {n}\n" for n, d in sorted(recorded.items())),
                                               encoding="utf-8")
 
 
 def download(archive, downloads, timeout=60):
     """Download ``archive`` into ``downloads/<filename>`` (resuming ``<filename>.part``) unless it is there, and
-    check its pinned or first recorded SHA-256; return the path."""
+    check its pinned or first recorded SHA-256 (recording it the first time); return the path."""
     downloads.mkdir(parents=True, exist_ok=True)
     dest = downloads / archive.filename
     with open(downloads / f".{archive.filename}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two `make data-<task>` at once (make -j) wait for each other
         if not dest.exists():
             _fetch(archive, dest, timeout)
-        return _verify(archive, dest, downloads)
+        digest = sha256_of(dest)
+        expected = archive.sha256 or _recorded_sums(downloads).get(dest.name)
+        if expected is None:
+            _record_sum(downloads, dest.name, digest)
+            print(f"fetch: warning: {dest.name} has no pinned SHA-256; recorded {digest} in "
+                  f"{downloads / 'SHA256SUMS'} and later runs check it", file=sys.stderr)
+        elif digest != expected:
+            bad = dest.with_name(dest.name + ".bad")
+            dest.rename(bad)
+            raise PrepareError(f"{dest} has SHA-256 {digest}, expected {expected}; moved it to {bad}. "
+                               f"Delete it and rerun to download {archive.url} again")
+        return dest
 
 
 def _expected_size(response, have):
@@ -326,45 +308,23 @@ def _fetch(archive, dest, timeout):
     expected = None
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
-            resumed = bool(have) and getattr(response, "status", None) == 206
-            expected = _expected_size(response, have if resumed else 0)
-            # the bar counts the whole file: a resumed download starts at the bytes already in the part file
-            with open(part, "ab" if resumed else "wb") as out, \
-                    _byte_bar(dest.name, expected, have if resumed else 0) as bar:
+            if getattr(response, "status", None) != 206:
+                have = 0  # the whole file is sent again; else the bar starts at the bytes already in the part file
+            expected = _expected_size(response, have)
+            with open(part, "ab" if have else "wb") as out, _byte_bar(dest.name, expected, have) as bar:
                 for block in iter(lambda: response.read(1 << 20), b""):
                     out.write(block)
                     bar.update(len(block))
-    except urllib.error.HTTPError as error:
-        if not (error.code == 416 and have):  # 416: the part is already complete
-            raise PrepareError(_cannot_fetch(archive, dest, error)) from None
-    except (urllib.error.URLError, OSError) as error:
-        raise PrepareError(_cannot_fetch(archive, dest, error)) from None
+    except OSError as error:  # urllib's URLError and HTTPError among them
+        if not (getattr(error, "code", None) == 416 and have):  # 416: the part is already complete
+            pinned = f" (SHA-256 {archive.sha256})" if archive.sha256 else ""
+            raise PrepareError(f"cannot download {archive.url} ({error}). Download it by other means and put it "
+                               f"at {dest}{pinned}, then rerun") from None
     size = part.stat().st_size
     if expected is not None and size != expected:
         raise PrepareError(f"{archive.url}: the connection ended at byte {size} of {expected}; rerun to resume "
                            f"({part} is kept)")
     part.rename(dest)
-
-
-def _verify(archive, dest, downloads):
-    """Check ``dest`` against its pinned or recorded SHA-256 (recording it the first time); return ``dest``."""
-    digest = sha256_of(dest)
-    expected = archive.sha256 or _recorded_sums(downloads).get(dest.name)
-    if expected is None:
-        _record_sum(downloads, dest.name, digest)
-        print(f"fetch: warning: {dest.name} has no pinned SHA-256; recorded {digest} in "
-              f"{downloads / 'SHA256SUMS'} and later runs check it", file=sys.stderr)
-    elif digest != expected:
-        bad = dest.with_name(dest.name + ".bad")
-        dest.rename(bad)
-        raise PrepareError(f"{dest} has SHA-256 {digest}, expected {expected}; moved it to {bad}. "
-                           f"Delete it and rerun to download {archive.url} again")
-    return dest
-
-
-def _cannot_fetch(archive, dest, error):
-    return (f"cannot download {archive.url} ({error}). Download it by other means and put it at {dest}"
-            + (f" (SHA-256 {archive.sha256})" if archive.sha256 else "") + ", then rerun")
 
 
 def _sacrebleu_files(test_set):
@@ -378,41 +338,30 @@ def _sacrebleu_files(test_set):
         return Path(utils.get_source_file(test_set.name, test_set.langpair)), [
             Path(p) for p in utils.get_reference_files(test_set.name, test_set.langpair)]
     except (SystemExit, Exception) as error:  # sacreBLEU exits on a failed download
-        where = utils.SACREBLEU_DIR
         raise PrepareError(
             f"sacreBLEU could not fetch {test_set.name} {test_set.langpair} ({error}; from "
             f"{', '.join(DATASETS[test_set.name].data)}). On a machine with network, run `SACREBLEU=/some/dir "
             f"sacrebleu -t {test_set.name} -l {test_set.langpair} --echo src > /dev/null` and copy "
-            f"/some/dir/{test_set.name.split('/')[0]} into {where}/, then rerun") from None
+            f"/some/dir/{test_set.name.split('/')[0]} into {utils.SACREBLEU_DIR}/, then rerun") from None
 
 
 def _archive_names(task, corpora=None):
-    """The ``ARCHIVES`` keys a task reads: of its training ``corpora`` (default: every one it may train on) and of
-    its dev and test sets."""
-    names = []
-    corpora = task.train + task.extra if corpora is None else corpora
-    for corpus in corpora + tuple(s for s in (task.valid, task.test) if isinstance(s, Parallel)):
-        for name in corpus.archives((task.src, task.tgt)):
-            if name in ARCHIVES and name not in names:
-                names.append(name)
-    return names
+    """The ``ARCHIVES`` keys of a task's training ``corpora`` (default: all it may train on) and dev and test sets."""
+    corpora = (task.train + task.extra if corpora is None else corpora) + tuple(
+        s for s in (task.valid, task.test) if isinstance(s, Parallel))
+    return list(dict.fromkeys(name for corpus in corpora for name in corpus.archives((task.src, task.tgt))
+                              if name in ARCHIVES))
 
 
 def fetch(task_name, downloads=None):
-    """Step ``fetch``: every archive and sacreBLEU set of the task on disk and checked."""
+    """Step ``fetch``: every archive and sacreBLEU set of the task on disk and checked (a user's directory: checked)."""
     task = TASKS[task_name]
-    downloads = downloads or DOWNLOADS
-    if task_name == "nist_zhen":
-        _nist_dir()
+    if task.manual:
+        _manual_dir(task_name)
         return
-    if task.manual == "NIUTRANS_DIR":
-        _plain_dir(task_name)
-        return
-    corpora, own = training_corpora(task_name, current_settings(task_name))
-    if own:
-        _own_extra(task_name, own)
+    corpora, _ = training_corpora(task_name, current_settings(task_name), checked=True)
     for name in _archive_names(task, corpora):
-        download(ARCHIVES[name], downloads)
+        download(ARCHIVES[name], downloads or DOWNLOADS)
     for test_set in (task.valid, task.test):
         if isinstance(test_set, SacrebleuSet):
             _sacrebleu_files(test_set)
@@ -435,15 +384,8 @@ def _decoded(raw, where, bar=None):
 
 def _open_text(path):
     """Lines of a plain or gzipped UTF-8 text file (:func:`_decoded`)."""
-    raw = open(path, "rb")
-    if str(path).endswith(".gz"):
-        raw = gzip.open(raw)
-    with raw:
-        yield from _decoded(raw, path)
-
-
-def _is_pattern(member):
-    return any(character in member for character in "*?[")
+    with open(path, "rb") as raw, (gzip.open(raw) if str(path).endswith(".gz") else nullcontext(raw)) as stream:
+        yield from _decoded(stream, path)
 
 
 def _open_archive(path):
@@ -461,7 +403,7 @@ def _archive_files(archive):
 
 def _member_names(archive_path, member):
     """``[member]``, or for a pattern the sorted names of the archive's files that match it (none: the step stops)."""
-    if not _is_pattern(member):
+    if not any(character in member for character in "*?["):
         return [member]
     with _open_archive(archive_path) as archive:
         names = list(_archive_files(archive))
@@ -471,39 +413,24 @@ def _member_names(archive_path, member):
     return found
 
 
-def _find_member(names, member, archive_path):
-    """``member`` if the archive holds it, else the one name ending in ``/<its file name>``."""
-    if member in names:
-        return member
-    base = member.rsplit("/", 1)[-1]
-    found = [name for name in names if name == base or name.endswith("/" + base)]
-    if len(found) != 1:
-        raise PrepareError(f"{archive_path} has {'no' if not found else 'more than one'} member {member} "
-                           f"({found or 'it holds e.g. ' + str(names[:10])})")
-    return found[0]
-
-
-def _member_lines(archive_path, member):
-    """Lines of one member of a tar or zip archive (a BOM dropped, CR/LF stripped), as a list."""
-    return list(_member_stream(archive_path, member))
-
-
 def _member_stream(archive_path, member):
-    """Lines of one member of a tar or zip archive, read as they are asked for (a BOM dropped, CR/LF stripped)."""
+    """Lines of one member of a tar or zip archive, read as they are asked for (a BOM dropped, CR/LF stripped): the
+    member by its path, else the one file whose name ends in ``/<its file name>``."""
     archive = _open_archive(archive_path)
     files = _archive_files(archive)
-    name = _find_member(list(files), member, archive_path)
-    open_member, size = files[name]
-    with archive, open_member() as raw, _byte_bar(f"extract {name.rsplit('/', 1)[-1]}", size) as bar:
-        yield from _decoded(raw, f"{archive_path} ({name})", bar)
+    base = member.rsplit("/", 1)[-1]
+    found = [member] if member in files else [name for name in files if name == base or name.endswith("/" + base)]
+    if len(found) != 1:
+        raise PrepareError(f"{archive_path} has {'no' if not found else 'more than one'} member {member} "
+                           f"({found or 'it holds e.g. ' + str(list(files)[:10])})")
+    open_member, size = files[found[0]]
+    with archive, open_member() as raw, _byte_bar(f"extract {base}", size) as bar:
+        yield from _decoded(raw, f"{archive_path} ({found[0]})", bar)
 
 
 def _local(name, downloads):
     """Path of an archive key (in ``downloads``) or of a repository file."""
-    if name in ARCHIVES:
-        path = downloads / ARCHIVES[name].filename
-    else:
-        path = REPO / name
+    path = downloads / ARCHIVES[name].filename if name in ARCHIVES else REPO / name
     if not path.exists():
         raise PrepareError(f"{path} is missing; run the fetch step first (make data-<task>)")
     return path
@@ -541,10 +468,10 @@ def _text_output(path):
 
 def _append(out, lines):
     """Write ``lines`` (a newline inside one becomes a space) to the open file ``out``; return how many."""
-    count = 0
-    for count, line in enumerate(lines, 1):
+    written = 0
+    for written, line in enumerate(lines, 1):
         out.write(line.replace("\n", " ") + "\n")
-    return count
+    return written
 
 
 def _write_lines(path, lines):
@@ -552,10 +479,10 @@ def _write_lines(path, lines):
         _append(out, lines)
 
 
-def _copy_pairs(out, split, paths):
-    """Stream the plain-text pair ``paths`` (source, target) into ``out/<split>.<their languages>``; the pairs."""
-    with _text_output(out / f"{split}.{paths[0].suffix[1:]}") as src_out, \
-            _text_output(out / f"{split}.{paths[1].suffix[1:]}") as tgt_out:
+def _copy_split(out, directory, split, langs):
+    """Stream the plain-text pair ``directory/<split>.<lang>`` of ``langs`` (source, target) into ``out``; the pairs."""
+    paths = [directory / f"{split}.{lang}" for lang in langs]
+    with _text_output(out / paths[0].name) as src_out, _text_output(out / paths[1].name) as tgt_out:
         return _append_pairs(src_out, tgt_out, f"{paths[0]} and {paths[1].name}", *map(_open_text, paths))
 
 
@@ -565,6 +492,22 @@ def _append_pairs(src_out, tgt_out, where, src_lines, tgt_lines):
     if pairs != targets:
         raise PrepareError(f"{where}: {pairs} source lines but {targets} target lines")
     return pairs
+
+
+def _write_set(out, task_name, split, sources, references, numbered):
+    """``<split>.<src>`` and its references, each as long: ``<split>.<tgt>`` (a dev set's first reference, or the only
+    one unless ``numbered``), else ``<split>.<tgt>0``, ``<split>.<tgt>1``, ..."""
+    task = TASKS[task_name]
+    for reference in references:
+        if len(sources) != len(reference):
+            raise PrepareError(f"{split} set of {task_name}: {len(sources)} source lines but {len(reference)} "
+                               f"target lines")
+    _write_lines(out / f"{split}.{task.src}", sources)
+    if split == "valid" or not numbered:
+        _write_lines(out / f"{split}.{task.tgt}", references[0])
+    else:
+        for number, reference in enumerate(references):
+            _write_lines(out / f"{split}.{task.tgt}{number}", reference)
 
 
 def corpus_name(corpus):
@@ -582,22 +525,10 @@ def write_corpora(out, task_name, corpora):
     (out / "corpora.json").write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
 
 
-def _check_pair(src_lines, tgt_lines, what):
-    if len(src_lines) != len(tgt_lines):
-        raise PrepareError(f"{what}: {len(src_lines)} source lines but {len(tgt_lines)} target lines")
-
-
 def extra_dir_missing(task_name, directory):
     """The training files (``train.<src>``, ``train.<tgt>``) that ``directory``, the task's ``extra_dir``, lacks."""
     task = TASKS[task_name]
     return [name for name in (f"train.{task.src}", f"train.{task.tgt}") if not (Path(directory) / name).is_file()]
-
-
-def _own_extra(task_name, directory):
-    """Stop, naming what is missing, unless ``directory`` (the task's ``extra_dir``) holds both training files."""
-    missing = extra_dir_missing(task_name, directory)
-    if missing:
-        raise PrepareError(f"{TASKS[task_name].extra_dir}={directory} lacks {', '.join(missing)}: {WMT17_EXTRA}")
 
 
 def raw(task_name, downloads=None, out=None):
@@ -605,20 +536,11 @@ def raw(task_name, downloads=None, out=None):
     task = TASKS[task_name]
     downloads = downloads or DOWNLOADS
     out = out or DATA / task_name / "raw"
-    if task_name == "nist_zhen":
-        return _nist_raw(out)
-    if task.manual == "NIUTRANS_DIR":
-        directory = _plain_dir(task_name, Path(out).parent)
-        for split in ("train", "valid", "test"):
-            pairs = _copy_pairs(out, split, [directory / f"{split}.{lang}" for lang in (task.src, task.tgt)])
-            if split == "train":
-                write_corpora(out, task_name, [(f"NIUTRANS_DIR ({directory})", pairs)])
-        return out
+    if task.manual:
+        return _manual_raw(task_name, out)
     settings = current_settings(task_name, Path(out).parent)
-    corpora, own = training_corpora(task_name, settings)
-    if own:
-        _own_extra(task_name, own)
-    elif settings.get(task.small_flag):
+    corpora, own = training_corpora(task_name, settings, checked=True)
+    if settings.get(task.small_flag):
         print(f"raw: note: {task.small_flag}=1: {', '.join(map(corpus_name, corpora))} alone, not the task's full "
               f"training data", file=sys.stderr)
     records = []
@@ -636,37 +558,54 @@ def raw(task_name, downloads=None, out=None):
     for split, test_set in (("valid", task.valid), ("test", task.test)):
         if isinstance(test_set, SacrebleuSet):
             source, refs = _sacrebleu_files(test_set)
-            sources = list(_open_text(source))
-            references = [list(_open_text(ref)) for ref in refs]
+            sources, references = list(_open_text(source)), [list(_open_text(ref)) for ref in refs]
         else:
-            sources, target = corpus_lines(test_set, task.src, task.tgt, downloads)
-            references = [target]
+            sources, *references = corpus_lines(test_set, task.src, task.tgt, downloads)
         if split == "test" and task.test_lines:
             sources, references = sources[:task.test_lines], [r[:task.test_lines] for r in references]
-        for reference in references:
-            _check_pair(sources, reference, f"{split} set of {task_name}")
-        _write_lines(out / f"{split}.{task.src}", sources)
-        if len(references) == 1 or split == "valid":
-            _write_lines(out / f"{split}.{task.tgt}", references[0])
-        else:
-            for number, reference in enumerate(references):
-                _write_lines(out / f"{split}.{task.tgt}{number}", reference)
+        _write_set(out, task_name, split, sources, references, numbered=len(references) > 1)
     return out
 
 
-# ---------------------------------------------------------------- NIST (licensed, from NIST_DIR)
-def _nist_dir(directory=None):
-    """``NIST_DIR`` (or the one the data in ``directory`` were made from: :func:`data_settings`), checked."""
-    value = current_settings("nist_zhen", directory)["NIST_DIR"]
-    if not value:
+# ---------------------------------------------------------------- the user's own directory (NIST_DIR, NIUTRANS_DIR)
+#: The NIST test sets and the files they become.
+NIST_SETS = {"nist06": "valid", "nist02": "test", "nist03": "test_nist03", "nist04": "test_nist04"}
+
+
+def _manual_dir(task_name, directory=None):
+    """The directory the task's ``manual`` variable names (or the one the data in ``directory`` were made from:
+    :func:`data_settings`), checked to hold what the raw step reads."""
+    task = TASKS[task_name]
+    variable, nist = task.manual, task.manual == "NIST_DIR"
+    if nist:
+        names = ["train.zh", "train.en", *NIST_SETS]
+    else:
+        names = [f"{split}.{lang}" for split in ("train", "valid", "test") for lang in (task.src, task.tgt)]
+    value = current_settings(task_name, directory)[variable]
+    if not value and nist:
         raise PrepareError("nist_zhen needs the licensed LDC/NIST data: make data-nist_zhen NIST_DIR=/path\n"
                            + NIST_LAYOUT)
-    path = Path(value)
-    missing = [str(path / name) for name in ("train.zh", "train.en", "nist06", "nist02", "nist03", "nist04")
-               if not (path / name).exists()]
+    if not value:
+        raise PrepareError(f"this task's corpus cannot be downloaded: set {variable}=/path to a directory "
+                           f"holding {', '.join(names)} (plain text, one sentence per line, untokenized)")
+    missing = [str(Path(value) / name) if nist else name for name in names if not (Path(value) / name).exists()]
     if missing:
-        raise PrepareError(f"NIST_DIR={value} lacks {', '.join(missing)}\n" + NIST_LAYOUT)
-    return path
+        raise PrepareError(f"{variable}={value} lacks {', '.join(missing)}" + ("\n" + NIST_LAYOUT if nist else ""))
+    return Path(value)
+
+
+def _manual_raw(task_name, out):
+    """The raw step from the user's directory: its plain-text splits, or NIST's training pairs and SGML test sets."""
+    task = TASKS[task_name]
+    directory, langs = _manual_dir(task_name, Path(out).parent), (task.src, task.tgt)
+    write_corpora(out, task_name, [(f"{task.manual} ({directory})", _copy_split(out, directory, "train", langs))])
+    if task.manual == "NIST_DIR":
+        for name, split in NIST_SETS.items():
+            _write_set(out, task_name, split, *nist_test_set(directory / name), numbered=True)
+    else:
+        for split in ("valid", "test"):
+            _copy_split(out, directory, split, langs)
+    return out
 
 
 def _ids_usable(segments):
@@ -677,30 +616,8 @@ def _ids_usable(segments):
 
 def _keys(segments, positional):
     """(docid, seg id) of each segment, or (docid, "#<position in the document>") when ``positional``."""
-    if not positional:
-        return [(docid, segid) for docid, segid, _ in segments]
-    seen = {}
-    keys = []
-    for docid, _, _ in segments:
-        seen[docid] = seen.get(docid, 0) + 1
-        keys.append((docid, f"#{seen[docid]}"))
-    return keys
-
-
-def _plain_dir(task_name, directory=None):
-    """The directory named by the task's environment variable (or the one the data in ``directory`` were made
-    from: :func:`data_settings`), holding ``{train,valid,test}.<lang>``."""
-    task = TASKS[task_name]
-    variable = task.manual
-    names = [f"{split}.{lang}" for split in ("train", "valid", "test") for lang in (task.src, task.tgt)]
-    value = current_settings(task_name, directory)[variable]
-    if not value:
-        raise PrepareError(f"this task's corpus cannot be downloaded: set {variable}=/path to a directory "
-                           f"holding {', '.join(names)} (plain text, one sentence per line, untokenized)")
-    missing = [name for name in names if not (Path(value) / name).exists()]
-    if missing:
-        raise PrepareError(f"{variable}={value} lacks {', '.join(missing)}")
-    return Path(value)
+    positions = defaultdict(lambda: count(1))
+    return [(docid, f"#{next(positions[docid])}" if positional else segid) for docid, segid, _ in segments]
 
 
 _DOC = re.compile(r"<doc\b([^>]*)>(.*?)</doc>", re.IGNORECASE | re.DOTALL)
@@ -710,12 +627,6 @@ _ATTR = re.compile(r"""(\w+)\s*=\s*("([^"]*)"|'([^']*)'|([^\s>]+))""")
 
 def _attrs(text):
     return {m.group(1).lower(): next(g for g in m.groups()[2:] if g is not None) for m in _ATTR.finditer(text)}
-
-
-def _unescape(text):
-    import html
-
-    return " ".join(html.unescape(text).split())
 
 
 def read_sgml(path):
@@ -729,8 +640,8 @@ def read_sgml(path):
         attrs = _attrs(doc.group(1))
         docid, sysid = attrs.get("docid", ""), attrs.get("sysid", "")
         for seg in _SEG.finditer(doc.group(2)):
-            segid = _attrs(seg.group(1)).get("id", "")
-            systems.setdefault(sysid, []).append((docid, segid, _unescape(seg.group(2))))
+            segment = " ".join(html.unescape(seg.group(2)).split())
+            systems.setdefault(sysid, []).append((docid, _attrs(seg.group(1)).get("id", ""), segment))
     if not systems:
         raise PrepareError(f"{path}: no <doc>/<seg> elements found")
     return systems
@@ -764,22 +675,6 @@ def nist_test_set(directory):
     return [text for _, _, text in source], references
 
 
-def _nist_raw(out):
-    nist = _nist_dir(Path(out).parent)
-    pairs = _copy_pairs(out, "train", [nist / "train.zh", nist / "train.en"])
-    write_corpora(out, "nist_zhen", [(f"NIST_DIR ({nist})", pairs)])
-    for name, split in (("nist06", "valid"), ("nist02", "test"), ("nist03", "test_nist03"),
-                        ("nist04", "test_nist04")):
-        sources, references = nist_test_set(nist / name)
-        _write_lines(out / f"{split}.zh", sources)
-        if split == "valid":
-            _write_lines(out / "valid.en", references[0])
-        else:
-            for number, reference in enumerate(references):
-                _write_lines(out / f"{split}.en{number}", reference)
-    return out
-
-
 # ---------------------------------------------------------------- tok
 _TOKENIZERS = {}
 
@@ -806,41 +701,31 @@ def _chunk_job(job):
     return [function((key, line)) for line in lines]
 
 
-def _chunks(lines, size):
-    lines = iter(lines)
-    while chunk := list(islice(lines, size)):
-        yield chunk
-
-
 def map_lines(function, key, lines, workers=1, desc=None, total=None):
-    """``function((key, line))`` of each of ``lines`` in order, yielded as they are done, with a line bar (``desc``;
-    ``total`` lines, default ``len(lines)`` of a list), in chunks of ``CHUNK_LINES`` over a pool of ``workers``
-    processes when there are several.  At most ``4 * workers`` chunks are read ahead of the one being yielded, so
-    memory does not grow with the corpus (``Pool.imap`` would read all of its input at once)."""
+    """``function((key, line))`` of each of ``lines``, yielded in order, with a line bar (``desc``; ``total`` lines,
+    default ``len(lines)`` of a list); in chunks of ``CHUNK_LINES`` over ``workers`` processes when there are several,
+    read at most ``4 * workers`` chunks ahead, so that memory does not grow with the corpus (unlike ``Pool.imap``)."""
     total = len(lines) if total is None and isinstance(lines, list) else total
     with progress_bar(desc=desc, total=total, unit=" lines", unit_scale=True) as bar, \
             (Pool(workers) if workers > 1 else nullcontext()) as pool:
+        ahead, lines = deque(), iter(lines)  # chunks sent to the pool (or done here), oldest first
 
-        def counted(done):
+        def next_done():
+            done = ahead.popleft().get() if pool else ahead.popleft()
             bar.update(len(done))
             return done
 
-        ahead = deque()
-        for chunk in _chunks(lines, CHUNK_LINES):
+        for chunk in iter(lambda: list(islice(lines, CHUNK_LINES)), []):
             job = (function, key, chunk)
-            if pool is None:
-                yield from counted(_chunk_job(job))
-                continue
-            ahead.append(pool.apply_async(_chunk_job, (job,)))
-            if len(ahead) >= 4 * workers:
-                yield from counted(ahead.popleft().get())
+            ahead.append(pool.apply_async(_chunk_job, (job,)) if pool else _chunk_job(job))
+            if len(ahead) >= (4 * workers if pool else 1):
+                yield from next_done()
         while ahead:
-            yield from counted(ahead.popleft().get())
+            yield from next_done()
 
 
 def count_lines(path):
-    """The number of lines of a text file (its newline bytes) for a line bar's total, or None when the bars are not
-    shown (:func:`bars_shown`): a 25M-line corpus is then not read once more for nothing."""
+    """The newline bytes of a text file, for a line bar's total; None when no bar is shown (no extra read for it)."""
     if not bars_shown():
         return None
     with open(path, "rb") as handle:
@@ -883,9 +768,11 @@ def clean(task_name):
     in_subsets = {subset.name: 0 for subset in task.subsets}
     with _text_output(base / "clean" / f"train.{task.src}") as src_out, \
             _text_output(base / "clean" / f"train.{task.tgt}") as tgt_out:
-        for src, tgt in zip(*(_open_text(base / "tok" / f"train.{lang}") for lang in (task.src, task.tgt)),
-                            strict=True):
-            pairs_in += 1
+        paths = [base / "tok" / f"train.{lang}" for lang in (task.src, task.tgt)]
+        for pairs_in, (src, tgt) in enumerate(zip_longest(*map(_open_text, paths)), 1):
+            if src is None or tgt is None:
+                raise PrepareError(f"{paths[0]} and {paths[1]} differ in length (line {pairs_in} is in one only); "
+                                   f"delete them and rerun make data-{task_name}")
             if keep_pair(src, tgt, task.max_len, task.ratio):
                 kept += 1
                 src_out.write(src + "\n")
@@ -925,24 +812,17 @@ def learn_bpe(inputs, codes, merges, workers=1):
     from subword_nmt import learn_bpe as module
 
     joined = codes.with_name(codes.name + ".input")
-    with open(joined, "w", encoding="utf-8") as out:
-        for path in inputs:
-            for line in _open_text(path):
-                out.write(line + "\n")
-    bars = []
+    _write_lines(joined, (line for path in inputs for line in _open_text(path)))
 
-    def merges_bar(iterable, *args, **kwargs):
-        bars.append(progress_bar(iterable=iterable, desc=f"learn {codes.name}", unit=" merges"))
-        return bars[-1]
+    def merges_bar(iterable, *args, **kwargs):  # closed at the end: learning may stop before the last merge
+        return bars.enter_context(progress_bar(iterable=iterable, desc=f"learn {codes.name}", unit=" merges"))
 
-    own_bar, module.tqdm = module.tqdm, merges_bar
+    stock_bar, module.tqdm = module.tqdm, merges_bar
     try:
-        with open(joined, encoding="utf-8") as infile, open(codes, "w", encoding="utf-8") as outfile:
-            module.learn_bpe(infile, outfile, merges, num_workers=workers)
+        with ExitStack() as bars, open(joined, encoding="utf-8") as infile, open(codes, "w", encoding="utf-8") as out:
+            module.learn_bpe(infile, out, merges, num_workers=workers)
     finally:
-        module.tqdm = own_bar
-        for bar in bars:  # learning may stop before the last merge, leaving the bar open
-            bar.close()
+        module.tqdm = stock_bar
     joined.unlink()
 
 
@@ -952,13 +832,9 @@ def bpe(task_name, workers=1, merges=None):
     base = DATA / task_name
     merges = merges or task.merges
     train = {lang: base / "clean" / f"train.{lang}" for lang in (task.src, task.tgt)}
-    if task.joint_bpe:
-        codes = {lang: base / "bpe.codes" for lang in train}
-        learn_bpe(list(train.values()), base / "bpe.codes", merges, workers)
-    else:
-        codes = {lang: base / f"bpe.codes.{lang}" for lang in train}
-        for lang, path in train.items():
-            learn_bpe([path], codes[lang], merges, workers)
+    codes = {lang: base / ("bpe.codes" if task.joint_bpe else f"bpe.codes.{lang}") for lang in train}
+    for path in dict.fromkeys(codes.values()):  # one codes file learned on both languages, or one for each
+        learn_bpe([train[lang] for lang in train if codes[lang] == path], path, merges, workers)
     for lang, path in train.items():
         _write_lines(base / f"train.bpe.{lang}", apply_bpe(_open_text(path), codes[lang], workers,
                                                             desc=f"bpe train.{lang}", total=count_lines(path)))
@@ -966,7 +842,7 @@ def bpe(task_name, workers=1, merges=None):
         keep = bytearray(subset.keeps(s, t) for s, t in zip(_open_text(train[task.src]), _open_text(train[task.tgt])))
         for lang in train:
             _write_lines(base / f"train.{subset.name}.bpe.{lang}",
-                         (line for line, kept in zip(_open_text(base / f"train.bpe.{lang}"), keep) if kept))
+                         compress(_open_text(base / f"train.bpe.{lang}"), keep))
     for name, path in _split_files(base / "tok").items():
         split, lang = name.split(".", 1)
         if split == "train":
@@ -990,42 +866,31 @@ def bpe(task_name, workers=1, merges=None):
 # ---------------------------------------------------------------- recipes
 #: Raised by hand when a step's code changes what it writes for the same input and settings.
 STEP_VERSIONS = {"fetch": 1, "raw": 1, "tok": 1, "clean": 1, "bpe": 1}
-#: The data directory a task's raw step reads, named by an environment variable.
-DIRECTORY_VARIABLES = {name: task.extra_dir or task.manual for name, task in TASKS.items()
-                       if task.extra_dir or task.manual in ("NIST_DIR", "NIUTRANS_DIR")}
 
 
 def _version(package):
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version(package)
     except PackageNotFoundError:
         return "not installed"
 
 
-def _small(task):
-    """True when the task's ``small_flag`` variable is 1; a value other than 1, 0 or nothing stops the step."""
-    value = os.environ.get(task.small_flag, "") if task.small_flag else ""
-    if value not in ("", "0", "1"):
-        raise PrepareError(f"{task.small_flag}={value}: set it to 1 (the small data, on purpose) or 0, or unset it")
-    return value == "1"
-
-
 def data_settings(task_name, previous_raw=None):
-    """What the environment says about a task's data: ``{variable: value}`` of its data directory variable
-    (``DIRECTORY_VARIABLES``) and of its small-data flag.
-
+    """What the environment says about a task's data: ``{variable: value}`` of the data directory its raw step reads
+    (``extra_dir`` or ``manual``) and of its small-data flag (1, 0 or unset; anything else stops the step).
     The directory counts once set: left unset later, the one the data were made from (``previous_raw``, the raw
     step's earlier recipe) stands, so that a later ``make`` without it keeps the data.  The flag counts when set."""
     task = TASKS[task_name]
     settings = {}
-    variable = DIRECTORY_VARIABLES.get(task_name)
+    variable = task.extra_dir or task.manual
     if variable:
         value = os.environ.get(variable)
         settings[variable] = str(Path(value).resolve()) if value else (previous_raw or {}).get(variable, "")
     if task.small_flag:
-        settings[task.small_flag] = _small(task)
+        value = os.environ.get(task.small_flag, "")
+        if value not in ("", "0", "1"):
+            raise PrepareError(f"{task.small_flag}={value}: set it to 1 (the small data, on purpose) or 0, or unset it")
+        settings[task.small_flag] = value == "1"
         if settings[task.small_flag] and os.environ.get(task.extra_dir):
             raise PrepareError(f"{task.small_flag}=1 leaves out the pairs {task.extra_dir} holds: unset one of them")
     return settings
@@ -1036,15 +901,20 @@ def current_settings(task_name, directory=None):
     return data_settings(task_name, _recorded_recipe(Path(directory or DATA / task_name), "raw"))
 
 
-def training_corpora(task_name, settings):
+def training_corpora(task_name, settings, checked=False):
     """``(corpora, own)``: the ``Parallel`` corpora a task trains on under ``settings`` (:func:`data_settings`),
-    and the directory of the user's own copy of its ``extra`` corpora, or None."""
+    and the directory of the user's own copy of its ``extra`` corpora, or None (``checked``: one lacking a training
+    file stops the step, naming it)."""
     task = TASKS[task_name]
     if not task.extra or settings.get(task.small_flag):
         return task.train, None
-    if settings.get(task.extra_dir):
-        return task.train, Path(settings[task.extra_dir])
-    return task.train + task.extra, None
+    if not settings.get(task.extra_dir):
+        return task.train + task.extra, None
+    own = Path(settings[task.extra_dir])
+    missing = extra_dir_missing(task_name, own) if checked else []
+    if missing:
+        raise PrepareError(f"{task.extra_dir}={own} lacks {', '.join(missing)}: {WMT17_EXTRA}")
+    return task.train, own
 
 
 def _recorded_recipe(directory, step):
@@ -1058,17 +928,14 @@ def recipes(task_name, previous_raw=None):
     """What each step of ``task_name`` writes depends on besides its input files: ``{step: {name: value}}``; the
     raw step's holds :func:`data_settings` (``previous_raw``: its earlier recipe)."""
     task = TASKS[task_name]
-    languages = {task.src, task.tgt}
-    tokenizers = {} if task.pretokenized else {
-        **({"jieba": _version("jieba")} if "zh" in languages else {}),
-        **({"sacremoses": _version("sacremoses")} if languages - {"zh"} else {})}
+    packages = {"jieba" if lang == "zh" else "sacremoses" for lang in (task.src, task.tgt)}  # as _tokenize_line
+    tokenizers = {} if task.pretokenized else {package: _version(package) for package in packages}
     settings = data_settings(task_name, previous_raw)
     corpora, _ = training_corpora(task_name, settings)
-    raw = {"train": repr(corpora), "valid": repr(task.valid), "test": repr(task.test), "test_lines": task.test_lines,
-           **settings}
     steps = {
         "fetch": {"archives": _archive_names(task, corpora), "sets": [repr(task.valid), repr(task.test)]},
-        "raw": raw,
+        "raw": {"train": repr(corpora), "valid": repr(task.valid), "test": repr(task.test),
+                "test_lines": task.test_lines, **settings},
         "tok": {"src": task.src, "tgt": task.tgt, "pretokenized": task.pretokenized, **tokenizers},
         "clean": {"max_len": task.max_len, "ratio": task.ratio, "subsets": repr(task.subsets)},
         "bpe": {"joint_bpe": task.joint_bpe, "merges": task.merges, "subsets": repr(task.subsets),
@@ -1095,12 +962,12 @@ def write_recipes(task_name, directory=None):
         _write_lines(directory / f".recipe.{step}", json.dumps(recipe, indent=1, sort_keys=True).splitlines())
 
 
-STEPS = {"fetch": fetch, "raw": raw, "tok": tok, "clean": clean, "bpe": bpe}
+STEPS = {"fetch": fetch, "raw": raw, "tok": tok, "clean": clean, "bpe": bpe, "recipe": write_recipes}
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("step", nargs="?", choices=[*STEPS, "recipe"])
+    parser = common.Parser(description=__doc__.split("\n")[0])
+    parser.add_argument("step", nargs="?", choices=list(STEPS))
     parser.add_argument("task", nargs="?", choices=sorted(TASKS))
     parser.add_argument("--workers", type=common.at_least(1), default=os.cpu_count() or 1,
                         help="processes for tokenization and BPE (default: every CPU)")
@@ -1113,7 +980,7 @@ def main(argv=None):
     PROGRESS = args.progress
     if args.list or not args.step:
         for name, task in TASKS.items():
-            if task.manual in ("NIST_DIR", "NIUTRANS_DIR"):
+            if task.manual:
                 how = f"from {task.manual} (cannot be downloaded)"
             elif not _archive_names(task) and not any(isinstance(s, SacrebleuSet) for s in (task.valid, task.test)):
                 how = "shipped in this repository"
@@ -1126,9 +993,6 @@ def main(argv=None):
     os.chdir(REPO)
     if args.merges is not None and args.step != "bpe":
         parser.error(f"--merges is an option of the bpe step, not of {args.step}")
-    if args.step == "recipe":
-        write_recipes(args.task)
-        return 0
     options = {"tok": {"workers": args.workers}, "bpe": {"workers": args.workers, "merges": args.merges}}
     STEPS[args.step](args.task, **options.get(args.step, {}))
     return 0

@@ -15,10 +15,10 @@ applied on the fly by OpenNMT-py's ``sentencepiece`` transform, which also
 turns output pieces back into tokenized text.
 """
 
-import argparse
 import sys
 from pathlib import Path
 
+import common
 from prepare_tatoeba import DataError, read_lines, train_spm
 
 LANGS = ("en", "de")
@@ -45,7 +45,7 @@ def prepare(data_dir, out_dir, vocab, test_size):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = common.Parser(description=__doc__.split("\n")[0])
     p.add_argument("--data-dir", type=Path, required=True)
     p.add_argument("--out-dir", type=Path, required=True)
     p.add_argument("--vocab", type=int, default=4000, help="SentencePiece pieces per language (default 4000)")

@@ -5,14 +5,12 @@
         [--measure saved peak time ops] [--recompute false true] [--steps 3] [--json FILE]
 
 Each (case, ``li2019_recompute``) runs in a fresh child process: the WMT17 Base config with the Tatoeba
-vocabularies (as ``make gpu-check`` trains it), a fixed batch of ``--sentences`` sentences of at most
-``--length`` tokens a side (8,192 positions by default), autocast (bf16 on the CPU, fp16 on CUDA), training
-mode.  ``saved``: bytes autograd saves for backward in the forward pass and loss, parameters excluded, split
-into the attentions' ``final_linear`` (stock map or routing) and the rest; the counting hooks keep nothing, so
-steps that would not fit are counted too.  ``peak``: ``--steps`` training steps (Adam): peak resident set on
-the CPU, ``torch.cuda.max_memory_allocated`` on CUDA, fastest step after the first.  ``time``: one routing's
-forward + backward, stored against recomputed.  ``ops``: the aten operators of one routing's forward +
-backward (what eager mode launches one by one) and its time, without and with autocast.  Figures: results/bench/.
+vocabularies, a fixed batch of ``--sentences`` sentences of at most ``--length`` tokens a side, autocast (bf16 on
+the CPU, fp16 on CUDA), training mode.  ``saved``: bytes autograd saves for backward, parameters excluded, split
+into the attentions' ``final_linear`` and the rest (counted, not kept: steps that would not fit count too).
+``peak``: peak memory (resident set on the CPU) and fastest step after the first of ``--steps`` Adam steps.
+``time`` and ``ops`` (in this process): one routing's forward + backward, stored against recomputed, and its
+aten operators and time, without and with autocast.  Method and figures: results/bench/li2019-routing-memory.md.
 """
 
 import argparse
@@ -23,6 +21,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import common
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -69,15 +69,8 @@ class SavedBytes:
 
     def watch(self, module, name):
         """Count what ``module``'s forward pass saves under ``name``."""
-
-        def enter(*_):
-            self.where = name
-
-        def leave(*_):
-            self.where = "rest"
-
-        module.register_forward_pre_hook(enter)
-        module.register_forward_hook(leave)
+        module.register_forward_pre_hook(lambda *_: setattr(self, "where", name))
+        module.register_forward_hook(lambda *_: setattr(self, "where", "rest"))
 
 
 def _setup(case, recompute, args):
@@ -113,8 +106,7 @@ def _setup(case, recompute, args):
     src, src_len = side(vocabs["src"], 0)
     tgt, _ = side(vocabs["tgt"], 1)  # the decoder reads tgt[:, :-1] and predicts tgt[:, 1:]
     tgt[:, 0, 0] = vocabs["tgt"][DefaultTokens.BOS]
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16 if device.type == "cpu" else torch.float16)
-    return model, (src, tgt, src_len, vocabs["tgt"][DefaultTokens.PAD]), autocast
+    return model, (src, tgt, src_len, vocabs["tgt"][DefaultTokens.PAD]), _autocast(device.type)
 
 
 def _loss(model, batch, autocast):
@@ -129,6 +121,25 @@ def _loss(model, batch, autocast):
     loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), target, ignore_index=pad, reduction="sum",
                            label_smoothing=0.1)
     return loss / (target != pad).sum()
+
+
+def _autocast(device_type, enabled=True):
+    """Autocast as the runs use it: bf16 on the CPU, fp16 on CUDA."""
+    import torch
+
+    return torch.autocast(device_type, dtype=torch.bfloat16 if device_type == "cpu" else torch.float16,
+                          enabled=enabled)
+
+
+def _seconds(run, cuda):
+    """Wall seconds of ``run()``, waiting for CUDA's queued kernels where ``cuda``."""
+    import torch
+
+    start = time.perf_counter()
+    run()
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
 
 
 def child(case, recompute, measure, args):
@@ -155,16 +166,14 @@ def child(case, recompute, measure, args):
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
         scaler = torch.amp.GradScaler("cuda", enabled=cuda)
         rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        times = []
-        for _ in range(args.steps):
-            start = time.perf_counter()
+
+        def step():
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(_loss(model, batch, autocast)).backward()
             scaler.step(optimizer)
             scaler.update()
-            if cuda:
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - start)
+
+        times = [_seconds(step, cuda) for _ in range(args.steps)]
         result.update(step_s=min(times[1:]), peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                       rss_before_steps_bytes=rss_before)
         if cuda:
@@ -185,14 +194,13 @@ class AtenOps:
         from torch.utils._python_dispatch import TorchDispatchMode
 
         self.ops, self.launches = collections.Counter(), collections.Counter()
-        counter = self
 
         class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            def __torch_dispatch__(mode, func, types, args=(), kwargs=None):
                 name = str(func.overloadpacket)
-                counter.ops[name] += 1
+                self.ops[name] += 1
                 if not func.is_view and any(str(r.type).startswith("Tensor") for r in func._schema.returns):
-                    counter.launches[name] += 1
+                    self.launches[name] += 1
                 return func(*args, **(kwargs or {}))
 
         self._mode = Mode()
@@ -209,94 +217,86 @@ class AtenOps:
         return dict(ops=sum(self.ops.values()), launches=sum(self.launches.values()))
 
 
-def routing_ops(args):
-    """Aten operators and time of one Base-size routing (H = 8, d = 512, ``--capsules``, ``--iterations``) on
-    ``--sentences * --length`` positions: forward and backward counted apart, in float32 and under autocast, stored
-    and recomputed; the time is the fastest of ``--repeats`` forward + backward passes."""
+def _routing(args, method, capsules=512, iterations=3, recompute=True):
+    """A Base-size routing (H = 8, d = 512), seeded, and its ``(--sentences, --length, 512)`` input."""
     import torch
 
     from onmt_ext.li2019 import RoutingAggregation
 
     torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
-    results = []
+    torch.manual_seed(0)
+    module = RoutingAggregation(8, 512, capsules, method, iterations, recompute).to(args.device)
+    return module, torch.randn(args.sentences, args.length, 512, device=args.device, requires_grad=True)
+
+
+def routing_ops(args):
+    """Aten operators and time of one routing (N = ``--capsules``, T = ``--iterations``): forward and backward
+    counted apart, in float32 and under autocast, stored and recomputed; the fastest of ``--repeats`` passes."""
     for method in ("simple", "em"):
         for autocast in (False, True):
             for recompute in (False, True):
-                torch.manual_seed(0)
-                module = RoutingAggregation(8, 512, args.capsules, method, args.iterations, recompute).to(device)
-                context = torch.randn(args.sentences, args.length, 512, device=device, requires_grad=True)
-                dtype = torch.bfloat16 if device.type == "cpu" else torch.float16
+                module, context = _routing(args, method, args.capsules, args.iterations, recompute)
 
                 def forward():
-                    with torch.autocast(device.type, dtype=dtype, enabled=autocast):
+                    with _autocast(args.device, enabled=autocast):
                         return module(context).float().sum()
 
                 with AtenOps() as forward_ops:
                     loss = forward()
                 with AtenOps() as backward_ops:
                     loss.backward()
-                times = []
-                for _ in range(args.repeats):
-                    start = time.perf_counter()
-                    forward().backward()
-                    if device.type == "cuda":
-                        torch.cuda.synchronize()
-                    times.append(time.perf_counter() - start)
-                result = dict(measure="ops", method=method, autocast=autocast, recompute=recompute,
-                              positions=args.sentences * args.length, capsules=args.capsules,
-                              iterations=args.iterations, forward=forward_ops.totals(),
-                              backward=backward_ops.totals(), seconds=min(times))
-                print(json.dumps(result), flush=True)
-                results.append(result)
-    return results
-
-
-def _child_env(args):
-    """The environment of a child: on the CPU, glibc serves every allocation of 128 KiB or more by its own
-    mapping and returns it on free, so that the resident set follows the live tensors (by default a freed block
-    below glibc's moving threshold, up to 32 MiB, can stay resident and count in the peak)."""
-    env = dict(os.environ)
-    if args.device == "cpu":
-        env.setdefault("MALLOC_MMAP_THRESHOLD_", str(128 * 1024))
-    return env
+                times = [_seconds(lambda: forward().backward(), args.device == "cuda") for _ in range(args.repeats)]
+                yield dict(measure="ops", method=method, autocast=autocast, recompute=recompute,
+                           positions=args.sentences * args.length, capsules=args.capsules,
+                           iterations=args.iterations, forward=forward_ops.totals(), backward=backward_ops.totals(),
+                           seconds=min(times))
 
 
 def time_routing(args):
-    """Forward + backward of one Base-size routing (H = 8, d = N = 512) on ``--sentences * --length`` positions
-    under autocast, stored and recomputed in alternation, ``--repeats`` times each; the fastest of each."""
-    import torch
-
-    from onmt_ext.li2019 import RoutingAggregation
-
-    torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
-    results = []
+    """Forward + backward of one routing (N = 512) under autocast, stored and recomputed in alternation,
+    ``--repeats`` times each; the fastest of each."""
     for method in ("simple", "em"):
-        torch.manual_seed(0)
-        module = RoutingAggregation(8, 512, 512, method).to(device)
-        context = torch.randn(args.sentences, args.length, 512, device=device, requires_grad=True)
-        autocast = torch.autocast(device.type, dtype=torch.bfloat16 if device.type == "cpu" else torch.float16)
+        module, context = _routing(args, method)
+
+        def run():
+            with _autocast(args.device):
+                out = module(context)
+            out.float().sum().backward()
+
         times = {False: [], True: []}
         for _ in range(args.repeats):
             for recompute in (False, True):
                 module.recompute = recompute
-                start = time.perf_counter()
-                with autocast:
-                    out = module(context)
-                out.float().sum().backward()
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                times[recompute].append(time.perf_counter() - start)
-        result = dict(measure="time", method=method, positions=args.sentences * args.length,
-                      stored_s=min(times[False]), recomputed_s=min(times[True]))
-        print(json.dumps(result), flush=True)
-        results.append(result)
-    return results
+                times[recompute].append(_seconds(run, args.device == "cuda"))
+        yield dict(measure="time", method=method, positions=args.sentences * args.length,
+                   stored_s=min(times[False]), recomputed_s=min(times[True]))
+
+
+def model_runs(args, measure):
+    """``measure`` (saved or peak) of each (case, recompute) asked for, each in a child process.  On the CPU,
+    glibc serves and frees each allocation of 128 KiB or more by its own mapping there, so that the resident
+    set follows the live tensors (else a freed block up to 32 MiB can stay resident and count in the peak)."""
+    env = dict(os.environ)
+    if args.device == "cpu":
+        env.setdefault("MALLOC_MMAP_THRESHOLD_", str(128 * 1024))
+    for case in args.cases:
+        for recompute in (["true"] if case == "baseline" else args.recompute):
+            if f"{case}:{recompute}:{measure}" in args.skip:
+                continue
+            command = [sys.executable, __file__, "--device", args.device, "--sentences", str(args.sentences),
+                       "--length", str(args.length), "--threads", str(args.threads), "--steps", str(args.steps),
+                       "--child", case, recompute, measure]
+            run = subprocess.run(command, capture_output=True, text=True, env=env)
+            lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
+            if run.returncode or not lines:
+                yield dict(case=case, recompute=recompute == "true", measure=measure,
+                           error=(run.stderr.strip().splitlines() or ["exit status %d" % run.returncode])[-1])
+            else:
+                yield json.loads(lines[-1][len("RESULT "):])
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = common.Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--sentences", type=int, default=512, help="sentences per batch (default 512)")
     parser.add_argument("--length", type=int, default=16, help="tokens per sentence, padded (default 16)")
@@ -324,25 +324,10 @@ def main(argv=None):
         return child(case, recompute == "true", measure, args)
     results = []
     for measure in args.measure:
-        if measure in ("time", "ops"):
-            results += time_routing(args) if measure == "time" else routing_ops(args)
-            continue
-        for case in args.cases:
-            for recompute in (["true"] if case == "baseline" else args.recompute):
-                if f"{case}:{recompute}:{measure}" in args.skip:
-                    continue
-                command = [sys.executable, __file__, "--device", args.device, "--sentences", str(args.sentences),
-                           "--length", str(args.length), "--threads", str(args.threads), "--steps", str(args.steps),
-                           "--child", case, recompute, measure]
-                run = subprocess.run(command, capture_output=True, text=True, env=_child_env(args))
-                lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
-                if run.returncode or not lines:
-                    result = dict(case=case, recompute=recompute == "true", measure=measure,
-                                  error=(run.stderr.strip().splitlines() or ["exit status %d" % run.returncode])[-1])
-                else:
-                    result = json.loads(lines[-1][len("RESULT "):])
-                print(json.dumps(result), flush=True)
-                results.append(result)
+        runs = {"time": time_routing, "ops": routing_ops}.get(measure)
+        for result in runs(args) if runs else model_runs(args, measure):
+            print(json.dumps(result), flush=True)
+            results.append(result)
     if args.json:
         args.json.write_text(json.dumps(dict(args={k: str(v) for k, v in vars(args).items()}, results=results),
                                         indent=1) + "\n", encoding="utf-8")

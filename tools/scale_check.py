@@ -9,7 +9,6 @@ Usage::
 How it works and why: docs/tools.md (scale_check.py).
 """
 
-import argparse
 import json
 import os
 import statistics
@@ -39,21 +38,18 @@ MECHANISMS = {
 def _rss_kib(pid):
     try:
         with open(f"/proc/{pid}/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except OSError:
+            return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+    except (OSError, StopIteration):
         return None
-    return None
 
 
-def run_sampled(command, log, interval=0.2):
-    """Run ``command`` and sample its resident memory; returns ``(seconds, [(t, KiB), ...])``."""
-    samples = []
+def run_measured(command, log, interval=0.2):
+    """Runs ``command`` with its output in ``log``, sampling its resident memory every ``interval`` s; returns
+    ``(seconds, [(t, KiB), ...], peak MiB)``, the peak being the process's ``ru_maxrss`` from wait4."""
+    samples, done = [], threading.Event()
     start = time.perf_counter()
     with open(log, "w", encoding="utf-8") as out:
         process = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
-        done = threading.Event()
 
         def sample():
             while not done.is_set():
@@ -64,23 +60,13 @@ def run_sampled(command, log, interval=0.2):
 
         thread = threading.Thread(target=sample, daemon=True)
         thread.start()
-        code = process.wait()
-        done.set()
-        thread.join()
-    if code:
-        raise SystemExit(f"scale_check.py: {Path(command[0]).name} failed (exit {code}); see {log}")
-    return time.perf_counter() - start, samples
-
-
-def run_peak(command, log):
-    """Run ``command``; returns the peak resident memory (MiB) of that process (``ru_maxrss`` from wait4)."""
-    with open(log, "w", encoding="utf-8") as out:
-        process = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(process.pid, 0)
         process.returncode = os.waitstatus_to_exitcode(status)
+        done.set()
+        thread.join()
     if process.returncode:
         raise SystemExit(f"scale_check.py: {Path(command[0]).name} failed (exit {process.returncode}); see {log}")
-    return usage.ru_maxrss / 1024
+    return time.perf_counter() - start, samples, usage.ru_maxrss / 1024
 
 
 def memory_summary(samples):
@@ -108,18 +94,21 @@ def long_sentences(lines, pieces_per_line, target):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = common.Parser(description=__doc__.split("\n")[0])
     parser.add_argument("--sentences", type=int, default=10000)
     parser.add_argument("--length", type=int, default=200)
     parser.add_argument("--mechanisms", nargs="+", default=list(MECHANISMS), choices=list(MECHANISMS))
     parser.add_argument("--work", type=Path, default=Path("build/scale"))
     parser.add_argument("--out", type=Path, default=Path("results/scale"))
     args = parser.parse_args(argv)
+    import sentencepiece
+    import yaml
+
+    from onmt_ext.clause_split import translate_options
+
     os.chdir(REPO)
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
-    import sentencepiece
-
     sp = sentencepiece.SentencePieceProcessor(model_file=str(TATOEBA / "spm.zh.model"))
     zh = (TATOEBA / "train.zh").read_text(encoding="utf-8").splitlines()
     en = (TATOEBA / "train.en").read_text(encoding="utf-8").splitlines()
@@ -135,21 +124,18 @@ def main(argv=None):
         config = MECHANISMS[name]
         run = work / name
         run.mkdir(exist_ok=True)
-        shared = ["-config", config, "-save_data", str(run / "samples"), "-report_every", "10",
-                  "-valid_steps", "1000", "-overwrite_checkpoints"]
-        short_peak = run_peak([common.program("onmt_train"), *shared, "-save_model", str(run / "model"),
-                               "-train_steps", "30", "-save_checkpoint_steps", "30"], run / "train.log")
+        train = [common.program("onmt_train"), "-config", config, "-save_data", str(run / "samples"),
+                 "-report_every", "10", "-valid_steps", "1000", "-overwrite_checkpoints"]
+        *_, short_peak = run_measured([*train, "-save_model", str(run / "model"), "-train_steps", "30",
+                                       "-save_checkpoint_steps", "30"], run / "train.log")
         data = json.dumps({"corpus_1": {"path_src": str(work / "long.zh"), "path_tgt": str(work / "long.en")},
                            "valid": {"path_src": str(TATOEBA / "valid.zh"), "path_tgt": str(TATOEBA / "valid.en")}})
-        long_peak = run_peak([common.program("onmt_train"), *shared, "-save_model", str(run / "long"),
-                              "-train_steps", "5", "-save_checkpoint_steps", "1000", "-data", data, "-batch_type", "sents",
-                              "-batch_size", "4", "-src_seq_length", str(args.length * 2),
-                              "-tgt_seq_length", str(args.length * 2)], run / "train_long.log")
-        from onmt_ext.clause_split import translate_options
-        import yaml
-
+        *_, long_peak = run_measured([*train, "-save_model", str(run / "long"), "-train_steps", "5",
+                                      "-save_checkpoint_steps", "1000", "-data", data, "-batch_type", "sents",
+                                      "-batch_size", "4", "-src_seq_length", str(args.length * 2),
+                                      "-tgt_seq_length", str(args.length * 2)], run / "train_long.log")
         values = yaml.safe_load(Path(config).read_text(encoding="utf-8"))
-        seconds, samples = run_sampled(
+        seconds, samples, _ = run_measured(
             [common.program("onmt_translate"), "-model", str(run / "model_step_30.pt"), "-src", str(source), "-output",
              str(run / "hyp.en"), "-beam_size", "4", "-batch_size", "64", "-batch_type", "sents",
              "-min_length", str(OUTPUT_LENGTH), "-max_length", str(OUTPUT_LENGTH), "-max_length_ratio", "0",
@@ -169,9 +155,10 @@ def main(argv=None):
              "| training peak, short sentences (MiB) | training peak, long sentences (MiB) |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for row in report["rows"]:
-        lines.append(f"| {row['mechanism']} | {row['translated']} | {row['translate_seconds']:.0f} | "
-                     f"{row['second_quarter_mib']:.0f} | {row['last_quarter_mib']:.0f} | {row['peak_mib']:.0f} | "
-                     f"{row['train_peak_mib_short']:.0f} | {row['train_peak_mib_long']:.0f} |")
+        figures = (row[key] for key in ("translate_seconds", "second_quarter_mib", "last_quarter_mib", "peak_mib",
+                                        "train_peak_mib_short", "train_peak_mib_long"))  # None: too few samples
+        lines.append(f"| {row['mechanism']} | {row['translated']} | "
+                     + " | ".join(common.fmt(value, 0) for value in figures) + " |")
     (args.out / "scale.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))
     return 0

@@ -8,11 +8,12 @@ Usage, as `make setup SYSTEM_TORCH=1` and `tools/gpu_stage.sh` run it::
 How it works and why: docs/tools.md (stage_venv.py).
 """
 
-import argparse
 import json
 import os
 import subprocess
 import sys
+
+import common
 
 PTH_NAME = "_onmt_ext_parent_env.pth"
 
@@ -138,7 +139,7 @@ def stage(venv, var="VENV", allow_without_pip=False, hint=None):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = common.Parser(description=__doc__.split("\n")[0])
     parser.add_argument("venv")
     parser.add_argument("--prog", default="stage_venv.py", help="name in front of messages (default %(default)s)")
     parser.add_argument("--var", default="VENV", help="the caller's variable for the venv folder, for hints")

@@ -8,10 +8,11 @@ Usage, as `make wheelhouse WHEEL_HAVE=<list>` runs it::
 How it works and why: docs/tools.md (wheel_have.py).
 """
 
-import argparse
 import json
 import re
 import sys
+
+import common
 
 try:
     from packaging.requirements import Requirement
@@ -94,7 +95,7 @@ def requirement_name(line):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = common.Parser(description=__doc__.split("\n")[0])
     parser.add_argument("requirements", help="requirements file to filter (pinned name==version lines)")
     parser.add_argument("--have", required=True, help="what the target has (pip freeze / pip list / conda list)")
     parser.add_argument("--report", required=True, help="pip install --dry-run --report JSON of the requirements")

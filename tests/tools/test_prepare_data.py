@@ -124,13 +124,13 @@ def test_members_are_found_by_path_or_by_file_name(tmp_path):
         del pd.ARCHIVES["nc.tgz"]
     assert src == ["Hallo .", "Tschüss ."] and tgt == ["Hello .", "Bye ."]
     with pytest.raises(SystemExit, match="has no member x.en"):
-        pd._member_lines(tmp_path / "nc.tgz", "x.en")
+        list(pd._member_stream(tmp_path / "nc.tgz", "x.en"))
 
 
 def test_zip_members_are_read(tmp_path):
     with zipfile.ZipFile(tmp_path / "setimes.zip", "w") as archive:
         archive.writestr("SETIMES.en-ro.ro", "Bună ziua .\n")
-    assert pd._member_lines(tmp_path / "setimes.zip", "SETIMES.en-ro.ro") == ["Bună ziua ."]
+    assert list(pd._member_stream(tmp_path / "setimes.zip", "SETIMES.en-ro.ro")) == ["Bună ziua ."]
 
 
 def test_text_that_is_not_utf8_names_the_file_and_line(tmp_path):
@@ -396,7 +396,7 @@ def test_learning_and_applying_bpe_report_merges_and_lines(tmp_path, bars):
 
 def test_extracting_a_member_reports_its_bytes(tmp_path, bars):
     _tar(tmp_path / "nc.tgz", {"top/news.en": "Hello .\nBye .\n"})
-    assert pd._member_lines(tmp_path / "nc.tgz", "news.en") == ["Hello .", "Bye ."]
+    assert list(pd._member_stream(tmp_path / "nc.tgz", "news.en")) == ["Hello .", "Bye ."]
     bar = _bar(bars, "extract news.en")
     assert bar.n == bar.total == len("Hello .\nBye .\n")
 
@@ -648,7 +648,7 @@ def test_the_steps_read_the_directory_the_data_were_made_from(tmp_path, monkeypa
     monkeypatch.setenv("NIUTRANS_DIR", str(plain))
     pd.write_recipes("niutrans_enzh")
     monkeypatch.delenv("NIUTRANS_DIR")
-    assert pd._plain_dir("niutrans_enzh") == plain.resolve()
+    assert pd._manual_dir("niutrans_enzh") == plain.resolve()
     out = pd.raw("niutrans_enzh")
     assert _corpora(out)["corpora"] == [{"name": f"NIUTRANS_DIR ({plain.resolve()})", "pairs": 1}]
     (plain / "valid.zh").write_text("x\ny\n", encoding="utf-8")
@@ -667,3 +667,14 @@ def test_tokenizer_versions_are_part_of_the_tokenization_recipe():
     assert set(zhen) >= {"jieba", "sacremoses"} and "jieba" not in ende and "sacremoses" in ende
     assert "jieba" not in sample and "sacremoses" not in sample  # released tokenized: not tokenized again
     assert pd.recipes("sample_ende")["bpe"]["sacremoses"] == ende["sacremoses"]  # its references are detokenized
+
+
+def test_clean_names_tokenized_sides_of_different_lengths(tmp_path, monkeypatch):
+    monkeypatch.setattr(pd, "DATA", tmp_path)
+    name, task = next(iter(pd.TASKS.items()))
+    tok = tmp_path / name / "tok"
+    tok.mkdir(parents=True)
+    (tok / f"train.{task.src}").write_text("a b\nc d\ne f\n", encoding="utf-8")
+    (tok / f"train.{task.tgt}").write_text("a b\nc d\n", encoding="utf-8")
+    with pytest.raises(pd.PrepareError, match=r"differ in length \(line 3 is in one only\)"):
+        pd.clean(name)
