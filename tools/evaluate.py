@@ -12,7 +12,6 @@ Usage::
 How it works and why: docs/tools.md (evaluate.py).
 """
 
-import argparse
 import dataclasses
 import importlib.util
 import json
@@ -34,10 +33,8 @@ PROG = "evaluate.py"
 
 def build_parser():
     """Return the command-line parser."""
-    parser = argparse.ArgumentParser(
-        prog=PROG,
-        description="Score a system output with sacreBLEU (BLEU, chrF, paired bootstrap, BLEU by length).",
-    )
+    description = "Score a system output with sacreBLEU (BLEU, chrF, paired bootstrap, BLEU by length)."
+    parser = common.Parser(prog=PROG, description=description)
     parser.add_argument("--hyp", required=True, metavar="FILE", help="system output, one segment per line")
     refs = parser.add_mutually_exclusive_group(required=True)
     refs.add_argument("--refs", nargs="+", metavar="FILE",
@@ -69,34 +66,32 @@ def build_parser():
     return parser
 
 
-def subword_marks(lines, name):
-    """A message when ``lines`` still hold subword marks (:data:`SUBWORD_MARK`): output never detokenized, which
-    scores near 0 BLEU without being wrong in any other visible way; else ``None``."""
+def refuse_subword_marks(lines, name):
+    """:class:`~onmt_ext.evaluation.EvaluationError` when ``lines`` still hold subword marks (:data:`SUBWORD_MARK`):
+    output never detokenized, which scores near 0 BLEU without being wrong in any other visible way."""
     marked = [i for i, line in enumerate(lines, 1) if SUBWORD_MARK.search(line)]
-    if not marked:
-        return None
-    mark = SUBWORD_MARK.search(lines[marked[0] - 1]).group(0)
-    return (f"{name}, line {marked[0]}: holds the subword mark {mark!r} ({len(marked)} of {len(lines)} lines do): "
+    if marked:
+        mark = SUBWORD_MARK.search(lines[marked[0] - 1]).group(0)
+        raise ev.EvaluationError(
+            f"{name}, line {marked[0]}: holds the subword mark {mark!r} ({len(marked)} of {len(lines)} lines do): "
             "the translation was not detokenized; translate with the model's -transforms (or without "
             "-transforms: onmt_translate then applies the model's own), or pass --allow-subword-markers")
 
 
 def evaluate(args):
     """Read the files named in ``args``, compute everything asked for and return the report dict."""
-    hyps = ev.read_hypotheses(args.hyp)
-    hyp_name = f"hypothesis file {args.hyp}"
+    hyps, hyp_name = ev.read_hypotheses(args.hyp), f"hypothesis file {args.hyp}"
     baseline = ev.read_hypotheses(args.baseline, "baseline file") if args.baseline else None
-    for lines, name in ((hyps, hyp_name),) + (((baseline, f"baseline file {args.baseline}"),) if args.baseline else ()):
-        problem = None if args.allow_subword_markers else subword_marks(lines, name)
-        if problem:
-            raise ev.EvaluationError(problem)
+    base_name = f"baseline file {args.baseline}"
+    if not args.allow_subword_markers:
+        refuse_subword_marks(hyps, hyp_name)
+        if args.baseline:
+            refuse_subword_marks(baseline, base_name)
     if args.ref_tsv:
-        refs = ev.read_reference_tsv(args.ref_tsv)
-        ref_name = f"reference TSV {args.ref_tsv}"
+        refs, ref_name = ev.read_reference_tsv(args.ref_tsv), f"reference TSV {args.ref_tsv}"
         ref_report = {"tsv": args.ref_tsv}
     else:
-        refs = ev.read_references(args.refs)
-        ref_name = f"reference file(s) {', '.join(args.refs)}"
+        refs, ref_name = ev.read_references(args.refs), f"reference file(s) {', '.join(args.refs)}"
         ref_report = {"files": args.refs}
     ev.validate_inputs(hyps, refs, hyp_name, ref_name)
     ref_report["refs_per_segment"] = ev.references_per_segment(refs)
@@ -109,16 +104,12 @@ def evaluate(args):
     }
 
     if args.baseline:
-        ev.validate_inputs(baseline, refs, f"baseline file {args.baseline}", ref_name)
+        ev.validate_inputs(baseline, refs, base_name, ref_name)
         report["bootstrap"] = {
-            "baseline": args.baseline,
-            "n_samples": args.bootstrap_samples,
-            "seed": args.seed,
-            "results": {
-                m: dataclasses.asdict(ev.paired_bootstrap(
-                    baseline, hyps, refs, metric=m, n_samples=args.bootstrap_samples, seed=args.seed))
-                for m in metrics
-            },
+            "baseline": args.baseline, "n_samples": args.bootstrap_samples, "seed": args.seed,
+            "results": {m: dataclasses.asdict(ev.paired_bootstrap(baseline, hyps, refs, metric=m,
+                                                                  n_samples=args.bootstrap_samples, seed=args.seed))
+                        for m in metrics},
         }
 
     if args.by_length:
@@ -129,8 +120,7 @@ def evaluate(args):
         ev.check_same_length(sources, hyps, src_name, hyp_name)
         metric = "bleu-zh" if "bleu-zh" in metrics else "bleu"
         report["by_length"] = {
-            "sources": src_name,
-            "metric": metric,
+            "sources": src_name, "metric": metric,
             "buckets": [dataclasses.asdict(b) for b in ev.bleu_by_length(hyps, refs, sources, args.buckets, metric)],
         }
         if args.baseline:
@@ -147,25 +137,18 @@ def evaluate(args):
 def format_report(report):
     """Render the report dict of :func:`evaluate` as human-readable text."""
     refs = report["references"]
-    per_segment = refs["refs_per_segment"]
-    count = (str(per_segment["min"]) if per_segment["min"] == per_segment["max"]
-             else f"{per_segment['min']}-{per_segment['max']}")
+    low, high = refs["refs_per_segment"]["min"], refs["refs_per_segment"]["max"]
+    count = str(low) if low == high else f"{low}-{high}"
     ref_files = refs["tsv"] if "tsv" in refs else " ".join(refs["files"])
-    lines = [
-        f"hypotheses: {report['hypotheses']['file']} ({report['hypotheses']['segments']} segments)",
-        f"references: {ref_files} ({count} per segment)",
-        "",
-    ]
+    lines = [f"hypotheses: {report['hypotheses']['file']} ({report['hypotheses']['segments']} segments)",
+             f"references: {ref_files} ({count} per segment)", ""]
     lines += [f"{key:<9}{result['formatted']}" for key, result in report["scores"].items()]
 
     if "bootstrap" in report:
         boot = report["bootstrap"]
-        lines += [
-            "",
-            f"paired bootstrap vs baseline {boot['baseline']} "
-            f"({boot['n_samples']} resamples, seed {boot['seed']}; † p < 0.05, ‡ p < 0.01)",
-            f"  {'metric':<8} {'baseline':>9} {'system':>9} {'(mean ± 95% CI)':>19} {'delta':>8} {'p-value':>8}",
-        ]
+        lines += ["", f"paired bootstrap vs baseline {boot['baseline']} "
+                      f"({boot['n_samples']} resamples, seed {boot['seed']}; † p < 0.05, ‡ p < 0.01)",
+                  f"  {'metric':<8} {'baseline':>9} {'system':>9} {'(mean ± 95% CI)':>19} {'delta':>8} {'p-value':>8}"]
         for r in boot["results"].values():
             interval = f"({r['system_mean']:.2f} ± {r['system_ci']:.2f})"
             lines.append(f"  {r['metric']:<8} {r['baseline_score']:>9.2f} {r['system_score']:>9.2f} "

@@ -10,7 +10,6 @@ Usage::
 How it works and why: docs/tools.md (gret_probe.py).
 """
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -29,9 +28,7 @@ def _read_lines(path, processor):
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as error:
         _fail(f"cannot read {path}: {error}")
-    if processor is None:
-        return [line.split() for line in lines]
-    return [processor.encode(line, out_type=str) for line in lines]
+    return [line.split() if processor is None else processor.encode(line, out_type=str) for line in lines]
 
 
 def _subword(path):
@@ -66,14 +63,14 @@ def load_model(checkpoint):
     return model, vocabs, model_opt
 
 
-def features(model, vocabs, sentences, kind, batch_size=64):
+def features(model, vocabs, sentences, kind):
     """One vector per source sentence ``(n, d_model)`` (``kind``: docs/tools.md, gret_probe.py)."""
     import torch
 
     if kind == "global" and getattr(model.encoder, "gret", None) is None:
         _fail("--kind global needs a GRET checkpoint (trained with -gret true); use last or average for others")
     out = []
-    for enc_out, final, lengths in encoded_batches(model, vocabs, sentences, batch_size):
+    for enc_out, final, lengths in encoded_batches(model, vocabs, sentences):
         if kind == "global":
             vectors = final
         elif kind == "last":
@@ -130,8 +127,7 @@ def train_probe(vectors, targets, embeddings, excluded, epochs=20, lr=1e-3, seed
     import torch
 
     torch.manual_seed(seed)
-    dim = vectors.size(1)
-    weight = torch.nn.Linear(dim, embeddings.size(1))
+    weight = torch.nn.Linear(vectors.size(1), embeddings.size(1))
     optimiser = torch.optim.Adam(weight.parameters(), lr=lr)
     usable = [i for i, bag in enumerate(targets) if bag]
     if not usable:
@@ -163,7 +159,7 @@ def precision_at(weight, vectors, targets, embeddings, excluded, ks):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = common.Parser(description=__doc__.split("\n")[0])
     parser.add_argument("-model", required=True, help="an OpenNMT-py checkpoint")
     parser.add_argument("-src", required=True, help="probe training source text")
     parser.add_argument("-tgt", required=True, help="probe training target text")

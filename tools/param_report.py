@@ -8,11 +8,11 @@ Usage::
 How it works and why: docs/tools.md (param_report.py).
 """
 
-import argparse
+import copy
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+import common
 
 # OpenNMT-py's (share_embeddings, share_decoder_embeddings) per tying: one, two or three (V, d) matrices
 TYINGS = {"all": (True, True), "decoder": (False, True), "none": (False, False)}
@@ -63,10 +63,18 @@ def _vocabs(size, shared):
 
     # the clause markers are source specials of the clause_split transform (clause attention looks them up)
     specials = [DefaultTokens.UNK, DefaultTokens.PAD, DefaultTokens.BOS, DefaultTokens.EOS, *marker_tokens()]
-    src = pyonmttok.build_vocab_from_tokens([f"w{i}" for i in range(size - len(specials))], special_tokens=specials)
-    tgt = src if shared else pyonmttok.build_vocab_from_tokens(
-        [f"w{i}" for i in range(size - len(specials))], special_tokens=specials)
+    words = [f"w{i}" for i in range(size - len(specials))]
+    src = pyonmttok.build_vocab_from_tokens(words, special_tokens=specials)
+    tgt = src if shared else pyonmttok.build_vocab_from_tokens(words, special_tokens=specials)
     return {"src": src, "tgt": tgt, "data_task": "seq2seq", "decoder_start_token": DefaultTokens.BOS}
+
+
+def _options(config, *overrides):
+    """``config``'s options as ``onmt_train`` parses them, without GPU ranks (the count needs no device, so a config
+    naming GPUs parses on a CPU-only torch)."""
+    from onmt_ext.parsing import parse_train_config
+
+    return parse_train_config(config, *overrides, "-gpu_ranks", "-world_size", "1")
 
 
 def count_parameters(opt, vocab_size):
@@ -81,8 +89,6 @@ def count_parameters(opt, vocab_size):
 
 def baseline_of(opt):
     """A copy of ``opt`` with every onmt-ext option off and stock model types."""
-    import copy
-
     from onmt_ext.options import OPTION_SPECS
 
     base = copy.deepcopy(opt)
@@ -101,8 +107,6 @@ def tying_of(opt):
 
 def with_tying(opt, tying):
     """A copy of ``opt`` with the embedding tying ``tying`` (a key of ``TYINGS``)."""
-    import copy
-
     tied = copy.deepcopy(opt)
     tied.share_embeddings, tied.share_decoder_embeddings = TYINGS[tying]
     tied.share_vocab = bool(opt.share_vocab or tied.share_embeddings)  # OpenNMT-py ties only a shared vocabulary
@@ -112,15 +116,13 @@ def with_tying(opt, tying):
 def paper_match(configs):
     """Rows ``(config, source, paper total, config's tying, {tying: total at the paper's vocabulary}, closest)``
     for the configs of ``PAPER_TOTALS``; a config not in it is an error."""
-    from onmt_ext.parsing import parse_train_config
-
     rows = []
     for config in configs:
-        key = Path(config).resolve().relative_to(REPO / "yaml_configs").as_posix()
+        key = Path(config).resolve().relative_to(common.CONFIGS).as_posix()
         if key not in PAPER_TOTALS:
             raise SystemExit(f"{config}: no paper total for this config (tools/param_report.py PAPER_TOTALS)")
         paper, vocab, source = PAPER_TOTALS[key]
-        opt = parse_train_config(config, "-gpu_ranks", "-world_size", "1")
+        opt = _options(config)
         totals = {tying: count_parameters(with_tying(opt, tying), vocab) for tying in TYINGS}
         closest = min(totals, key=lambda tying: abs(totals[tying] - paper))
         rows.append((str(config), source, paper, tying_of(opt), totals, closest))
@@ -129,12 +131,9 @@ def paper_match(configs):
 
 def report(configs, vocab_size, overrides=()):
     """Rows ``(config, parameters, baseline parameters, delta)``; ``overrides`` apply to every config."""
-    from onmt_ext.parsing import parse_train_config
-
     rows = []
     for config in configs:
-        # the count needs no device: a config's GPU ranks are dropped so that it parses on a CPU-only torch
-        opt = parse_train_config(config, *overrides, "-gpu_ranks", "-world_size", "1")
+        opt = _options(config, *overrides)
         total = count_parameters(opt, vocab_size)
         base = count_parameters(baseline_of(opt), vocab_size)
         rows.append((str(config), total, base, total - base))
@@ -142,7 +141,7 @@ def report(configs, vocab_size, overrides=()):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = common.Parser(description=__doc__.split("\n")[0])
     parser.add_argument("configs", nargs="*", type=Path, help="with --paper, default: every config of PAPER_TOTALS")
     parser.add_argument("--vocab-size", type=int, default=32000, help="entries of each dummy vocabulary")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
@@ -150,7 +149,7 @@ def main(argv=None):
                         help="totals at the paper's vocabulary under each embedding tying against the paper's count")
     args = parser.parse_args(argv)
     if args.paper and not args.configs:
-        args.configs = [REPO / "yaml_configs" / key for key in PAPER_TOTALS]
+        args.configs = [common.CONFIGS / key for key in PAPER_TOTALS]
     if not args.configs:
         parser.error("name at least one config (or --paper)")
     missing = [str(c) for c in args.configs if not c.is_file()]
@@ -163,11 +162,9 @@ def main(argv=None):
     rows = report(args.configs, args.vocab_size)
     if args.markdown:
         print("| config | parameters | baseline | delta |\n|---|---:|---:|---:|")
-        for name, total, base, delta in rows:
-            print(f"| `{Path(name).name}` | {total / 1e6:.2f}M | {base / 1e6:.2f}M | {delta / 1e6:+.2f}M |")
-    else:
-        for name, total, base, delta in rows:
-            print(f"{name}\t{total}\t{base}\t{delta:+d}")
+    for name, total, base, delta in rows:
+        print(f"| `{Path(name).name}` | {total / 1e6:.2f}M | {base / 1e6:.2f}M | {delta / 1e6:+.2f}M |" if args.markdown
+              else f"{name}\t{total}\t{base}\t{delta:+d}")
     return 0
 
 

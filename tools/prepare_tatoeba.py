@@ -9,7 +9,6 @@ Usage::
 How it works and why: docs/tools.md (prepare_tatoeba.py).
 """
 
-import argparse
 import collections
 import hashlib
 import io
@@ -55,40 +54,30 @@ def read_pairs(path):
     """``(pairs, counts)`` of ``cmn.txt`` (``English<TAB>Chinese[<TAB>attribution]``): :class:`Pair` in file order,
     and ``lines``, ``pairs``, ``skipped_empty`` and ``skipped_malformed`` (fewer than two columns or an empty side;
     logged)."""
-    pairs = []
-    counts = {"lines": 0, "pairs": 0, "skipped_empty": 0, "skipped_malformed": 0}
-    malformed_examples = []
-    for lineno, text in read_lines(path):
-        counts["lines"] += 1
+    lines = read_lines(path)
+    pairs, empty, malformed = [], 0, []
+    for lineno, text in lines:
         if not text.strip():
-            counts["skipped_empty"] += 1
+            empty += 1
             continue
-        cols = text.split("\t")
-        en = cols[0].strip()
-        zh = cols[1].strip() if len(cols) > 1 else ""
-        if len(cols) < 2 or not en or not zh:
-            counts["skipped_malformed"] += 1
-            if len(malformed_examples) < 5:
-                malformed_examples.append(lineno)
-            continue
-        attribution = cols[2].strip() if len(cols) > 2 else ""
-        pairs.append(Pair(en, zh, attribution, lineno))
-    counts["pairs"] = len(pairs)
-    if counts["skipped_empty"]:
-        LOG.info("%s: skipped %d empty line(s)", path, counts["skipped_empty"])
-    if counts["skipped_malformed"]:
-        LOG.warning(
-            "%s: skipped %d malformed line(s) (fewer than 2 columns or an empty side), e.g. line(s) %s",
-            path, counts["skipped_malformed"], ", ".join(map(str, malformed_examples)),
-        )
+        en, zh, attribution = [col.strip() for col in text.split("\t") + ["", ""]][:3]
+        if en and zh:
+            pairs.append(Pair(en, zh, attribution, lineno))
+        else:  # fewer than two columns leaves zh empty
+            malformed.append(lineno)
+    if empty:
+        LOG.info("%s: skipped %d empty line(s)", path, empty)
+    if malformed:
+        LOG.warning("%s: skipped %d malformed line(s) (fewer than 2 columns or an empty side), e.g. line(s) %s",
+                    path, len(malformed), ", ".join(map(str, malformed[:5])))
+    counts = {"lines": len(lines), "pairs": len(pairs), "skipped_empty": empty, "skipped_malformed": len(malformed)}
     return pairs, counts
 
 
 def read_multiref(path):
     """``[(chinese, [references])]`` of the multi-reference test set (``Chinese<TAB>ref1<TAB>ref2...``); a line
     without a reference or Chinese, or a repeated sentence, is a :class:`DataError` (the test set stays as given)."""
-    items = []
-    seen = {}
+    items, seen = [], {}
     for lineno, text in read_lines(path):
         if not text.strip():
             continue
@@ -127,25 +116,14 @@ def split_pairs(pairs, test_zh, valid_size):
                         f"({len(keys)} distinct pairs remain after removing the test sentences)")
     valid_keys = set(sorted(keys, key=lambda k: (keys[k], k))[:valid_size])
 
-    train, valid, dropped = [], [], 0
-    taken = set()
+    train = [p for p in remaining if (p.en, p.zh) not in valid_keys]
+    first = {}  # valid key -> its first pair, in input order
     for p in remaining:
-        k = (p.en, p.zh)
-        if k in valid_keys:
-            if k in taken:
-                dropped += 1
-            else:
-                taken.add(k)
-                valid.append(p)
-        else:
-            train.append(p)
-    counts = {
-        "removed_test_pairs": removed,
-        "remaining_pairs": len(remaining),
-        "train": len(train),
-        "valid": len(valid),
-        "dropped_valid_copies": dropped,
-    }
+        if (p.en, p.zh) in valid_keys:
+            first.setdefault((p.en, p.zh), p)
+    valid = list(first.values())
+    counts = {"removed_test_pairs": removed, "remaining_pairs": len(remaining), "train": len(train),
+              "valid": len(valid), "dropped_valid_copies": len(remaining) - len(train) - len(valid)}
     return train, valid, counts
 
 
@@ -160,14 +138,6 @@ def segment_zh(sentences):
 
 
 # ----------------------------------------------------------------- sentencepiece
-def _vocab_text(model_bytes):
-    """The ``.vocab`` text SentencePiece writes for a model: ``piece<TAB>score`` (``%g``) per line."""
-    import sentencepiece as spm
-
-    sp = spm.SentencePieceProcessor(model_proto=model_bytes)
-    return "".join(f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.get_piece_size()))
-
-
 def encode_file(model, source, target, limit=None, spread=False):
     """Write the lines of ``source`` (the first ``limit``; with ``spread``, ``limit`` lines evenly spaced over the
     file, which keeps a length-sorted corpus's lengths) to ``target`` as the pieces of the SentencePiece
@@ -187,31 +157,24 @@ def encode_file(model, source, target, limit=None, spread=False):
 
 def train_spm(sentences, model_prefix, vocab_size, model_type="bpe", character_coverage=1.0):
     """Train SentencePiece on every sentence (fixed seed and threads, written from memory so that the same
-    sentences give identical files) into ``PREFIX.model`` and ``PREFIX.vocab``; returns the two paths."""
+    sentences give identical files) into ``PREFIX.model`` and ``PREFIX.vocab`` (SentencePiece's format:
+    ``piece<TAB>score`` as ``%g`` per line); returns the two paths."""
     import sentencepiece as spm
 
-    model_prefix = Path(model_prefix)
     spm.set_random_generator_seed(SPM_SEED)
     writer = io.BytesIO()
     try:
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sentences),
-            model_writer=writer,
-            vocab_size=vocab_size,
-            model_type=model_type,
-            character_coverage=character_coverage,
-            input_sentence_size=0,
-            shuffle_input_sentence=False,
-            num_threads=SPM_THREADS,
-            minloglevel=2,
-        )
+        spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences), model_writer=writer, vocab_size=vocab_size,
+                                       model_type=model_type, character_coverage=character_coverage,
+                                       input_sentence_size=0, shuffle_input_sentence=False, num_threads=SPM_THREADS,
+                                       minloglevel=2)
     except RuntimeError as exc:
-        raise DataError(f"SentencePiece training of {model_prefix.name} failed: {exc}") from None
-    model_bytes = writer.getvalue()
-    model_path = model_prefix.with_name(model_prefix.name + ".model")
-    vocab_path = model_prefix.with_name(model_prefix.name + ".vocab")
-    _write_bytes(model_path, model_bytes)
-    _write_bytes(vocab_path, _vocab_text(model_bytes).encode("utf-8"))
+        raise DataError(f"SentencePiece training of {Path(model_prefix).name} failed: {exc}") from None
+    model_path, vocab_path = Path(f"{model_prefix}.model"), Path(f"{model_prefix}.vocab")
+    _write_bytes(model_path, writer.getvalue())
+    sp = spm.SentencePieceProcessor(model_proto=writer.getvalue())
+    vocab = "".join(f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.get_piece_size()))
+    _write_bytes(vocab_path, vocab.encode("utf-8"))
     return model_path, vocab_path
 
 
@@ -225,16 +188,10 @@ def _write_bytes(path, data):
 
 def _write_lines(path, lines):
     """Write one line per item (UTF-8, LF line ends); an item containing a line break is an error."""
-    for line in lines:
-        if "\n" in line or "\r" in line:
-            raise DataError(f"internal error: line break inside a line for {path}: {line!r}")
+    broken = next((line for line in lines if "\n" in line or "\r" in line), None)
+    if broken is not None:
+        raise DataError(f"internal error: line break inside a line for {path}: {broken!r}")
     _write_bytes(path, "".join(f"{line}\n" for line in lines).encode("utf-8"))
-
-
-def _histogram(values):
-    """Counter of integer values as a dict with string keys in increasing numeric order."""
-    c = collections.Counter(values)
-    return {str(k): c[k] for k in sorted(c)}
 
 
 def _md5_file(path):
@@ -244,10 +201,8 @@ def _md5_file(path):
 # ------------------------------------------------------------------------- main
 def build_parser():
     """The command-line parser."""
-    p = argparse.ArgumentParser(
-        prog="prepare_tatoeba.py",
-        description="Split, segment and build SentencePiece models for the Tatoeba zh-en sample.",
-    )
+    p = common.Parser(prog="prepare_tatoeba.py",
+                      description="Split, segment and build SentencePiece models for the Tatoeba zh-en sample.")
     p.add_argument("--data-dir", required=True, type=Path,
                    help=f"directory holding {CMN_FILE} and {MULTIREF_FILE}")
     p.add_argument("--out-dir", required=True, type=Path, help="output directory (created if missing)")
@@ -263,17 +218,15 @@ def build_parser():
 def _setup_logging():
     """Progress messages go to stdout as plain lines (once, even if main() runs several times)."""
     LOG.setLevel(logging.INFO)
-    if not any(getattr(h, "_prepare_tatoeba", False) for h in LOG.handlers):
-        h = logging.StreamHandler(sys.stdout)
-        h.setFormatter(logging.Formatter("[prepare_tatoeba] %(message)s"))
-        h._prepare_tatoeba = True
-        LOG.addHandler(h)
+    if not LOG.handlers:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("[prepare_tatoeba] %(message)s"))
+        LOG.addHandler(handler)
 
 
-def prepare(data_dir, out_dir, valid_size=1000, zh_vocab=8000, en_vocab=8000, spm_type="bpe"):
-    """Run the whole preparation; returns the statistics written to ``stats.json``."""
+def prepare(data_dir, out_dir, valid_size, zh_vocab, en_vocab, spm_type):
+    """Run the whole preparation (``data_dir``, ``out_dir``: Paths); returns the statistics in ``stats.json``."""
     t0 = time.monotonic()
-    data_dir, out_dir = Path(data_dir), Path(out_dir)
     cmn_path, ref_path = data_dir / CMN_FILE, data_dir / MULTIREF_FILE
 
     LOG.info("reading %s", cmn_path)
@@ -285,18 +238,17 @@ def prepare(data_dir, out_dir, valid_size=1000, zh_vocab=8000, en_vocab=8000, sp
     n_refs = [len(refs) for _, refs in test]
     LOG.info("  %d test sentences, %d references (%d to %d per sentence)",
              len(test), sum(n_refs), min(n_refs), max(n_refs))
-    zh_in_pairs = {p.zh for p in pairs}
-    unmatched = sum(1 for zh, _ in test if zh not in zh_in_pairs)
+    test_set = {zh for zh, _ in test}
+    unmatched = len(test_set - {p.zh for p in pairs})
     if unmatched:
         LOG.warning("  %d test sentence(s) do not occur in %s", unmatched, CMN_FILE)
 
-    train, valid, split_counts = split_pairs(pairs, [zh for zh, _ in test], valid_size)
+    train, valid, split_counts = split_pairs(pairs, test_set, valid_size)
     LOG.info("removed %d pairs whose Chinese is a test sentence, %d remain",
              split_counts["removed_test_pairs"], split_counts["remaining_pairs"])
     LOG.info("split: %d train, %d valid (%d further copies of valid pairs dropped from train)",
              split_counts["train"], split_counts["valid"], split_counts["dropped_valid_copies"])
     # Invariant, cheap to check: no test source in train or valid.
-    test_set = {zh for zh, _ in test}
     leaked = [p.lineno for p in train + valid if p.zh.strip() in test_set]
     if leaked:
         raise RuntimeError(f"test sentences leaked into train/valid (lines {leaked[:5]})")
@@ -335,17 +287,15 @@ def prepare(data_dir, out_dir, valid_size=1000, zh_vocab=8000, en_vocab=8000, sp
     stats = {
         "inputs": {CMN_FILE: {"md5": _md5_file(cmn_path), **read_counts},
                    MULTIREF_FILE: {"md5": _md5_file(ref_path), "sentences": len(test)}},
-        "removed_test_pairs": split_counts["removed_test_pairs"],
-        "remaining_pairs": split_counts["remaining_pairs"],
-        "dropped_valid_copies": split_counts["dropped_valid_copies"],
+        **{key: split_counts[key] for key in ("removed_test_pairs", "remaining_pairs", "dropped_valid_copies")},
         "splits": {"train": len(train), "valid": len(valid), "test": len(test)},
-        "test_references": {"total": sum(n_refs), "per_sentence_histogram": _histogram(n_refs)},
+        "test_references": {"total": sum(n_refs),
+                            "per_sentence_histogram": {str(k): n_refs.count(k) for k in sorted(set(n_refs))}},
         "valid_size_requested": valid_size,
         "segmentation": {"zh": "jieba.lcut HMM=True, space-joined", "en": "raw text"},
         "sentencepiece": spm_stats,
     }
-    _write_bytes(out_dir / "stats.json",
-                 (json.dumps(stats, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
+    _write_bytes(out_dir / "stats.json", (json.dumps(stats, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
 
     LOG.info("summary: %d pairs read, %d skipped lines, %d removed (test Chinese), "
              "train %d / valid %d / test %d (%d refs); outputs in %s; %.1f s",
@@ -360,14 +310,10 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     _setup_logging()
     try:
-        prepare(args.data_dir, args.out_dir, valid_size=args.valid_size, zh_vocab=args.zh_vocab,
-                en_vocab=args.en_vocab, spm_type=args.spm_type)
-    except DataError as exc:
+        prepare(**vars(args))
+    except (DataError, OSError) as exc:  # OSError: e.g. the output directory is not writable
         print(f"prepare_tatoeba.py: error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:  # e.g. the output directory is not writable
-        print(f"prepare_tatoeba.py: error: {exc}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(exc, DataError) else 1
     return 0
 
 
