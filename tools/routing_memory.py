@@ -217,15 +217,16 @@ class AtenOps:
         return dict(ops=sum(self.ops.values()), launches=sum(self.launches.values()))
 
 
-def _routing(args, method, capsules=512, iterations=3, recompute=True):
-    """A Base-size routing (H = 8, d = 512), seeded, and its ``(--sentences, --length, 512)`` input."""
+def _routing(args, method, capsules=512, **options):
+    """A Base-size routing (H = 8, d = 512; ``options``: RoutingAggregation's, its defaults otherwise), seeded, and its
+    ``(--sentences, --length, 512)`` input."""
     import torch
 
     from onmt_ext.li2019 import RoutingAggregation
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    module = RoutingAggregation(8, 512, capsules, method, iterations, recompute).to(args.device)
+    module = RoutingAggregation(8, 512, capsules, method, **options).to(args.device)
     return module, torch.randn(args.sentences, args.length, 512, device=args.device, requires_grad=True)
 
 
@@ -235,7 +236,7 @@ def routing_ops(args):
     for method in ("simple", "em"):
         for autocast in (False, True):
             for recompute in (False, True):
-                module, context = _routing(args, method, args.capsules, args.iterations, recompute)
+                module, context = _routing(args, method, args.capsules, iterations=args.iterations, recompute=recompute)
 
                 def forward():
                     with _autocast(args.device, enabled=autocast):
