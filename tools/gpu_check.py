@@ -337,7 +337,14 @@ class Meter:
         self.reports, self.parameters, self.replayed_by_key, self.tables = [], {}, {}, []
         common.record_training(self.reports, self.parameters)
         save = model_saver.ModelSaverBase.save
-        model_saver.ModelSaverBase.save = lambda saver, *a, **k: save(saver, *a, **k) if meter.job["save"] else None
+
+        def timed_save(saver, *args, **kwargs):
+            if meter.job["save"]:
+                start = time.perf_counter()
+                save(saver, *args, **kwargs)
+                meter.save_s += time.perf_counter() - start
+
+        model_saver.ModelSaverBase.save = timed_save
         build_model, build_iter = train_single.build_model, train_single.build_dynamic_dataset_iter
 
         def timed_build(*args, **kwargs):
@@ -391,7 +398,7 @@ class Meter:
         self.parameters.clear()
         self.model_built = self.first_step_end = self.first_step_wall = None
         self.replay_s, self.replayed, self.window, self.syncs, self.sites = 0.0, None, {}, {}, []
-        self.replay_reused = False
+        self.replay_reused, self.save_s, self.profiler_stop_s = False, 0.0, None
         self.sync_window, self.sync_step = None, None
         gc.collect()
         if job["replay"]:  # in one process, what survives (imports, caches) is frozen, so that the next run's
@@ -433,6 +440,7 @@ class Meter:
             self._sync()
             self.window["end"] = time.perf_counter()
             self.window["profiler"].__exit__(None, None, None)
+            self.profiler_stop_s = time.perf_counter() - self.window["end"]
             if self.job.get("profile_file"):  # written after the process's last run (write_tables)
                 self.tables.append((self.job["key"], self.window["profiler"], Path(self.job["profile_file"]),
                                     f"{self.job['key']}: steps {first}-{first + count - 1}"))
@@ -463,6 +471,7 @@ class Meter:
             "peak_memory_since": "the run" if self.cuda or self.peak_reset else "the process start",
             "parameters": self.parameters.get("total"), "replayed_batches": self.replayed,
             "replay_s": self.replay_s, "replay_reused": self.replay_reused, "model_build_s": self.build_s,
+            "save_s": self.save_s, "profiler_stop_s": self.profiler_stop_s,
             "syncs_per_step": statistics.mean(between) if between else None, "sync_steps": len(between),
             "syncs_per_report_step": statistics.mean(at_reports) if at_reports else None,
             "sync_sites": _top_sites(self.sites),

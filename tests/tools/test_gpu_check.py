@@ -98,8 +98,12 @@ def test_dry_run_measures_every_row(dry_run):
         speeds = row["interval_tokens_per_s"]  # one per report interval of the measured steps
         assert len(speeds) == row["measured_steps"] // row["options"]["report_every"] and all(map(_positive, speeds))
         assert row["median_interval_tokens_per_s"] == statistics.median(speeds)
+        # the parts of a run's time: its checkpoint written only where section c may decode it
+        assert (row["save_s"] > 0) == (row["group"] == gpu_check.IN_PROCESS and row["mode"] == "eager"
+                                       and not row.get("repeat_of")), (row["key"], row["save_s"])
+        assert row["seconds"] > row["save_s"] + (row["profiler_stop_s"] or 0) + row["model_build_s"]
         if row.get("repeat_of"):  # the baseline's further runs measure speed only, not profiled
-            assert "busy_share" not in row, row
+            assert "busy_share" not in row and row["profiler_stop_s"] is None, row
         else:
             assert 0 < row["busy_share"] <= 1.0 and _positive(row["busy_ms_per_step"])
             assert math.isclose(row["busy_share_unprofiled"], min(1.0, row["busy_ms_per_step"] / row["step_ms"]))
