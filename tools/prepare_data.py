@@ -458,11 +458,16 @@ def corpus_lines(corpus, src, tgt, downloads):
 
 @contextmanager
 def _text_output(path):
-    """A UTF-8 text file written as ``<path>.tmp`` and renamed to ``path`` only when the block ends without error."""
+    """A UTF-8 text file written as ``<path>.tmp`` and renamed to ``path`` only when the block ends without error;
+    on an error or an interruption the ``.tmp`` file is removed."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8", newline="\n") as out:
-        yield out
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="\n") as out:
+            yield out
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     tmp.replace(path)
 
 
@@ -831,6 +836,9 @@ def bpe(task_name, workers=1, merges=None):
     task = TASKS[task_name]
     base = DATA / task_name
     merges = merges or task.merges
+    recipe = recipes(task_name, _recorded_recipe(base, "raw"), merges=merges)["bpe"]
+    if _recorded_recipe(base, "bpe") != recipe:  # --merges: recorded, so that a later make redoes the step
+        _write_recipe(base, "bpe", recipe)
     train = {lang: base / "clean" / f"train.{lang}" for lang in (task.src, task.tgt)}
     codes = {lang: base / ("bpe.codes" if task.joint_bpe else f"bpe.codes.{lang}") for lang in train}
     for path in dict.fromkeys(codes.values()):  # one codes file learned on both languages, or one for each
@@ -924,9 +932,10 @@ def _recorded_recipe(directory, step):
         return None
 
 
-def recipes(task_name, previous_raw=None):
+def recipes(task_name, previous_raw=None, merges=None):
     """What each step of ``task_name`` writes depends on besides its input files: ``{step: {name: value}}``; the
-    raw step's holds :func:`data_settings` (``previous_raw``: its earlier recipe)."""
+    raw step's holds :func:`data_settings` (``previous_raw``: its earlier recipe); ``merges``: the bpe step's
+    when not the task's (``--merges``)."""
     task = TASKS[task_name]
     packages = {"jieba" if lang == "zh" else "sacremoses" for lang in (task.src, task.tgt)}  # as _tokenize_line
     tokenizers = {} if task.pretokenized else {package: _version(package) for package in packages}
@@ -938,7 +947,7 @@ def recipes(task_name, previous_raw=None):
                 "test_lines": task.test_lines, **settings},
         "tok": {"src": task.src, "tgt": task.tgt, "pretokenized": task.pretokenized, **tokenizers},
         "clean": {"max_len": task.max_len, "ratio": task.ratio, "subsets": repr(task.subsets)},
-        "bpe": {"joint_bpe": task.joint_bpe, "merges": task.merges, "subsets": repr(task.subsets),
+        "bpe": {"joint_bpe": task.joint_bpe, "merges": merges or task.merges, "subsets": repr(task.subsets),
                 "subword-nmt": _version("subword-nmt"),
                 **({"sacremoses": _version("sacremoses")} if task.pretokenized else {})},  # detokenized references
     }
@@ -959,7 +968,11 @@ def write_recipes(task_name, directory=None):
                                       if recipe.get(key) != before.get(key)) + " changed")
             print(f"prepare_data.py: {directory}: step {step} is redone with the steps after it: {why}",
                   file=sys.stderr)
-        _write_lines(directory / f".recipe.{step}", json.dumps(recipe, indent=1, sort_keys=True).splitlines())
+        _write_recipe(directory, step, recipe)
+
+
+def _write_recipe(directory, step, recipe):
+    _write_lines(directory / f".recipe.{step}", json.dumps(recipe, indent=1, sort_keys=True).splitlines())
 
 
 STEPS = {"fetch": fetch, "raw": raw, "tok": tok, "clean": clean, "bpe": bpe, "recipe": write_recipes}

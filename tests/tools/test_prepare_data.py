@@ -612,6 +612,25 @@ def test_recipes_are_rewritten_only_for_the_steps_whose_settings_changed(tmp_pat
                                        "its ratio changed\n")
 
 
+def test_a_merges_override_is_recorded_so_that_make_redoes_the_bpe_step(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(pd, "DATA", tmp_path)
+    directory = tmp_path / "sample_ende"
+    pd.write_recipes("sample_ende", directory)
+    (directory / "clean").mkdir()
+    for lang in ("en", "de"):
+        (directory / "clean" / f"train.{lang}").write_text("das gute haus\nthe good house\n" * 20, encoding="utf-8")
+    (directory / "tok").mkdir()
+    pd.bpe("sample_ende", merges=10)
+    assert json.loads((directory / ".recipe.bpe").read_text(encoding="utf-8"))["merges"] == 10
+    (directory / ".bpe").touch()
+    before = _recipe_times(directory)
+    pd.write_recipes("sample_ende", directory)  # make's recipe step: the task's 1000 merges again
+    after = _recipe_times(directory)
+    assert [step for step in after if after[step] != before[step]] == ["bpe"]
+    assert json.loads((directory / ".recipe.bpe").read_text(encoding="utf-8"))["merges"] == 1000
+    assert capsys.readouterr().err.endswith("step bpe is redone with the steps after it: its merges changed\n")
+
+
 def test_a_step_done_by_an_earlier_version_without_a_recipe_is_redone_and_said(tmp_path, capsys):
     directory = tmp_path / "sample_ende"
     directory.mkdir()
@@ -678,3 +697,15 @@ def test_clean_names_tokenized_sides_of_different_lengths(tmp_path, monkeypatch)
     (tok / f"train.{task.tgt}").write_text("a b\nc d\n", encoding="utf-8")
     with pytest.raises(pd.PrepareError, match=r"differ in length \(line 3 is in one only\)"):
         pd.clean(name)
+
+
+def test_an_output_left_by_an_error_or_an_interruption_leaves_no_tmp_file(tmp_path):
+    for error in (ValueError, KeyboardInterrupt):
+        with pytest.raises(error):
+            with pd._text_output(tmp_path / "out.txt") as out:
+                out.write("half\n")
+                raise error
+        assert sorted(p.name for p in tmp_path.iterdir()) == []
+    with pd._text_output(tmp_path / "out.txt") as out:
+        out.write("whole\n")
+    assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]
