@@ -79,9 +79,11 @@ def _li2019_rows():
             {"li2019_enc_self": "simple"}),
         Row("em_enc_self", "Table 2 row 4 = Table 3 row 2: EM routing in encoder self-attention, all layers",
             {"li2019_enc_self": "em"}),
-        Row("em_enc_dec", "Table 2 row 5: EM routing in encoder-decoder attention, all layers",
+        Row("em_enc_dec", "Table 2 row 5: EM routing in encoder-decoder attention, all layers "
+            "(the component is inferred: see docs/li2019.md)",
             {"li2019_enc_dec": "em"}),
-        Row("em_dec_self", "Table 2 row 6: EM routing in decoder self-attention, all layers",
+        Row("em_dec_self", "Table 2 row 6: EM routing in decoder self-attention, all layers "
+            "(the component is inferred: see docs/li2019.md)",
             {"li2019_dec_self": "em"}),
         Row("em_enc_self_dec_self", "Table 2 row 7: EM routing in encoder and decoder self-attention "
             "(the two components are inferred: see docs/li2019.md)",
