@@ -285,6 +285,17 @@ class _SyncWindow:
         return len(self.context.reads), [where for _, where in self.context.reads]
 
 
+class _NoOptimiserState:
+    """Stands in for a saver's optimiser: its checkpoint gets ``"optim": None``."""
+
+    @staticmethod
+    def state_dict():
+        return None
+
+
+_NO_OPTIMISER_STATE = _NoOptimiserState()
+
+
 class WarmedUp(Exception):
     """Ends a warm-up job's training after its ``stop_after`` steps (raised after a whole step)."""
 
@@ -339,9 +350,15 @@ class Meter:
         save = model_saver.ModelSaverBase.save
 
         def timed_save(saver, *args, **kwargs):
+            """Section c's checkpoints: the model and its vocabularies without the optimiser's state (a third of
+            the bytes; onmt_average_models writes translation checkpoints the same way), for the runs that save."""
             if meter.job["save"]:
-                start = time.perf_counter()
-                save(saver, *args, **kwargs)
+                start, optim = time.perf_counter(), saver.optim
+                saver.optim = _NO_OPTIMISER_STATE
+                try:
+                    save(saver, *args, **kwargs)
+                finally:
+                    saver.optim = optim
                 meter.save_s += time.perf_counter() - start
 
         model_saver.ModelSaverBase.save = timed_save
@@ -528,7 +545,8 @@ def child_train_many(result_file, head, argv):
     own ``onmt_train`` code (``onmt.bin.train.train``), appending each run's figures to ``head[1]`` (JSON lines)
     as it ends.  ``head[2]``: the wall time when the parent started this process; ``head[3]``: the device.  A
     run is not started when the time left before its ``deadline`` (monotonic) is shorter than it is likely to
-    take (the runs before it, per unit of ``weight``)."""
+    take: a further run of the baseline (``repeat_of``) as long as its last run, any other as the longest run
+    before it per unit of ``weight``."""
     import torch
     from onmt.bin import train as train_command
 
@@ -536,14 +554,15 @@ def child_train_many(result_file, head, argv):
     runs_file, t0_wall, cuda = Path(head[1]), float(head[2]), head[3] == "cuda"
     stock = os.environ.get("ONMT_EXT_DISABLE", "") not in ("", "0")
     meter = Meter(cuda)
-    per_weight = []
+    per_weight, last = [], {}  # last: the seconds of the last run of each repeated case (the baseline's)
 
     def record(entry):
         common.append_json_line(runs_file, entry)
 
     first_run = True
     for job in jobs:
-        left, estimate = job["deadline"] - time.monotonic(), max(per_weight, default=0.0) * job["weight"]
+        left = job["deadline"] - time.monotonic()
+        estimate = last.get(job.get("repeat_of"), max(per_weight, default=0.0) * job["weight"])
         if left < max(MIN_START_S, estimate):
             record({"key": job["key"], "status": "not run",
                     "reason": f"budget ({left:.0f} s left, about {estimate:.0f} s needed)"})
@@ -567,6 +586,7 @@ def child_train_many(result_file, head, argv):
         if entry["status"] == "measured":  # the process's first step (imports, compilation) is paid once
             once = (entry.get("first_step_s") or 0.0) if first_run else 0.0
             per_weight.append(max(0.0, entry["seconds"] - once) / job["weight"])
+            last[job.get("repeat_of") or job["key"]] = max(0.0, entry["seconds"] - once)
         first_run = False
         record(entry)
         if cuda:
@@ -608,7 +628,7 @@ class Settings:
 
 
 #: onmt-ext's own training options that its configs may hold besides the mechanisms' (stock has none of them)
-EXT_TRAIN_OPTIONS = ("overwrite_checkpoints",)
+EXT_TRAIN_OPTIONS = ("overwrite_checkpoints", "adam_eps")
 
 
 def training_config(case, mode, args, work, repeat_cache, batch_size=None, replay=False, stock=False, name=""):
@@ -834,6 +854,7 @@ def run_training_process(args, work, group, env, rows, configs, deadlines, stop_
              "replay_key": replay_key(configs[row["key"]][2]),
              "batches": (stop_after or steps["total"]) + 2,
              "save": row["group"] == IN_PROCESS and row["mode"] == "eager" and not row.get("repeat_of"),
+             "repeat_of": row.get("repeat_of"),
              "weight": 1 + math.log2(row["batch_tokens"] / args.batch_size) / 4,  # a guess: much is fixed cost
              "measure": steps["measure"], "counted": steps["counted"],
              # a repeated baseline run measures speed only: no profiled steps (their tables and busy share)

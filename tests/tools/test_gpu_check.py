@@ -102,6 +102,9 @@ def test_dry_run_measures_every_row(dry_run):
         assert (row["save_s"] > 0) == (row["group"] == gpu_check.IN_PROCESS and row["mode"] == "eager"
                                        and not row.get("repeat_of")), (row["key"], row["save_s"])
         assert row["seconds"] > row["save_s"] + (row["profiler_stop_s"] or 0) + row["model_build_s"]
+        if row["save_s"]:  # for translation only: the model without the optimiser's state
+            saved, = Path(row["options"]["save_model"]).parent.glob("model_step_*.pt")
+            assert torch.load(saved, map_location="cpu", weights_only=False)["optim"] is None
         if row.get("repeat_of"):  # the baseline's further runs measure speed only, not profiled
             assert "busy_share" not in row and row["profiler_stop_s"] is None, row
         else:
@@ -340,9 +343,10 @@ def test_stock_config_holds_stock_options_only(tmp_path, onmt_active, monkeypatc
     _, _, ext = gpu_check.training_config(gpu_check.BASELINE, "eager", args, tmp_path, {}, name="ext")
     path, _, stock = gpu_check.training_config(gpu_check.BASELINE, "eager", args, tmp_path, {}, stock=True,
                                                name="stock")
-    assert ext["overwrite_checkpoints"] and "overwrite_checkpoints" not in stock
+    assert ext["overwrite_checkpoints"] and ext["adam_eps"] == 1e-9
+    assert not set(gpu_check.EXT_TRAIN_OPTIONS) & set(stock)
     assert support.read_yaml(path) == stock and stock["encoder_type"] == stock["decoder_type"] == "transformer"
-    assert {key: value for key, value in ext.items() if key not in ("overwrite_checkpoints", "save_model",
+    assert {key: value for key, value in ext.items() if key not in ("overwrite_checkpoints", "adam_eps", "save_model",
                                                                     "save_data")} == {
         key: value for key, value in stock.items() if key not in ("save_model", "save_data")}
     with pytest.raises(ValueError, match="no stock OpenNMT-py twin"):
@@ -461,3 +465,41 @@ def test_the_mechanisms_train_at_the_case_batch_size_targets_first():
     eager = [case for row, case, mode, _ in rows if mode == "eager" and case in gpu_check.MECHANISMS]
     targets = [case.train_target is not None for case in eager]
     assert eager and targets == sorted(targets, reverse=True)  # every case with a target before those without
+
+
+def test_a_further_baseline_run_is_judged_by_the_baselines_own_time(tmp_path, monkeypatch):
+    """A repeated baseline run starts when its own last time fits, not the longest case's (which starved the
+    baseline runs after li2019 EM in a GPU run); any other run still needs the longest run per weight."""
+    clock = [0.0]
+    costs = {"base": 5.0, "em": 20.0, "base|run 2": 5.0, "cheap": 4.0}
+
+    class FakeMeter:
+        def __init__(self, cuda):
+            self.job = None
+
+        def begin(self, job):
+            self.job = job
+
+        def end(self, t0_wall):
+            return {}
+
+        def write_tables(self, deadline, record):
+            pass
+
+    def train(opt):
+        clock[0] += costs[opt]
+
+    monkeypatch.setattr(gpu_check, "Meter", FakeMeter)
+    monkeypatch.setattr(gpu_check, "_parse_train_options", lambda config, stock: config)
+    monkeypatch.setattr(gpu_check.time, "monotonic", lambda: clock[0])
+    from onmt.bin import train as train_command
+    monkeypatch.setattr(train_command, "train", train)
+    jobs = [{"key": key, "config": key, "weight": 1.0, "deadline": 34.0, "tables_s": 0.0, "repeat_of": repeat}
+            for key, repeat in (("base", None), ("em", None), ("base|run 2", "base"), ("cheap", None))]
+    (tmp_path / "jobs.json").write_text(json.dumps(jobs), encoding="utf-8")
+    runs = tmp_path / "runs.jsonl"
+    gpu_check.child_train_many(tmp_path / "done.json", [tmp_path / "jobs.json", runs, 0.0, "cpu"], [])
+    ended = {entry["key"]: entry for entry in map(json.loads, runs.read_text(encoding="utf-8").splitlines())
+             if "phase" not in entry}
+    assert ended["base|run 2"]["status"] == "measured"  # 9 s left after the EM case, the baseline took 5
+    assert ended["cheap"]["status"] == "not run" and "about 20 s needed" in ended["cheap"]["reason"]
