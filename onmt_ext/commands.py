@@ -18,6 +18,7 @@ import sys
 
 import torch
 
+from onmt_ext import train_step
 from onmt_ext.compat import MissingPackageError, missing_package_problems, torch_setup_command
 from onmt_ext.corpus import CorpusError
 from onmt_ext.errors import UsageError, UserError
@@ -204,7 +205,7 @@ def _build_vocab_checked(stock, opt, *args, **kwargs):
 def _train_checked(stock, opt, *args, **kwargs):
     """``onmt.bin.train.train``: refuse missing vocabularies and a -save_model that holds another run's files."""
     _check_machine(opt)
-    problems = []
+    problems = train_step.adam_eps_problems(opt)
     reads_vocabs = not getattr(opt, "train_from", None) or getattr(opt, "update_vocab", False)
     for key in ("src_vocab", "tgt_vocab") if reads_vocabs else ():  # a resumed run takes the checkpoint's
         path = getattr(opt, key, None)

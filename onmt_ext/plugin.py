@@ -19,6 +19,7 @@ from onmt_ext import (batches, checkpoints, clause_attention, command_line, comm
 from onmt_ext import compile as ext_compile
 from onmt_ext.options import EXT_TYPE, add_model_options, str2bool
 from onmt_ext.patches import NEEDED, add_entry, patch
+from onmt_ext.train_step import STOCK_ADAM_EPS
 
 # OpenNMT-py, onmt_ext.transformer and the transforms (which import OpenNMT-py) are imported inside the
 # functions: this module may be imported before OpenNMT-py, whose import activates onmt-ext (onmt_ext._autoload).
@@ -87,6 +88,9 @@ def _model_opts(stock, parser):
                   help="Train into a -save_model that already holds <save_model>_step_N.pt files of another run, or "
                        "of this run's later steps when resuming (they are overwritten step by step); without it "
                        "onmt_train refuses to start.")
+        group.add("--adam_eps", "-adam_eps", type=float, default=STOCK_ADAM_EPS,
+                  help="Adam's epsilon (-optim adam only); OpenNMT-py fixes it at 1e-8, Vaswani et al. (2017) "
+                       "used 1e-9, which the paper configs set.")
 
 
 def _register_transforms():

@@ -9,6 +9,8 @@ inf check before a non-fused Adam step).  Here:
   per report (:func:`settle`);
 * the encoder's padding mask takes the batch width; Adam on a CUDA model is torch's fused Adam.
 
+Also here: ``-adam_eps``, Adam's epsilon, which stock fixes at :data:`STOCK_ADAM_EPS`.
+
 Parameters after each step and the reported statistics equal stock's bit for bit (fused Adam aside;
 ``tests/unit/test_train_step.py``).  docs/differences-from-stock.md, "Speed".
 """
@@ -19,7 +21,7 @@ import traceback
 import torch
 
 from onmt_ext.batches import HOST
-from onmt_ext.patches import SPEED, patch
+from onmt_ext.patches import NEEDED, SPEED, patch
 
 # OpenNMT-py is imported inside the functions: importing it while this module initialises would activate
 # onmt-ext (onmt_ext._autoload) before this module is whole.
@@ -27,6 +29,8 @@ from onmt_ext.patches import SPEED, patch
 #: attribute of an onmt.utils.Statistics holding its device sums ``[loss, n_words, n_correct]`` (float64)
 _SUMS = "_onmt_ext_device_sums"
 _TEST = "tests/unit/test_train_step.py"
+#: the epsilon OpenNMT-py 3.5.1 gives ``-optim adam`` (``onmt.utils.optimizers.build_torch_optimizer``)
+STOCK_ADAM_EPS = 1e-8
 
 
 # ---------------------------------------------------------------- statistics on the device
@@ -243,6 +247,28 @@ def _optimizer_from_opt(stock, cls, model, opt, checkpoint=None):
     return optimizer
 
 
+def adam_eps_problems(opt):
+    """``-adam_eps`` that no optimiser would read, or not above 0: one line each (checked before training)."""
+    eps = getattr(opt, "adam_eps", STOCK_ADAM_EPS)
+    if eps == STOCK_ADAM_EPS:
+        return []
+    if not eps > 0:
+        return [f"-adam_eps {eps}: must be above 0"]
+    if getattr(opt, "optim", "sgd") != "adam":
+        return [f"-adam_eps {eps}: only -optim adam reads it (this run: -optim {opt.optim})"]
+    return []
+
+
+def _adam_eps(stock, cls, model, opt, checkpoint=None):
+    """The optimiser with ``-adam_eps`` in every Adam parameter group (a resumed run's too: the option of this
+    run, not the checkpoint's, as for the learning rate)."""
+    optimizer = stock(cls, model, opt, checkpoint=checkpoint)
+    if isinstance(optimizer._optimizer, torch.optim.Adam):
+        for group in optimizer._optimizer.param_groups:
+            group["eps"] = getattr(opt, "adam_eps", STOCK_ADAM_EPS)
+    return optimizer
+
+
 def install():
     """Register the changes (idempotent)."""
     from onmt.encoders.transformer import TransformerEncoder
@@ -266,6 +292,8 @@ def install():
     patch(TransformerEncoder, "forward", encoder_forward, wrap=False, kind=SPEED,
           test=f"{_TEST}::test_encoder_equals_stock",
           reason="the padding mask's width is read from the GPU (src_len.max()) although it is the batch width")
+    patch(Optimizer, "from_opt", _adam_eps, kind=NEEDED, order=1, test=f"{_TEST}::test_adam_eps_reaches_adam",
+          reason="-adam_eps: stock fixes Adam's epsilon at 1e-8; the papers follow Vaswani et al.'s 1e-9")
     patch(Optimizer, "from_opt", _optimizer_from_opt, kind=SPEED, test=f"{_TEST}::test_fused_adam_follows_adam",
           reason="with AMP, the scaler reads a non-fused Adam's inf flag from the GPU before every step; fused "
                  "Adam takes the flag on the device")

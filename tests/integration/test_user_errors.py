@@ -265,6 +265,12 @@ def test_training_into_another_runs_checkpoints_is_refused(trained, tmp_path):
     assert (out / "model_step_2.pt").stat().st_mtime_ns != before
 
 
+def test_an_adam_eps_that_no_optimiser_reads_is_refused_in_one_line(sample_data, onmt_active, tmp_path):
+    result = _train(tmp_path, "-optim", "sgd", "-adam_eps", "1e-9", check=False)
+    assert _one_error_line(result, "onmt_train", 2) == (
+        "onmt_train: error: -adam_eps 1e-09: only -optim adam reads it (this run: -optim sgd)")
+
+
 # optional packages ----------------------------------------------------------------------------------------------
 
 _HIDE = """

@@ -216,3 +216,24 @@ def test_a_batch_dropped_for_lack_of_gpu_memory_is_a_warning_that_says_what(monk
     warned = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
     assert len(warned) == 1 and "CUDA out of memory" in warned[0]
     assert f"a batch of 3 sentences and {tokens} target tokens is skipped" in warned[0]
+
+
+def test_adam_eps_reaches_adam():
+    """-adam_eps is Adam's epsilon; its default is stock's fixed 1e-8, and an optimiser that would not read it
+    is refused before training."""
+    from onmt.utils.optimizers import Optimizer
+
+    from onmt_ext.train_step import STOCK_ADAM_EPS, adam_eps_problems
+
+    opt = support.load_train_opts(CONFIG, "-seed", 1)
+    vocabs = support.load_vocabs(opt)
+    assert opt.adam_eps == STOCK_ADAM_EPS == 1e-8
+    model = support.build_model(opt, vocabs, seed=3)
+    assert {group["eps"] for group in Optimizer.from_opt(model, opt)._optimizer.param_groups} == {1e-8}
+    opt = support.load_train_opts(CONFIG, "-seed", 1, "-adam_eps", "1e-9")
+    assert {group["eps"] for group in Optimizer.from_opt(model, opt)._optimizer.param_groups} == {1e-9}
+    assert adam_eps_problems(opt) == []
+    opt.optim = "sgd"
+    assert adam_eps_problems(opt) == ["-adam_eps 1e-09: only -optim adam reads it (this run: -optim sgd)"]
+    opt.optim, opt.adam_eps = "adam", 0.0
+    assert adam_eps_problems(opt) == ["-adam_eps 0.0: must be above 0"]
