@@ -2,8 +2,10 @@
 
 A word embedding ``x_j`` (``d_model``) is split into ``x^p_j`` (first ``d_p``) and ``x^r_j`` (last ``d_r``), sec. 3:
 
-* R: ``r_j = tanh(RNN(x^r_j, r_{j-1}) W^r + b^r)`` (eq. 6), ``W^r`` ``(d_r, d_r)``; source: a BiRNN of ``d_r / 2``
-  units per direction, target: a forward RNN of ``d_r`` units; cell ``rnn``, ``gru``, ``lstm`` or :class:`SRU`;
+* R: ``r_j = tanh(W^r h_j + b^r)`` on every state ``h_j = RNN(x^r_j, h_{j-1})`` of a stock recurrent layer,
+  ``W^r`` ``(d_r, d_r)``; eq. 6 feeds ``r_{j-1}`` back into the RNN, here the RNN recurs on its own ``h`` (a
+  deviation, docs/chen2019.md); source: a BiRNN of ``d_r / 2`` units per direction, target: a forward RNN of ``d_r``
+  units; cell ``rnn``, ``gru``, ``lstm`` or :class:`SRU`;
 * P: ``p_j = x^p_j + pe_j`` (eq. 2) at size ``d_p``; ``P = x^p`` on a side without position encoding;
 * RPEHead (eq. 7-8): ``[P; R]``; MPRHead (eq. 9-11): ``[p^1_j : r^1_j, ..., p^H_j : r^H_j]``.
 
