@@ -585,8 +585,9 @@ def child_train_many(result_file, head, argv):
         entry["seconds"], entry["ended"] = round(time.monotonic() - start, 1), time.monotonic()
         if entry["status"] == "measured":  # the process's first step (imports, compilation) is paid once
             once = (entry.get("first_step_s") or 0.0) if first_run else 0.0
-            per_weight.append(max(0.0, entry["seconds"] - once) / job["weight"])
-            last[job.get("repeat_of") or job["key"]] = max(0.0, entry["seconds"] - once)
+            cost = max(0.0, entry["seconds"] - once)
+            per_weight.append(cost / job["weight"])
+            last[job.get("repeat_of") or job["key"]] = cost
         first_run = False
         record(entry)
         if cuda:

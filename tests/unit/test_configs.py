@@ -28,7 +28,8 @@ SIZE_AND_RUN_KEYS = {
     "share_embeddings", "data", "transforms", "src_subword_model", "tgt_subword_model", "hidden_size",
     "word_vec_size", "transformer_ff", "heads", "enc_layers", "dec_layers", "layers", "dropout",
     "attention_dropout", "warmup_steps", "train_steps", "valid_steps", "save_checkpoint_steps",
-    "keep_checkpoint", "report_every", "learning_rate", "adam_eps", "batch_size", "valid_batch_size", "accum_count", "accum_steps",
+    "keep_checkpoint", "report_every", "learning_rate", "adam_eps", "batch_size", "valid_batch_size", "accum_count",
+    "accum_steps",
     "world_size", "gpu_ranks", "model_dtype", "bucket_size", "num_workers", "src_seq_length", "tgt_seq_length",
     "ext_compile",  # torch.compile of the mechanisms: speed only, same model
     "chen2019_dim",  # d_r scales with the model width (two of the four toy heads)
