@@ -469,28 +469,66 @@ def beam_translations(trained_model, encoded_test_source, tmp_path_factory):
         result = _translate(trained_model, encoded_test_source, hyp, "-beam_size", 4, "-batch_size", batch_size,
                             "-length_penalty", "none", "-verbose", *gold)
         runs[batch_size] = (hyp, result.stdout + result.stderr)
+
+    def score_at_16(hyp):
+        """The verbose log of a -batch_size 16 run that scores ``hyp`` as -tgt (its GOLD scores)."""
+        result = _translate(trained_model, encoded_test_source, out / "rescored.txt", "-beam_size", 4,
+                            "-batch_size", 16, "-length_penalty", "none", "-verbose", "-tgt", hyp)
+        return result.stdout + result.stderr
+
+    runs["score_at_16"] = score_at_16
     return runs
+
+
+def _scores_agree(hyp, log, gold_log, only=None):
+    """Checks that each PRED score of ``log`` (the run that wrote ``hyp``) equals the GOLD score that another
+    run, ``gold_log``, gave the same output; sentences cut at MAX_LENGTH are skipped (their PRED lacks the EOS
+    term GOLD has).  ``only``: these 1-based sentence numbers alone.  Returns how many were compared."""
+    hyps = hyp.read_text(encoding="utf-8").splitlines()
+    golds = {int(m.group(1)): m.group(0) for m in _SENT.finditer(gold_log)}
+    compared = 0
+    for match in _SENT.finditer(log):
+        index, pred = int(match.group(1)), float(match.group(2))
+        if only is not None and index not in only:
+            continue
+        gold = _GOLD.search(golds.get(index, ""))
+        assert gold, f"no GOLD SCORE for sentence {index}"
+        if len(hyps[index - 1].split()) >= MAX_LENGTH:
+            continue
+        assert abs(pred - float(gold.group(1))) < 1e-3, f"sentence {index}: PRED {pred} != GOLD {gold.group(1)}"
+        compared += 1
+    return compared
 
 
 def test_pred_score_equals_gold_score(beam_translations):
     """The score beam search reports for its output is the model's own score of that output."""
     hyp, log = beam_translations[16]
     gold_log = beam_translations[1][1]  # GOLD SCORE of the -batch_size 16 output, sentence by sentence
-    hyps = hyp.read_text(encoding="utf-8").splitlines()
-    golds = {int(m.group(1)): m.group(0) for m in _SENT.finditer(gold_log)}
-    compared = 0
-    for match in _SENT.finditer(log):
-        index, pred = int(match.group(1)), float(match.group(2))
-        gold = _GOLD.search(golds.get(index, ""))
-        assert gold, f"no GOLD SCORE for sentence {index}"
-        if len(hyps[index - 1].split()) >= MAX_LENGTH:  # cut at max_length: no EOS in PRED
-            continue
-        assert abs(pred - float(gold.group(1))) < 1e-3, f"sentence {index}: PRED {pred} != GOLD {gold.group(1)}"
-        compared += 1
+    compared = _scores_agree(hyp, log, gold_log)
     assert compared >= 10, f"only {compared} sentences compared"
 
 
+#: sentences whose beam-4 outputs may differ between -batch_size 16 and 1, each only as a search divergence
+#: (see below): at most one of SENTENCES
+MAX_DIVERGED = 1
+
+
 def test_translation_independent_of_batch_size(beam_translations):
-    outputs = [beam_translations[b][0].read_text(encoding="utf-8") for b in (16, 1)]
-    assert outputs[0] == outputs[1]
-    assert len(outputs[0].splitlines()) == SENTENCES
+    """The same outputs at -batch_size 16 and 1, up to a search divergence on a float near tie.
+
+    Batches of other sizes run matrix products of other shapes, whose sums round differently (float32: about
+    1e-6 of a score).  Where two of beam search's candidates score that close, the two runs may keep different
+    ones and end at different outputs, although the model scores every output alike at both sizes (this
+    happened to one of 40 sentences of a cao2019 toy model in CI).  So a differing sentence is accepted only
+    if the model's score of each run's output is the same at the other batch size (PRED against GOLD, both
+    ways), and only MAX_DIVERGED of them; a batch-dependent model fails the score check or differs on many."""
+    (hyp16, log16), (hyp1, log1) = beam_translations[16], beam_translations[1]
+    outputs = [hyp.read_text(encoding="utf-8").splitlines() for hyp in (hyp16, hyp1)]
+    assert len(outputs[0]) == len(outputs[1]) == SENTENCES
+    differ = {number for number, (a, b) in enumerate(zip(*outputs), start=1) if a != b}
+    if not differ:
+        return
+    assert len(differ) <= MAX_DIVERGED, f"sentences {sorted(differ)} differ between -batch_size 16 and 1"
+    compared = _scores_agree(hyp16, log16, log1, only=differ)  # the batch-16 output, scored at batch 1
+    compared += _scores_agree(hyp1, log1, beam_translations["score_at_16"](hyp1), only=differ)  # the reverse
+    assert compared, f"sentences {sorted(differ)} differ, and their outputs reach {MAX_LENGTH} pieces: unchecked"
