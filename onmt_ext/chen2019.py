@@ -2,10 +2,10 @@
 
 A word embedding ``x_j`` (``d_model``) is split into ``x^p_j`` (first ``d_p``) and ``x^r_j`` (last ``d_r``), sec. 3:
 
-* R: ``r_j = tanh(W^r h_j + b^r)`` on every state ``h_j = RNN(x^r_j, h_{j-1})`` of a stock recurrent layer,
-  ``W^r`` ``(d_r, d_r)``; eq. 6 feeds ``r_{j-1}`` back into the RNN, here the RNN recurs on its own ``h`` (a
-  deviation, docs/chen2019.md); source: a BiRNN of ``d_r / 2`` units per direction, target: a forward RNN of ``d_r``
-  units; cell ``rnn``, ``gru``, ``lstm`` or :class:`SRU`;
+* R (eq. 6), ``-chen2019_recurrence``: ``hidden`` (default) projects every state ``h_j = RNN(x^r_j, h_{j-1})`` of
+  a stock recurrent layer, ``r_j = tanh(W^r h_j + b^r)``; ``projected`` is eq. 6 as written, ``r_{j-1}`` recurring
+  (docs/chen2019.md); source: a BiRNN of ``d_r / 2`` units per direction, target: a forward RNN of ``d_r`` units;
+  cell ``rnn``, ``gru``, ``lstm`` or :class:`SRU` (``hidden`` only);
 * P: ``p_j = x^p_j + pe_j`` (eq. 2) at size ``d_p``; ``P = x^p`` on a side without position encoding;
 * RPEHead (eq. 7-8): ``[P; R]``; MPRHead (eq. 9-11): ``[p^1_j : r^1_j, ..., p^H_j : r^H_j]``.
 
@@ -78,6 +78,33 @@ class SRU(nn.Module):
 
 
 CELLS = {"rnn": nn.RNN, "gru": nn.GRU, "lstm": nn.LSTM, "sru": SRU}
+#: what recurs in eq. 6: the RNN's own state (fused layers), or the projected r_{j-1} as the equation writes
+RECURRENCES = ("hidden", "projected")
+
+
+def cell_step(cell, inputs, recurrent, previous, memory=None):
+    """One step of a PyTorch ``RNN``/``GRU``/``LSTM`` cell from its two affine maps, PyTorch's gate order.
+
+    ``inputs`` ``(B, gates * units)`` is ``W_ih x_j + b_ih``; ``recurrent`` the same shape, ``W_hh s + b_hh`` of
+    the state ``s`` fed back; ``previous`` ``(B, units)`` is that state (GRU's interpolation reads it);
+    ``memory``: the LSTM's cell state.  Returns the new output ``(B, units)`` and the LSTM's new cell state
+    (None for the others)::
+
+        rnn:  h = tanh(i + g)
+        gru:  r = sig(i_r + g_r), z = sig(i_z + g_z), n = tanh(i_n + r * g_n), h = (1 - z) n + z s
+        lstm: c = sig(i_f + g_f) c' + sig(i_i + g_i) tanh(i_g + g_g), h = sig(i_o + g_o) tanh(c)
+    """
+    if cell == "rnn":
+        return torch.tanh(inputs + recurrent), None
+    if cell == "gru":
+        i_r, i_z, i_n = inputs.chunk(3, dim=-1)
+        g_r, g_z, g_n = recurrent.chunk(3, dim=-1)
+        reset, update = torch.sigmoid(i_r + g_r), torch.sigmoid(i_z + g_z)
+        candidate = torch.tanh(i_n + reset * g_n)
+        return candidate + update * (previous - candidate), None
+    gate_in, gate_forget, gate_cell, gate_out = (inputs + recurrent).chunk(4, dim=-1)
+    memory = torch.sigmoid(gate_forget) * memory + torch.sigmoid(gate_in) * torch.tanh(gate_cell)
+    return torch.sigmoid(gate_out) * torch.tanh(memory), memory
 HEAD_PROJECTIONS = ("full", "restricted")
 SIDES = ("enc", "dec")
 
@@ -115,19 +142,27 @@ class RecurrentPositionalEmbeddings(DecodingStateModule):
         scale: ``"embedding"``, ``"parts"`` or ``"none"`` (:func:`input_factors`).
         init: ``"glorot"`` or ``"pytorch"``, the RNN's initialisation
             (docs/chen2019.md, "Parameters and initialisation").
+        recurrence: ``"hidden"`` or ``"projected"`` (see the module
+            docstring).  With ``projected`` on the source side each direction
+            has its own ``W^r`` of ``d_r / 2`` (``proj`` forward,
+            ``proj_backward``): a full ``W^r`` would feed the backward
+            direction's state at ``j - 1``, which depends on ``r_j``, into
+            the forward step ``j``.
 
     ``forward(source, step=None)`` maps token ids ``(batch, len, 1)`` to the
     layer input ``(batch, len, d_model)``.  ``step`` is the position of the
     first token during step-by-step decoding (target side); None is a full
-    pass from position 0.  The recurrence runs eager (cuDNN's fused RNN on
-    a GPU); eq. 6 and the layout (:func:`recurrent_output`) are compiled with
-    ``-ext_compile``.
+    pass from position 0.  The recurrence runs eager (``hidden``: cuDNN's
+    fused RNN on a GPU; ``projected``: a loop over positions); the projection
+    of eq. 6 and the layout (:func:`recurrent_output`, or :func:`combine`
+    after the loop) are compiled with ``-ext_compile``.
     """
 
     ext_compile = False
 
     def __init__(self, embeddings, heads, d_r, layout, cell="rnn", bidirectional=False, position_encoding=True,
-                 position_encoding_type="SinusoidalInterleaved", scale="embedding", init="glorot"):
+                 position_encoding_type="SinusoidalInterleaved", scale="embedding", init="glorot",
+                 recurrence="hidden"):
         super().__init__()
         if len(embeddings.emb_luts) != 1:
             raise ValueError("recurrent positional embeddings do not support word features (-n_src_feats)")
@@ -139,6 +174,9 @@ class RecurrentPositionalEmbeddings(DecodingStateModule):
             raise ValueError(f"cell must be one of {tuple(CELLS)}, got {cell!r}")
         if scale not in SCALES or init not in INITS:
             raise ValueError(f"scale must be one of {SCALES} and init one of {INITS}, got {scale!r}, {init!r}")
+        problem = recurrence_problem(recurrence, cell)
+        if problem:
+            raise ValueError(problem)
         self.make_embedding = embeddings.make_embedding
         if "pe" in self.make_embedding._modules:  # P gets its own encoding of size d_p
             del self.make_embedding.pe
@@ -147,7 +185,7 @@ class RecurrentPositionalEmbeddings(DecodingStateModule):
         self.embedding_size = d_model
         self.dropout, self.dropout_p = embeddings.dropout, embeddings.dropout_p
         self.heads, self.d_r, self.d_p, self.layout = heads, d_r, d_model - d_r, layout
-        self.cell, self.bidirectional = cell, bidirectional
+        self.cell, self.bidirectional, self.recurrence = cell, bidirectional, recurrence
         self.position_encoding = position_encoding
         from onmt.modules.embeddings import PositionalEncoding
 
@@ -155,7 +193,9 @@ class RecurrentPositionalEmbeddings(DecodingStateModule):
         units = d_r // 2 if bidirectional else d_r
         self.rnn = CELLS[cell](d_r, units, batch_first=True)
         self.rnn_backward = CELLS[cell](d_r, units, batch_first=True) if bidirectional else None
-        self.proj = nn.Linear(d_r, d_r)  # W^r, b^r of eq. 6
+        projected = recurrence == "projected"
+        self.proj = nn.Linear(units if projected else d_r, units if projected else d_r)  # W^r, b^r of eq. 6
+        self.proj_backward = nn.Linear(units, units) if projected and bidirectional else None
         self.scale, self.init = scale, init
         self.p_factor, self.r_factor = input_factors(scale, d_model, d_r, self.pe is not None)
         initialisation.initialise(self)
@@ -189,21 +229,50 @@ class RecurrentPositionalEmbeddings(DecodingStateModule):
             states = self._bidirectional(x_r, source[..., 0] != self.word_padding_idx)
         else:
             states = self._forward_rnn(x_r, step)
-        out = ext_compile.run(self.ext_compile, recurrent_output, p, states, self.proj.weight, self.proj.bias,
-                              self.heads, self.layout)
+        if self.recurrence == "projected":  # the loop made R itself
+            out = ext_compile.run(self.ext_compile, combine, p, states, self.heads, self.layout)
+        else:
+            out = ext_compile.run(self.ext_compile, recurrent_output, p, states, self.proj.weight, self.proj.bias,
+                                  self.heads, self.layout)
         return self.dropout(out) if self.dropout_p > 0 else out
 
     def _bidirectional(self, x_r, keep):
-        """BiRNN states ``(B, L, d_r)``; the backward direction reads each sentence reversed within its length."""
+        """BiRNN states ``(B, L, d_r)`` (R with ``projected``); the backward direction reads each sentence reversed
+        within its length."""
         positions = torch.arange(x_r.size(1), device=x_r.device)
         lengths = keep.sum(dim=1, keepdim=True)  # right padding: the first `length` tokens are real
         reverse = lengths - 1 - positions[None]  # (B, L): an involution on the real tokens
         reverse = torch.where(reverse >= 0, reverse, positions[None]).unsqueeze(-1)
-        forward_states, _ = self._recur(self.rnn, x_r)
         flipped = x_r.gather(1, reverse.expand_as(x_r))
-        backward_states, _ = self._recur(self.rnn_backward, flipped)
+        if self.recurrence == "projected":
+            forward_states, _ = self._projected(self.rnn, self.proj, x_r)
+            backward_states, _ = self._projected(self.rnn_backward, self.proj_backward, flipped)
+        else:
+            forward_states, _ = self._recur(self.rnn, x_r)
+            backward_states, _ = self._recur(self.rnn_backward, flipped)
         backward_states = backward_states.gather(1, reverse.expand_as(backward_states))
         return torch.cat([forward_states, backward_states], dim=-1)
+
+    def _projected(self, rnn, proj, x_r, state=None):
+        """Eq. 6 as written: ``r_j = tanh(W^r f(x^r_j, r_{j-1}) + b^r)`` with ``r_0 = 0`` (footnote 1).
+
+        The cell ``f`` is :func:`cell_step` with ``rnn``'s own weights; an LSTM also carries its cell state.
+        ``x_r`` ``(B, L, d_r)``; ``state``: ``(r, c)`` ``(B, units)`` each to continue from (``c`` None but for
+        an LSTM), None for ``r_0 = 0``.  Returns R ``(B, L, units)`` and the final ``(r, c)``.  The input maps of
+        all positions are one product; the recurrent map, the cell and ``W^r`` run once per position.
+        """
+        batch, units = x_r.size(0), proj.out_features
+        if state is None:
+            state = (x_r.new_zeros(batch, units), x_r.new_zeros(batch, units) if self.cell == "lstm" else None)
+        r, memory = state
+        inputs = torch.nn.functional.linear(x_r, rnn.weight_ih_l0, rnn.bias_ih_l0)  # (B, L, gates * units)
+        outputs = []
+        for j in range(x_r.size(1)):
+            recurrent = torch.nn.functional.linear(r, rnn.weight_hh_l0, rnn.bias_hh_l0)
+            h, memory = cell_step(self.cell, inputs[:, j], recurrent, r, memory)
+            r = torch.tanh(proj(h))
+            outputs.append(r)
+        return torch.stack(outputs, dim=1), (r, memory)
 
     def _recur(self, rnn, x_r, hidden=None):
         """``rnn(x_r, hidden)``, except that under CPU autocast an LSTM runs in its weights' dtype.
@@ -221,7 +290,11 @@ class RecurrentPositionalEmbeddings(DecodingStateModule):
             return rnn(x_r.to(dtype), hidden)
 
     def _forward_rnn(self, x_r, step):
-        """Forward RNN states ``(B, L, d_r)``; during decoding (``step`` set) it continues from the saved state."""
+        """Forward RNN states ``(B, L, d_r)`` (R with ``projected``); during decoding (``step`` set) it continues
+        from the saved state: ``hidden`` the RNN's ``h`` (``projected``: ``r``), ``cell`` an LSTM's ``c``, each
+        ``(B, 1, units)``."""
+        if self.recurrence == "projected":
+            return self._forward_projected(x_r, step)
         if step is None:
             states, _ = self._recur(self.rnn, x_r)
             return states
@@ -236,6 +309,20 @@ class RecurrentPositionalEmbeddings(DecodingStateModule):
             self.decoding_state["cell"] = cell_state.transpose(0, 1)
         self.decoding_state["hidden"] = final.transpose(0, 1)  # (B, 1, units)
         return states
+
+    def _forward_projected(self, x_r, step):
+        """:meth:`_forward_rnn` for ``projected``: R of the target's forward direction, from ``r_0 = 0`` or, when
+        decoding, from the saved ``r`` (and ``c``)."""
+        saved = None
+        if step is not None and step > 0 and "hidden" in self.decoding_state:
+            saved = (self.decoding_state["hidden"][:, 0], self.decoding_state["cell"][:, 0] if self.cell == "lstm"
+                     else None)
+        r, (last, memory) = self._projected(self.rnn, self.proj, x_r, saved)
+        if step is not None:
+            self.decoding_state["hidden"] = last.unsqueeze(1)
+            if memory is not None:
+                self.decoding_state["cell"] = memory.unsqueeze(1)
+        return r
 
 
 def recurrent_output(p, states, weight, bias, heads, layout):
@@ -267,6 +354,8 @@ def _rules(module):
     """Parameters of :class:`RecurrentPositionalEmbeddings` (docs/chen2019.md, "Parameters and initialisation")."""
     rules = {f"make_embedding.{name}": initialisation.STOCK for name, _ in module.make_embedding.named_parameters()}
     rules.update({"proj.weight": initialisation.GLOROT, "proj.bias": initialisation.ZEROS})
+    if module.proj_backward is not None:
+        rules.update({"proj_backward.weight": initialisation.GLOROT, "proj_backward.bias": initialisation.ZEROS})
     for name in ("rnn", "rnn_backward"):
         rnn = getattr(module, name)
         if rnn is None:
@@ -296,6 +385,16 @@ def combine(p, r, heads, layout):
     lead = p.shape[:-1]
     mixed = torch.cat([p.reshape(*lead, heads, -1), r.reshape(*lead, heads, -1)], dim=-1)  # (..., H, d/H)
     return mixed.reshape(*lead, -1)
+
+
+def recurrence_problem(recurrence, cell):
+    """Why ``recurrence`` cannot run with ``cell`` (a message), or None."""
+    if recurrence not in RECURRENCES:
+        return f"recurrence must be one of {RECURRENCES}, got {recurrence!r}"
+    if recurrence == "projected" and cell == "sru":
+        return ("the projected recurrence (eq. 6 as written) needs an rnn, gru or lstm cell: an SRU's recurrent "
+                "state is its cell state c, not the output that r replaces")
+    return None
 
 
 def layout_problem(layout, d_model, heads, d_r, bidirectional):
@@ -412,7 +511,8 @@ def _combination_check(opt):
     if not _used(opt):
         problems += options_without_effect(opt, [_SPEC_BY_NAME[name] for name in ("chen2019_dim", "chen2019_rnn",
                                                                                  "chen2019_heads", "chen2019_scale",
-                                                                                 "chen2019_init")],
+                                                                                 "chen2019_init",
+                                                                                 "chen2019_recurrence")],
                                            "-chen2019_enc and -chen2019_dec are both none")
     for side, bidirectional in (("enc", True), ("dec", False)):
         layout = getattr(opt, f"chen2019_{side}", "none")
@@ -429,6 +529,10 @@ def _combination_check(opt):
         pe_on = getattr(opt, "position_encoding", False) and side not in getattr(opt, "chen2019_pe_off", [])
         if pe_on and (d_model - dim) % 2:
             problems.append(f"-chen2019_dim {dim}: the sinusoidal encoding of P needs an even d_p = d_model - d_r")
+    recurrence = recurrence_problem(getattr(opt, "chen2019_recurrence", "hidden"), getattr(opt, "chen2019_rnn", "rnn"))
+    if _used(opt) and recurrence:
+        problems.append(f"-chen2019_recurrence {opt.chen2019_recurrence} with -chen2019_rnn {opt.chen2019_rnn}: "
+                        f"{recurrence}")
     if getattr(opt, "n_src_feats", 0) and getattr(opt, "chen2019_enc", "none") != "none":
         problems.append("-chen2019_enc does not support source word features (-n_src_feats)")
     if getattr(opt, "chen2019_heads", "full") == "restricted":
@@ -457,6 +561,10 @@ class Chen2019:
     dim: int = option(0, "chen2019: d_r, the part of each word embedding read by the RNN (eq. 6); the paper: 320 "
                       "(RPEHead), 256 (MPRHead)")
     rnn: str = option("rnn", "chen2019: the RNN cell of eq. 6", choices=tuple(CELLS))
+    recurrence: str = option("hidden", "chen2019: what recurs in eq. 6: hidden (the RNN's own state, projected "
+                             "afterwards: fused RNN layers) or projected (eq. 6 as written: r_{j-1} feeds step j, "
+                             "one step per position; on the source each direction has its own W^r of d_r / 2; "
+                             "rnn, gru or lstm cells)", choices=RECURRENCES)
     heads: str = option("full", "chen2019: full Q/K/V projections (parameter count of the paper's Table 1) or "
                         "restricted (first-layer heads read only their own input slice)", choices=HEAD_PROJECTIONS)
     scale: str = option("embedding", "chen2019: scaling of the looked-up embedding before the split (sec. 3): "
@@ -485,7 +593,7 @@ def _attach(module, config, side, layer_norm_name, layers):
     module.embeddings = RecurrentPositionalEmbeddings(
         embeddings, config.heads, chen2019.dim, layout, chen2019.rnn, bidirectional=side == "enc",
         position_encoding=pe_on, position_encoding_type=config.position_encoding_type, scale=chen2019.scale,
-        init=chen2019.init)
+        init=chen2019.init, recurrence=chen2019.recurrence)
     if chen2019.heads == "restricted":
         first = layers[0]
         setattr(first, layer_norm_name, restrict_heads(getattr(first, layer_norm_name), first.self_attn,

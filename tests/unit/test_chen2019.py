@@ -89,6 +89,14 @@ def test_rnn_initialisation_follows_chen2019_init(onmt_active):
         glorot = RecurrentPositionalEmbeddings(_embeddings(), 4, 8, "rpehead", cell, bidirectional=True)
         for name, rule in declared(glorot).items():
             assert rule.mismatch(dict(glorot.named_parameters())[name]) is None, (cell, name)
+        if cell != "sru":
+            projected = RecurrentPositionalEmbeddings(_embeddings(), 4, 8, "rpehead", cell, bidirectional=True,
+                                                      recurrence="projected")
+            rules = declared(projected)
+            assert {"proj_backward.weight", "proj_backward.bias"} <= set(rules)
+            assert set(rules) == {name for name, _ in projected.named_parameters()}
+            for name, rule in rules.items():
+                assert rule.mismatch(dict(projected.named_parameters())[name]) is None, (cell, name)
         assert glorot.rnn.bias.abs().sum() == 0 if cell == "sru" else glorot.rnn.bias_ih_l0.abs().sum() == 0
         pytorch = RecurrentPositionalEmbeddings(_embeddings(), 4, 8, "rpehead", cell, bidirectional=True,
                                                 init="pytorch")
@@ -97,9 +105,14 @@ def test_rnn_initialisation_follows_chen2019_init(onmt_active):
         assert matrix.abs().max() <= bound and matrix.abs().max() > bound / 2
 
 
-@pytest.mark.parametrize("cell", ["rnn", "gru", "lstm", "sru"])
-def test_target_rnn_step_by_step_equals_full_pass_and_follows_beam_reordering(cell, onmt_active):
-    module = RecurrentPositionalEmbeddings(_embeddings(), 4, 8, "mprhead", cell, bidirectional=False)
+CELLS_AND_RECURRENCES = [("rnn", "hidden"), ("gru", "hidden"), ("lstm", "hidden"), ("sru", "hidden"),
+                         ("rnn", "projected"), ("gru", "projected"), ("lstm", "projected")]
+
+
+@pytest.mark.parametrize("cell, recurrence", CELLS_AND_RECURRENCES)
+def test_target_rnn_step_by_step_equals_full_pass_and_follows_beam_reordering(cell, recurrence, onmt_active):
+    module = RecurrentPositionalEmbeddings(_embeddings(), 4, 8, "mprhead", cell, bidirectional=False,
+                                           recurrence=recurrence)
     module.eval()
     tgt = torch.randint(4, 30, (3, 6, 1))
     full = module(tgt)
@@ -113,15 +126,17 @@ def test_target_rnn_step_by_step_equals_full_pass_and_follows_beam_reordering(ce
     torch.testing.assert_close(module(tgt[:, 1:2], step=1), full[:, 1:2], atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("cell", ["rnn", "gru", "lstm", "sru"])
-def test_cpu_autocast_both_sides_and_step_by_step(cell, onmt_active):
+@pytest.mark.parametrize("cell, recurrence", CELLS_AND_RECURRENCES)
+def test_cpu_autocast_both_sides_and_step_by_step(cell, recurrence, onmt_active):
     """Under CPU bf16 autocast every cell runs on both sides, and the target side's steps equal its full pass.
 
     The LSTM's recurrence runs in float32 there (oneDNN refuses a bf16 LSTM on CPUs without AVX-512), so its
     states are exactly the fp32 ones, and so is the decoding state it keeps.
     """
-    source = RecurrentPositionalEmbeddings(_embeddings(), 4, 8, "rpehead", cell, bidirectional=True).eval()
-    target = RecurrentPositionalEmbeddings(_embeddings(), 4, 8, "mprhead", cell, bidirectional=False).eval()
+    source = RecurrentPositionalEmbeddings(_embeddings(), 4, 8, "rpehead", cell, bidirectional=True,
+                                           recurrence=recurrence).eval()
+    target = RecurrentPositionalEmbeddings(_embeddings(), 4, 8, "mprhead", cell, bidirectional=False,
+                                           recurrence=recurrence).eval()
     src = torch.randint(4, 30, (3, 6, 1))
     src[1, 4:, 0] = 1  # padding
     tgt = torch.randint(4, 30, (3, 6, 1))
@@ -129,7 +144,7 @@ def test_cpu_autocast_both_sides_and_step_by_step(cell, onmt_active):
         assert torch.isfinite(source(src)).all()
         full = target(tgt)
         steps = torch.cat([target(tgt[:, j : j + 1], step=j) for j in range(6)], dim=1)
-        if cell == "lstm":
+        if cell == "lstm" and recurrence == "hidden":
             x_r = target.make_embedding(tgt)[..., 8:]
             states, _ = target._recur(target.rnn, x_r)
             assert states.dtype == torch.float32 and target.decoding_state["cell"].dtype == torch.float32
@@ -284,6 +299,9 @@ def _opt(**kw):
     (dict(chen2019_rnn="gru"), "-chen2019_rnn has no effect"),
     (dict(chen2019_scale="parts"), "-chen2019_scale has no effect"),
     (dict(chen2019_init="pytorch"), "-chen2019_init has no effect"),
+    (dict(chen2019_recurrence="projected"), "-chen2019_recurrence has no effect"),
+    (dict(chen2019_enc="rpehead", chen2019_dim=16, chen2019_rnn="sru", chen2019_recurrence="projected"),
+     "-chen2019_recurrence projected with -chen2019_rnn sru: the projected recurrence (eq. 6 as written) needs"),
     (dict(chen2019_pe_off=["dec"], position_encoding=False), "has no effect with -position_encoding false"),
     (dict(chen2019_pe_off=["enc"], encoder_type="transformer"), "-chen2019_pe_off enc needs -encoder_type"),
     (dict(chen2019_enc="rpehead", chen2019_dim=16, n_src_feats=1), "does not support source word features"),
@@ -299,3 +317,57 @@ def _opt(**kw):
 def test_option_checks(kw, message, onmt_active):
     problems = options.check_options(_opt(**kw))
     assert any(message in p for p in problems), problems
+
+
+def _eq6_reference(module, proj, rnn, x_r):
+    """Eq. 6 written out with torch's own cells and ``rnn``'s weights: ``r_j = tanh(W^r f(x^r_j, r_{j-1}) + b^r)``."""
+    cell_class = {"rnn": torch.nn.RNNCell, "gru": torch.nn.GRUCell, "lstm": torch.nn.LSTMCell}[module.cell]
+    units = proj.out_features
+    cell = cell_class(x_r.size(-1), units)
+    with torch.no_grad():
+        for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+            getattr(cell, name).copy_(getattr(rnn, f"{name}_l0"))
+    r, c, out = torch.zeros(x_r.size(0), units), torch.zeros(x_r.size(0), units), []
+    for j in range(x_r.size(1)):
+        if module.cell == "lstm":
+            h, c = cell(x_r[:, j], (r, c))
+        else:
+            h = cell(x_r[:, j], r)
+        r = torch.tanh(proj(h))
+        out.append(r)
+    return torch.stack(out, dim=1)
+
+
+@pytest.mark.parametrize("cell", ["rnn", "gru", "lstm"])
+def test_projected_recurrence_is_eq6_as_written_on_both_sides(cell, onmt_active):
+    """``-chen2019_recurrence projected``: r_{j-1}, not the RNN's own state, recurs (torch's cells as reference);
+    on the source each direction projects its own half, reading each sentence without its padding."""
+    target = RecurrentPositionalEmbeddings(_embeddings(), 4, 8, "rpehead", cell, recurrence="projected").eval()
+    source = RecurrentPositionalEmbeddings(_embeddings(), 4, 8, "rpehead", cell, bidirectional=True,
+                                           recurrence="projected").eval()
+    assert target.proj.weight.shape == (8, 8) and target.proj_backward is None
+    assert source.proj.weight.shape == source.proj_backward.weight.shape == (4, 4)
+    with torch.no_grad():
+        for module in (target, source):
+            for proj in (module.proj, module.proj_backward):
+                if proj is not None:
+                    proj.bias.normal_()  # b^r is zero at first: a nonzero one tests where it enters
+        tgt = torch.randint(4, 30, (2, 6, 1))
+        x_r = target.make_embedding(tgt)[..., 8:] * 16 ** 0.5
+        torch.testing.assert_close(target(tgt)[..., 8:], _eq6_reference(target, target.proj, target.rnn, x_r),
+                                   atol=1e-6, rtol=0)
+        hidden = RecurrentPositionalEmbeddings(_embeddings(), 4, 8, "rpehead", cell).eval()
+        hidden.load_state_dict(target.state_dict())  # the same parameters, the RNN recurring on its own state
+        assert not torch.allclose(hidden(tgt), target(tgt))
+        lengths = [6, 3]
+        src = torch.full((2, 6, 1), 1, dtype=torch.long)
+        for b, n in enumerate(lengths):
+            src[b, :n, 0] = torch.randint(4, 30, (n,))
+        out = source(src)
+        for b, n in enumerate(lengths):
+            x_r = source.make_embedding(src[b : b + 1, :n])[..., 8:] * 16 ** 0.5
+            forward = _eq6_reference(source, source.proj, source.rnn, x_r)
+            backward = _eq6_reference(source, source.proj_backward, source.rnn_backward, x_r.flip(1)).flip(1)
+            torch.testing.assert_close(out[b : b + 1, :n, 8:], torch.cat([forward, backward], dim=-1),
+                                       atol=1e-6, rtol=0)
+            torch.testing.assert_close(out[b : b + 1, :n], source(src[b : b + 1, :n]), atol=1e-6, rtol=0)

@@ -259,6 +259,7 @@ MODEL_CONFIGS = [
     pytest.param("yaml_configs/smoke/cao2019/dec_self_cross_self.yaml", marks=pytest.mark.slow),
     "yaml_configs/smoke/chen2019/mprhead_all_switches.yaml",
     "yaml_configs/smoke/chen2019/rpehead_all_switches.yaml",
+    pytest.param("yaml_configs/smoke/chen2019/projected_lstm.yaml", marks=pytest.mark.slow),
     "yaml_configs/smoke/chen2019/transformer_base_wmt14_ende_disan.yaml",
     "yaml_configs/smoke/clause/transformer_base_wmt16_ende_ca_study.yaml",
     "yaml_configs/smoke/gret/ablations_all_switches.yaml",
