@@ -605,13 +605,14 @@ def _repeat_factor(config, tokens_needed):
     return max(1, math.ceil(2 * tokens_needed / tokens))  # twice: batches are padded and buckets cut short
 
 
-def step_plan(args):
+def step_plan(args, steps=None):
     """Which training steps measure what (1-based, inclusive): ``measure`` (tokens/s, step time, data wait),
     ``profile`` (first step, count: the busy share), ``counted`` (synchronisations per step: on CUDA the measured
     steps, whose sync warnings cost nothing; on the CPU more steps after the profiled ones, since counting host
-    reads slows every operator), ``total``."""
+    reads slows every operator), ``total``.  ``steps``: the measured steps (default ``--steps``; the in-process
+    group's runs: ``--case-steps``)."""
     warmup, cuda = args.warmup_steps, args.device == "cuda"
-    first, last = warmup + 1, warmup + args.steps
+    first, last = warmup + 1, warmup + (steps or args.steps)
     end = last + args.profile_steps
     counted = [first, last] if cuda else [end + 1, end + warmup]
     return {"measure": [first, last], "profile": [last + 1, args.profile_steps], "counted": counted,
@@ -621,10 +622,10 @@ def step_plan(args):
 class Settings:
     """What section b's configs need from timed_runs.case_config (its ``args``)."""
 
-    def __init__(self, args, batch_size):
+    def __init__(self, args, batch_size, steps=None):
         self.batch_size = batch_size
         self.warmup_steps = args.warmup_steps
-        self.steps = step_plan(args)["total"] - args.warmup_steps  # the steps after the warm-up, all uses
+        self.steps = step_plan(args, steps)["total"] - args.warmup_steps  # the steps after the warm-up, all uses
         self.gpu = 0 if args.device == "cuda" else -1
 
 
@@ -632,14 +633,15 @@ class Settings:
 EXT_TRAIN_OPTIONS = ("overwrite_checkpoints", "adam_eps")
 
 
-def training_config(case, mode, args, work, repeat_cache, batch_size=None, replay=False, stock=False, name=""):
+def training_config(case, mode, args, work, repeat_cache, batch_size=None, replay=False, stock=False, name="",
+                    steps=None):
     """Writes the config of ``case`` in ``mode`` (eager/compiled); returns (path, checkpoint, options).
 
     ``replay``: no data workers (the batches are built ahead in the training process); otherwise
     ``--num-workers``, the users' path.  ``stock``: the config without onmt-ext's options, for stock
-    OpenNMT-py (a case with a mechanism cannot be one)."""
+    OpenNMT-py (a case with a mechanism cannot be one).  ``steps``: measured steps (:func:`step_plan`)."""
     batch_size = batch_size or args.batch_size
-    settings = Settings(args, batch_size)
+    settings = Settings(args, batch_size, steps)
     size, lines = ("smoke", TINY_LINES) if args.tiny else ("paper", None)
     paper = common.config_values(case.config)
     overrides = {"num_workers": 0 if replay else args.num_workers, "report_every": args.warmup_steps,
@@ -654,13 +656,14 @@ def training_config(case, mode, args, work, repeat_cache, batch_size=None, repla
         overrides["ext_compile"] = True
     elif mode == LAYERS:
         overrides["ext_compile_layers"] = True
-    total = args.warmup_steps + settings.steps
+    # one repeated corpus per case and batch size, long enough for the longest run (--steps or --case-steps)
+    longest = args.warmup_steps + Settings(args, batch_size, max(args.steps, args.case_steps)).steps
     key = (case.config, batch_size)
     suffix = f"_{name or mode}"
     if key not in repeat_cache:  # the corpus as the case reads it, to count its tokens once
         _, _, plain = timed_runs.case_config(case, size, settings, work, overrides=overrides, suffix=suffix,
                                              lines=lines)
-        repeat_cache[key] = _repeat_factor(plain, batch_size * total)
+        repeat_cache[key] = _repeat_factor(plain, batch_size * longest)
     path, checkpoint, config = timed_runs.case_config(case, size, settings, work, overrides=overrides,
                                                       suffix=suffix, repeat=repeat_cache[key], lines=lines)
     if stock:  # any other option stock OpenNMT-py does not know fails its run (child_train_many)
@@ -820,10 +823,16 @@ def prepare_training(args, work, plan, cache):
         for row, case, mode, extra in rows:
             configs[row["key"]] = training_config(case, mode, args, work, cache, batch_size=row["batch_tokens"],
                                                   replay=extra.get("replay", False), stock=extra.get("stock", False),
-                                                  name=row["name"])
+                                                  name=row["name"], steps=_run_steps(args, row["group"]))
             row["command"] = f"onmt_train -config {configs[row['key']][0]}"
             row["options"] = configs[row["key"]][2]
     return configs
+
+
+def _run_steps(args, group):
+    """The measured steps of a run in ``group``: ``--case-steps`` in one process (the same replayed batches for
+    every case and its neighbouring baseline runs), ``--steps`` on the users' path (data workers: variable)."""
+    return args.case_steps if group == IN_PROCESS else args.steps
 
 
 def _slug(text):
@@ -850,7 +859,7 @@ def run_training_process(args, work, group, env, rows, configs, deadlines, stop_
     """One training process for ``rows`` (see :func:`child_train_many`), each run before the deadline of its
     mode (``deadlines``: mode -> monotonic time); fills the rows in place and returns when each mode's last
     run ended (or None).  ``stop_after``: every run is an untimed warm-up that ends after that many steps."""
-    steps = step_plan(args)
+    steps = step_plan(args, _run_steps(args, group))
     jobs = [{"key": row["key"], "config": str(configs[row["key"]][0]), "replay": "replayed" in row["data_path"],
              "replay_key": replay_key(configs[row["key"]][2]),
              "batches": (stop_after or steps["total"]) + 2,
@@ -867,8 +876,10 @@ def run_training_process(args, work, group, env, rows, configs, deadlines, stop_
     if stop_after:
         for job in jobs:
             job.update(warmup=True, stop_after=stop_after, profile_file=None)
-    if group == IN_PROCESS:  # the first run in a process pays one-off costs: an untimed run of the first case
-        jobs.insert(0, dict(jobs[0], key="process warm-up", warmup=True, save=False, profile_file=None))
+    if group == IN_PROCESS:  # the first run in a process pays one-off costs: an untimed run of the first case's
+        # warm-up steps (it also builds the batches that the first case replays)
+        jobs.insert(0, dict(jobs[0], key="process warm-up", warmup=True, save=False, profile_file=None,
+                            stop_after=args.warmup_steps))
     slug = _slug(group)
     jobs_file, runs_file = work / f"train-{slug}.jobs.json", work / f"train-{slug}.runs.jsonl"
     jobs_file.write_text(json.dumps(jobs), encoding="utf-8")
@@ -1602,7 +1613,9 @@ SIZED_OPTIONS = {
     "num_workers": (int, 2, 1, "data workers of the users'-path runs (the onmt-ext and stock baselines; --tiny: the "
                                "same code path, one worker process fewer to start per run)"),
     "warmup_steps": (int, 5, 2, "unmeasured first steps; also the report interval"),
-    "steps": (int, 30, 2, "measured steps, a multiple of --warmup-steps"),
+    "steps": (int, 30, 2, "measured steps of the users'-path runs (fresh processes), a multiple of --warmup-steps"),
+    "case_steps": (int, 15, 2, "measured steps of the in-process runs (the same replayed batches for every case), a "
+                               "multiple of --warmup-steps"),
     "profile_steps": (int, 3, 1, "profiled steps after the measured ones"),
     "test_sentences": (int, 200, 16, "translation test set"),
     "translate_passes": (int, 6, 1, "timed runs of each case per group; 6 is the fewest with a 95%% interval"),
@@ -1676,14 +1689,14 @@ def parse_args(argv):
     args.fresh = [name.strip() for name in args.fresh.split(",") if name.strip()]
     if not args.fresh or set(args.fresh) - set(FRESH_NAMES.values()):
         parser.error(f"--fresh: a comma-separated list of {', '.join(FRESH_NAMES.values())}")
-    if min(args.batch_size, args.paper_batch_size, args.case_batch_size, args.warmup_steps, args.steps, args.profile_steps,
-           args.test_sentences, args.translate_passes, args.translate_batch, args.translate_block, args.train_block,
-           args.compile_warmup_steps) < 1 \
+    if min(args.batch_size, args.paper_batch_size, args.case_batch_size, args.warmup_steps, args.steps,
+           args.case_steps, args.profile_steps, args.test_sentences, args.translate_passes, args.translate_batch,
+           args.translate_block, args.train_block, args.compile_warmup_steps) < 1 \
             or args.num_workers < 0 or args.compile_warmups < 0 or args.output_length < 0 or args.min_run_seconds < 0:
         parser.error("sizes, steps, sentences and passes must be >= 1, --num-workers, --compile-warmups, "
                      "--output-length and --min-run-seconds >= 0")
-    if args.steps % args.warmup_steps:
-        parser.error("--steps must be a multiple of --warmup-steps (the report interval)")
+    if args.steps % args.warmup_steps or args.case_steps % args.warmup_steps:
+        parser.error("--steps and --case-steps must be multiples of --warmup-steps (the report interval)")
     if any(getattr(args, f"budget_{name}") <= 0 for name in "abc"):
         parser.error("budgets must be > 0 seconds")
     if args.out is None:
@@ -1700,9 +1713,10 @@ def _steps_text(args):
     plan = step_plan(args)
     counted = ("" if plan["counted"] == plan["measure"] else f", then steps {plan['counted'][0]}-"
                f"{plan['counted'][1]} whose host reads are counted (counting slows every operator)")
-    return (f"Every run: {args.warmup_steps} warm-up steps, {args.steps} measured steps (reports every "
-            f"{args.warmup_steps}), then {args.profile_steps} profiled steps (busy share){counted}; the in-process "
-            "group starts with an untimed run of the baseline (a process's first run pays one-off costs).")
+    return (f"Every run: {args.warmup_steps} warm-up steps, {args.steps} measured steps ({args.case_steps} in the "
+            f"in-process group; reports every {args.warmup_steps}), then {args.profile_steps} profiled steps (busy "
+            f"share){counted}; the in-process group starts with an untimed run of the baseline's {args.warmup_steps} "
+            "warm-up steps (a process's first run pays one-off costs).")
 
 
 def main(argv=None):

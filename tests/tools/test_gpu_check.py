@@ -36,6 +36,7 @@ def dry_run(tmp_path_factory):
     budgets = {"a": 150, "b": 600, "c": 240}  # far above the defaults (22, 104, 50 s): a slow machine cuts no row
     done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--fresh", "ext,stock,layers",
                            "--compile-warmups", "1",  # (none by default in the dry run)
+                           "--case-steps", "4",  # (the dry run's default is --steps's 2: here they differ)
                            "--out", str(out),
                            "--work", str(out / "work"), "--commit", "test-commit", "--pack", str(out / "files.tgz"),
                            *[f"--budget-{name}={seconds}" for name, seconds in budgets.items()]],
@@ -95,6 +96,7 @@ def test_dry_run_measures_every_row(dry_run):
                     "memory_ratio"):
             assert _positive(row[key]), (row["case"], key, row[key])
         assert 0 <= row["data_wait_share"] < 1
+        assert row["measured_steps"] == (4 if row["group"] == gpu_check.IN_PROCESS else 2), row["key"]
         speeds = row["interval_tokens_per_s"]  # one per report interval of the measured steps
         assert len(speeds) == row["measured_steps"] // row["options"]["report_every"] and all(map(_positive, speeds))
         assert row["median_interval_tokens_per_s"] == statistics.median(speeds)
@@ -235,7 +237,7 @@ def test_bad_arguments_get_one_line(capsys):
         gpu_check.parse_args(["--device", "cpu", "--tiny", "--steps", "5"])
     assert stopped.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
-    assert error.startswith("gpu_check.py: error: --steps must be a multiple of --warmup-steps")
+    assert error.startswith("gpu_check.py: error: --steps and --case-steps must be multiples of --warmup-steps")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
@@ -306,20 +308,24 @@ def test_gpu_configs_parse_strictly(tmp_path, onmt_active, monkeypatch):
     args = gpu_check.parse_args(["--work", str(tmp_path)])
     total = args.warmup_steps + args.steps + args.profile_steps
     assert gpu_check.step_plan(args)["total"] == total  # on CUDA the sync warnings are counted in the measured steps
+    in_process = args.warmup_steps + args.case_steps + args.profile_steps  # fewer: the same replayed batches
+    assert in_process < total and gpu_check.step_plan(args, args.case_steps)["total"] == in_process
     repeat = math.ceil(2 * args.batch_size * total / 40)  # 40 target tokens per copy, end-of-sentence included
     cache = {}
     for case in (gpu_check.BASELINE, *gpu_check.MECHANISMS):
         paper = support.read_yaml(f"yaml_configs/{case.config}")
         for mode in ("eager",) if case is gpu_check.BASELINE else ("eager", "compiled"):
             replay = case is not gpu_check.BASELINE  # the mechanisms in one process, the baseline on both paths
-            path, _, config = gpu_check.training_config(case, mode, args, tmp_path, cache, replay=replay)
+            steps = args.case_steps if replay else args.steps
+            path, _, config = gpu_check.training_config(case, mode, args, tmp_path, cache, replay=replay, steps=steps)
+            run = in_process if replay else total
             opt = parse_train_config(path)
             assert opt.ext_compile == (mode == "compiled")
             assert (opt.batch_size, opt.batch_type, opt.num_workers) == (8192, "tokens", 0 if replay else 2)
             assert opt.model_dtype == paper["model_dtype"] == "fp16"
             assert (opt.hidden_size, opt.enc_layers, opt.dec_layers) == (
                 paper["hidden_size"], paper["enc_layers"], paper["dec_layers"])
-            assert opt.train_steps == total and not opt.train_from
+            assert opt.train_steps == run and not opt.train_from
             assert "sentencepiece" not in opt.transforms
             train, valid = config["data"]["corpus_1"], config["data"]["valid"]
             assert train["path_tgt"].endswith(f".x{repeat}") and not valid["path_tgt"].endswith(f".x{repeat}")
