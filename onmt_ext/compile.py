@@ -52,11 +52,27 @@ def _call_compiled(option, fn, call):
                            f"({type(error).__name__}: {first_line}); run with -{option} false") from error
 
 
+#: Dynamo's settings while it traces a core: a core's int and float arguments (heads, capsules, iterations, the
+#: logit factor) are a model's settings, so they are compiled in as constants (a guard each) rather than made
+#: symbolic as ``dynamic=True`` does by default; tensor sizes stay dynamic.  A symbolic float compared with a
+#: constant also made Dynamo trace li2019's core twice (a restart), and symbolic head and capsule counts run
+#: through every index of the routing's views.
+CORE_TRACING = {"specialize_int": True, "specialize_float": True}
+
+
 def run(enabled, fn, *args, **kwargs):
-    """``fn(*args, **kwargs)``, compiled when ``enabled`` (a module's ``ext_compile`` attribute)."""
+    """``fn(*args, **kwargs)``, compiled when ``enabled`` (a module's ``ext_compile`` attribute), traced with
+    :data:`CORE_TRACING` (inside a compiled layer, the layer's tracing goes on into the core)."""
     if not enabled:
         return fn(*args, **kwargs)
-    return _call_compiled("ext_compile", fn, lambda: compiled(fn)(*args, **kwargs))
+
+    def call():
+        if torch.compiler.is_compiling():
+            return compiled(fn)(*args, **kwargs)
+        with torch._dynamo.config.patch(**CORE_TRACING):
+            return compiled(fn)(*args, **kwargs)
+
+    return _call_compiled("ext_compile", fn, call)
 
 
 #: the compiled stock layers see source and target lengths padded up to a multiple of this (:func:`_aligned`)

@@ -236,6 +236,30 @@ def test_run_is_eager_when_off_and_builds_once(monkeypatch):
     assert ext_compile.compiled(directional_softmax) is ext_compile.compiled(directional_softmax)
 
 
+def test_a_cores_settings_are_constants_of_its_graph(monkeypatch):
+    """With ``dynamic=True`` Dynamo makes int and float arguments symbolic graph inputs; a core's are a model's
+    settings, so ext_compile.run compiles them in (CORE_TRACING): li2019's graph takes the tensors and the two
+    dynamic sizes (batch, length) only, not H, N, the variance floor or the routing's constants."""
+    inputs = []
+
+    def backend(graph, example_inputs):
+        inputs.append([node.name for node in graph.graph.nodes if node.op == "placeholder"])
+        return graph.forward
+
+    monkeypatch.setattr(ext_compile, "BACKEND", backend)
+    torch._dynamo.reset()
+    heads, d_model, capsules = 4, 16, 8
+    context = torch.randn(2, 5, d_model, requires_grad=True)
+    shapes = ((heads, d_model // heads, d_model), (heads, d_model), (heads, d_model, d_model), (capsules,), (capsules,))
+    weights = [torch.nn.Parameter(torch.randn(*shape) * 0.1) for shape in shapes]
+    ext_compile.run(True, aggregate_heads, context, *weights, heads=heads, capsules=capsules, method="em",
+                    iterations=3, recompute=False)
+    torch._dynamo.reset()
+    [names] = inputs
+    tensors = {"l_context_", "l_input_weight_", "l_input_bias_", "l_vote_weight_", "l_beta_a_", "l_beta_u_"}
+    assert tensors <= set(names) and len(names) == len(tensors) + 2, names
+
+
 def test_a_compile_failure_names_the_option(monkeypatch):
     class FakeBackendError(Exception):
         __module__ = "torch._inductor.exc"
