@@ -105,6 +105,8 @@ def cell_step(cell, inputs, recurrent, previous, memory=None):
     gate_in, gate_forget, gate_cell, gate_out = (inputs + recurrent).chunk(4, dim=-1)
     memory = torch.sigmoid(gate_forget) * memory + torch.sigmoid(gate_in) * torch.tanh(gate_cell)
     return torch.sigmoid(gate_out) * torch.tanh(memory), memory
+
+
 HEAD_PROJECTIONS = ("full", "restricted")
 SIDES = ("enc", "dec")
 

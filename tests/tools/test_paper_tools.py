@@ -92,8 +92,9 @@ def _learning_rates(opt, steps, checkpoint=None):
 
 
 def test_gret_fine_tuning_continues_at_the_baselines_final_learning_rate(onmt_active):
-    """-reset_optim all restarts the step count; the fine-tuning must not warm Noam up again (issue 37: it peaked
-    at 9.9e-4 and ended at twice the baseline's final rate): it holds the baseline's last rate throughout."""
+    """-reset_optim all restarts the step count; the fine-tuning must not warm Noam up again (issue 37, with the
+    configs' schedule of then: it peaked at 9.9e-4 and ended at twice the baseline's final rate): it holds the
+    baseline's last rate throughout."""
     import torch
 
     cpu = ["-model_dtype", "fp32", "-gpu_ranks", "-world_size", "1"]
