@@ -657,7 +657,7 @@ def training_config(case, mode, args, work, repeat_cache, batch_size=None, repla
     elif mode == LAYERS:
         overrides["ext_compile_layers"] = True
     # one repeated corpus per case and batch size, long enough for the longest run (--steps or --case-steps)
-    longest = args.warmup_steps + Settings(args, batch_size, max(args.steps, args.case_steps)).steps
+    longest = step_plan(args, max(args.steps, args.case_steps))["total"]
     key = (case.config, batch_size)
     suffix = f"_{name or mode}"
     if key not in repeat_cache:  # the corpus as the case reads it, to count its tokens once
