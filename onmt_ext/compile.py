@@ -59,6 +59,30 @@ def _call_compiled(option, fn, call):
 #: through every index of the routing's views.
 CORE_TRACING = {"specialize_int": True, "specialize_float": True}
 
+_PATCHERS = {}
+
+
+def _patcher(settings):
+    """A function that sets Dynamo's ``settings`` (a dict) for this thread and returns the function that undoes it.
+
+    Dynamo reads its settings only when a call compiles, which the caller cannot foresee, so :func:`run` sets them
+    around every call.  ``torch._dynamo.config.patch`` costs tens of microseconds each time; torch's own
+    lower-cost patcher (the one a ``dynamic=True`` compiled function enters on every call) about ten
+    (results/bench/compile-time.md).  Where a torch lacks it: :func:`_context_patcher`.
+    """
+    make = getattr(torch._dynamo.config, "_make_closure_patcher", None)
+    return _context_patcher(settings) if make is None else make(**settings)
+
+
+def _context_patcher(settings):
+    """:func:`_patcher` through the context manager ``torch._dynamo.config.patch``."""
+    def change():
+        patch = torch._dynamo.config.patch(**settings)
+        patch.__enter__()
+        return partial(patch.__exit__, None, None, None)
+
+    return change
+
 
 def run(enabled, fn, *args, **kwargs):
     """``fn(*args, **kwargs)``, compiled when ``enabled`` (a module's ``ext_compile`` attribute), traced with
@@ -69,8 +93,14 @@ def run(enabled, fn, *args, **kwargs):
     def call():
         if torch.compiler.is_compiling():
             return compiled(fn)(*args, **kwargs)
-        with torch._dynamo.config.patch(**CORE_TRACING):
+        key = tuple(sorted(CORE_TRACING.items()))
+        if key not in _PATCHERS:
+            _PATCHERS[key] = _patcher(dict(key))
+        undo = _PATCHERS[key]()
+        try:
             return compiled(fn)(*args, **kwargs)
+        finally:
+            undo()
 
     return _call_compiled("ext_compile", fn, call)
 

@@ -236,10 +236,19 @@ def test_run_is_eager_when_off_and_builds_once(monkeypatch):
     assert ext_compile.compiled(directional_softmax) is ext_compile.compiled(directional_softmax)
 
 
-def test_a_cores_settings_are_constants_of_its_graph(monkeypatch):
+@pytest.mark.parametrize("patcher", ["torch's", "config.patch"])
+def test_a_cores_settings_are_constants_of_its_graph(monkeypatch, patcher):
     """With ``dynamic=True`` Dynamo makes int and float arguments symbolic graph inputs; a core's are a model's
     settings, so ext_compile.run compiles them in (CORE_TRACING): li2019's graph takes the tensors and the two
-    dynamic sizes (batch, length) only, not H, N, the variance floor or the routing's constants."""
+    dynamic sizes (batch, length) only, not H, N, the variance floor or the routing's constants.  Both ways of
+    setting them (torch's lower-cost patcher, and the context manager where a torch lacks it) do so, and the
+    settings are as they were after the call."""
+    patchers = {}
+    if patcher == "config.patch":
+        patchers[tuple(sorted(ext_compile.CORE_TRACING.items()))] = ext_compile._context_patcher(ext_compile.CORE_TRACING)
+    monkeypatch.setattr(ext_compile, "_PATCHERS", patchers)
+    before = {name: getattr(torch._dynamo.config, name) for name in ext_compile.CORE_TRACING}
+    assert before != ext_compile.CORE_TRACING  # torch's defaults: else this test would not see the settings work
     inputs = []
 
     def backend(graph, example_inputs):
@@ -258,6 +267,7 @@ def test_a_cores_settings_are_constants_of_its_graph(monkeypatch):
     [names] = inputs
     tensors = {"l_context_", "l_input_weight_", "l_input_bias_", "l_vote_weight_", "l_beta_a_", "l_beta_u_"}
     assert tensors <= set(names) and len(names) == len(tensors) + 2, names
+    assert {name: getattr(torch._dynamo.config, name) for name in ext_compile.CORE_TRACING} == before
 
 
 def test_a_compile_failure_names_the_option(monkeypatch):
