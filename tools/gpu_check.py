@@ -987,6 +987,32 @@ def plan_cases(costs, base_cost, candidates, passes, block, seconds):
     return chosen, estimate
 
 
+def run_costs(first, min_run_s, overhead=0.0):
+    """``(copies, costs)``: the test set's copies per timed run, so that the fastest of ``first`` (one run's
+    seconds on the test set, per job) takes ``min_run_s`` at least, and each job's estimated seconds per timed
+    run, with the ``overhead`` of a run outside its time (the collection before it) added."""
+    copies = max(1, math.ceil(min_run_s / min(first.values()))) if min_run_s > 0 else 1
+    return copies, {name: seconds * copies + overhead for name, seconds in first.items()}
+
+
+def warm_another(first, base, warm_s, passes, block, min_run_s, left, overhead=0.0):
+    """Whether a group's next candidate is still worth its warm-up (loading, compiling, one run on the test set)
+    with ``left`` seconds of the group's time to go.  It is when, after a warm-up as long as the longest of the
+    group's candidates so far (``warm_s``, seconds each), the candidate would still join the timed schedule at a
+    run as cheap as the baseline's without pushing out any warmed candidate that fits now.  Otherwise its warm-up
+    would only take time from the runs of those (a compiled group once spent its whole share compiling five
+    cases and timed none).  ``first``: one run's seconds per warmed job, the baseline ``base`` first;
+    ``overhead``: as in :func:`run_costs`."""
+    if base not in first:
+        return True
+    _, costs = run_costs(first, min_run_s, overhead)
+    candidates = [name for name in first if name != base]
+    now, _ = plan_cases(costs, costs[base], candidates, passes, block, 0.9 * left)
+    after = left - max(warm_s, default=0.0)
+    later, _ = plan_cases({**costs, None: costs[base]}, costs[base], candidates + [None], passes, block, 0.9 * after)
+    return None in later and set(now) <= set(later)
+
+
 def _warm_model_building():
     """Pays a process's one-off costs of building its first model before any time is measured: OpenNMT-py
     builds embeddings through ``torch.nn.utils.skip_init``, whose first call imports torch's compiler stack
@@ -1050,6 +1076,8 @@ def child_translate_many(result_file, head, argv):
         return engines[key]
 
     def once(job, source, group):
+        """``(seconds, wall)``: the run's time, and the call's in all (loading the model, the collection)."""
+        began = time.perf_counter()
         engine = engine_for(job, group)
         engine.opt.src = str(source)
         # every run starts from the same collector state, outside its time; what survives is frozen (the engines
@@ -1059,7 +1087,8 @@ def child_translate_many(result_file, head, argv):
         gc.freeze()
         start = time.perf_counter()
         engine.infer_file()
-        return time.perf_counter() - start
+        end = time.perf_counter()
+        return end - start, end - began
 
     for group in groups:
         began = time.monotonic()
@@ -1069,32 +1098,43 @@ def child_translate_many(result_file, head, argv):
             record({"group": key, "phase": "skipped", "reason": f"budget ({share:.0f} s left)"})
             continue
         jobs, base = group["jobs"], group["baseline"]
-        source, first = Path(group["source"]), {}
+        source, first, warm_s, overheads = Path(group["source"]), {}, [], []
         for job in jobs:  # untimed (compiles), then timed on the test set once: the cost of a run
-            if time.monotonic() > group_deadline:
+            left = group_deadline - time.monotonic()
+            overhead = statistics.median(overheads) if overheads else 0.0
+            if left < 0:
                 break
-            warm = once(job, source, key)
-            first[job["name"]] = once(job, source, key)
+            if not warm_another(first, base, warm_s, group["passes"], group["block"], min_run_s, left, overhead):
+                record({"group": key, "phase": "warm-stop", "warmed": len(warm_s),
+                        "longest_s": max(warm_s, default=0.0), "left_s": left})
+                break
+            began_warm = time.monotonic()
+            warm, _ = once(job, source, key)
+            first[job["name"]], wall = once(job, source, key)
+            overheads.append(wall - first[job["name"]])
+            if job["name"] != base:
+                warm_s.append(time.monotonic() - began_warm)
             record({"group": key, "phase": "warmup", "name": job["name"], "seconds": warm,
                     "estimate": first[job["name"]]})
         if base not in first:
             record({"group": key, "phase": "skipped", "reason": "budget (spent loading and warming up)"})
             continue
-        copies = max(1, math.ceil(min_run_s / min(first.values()))) if min_run_s > 0 else 1
-        costs = {name: seconds * copies for name, seconds in first.items()}
+        overhead = statistics.median(overheads)
+        copies, costs = run_costs(first, min_run_s, overhead)
         candidates = [job["name"] for job in jobs if job["name"] != base and job["name"] in first]
         left = group_deadline - time.monotonic()
         chosen, estimate = plan_cases(costs, costs[base], candidates, group["passes"], group["block"], 0.9 * left)
         record({"group": key, "phase": "plan", "copies": copies, "chosen": chosen, "estimate_s": estimate,
-                "left_s": left, "costs": costs, "sentences": copies * group["sentences"]})
+                "left_s": left, "costs": costs, "overhead_s": overhead, "sentences": copies * group["sentences"]})
         repeated = timed_runs.repeated_file(source, copies)  # never an earlier run's copy of another test set
         by_name = {job["name"]: job for job in jobs}
         for index, name in enumerate(timed_runs.translation_schedule([base, *chosen], base, group["passes"],
                                                                 group["block"])):
             if time.monotonic() > group_deadline:
                 break
-            record({"group": key, "phase": "timed", "index": index, "name": name,
-                    "seconds": once(by_name[name], repeated, key)})
+            seconds, wall = once(by_name[name], repeated, key)
+            record({"group": key, "phase": "timed", "index": index, "name": name, "seconds": seconds,
+                    "wall_s": wall})
         record({"group": key, "phase": "end", "seconds": time.monotonic() - began, "ended": time.monotonic()})
     Path(result_file).write_text(json.dumps({"done": True}), encoding="utf-8")
 
@@ -1172,10 +1212,18 @@ def _group_figures(args, group, rows, jobs, runs, stopped):
     group["warmup_s"] = {run["name"]: round(run["seconds"], 2) for run in mine if run["phase"] == "warmup"}
     group["models_reused"] = sorted(run["name"] for run in mine if run["phase"] == "model" and run["reused"])
     group["seconds"] = round(ends[0], 1) if ends else None
+    if timed:  # where the group's time went: its timed runs, and around each of them (the collection before it)
+        group["timed_s"] = round(sum(run["seconds"] for run in timed), 2)
+        group["run_overhead_s"] = round(statistics.median(run["wall_s"] - run["seconds"] for run in timed), 3)
     if plan:
         group.update(sentences_per_run=plan["sentences"], planned_s=round(plan["estimate_s"], 1),
                      chosen=plan["chosen"])
     skipped = next((run for run in mine if run["phase"] == "skipped"), None)
+    warm_stop = next((run for run in mine if run["phase"] == "warm-stop"), None)
+    not_warmed = "budget: not warmed up in time"
+    if warm_stop:
+        not_warmed = (f"budget: not warmed up (with {warm_stop['left_s']:.0f} s left, a warm-up as long as the "
+                      f"group's longest, {warm_stop['longest_s']:.1f} s, would leave no room for its runs)")
     if skipped:
         group.update(status="not run", reason=skipped["reason"])
     elif ends and plan:
@@ -1195,7 +1243,7 @@ def _group_figures(args, group, rows, jobs, runs, stopped):
                 cost = plan["costs"].get(label)
                 row.update(status="not run", reason="budget: not chosen for this group (a run takes about "
                                                     f"{cost:.1f} s; {plan['left_s']:.0f} s were left)"
-                           if cost else "budget: not warmed up in time")
+                           if cost else not_warmed)
             else:
                 row.update(status=group["status"] if group["status"] in ("failed", "not run") else "not run",
                            reason=group.get("reason", "budget: no timed run"))
@@ -1537,7 +1585,10 @@ def markdown(report):
         for group in c.get("groups", []):
             lines.append(f"- {group['search']}, {group['mode']}: {group.get('status')}"
                          + (f" ({group['reason']})" if group.get("reason") else "")
-                         + f", {fmt(group.get('seconds'), 0)} s, {fmt(group.get('sentences_per_run'))} sentences "
+                         + f", {fmt(group.get('seconds'), 0)} s ({fmt(group.get('timed_s'), 1)} s timed, "
+                           f"{fmt(group.get('planned_s'), 1)} s planned; {fmt(group.get('run_overhead_s'), 2)} s "
+                           "around each timed run), "
+                           f"{fmt(group.get('sentences_per_run'))} sentences "
                            f"per run, {len(group.get('models_reused', []))} models reused from the other search; "
                            f"compilation: {group['compile']}; `{group['command']}`")
         if c.get("rows"):

@@ -176,6 +176,8 @@ def test_dry_run_measures_every_row(dry_run):
                                                        "greedy-compiled"}
     for group in c["groups"]:
         assert group["status"] == "ran", group
+        # where the group's time went: its timed runs, less than all of it (seconds: one decimal), and around each
+        assert 0 < group["timed_s"] < group["seconds"] + 0.05 and 0 <= group["run_overhead_s"] < group["timed_s"]
         assert group["command"].startswith("onmt_translate -model ")
         assert "-min_length" in group["command"] and "-max_length" in group["command"]
         assert group["compile"] == ("none (eager)" if group["mode"] == "eager"
@@ -383,6 +385,27 @@ def test_plan_cases_keeps_priority_and_fits():
     chosen, estimate = gpu_check.plan_cases(costs, 2.0, ["aa", "slow", "fast"], passes=6, block=2, seconds=40)
     assert chosen == ["aa", "fast"] and estimate == 6 * (2 + 2 + 2) + 2
     assert gpu_check.plan_cases(costs, 2.0, ["aa"], passes=6, block=2, seconds=10) == ([], 0.0)
+
+
+def test_a_group_warms_up_a_candidate_only_while_its_runs_could_still_fit():
+    """The compiled beam-4 group of the c8ab26d H200 run compiled five cases (0.6 to 18 s each) and had no time
+    left to time any.  Figures of that kind: the baseline runs the test set in 0.4 s, EM in 0.6 s, so with 2-s runs
+    (5 copies) a run costs 2 and 3 s; EM's warm-up took 14.6 s."""
+    first, warm, gate = {"B": 0.4, "em": 0.6}, [14.6], gpu_check.warm_another
+    assert gpu_check.run_costs(first, 2.0) == (5, {"B": 2.0, "em": 3.0})
+    # 40 s left: EM's schedule fits (6 passes of 3 + 2 s, and one more baseline run: 32 s); after another 14.6-s
+    # warm-up neither EM's nor a new case's would
+    assert not gate(first, "B", warm, passes=6, block=2, min_run_s=2.0, left=40.0)
+    assert gate(first, "B", warm, passes=6, block=2, min_run_s=2.0, left=80.0)  # EM and one more fit (44 s)
+    # a new case that would fit only by pushing out EM is not warmed either
+    assert not gate(first, "B", [1.0], passes=6, block=2, min_run_s=2.0, left=36.0)
+    # an eager group, whose warm-ups take a second: a third case while its runs fit (6 copies: runs of 2.1, 2.1,
+    # 2.4 s and one more of 2.1 take 67 s with their baseline runs), not when only two cases' do
+    eager = {"B": 0.35, "aa": 0.35, "em": 0.4}
+    assert gate(eager, "B", [0.7, 0.8], passes=6, block=2, min_run_s=2.0, left=90.0)
+    assert not gate(eager, "B", [0.7, 0.8], passes=6, block=2, min_run_s=2.0, left=60.0)
+    assert gate({}, "B", [], passes=6, block=2, min_run_s=2.0, left=1.0)
+    assert gate({"B": 0.4}, "B", [], passes=6, block=2, min_run_s=2.0, left=30.0)
 
 
 def test_schedule_blocks_and_nearest_baselines():
