@@ -36,6 +36,7 @@ AUTOCAST_VARIABLE = "ONMT_EXT_TEST_AUTOCAST"
 #: ``ONMT_EXT_TEST_CONFIGS``: comma-separated smoke configs (relative to yaml_configs/smoke/) to restrict the
 #: property suite to.
 CONFIGS_VARIABLE = "ONMT_EXT_TEST_CONFIGS"
+SHARD_VARIABLE = "ONMT_EXT_TEST_CONSOLE_SHARD"
 
 AUTOCAST_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -64,6 +65,18 @@ def autocast(device):
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def console_shard(items):
+    """The share of ``items`` (a list) that ``ONMT_EXT_TEST_CONSOLE_SHARD=k/n`` names: every n-th from the k-th
+    (0-based), so that n processes with k = 0 .. n-1 run each item once; all of them when the variable is unset."""
+    value = os.environ.get(SHARD_VARIABLE, "").strip()
+    if not value:
+        return items
+    k, _, n = value.partition("/")
+    if not (k.isdigit() and n.isdigit() and int(k) < int(n)):
+        raise ValueError(f"{SHARD_VARIABLE}={value!r}: expected k/n with 0 <= k < n, e.g. 0/3")
+    return items[int(k)::int(n)]
 
 
 def selected_smoke_configs():

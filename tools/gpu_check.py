@@ -165,58 +165,105 @@ def junit_counts(path):
     return counts
 
 
+#: the suite's variable that shares its console-script checks (5-6) among processes (tests/support.py)
+CONSOLE_SHARD_VARIABLE = "ONMT_EXT_TEST_CONSOLE_SHARD"
+
+
+def property_processes(args):
+    """Section a's pytest processes: ``(dtype, share, pytest's selection, extra environment, file stem)`` each.
+
+    The in-process checks (1-4) of every dtype run in one process each.  The console-script checks (5-6) run
+    in fp32 only (the suite skips them under autocast); each trains a model through ``onmt_train`` and translates
+    through ``onmt_translate``, the slowest checks of the suite (docs/gpu-check.md, section a), so
+    ``--console-shards`` processes share them (none: they are left out, as in the dry run).
+    """
+    dtypes = TINY_PROPERTY_DTYPES if args.tiny else PROPERTY_DTYPES
+    shards = args.console_shards
+    processes = []
+    for dtype in dtypes:
+        stem = f"properties-{dtype}"
+        if not shards:
+            processes.append((dtype, "checks 1-4", ["-m", "not slow"], {}, stem))
+        elif dtype != "none":
+            processes.append((dtype, "", [], {}, stem))
+        else:
+            processes.append((dtype, "checks 1-4", ["-m", "not slow"], {}, stem))
+            processes += [(dtype, f"checks 5-6, share {k + 1} of {shards}", ["-m", "slow"],
+                           {CONSOLE_SHARD_VARIABLE: f"{k}/{shards}"}, f"{stem}-console-{k + 1}-of-{shards}")
+                          for k in range(shards)]
+    return processes
+
+
 def start_section_a(args, work):
-    """Starts one pytest process per dtype, all at once on the one device, each with an even share of the CPU
-    threads; returns what :func:`finish_section_a` needs."""
+    """Starts section a's pytest processes (:func:`property_processes`), all at once on the one device, each with
+    an even share of the CPU threads; returns what :func:`finish_section_a` needs."""
     result = {"title": "decoding properties", "runs": []}
     configs = TINY_PROPERTY_CONFIGS if args.tiny else PROPERTY_CONFIGS
-    dtypes = TINY_PROPERTY_DTYPES if args.tiny else PROPERTY_DTYPES
-    threads = max(1, (os.cpu_count() or 1) // len(dtypes))
+    processes = property_processes(args)
+    threads = max(1, (os.cpu_count() or 1) // len(processes))
     started = []
-    for dtype in dtypes:
+    for dtype, share, selection, extra, stem in processes:
         env = dict(os.environ, ONMT_EXT_TEST_DEVICE=args.device, ONMT_EXT_TEST_AUTOCAST=dtype,
                    ONMT_EXT_TEST_CONFIGS=",".join(configs), OMP_NUM_THREADS=str(threads),
-                   MKL_NUM_THREADS=str(threads))
-        xml, log = work / f"properties-{dtype}.xml", work / f"properties-{dtype}.log"
-        # the dry run leaves out the suite's slow tier (the console-script checks, which train a model first)
-        tier = ["-m", "not slow"] if args.tiny else []
-        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", PROPERTY_TEST, *tier,
+                   MKL_NUM_THREADS=str(threads), **extra)
+        xml, log = work / f"{stem}.xml", work / f"{stem}.log"
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", PROPERTY_TEST, *selection,
                    f"--junitxml={xml}"]
-        shown = (f"ONMT_EXT_TEST_DEVICE={args.device} ONMT_EXT_TEST_AUTOCAST={dtype} "
-                 f"ONMT_EXT_TEST_CONFIGS={','.join(configs)} OMP_NUM_THREADS={threads} python -m pytest -q "
-                 f"{PROPERTY_TEST} {shlex.join(tier)}").rstrip()
-        run = {"dtype": "fp32" if dtype == "none" else dtype, "configs": list(configs), "command": shown,
-               "log": str(log)}
+        shown = " ".join([f"{name}={value}" for name, value in extra.items()]
+                         + [f"ONMT_EXT_TEST_DEVICE={args.device} ONMT_EXT_TEST_AUTOCAST={dtype} "
+                            f"ONMT_EXT_TEST_CONFIGS={','.join(configs)} OMP_NUM_THREADS={threads} python -m pytest "
+                            f"-q {PROPERTY_TEST} {shlex.join(selection)}".rstrip()])
+        run = {"dtype": "fp32" if dtype == "none" else dtype, "share": share, "configs": list(configs),
+               "command": shown, "log": str(log)}
         xml.unlink(missing_ok=True)
         with open(log, "w", encoding="utf-8") as out:
             child = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         started.append((run, child, xml, _now()))
         result["runs"].append(run)
-    print(f"== gpu-check a: properties, {', '.join(dtypes)} at once ({threads} threads each)", flush=True)
+    print(f"== gpu-check a: properties, {len(processes)} processes at once ({threads} threads each)", flush=True)
     return result, started
 
 
+#: pytest's exit status when its selection holds no test (a console share with no representative left)
+NO_TESTS = 5
+
+
+def _finished_run(run, code, xml, seconds):
+    """Fills ``run`` from its process's exit status ``code`` and JUnit report ``xml``."""
+    run["seconds"] = round(seconds, 1)
+    if code == NO_TESTS and (not xml.exists() or junit_counts(xml)["tests"] == 0):
+        run.update(status="empty", reason="no test in this share", passed=0, failed=0, errors=0, skipped=0,
+                   tests=0, failures=[])
+    elif not xml.exists():
+        run.update(status="failed", reason=f"pytest exited {code} without a report; see {run['log']}")
+    else:
+        run.update(junit_counts(xml))
+        run["status"] = "passed" if code == 0 and run["tests"] else "failed"
+
+
 def finish_section_a(result, started, deadline):
-    """Waits for section a's processes until the monotonic ``deadline`` (then stops them)."""
-    for run, child, xml, began in started:
-        try:
-            code = child.wait(timeout=max(0.1, deadline - _now()))
-        except subprocess.TimeoutExpired:
-            os.killpg(child.pid, 9)
-            child.wait()
-            code = None
+    """Waits for section a's processes until the monotonic ``deadline`` (then stops them); each run's seconds are
+    its own, to its exit."""
+    pending = list(started)
+    while pending and _now() < deadline:
+        for item in list(pending):
+            run, child, xml, began = item
+            if child.poll() is not None:
+                _finished_run(run, child.returncode, xml, _now() - began)
+                pending.remove(item)
+        time.sleep(0.1)
+    for run, child, xml, began in pending:
+        if child.poll() is not None:  # exited since the last look
+            _finished_run(run, child.returncode, xml, _now() - began)
+            continue
+        os.killpg(child.pid, 9)
+        child.wait()
         run["seconds"] = round(_now() - began, 1)
-        if code is None:
-            run.update(status="stopped", reason=f"not run: budget (stopped after {run['seconds']} s)")
-        elif not xml.exists():
-            run.update(status="failed", reason=f"pytest exited {code} without a report; see {run['log']}")
-        else:
-            run.update(junit_counts(xml))
-            run["status"] = "passed" if code == 0 and run["tests"] else "failed"
+        run.update(status="stopped", reason=f"not run: budget (stopped after {run['seconds']} s)")
     if "status" not in result:
         statuses = {run["status"] for run in result["runs"]}
-        result["status"] = "ran" if statuses <= {"passed", "failed"} else "partly run"
+        result["status"] = "ran" if statuses <= {"passed", "failed", "empty"} else "partly run"
     return result
 
 
@@ -1484,14 +1531,15 @@ def markdown(report):
     a = sections.get("a")
     if a:
         lines += [f"## a. Decoding properties ({a['status']}, {a.get('seconds', 0):.0f} s of {a['budget_s']:.0f}; "
-                  "the dtypes at once)", ""]
+                  "every process at once)", ""]
         if a.get("reason"):
             lines += [f"Not run: {a['reason']}.", ""]
         if a.get("runs"):
             lines += ["| dtype | passed | failed | errors | skipped | seconds | status | command |",
                       "|---|---:|---:|---:|---:|---:|---|---|"]
             for run in a["runs"]:
-                lines.append(f"| {run['dtype']} | {fmt(run.get('passed'))} | {fmt(run.get('failed'))} | "
+                dtype = run["dtype"] + (f" ({run['share']})" if run.get("share") else "")
+                lines.append(f"| {dtype} | {fmt(run.get('passed'))} | {fmt(run.get('failed'))} | "
                              f"{fmt(run.get('errors'))} | {fmt(run.get('skipped'))} | {fmt(run.get('seconds'), 1)} "
                              f"| {run['status']}{': ' + run['reason'] if run.get('reason') else ''} | "
                              f"`{run['command']}` |")
@@ -1671,6 +1719,8 @@ SIZED_OPTIONS = {
     "test_sentences": (int, 200, 16, "translation test set"),
     "translate_passes": (int, 6, 1, "timed runs of each case per group; 6 is the fewest with a 95%% interval"),
     "min_run_seconds": (float, 2.0, 0.0, "the test set is repeated until a timed run takes this long"),
+    "console_shards": (int, 6, 0, "section a's processes that share fp32's console-script checks (0: they are left "
+                                  "out)"),
     "compile_warmups": (int, 3, 0, "processes that compile the compiled rows ahead, while section a runs (the dry "
                                    "run's eager backend leaves nothing on disk to reuse)"),
 }
@@ -1743,9 +1793,10 @@ def parse_args(argv):
     if min(args.batch_size, args.paper_batch_size, args.case_batch_size, args.warmup_steps, args.steps,
            args.case_steps, args.profile_steps, args.test_sentences, args.translate_passes, args.translate_batch,
            args.translate_block, args.train_block, args.compile_warmup_steps) < 1 \
-            or args.num_workers < 0 or args.compile_warmups < 0 or args.output_length < 0 or args.min_run_seconds < 0:
+            or min(args.num_workers, args.compile_warmups, args.console_shards, args.output_length,
+                   args.min_run_seconds) < 0:
         parser.error("sizes, steps, sentences and passes must be >= 1, --num-workers, --compile-warmups, "
-                     "--output-length and --min-run-seconds >= 0")
+                     "--console-shards, --output-length and --min-run-seconds >= 0")
     if args.steps % args.warmup_steps or args.case_steps % args.warmup_steps:
         parser.error("--steps and --case-steps must be multiples of --warmup-steps (the report interval)")
     if any(getattr(args, f"budget_{name}") <= 0 for name in "abc"):

@@ -26,7 +26,8 @@ switches on most) and of ``combined/all_mechanisms.yaml`` are in the default
 tier; the other configs' 1-4 and every 5-6 are marked ``slow``.  The
 environment picks the device, the autocast dtype and the configs
 (``ONMT_EXT_TEST_DEVICE``, ``ONMT_EXT_TEST_AUTOCAST``, ``ONMT_EXT_TEST_CONFIGS``);
-configs named there run 1-4 in the default tier.
+configs named there run 1-4 in the default tier.  ``ONMT_EXT_TEST_CONSOLE_SHARD=k/n``
+shares 5-6 among n processes.
 
 Collection parses no option: groups and features come from the raw YAML
 (see ``_raw_features``); the console-script fixture checks, on the parsed
@@ -389,8 +390,9 @@ def _check_covers(rep, covered):
 
 
 def _console_params():
-    return [pytest.param(rep, id="+".join(map(_id, covered)), marks=pytest.mark.slow)
-            for rep, covered in CODE_PATHS.items()]
+    """One slow param per representative; ``ONMT_EXT_TEST_CONSOLE_SHARD=k/n`` keeps every n-th of them."""
+    return support.console_shard([pytest.param(rep, id="+".join(map(_id, covered)), marks=pytest.mark.slow)
+                                  for rep, covered in CODE_PATHS.items()])
 
 
 @pytest.fixture(scope="module", params=_console_params())

@@ -9,6 +9,7 @@ rows: every row must then be measured, with finite, positive figures.
 
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -292,6 +293,65 @@ def test_junit_counts(tmp_path):
     counts = gpu_check.junit_counts(xml)
     assert (counts["passed"], counts["failed"], counts["skipped"], counts["errors"], counts["tests"]) == (1, 1, 1, 1, 4)
     assert counts["failures"] == ["m::b", "m::d"]
+
+
+def test_section_a_shares_fp32s_console_checks():
+    """On a GPU, fp32's console-script checks (which train and translate through the console scripts, the
+    slowest of the suite: the H100's and H200's fp32 runs never finished in section a) are shared among
+    --console-shards processes beside its in-process checks; the dry run leaves them out, as before."""
+    gpu = gpu_check.property_processes(gpu_check.parse_args([]))
+    assert [(dtype, selection, extra) for dtype, _, selection, extra, _ in gpu] == [
+        ("none", ["-m", "not slow"], {}),
+        *[("none", ["-m", "slow"], {gpu_check.CONSOLE_SHARD_VARIABLE: f"{k}/6"}) for k in range(6)],
+        ("fp16", [], {}), ("bf16", [], {})]
+    assert len({stem for *_, stem in gpu}) == len(gpu) and gpu[0][-1] == "properties-none"
+    tiny = gpu_check.property_processes(gpu_check.parse_args(["--tiny"]))
+    assert [(dtype, selection) for dtype, _, selection, _, _ in tiny] == [("none", ["-m", "not slow"]),
+                                                                          ("bf16", ["-m", "not slow"])]
+    assert len(gpu_check.property_processes(gpu_check.parse_args(["--console-shards", "2"]))) == 5
+    with pytest.raises(SystemExit):
+        gpu_check.parse_args(["--console-shards", "-1"])
+
+
+@pytest.mark.slow  # five collections of the suite
+def test_console_shares_cover_the_console_checks_once():
+    """The suite's ONMT_EXT_TEST_CONSOLE_SHARD=k/n (what section a's shares set): with section a's configs, the
+    shares' console-script checks are disjoint and together all of them; a bad value stops the collection."""
+    def collected(shard):
+        env = {**os.environ, "ONMT_EXT_TEST_CONFIGS": ",".join(gpu_check.PROPERTY_CONFIGS),
+               gpu_check.CONSOLE_SHARD_VARIABLE: shard}
+        done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                               "-m", "slow", gpu_check.PROPERTY_TEST], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=300)
+        return [line for line in done.stdout.splitlines() if "::" in line], done
+
+    everything, _ = collected("")
+    shares = [collected(f"{k}/4")[0] for k in range(4)]
+    assert len(everything) == 12 and sorted(sum(shares, [])) == sorted(everything)  # 6 representatives x 2
+    _, bad = collected("4/4")
+    assert bad.returncode != 0 and "ONMT_EXT_TEST_CONSOLE_SHARD='4/4': expected k/n" in bad.stdout
+
+
+def test_section_a_times_each_process_to_its_own_exit(tmp_path):
+    """finish_section_a: a process's seconds run to its own exit, not to the last one's; a share with no test
+    (pytest's status 5) is "empty", not failed; a process past the deadline is stopped."""
+    xml = tmp_path / "passed.xml"
+    xml.write_text('<testsuites><testsuite><testcase classname="m" name="a"/></testsuite></testsuites>')
+    processes = {"passed": "import sys; sys.exit(0)", "empty": "import sys; sys.exit(5)",
+                 "slow": "import time; time.sleep(30)", "late": "import time; time.sleep(1.5)"}
+    result, started, began = {"runs": []}, [], gpu_check._now()
+    for name, code in processes.items():
+        run = {"dtype": name, "log": "-"}
+        child = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+        started.append((run, child, xml if name == "passed" else tmp_path / f"{name}.xml", gpu_check._now()))
+        result["runs"].append(run)
+    gpu_check.finish_section_a(result, started, began + 4.0)
+    runs = {run["dtype"]: run for run in result["runs"]}
+    assert runs["passed"]["status"] == "passed" and runs["passed"]["passed"] == 1
+    assert runs["empty"]["status"] == "empty" and runs["empty"]["tests"] == 0
+    assert runs["slow"]["status"] == "stopped" and runs["slow"]["seconds"] >= 3.9
+    assert runs["late"]["status"] == "failed" and 1.4 < runs["late"]["seconds"] < runs["slow"]["seconds"]
+    assert runs["passed"]["seconds"] < 1.4 and result["status"] == "partly run"
 
 
 def test_gpu_configs_parse_strictly(tmp_path, onmt_active, monkeypatch):
