@@ -1430,9 +1430,10 @@ def _target(measure, target, measured, at_least=True):
             "met": met}
 
 
-def targets_table(sections, on_gpu):
+def targets_table(sections, on_gpu, batch_tokens):
     """The targets of issues 29 (decoding, training ratios) and 35 (the GPU-bound baseline) beside what this run
-    measured (met: None off a GPU, where they do not apply)."""
+    measured (met: None off a GPU, where they do not apply); ``batch_tokens``: the small and the paper's batch
+    (section b's, which names them when it ran)."""
     rows = []
     b, c = sections.get("b", {}), sections.get("c", {})
     train = {row["key"]: row for row in b.get("rows", [])}
@@ -1441,7 +1442,7 @@ def targets_table(sections, on_gpu):
         row = train.get(f"{group}|{case}|{mode}|{batch}", {})
         return row.get(field) if row.get("status") == "measured" else None
 
-    small, paper = b.get("batch_tokens", (None, None))
+    small, paper = b.get("batch_tokens", batch_tokens)
     tokens = measured(FRESH_EXT, "onmt-ext baseline", paper, "tokens_per_s")
     rows.append(_target(f"baseline target tok/s, {paper}-token batches in one pass (the paper's update), the "
                         "config's model_dtype, onmt-ext, users' data path", BASELINE_TOKENS_TARGET, tokens))
@@ -1930,7 +1931,7 @@ def main(argv=None):
         "settings": {key: str(value) for key, value in vars(args).items()},
         "parts": schedule.parts, "sections": sections,
     }
-    report["targets"] = targets_table(sections, cuda)
+    report["targets"] = targets_table(sections, cuda, (args.batch_size, args.paper_batch_size))
     args.out.mkdir(parents=True, exist_ok=True)
     name = report_name(info, args)
     (args.out / f"{name}.json").write_text(json.dumps(report, indent=1, default=str) + "\n", encoding="utf-8")

@@ -332,6 +332,14 @@ def test_console_shares_cover_the_console_checks_once():
     assert bad.returncode != 0 and "ONMT_EXT_TEST_CONSOLE_SHARD='4/4': expected k/n" in bad.stdout
 
 
+def test_targets_name_the_batch_sizes_without_section_b():
+    """A run of section a alone still names the batches of issue 35's targets (it wrote "None tokens")."""
+    measures = [row["measure"] for row in gpu_check.targets_table({}, False, (512, 2048))]
+    assert not any("None" in measure for measure in measures), measures
+    assert any("2048-token batches" in measure for measure in measures)
+    assert any("512 tokens" in measure for measure in measures)
+
+
 def test_section_a_times_each_process_to_its_own_exit(tmp_path):
     """finish_section_a: a process's seconds run to its own exit, not to the last one's; a share with no test
     (pytest's status 5) is "empty", not failed; a process past the deadline is stopped."""
