@@ -832,12 +832,28 @@ def start_warm_up(args, work, entry, configs, repeat_cache, deadline):
 COMPILE_WARM_UP = "compile warm-up"
 
 
+def deal_by_paper(entries, processes):
+    """``entries`` (``(row, case, mode, extra)``) shared among ``processes`` lists, a paper's together (its config
+    directory), each group to the list with fewest entries: the ``-ext_compile_layers`` rows first, then the
+    largest.  A paper's cases share their cores (li2019's EM rows compile one graph), so in one process the first
+    case compiles it and the next reuse it; in two they would compile it twice, side by side.
+    """
+    groups = {}
+    for entry in entries:
+        _, case, mode, _ = entry
+        groups.setdefault(LAYERS if mode == LAYERS else case.config.split("/")[0], []).append(entry)
+    shares = [[] for _ in range(min(processes, len(groups)))]
+    for name, group in sorted(groups.items(), key=lambda item: (item[0] != LAYERS, -len(item[1]))):  # stable
+        min(shares, key=len).extend(group)
+    return shares
+
+
 def start_compile_warm_up(args, work, plan, configs, deadline):
     """Trains every compiled row of ``plan`` for ``--compile-warmup-steps`` steps, untimed, in
-    ``--compile-warmups`` processes side by side (rows dealt round), until the monotonic ``deadline`` (while
-    section a runs).  torch.compile keeps what it generates on disk (Inductor's FX graph and AOTAutograd caches,
-    and Triton's kernels), so the measured compiled runs of section b load their cores instead of compiling
-    them.  Returns ``(threads, rows)``: one row per case, filled in place as its run ends."""
+    ``--compile-warmups`` processes side by side (a paper's rows in one process: :func:`deal_by_paper`), until
+    the monotonic ``deadline`` (while section a runs).  torch.compile keeps what it generates on disk (Inductor's
+    FX graph and AOTAutograd caches, and Triton's kernels), so the measured compiled runs of section b load their
+    cores instead of compiling them.  Returns ``(threads, rows)``: one row per case, filled in place as its run ends."""
     compiled = [(row, case, mode, extra) for _, _, _, rows in plan for row, case, mode, extra in rows
                 if mode == "compiled" or mode == LAYERS and row["batch_tokens"] == args.batch_size]
     compiled.sort(key=lambda entry: entry[2] != LAYERS)  # the layers first (the small batch: the same graphs)
@@ -848,16 +864,15 @@ def start_compile_warm_up(args, work, plan, configs, deadline):
         mine = dict(row, key=f"{COMPILE_WARM_UP}|{row['key']}", group=COMPILE_WARM_UP, reference=None, target=None)
         configs[mine["key"]] = configs[row["key"]]  # the very config measured later: the same graphs
         entries.append((mine, case, mode, extra))
-    processes = min(args.compile_warmups, len(entries))
+    shares = deal_by_paper(entries, args.compile_warmups)
     threads = []
-    for number in range(processes):
-        share = entries[number::processes]
+    for number, share in enumerate(shares):
         thread = threading.Thread(target=run_training_process, daemon=True,
                                   args=(args, work, f"{COMPILE_WARM_UP} {number + 1}", {}, share, configs,
                                         {"compiled": deadline, "fresh": deadline}, args.compile_warmup_steps))
         thread.start()
         threads.append(thread)
-    print(f"== gpu-check b: compiling {len(entries)} compiled rows ahead in {processes} process(es), untimed, "
+    print(f"== gpu-check b: compiling {len(entries)} compiled rows ahead in {len(shares)} process(es), untimed, "
           "while section a runs", flush=True)
     return threads, [row for row, _, _, _ in entries]
 

@@ -340,6 +340,21 @@ def test_targets_name_the_batch_sizes_without_section_b():
     assert any("512 tokens" in measure for measure in measures)
 
 
+def test_compile_warm_ups_keep_a_papers_rows_together():
+    """The compiled rows compiled ahead: a paper's cases in one process, so that li2019's EM rows (one core graph)
+    compile it once and load it from the disk cache after; dealt round, EM on the encoder and Effective
+    Aggregation compiled it side by side in two processes.  -ext_compile_layers' row goes first."""
+    entries = [({}, case, "compiled", None) for case in gpu_check.MECHANISMS]
+    layers = ({}, gpu_check.BASELINE, gpu_check.LAYERS, None)
+    shares = gpu_check.deal_by_paper([*entries, layers], 3)
+    papers = [[case.config.split("/")[0] if mode != gpu_check.LAYERS else mode for _, case, mode, _ in share]
+              for share in shares]
+    assert papers == [[gpu_check.LAYERS, "cao2019", "clause"], ["li2019"] * 4, ["chen2019", "chen2019", "gret"]]
+    assert [case for _, case, _, _ in shares[1]] == list(gpu_check.MECHANISMS[:4])  # the plan's order kept
+    assert sorted(map(len, gpu_check.deal_by_paper(entries, 3))) == [2, 3, 4]
+    assert len(gpu_check.deal_by_paper(entries[:2], 3)) == 1  # one paper: one process
+
+
 def test_section_a_times_each_process_to_its_own_exit(tmp_path):
     """finish_section_a: a process's seconds run to its own exit, not to the last one's; a share with no test
     (pytest's status 5) is "empty", not failed; a process past the deadline is stopped."""
