@@ -66,9 +66,9 @@ def _patcher(settings):
     """A function that sets Dynamo's ``settings`` (a dict) for this thread and returns the function that undoes it.
 
     Dynamo reads its settings only when a call compiles, which the caller cannot foresee, so :func:`run` sets them
-    around every call.  ``torch._dynamo.config.patch`` costs tens of microseconds each time; torch's own
-    lower-cost patcher (the one a ``dynamic=True`` compiled function enters on every call) about ten
-    (results/bench/compile-time.md).  Where a torch lacks it: :func:`_context_patcher`.
+    around every call, with torch's own lower-cost patcher (the one a ``dynamic=True`` compiled function enters on
+    every call), several times cheaper than ``torch._dynamo.config.patch`` (results/bench/compile-time.md).  Where
+    a torch lacks it: :func:`_context_patcher`.
     """
     make = getattr(torch._dynamo.config, "_make_closure_patcher", None)
     return _context_patcher(settings) if make is None else make(**settings)

@@ -245,7 +245,8 @@ def test_a_cores_settings_are_constants_of_its_graph(monkeypatch, patcher):
     settings are as they were after the call."""
     patchers = {}
     if patcher == "config.patch":
-        patchers[tuple(sorted(ext_compile.CORE_TRACING.items()))] = ext_compile._context_patcher(ext_compile.CORE_TRACING)
+        key = tuple(sorted(ext_compile.CORE_TRACING.items()))
+        patchers[key] = ext_compile._context_patcher(ext_compile.CORE_TRACING)
     monkeypatch.setattr(ext_compile, "_PATCHERS", patchers)
     before = {name: getattr(torch._dynamo.config, name) for name in ext_compile.CORE_TRACING}
     assert before != ext_compile.CORE_TRACING  # torch's defaults: else this test would not see the settings work
