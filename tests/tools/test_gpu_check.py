@@ -34,7 +34,7 @@ def _positive(value):
 def dry_run(tmp_path_factory):
     support.ensure_sample_data()
     out = tmp_path_factory.mktemp("gpu-check")
-    budgets = {"a": 150, "b": 600, "c": 240}  # far above the defaults (22, 104, 50 s): a slow machine cuts no row
+    budgets = {"a": 150, "b": 600, "c": 240}  # far above the defaults (22, 112, 42 s): a slow machine cuts no row
     done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--fresh", "ext,stock,layers",
                            "--compile-warmups", "1",  # (none by default in the dry run)
                            "--case-steps", "4",  # (the dry run's default is --steps's 2: here they differ)
@@ -193,6 +193,14 @@ def test_dry_run_measures_every_row(dry_run):
     for row in c["rows"]:
         assert row["status"] == "measured", row
         assert _positive(row["sentences_per_s"]) and row["runs"] >= 1 and _positive(row["ratio"])
+        # the report keeps every timed run and every paired ratio: each ratio can be worked out again from them
+        group = next(group for group in c["groups"] if group["key"] == row["group"])
+        names = [name for name, _ in group["timed_runs"]]
+        assert len(group["timed_runs"]) == sum(run[0] == names[0] for run in group["timed_runs"]) + sum(
+            other["runs"] for other in c["rows"] if other["group"] == row["group"] and other["case"] != "baseline")
+        if row.get("ratios"):
+            assert len(row["run_ratios"]) == row["ratios"]
+            assert math.isclose(row["ratio"], statistics.median(row["run_ratios"]), rel_tol=1e-3)
 
 
 def test_dry_run_targets_have_issue_35s_rows(dry_run):
