@@ -4,7 +4,8 @@
 Usage: ``python tools/gpu_check.py [--device cuda|cpu] [--tiny] [--out DIR] [--commit REV] [--budget-a/-b/-c S]
 ...`` (``--help`` lists every option).
 
-a. the decoding-property suite in fp32, fp16 and bf16 at once (three pytest processes);
+a. the decoding-property suite in fp32, fp16 and bf16 at once (pytest processes: fp32's console-script checks
+   shared among several on a GPU);
 b. training at Transformer-Base: the onmt-ext baseline and stock OpenNMT-py (ONMT_EXT_DISABLE=1) each in a
    fresh process on the users' data path, then the baseline, an A/A control and every mechanism, eager and
    then compiled (-ext_compile), in one process that trains each case in turn;
@@ -1752,7 +1753,8 @@ def parse_args(argv):
     parser.add_argument("--tiny", action="store_true", help="toy size: smoke configs, a few steps and sentences")
     parser.add_argument("--out", type=Path, default=None,
                         help="report directory (default results/gpu on CUDA, build/gpu-check-tiny otherwise)")
-    parser.add_argument("--work", type=Path, default=None, help="models, data and logs (default build/gpu-check)")
+    parser.add_argument("--work", type=Path, default=None,
+                        help="models, data and logs (default build/gpu-check/work; off CUDA build/gpu-check-tiny/work)")
     parser.add_argument("--sections", default="abc", help="which sections to run (default abc)")
     parser.add_argument("--fresh-only", action="store_true",
                         help="section b's users'-path rows only (the fresh processes that --fresh names), with "
