@@ -103,7 +103,7 @@ WHEELS ?=
 OPTIONAL ?= $(if $(WHEELS),0,1)
 FORCE ?=
 PIP_INSTALL = $(PY) -m pip install --disable-pip-version-check $(if $(WHEELS),--no-index --find-links $(WHEELS))
-SETUP_INPUTS := requirements.txt requirements-torch.txt requirements-optional.txt pyproject.toml
+SETUP_INPUTS := requirements.txt requirements-torch.txt requirements-triton.txt requirements-optional.txt pyproject.toml
 
 # The stamp records the choice the venv was made with, one name=value a line.  `make setup` compares it with
 # this run's: the same choice and no newer input file: one line says so (FORCE=1 installs again); another TORCH,
@@ -171,6 +171,9 @@ else
 	@echo "== setup: 1/5 torch ($(TORCH)) and its dependencies (requirements-torch.txt)"
 	$(PIP_INSTALL) $(TORCH)
 	$(PIP_INSTALL) -r requirements-torch.txt
+	@$(PY) -c "import triton" 2>/dev/null || { \
+	  echo "== setup: this torch came without Triton (a CPU build): requirements-triton.txt, for the fused routing kernels' tests in Triton's interpreter"; \
+	  $(PIP_INSTALL) -r requirements-triton.txt $(if $(WHEELS),|| echo "== setup: no Triton wheel in $(WHEELS): the fused routing kernels' tests will be skipped"); }
 endif
 	@echo "== setup: 2/5 the pinned packages of requirements.txt"
 	$(PIP_INSTALL) -r requirements.txt

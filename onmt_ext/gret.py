@@ -21,7 +21,7 @@ from onmt_ext import compile as ext_compile
 from onmt_ext import initialisation
 from onmt_ext.options import EXT_TYPE, option, options_without_effect, register_mechanism
 from onmt_ext.patches import NEEDED, patch
-from onmt_ext.routing import simple_routing
+from onmt_ext.routing import prepare_kernels, simple_routing
 from onmt_ext.state import DecodingStateModule
 
 # OpenNMT-py is imported inside the functions: importing it while this module initialises would activate
@@ -94,6 +94,7 @@ class GlobalRepresentation(nn.Module):
             raise RuntimeError(f"GRET saw {len(seen)} encoder layer outputs, expected {self.used[-1] + 1}")
         hidden = torch.stack([seen[index] for index in self.used])  # (M, B, L, d)
         scorer = self.pool_scorer if self.pooling == "capsules" else None
+        prepare_kernels(hidden)
         pooled = ext_compile.run(
             self.ext_compile, global_summary, hidden, keep, self.norm_weight, self.norm_bias,
             getattr(self, "vote_maps", None), scorer[0].weight if scorer else None, scorer[0].bias if scorer else None,
@@ -130,7 +131,8 @@ def global_summary(hidden, keep, norm_weight, norm_bias, vote_maps, scorer_weigh
     maps = vote_maps.to(hidden.dtype).transpose(0, 1).reshape(hidden.size(-1), -1)  # (d, K * d_c)
     votes = (hidden @ maps).unflatten(-1, (capsules, capsule_dim))  # W_k h_i: (M, B, I, K, d_c)
     mask = keep.expand(hidden.size(0), *keep.shape)
-    capsule_out, _ = simple_routing(votes, iterations, normalize="inputs", mask=mask)  # (M, B, K, d_c)
+    capsule_out, _ = simple_routing(votes, iterations, normalize="inputs", mask=mask,
+                                    need_logits=False)  # (M, B, K, d_c)
     dtype = capsule_out.dtype
     scores = torch.nn.functional.linear(
         torch.relu(torch.nn.functional.linear(capsule_out, scorer_weight.to(dtype), scorer_bias.to(dtype))),

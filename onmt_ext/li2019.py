@@ -24,7 +24,7 @@ import torch.nn as nn
 from onmt_ext import compile as ext_compile
 from onmt_ext.options import (layers_check, model_size, option, options_without_effect, register_mechanism,
                               selected_layers, tensor_parallel_problems)
-from onmt_ext.routing import em_routing, recompute_in_backward, simple_routing
+from onmt_ext.routing import em_routing, prepare_kernels, recompute_in_backward, simple_routing
 
 METHODS = ("concat", "simple", "em")
 
@@ -78,6 +78,7 @@ class RoutingAggregation(nn.Module):
             nn.init.uniform_(weight, -bound, bound)
 
     def forward(self, context):
+        prepare_kernels(context)
         return ext_compile.run(self.ext_compile, aggregate_heads, context, self.input_weight, self.input_bias,
                                self.vote_weight, getattr(self, "beta_a", None), getattr(self, "beta_u", None),
                                heads=self.heads, capsules=self.capsules, method=self.method,
@@ -118,7 +119,7 @@ def _aggregate_heads(context, input_weight, input_bias, vote_weight, beta_a, bet
     votes = torch.bmm(capsules_in, vote_weight)  # eq. 6, (H, P, d)
     votes = votes.view(heads, positions, capsules, -1).transpose(0, 1)  # (P, H, N, d/N)
     if method == "simple":
-        out, _ = simple_routing(votes, iterations, normalize="outputs", weighted_mean=True)
+        out, _ = simple_routing(votes, iterations, normalize="outputs", weighted_mean=True, need_logits=False)
     else:
         out, _ = em_routing(votes, iterations, beta_a=beta_a, beta_u=beta_u)
     return out.reshape(batch, length, d_model)

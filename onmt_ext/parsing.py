@@ -218,6 +218,17 @@ def stock_option_problems(opt):
     return problems
 
 
+def environment_problems():
+    """Messages for onmt-ext's environment variables with a value they cannot take (empty: none)."""
+    from onmt_ext import routing
+
+    try:
+        routing.kernel_choice()
+    except ValueError as error:
+        return [f"{error}; unset it (auto) or set one of those (docs/kernels.md)"]
+    return []
+
+
 #: Set on a parser that parses strictly: a command's own, or one that :func:`strict` marked.
 _STRICT = "_onmt_ext_strict"
 
@@ -256,7 +267,7 @@ def _strict_parse_known_args(stock, self, args=None, namespace=None, **kwargs):
         names = names | _shared_config_names()
     problems = unknown_option_messages(unknown, names, argv) + _misspelt_dashes(self, unknown)
     if argv:
-        problems += stock_option_problems(opt)
+        problems += stock_option_problems(opt) + environment_problems()
     if hasattr(opt, "encoder_type") and argv:
         problems += check_options(opt) + save_format_problems(opt)
     if problems:

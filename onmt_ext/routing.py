@@ -7,15 +7,20 @@ capsule ``i`` for output capsule ``o``; leading dimensions (batch, positions,
 ...) are routed independently in one vectorised pass.  ``mask`` is
 ``(..., I)`` bool, True where input ``i`` takes part.
 
-Numerics: the routing runs in at least float32, also under autocast (votes are
-up-cast, autocast is off inside, outputs are cast back); masked votes are
-zeroed before use, norms and variances floored, EM densities in log space.
-Memory: :func:`recompute_in_backward` keeps only a routing's inputs for the
-backward pass and runs it again there (docs/li2019.md, *Memory*).
+Numerics: at least float32, also under autocast (votes up-cast, autocast off
+inside, outputs cast back); masked votes zeroed, norms and variances floored,
+EM densities in log space.  Memory: :func:`recompute_in_backward` (docs/li2019.md).
+Speed: on CUDA the problems that fit one Triton program go to the fused
+kernels of :mod:`onmt_ext.routing_triton` (:func:`kernel_choice`, docs/kernels.md).
 """
 
 import functools
+import importlib
 import math
+import os
+import sys
+import threading
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -124,6 +129,136 @@ def recompute_in_backward(fn, *args, **kwargs):
     return fn(*args, **kwargs)
 
 
+#: the environment variable that chooses the routing's implementation (:func:`kernel_choice`)
+KERNEL_VARIABLE = "ONMT_EXT_ROUTING_KERNEL"
+KERNEL_CHOICES = ("auto", "torch", "triton")
+
+
+def kernel_choice():
+    """``ONMT_EXT_ROUTING_KERNEL``: ``auto`` (unset: the fused Triton kernels for CUDA tensors, this module's
+    PyTorch code elsewhere), ``torch`` (this module's code everywhere: the reference, for debugging) or
+    ``triton`` (the kernels on every device; without CUDA through Triton's interpreter, for tests).  Problems
+    the kernels do not cover (:func:`_fused_kernels`) run this module's code under every choice."""
+    value = os.environ.get(KERNEL_VARIABLE, "").strip() or "auto"
+    if value not in KERNEL_CHOICES:
+        raise ValueError(f"{KERNEL_VARIABLE}={value!r} is not one of {', '.join(KERNEL_CHOICES)}")
+    return value
+
+
+_KERNEL_MODULE = "onmt_ext.routing_triton"
+_KERNELS = []  # the error that stopped their import
+
+
+def _fused_kernels(votes, mask=None, init_logits=None):
+    """:mod:`onmt_ext.routing_triton` where :func:`kernel_choice` and the call allow it, else None.
+
+    The kernels take votes ``(..., I, O, D)`` in float32, float16 or bfloat16 whose ``(I, O, D)`` fits one
+    program (:func:`onmt_ext.routing_triton.fits`), with a mask ``(..., I)`` of the votes' own leading shape
+    (not votes shared across problems) and starting logits ``(..., I, O)``.
+    """
+    choice = kernel_choice()
+    if choice == "torch" or (choice == "auto" and votes.device.type != "cuda"):
+        return None
+    if votes.dim() < 3 or votes.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return None
+    if mask is not None and tuple(mask.shape) != tuple(votes.shape[:-2]):
+        return None
+    if init_logits is not None and tuple(init_logits.shape) != tuple(votes.shape[:-1]):
+        return None
+    kernels = sys.modules.get(_KERNEL_MODULE) or _load_kernels()
+    return kernels if kernels is not None and kernels.fits(votes) else None
+
+
+def prepare_kernels(tensor):
+    """Import the fused kernels where routing on ``tensor``'s device would use them: a module calls it with its
+    input before its core, which ``-ext_compile`` traces, and a trace cannot import them."""
+    if _KERNEL_MODULE not in sys.modules and (tensor.device.type == "cuda" or kernel_choice() == "triton"):
+        _load_kernels()
+
+
+def _load_kernels():
+    """Import :mod:`onmt_ext.routing_triton`, once; None without Triton (one warning), or inside
+    ``torch.compile``'s trace, which cannot import (:func:`prepare_kernels`)."""
+    if _KERNELS or torch.compiler.is_compiling():
+        return None
+    try:
+        return importlib.import_module(_KERNEL_MODULE)
+    except ImportError as error:  # a CUDA torch without Triton
+        warnings.warn(f"onmt-ext: the fused routing kernels need Triton ({error}); routing runs unfused")
+        _KERNELS.append(error)
+        return None
+
+
+_TRUSTED = {}
+
+
+def _kernels_trusted(name, votes, fused, reference, extras):
+    """Whether the fused kernels may route ``votes`` as ``name`` (a string of the settings): checked once per
+    name, shape of one problem, dtype and device, on its first eager call.
+
+    The check routes 3 random problems of that shape through ``fused`` and ``reference`` (callables of
+    ``(votes, *extras())``, ``extras()`` the other inputs of 3 random problems, or None) and compares
+    outputs and gradients with the reference in float64: the kernels may be no further from it than 4 times
+    the reference in the votes' dtype, or the dtype's rounding.  A kernel that fails to compile or to agree is
+    named in one warning and the routing runs unfused for that call's kind.  Inside ``torch.compile``'s trace
+    nothing can run, and the kernels are used unchecked.
+    """
+    key = (name, tuple(votes.shape[-3:]), votes.dtype, votes.device.type)
+    if key not in _TRUSTED:
+        if torch.compiler.is_compiling():
+            return True
+        problem = f"{name} routing of ({', '.join(map(str, key[1]))}) votes in {votes.dtype} on {votes.device.type}"
+        failure = _isolated(_kernel_disagreement, votes, fused, reference, extras)
+        if failure:
+            warnings.warn(f"onmt-ext: the fused kernel for {problem} failed its first-use check ({failure}); this "
+                          f"routing runs unfused (docs/kernels.md)")
+        _TRUSTED[key] = failure is None
+    return _TRUSTED[key]
+
+
+def _isolated(check, *args):
+    """``check(*args)`` in a thread of its own, with grad mode on and autocast off (thread-local states): the
+    caller's autograd context (a checkpoint's saved-tensor hooks, no_grad, autocast) sees nothing of it.
+    Returns its result, or the first line of what it raised."""
+    result = {}
+
+    def target():
+        try:
+            with torch.enable_grad():
+                result["value"] = check(*args)
+        except Exception as error:  # a kernel that does not compile on this device, or its launch
+            text = str(error).strip()
+            result["value"] = f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+
+    thread = threading.Thread(target=target, name="onmt-ext routing kernel check")
+    thread.start()
+    thread.join()
+    return result["value"]
+
+
+def _kernel_disagreement(votes, fused, reference, extras):
+    """What :func:`_kernels_trusted` found wrong, or None."""
+    generator = torch.Generator().manual_seed(0)
+    sample = torch.randn(3, *votes.shape[-3:], generator=generator)
+    unit = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}.get(votes.dtype, 1e-5)
+    runs = []
+    others = extras()
+    for fn, dtype in ((fused, votes.dtype), (reference, votes.dtype), (reference, torch.float64)):
+        inputs = [x if x is None else x.to(votes.device, dtype if x.is_floating_point() else x.dtype)
+                  .requires_grad_(x.is_floating_point()) for x in [sample, *others]]
+        outputs = [out for out in fn(*inputs) if out is not None]
+        weights = torch.Generator().manual_seed(1)
+        loss = sum((out * torch.randn(out.shape, generator=weights).to(out)).sum() for out in outputs)
+        floating = [x for x in inputs if x is not None and x.requires_grad]
+        runs.append([out.detach() for out in outputs] + list(torch.autograd.grad(loss, floating)))
+    for index, (got, reference_value, truth) in enumerate(zip(*runs)):
+        error = (got.double() - truth).abs().max().item()
+        allowed = 4 * (reference_value.double() - truth).abs().max().item() + unit * max(truth.abs().max().item(), 1)
+        if not error <= allowed:
+            return f"result {index} is {error:.3g} from the float64 reference, {allowed:.3g} allowed"
+    return None
+
+
 def _positive(total):
     """A coupling total as a denominator, floored at ``_MIN_TOTAL``.
 
@@ -204,7 +339,8 @@ def coupling_coefficients(logits, normalize="outputs", mask=None):
 
 
 @without_autocast
-def simple_routing(votes, iterations=3, *, normalize="outputs", weighted_mean=False, init_logits=None, mask=None):
+def simple_routing(votes, iterations=3, *, normalize="outputs", weighted_mean=False, init_logits=None, mask=None,
+                   need_logits=True):
     """Iterative dynamic routing (li2019 Alg. 1, eq. 7-8; cao2019 Alg. 1; GRET).
 
     One iteration, with routing logits ``B`` ``(..., I, O)``:
@@ -226,15 +362,41 @@ def simple_routing(votes, iterations=3, *, normalize="outputs", weighted_mean=Fa
         init_logits: ``(..., I, O)`` starting logits (zeros when None), e.g.
             cao2019's self-initialisation (eq. 15).
         mask: ``(..., I)`` bool, True where the input takes part.
+        need_logits: False when the caller discards the logits (the fused
+            kernels then neither write them nor take their gradient).
 
     Returns:
         ``outputs`` ``(..., O, D)`` of the last iteration, in ``votes.dtype``,
         and ``logits`` ``(..., I, O)`` after the last update, in at least
-        float32 (agreements of large votes exceed the half-precision range).
+        float32 (agreements of large votes exceed the half-precision range);
+        None without ``need_logits``.
     """
     _check_iterations(iterations)
     if normalize not in ("outputs", "inputs"):
         raise ValueError(f"normalize must be 'outputs' or 'inputs', got {normalize!r}")
+    kernels = _fused_kernels(votes, mask, init_logits)
+    if kernels is not None:
+        def fused(votes, *extras):
+            return kernels.simple_routing(votes, iterations, normalize, weighted_mean, *extras, need_logits)
+
+        def reference(votes, *extras):
+            return _simple_routing(votes, iterations, normalize, weighted_mean, *extras, need_logits)
+
+        def extras():
+            n_in, n_out = votes.shape[-3:-1]
+            sample = torch.Generator().manual_seed(2)
+            return [None if init_logits is None else torch.randn(3, n_in, n_out, generator=sample),
+                    None if mask is None else torch.rand(3, n_in, generator=sample) > 0.3]
+
+        name = (f"simple (normalize={normalize}, weighted_mean={bool(weighted_mean)}, T={iterations}, "
+                f"init_logits={init_logits is not None}, mask={mask is not None}, need_logits={bool(need_logits)})")
+        if _kernels_trusted(name, votes, fused, reference, extras):
+            return fused(votes, init_logits, mask)
+    return _simple_routing(votes, iterations, normalize, weighted_mean, init_logits, mask, need_logits)
+
+
+def _simple_routing(votes, iterations, normalize, weighted_mean, init_logits, mask, need_logits):
+    """:func:`simple_routing` in PyTorch (the reference)."""
     v, keep, lead = _prepare(votes, mask)
     n_in, n_out = v.shape[-3], v.shape[-2]
     logits_shape = lead + (n_out,)
@@ -263,7 +425,7 @@ def simple_routing(votes, iterations=3, *, normalize="outputs", weighted_mean=Fa
         outputs = squash(total) if eps_root is None else _squash_scalar(total, eps_root)
         agreement = _agreement(v, outputs)
         logits = agreement if logits is None else logits + agreement
-    return outputs.to(votes.dtype), logits
+    return outputs.to(votes.dtype), logits if need_logits else None
 
 
 def linear_inverse_temperature(start=1.0, end=1.0):
@@ -335,6 +497,32 @@ def em_routing(
         raise ValueError(f"density must be 'product' or 'sum', got {density!r}")
     if not min_var > 0:
         raise ValueError(f"min_var must be > 0, got {min_var!r}")
+    n_out = votes.shape[-2] if votes.dim() >= 3 else None
+    kernels = None
+    if inverse_temperature is None and density == "product" and all(
+            beta is None or tuple(beta.shape) == (n_out,) for beta in (beta_a, beta_u)):
+        kernels = _fused_kernels(votes, mask)
+    if kernels is not None:
+        def fused(votes, mask, beta_a, beta_u):
+            return kernels.em_routing(votes, iterations, mask, beta_a, beta_u, min_var)
+
+        def reference(votes, mask, beta_a, beta_u):
+            return _em_routing(votes, iterations, mask, beta_a, beta_u, None, min_var, density)
+
+        def extras():
+            sample = torch.Generator().manual_seed(3)
+            return [None if mask is None else torch.rand(3, votes.shape[-3], generator=sample) > 0.3,
+                    *(None if beta is None else torch.randn(n_out, generator=sample) for beta in (beta_a, beta_u))]
+
+        name = (f"EM (T={iterations}, min_var={min_var}, mask={mask is not None}, beta_a={beta_a is not None}, "
+                f"beta_u={beta_u is not None})")
+        if _kernels_trusted(name, votes, fused, reference, extras):
+            return fused(votes, mask, beta_a, beta_u)
+    return _em_routing(votes, iterations, mask, beta_a, beta_u, inverse_temperature, min_var, density)
+
+
+def _em_routing(votes, iterations, mask, beta_a, beta_u, inverse_temperature, min_var, density):
+    """:func:`em_routing` in PyTorch (the reference)."""
     schedule = inverse_temperature or linear_inverse_temperature()
     v, keep, lead = _prepare(votes, mask)
     n_in, n_out, n_dim = v.shape[-3], v.shape[-2], v.shape[-1]
@@ -384,3 +572,4 @@ def em_routing(
     activations = torch.sigmoid(logit_a)
     outputs = activations[..., None] * mean
     return outputs.to(votes.dtype), activations.to(votes.dtype)
+

@@ -1,10 +1,17 @@
 """pytest set-up shared by all tiers (see tests/README.md)."""
 
+import os
 from pathlib import Path
 
 import pytest
+import torch
 
 import support
+
+# The fused routing kernels (onmt_ext.routing_triton) run on CPU tensors only in Triton's interpreter, which
+# Triton chooses when it is imported: set it before any test imports Triton (torch.compile's Inductor does).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # The slow tier (``-m slow``; ``make test`` deselects it, ``make test-all`` runs it; see tests/README.md).
 # Tests and files mark themselves; tests/system/ is slow as a whole.

@@ -45,6 +45,8 @@ from timed_runs import Case
 
 REPO = Path(__file__).resolve().parent.parent
 PROPERTY_TEST = "tests/integration/test_decoding_properties.py"
+#: the fused routing kernels against their PyTorch reference, on the GPU (a process of section a, CUDA only)
+KERNEL_TEST = "tests/unit/test_routing_kernels.py"
 
 #: Section a: one smoke config per mechanism (relative to yaml_configs/smoke/), then every mechanism at once.
 PROPERTY_CONFIGS = (
@@ -173,7 +175,8 @@ CONSOLE_SHARD_VARIABLE = "ONMT_EXT_TEST_CONSOLE_SHARD"
 def property_processes(args):
     """Section a's pytest processes: ``(dtype, share, pytest's selection, extra environment, file stem)`` each.
 
-    The in-process checks (1-4) of every dtype run in one process each.  The console-script checks (5-6) run
+    The in-process checks (1-4) of every dtype run in one process each; on CUDA one more process runs the fused
+    routing kernels' tests (:data:`KERNEL_TEST`) on the GPU.  The console-script checks (5-6) run
     in fp32 only (the suite skips them under autocast); each trains a model through ``onmt_train`` and translates
     through ``onmt_translate``, the slowest checks of the suite (docs/gpu-check.md, section a), so
     ``--console-shards`` processes share them (none: they are left out, as in the dry run).
@@ -184,13 +187,15 @@ def property_processes(args):
     for dtype in dtypes:
         stem = f"properties-{dtype}"
         if shards and dtype != "none":  # the whole suite: its console-script checks skip themselves
-            processes.append((dtype, "", [], {}, stem))
+            processes.append((dtype, "", [PROPERTY_TEST], {}, stem))
             continue
-        processes.append((dtype, "checks 1-4", ["-m", "not slow"], {}, stem))
+        processes.append((dtype, "checks 1-4", [PROPERTY_TEST, "-m", "not slow"], {}, stem))
         if shards:
-            processes += [(dtype, f"checks 5-6, share {k + 1} of {shards}", ["-m", "slow"],
+            processes += [(dtype, f"checks 5-6, share {k + 1} of {shards}", [PROPERTY_TEST, "-m", "slow"],
                            {CONSOLE_SHARD_VARIABLE: f"{k}/{shards}"}, f"{stem}-console-{k + 1}-of-{shards}")
                           for k in range(shards)]
+    if args.device == "cuda":
+        processes.append(("none", "the fused routing kernels", [KERNEL_TEST], {}, "routing-kernels"))
     return processes
 
 
@@ -207,12 +212,11 @@ def start_section_a(args, work):
                    ONMT_EXT_TEST_CONFIGS=",".join(configs), OMP_NUM_THREADS=str(threads),
                    MKL_NUM_THREADS=str(threads), **extra)
         xml, log = work / f"{stem}.xml", work / f"{stem}.log"
-        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", PROPERTY_TEST, *selection,
-                   f"--junitxml={xml}"]
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selection, f"--junitxml={xml}"]
         shown = " ".join([f"{name}={value}" for name, value in extra.items()]
                          + [f"ONMT_EXT_TEST_DEVICE={args.device} ONMT_EXT_TEST_AUTOCAST={dtype} "
                             f"ONMT_EXT_TEST_CONFIGS={','.join(configs)} OMP_NUM_THREADS={threads} python -m pytest "
-                            f"-q {PROPERTY_TEST} {shlex.join(selection)}".rstrip()])
+                            f"-q {shlex.join(selection)}".rstrip()])
         run = {"dtype": "fp32" if dtype == "none" else dtype, "share": share, "configs": list(configs),
                "command": shown, "log": str(log)}
         xml.unlink(missing_ok=True)

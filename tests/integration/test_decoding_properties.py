@@ -273,6 +273,28 @@ def under_autocast():
         yield
 
 
+def test_routing_runs_on_the_chosen_path(model_and_vocabs, under_autocast):
+    """The routing of li2019 and GRET runs in the fused kernels where ``ONMT_EXT_ROUTING_KERNEL`` chooses them
+    (``auto`` on CUDA, ``triton``) and in the PyTorch reference elsewhere, so that checks 1-4 test that path."""
+    from onmt_ext import gret, li2019, routing
+
+    model, vocabs = model_and_vocabs
+    if not any(isinstance(module, li2019.RoutingAggregation)
+               or (isinstance(module, gret.GlobalRepresentation) and getattr(module, "vote_maps", None) is not None)
+               for module in model.modules()):
+        pytest.skip("no li2019 or GRET routing in this model")
+    routing_triton = pytest.importorskip("onmt_ext.routing_triton")
+    before = sum(routing_triton.LAUNCHES.values())
+    src, src_len, tgt = _batch(vocabs, [5, 3], [4, 4], seed=4)
+    support.full_forward(model, src, src_len, tgt)
+    launched = sum(routing_triton.LAUNCHES.values()) - before
+    choice = routing.kernel_choice()
+    if choice == "triton" or (choice == "auto" and DEVICE.type == "cuda"):
+        assert launched > 0, f"{routing.KERNEL_VARIABLE}={choice} on {DEVICE}, but no fused kernel ran"
+    else:
+        assert launched == 0
+
+
 def test_stepwise_equals_full_pass(model_and_vocabs, under_autocast):
     model, vocabs = model_and_vocabs
     src, src_len, tgt = _batch(vocabs, [7, 4, 9], [6, 6, 6], seed=1)

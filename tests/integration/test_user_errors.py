@@ -217,6 +217,17 @@ def test_a_missing_src_and_a_bad_config_value_are_one_line(sample_data, onmt_act
     assert len(result.stderr.splitlines()) == 1, result.stderr[-3000:]
 
 
+def test_a_wrong_routing_kernel_choice_is_one_line(sample_data, onmt_active, tmp_path):
+    """``ONMT_EXT_ROUTING_KERNEL`` (docs/kernels.md) with a value it cannot take stops the command before it
+    starts, naming the variable and its values, instead of a traceback from the first routing call."""
+    env = support.cli_env(ONMT_EXT_ROUTING_KERNEL="gpu")
+    result = support.run_cli("onmt_translate", "-model", tmp_path / "m.pt", "-src", tmp_path / "s", check=False,
+                             env=env)
+    assert _one_error_line(result, "onmt_translate", 2) == (
+        "onmt_translate: error: ONMT_EXT_ROUTING_KERNEL='gpu' is not one of auto, torch, triton; unset it (auto) or "
+        "set one of those (docs/kernels.md)")
+
+
 # 10 ----------------------------------------------------------------- a YAML key twice
 
 

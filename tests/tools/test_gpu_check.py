@@ -304,17 +304,21 @@ def test_junit_counts(tmp_path):
 def test_section_a_shares_fp32s_console_checks():
     """On a GPU, fp32's console-script checks (which train and translate through the console scripts, the
     slowest of the suite: the H100's and H200's fp32 runs never finished in section a) are shared among
-    --console-shards processes beside its in-process checks; the dry run leaves them out, as before."""
+    --console-shards processes beside its in-process checks; the dry run leaves them out, as before.  On CUDA
+    one more process runs the fused routing kernels' tests."""
     gpu = gpu_check.property_processes(gpu_check.parse_args([]))
+    suite = gpu_check.PROPERTY_TEST
     assert [(dtype, selection, extra) for dtype, _, selection, extra, _ in gpu] == [
-        ("none", ["-m", "not slow"], {}),
-        *[("none", ["-m", "slow"], {gpu_check.CONSOLE_SHARD_VARIABLE: f"{k}/6"}) for k in range(6)],
-        ("fp16", [], {}), ("bf16", [], {})]
+        ("none", [suite, "-m", "not slow"], {}),
+        *[("none", [suite, "-m", "slow"], {gpu_check.CONSOLE_SHARD_VARIABLE: f"{k}/6"}) for k in range(6)],
+        ("fp16", [suite], {}), ("bf16", [suite], {}), ("none", [gpu_check.KERNEL_TEST], {})]
     assert len({stem for *_, stem in gpu}) == len(gpu) and gpu[0][-1] == "properties-none"
-    tiny = gpu_check.property_processes(gpu_check.parse_args(["--tiny"]))
-    assert [(dtype, selection) for dtype, _, selection, _, _ in tiny] == [("none", ["-m", "not slow"]),
-                                                                          ("bf16", ["-m", "not slow"])]
-    assert len(gpu_check.property_processes(gpu_check.parse_args(["--console-shards", "2"]))) == 5
+    tiny = gpu_check.property_processes(gpu_check.parse_args(["--tiny", "--device", "cpu"]))
+    assert [(dtype, selection) for dtype, _, selection, _, _ in tiny] == [("none", [suite, "-m", "not slow"]),
+                                                                          ("bf16", [suite, "-m", "not slow"])]
+    # the kernels' tests run on a GPU only (in the CPU's interpreter they take longer than the dry run's section a)
+    assert gpu_check.property_processes(gpu_check.parse_args(["--tiny"]))[-1][2] == [gpu_check.KERNEL_TEST]
+    assert len(gpu_check.property_processes(gpu_check.parse_args(["--console-shards", "2", "--device", "cpu"]))) == 5
     with pytest.raises(SystemExit):
         gpu_check.parse_args(["--console-shards", "-1"])
 

@@ -1,0 +1,362 @@
+"""The fused routing kernels (onmt_ext.routing_triton) against the PyTorch routing core, in values and gradients.
+
+On a machine without CUDA the kernels run in Triton's interpreter on CPU tensors (conftest.py sets
+``TRITON_INTERPRET=1`` before Triton is imported); where CUDA is present every test also runs on the GPU, in
+Triton's compiled kernels.  The reference is :mod:`onmt_ext.routing` with ``ONMT_EXT_ROUTING_KERNEL=torch``.
+"""
+
+import warnings
+
+import pytest
+import torch
+
+from onmt_ext import li2019, routing
+
+triton = pytest.importorskip("triton", reason="the fused routing kernels need Triton (requirements.txt)")
+from onmt_ext import routing_triton  # noqa: E402
+
+# the CPU through the interpreter (set on machines without CUDA), the GPU through compiled kernels
+DEVICES = (["cpu"] if routing_triton.INTERPRETED else []) + (["cuda"] if torch.cuda.is_available() else [])
+if not DEVICES:
+    pytest.skip("Triton was imported before TRITON_INTERPRET=1 could be set, and there is no CUDA device",
+                allow_module_level=True)
+#: the device of the tests that run on one: the GPU where there is one
+DEVICE = torch.device(DEVICES[-1])
+
+
+@pytest.fixture
+def kernel(monkeypatch):
+    """Route through the kernels on every device (the interpreter on the CPU), each kind checked anew on its
+    first use."""
+    monkeypatch.setenv(routing.KERNEL_VARIABLE, "triton")
+    monkeypatch.setattr(routing, "_TRUSTED", {})
+
+
+def _reference(monkeypatch, fn, *args, **kwargs):
+    with monkeypatch.context() as patch:
+        patch.setenv(routing.KERNEL_VARIABLE, "torch")
+        return fn(*args, **kwargs)
+
+
+def _values_and_grads(fn, inputs, seed):
+    """``fn(*inputs)``'s tensors and the gradients of a random linear function of them on every input that
+    requires grad."""
+    outputs = [out for out in fn(*inputs) if out is not None]
+    generator = torch.Generator().manual_seed(seed)
+    loss = sum((out * torch.randn(out.shape, generator=generator).to(out)).sum() for out in outputs)
+    wanted = [x for x in inputs if torch.is_tensor(x) and x.requires_grad]
+    return [out.detach() for out in outputs] + list(torch.autograd.grad(loss, wanted))
+
+
+def _double(x):
+    return x.detach().double().requires_grad_(x.requires_grad) if torch.is_tensor(x) else x
+
+
+def check_against_reference(monkeypatch, run, inputs, seed=0, unit=1e-6):
+    """The kernels' outputs and gradients are as close to the float64 reference as the reference in the inputs'
+    own precision is: within 4 times its error, or ``unit`` relative to the largest value.
+
+    The routing's sums run in another order in the kernels, and EM's gradients are ill-conditioned where a
+    Gaussian has few inputs (1/var), so a fixed tolerance would either fail on rounding or pass a wrong term;
+    a wrong derivative term is off by far more than the reference's rounding.
+    """
+    launches = sum(routing_triton.LAUNCHES.values())
+    fused = _values_and_grads(run, inputs, seed)
+    assert sum(routing_triton.LAUNCHES.values()) > launches, "the fused kernels did not run"
+    same_precision = _reference(monkeypatch, _values_and_grads, run, inputs, seed)
+    exact = _reference(monkeypatch, _values_and_grads, run, [_double(x) for x in inputs], seed)
+    assert len(fused) == len(same_precision) == len(exact)
+    for index, (got, reference, truth) in enumerate(zip(fused, same_precision, exact)):
+        assert got.dtype == reference.dtype and got.shape == reference.shape, index
+        error = (got.double() - truth).abs().max().item() if got.numel() else 0.0
+        reference_error = (reference.double() - truth).abs().max().item() if got.numel() else 0.0
+        scale = truth.abs().max().item() if got.numel() else 0.0
+        allowed = 4 * reference_error + unit * max(scale, 1.0)
+        assert error <= allowed, (f"result {index}: the kernels are {error:.3g} from the float64 reference, the "
+                                  f"reference in {got.dtype} {reference_error:.3g} (largest value {scale:.3g})")
+    return fused
+
+
+def _mask(problems, n_in, seed, device):
+    """A random input mask ``(problems, I)`` with an all-masked problem and a problem with one input."""
+    generator = torch.Generator().manual_seed(seed)
+    mask = torch.rand(problems, n_in, generator=generator) > 0.35
+    mask[0] = False
+    mask[1] = False
+    mask[1, n_in - 1] = True
+    return mask.to(device)
+
+
+SIMPLE_CASES = [
+    # (I, O, D, T, normalize, weighted_mean, mask, init, need_logits)
+    (8, 16, 1, 3, "outputs", True, False, False, False),  # li2019's shape at toy width (N = d)
+    (3, 5, 4, 1, "outputs", True, False, False, True),
+    (5, 3, 3, 2, "outputs", False, True, True, True),
+    (6, 4, 5, 4, "inputs", False, True, False, True),  # GRET's normalisation
+    (7, 2, 8, 3, "inputs", True, True, True, True),
+    (1, 1, 1, 5, "inputs", False, False, True, True),
+    (4, 9, 2, 3, "outputs", True, True, False, False),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", SIMPLE_CASES, ids=lambda c: "I{}-O{}-D{}-T{}-{}-w{:d}-m{:d}-i{:d}-l{:d}".format(*c))
+def test_simple_routing_equals_the_reference(case, device, kernel, monkeypatch):
+    n_in, n_out, n_dim, iterations, normalize, weighted, masked, with_init, need_logits = case
+    generator = torch.Generator().manual_seed(sum(case[:4]))
+    problems = 5
+    votes = (2 * torch.randn(problems, n_in, n_out, n_dim, generator=generator)).to(device).requires_grad_()
+    init = torch.randn(problems, n_in, n_out, generator=generator).to(device).requires_grad_() if with_init else None
+    mask = _mask(problems, n_in, 1, device) if masked else None
+
+    def run(votes, init):
+        return routing.simple_routing(votes, iterations, normalize=normalize, weighted_mean=weighted,
+                                      init_logits=init, mask=mask, need_logits=need_logits)
+
+    results = check_against_reference(monkeypatch, run, (votes, init), seed=3)
+    assert len(results) == (2 if need_logits else 1) + (2 if with_init else 1)
+
+
+EM_CASES = [
+    # (I, O, D, T, mask, betas)
+    (8, 16, 1, 3, False, True),  # li2019's shape at toy width
+    (3, 5, 1, 1, False, True),
+    (4, 3, 4, 2, True, True),
+    (5, 4, 3, 4, True, False),
+    (6, 6, 2, 3, True, True),
+    (2, 7, 5, 3, False, False),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", EM_CASES, ids=lambda c: "I{}-O{}-D{}-T{}-m{:d}-b{:d}".format(*c))
+def test_em_routing_equals_the_reference(case, device, kernel, monkeypatch):
+    n_in, n_out, n_dim, iterations, masked, betas = case
+    generator = torch.Generator().manual_seed(sum(case[:4]))
+    problems = 5
+    votes = torch.randn(problems, n_in, n_out, n_dim, generator=generator).to(device).requires_grad_()
+    beta_a = torch.randn(n_out, generator=generator).to(device).requires_grad_() if betas else None
+    beta_u = torch.randn(n_out, generator=generator).to(device).requires_grad_() if betas else None
+    mask = _mask(problems, n_in, 2, device) if masked else None
+
+    def run(votes, beta_a, beta_u):
+        return routing.em_routing(votes, iterations, mask=mask, beta_a=beta_a, beta_u=beta_u)
+
+    check_against_reference(monkeypatch, run, (votes, beta_a, beta_u), seed=4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("method", ["simple", "em"])
+def test_half_precision_votes_route_in_float32(method, dtype, device, kernel, monkeypatch):
+    """fp16/bf16 in and out, float32 inside, as the reference: the two differ by the output's rounding."""
+    generator = torch.Generator().manual_seed(7)
+    votes = torch.randn(6, 4, 8, 2, generator=generator).to(device, dtype).requires_grad_()
+
+    def run(votes):
+        if method == "simple":
+            return routing.simple_routing(votes, 3, normalize="outputs", weighted_mean=True, need_logits=False)
+        return routing.em_routing(votes, 3)
+
+    check_against_reference(monkeypatch, run, (votes,), seed=5, unit=2.0**-8 if dtype == torch.bfloat16 else 2.0**-11)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("method", ["simple", "em"])
+def test_li2019_aggregation_through_the_kernels(method, device, kernel, monkeypatch):
+    """li2019's core as its module calls it: strided votes (a view of the head-major products), the
+    recomputing backward pass, gradients on every parameter."""
+    torch.manual_seed(0)
+    module = li2019.RoutingAggregation(heads=4, d_model=16, capsules=8, method=method, iterations=3).to(device)
+    if method == "em":
+        with torch.no_grad():
+            module.beta_a.normal_()
+            module.beta_u.normal_()
+    context = torch.randn(3, 5, 16, device=device, requires_grad=True)
+    params = dict(module.named_parameters())
+
+    def run(context, *values):
+        arguments = dict(zip(params, values))
+        return (torch.func.functional_call(module, arguments, (context,)),)
+
+    check_against_reference(monkeypatch, run, [context, *params.values()], seed=6)
+
+
+def test_the_kernels_take_the_votes_as_they_lie(kernel, monkeypatch):
+    """A transposed, non-contiguous view routes as its contiguous copy, and its gradient has the view's shape."""
+    generator = torch.Generator().manual_seed(8)
+    base = torch.randn(4, 6, 3, 5, generator=generator).to(DEVICE).requires_grad_()  # (H, P, N, D)
+    votes = base.transpose(0, 1)  # (P, H, N, D), as li2019 makes them
+    assert not votes.is_contiguous()
+    fused = _values_and_grads(lambda b: routing.em_routing(b.transpose(0, 1), 2), (base,), seed=9)
+    copy = base.detach().transpose(0, 1).contiguous().requires_grad_()
+    contiguous = _values_and_grads(lambda v: routing.em_routing(v, 2), (copy,), seed=9)
+    for got, want in zip(fused, contiguous[:2] + [contiguous[2].transpose(0, 1)]):
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+def test_leading_dimensions_and_empty_batches(kernel):
+    votes = torch.randn(2, 3, 4, 5, 2, device=DEVICE)
+    out, act = routing.em_routing(votes, 2)
+    assert out.shape == (2, 3, 5, 2) and act.shape == (2, 3, 5)
+    out, logits = routing.simple_routing(votes[:, :0], 2)
+    assert out.shape == (2, 0, 5, 2) and logits.shape == (2, 0, 4, 5)
+
+
+def test_compiled_core_keeps_the_kernel_as_one_call(kernel, monkeypatch):
+    """``-ext_compile``: the custom operators trace into a full graph (dynamic shapes) and give the eager
+    kernels' values and gradients; Dynamo's graph holds the operator, not the routing's arithmetic."""
+    monkeypatch.setattr(li2019.RoutingAggregation, "ext_compile", True)
+    from onmt_ext import compile as ext_compile
+    monkeypatch.setattr(ext_compile, "BACKEND", "aot_eager")
+    monkeypatch.setattr(ext_compile, "_COMPILED", {})
+    torch._dynamo.reset()
+    torch.manual_seed(1)
+    module = li2019.RoutingAggregation(heads=2, d_model=8, capsules=8, method="em", iterations=2).to(DEVICE)
+    for length in (3, 4):
+        context = torch.randn(2, length, 8, device=DEVICE, requires_grad=True)
+        compiled = _values_and_grads(lambda c: (module(c),), (context,), seed=10)
+        module.ext_compile = False
+        eager = _values_and_grads(lambda c: (module(c),), (context,), seed=10)
+        module.ext_compile = True
+        for got, want in zip(compiled, eager):
+            torch.testing.assert_close(got, want, atol=0, rtol=0)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(li2019.aggregate_heads)(
+        torch.randn(2, 3, 8, device=DEVICE), module.input_weight, module.input_bias, module.vote_weight, module.beta_a,
+        module.beta_u, heads=2, capsules=8, method="em", iterations=2, recompute=False)
+    graphs = [str(graph.graph) for graph in explained.graphs]
+    assert explained.graph_break_count == 0
+    assert any("onmt_ext.routing_em" in graph for graph in graphs), graphs
+
+
+# ----------------------------------------------------------------------------------------------------------
+# which path the routing core takes
+
+
+def _forbid_kernels(monkeypatch):
+    """Make every call of the kernels fail, and return the list of those calls."""
+    calls = []
+
+    def refuse(*args, **kwargs):
+        calls.append(args)
+        raise AssertionError("the fused kernels were called")
+
+    monkeypatch.setattr(routing_triton, "simple_routing", refuse)
+    monkeypatch.setattr(routing_triton, "em_routing", refuse)
+    return calls
+
+
+def test_auto_keeps_cpu_tensors_on_the_reference(monkeypatch):
+    monkeypatch.delenv(routing.KERNEL_VARIABLE, raising=False)
+    monkeypatch.setattr(routing, "_TRUSTED", {})
+    assert routing.kernel_choice() == "auto"
+    calls = _forbid_kernels(monkeypatch)
+    routing.em_routing(torch.randn(3, 4, 5, 1), 2)
+    routing.simple_routing(torch.randn(3, 4, 5, 1), 2)
+    assert calls == []
+
+
+def test_torch_choice_keeps_every_device_on_the_reference(monkeypatch):
+    monkeypatch.setenv(routing.KERNEL_VARIABLE, "torch")
+    monkeypatch.setattr(routing, "_TRUSTED", {})
+    calls = _forbid_kernels(monkeypatch)
+    routing.em_routing(torch.randn(3, 4, 5, 1, device=DEVICES[-1]), 2)
+    assert calls == []
+
+
+def test_calls_the_kernels_do_not_cover_stay_on_the_reference(kernel, monkeypatch):
+    calls = _forbid_kernels(monkeypatch)
+    too_big = torch.randn(1, 16, 64, 32, device=DEVICE)  # 32,768 block values > MAX_BLOCK
+    assert not routing_triton.fits(too_big)
+    routing.em_routing(too_big, 1)
+    routing.simple_routing(torch.randn(3, 4, 5, 2, dtype=torch.float64, device=DEVICE), 2)  # float64
+    shared = torch.randn(2, 1, 4, 3, 2, device=DEVICE)  # cao2019's horizontal routing: votes shared by L problems
+    routing.simple_routing(shared, 2, normalize="inputs", mask=torch.ones(2, 5, 4, dtype=torch.bool, device=DEVICE))
+    votes = torch.randn(3, 4, 5, 1, device=DEVICE)
+    routing.em_routing(votes, 2, inverse_temperature=routing.linear_inverse_temperature(1, 3))
+    routing.em_routing(votes, 2, density="sum")
+    routing.em_routing(votes, 2, beta_a=torch.zeros(3, 5, device=DEVICE))  # per-problem betas
+    assert calls == []
+    with pytest.warns(UserWarning, match="failed its first-use check"):
+        routing.em_routing(votes, 2)  # and the forbidding works
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("fault", ["wrong", "raises"])
+def test_a_kernel_that_fails_its_first_use_check_is_named_once_and_not_used(fault, kernel, monkeypatch):
+    """A kernel whose values are off (or that does not compile on the device) is checked once, named in one
+    warning, and the routing gives the reference's results."""
+    right = routing_triton.em_routing
+    calls = []
+
+    def faulty(votes, *args):
+        calls.append(votes.shape)
+        if fault == "raises":
+            raise RuntimeError("PTX assembly aborted\nsecond line")
+        out, act = right(votes, *args)
+        return out * 1.01, act
+
+    monkeypatch.setattr(routing_triton, "em_routing", faulty)
+    votes = torch.randn(4, 3, 5, 2, device=DEVICE)
+    with pytest.warns(UserWarning, match="fused kernel for EM .* routing of \\(3, 5, 2\\) votes in torch.float32 on "
+                      f"{DEVICE.type} failed its first-use check") as caught:
+        out, _ = routing.em_routing(votes, 2)
+    assert len(caught) == 1
+    if fault == "raises":
+        assert "RuntimeError: PTX assembly aborted)" in str(caught[0].message)
+    else:
+        assert "result 0 is" in str(caught[0].message)
+    torch.testing.assert_close(out, _reference(monkeypatch, routing.em_routing, votes, 2)[0], atol=0, rtol=0)
+    checked = len(calls)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        routing.em_routing(torch.randn(2, 3, 5, 2, device=DEVICE), 2)
+    assert len(calls) == checked  # not called again
+
+
+def test_a_right_kernel_passes_its_check_silently_once(kernel, monkeypatch):
+    calls = []
+    right = routing_triton.simple_routing
+
+    def counted(*args):
+        calls.append(1)
+        return right(*args)
+
+    monkeypatch.setattr(routing_triton, "simple_routing", counted)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(3):
+            routing.simple_routing(torch.randn(2, 4, 3, 1, device=DEVICE), 3, need_logits=False)
+    assert len(calls) == 1 + 3  # the check's one call, then every routing
+
+
+def test_a_wrong_choice_is_named(monkeypatch):
+    monkeypatch.setenv(routing.KERNEL_VARIABLE, "cuda")
+    with pytest.raises(ValueError, match="ONMT_EXT_ROUTING_KERNEL='cuda' is not one of auto, torch, triton"):
+        routing.em_routing(torch.randn(3, 4, 5, 1), 2)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the real compiler
+
+
+def test_the_kernels_compile_for_a_hopper_gpu(tmp_path):
+    """Triton's whole compiler (not the interpreter, which is lenient) builds every kernel for sm_90 at li2019's
+    Base shape, through ptxas, on this machine without a GPU (tools/kernel_resources.py)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import support
+
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    report = tmp_path / "kernels.json"
+    result = subprocess.run([sys.executable, "tools/kernel_resources.py", "--arch", "90", "--dtype", "bf16",
+                             "--json", str(report)], capture_output=True, text=True, cwd=support.REPO, env=env,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = json.loads(report.read_text())["rows"]
+    assert len(rows) == 8
+    assert all(0 < row["registers"] <= 255 for row in rows), rows
