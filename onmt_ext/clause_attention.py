@@ -96,10 +96,10 @@ class ClauseStructure(nn.Module):
         level_table: ``(vocab_size,)`` split level of each source id (:func:`marker_level_table`).
         levels: L.
 
-    ``start(src, pad_mask)`` computes, for the batch the encoder is about to read, ``ids`` ``(batch, L, len)``,
-    ``same_as`` (for each level, the first level with the same clauses in every sentence of the batch) and
-    ``distinct`` (the levels that start a partition, coarse to fine).  Every layer shares them and what
-    :meth:`outside_bias` and :meth:`slots` derive from them (on first use, at the distinct levels only).
+    ``start(src, pad_mask)`` computes, for the batch the encoder is about to read, ``ids`` ``(batch, L, len)``;
+    every layer shares them and the :meth:`outside_bias` derived from them on first use.  Nothing is read back
+    to the host: every level gets its own local softmax, also where a level repeats a coarser level's clauses
+    in every sentence of the batch (finding that out would wait for the device at every batch).
     The table is a non-persistent buffer, rebuilt from the vocabulary whenever the model is built.
     """
 
@@ -107,41 +107,25 @@ class ClauseStructure(nn.Module):
         super().__init__()
         self.levels = levels
         self.register_buffer("level_table", level_table, persistent=False)
-        self.ids = self.same_as = self.distinct = None
-        self._derived = {}
+        self.ids = None
+        self._outside_bias = None
 
     def start(self, src, pad_mask):
         """Set the clause structure from ``src`` ``(batch, len, feats)`` and ``pad_mask`` ``(batch, len)``."""
-        ids = clause_ids(self.level_table[src[:, :, 0]], self.levels, pad_mask)
-        self.ids = ids
-        self._derived = {}
-        # level l + 1 refines level l: equal ids mean the same clauses (one device sync per batch)
-        repeats = (ids[:, 1:] == ids[:, :-1]).all(dim=-1).all(dim=0).tolist()
-        self.same_as = [0]
-        for level, repeat in enumerate(repeats, start=1):
-            self.same_as.append(self.same_as[-1] if repeat else level)
-        self.distinct = sorted(set(self.same_as))
-
-    def slots(self):
-        """``(L,)`` long: for each level, the index in ``distinct`` of the partition it repeats."""
-        if "slots" not in self._derived:
-            self._derived["slots"] = torch.tensor([self.distinct.index(first) for first in self.same_as],
-                                                  device=self.ids.device)
-        return self._derived["slots"]
+        self.ids = clause_ids(self.level_table[src[:, :, 0]], self.levels, pad_mask)
+        self._outside_bias = None
 
     def outside_bias(self):
-        """``(batch, D, len, len)`` score bias at the D distinct levels: -1e18 where the key lies outside the
-        query's clause, else 0.
+        """``(batch, L, len, len)`` score bias per level: -1e18 where the key lies outside the query's clause,
+        else 0.
 
         Adding a bias leaves the inside scores exact and, unlike
         ``masked_fill``, costs no masking pass in the backward.
         """
-        if "outside_bias" not in self._derived:
-            ids = self.ids[:, self.distinct]
-            outside = ids[:, :, :, None] != ids[:, :, None, :]
-            self._derived["outside_bias"] = torch.zeros(outside.shape, device=ids.device).masked_fill_(
-                outside, _MASKED)
-        return self._derived["outside_bias"]
+        if self._outside_bias is None:
+            outside = self.ids[:, :, :, None] != self.ids[:, :, None, :]
+            self._outside_bias = torch.zeros(outside.shape, device=outside.device).masked_fill_(outside, _MASKED)
+        return self._outside_bias
 
 
 class ClauseAttention(nn.Module):
@@ -182,13 +166,13 @@ class ClauseAttention(nn.Module):
         """Forward pre-hook of the attention: keep its query input ``(batch, len, d_model)``."""
         self.query = kwargs["query"] if "query" in kwargs else args[2]
 
-    def mixing_weights(self):
-        """p as ``(L, 1, H, 1, 1)`` (scalar) or ``(L, batch, H, len, 1)`` (gate)."""
+    def mixing_logits(self):
+        """The logits of p in float32, ``(L, 1, H, 1, 1)`` (scalar) or ``(L, batch, H, len, 1)`` (gate)."""
         if self.mixing == "scalar":
-            return torch.sigmoid(self.mix_logits.float())[:, None, :, None, None]
+            return self.mix_logits.float()[:, None, :, None, None]
         batch, length, _ = self.query.shape
         logits = self.mix_gate(self.query).float().view(batch, length, self.levels, self.heads)
-        return torch.sigmoid(logits).permute(2, 0, 3, 1).unsqueeze(-1)
+        return logits.permute(2, 0, 3, 1).unsqueeze(-1)
 
     def forward(self, scores):
         """Eq. 4-5 unrolled: ``(1 - p_1) g + sum_l w_l b^l`` with the weights of :meth:`level_weights`."""
@@ -197,41 +181,41 @@ class ClauseAttention(nn.Module):
         if ids is None or ids.shape[0] != scores.shape[0] or ids.shape[-1] != scores.shape[-1]:
             raise RuntimeError("clause attention: no clause ids for this batch (the encoder sets them; "
                                "this attention runs only inside ExtTransformerEncoder)")
-        p = self.mixing_weights()
-        weights = self.level_weights(p)  # (L, ...) per level
-        if len(structure.distinct) < self.levels:  # levels that repeat a coarser partition add to its weight
-            weights = weights.new_zeros((len(structure.distinct),) + weights.shape[1:]).index_add_(
-                0, structure.slots(), weights)
-        return ext_compile.run(self.ext_compile, clause_mix, scores, p[0], weights, structure.outside_bias())
+        logits = self.mixing_logits()
+        return ext_compile.run(self.ext_compile, clause_mix, scores, torch.sigmoid(logits[0]),
+                               self.level_weights(logits), structure.outside_bias())
 
     @staticmethod
-    def level_weights(p):
-        """Weight of b^l in the output, from ``p`` ``(L, ...)`` (eq. 5 applied from the finest level outwards).
+    def level_weights(logits):
+        """Weight of b^l in the output, from the logits of ``p`` ``(L, ...)`` (eq. 5 applied from the finest
+        level outwards).
 
         With a_L = b^L and a_l = (1 - p_{l+1}) b^l + p_{l+1} a_{l+1}, the output
         (1 - p_1) g + p_1 a_1 gives b^l the weight P_l (1 - p_{l+1}) and b^L the
-        weight P_L, where P_l = p_1 ... p_l (levels counted from 1 here).
+        weight P_L, where P_l = p_1 ... p_l (levels counted from 1 here), computed as
+        exp(sum of log sigmoid): torch's ``cumprod`` looks for zeros in its backward pass, which on some
+        versions reads a flag back from the device.
         """
-        products = torch.cumprod(p, dim=0)
-        rest = torch.cat([1 - p[1:], torch.ones_like(p[:1])], dim=0)
+        products = torch.exp(torch.cumsum(torch.nn.functional.logsigmoid(logits), dim=0))
+        rest = torch.cat([torch.sigmoid(-logits[1:]), torch.ones_like(logits[:1])], dim=0)
         return products * rest
 
 
 def clause_mix(scores, first_level, weights, outside):
-    """Global and clause-local attention mixed (eq. 4-5): ``(1 - p_1) g + sum_D w_D b^D``.
+    """Global and clause-local attention mixed (eq. 4-5): ``(1 - p_1) g + sum_l w_l b^l``.
 
     Args:
         scores: masked scores ``(batch, H, len, len)``.
         first_level: p_1, ``(1, H, 1, 1)`` or ``(batch, H, len, 1)``.
-        weights: the weight of each distinct partition's local attention,
-            ``(D, 1, H, 1, 1)`` or ``(D, batch, H, len, 1)``.
-        outside: ``(batch, D, len, len)``, -1e18 where the key lies outside
+        weights: the weight of each level's local attention,
+            ``(L, 1, H, 1, 1)`` or ``(L, batch, H, len, 1)``.
+        outside: ``(batch, L, len, len)``, -1e18 where the key lies outside
             the query's clause (:meth:`ClauseStructure.outside_bias`).
 
-    The local softmaxes of the D distinct partitions are one softmax over a
-    stacked ``(batch, D, H, len, len)`` tensor, and the mix one weighted sum,
-    so the op count does not grow with the number of levels.  Computed in
-    float32; returns float32 probabilities ``(batch, H, len, len)``.
+    The local softmaxes of the L levels are one softmax over a stacked
+    ``(batch, L, H, len, len)`` tensor, and the mix one weighted sum, so the
+    op count does not grow with the number of levels.  Computed in float32;
+    returns float32 probabilities ``(batch, H, len, len)``.
     """
     scores = scores.float()
     local = torch.softmax(scores.unsqueeze(1) + outside.unsqueeze(2), dim=-1)  # b: (B, D, H, len, len)

@@ -317,7 +317,7 @@ def _coupling(logits, normalize, keep, dropped=None):
         if keep is not None and dropped is None:
             dropped = keep == 0
         scores = logits if keep is None else logits.masked_fill(dropped, torch.finfo(logits.dtype).min)
-        coupling = torch.softmax(scores, dim=-2)
+        coupling = torch.softmax(scores.transpose(-1, -2), dim=-1).transpose(-1, -2)
     return coupling if keep is None else coupling * keep
 
 

@@ -31,6 +31,7 @@ import sys
 import tarfile
 import threading
 import time
+import traceback
 import xml.etree.ElementTree as ElementTree
 from collections import Counter
 from itertools import islice
@@ -631,7 +632,9 @@ def child_train_many(result_file, head, argv):
             entry = {"key": job["key"], "status": "warmed up", "steps": stop.args[0]}
         except (Exception, SystemExit) as error:  # the run fails, the next one starts
             text = str(error).strip().splitlines()
-            entry = {"key": job["key"], "status": "failed",
+            print(f"== gpu-check: run {job['key']!r} failed:", file=sys.stderr, flush=True)
+            traceback.print_exc()  # into the process's log, which the report names
+            entry = {"key": job["key"], "status": "failed", "traceback": True,
                      "reason": f"{type(error).__name__}: {text[-1] if text else ''}"[:300]}
         entry["seconds"], entry["ended"] = round(time.monotonic() - start, 1), time.monotonic()
         if entry["status"] == "measured":  # the process's first step (imports, compilation) is paid once
@@ -950,6 +953,7 @@ def run_training_process(args, work, group, env, rows, configs, deadlines, stop_
     jobs_file, runs_file = work / f"train-{slug}.jobs.json", work / f"train-{slug}.runs.jsonl"
     jobs_file.write_text(json.dumps(jobs), encoding="utf-8")
     runs_file.unlink(missing_ok=True)
+    log = work / f"train-{slug}.log"
     stopped, seconds = None, max(deadlines.values()) - _now()
     if seconds < MIN_START_S:
         stopped = "not run: budget"
@@ -959,7 +963,7 @@ def run_training_process(args, work, group, env, rows, configs, deadlines, stop_
         if args.compile_backend:
             child_env["ONMT_EXT_COMPILE_BACKEND"] = args.compile_backend
         try:
-            common.run_child(Path(__file__).resolve(), "train-many", [], work / f"train-{slug}.log", args.threads,
+            common.run_child(Path(__file__).resolve(), "train-many", [], log, args.threads,
                              timeout=seconds + GRACE_S, env=child_env,
                              head=(jobs_file, runs_file, time.time(), args.device))
         except common.ChildFailed as failure:
@@ -971,7 +975,10 @@ def run_training_process(args, work, group, env, rows, configs, deadlines, stop_
     for row, _, _, _ in rows:
         entry = by_key.get(row["key"])
         if entry:
-            row.update({key: value for key, value in entry.items() if key != "key"})
+            row.update({key: value for key, value in entry.items() if key not in ("key", "traceback")})
+            if entry.get("traceback"):  # the child printed it into its log (packed with --pack)
+                row["reason"] += f" (traceback in {log.name})"
+                row["log"] = str(log)
             if row["key"] in tables:
                 row["profile_table"] = tables[row["key"]]
         elif row["key"] in began and stopped:

@@ -295,6 +295,32 @@ def test_routing_runs_on_the_chosen_path(model_and_vocabs, under_autocast):
         assert launched == 0
 
 
+def test_a_training_step_reads_nothing_back(model_and_vocabs):
+    """Issue 56: a training pass (forward and backward, train mode) reads no tensor data back to the host, so on
+    a GPU the host never waits for the device inside a step (support.host_reads: the operators that read data,
+    tolist and numpy; on CUDA torch's sync debug mode as well).  A first pass warms up what runs once per
+    process (the fused routing kernels' first-use check)."""
+    model, vocabs = model_and_vocabs
+    src, src_len, tgt = _batch(vocabs, [7, 5, 9], [6, 8, 4], seed=5)
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        with support.autocast(DEVICE):
+            enc_out, dec_out = support.full_forward(model, src, src_len, tgt[:, :-1])
+            loss = dec_out.float().square().mean() + enc_out.float().square().mean()
+        loss.backward()
+
+    model.train()
+    try:
+        step()
+        with support.host_reads() as reads:
+            step()
+    finally:
+        model.eval()
+        model.zero_grad(set_to_none=True)
+    assert reads == [], reads
+
+
 def test_stepwise_equals_full_pass(model_and_vocabs, under_autocast):
     model, vocabs = model_and_vocabs
     src, src_len, tgt = _batch(vocabs, [7, 4, 9], [6, 6, 6], seed=1)

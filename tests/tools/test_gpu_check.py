@@ -625,3 +625,45 @@ def test_a_further_baseline_run_is_judged_by_the_baselines_own_time(tmp_path, mo
              if "phase" not in entry}
     assert ended["base|run 2"]["status"] == "measured"  # 9 s left after the EM case, the baseline took 5
     assert ended["cheap"]["status"] == "not run" and "about 20 s needed" in ended["cheap"]["reason"]
+
+
+def test_a_failed_run_keeps_its_traceback_in_the_log(tmp_path, monkeypatch, capsys):
+    """Issue 57: the H200's cao2019 compile failure left only its last line (an AssertionError pointing to
+    opcheck's docs) and no traceback anywhere; a failed run now prints its traceback into the process's log
+    (stderr), marks its entry, and the next run goes on."""
+    class FakeMeter:
+        def __init__(self, cuda):
+            pass
+
+        def begin(self, job):
+            pass
+
+        def end(self, t0_wall):
+            return {}
+
+        def write_tables(self, deadline, record):
+            pass
+
+    def deep_failure():
+        raise AssertionError("expected size 3==3, stride 144==324\nSee https://pytorch.org/docs/stable/library.html")
+
+    def train(opt):
+        if opt == "broken":
+            deep_failure()
+
+    monkeypatch.setattr(gpu_check, "Meter", FakeMeter)
+    monkeypatch.setattr(gpu_check, "_parse_train_options", lambda config, stock: config)
+    from onmt.bin import train as train_command
+    monkeypatch.setattr(train_command, "train", train)
+    jobs = [{"key": key, "config": key, "weight": 1.0, "deadline": 1e12, "tables_s": 0.0, "repeat_of": None}
+            for key in ("broken", "fine")]
+    (tmp_path / "jobs.json").write_text(json.dumps(jobs), encoding="utf-8")
+    runs = tmp_path / "runs.jsonl"
+    gpu_check.child_train_many(tmp_path / "done.json", [tmp_path / "jobs.json", runs, 0.0, "cpu"], [])
+    ended = {entry["key"]: entry for entry in map(json.loads, runs.read_text(encoding="utf-8").splitlines())
+             if "phase" not in entry}
+    assert ended["broken"]["status"] == "failed" and ended["broken"]["traceback"] is True
+    assert ended["broken"]["reason"] == "AssertionError: See https://pytorch.org/docs/stable/library.html"
+    assert ended["fine"]["status"] == "measured"
+    log = capsys.readouterr().err
+    assert "== gpu-check: run 'broken' failed:" in log and "in deep_failure" in log and "stride 144==324" in log

@@ -184,7 +184,7 @@ def _reference(scores, ids, p):
 
 
 @pytest.mark.parametrize("tokens", [[0, 1, 0, 0, 1, 0], [0, 2, 0, 1, 0, 3], [0, 0, 0, 0, 0, 0]])
-def test_levels_with_the_same_clauses_share_one_softmax_and_match_the_reference(tokens):
+def test_levels_with_the_same_clauses_match_the_reference(tokens):
     structure = ClauseStructure(torch.arange(7), 3)
     batch = torch.tensor([tokens, tokens[::-1]])
     structure.start(batch[..., None], torch.zeros_like(batch, dtype=torch.bool))
@@ -194,5 +194,3 @@ def test_levels_with_the_same_clauses_share_one_softmax_and_match_the_reference(
     scores = torch.randn(2, 2, 6, 6)
     p = torch.sigmoid(attention.mix_logits)[:, None, :, None, None]
     torch.testing.assert_close(attention(scores), _reference(scores, structure.ids, p))
-    expected = {(0, 1, 0, 0, 1, 0): [0, 0, 0], (0, 2, 0, 1, 0, 3): [0, 1, 2], (0,) * 6: [0, 0, 0]}
-    assert structure.same_as == expected[tuple(tokens)]

@@ -309,6 +309,35 @@ def _model(config, compiled):
     return support.build_model(opt, vocabs, seed=3), vocabs
 
 
+@pytest.mark.slow
+def test_inductor_trains_cao2019_on_batches_of_other_lengths(sample_data, onmt_active, monkeypatch):
+    """cao2019's encoder through Inductor (the default backend): forward and backward on three batches of other
+    lengths, equal to eager.
+
+    Its compile failed on the H200 (3fa46b4) and on this CPU at the second batch: Inductor's backward asserted
+    the strides of a saved softmax over the horizontal routing's inputs with the first batch's numbers
+    (``assert_size_stride ... (324, 9, 1, 81)``, a length of 6 after 9).  The routing now takes softmaxes over
+    the inputs on the last dimension of a transposed view (onmt_ext.routing._coupling).
+    """
+    monkeypatch.setattr(ext_compile, "BACKEND", "inductor")
+    monkeypatch.setattr(ext_compile, "_COMPILED", {})
+    torch._dynamo.reset()
+    config = "yaml_configs/smoke/cao2019/transformer_base_wmt17_zhen_cross_zero.yaml"
+    eager, vocabs = _model(config, False)
+    fast, _ = _model(config, True)
+    for lengths in ([7, 5, 9], [6, 4, 3], [11, 8, 2]):
+        src, src_len, tgt = support.random_batch(vocabs, lengths, [6, 8, 4], seed=len(lengths))
+        grads = []
+        for model in (eager, fast):
+            model.train()
+            model.zero_grad(set_to_none=True)
+            _, out = support.full_forward(model, src, src_len, tgt)
+            (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+            grads.append([p.grad for p in model.parameters()])
+        for compiled, plain in zip(*reversed(grads)):
+            torch.testing.assert_close(compiled, plain, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("config", MODEL_CONFIGS, ids=lambda c: c.split("smoke/")[1].removesuffix(".yaml"))
 def test_compiled_model_equals_eager_and_decodes_step_by_step(config, sample_data, onmt_active, monkeypatch):
     monkeypatch.setattr(ext_compile, "BACKEND", "aot_eager")
