@@ -524,6 +524,7 @@ def simple_routing(votes, iterations, normalize, weighted_mean, init_logits, mas
     init = None
     if init_logits is not None:
         init = init_logits.reshape(-1, n_in, n_out).to(torch.promote_types(init_logits.dtype, torch.float32))
+        init = init.contiguous()  # the kernels index it as (P, I, O); a view may not be
     out, logits = _simple_op(flat, flat_mask, init, int(iterations), normalize == "inputs", bool(weighted_mean),
                              bool(need_logits))
     return out.view(*lead, n_out, n_dim), logits.view(*lead, n_in, n_out) if need_logits else None
@@ -535,5 +536,6 @@ def em_routing(votes, iterations, mask, beta_a, beta_u, min_var):
     ``activations`` ``(..., O)`` in ``votes.dtype``."""
     lead, flat, flat_mask = _flat(votes, mask)
     n_out, n_dim = flat.shape[2:]
+    beta_a, beta_u = (None if beta is None else beta.contiguous() for beta in (beta_a, beta_u))
     out, act = _em_op(flat, flat_mask, beta_a, beta_u, int(iterations), float(min_var))
     return out.view(*lead, n_out, n_dim), act.view(*lead, n_out)

@@ -1,9 +1,10 @@
-"""The decoding properties (checks 1-4 of test_decoding_properties.py) of li2019 and GRET with their routing in the
-fused kernels (onmt_ext.routing_triton), on this machine: through Triton's interpreter without CUDA.
+"""The decoding properties (checks 1-4 of test_decoding_properties.py) of li2019, GRET and cao2019 with their routing
+in the fused kernels (onmt_ext.routing_triton), on this machine: through Triton's interpreter without CUDA.
 
 On a GPU the default ``auto`` choice already puts their routing in the kernels, and gpu-check's property
 section runs the suite there; this test gives the CPU the same evidence.  The suite's own first check,
-``test_routing_runs_on_the_chosen_path``, fails unless the kernels ran.
+``test_routing_runs_on_the_chosen_path``, fails unless the kernels ran (li2019, GRET); cao2019's routings go to
+the kernels where their votes are not shared (the vertical routing of short sentences, the decoding steps).
 """
 
 import subprocess
@@ -16,7 +17,7 @@ import support
 pytestmark = pytest.mark.slow
 
 CONFIGS = ["li2019/em_all_components.yaml", "li2019/transformer_base_wmt14_ende_simple_enc_self.yaml",
-           "gret/transformer_base_wmt14_ende_gret.yaml"]
+           "gret/transformer_base_wmt14_ende_gret.yaml", "cao2019/dec_self_cross_self.yaml"]
 
 
 def test_decoding_properties_hold_through_the_kernels(sample_data):

@@ -195,6 +195,22 @@ def test_the_kernels_take_the_votes_as_they_lie(kernel, monkeypatch):
         torch.testing.assert_close(got, want, atol=0, rtol=0)
 
 
+def test_strided_starting_logits_and_masks(kernel, monkeypatch):
+    """cao2019's decoding step passes its votes and starting logits as permuted views: the kernels read every
+    input as it lies (the starting logits were once read as if contiguous)."""
+    generator = torch.Generator().manual_seed(11)
+    rows = torch.randn(3, 4, 5, 6, generator=generator).to(DEVICE)  # (B, H, t, M)
+    votes = rows.permute(0, 2, 1, 3).requires_grad_()  # (B, t, H, M), not contiguous
+    init = rows[:, :, :, 0].permute(0, 2, 1).detach().requires_grad_()  # (B, t, H), not contiguous
+    mask = (torch.rand(3, 4, 5, generator=generator) > 0.3).to(DEVICE)[:, 0]  # (B, t), not contiguous
+    assert not (votes.is_contiguous() or init.is_contiguous() or mask.is_contiguous())
+
+    def run(votes, init):
+        return routing.simple_routing(votes, 3, normalize="inputs", init_logits=init, mask=mask)
+
+    check_against_reference(monkeypatch, run, (votes, init), seed=12)
+
+
 def test_leading_dimensions_and_empty_batches(kernel):
     votes = torch.randn(2, 3, 4, 5, 2, device=DEVICE)
     out, act = routing.em_routing(votes, 2)
