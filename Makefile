@@ -23,7 +23,8 @@
 #                 with another choice installs again or says what to run (FORCE=1) (docs/install.md)
 #   make wheelhouse  download every dependency but torch as wheels for PY= (default 3.12) into wheelhouse/
 #   make gpu-check  decoding properties, training and translation speed on one CUDA GPU (about 8 minutes;
-#                 results/gpu/<gpu model>.{md,json}; docs/gpu-check.md)
+#                 results/gpu/<gpu model>.{md,json}; docs/gpu-check.md); PART=props|train|decode|... one part
+#                 that fits a device call of 5 minutes (results/gpu/<gpu model>-<part>.{md,json})
 #   make bench-host  host ms per 8k-token training step (trivial model) and one data worker's batches/s,
 #                 onmt-ext and stock OpenNMT-py: a CPU proxy for the GPU work (results/bench/host-proxy.md)
 #   make bench    speed/memory of the mechanisms against the baseline on the CPU, for information: gpu-check's
@@ -107,7 +108,8 @@ SETUP_INPUTS := requirements.txt requirements-torch.txt requirements-triton.txt 
 
 # The stamp records the choice the venv was made with, one name=value a line.  `make setup` compares it with
 # this run's: the same choice and no newer input file: one line says so (FORCE=1 installs again); another TORCH,
-# WHEELS or OPTIONAL: installs again into the venv (another TORCH replaces torch); another PYTHON or SYSTEM_TORCH:
+# WHEELS or OPTIONAL: installs again into the venv (another TORCH replaces torch, once pip install --dry-run has
+# shown that it can be installed: if not, one line, and the venv and its stamp stay); another PYTHON or SYSTEM_TORCH:
 # the venv must be made again, which only FORCE=1 does (it removes $(VENV) first); without it, one line says what
 # to run.  Other targets only need a stamp, whatever the choice.
 SETUP_FIELDS := python system_torch torch wheels optional
@@ -139,6 +141,10 @@ SETUP_FORCE := $(FORCE)
 SETUP_FRESH := $(if $(SETUP_DIFFERS)$(SETUP_OLD)$(FORCE),,yes)
 endif
 
+# what else to do when SYSTEM_TORCH=1's PYTHON has no torch (tools/stage_venv.py first says to install it there)
+SETUP_NO_TORCH_HINT = give PYTHON= a Python that has torch$(comma) or run $(MAKE_HERE) setup without \
+  SYSTEM_TORCH=1 (it installs $(TORCH_PIN) into $(VENV))
+
 setup: $(SETUP_STAMP)
 	@$(if $(SETUP_FRESH),echo "== setup: $(VENV) is set up already: $(SETUP_WAS)$(if $(WHEELS), from $(WHEELS)); FORCE=1 installs it again")
 
@@ -157,16 +163,27 @@ else
 	rm -rf $(VENV)
 endif
 endif
-	@rm -f $@
 	@echo "== setup: $(if $(wildcard $(PY)),installing into $(VENV),creating $(VENV)) (torch: $(if $(SYSTEM_TORCH),the system's,$(TORCH))$(if $(WHEELS),; offline from $(WHEELS)))"
 	@if [ -n "$(WHEELS)" ] && [ ! -d "$(WHEELS)" ]; then echo "setup: error: WHEELS=$(WHEELS) is not a directory"; exit 1; fi
 ifneq ($(SYSTEM_TORCH),)
+	@rm -f $@
 	@command -v $(PYTHON) >/dev/null || { echo "setup: error: PYTHON=$(PYTHON) is not a command"; exit 1; }
 	@echo "== setup: 1/5 a venv that uses the torch of $(PYTHON) (tools/stage_venv.py)"
 	@$(PYTHON) tools/stage_venv.py --prog setup --var VENV $(VENV) \
+	  --no-torch-hint $(call sq,$(SETUP_NO_TORCH_HINT)) \
 	  $(if $(wildcard $(SETUP_STAMP)),--hint $(call sq,to make it again$(comma) run $(MAKE_HERE) setup $(strip $(SETUP_ARGS) FORCE=1) (it removes $(VENV) first)))
 else
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+ifneq ($(filter torch,$(SETUP_DIFFERS)),)
+	@echo "== setup: checking that $(TORCH) can be installed before replacing the torch of $(VENV) (pip install --dry-run)"
+	@out=$$($(PIP_INSTALL) --dry-run --no-deps --ignore-installed $(TORCH) 2>&1) || case "$$out" in \
+	  *"no such option: --dry-run"*) echo "== setup: this pip has no --dry-run (pip 22.2 added it): not checked" ;; \
+	  *) why=$$(printf '%s\n' "$$out" | grep -m1 'No matching distribution' || printf '%s\n' "$$out" | grep -m1 '^ERROR' \
+	    || printf '%s\n' "$$out" | tail -n 1); \
+	  printf 'setup: error: TORCH=%s cannot be installed (pip: %s); %s and its stamp are unchanged\n' \
+	    $(call sq,$(TORCH)) "$${why#ERROR: }" $(call sq,$(VENV)) >&2; exit 2 ;; esac
+endif
+	@rm -f $@
 	$(if $(filter torch,$(SETUP_DIFFERS)),$(PY) -m pip uninstall -y --disable-pip-version-check torch)
 	@echo "== setup: 1/5 torch ($(TORCH)) and its dependencies (requirements-torch.txt)"
 	$(PIP_INSTALL) $(TORCH)
@@ -461,8 +478,10 @@ bench-host: $(TATOEBA)/vocab.en | $(SETUP_STAMP)
 # On one CUDA GPU (about 8 minutes): the decoding properties in fp32 and under fp16/bf16 autocast, then training
 # and translation speed of every mechanism at Base, eager and with -ext_compile, as ratios to the baseline ->
 # results/gpu/<gpu model>.{md,json} (docs/gpu-check.md).  Without CUDA: one line and exit status 2; the CPU dry
-# run is `python tools/gpu_check.py --device cpu --tiny` (in make test).
+# run is `python tools/gpu_check.py --device cpu --tiny` (in make test).  PART=props, train (train-fresh,
+# train-cases), decode (decode-beam-eager, ...) or all (the default): one part (tools/gpu_check.py --part).
 GPU_CHECK_ARGS ?=
+PART ?=
 gpu-check: | $(SETUP_STAMP)
 	@cuda=$$($(PY) -c "import torch; print('yes' if torch.cuda.is_available() else torch.version.cuda or 'none')"); \
 	case "$$cuda" in \
@@ -474,7 +493,7 @@ gpu-check: | $(SETUP_STAMP)
 	    exit 2;; \
 	esac
 	@$(MAKE) --no-print-directory data
-	$(PY) tools/gpu_check.py $(GPU_CHECK_ARGS)
+	$(PY) tools/gpu_check.py $(if $(PART),--part $(PART) )$(GPU_CHECK_ARGS)
 
 # ---------------------------------------------------------------- paper tables
 paper-configs:

@@ -10,7 +10,8 @@ module at Python start-up; it only installs an import hook.  The first time ``on
 A failure in either step prints one line, with how to switch the extension off, and leaves ``onmt`` stock
 (:func:`~onmt_ext.plugin.activate` undoes every change it made); an unsupported OpenNMT-py version is said in one
 line.  ``ONMT_EXT_DISABLE=1`` switches the extension off but for the ``torch.load`` allow-list of
-``argparse.Namespace``, without which OpenNMT-py 3.5.1 cannot load any checkpoint (:func:`_compatibility_only`).
+``argparse.Namespace``, without which OpenNMT-py 3.5.1 cannot load any checkpoint, and a ``sys.excepthook`` that
+says in one line that a model of onmt-ext needs it (:func:`_compatibility_only`).
 ``python -m onmt_ext.hook status`` lists every change.
 """
 
@@ -50,13 +51,20 @@ def _before_onmt():
 
 def _compatibility_only():
     """With the extension disabled: only let ``torch.load`` read OpenNMT-py checkpoints (their options are an
-    ``argparse.Namespace``); nothing of OpenNMT-py is changed."""
+    ``argparse.Namespace``), and say in one line that a model of onmt-ext needs it
+    (:func:`onmt_ext.compat.explain_disabled_extension`); nothing of OpenNMT-py is changed."""
     try:
         from onmt_ext import compat
 
         compat.allow_checkpoint_classes()
     except Exception as exc:  # never break plain OpenNMT-py
         _report_failure("allow OpenNMT-py checkpoints in torch.load", exc)
+    try:
+        from onmt_ext import compat
+
+        compat.explain_disabled_extension()
+    except Exception as exc:  # never break plain OpenNMT-py
+        _report_failure("install its one-line message for models of onmt-ext", exc)
 
 
 def _after_onmt():

@@ -218,12 +218,15 @@ def _model_opts_checked(stock, opt, checkpoint=None):
         listed = "; ".join(f"-{name} {mine!r} (checkpoint: {theirs!r})" for name, mine, theirs in differing)
         raise UsageError(f"-train_from {opt.train_from}: these options differ from the checkpoint's: {listed}; "
                          "set them as the checkpoint has them (a resumed model keeps its shape)")
+    defaults = {spec.name: spec.default for spec in OPTION_SPECS}
+    theirs = {name: getattr(saved, name, defaults.get(name)) for name, _ in added}
+    listed = ", ".join(f"-{name} {value!r} (checkpoint: {theirs[name]!r})" for name, value in added)
     if added and not opt.override_opts:
-        listed = ", ".join(f"-{name} {value!r}" for name, value in added)
-        raise UsageError(f"-train_from {opt.train_from}: the checkpoint has none of {listed}; to fine-tune them "
-                         "from it add --override_opts -reset_optim all, or drop them to resume the checkpoint's model")
-    for name, value in added:
-        logger.info(f"onmt-ext: fine-tuning adds to the checkpoint's model: -{name} {value!r}")
+        raise UsageError(f"-train_from {opt.train_from}: the checkpoint was trained without {listed}; to fine-tune "
+                         "it with them add --override_opts -reset_optim all (the step count then restarts at 1, and "
+                         "-train_steps counts the fine-tuning steps), or drop them to resume the checkpoint's model")
+    if added:
+        logger.info(f"onmt-ext: fine-tuning the checkpoint's model with {listed}")
     return stock(opt, checkpoint)
 
 
@@ -282,6 +285,12 @@ def _resume_checked(stock, opt, checkpoint=None):
         problems = resume_problems(opt, checkpoint)
         if problems:
             raise UsageError("\n".join(problems))
+        step = checkpoint_step(checkpoint)
+        if getattr(opt, "reset_optim", "none") == "all" and step:
+            from onmt.utils.logging import logger
+
+            logger.info(f"onmt-ext: -reset_optim all: the step count restarts at 1 (the checkpoint is of step {step}); "
+                        f"-train_steps {getattr(opt, 'train_steps', '?')} counts the steps of this run")
     return stock(opt, checkpoint)
 
 
@@ -443,8 +452,9 @@ def _average_checked(stock, model_files, fp32=False):
     """``onmt.bin.average_models.average_models``: :func:`average_problems`, then :func:`average` (stock's loop
     averages tied tensors twice)."""
     problems = average_problems(model_files)
-    if problems:
-        raise UsageError("\n".join(problems))
+    if problems:  # a missing file is a usage error (exit 2); files that cannot be averaged, a run-time one (exit 1)
+        missing = all(problem.endswith(": no such checkpoint file") for problem in problems)
+        raise (UsageError if missing else UserError)("\n".join(problems))
     return average(model_files, fp32)
 
 

@@ -222,8 +222,31 @@ def _train_checked(stock, opt, *args, **kwargs):
     return _run_command(stock, opt, *args, **kwargs)
 
 
+def output_problems(opt):
+    """Why ``onmt_translate`` cannot write its ``-output`` file (empty: it can).
+
+    Its directory must exist (onmt-ext creates none: a misspelt path would get a tree of its own) and the path
+    must not be a directory.  Stock opens the file only after loading the model, and ends in a traceback.
+    """
+    output = getattr(opt, "output", None)
+    if not isinstance(output, str) or not output:
+        return []
+    if os.path.isdir(output):
+        return [f"-output {output}: is a directory; give the path of a file in it"]
+    folder = os.path.dirname(output)
+    if folder and not os.path.isdir(folder):
+        if os.path.exists(folder):
+            return [f"-output {output}: {folder} is not a directory"]
+        return [f"-output {output}: directory {folder} does not exist; create it first"]
+    return []
+
+
 def _translate_checked(stock, opt, *args, **kwargs):
-    """``onmt.bin.translate.translate``: one-line errors, and a warning when every translation is empty."""
+    """``onmt.bin.translate.translate``: one-line errors, a check of ``-output`` before anything is loaded, and a
+    warning when every translation is empty."""
+    problems = output_problems(opt)
+    if problems:
+        raise UsageError("\n".join(problems))
     _check_machine(opt)
     result = _run_command(stock, opt, *args, **kwargs)
     output = getattr(opt, "output", None)
@@ -259,4 +282,5 @@ def one_line_errors():
     # order 0: runs before onmt_ext.corpus's source checks (order 1), so that their errors end in one line
     patch(translate, "translate", _translate_checked, kind=MESSAGE, order=0,
           test="tests/unit/test_plugin.py::test_all_empty_translations_give_a_warning",
-          reason="a translation whose every line is empty ends without a word; " + machine)
+          reason="a translation whose every line is empty ends without a word; an -output in a directory that "
+                 "does not exist ends in a FileNotFoundError traceback after the model is loaded; " + machine)

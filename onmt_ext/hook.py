@@ -82,7 +82,8 @@ def print_patches(out=None):
 
     if disabled():
         print(f"{DISABLE_ENV} is set: onmt-ext changes nothing in OpenNMT-py; only torch.load is allowed the "
-              "argparse.Namespace of OpenNMT-py checkpoints, so that they load", file=out)
+              "argparse.Namespace of OpenNMT-py checkpoints, so that they load, and a sys.excepthook says in one "
+              "line that a model of onmt-ext needs onmt-ext", file=out)
         return
     import onmt  # (the hook, when installed, activates the extension)
 

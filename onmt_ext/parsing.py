@@ -5,8 +5,9 @@ option.  :func:`make_parsing_strict` wraps ``ArgumentParser.parse_known_args`` s
 command line (or a parser :func:`strict` marked) refuses, in one line each with exit 2 and the closest valid key:
 unknown or misspelt options (:func:`unknown_option_messages`, naming the YAML file and line), repeated YAML keys
 (:func:`duplicate_key_messages`), stock counts below 1 (:func:`stock_option_problems`) and onmt-ext's own option
-checks.  One YAML may serve both ``onmt_build_vocab`` and ``onmt_train``.  :func:`train_parser` and
-:func:`parse_train_config` parse as ``onmt_train`` does, for onmt-ext's tools and tests.
+checks; a config that YAML cannot parse for a tab in its indentation gets the file and line
+(:func:`tab_indentation_hint`).  One YAML may serve both ``onmt_build_vocab`` and ``onmt_train``.
+:func:`train_parser` and :func:`parse_train_config` parse as ``onmt_train`` does, for onmt-ext's tools and tests.
 """
 
 import difflib
@@ -124,6 +125,28 @@ def _where_set(name, args, key_lines):
 
 
 _ARGUMENT_ERROR = re.compile(r"^argument (\S+): (.*)$", re.S)
+#: Where PyYAML's error messages point: ``in "<file>", line N, column M``.
+_YAML_MARK = re.compile(r'in "([^"]+)", line (\d+), column \d+')
+
+
+def tab_indentation_hint(message):
+    """``; <file>, line N is indented with a tab: ...`` when a config that YAML could not parse (``message``, the
+    parse error) has a tab in the indentation of a line it points at, or of a line before them; else ``""``."""
+    marks = [(path, int(line)) for path, line in _YAML_MARK.findall(message)]
+    for path in dict.fromkeys(path for path, _ in marks):
+        try:
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                lines = handle.read().splitlines()
+        except OSError:
+            continue
+        pointed = [line for where, line in marks if where == path]
+        indented = [number for number, text in enumerate(lines[:max(pointed)], 1)
+                    if "\t" in text[:len(text) - len(text.lstrip())]]
+        if indented:
+            number = next((n for n in indented if n in pointed), indented[0])
+            return (f"; {path}, line {number} is indented with a tab: YAML allows only spaces for indentation "
+                    "(replace the tab with spaces)")
+    return ""
 
 
 def _usage_error(parser, args, message):
@@ -137,6 +160,8 @@ def _usage_error(parser, args, message):
         where = _where_set(name, args, _config_locations(args))
         if where != "on the command line":
             message = f"key '{name}' {where}: {match.group(2)}"
+    elif message.startswith("Couldn't parse config file"):  # configargparse's, over PyYAML's error
+        message += tab_indentation_hint(message)
     parser.exit(2, f"{parser.prog}: error: {' '.join(message.split())}\n")
 
 

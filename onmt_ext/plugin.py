@@ -15,7 +15,7 @@ Every change goes through :mod:`onmt_ext.patches`; :func:`activate` is idempoten
 import importlib
 
 from onmt_ext import (batches, checkpoints, clause_attention, command_line, commands, compat, corpus, gret,
-                      initialisation, parsing, patches, preprocessing, train_step)
+                      initialisation, parsing, patches, preprocessing, progress, train_step)
 from onmt_ext import compile as ext_compile
 from onmt_ext.options import EXT_TYPE, add_model_options, str2bool
 from onmt_ext.patches import NEEDED, add_entry, patch
@@ -145,6 +145,7 @@ def _activate():
     initialisation.install()  # the mechanisms' stated initialisation, after OpenNMT-py's own
     clause_attention.check_translation_split()
     preprocessing.install()  # onmt_translate repeats (or checks) the checkpoint's source preprocessing
+    progress.install()  # onmt_translate's progress on stderr
     commands.one_line_errors()
 
 

@@ -176,10 +176,45 @@ def mismatches(opt, model_opt):
     return problems
 
 
+#: Subword transforms that load a model file for each side (``onmt_translate`` shares no vocabulary: both).
+_NEED_MODELS = ("sentencepiece", "bpe")
+
+
+def subword_model_problems(opt, model_opt=None):
+    """Why the given ``-transforms`` cannot load their subword models (empty: they can).
+
+    ``sentencepiece`` and ``bpe`` need ``-src_subword_model`` and ``-tgt_subword_model`` (stock ends in a
+    traceback from inside the tokenizer); the message names the files of training (``model_opt``).
+    """
+    given = [name for name in (opt.transforms or []) if name in _NEED_MODELS]
+    if not given:
+        return []
+    dests = ("src_subword_model", "tgt_subword_model")
+    trained = {dest: getattr(model_opt, dest, None) for dest in dests
+               if given[0] in (getattr(model_opt, "transforms", None) or []) and getattr(model_opt, dest, None)}
+    own = ", or leave out -transforms to apply the model's own" if shaping(getattr(model_opt, "transforms", None)) \
+        else ""
+    missing = [dest for dest in dests if not getattr(opt, dest, None)]
+    if missing:
+        named = " and ".join(f"-{dest}" for dest in missing)
+        if all(dest in trained for dest in missing):
+            return [f"-transforms {given[0]} needs {named}; the model was trained with "
+                    f"{' '.join(_flag(dest, trained[dest]) for dest in missing)}: pass "
+                    f"{'them' if len(missing) > 1 else 'it'}{own}"]
+        return [f"-transforms {given[0]} needs {named}: give the {given[0]} model{'s' if len(missing) > 1 else ''} "
+                f"that training used{own}"]
+    return [f"{_flag(dest, getattr(opt, dest))}: no such file"
+            + (f" (the model was trained with {trained[dest]})" if dest in trained else "")
+            for dest in dests if not os.path.isfile(getattr(opt, dest))]
+
+
 def _transforms_of_training(stock, cls, opt):
     """``ArgumentParser._get_all_transform_translate``: training's shaping transforms, or a check of the given ones."""
     model = (getattr(opt, "models", None) or [None])[0]
     model_opt = checkpoint_options(model)
+    problems = subword_model_problems(opt, model_opt) if opt.transforms else []
+    if problems:
+        raise UsageError("\n".join(problems))
     if model_opt is None:
         return stock(cls, opt)
     trained = " ".join(getattr(model_opt, "transforms", None) or [])

@@ -3,13 +3,15 @@
 
 Usage, as `make setup SYSTEM_TORCH=1` and `tools/gpu_stage.sh` run it::
 
-    $PYTHON tools/stage_venv.py [--prog NAME] [--var NAME] [--hint TEXT] [--allow-without-pip] VENV
+    $PYTHON tools/stage_venv.py [--prog NAME] [--var NAME] [--hint TEXT] [--no-torch-hint TEXT]
+                                [--allow-without-pip] VENV
 
 How it works and why: docs/tools.md (stage_venv.py).
 """
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -118,12 +120,17 @@ def link_parent(venv, parent, info):
     return pth
 
 
-def stage(venv, var="VENV", allow_without_pip=False, hint=None):
-    """Steps 1-4 of docs/tools.md (stage_venv.py); returns the line that says which torch VENV uses."""
+def stage(venv, var="VENV", allow_without_pip=False, hint=None, no_torch_hint=None):
+    """Steps 1-4 of docs/tools.md (stage_venv.py); returns the line that says which torch VENV uses.
+
+    ``no_torch_hint``: what else to do when this Python has no torch, after installing torch into it.
+    """
     parent = interpreter(sys.executable)
     torch_parent, why = torch_of(sys.executable)
     if torch_parent is None:
-        raise StageError(f"'import torch' fails with {sys.executable}, the {kind_of(parent)} ({why})")
+        install = f"{shlex.quote(sys.executable)} -m pip install torch"
+        raise StageError(f"'import torch' fails with {sys.executable}, the {kind_of(parent)} ({why}); install torch "
+                         f"into it ({install}){', or ' + no_torch_hint if no_torch_hint else ''}")
     info = ensure_venv(venv, parent, var, allow_without_pip, hint)
     pth = link_parent(venv, parent, info)
     torch_venv, why = torch_of(venv_python(venv))
@@ -145,11 +152,13 @@ def main(argv=None):
     parser.add_argument("--var", default="VENV", help="the caller's variable for the venv folder, for hints")
     parser.add_argument("--hint", help="what to do when an existing venv does not fit (default: remove it or "
                         "pick another --var)")
+    parser.add_argument("--no-torch-hint", help="what else to do when this Python has no torch (after installing "
+                        "torch into it)")
     parser.add_argument("--allow-without-pip", action="store_true",
                         help="create the venv without pip if ensurepip is missing")
     args = parser.parse_args(argv)
     try:
-        line = stage(args.venv, args.var, args.allow_without_pip, args.hint)
+        line = stage(args.venv, args.var, args.allow_without_pip, args.hint, args.no_torch_hint)
     except StageError as error:
         print(f"{args.prog}: error: {error}", file=sys.stderr)
         return 2

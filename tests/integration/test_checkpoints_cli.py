@@ -76,6 +76,20 @@ def test_train_steps_at_or_below_the_checkpoints_step_is_refused(step_20, tmp_pa
         assert not list(tmp_path.glob("model_step_*.pt"))
 
 
+def test_fine_tuning_with_another_option_value_names_the_checkpoints_value(sample_data, onmt_active, tmp_path):
+    """Issue 58: -li2019_iterations 5 on a checkpoint of 3 (the default) was "has none of -li2019_iterations 5"; the
+    line gives the checkpoint's value and says that -reset_optim all restarts the step count at 1."""
+    model = _checkpoint(tmp_path / "li.pt", CONFIG, "-li2019_enc_self", "em", step=4)
+    result = _train(tmp_path, "-train_from", model, "-li2019_enc_self", "em", "-li2019_iterations", 5,
+                    "-train_steps", 6)
+    assert _one_error_line(result, "onmt_train", 2) == (
+        f"onmt_train: error: -train_from {model}: the checkpoint was trained without -li2019_iterations 5 "
+        "(checkpoint: 3); to fine-tune it with them add --override_opts -reset_optim all (the step count then "
+        "restarts at 1, and -train_steps counts the fine-tuning steps), or drop them to resume the checkpoint's "
+        "model")
+    assert not list(tmp_path.glob("model_step_*.pt"))
+
+
 def test_li2019_from_a_baseline_says_why_in_one_line(sample_data, onmt_active, tmp_path):
     base = _checkpoint(tmp_path / "base.pt", step=4)
     result = _train(tmp_path, "-train_from", base, "--override_opts", "-reset_optim", "all",
@@ -138,12 +152,13 @@ def test_average_models_mistakes_get_one_line(sample_data, onmt_active, tmp_path
 
     assert _one_error_line(average(first, tmp_path / "none.pt"), "onmt_average_models", 2) == \
         f"onmt_average_models: error: -models {tmp_path / 'none.pt'}: no such checkpoint file"
+    # files that exist but cannot be averaged: a run-time failure, exit 1 (docs/troubleshooting.md, "Exit status")
     for other, shown in ((gret, "-gret True (in "), (wider, "-transformer_ff 96 (in ")):
         for models in ((first, other), (other, first)):  # stock: a KeyError one way, silent the other
-            line = _one_error_line(average(*models), "onmt_average_models", 2)
+            line = _one_error_line(average(*models), "onmt_average_models", 1)
             assert f"-models {models[1]}: another model than {models[0]}" in line and "one run" in line
-        assert shown in _one_error_line(average(first, other), "onmt_average_models", 2)
-    line = _one_error_line(average(first, tmp_path / "text.pt"), "onmt_average_models", 2)
+        assert shown in _one_error_line(average(first, other), "onmt_average_models", 1)
+    line = _one_error_line(average(first, tmp_path / "text.pt"), "onmt_average_models", 1)
     assert f"-models {tmp_path / 'text.pt'}: not an OpenNMT-py checkpoint" in line
     assert not out.exists()
     support.run_cli("onmt_average_models", "-models", first, second, "-output", out)
@@ -167,7 +182,26 @@ def test_disabled_extension_still_loads_a_stock_checkpoint(sample_data, onmt_act
     status = support.run_cli("python", "-c", "import onmt, onmt_ext.patches as p, onmt_ext.plugin as q; "
                              "print(q.is_active(), [x.target for x in p.applied()])",
                              env=support.cli_env(ONMT_EXT_DISABLE="1"))
-    assert status.stdout.strip() == "False ['torch.serialization safe globals (argparse.Namespace)']"
+    assert status.stdout.strip() == ("False ['torch.serialization safe globals (argparse.Namespace)', "
+                                     "'sys.excepthook (a model of onmt-ext while ONMT_EXT_DISABLE is set)']")
+
+
+def test_disabled_extension_names_itself_for_its_own_model(sample_data, onmt_active, tmp_path):
+    """Issue 58: ONMT_EXT_DISABLE=1 with a checkpoint (or config) of ext_transformer ended in a traceback ending in
+    KeyError: 'ext_transformer'; one line names the checkpoint, its model type and the variable, exit 1."""
+    model = _checkpoint(tmp_path / "ext.pt", step=2)
+    (tmp_path / "src").write_text("▁我 ▁很 ▁好 。\n", encoding="utf-8")
+    off = support.cli_env(ONMT_EXT_DISABLE="1")
+    result = support.run_cli("onmt_translate", "-model", model, "-src", tmp_path / "src", "-output", tmp_path / "hyp",
+                             env=off, check=False)
+    assert _one_error_line(result, "onmt_translate", 1) == (
+        f"onmt_translate: error: checkpoint {model} needs onmt-ext: it was trained with -encoder_type "
+        "ext_transformer, onmt-ext's model, and ONMT_EXT_DISABLE=1 switches onmt-ext off; unset ONMT_EXT_DISABLE to "
+        "load it")
+    assert "KeyError" not in result.stderr
+    # any other error is printed as before: the hook passes it on
+    result = support.run_cli("python", "-c", "import onmt; raise KeyError('ext_transformer')", env=off, check=False)
+    assert result.returncode == 1 and "Traceback" in result.stderr and "needs onmt-ext" not in result.stderr
 
 
 @pytest.mark.slow

@@ -70,6 +70,35 @@ def test_a_subword_model_missing_here_is_named_in_one_line(toy_model, tmp_path):
     assert not (tmp_path / "out.en").exists()
 
 
+def test_given_subword_transforms_without_their_models_name_trainings_in_one_line(toy_model, tmp_path):
+    """Issue 58: -transforms sentencepiece without -src_subword_model ended in a traceback from inside sentencepiece
+    ("Either model_file or model_proto must be specified"); one line names training's files, before any model is
+    built.  A given model file that is not there is named too."""
+    src = tmp_path / "src.zh"
+    src.write_text("我 很 高兴 。\n", encoding="utf-8")
+    zh, en = support.TATOEBA / "spm.zh.model", support.TATOEBA / "spm.en.model"
+    opt = torch.load(toy_model, weights_only=True, mmap=True)["opt"]
+    assert (opt.src_subword_model, opt.tgt_subword_model) == ("build/tatoeba/spm.zh.model",
+                                                              "build/tatoeba/spm.en.model")
+    result = _translate(toy_model, src, tmp_path / "out.en", "-transforms", "sentencepiece", check=False)
+    assert support.one_error_line(result, "onmt_translate", 2) == (
+        "onmt_translate: error: -transforms sentencepiece needs -src_subword_model and -tgt_subword_model; the model "
+        "was trained with -src_subword_model build/tatoeba/spm.zh.model -tgt_subword_model "
+        "build/tatoeba/spm.en.model: pass them, or leave out -transforms to apply the model's own")
+    assert "model_proto" not in result.stderr and "Loading checkpoint" not in result.stderr
+    result = _translate(toy_model, src, tmp_path / "out.en", "-transforms", "sentencepiece", "-src_subword_model", zh,
+                        check=False)
+    assert support.one_error_line(result, "onmt_translate", 2).endswith(
+        "needs -tgt_subword_model; the model was trained with -tgt_subword_model build/tatoeba/spm.en.model: pass it, "
+        "or leave out -transforms to apply the model's own")
+    result = _translate(toy_model, src, tmp_path / "out.en", "-transforms", "sentencepiece", "-src_subword_model",
+                        tmp_path / "spm.zh.model", "-tgt_subword_model", en, check=False)
+    assert support.one_error_line(result, "onmt_translate", 2) == (
+        f"onmt_translate: error: -src_subword_model {tmp_path / 'spm.zh.model'}: no such file (the model was trained "
+        "with build/tatoeba/spm.zh.model)")
+    assert not (tmp_path / "out.en").exists()
+
+
 @pytest.mark.parametrize("marked", ["▁I ▁am ▁happy .", "I am hap@@ py ."])
 def test_evaluate_refuses_output_with_subword_marks(tmp_path, marked):
     (tmp_path / "hyp").write_text(f"It works .\n{marked}\n", encoding="utf-8")

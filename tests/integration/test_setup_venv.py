@@ -255,7 +255,19 @@ def test_errors_are_one_line_and_an_existing_venv_is_kept(machine, repo_copy, wh
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
         f"gpu_stage.sh: error: 'import torch' fails with {no_torch}/bin/python, the venv {no_torch} "
-        "(ModuleNotFoundError: No module named 'torch')"]
+        f"(ModuleNotFoundError: No module named 'torch'); install torch into it ({no_torch}/bin/python -m pip "
+        "install torch)"]
+    # make setup SYSTEM_TORCH=1 also names the other way out (issue 58): a setup that installs torch itself
+    venv = tmp_path / "venv"
+    result = run(["make", "-C", repo_copy, "--no-print-directory", "setup", "SYSTEM_TORCH=1",
+                  f"PYTHON={no_torch}/bin/python", f"VENV={venv}", f"WHEELS={wheelhouse}"], cwd=tmp_path,
+                 env=clean_env(PWD=str(tmp_path)))
+    assert result.returncode == 2 and not venv.exists()
+    assert result.stderr.splitlines()[0] == (
+        f"setup: error: 'import torch' fails with {no_torch}/bin/python, the venv {no_torch} (ModuleNotFoundError: "
+        f"No module named 'torch'); install torch into it ({no_torch}/bin/python -m pip install torch), or give "
+        f"PYTHON= a Python that has torch, or run make -C {repo_copy} VENV={venv} setup without SYSTEM_TORCH=1 (it "
+        f"installs torch==2.13.0 into {venv})"), result.stderr
 
     users = tmp_path / "users-venv"
     made = run([machine["base"], "-m", "venv", "--without-pip", users])
@@ -350,7 +362,37 @@ def test_another_torch_is_installed_into_the_venv(made, tmp_path):
     install = next(i for i, c in enumerate(commands) if c.startswith(f"{made}/bin/python -m pip install")
                    and c.endswith(torch))
     assert uninstall < install
+    # first checked (issue 58), and only then is the stamp removed and the old torch uninstalled
+    check = next(i for i, c in enumerate(commands) if f"--dry-run --no-deps --ignore-installed {torch}" in c)
+    assert check < commands.index(f"rm -f {made}/.onmt-ext-setup") < uninstall
     assert f"'torch={torch}'" in result.stdout  # the new stamp records it
+
+
+def test_an_impossible_torch_leaves_the_venv_and_its_stamp_as_they_were(made, tmp_path):
+    """Issue 58: make setup TORCH="torch==2.99.0" uninstalled the working torch before pip failed, leaving a venv
+    without torch and without its stamp.  pip install --dry-run checks the requested torch first; when it fails,
+    one line says so and nothing is changed.  Offline: the index (or WHEELS=) is an empty folder, and pip reads no
+    configuration."""
+    log = tmp_path / "changes.log"
+    (made / "bin" / "python").write_text(  # runs the check (it installs nothing), refuses and logs anything else
+        f'#!/bin/sh\ncase " $* " in *" --dry-run "*) exec {sys.executable} "$@";; esac\necho "$*" >> {log}\nexit 1\n',
+        encoding="utf-8")
+    (made / "bin" / "python").chmod(0o755)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    env = {k: v for k, v in clean_env(PWD=str(tmp_path)).items() if not k.startswith("PIP_")}
+    env["PIP_CONFIG_FILE"] = os.devnull
+    before = sorted((p.relative_to(made), p.stat().st_mtime_ns) for p in made.rglob("*"))
+    for torch, wheels in ((f"torch==2.99.0 --index-url {empty.as_uri()}", []), ("torch==2.99.0", [f"WHEELS={empty}"])):
+        result = run(["make", "-C", REPO, "--no-print-directory", "setup", f"VENV={made}", f"TORCH={torch}", *wheels],
+                     cwd=tmp_path, env=env)
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert result.stderr.splitlines()[0] == (
+            f"setup: error: TORCH={torch} cannot be installed (pip: No matching distribution found for "
+            f"torch==2.99.0); {made} and its stamp are unchanged"), result.stderr
+        assert not log.exists(), log.read_text(encoding="utf-8")
+        assert sorted((p.relative_to(made), p.stat().st_mtime_ns) for p in made.rglob("*")) == before
+        assert (made / ".onmt-ext-setup").read_text(encoding="utf-8") == STAMP
 
 
 def test_a_stamp_without_a_record_installs_again(made, tmp_path):

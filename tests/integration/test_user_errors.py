@@ -102,6 +102,24 @@ def test_an_empty_source_file_is_named_and_no_output_is_created(trained, tmp_pat
     assert "UnboundLocalError" not in result.stderr and not (tmp_path / "hyp").exists()
 
 
+# issue 58 ------------------------------------------------------------ -output in a directory that does not exist
+
+
+def test_an_output_in_a_missing_directory_is_refused_before_the_model_is_read(sample_data, onmt_active, tmp_path):
+    """Stock: the model is loaded, then a 30-line traceback ending in FileNotFoundError.  onmt-ext creates no
+    directory (a misspelt path would get a tree of its own): one line, exit 2, before the model is read (it does
+    not even exist here)."""
+    never_read = tmp_path / "never_read.pt"
+    for output, message in (
+            (tmp_path / "out" / "hyp.en", f"directory {tmp_path / 'out'} does not exist; create it first"),
+            (tmp_path, "is a directory; give the path of a file in it"),
+            (_source(tmp_path) / "hyp.en", f"{tmp_path / 'src.zh'} is not a directory")):
+        result = support.run_cli("onmt_translate", "-model", never_read, "-src", _source(tmp_path), "-output", output,
+                                 check=False)
+        assert _one_error_line(result, "onmt_translate", 2) == f"onmt_translate: error: -output {output}: {message}"
+    assert not (tmp_path / "out").exists()
+
+
 # 5 ------------------------------------------------------------------ -model that is no checkpoint
 
 
@@ -178,10 +196,14 @@ def test_train_from_with_other_architecture_options_is_refused(trained, tmp_path
     result = _train(tmp_path, "-train_from", trained / "model_step_2.pt", "-gret", "true", steps=4,
                     check=False)
     line = _one_error_line(result, "onmt_train", 2)
-    assert "the checkpoint has none of -gret True" in line and "--override_opts -reset_optim all" in line
+    assert "the checkpoint was trained without -gret True (checkpoint: False)" in line
+    assert "--override_opts -reset_optim all (the step count then restarts at 1" in line
     result = _train(tmp_path, "-train_from", trained / "model_step_2.pt", "-gret", "true",
                     "--override_opts", "-reset_optim", "all", steps=2)
-    assert "fine-tuning adds to the checkpoint's model: -gret True" in result.stdout + result.stderr
+    log = result.stdout + result.stderr
+    assert "fine-tuning the checkpoint's model with -gret True (checkpoint: False)" in log
+    assert ("-reset_optim all: the step count restarts at 1 (the checkpoint is of step 2); -train_steps 2 counts "
+            "the steps of this run") in log
 
 
 # 9 ------------------------------------------------------------------ abbreviations
@@ -241,6 +263,26 @@ def test_a_yaml_key_set_twice_is_named_with_both_lines(sample_data, onmt_active,
                              tmp_path / "s", check=False)
     assert _one_error_line(result, "onmt_train", 2).startswith(
         f"onmt_train: error: key 'hidden_size' is set 2 times in {config}, lines {first} and {last}")
+
+
+def test_a_config_indented_with_a_tab_names_the_file_and_line(sample_data, onmt_active, tmp_path):
+    """Issue 58: PyYAML's parse error gave a line and column but no hint; a tab in the indentation is named."""
+    config = tmp_path / "my.yaml"
+    text = (support.REPO / CONFIG).read_text(encoding="utf-8")
+    lines = text.splitlines()
+    nested = next(i for i, line in enumerate(lines) if line.startswith("  ") and line.strip())
+    lines[nested] = "\t" + lines[nested].lstrip(" ")
+    config.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    result = support.run_cli("onmt_train", "-config", config, "-save_model", tmp_path / "m", "-save_data",
+                             tmp_path / "s", check=False)
+    line = _one_error_line(result, "onmt_train", 2)
+    assert line.startswith("onmt_train: error: Couldn't parse config file: ")
+    assert line.endswith(f"; {config}, line {nested + 1} is indented with a tab: YAML allows only spaces for "
+                         "indentation (replace the tab with spaces)")
+    config.write_text(text + "src_vocab: [unclosed\n", encoding="utf-8")  # no tab: no hint
+    result = support.run_cli("onmt_train", "-config", config, "-save_model", tmp_path / "m", "-save_data",
+                             tmp_path / "s", check=False)
+    assert "indented with a tab" not in _one_error_line(result, "onmt_train", 2)
 
 
 # 11 ----------------------------------------------------------------- evaluate.py --refs with a TSV
