@@ -71,6 +71,8 @@ DEMO_CONFIG := yaml_configs/demo/tatoeba_zhen.yaml
 DEMO := build/demo
 DEMO_STEPS := $(shell sed -n 's/^train_steps: *\([0-9]*\).*/\1/p' $(DEMO_CONFIG))
 DEMO_MODEL := $(DEMO)/model_step_$(DEMO_STEPS).pt
+DEMO_SAVE := $(shell sed -n 's/^save_checkpoint_steps: *\([0-9]*\).*/\1/p' $(DEMO_CONFIG))
+DEMO_REPORT := $(shell sed -n 's/^report_every: *\([0-9]*\).*/\1/p' $(DEMO_CONFIG))
 SMOKE_CONFIGS := $(shell find yaml_configs/smoke -name '*.yaml' | sort)
 
 GPUS ?= 0
@@ -321,11 +323,24 @@ build/data/%/.vocab: build/data/%/.bpe
 demo: $(DEMO)/report.txt
 	@cat $<
 
+# A checkpoint every save_checkpoint_steps (the config keeps the last one): a demo whose training started and did
+# not end resumes from it when run again, and its training time then counts from the first start.
 $(DEMO_MODEL): $(TATOEBA)/vocab.en $(DEMO_CONFIG) | $(SETUP_STAMP)
-	@echo "== demo: training (progress every 100 steps; about 5 minutes on 2 idle CPU cores)"
 	mkdir -p $(DEMO)
-	date +%s > $(DEMO)/train.start
-	$(BIN)/onmt_train -config $(DEMO_CONFIG) -log_file $(DEMO)/train.log -overwrite_checkpoints
+	@last=$$(ls $(DEMO)/model_step_*.pt 2>/dev/null | sort -V | tail -n 1 || true); \
+	if [ -n "$$last" ] && [ -f $(DEMO)/train.start ] && { [ ! -f $(DEMO)/train.end ] || \
+	  [ $(DEMO)/train.end -ot $(DEMO)/train.start ]; }; then \
+	  echo "== demo: resuming the interrupted training from $$last (to step $(DEMO_STEPS); progress every \
+	$(DEMO_REPORT) steps)"; \
+	  echo "$(BIN)/onmt_train -config $(DEMO_CONFIG) -log_file $(DEMO)/train.log -train_from $$last"; \
+	  $(BIN)/onmt_train -config $(DEMO_CONFIG) -log_file $(DEMO)/train.log -train_from $$last; \
+	else \
+	  echo "== demo: training $(DEMO_STEPS) steps (progress every $(DEMO_REPORT), a checkpoint every $(DEMO_SAVE) to \
+	resume from if interrupted; about 5 minutes on 2 idle CPU cores)"; \
+	  date +%s > $(DEMO)/train.start; \
+	  echo "$(BIN)/onmt_train -config $(DEMO_CONFIG) -log_file $(DEMO)/train.log -overwrite_checkpoints"; \
+	  $(BIN)/onmt_train -config $(DEMO_CONFIG) -log_file $(DEMO)/train.log -overwrite_checkpoints; \
+	fi
 	date +%s > $(DEMO)/train.end
 
 $(DEMO)/test.hyp.en: $(DEMO_MODEL)
