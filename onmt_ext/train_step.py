@@ -112,11 +112,39 @@ def host_counts(batch, padding_idx):
     return host["counts"]
 
 
+#: the process has said that it waits for its first training batch (:func:`_first_batch_said`)
+_FIRST_BATCH = []
+
+
+def _first_batch_said(iterator):
+    """``iterator``, with a log line before its first batch (the data path fills a bucket of ``-bucket_size``
+    examples first, minutes on a large corpus with nothing printed) and one when it came; once per process."""
+    if _FIRST_BATCH:
+        yield from iterator
+        return
+    import time
+
+    from onmt.utils.logging import logger
+
+    _FIRST_BATCH.append(True)
+    logger.info("onmt-ext: building the first training batches (a bucket of -bucket_size examples is read, "
+                "transformed and sorted first)")
+    start = time.monotonic()
+    items = iter(iterator)
+    try:
+        first = next(items)
+    except StopIteration:
+        return
+    logger.info(f"onmt-ext: the first training batch came after {time.monotonic() - start:.1f} s")
+    yield first
+    yield from items
+
+
 def accum_batches(self, iterator):
     """``Trainer._accum_batches`` counting the normalisation on the CPU copy of each batch."""
     batches, normalization = [], 0
     self.accum_count = self._accum_count(self.optim.training_step)
-    for batch, _ in iterator:
+    for batch, _ in _first_batch_said(iterator):
         batches.append(batch)
         _, tokens = host_counts(batch, self.train_loss.padding_idx)
         # stock: target tokens after BOS without each sentence's EOS, or sentences

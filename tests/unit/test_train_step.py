@@ -237,3 +237,20 @@ def test_adam_eps_reaches_adam():
     assert adam_eps_problems(opt) == ["-adam_eps 1e-09: only -optim adam reads it (this run: -optim sgd)"]
     opt.optim, opt.adam_eps = "adam", 0.0
     assert adam_eps_problems(opt) == ["-adam_eps 0.0: must be above 0"]
+
+
+def test_the_wait_for_the_first_batch_is_said_once(monkeypatch):
+    """Issue 58: training printed nothing for minutes while its first bucket was built; a line says what it waits
+    for, and one when the first batch came, once per process; the batches pass unchanged."""
+    from onmt.utils import logging as onmt_logging
+
+    from onmt_ext import train_step
+
+    lines = []
+    monkeypatch.setattr(onmt_logging.logger, "info", lines.append)
+    monkeypatch.setattr(train_step, "_FIRST_BATCH", [])
+    assert list(train_step._first_batch_said(iter([1, 2, 3]))) == [1, 2, 3]
+    assert len(lines) == 2
+    assert lines[0].startswith("onmt-ext: building the first training batches")
+    assert lines[1].startswith("onmt-ext: the first training batch came after ") and lines[1].endswith(" s")
+    assert list(train_step._first_batch_said(iter([4, 5]))) == [4, 5] and len(lines) == 2  # once per process
