@@ -16,6 +16,7 @@ Parameters after each step and the reported statistics equal stock's bit for bit
 """
 
 import sys
+import time
 import traceback
 
 import torch
@@ -122,8 +123,6 @@ def _first_batch_said(iterator):
     if _FIRST_BATCH:
         yield from iterator
         return
-    import time
-
     from onmt.utils.logging import logger
 
     _FIRST_BATCH.append(True)
