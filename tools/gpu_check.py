@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """The GPU check: decoding properties, training and translation speed of every mechanism on one CUDA GPU.
 
-Usage: ``python tools/gpu_check.py [--device cuda|cpu] [--tiny] [--out DIR] [--commit REV] [--budget-a/-b/-c S]
-...`` (``--help`` lists every option).
+Usage: ``python tools/gpu_check.py [--part props|train|decode|all|...] [--cases PAPERS] [--device cuda|cpu]
+[--tiny] [--out DIR] [--commit REV] ...`` (``--help`` lists every option; a part fits one 5-minute device call).
 
 a. the decoding-property suite in fp32, fp16 and bf16 at once (pytest processes: fp32's console-script checks
    shared among several on a GPU);
@@ -10,10 +10,10 @@ b. training at Transformer-Base: the onmt-ext baseline and stock OpenNMT-py (ONM
    fresh process on the users' data path, then the baseline, an A/A control and every mechanism, eager and
    then compiled (-ext_compile), in one process that trains each case in turn;
 c. translation sentences/s, beam 4 and greedy, eager and compiled, interleaved with the baseline.
-The parts run in the order a, b fresh, b eager, b compiled, c eager, c compiled, each before its deadline;
-what cannot run is reported "not run: budget".  ``--device cpu --tiny`` is the CPU dry run.  The report
-(<out>/<device>.md and .json): docs/gpu-check.md.  Exit status: 0 report written; 1 written but a test or run
-failed; 2 nothing could run.
+The stages run in the order a, b fresh, b eager, b compiled, c eager, c compiled, each before its deadline; a
+line first says which rows will not fit, which are then reported "not run: budget".  ``--device cpu --tiny`` is
+the CPU dry run.  The report (<out>/<device>[-<part>].md and .json): docs/gpu-check.md.  Exit status: 0 report
+written; 1 written but a test or run failed; 2 nothing could run.
 """
 
 import datetime
@@ -121,29 +121,277 @@ MIN_START_S = 3.0
 TABLES_SHARE = 0.08
 #: a child process gets this long after its deadline to write what it has before it is stopped
 GRACE_S = 5.0
+#: the share of a decoding group's time left that its timed runs are planned to fill (the rest absorbs noise)
+PLAN_SHARE = 0.9
 
 
 def _now():
     return time.monotonic()
 
 
+#: ``--part``: the sections each part runs and its stages, each ``(stage, share of the section's budget on a GPU,
+#: in the dry run, cumulative)``.  A stage ends at most its share after it starts; a cumulative one when every
+#: share so far is spent, counted from the check's start, so it also gets what the stages before it left.  The
+#: parts other than ``all`` each fit one device call (docs/gpu-check.md, "Parts"); without section a to share
+#: their time, the warm-ups (the machine's, the compiled rows' compiled ahead) have a stage of their own.
+PART_STAGES = {
+    "all": ("abc", tuple((name, gpu, tiny, "compiled" in name) for name, gpu, tiny in PARTS)),
+    "props": ("a", (("a", 1.0, 1.0, False),)),
+    "train": ("b", (("b warm-up", 0.25, 0.15, False), ("b fresh", 0.4, 0.45, False), ("b eager", 0.35, 0.2, False),
+                    ("b compiled", 0.0, 0.2, True))),
+    "train-fresh": ("b", (("b warm-up", 0.25, 0.2, False), ("b fresh", 0.75, 0.8, True))),
+    "train-cases": ("b", (("b warm-up", 0.25, 0.2, False), ("b eager", 0.4, 0.4, False),
+                          ("b compiled", 0.35, 0.4, True))),
+    "decode": ("c", (("c checkpoints", 0.5, 0.5, False), ("c eager", 0.5, 0.5, True), ("c compiled", 0.0, 0.0, True))),
+}
+#: the decoding groups (section c) and the part that runs each alone
+DECODE_GROUPS = {"decode-beam-eager": "translate-eager", "decode-greedy-eager": "greedy-eager",
+                 "decode-beam-compiled": "translate-compiled", "decode-greedy-compiled": "greedy-compiled"}
+PART_STAGES.update({name: PART_STAGES["decode"] for name in DECODE_GROUPS})
+#: the split offered when a part does not fit its budget by the plan's estimate (then by --cases, per paper)
+SPLITS = {"all": ("props", "train", "decode"), "train": ("train-fresh", "train-cases"), "decode": tuple(DECODE_GROUPS)}
+#: each part's budget (section, GPU s, dry-run s): a part fits one device call of at most 5 minutes with the
+#: 40 s of staging (tools/gpu_stage.sh) and the check's own start and report
+PART_BUDGETS = {"props": ("a", 85.0, 22.0), "train": ("b", 240.0, 125.0), "decode": ("c", 240.0, 90.0)}
+
+
 class Schedule:
-    """The parts' deadlines (monotonic): an eager part ends at most its budget (its share of its section's) after
-    it starts; a compiled part ends when the budgets of every part so far, its own included, are spent from the
-    check's start, so it also gets what the parts before it left.  ``parts`` keeps each part's time."""
+    """The stages' deadlines (monotonic), from ``--part``'s :data:`PART_STAGES`: a stage ends at most its share
+    of its section's budget after it starts, a cumulative one when the budgets of every stage so far, its own
+    included, are spent from the check's start.  ``parts`` keeps each stage's time."""
 
     def __init__(self, args):
         self.args, self.start, self.planned, self.parts = args, _now(), 0.0, []
+        self.stages = {name: rest for name, *rest in PART_STAGES[args.part][1]}
 
     def deadline(self, name, whole=False):
-        gpu, tiny = next((gpu, tiny) for part, gpu, tiny in PARTS if part == name)
+        gpu, tiny, cumulative = self.stages[name]
         budget = (1.0 if whole else tiny if self.args.tiny else gpu) * getattr(self.args, f"budget_{name[0]}")
         self.planned += budget
-        return self.start + self.planned if "compiled" in name else _now() + budget
+        return self.start + self.planned if cumulative else _now() + budget
 
     def record(self, name, began, deadline, ended, status):
         self.parts.append({"part": name, "budget_s": round(deadline - began, 1), "seconds": round(ended - began, 1),
                            "status": status})
+
+
+#: the A/A control's band: on a GPU its median should lie within it, else the report says so beside every ratio
+#: of its group
+AA_BAND = (0.97, 1.03)
+
+
+def aa_summary(ratios, band=AA_BAND):
+    """The A/A control's ratios summed up: their ``median``, an ``interval`` of the median with its ``coverage``
+    (the distribution-free 95% interval from six ratios on, else their range, whose coverage is 1 - 2^(1-n)), and
+    whether the median lies ``within`` ``band``; None without a ratio."""
+    if not ratios:
+        return None
+    ordered, count = sorted(ratios), len(ratios)
+    interval, coverage = timed_runs.median_interval(ordered), 0.95
+    if interval is None:
+        interval, coverage = (ordered[0], ordered[-1]), 1 - 2 ** (1 - count)
+    median = statistics.median(ordered)
+    return {"runs": count, "ratios": [round(ratio, 4) for ratio in ratios], "median": median,
+            "interval": list(interval), "coverage": round(coverage, 3), "band": list(band),
+            "within": band[0] <= median <= band[1]}
+
+
+def aa_note(summary):
+    """What the report says beside each ratio of a group whose A/A control is outside its band (None: within)."""
+    if summary is None:
+        return "no A/A run measured"
+    if summary["within"]:
+        return None
+    return f"A/A {summary['median']:.3f}: outside {summary['band'][0]:g}-{summary['band'][1]:g}"
+
+
+def aa_text(summary):
+    """One line on a group's A/A control."""
+    if summary is None:
+        return "A/A control: no run measured"
+    low, high = summary["interval"]
+    few = " (fewer than 3 runs)" if summary["runs"] < 3 else ""
+    return (f"A/A control: median {summary['median']:.3f} over {summary['runs']} runs{few}, interval "
+            f"{low:.3f}-{high:.3f} ({summary['coverage']:.0%} coverage), "
+            + ("within" if summary["within"] else "OUTSIDE") + f" {summary['band'][0]:g}-{summary['band'][1]:g}")
+
+
+def spread(entries, extras):
+    """``entries`` with ``extras`` spread evenly among them: the first before all, the last after all (one extra:
+    before all).  Places the A/A control's runs across the in-process group."""
+    out, count = list(entries), len(extras)
+    for number, extra in enumerate(extras):
+        out.insert(number + (round(number * len(entries) / (count - 1)) if count > 1 else 0), extra)
+    return out
+
+
+def proportional_shares(estimates):
+    """Each item's share of the time left when it starts, so that the time is shared in proportion to
+    ``estimates`` (the last item gets all that is left)."""
+    return [estimate / sum(estimates[number:]) if sum(estimates[number:]) > 0 else 1.0
+            for number, estimate in enumerate(estimates)]
+
+
+def left_out(stages):
+    """The plan's estimate: walks ``stages`` (``(name, budget s, cumulative, [(row label or None, seconds)])``, in
+    running order) as :class:`Schedule` and the training processes do; a row that would end after its stage's
+    deadline is left out (a later, cheaper one may still fit), a fixed cost (label None) always runs.  Returns
+    ``(labels left out, estimated seconds)``."""
+    clock = planned = 0.0
+    out = []
+    for _, budget, cumulative, rows in stages:
+        planned += budget
+        deadline = planned if cumulative else clock + budget
+        for label, seconds in rows:
+            if label is not None and clock + seconds > deadline:
+                out.append(label)
+            else:
+                clock += seconds
+    return out, clock
+
+
+#: the plan's costs, seconds: on a GPU from the H200 run of 3fa46b4 (results/gpu/NVIDIA_H200-3fa46b4.json:
+#: section a's longest process, preparation, the machine warm-up, compiling ahead (li2019's process), a training
+#: process's start to its first step, step times of the users'-path rows, in-process runs at 32,768 tokens,
+#: warm-ups of section c's eager and compiled cases; a timed run takes --min-run-seconds); in the dry run from
+#: this project's 2-core CPU
+COSTS = {
+    "cuda": {"props": 60, "prepare": 10, "warm": 35, "ahead": 60, "process": 15, "layers": 40, "checkpoint": 1.5,
+             "steps": {"ext": (0.045, 0.07), "stock": (0.2, 0.18), "layers": (0.045, 0.07)}, "case": (3.0, 4.0),
+             "baseline": 1.5, "translate_warm": (1.0, 5.0), "translate": 0.0,
+             "cases": {"li2019 EM routing, enc-self [1-6]": (6.4, 7.4),
+                       "li2019 EM routing on all three components": (19.3, 7.4)}},
+    "cpu": {"props": 20, "prepare": 12, "warm": 10, "ahead": 0, "process": 8, "layers": 10, "checkpoint": 0.6,
+            "steps": {"ext": (0.05, 0.45), "stock": (0.14, 0.4), "layers": (0.1, 0.6)}, "case": (0.6, 2.0),
+            "baseline": 0.5, "translate_warm": (0.5, 1.5), "translate": 0.05, "cases": {}},
+}
+
+
+def _translate_rows(args, cases, compiled, costs):
+    """The estimated rows of one decoding group: each candidate's warm-up and timed runs, with its share of the
+    baseline's runs; first the baseline's own warm-up and first run (fixed)."""
+    run = max(args.min_run_seconds, costs["translate"])
+    warm = costs["translate_warm"][compiled]
+    candidates = [timed_runs.control_case(BASELINE), *cases]
+    rows = [(None, costs["translate_warm"][0] + run)]
+    rows += [(f"{case.label}, {'compiled' if compiled and not case.control else 'eager'}",
+              (costs["translate_warm"][0] if case.control else warm)
+              + args.translate_passes * run * (1 + 1 / args.translate_block) / PLAN_SHARE) for case in candidates]
+    return rows
+
+
+def part_stages(args, cases, costs):
+    """``--part``'s stages as :func:`left_out` walks them: their budgets from :data:`PART_STAGES` and the rows
+    the plan will run in each, with their estimated seconds (``costs``: one of :data:`COSTS`)."""
+    stages, sections, table = [], args.sections, PART_STAGES[args.part][1]
+    rows = {name: [] for name, *_ in table}
+    small, paper = args.batch_size, args.paper_batch_size
+    if "a" in sections:
+        rows["a"].append(("section a's pytest processes", costs["props"]))
+    if "b" in sections:
+        if "a" not in sections:  # (with section a, both run beside its processes)
+            rows["b warm-up" if "b warm-up" in rows else "b fresh"].extend(
+                [(None, costs["prepare"]), (None, max(costs["warm"], 0 if args.fresh_only else costs["ahead"]))])
+        plan = training_plan(args, cases)
+        for name, group, _, entries in plan:
+            stage = "b fresh" if name == "b fresh" else "b eager"
+            rows[stage].append((None, costs["process"]))
+            kind = {FRESH_EXT: "ext", FRESH_STOCK: "stock", FRESH_LAYERS: "layers"}.get(group)
+            for row, case, mode, _ in entries:
+                label = f"{row['case']}, {row['mode']}, {row['batch_tokens']}" + _run_text(row)
+                if kind:
+                    steps = step_plan(args, *_run_steps(args, group))["total"]
+                    seconds = steps * costs["steps"][kind][row["batch_tokens"] != small]
+                    seconds += costs["layers"] if kind == "layers" and row["batch_tokens"] == paper else 0
+                elif row.get("run", 1) > 1 or case.control or case == BASELINE:
+                    seconds = costs["baseline"]
+                else:
+                    seconds = costs["cases"].get(case.label, costs["case"])[mode == "compiled"]
+                rows["b compiled" if row.get("part", mode) == "compiled" else stage].append((label, seconds))
+    if "c" in sections and ("b" in sections or "c checkpoints" in rows):
+        if "b" not in sections:
+            rows["c checkpoints"] += [(None, costs["prepare"] + costs["process"]),
+                                      (None, costs["checkpoint"] * (len(cases) + 2))]
+        for key in args.groups:
+            search, mode = key.split("-")
+            rows[f"c {mode}"] += [(label and f"{label}, {'beam 4' if search == 'translate' else 'greedy'}", seconds)
+                                  for label, seconds in _translate_rows(args, cases, mode == "compiled", costs)]
+    for name, gpu, tiny, cumulative in table:
+        budget = (tiny if args.tiny else gpu) * getattr(args, f"budget_{name[0]}")
+        stages.append((name, budget, cumulative, rows[name]))
+    return stages
+
+
+def paper_of(case):
+    """A case's paper: its config's directory (li2019, cao2019, chen2019, clause, gret)."""
+    return case.config.split("/")[0]
+
+
+def apply_part(args, part):
+    """Sets on ``args`` what ``--part`` ``part`` runs: its sections, which fresh processes and decoding groups,
+    and its section's budget (:data:`PART_BUDGETS`) unless one was given."""
+    args.part = part
+    if part != "all":
+        args.sections, args.fresh_only = PART_STAGES[part][0], part == "train-fresh"
+        args.fresh = [] if part == "train-cases" else args.fresh or ["ext", "stock"]
+        section, gpu, tiny = PART_BUDGETS[part.split("-")[0]]
+        if args.given_budgets.get(section) is None:
+            setattr(args, f"budget_{section}", tiny if args.tiny else gpu)
+    args.groups = [DECODE_GROUPS[part]] if part in DECODE_GROUPS else list(DECODE_GROUPS.values())
+
+
+def part_command(part, cases, everything):
+    papers = list(dict.fromkeys(map(paper_of, cases)))
+    return f"--part {part}" + ("" if len(cases) == len(everything) else f" --cases {','.join(papers)}")
+
+
+def split_parts(args, cases, costs):
+    """The parts (``[(part, cases)]``) that measure what ``args``' part does, each fitting its budget by the plan's
+    estimate: the part itself, else its :data:`SPLITS`, else its cases shared out by paper; a single paper that
+    still does not fit is offered as it is."""
+    def fits(part, chosen):
+        trial = type(args)(**vars(args))
+        apply_part(trial, part)
+        return not left_out(part_stages(trial, chosen, costs))[0]
+
+    def split(part, chosen):
+        if fits(part, chosen):
+            return [(part, chosen)]
+        if part in SPLITS:
+            return [item for sub in SPLITS[part] for item in split(sub, chosen)]
+        papers = [[case for case in chosen if paper_of(case) == name] for name in dict.fromkeys(map(paper_of, chosen))]
+        for count in range(2, len(papers) + 1):
+            chunks = share_papers(papers, count)
+            if all(fits(part, chunk) for chunk in chunks):
+                break
+        return [(part, chunk) for chunk in chunks] if len(papers) > 1 else [(part, chosen)]
+
+    return split(args.part, cases)
+
+
+def share_papers(papers, count):
+    """``papers`` (each a list of cases, in order) in at most ``count`` consecutive chunks of about as many cases:
+    a paper starts a new chunk when the middle of its cases lies past the chunk's even share."""
+    total, done, chunks = sum(map(len, papers)), 0, [[]]
+    for cases in papers:
+        if chunks[-1] and done + len(cases) / 2 > total * len(chunks) / count:
+            chunks.append([])
+        chunks[-1] += cases
+        done += len(cases)
+    return chunks
+
+
+def plan_line(args, cases, everything):
+    """The line printed before a part starts: by the plan's estimate (:func:`left_out`), every row fits its
+    budget, or which rows will not, and the parts that would measure them (:func:`split_parts`)."""
+    costs = COSTS["cuda" if args.device == "cuda" else "cpu"]
+    stages = part_stages(args, cases, costs)
+    out, seconds = left_out(stages)
+    head = f"== gpu-check {part_command(args.part, cases, everything)}: by the plan's estimate"
+    if not out:
+        return f"{head} every row fits ({seconds:.0f} s of {sum(stage[1] for stage in stages):.0f})"
+    offer = " and ".join(part_command(part, chosen, everything) for part, chosen in split_parts(args, cases, costs))
+    return (f"{head} {len(out)} row(s) will not fit: {'; '.join(out)}. To measure every row, run instead: {offer}")
 
 
 # ---------------------------------------------------------------- section a
@@ -534,7 +782,9 @@ class Meter:
         intervals = [r["tgt_tokens"] / r["seconds"] for r in measured if r["seconds"] > 0]
         figures = {
             "tokens_per_s": tokens / seconds, "measured_steps": steps, "step_ms": 1000 * seconds / steps,
-            "interval_tokens_per_s": intervals,
+            "interval_tokens_per_s": intervals, "measure_steps": job["measure"],
+            # over time, (last step, tok/s) per report interval: whether the measured steps reached a plateau
+            "interval_points": [[r["step"], r["tgt_tokens"] / r["seconds"]] for r in measured if r["seconds"] > 0],
             "median_interval_tokens_per_s": statistics.median(intervals) if intervals else None,
             "data_wait_share": sum(waits) / seconds, "peak_memory_mb": common.peak_memory_mb(self.cuda),
             "peak_memory_since": "the run" if self.cuda or self.peak_reset else "the process start",
@@ -625,9 +875,12 @@ def child_train_many(result_file, head, argv):
         try:
             opt = _parse_train_options(job["config"], stock)
             train_command.train(opt)
-            figures = meter.end(t0_wall if first_run else None)
-            entry = {"key": job["key"], "status": "warmed up" if job.get("warmup") else "measured",
-                     **({} if job.get("warmup") else figures)}
+            if job.get("checkpoint"):  # section c's checkpoint alone: nothing measured
+                entry = {"key": job["key"], "status": "trained"}
+            else:
+                figures = meter.end(t0_wall if first_run else None)
+                entry = {"key": job["key"], "status": "warmed up" if job.get("warmup") else "measured",
+                         **({} if job.get("warmup") else figures)}
         except WarmedUp as stop:
             entry = {"key": job["key"], "status": "warmed up", "steps": stop.args[0]}
         except (Exception, SystemExit) as error:  # the run fails, the next one starts
@@ -637,7 +890,7 @@ def child_train_many(result_file, head, argv):
             entry = {"key": job["key"], "status": "failed", "traceback": True,
                      "reason": f"{type(error).__name__}: {text[-1] if text else ''}"[:300]}
         entry["seconds"], entry["ended"] = round(time.monotonic() - start, 1), time.monotonic()
-        if entry["status"] == "measured":  # the process's first step (imports, compilation) is paid once
+        if entry["status"] in ("measured", "trained"):  # the process's first step (imports, compilation) is paid once
             once = (entry.get("first_step_s") or 0.0) if first_run else 0.0
             cost = max(0.0, entry["seconds"] - once)
             per_weight.append(cost / job["weight"])
@@ -659,16 +912,17 @@ def _repeat_factor(config, tokens_needed):
     return max(1, math.ceil(2 * tokens_needed / tokens))  # twice: batches are padded and buckets cut short
 
 
-def step_plan(args, steps=None):
+def step_plan(args, steps=None, warmup=None):
     """Which training steps measure what (1-based, inclusive): ``measure`` (tokens/s, step time, data wait),
     ``profile`` (first step, count: the busy share), ``counted`` (synchronisations per step: on CUDA the measured
     steps, whose sync warnings cost nothing; on the CPU more steps after the profiled ones, since counting host
     reads slows every operator), ``total``.  ``steps``: the measured steps (default ``--steps``; the in-process
-    group's runs: ``--case-steps``)."""
-    warmup, cuda = args.warmup_steps, args.device == "cuda"
-    first, last = warmup + 1, warmup + (steps or args.steps)
+    group's runs: ``--case-steps``) after ``warmup`` unmeasured ones (default ``--warmup-steps``; see
+    :func:`_run_steps`)."""
+    cuda = args.device == "cuda"
+    first, last = (warmup or args.warmup_steps) + 1, (warmup or args.warmup_steps) + (steps or args.steps)
     end = last + args.profile_steps
-    counted = [first, last] if cuda else [end + 1, end + warmup]
+    counted = [first, last] if cuda else [end + 1, end + args.warmup_steps]
     return {"measure": [first, last], "profile": [last + 1, args.profile_steps], "counted": counted,
             "total": counted[1] if not cuda else end}
 
@@ -676,10 +930,10 @@ def step_plan(args, steps=None):
 class Settings:
     """What section b's configs need from timed_runs.case_config (its ``args``)."""
 
-    def __init__(self, args, batch_size, steps=None):
+    def __init__(self, args, batch_size, steps=None, warmup=None):
         self.batch_size = batch_size
-        self.warmup_steps = args.warmup_steps
-        self.steps = step_plan(args, steps)["total"] - args.warmup_steps  # the steps after the warm-up, all uses
+        self.warmup_steps = args.warmup_steps  # (the report interval)
+        self.steps = step_plan(args, steps, warmup)["total"] - args.warmup_steps  # the steps after the first report
         self.gpu = 0 if args.device == "cuda" else -1
 
 
@@ -688,14 +942,14 @@ EXT_TRAIN_OPTIONS = ("overwrite_checkpoints", "adam_eps")
 
 
 def training_config(case, mode, args, work, repeat_cache, batch_size=None, replay=False, stock=False, name="",
-                    steps=None):
+                    steps=None, warmup=None):
     """Writes the config of ``case`` in ``mode`` (eager/compiled); returns (path, checkpoint, options).
 
     ``replay``: no data workers (the batches are built ahead in the training process); otherwise
     ``--num-workers``, the users' path.  ``stock``: the config without onmt-ext's options, for stock
-    OpenNMT-py (a case with a mechanism cannot be one).  ``steps``: measured steps (:func:`step_plan`)."""
+    OpenNMT-py (a case with a mechanism cannot be one).  ``steps``, ``warmup``: see :func:`step_plan`."""
     batch_size = batch_size or args.batch_size
-    settings = Settings(args, batch_size, steps)
+    settings = Settings(args, batch_size, steps, warmup)
     size, lines = ("smoke", TINY_LINES) if args.tiny else ("paper", None)
     paper = common.config_values(case.config)
     overrides = {"num_workers": 0 if replay else args.num_workers, "report_every": args.warmup_steps,
@@ -711,7 +965,7 @@ def training_config(case, mode, args, work, repeat_cache, batch_size=None, repla
     elif mode == LAYERS:
         overrides["ext_compile_layers"] = True
     # one repeated corpus per case and batch size, long enough for the longest run (--steps or --case-steps)
-    longest = step_plan(args, max(args.steps, args.case_steps))["total"]
+    longest = max(step_plan(args, *_run_steps(args, group))["total"] for group in (IN_PROCESS, FRESH_EXT))
     key = (case.config, batch_size)
     suffix = f"_{name or mode}"
     if key not in repeat_cache:  # the corpus as the case reads it, to count its tokens once
@@ -739,6 +993,8 @@ FRESH_RESERVE = 0.2
 FRESH_NAMES = {FRESH_EXT: "ext", FRESH_STOCK: "stock", FRESH_LAYERS: "layers"}
 #: the untimed first training process on the machine (see :func:`warm_up_plan`)
 WARM_UP = "machine warm-up, fresh process"
+#: the process that trains section c's checkpoints when section b does not run (--part decode)
+CHECKPOINTS = "section c's checkpoints, one process"
 STOCK_LABEL = "stock OpenNMT-py 3.5.1 (ONMT_EXT_DISABLE=1)"
 
 
@@ -790,16 +1046,26 @@ def training_plan(args, cases):
             out.append(entry)
         return out + [baseline_again(part)]
 
+    def control_run(run):
+        """A run of the A/A control (the baseline under another name), against its neighbouring baseline runs."""
+        row = _row(control, "eager", IN_PROCESS, cases_batch, base_key, replay, "eager") | {"run": run}
+        if run > 1:
+            row["key"] += f"|run {run}"
+        return row, control, "eager", {"replay": True}
+
     cases = sorted(cases, key=lambda case: case.train_target is None)  # the cases with a target first
     first = _row(BASELINE, "eager", IN_PROCESS, cases_batch, None, replay, "eager") | {"run": 1}
-    eager = [(_row(control, "eager", IN_PROCESS, cases_batch, base_key, replay, "eager"), control, "eager",
-              {"replay": True})]
-    eager += [(_row(case, "eager", IN_PROCESS, cases_batch, base_key, replay, "eager", case.train_target,
+    eager = [(_row(case, "eager", IN_PROCESS, cases_batch, base_key, replay, "eager", case.train_target,
                     case.paper_train), case, "eager", {"replay": True}) for case in cases]
     compiled = [(_row(case, "compiled", IN_PROCESS, cases_batch, base_key, replay, "compiled", case.train_target,
                       case.paper_train), case, "compiled", {"replay": True}) for case in cases]
-    in_process = [(first, BASELINE, "eager", {"replay": True}), *interleaved(eager, "eager"),
-                  *interleaved(compiled, "compiled")]
+    # the A/A control's runs spread over the group: the first before every case, the last after every compiled one
+    order = spread(eager + compiled, [control_run(run) for run in range(1, args.aa_runs + 1)])
+    boundary = next((number for number, entry in enumerate(order) if entry[2] == "compiled"), len(order))
+    for row, *_ in order[boundary:]:
+        row["part"] = "compiled"  # (the A/A runs there: eager runs in the compiled part's time)
+    in_process = [(first, BASELINE, "eager", {"replay": True}), *interleaved(order[:boundary], "eager"),
+                  *interleaved(order[boundary:], "compiled")]
     return fresh + [("b in-process", IN_PROCESS, {}, in_process)]
 
 
@@ -808,6 +1074,16 @@ def fresh_deadlines(began, deadline, count):
     each leaves :data:`FRESH_RESERVE` of the part to every process after it."""
     reserve = FRESH_RESERVE * (deadline - began)
     return [deadline - reserve * (count - 1 - number) for number in range(count)]
+
+
+def checkpoint_plan(args, cases):
+    """Section c's checkpoints when section b does not run (``--part decode``): the baseline, the A/A control and
+    every case, eager, each trained for a few steps in one process on built-ahead batches, nothing measured
+    (decoding's speed does not depend on the weights: every output has the same forced length)."""
+    replay = "built ahead, no workers, replayed from memory"
+    rows = [(_row(case, "eager", CHECKPOINTS, args.batch_size, None, replay, "checkpoint"), case, "eager",
+             {"replay": True}) for case in (BASELINE, timed_runs.control_case(BASELINE), *cases)]
+    return [("c checkpoints", CHECKPOINTS, {}, rows)]
 
 
 def warm_up_plan(args):
@@ -826,7 +1102,8 @@ def start_warm_up(args, work, entry, configs, repeat_cache, deadline):
     the thread (its row is filled in place when it ends).  ``repeat_cache``: :func:`prepare_training`'s."""
     row, case, mode, extra = entry
     configs[row["key"]] = training_config(case, mode, args, work, repeat_cache, batch_size=extra["batch_size"],
-                                          stock=True, name=row["name"])
+                                          stock=True, name=row["name"], steps=args.warmup_steps,
+                                          warmup=args.warmup_steps)
     row["command"], row["options"] = f"onmt_train -config {configs[row['key']][0]}", configs[row["key"]][2]
     thread = threading.Thread(target=run_training_process, daemon=True,
                               args=(args, work, WARM_UP, {"ONMT_EXT_DISABLE": "1"}, [entry], configs,
@@ -892,16 +1169,23 @@ def prepare_training(args, work, plan, cache):
         for row, case, mode, extra in rows:
             configs[row["key"]] = training_config(case, mode, args, work, cache, batch_size=row["batch_tokens"],
                                                   replay=extra.get("replay", False), stock=extra.get("stock", False),
-                                                  name=row["name"], steps=_run_steps(args, row["group"]))
+                                                  name=row["name"], steps=_run_steps(args, row["group"])[0],
+                                                  warmup=_run_steps(args, row["group"])[1])
             row["command"] = f"onmt_train -config {configs[row['key']][0]}"
             row["options"] = configs[row["key"]][2]
     return configs
 
 
 def _run_steps(args, group):
-    """The measured steps of a run in ``group``: ``--case-steps`` in one process (the same replayed batches for
-    every case and its neighbouring baseline runs), ``--steps`` on the users' path (data workers: variable)."""
-    return args.case_steps if group == IN_PROCESS else args.steps
+    """``(measured steps, unmeasured steps before them)`` of a run in ``group``: ``--case-steps`` in one process
+    (the same replayed batches for every case and its neighbouring baseline runs), ``--steps`` after
+    ``--fresh-warmup-steps`` on the users' path (data workers), past the warm-up of a fresh process; the machine
+    warm-up and section c's checkpoints train only ``--warmup-steps`` twice."""
+    if group == IN_PROCESS:
+        return args.case_steps, args.warmup_steps
+    if group in (WARM_UP, CHECKPOINTS):
+        return args.warmup_steps, args.warmup_steps
+    return args.steps, args.fresh_warmup_steps
 
 
 def _slug(text):
@@ -928,19 +1212,22 @@ def run_training_process(args, work, group, env, rows, configs, deadlines, stop_
     """One training process for ``rows`` (see :func:`child_train_many`), each run before the deadline of its
     mode (``deadlines``: mode -> monotonic time); fills the rows in place and returns when each mode's last
     run ended (or None).  ``stop_after``: every run is an untimed warm-up that ends after that many steps."""
-    steps = step_plan(args, _run_steps(args, group))
+    steps = step_plan(args, *_run_steps(args, group))
     jobs = [{"key": row["key"], "config": str(configs[row["key"]][0]), "replay": "replayed" in row["data_path"],
              "replay_key": replay_key(configs[row["key"]][2]),
              "batches": (stop_after or steps["total"]) + 2,
-             "save": row["group"] == IN_PROCESS and row["mode"] == "eager" and not row.get("repeat_of"),
-             "repeat_of": row.get("repeat_of"),
+             "save": row["group"] in (IN_PROCESS, CHECKPOINTS) and row["mode"] == "eager" and row.get("run", 1) == 1,
+             "repeat_of": row.get("repeat_of"), "checkpoint": row["group"] == CHECKPOINTS,
              "weight": 1 + math.log2(row["batch_tokens"] / args.batch_size) / 4,  # a guess: much is fixed cost
-             "measure": steps["measure"], "counted": steps["counted"],
-             # a repeated baseline run measures speed only: no profiled steps (their tables and busy share)
-             "profile": [steps["profile"][0], 0] if row.get("repeat_of") else steps["profile"],
+             "measure": steps["measure"], "counted": [1, 0] if row["group"] == CHECKPOINTS else steps["counted"],
+             # a further baseline or A/A run measures speed only: no profiled steps (their tables and busy share);
+             # section c's checkpoints measure nothing
+             "profile": [steps["profile"][0], 0] if row.get("run", 1) > 1 or row["group"] == CHECKPOINTS
+             else steps["profile"],
              "host_reads": row["mode"] == "eager", "deadline": deadlines[row.get("part", row["mode"])],
              "report_every": args.warmup_steps, "tables_s": TABLES_SHARE * args.budget_b,
-             "profile_file": None if row.get("repeat_of") else str(args.profiles / f"{_slug(row['key'])}.txt")}
+             "profile_file": None if row.get("run", 1) > 1 or row["group"] == CHECKPOINTS
+             else str(args.profiles / f"{_slug(row['key'])}.txt")}
             for row, _, _, _ in rows]
     if stop_after:
         for job in jobs:
@@ -1004,7 +1291,8 @@ def training_ratios(rows, cuda):
     """Each measured row's ratio to its reference (tokens/s and peak memory), and whether it meets its target (on a
     GPU only).  A reference with runs again in the same process (the in-process baseline) counts the runs nearest
     before and after the row, so that a drift of the machine's speed over the part cancels; the reference row
-    then shows the median of its runs."""
+    then shows the median of its runs.  Returns the in-process group's A/A summary (:func:`aa_summary`), whose
+    note (:func:`aa_note`) each of the group's other ratios gets when it is outside its band."""
     by_key = {row["key"]: row for row in rows}
     runs = {}
     for row in rows:
@@ -1034,6 +1322,15 @@ def training_ratios(rows, cuda):
             row["memory_ratio"] = row["peak_memory_mb"] / reference["peak_memory_mb"]
             if row["target"] is not None and cuda:  # the targets are for a GPU
                 row["met"] = row["ratio"] >= row["target"]
+    # the in-process group's A/A control (its runs spread over the group), beside every ratio of the group
+    in_process = [row for row in rows if row["group"] == IN_PROCESS and row.get("reference")]
+    if not in_process:
+        return None
+    summary = aa_summary([row["ratio"] for row in in_process if row.get("control") and "ratio" in row])
+    for row in in_process:
+        if "ratio" in row and not row.get("control") and aa_note(summary):
+            row["aa_note"] = aa_note(summary)
+    return summary
 
 
 def section_b_status(rows):
@@ -1080,9 +1377,10 @@ def warm_another(first, base, warm_s, passes, block, min_run_s, left, overhead=0
         return True
     _, costs = run_costs(first, min_run_s, overhead)
     candidates = [name for name in first if name != base]
-    now, _ = plan_cases(costs, costs[base], candidates, passes, block, 0.9 * left)
+    now, _ = plan_cases(costs, costs[base], candidates, passes, block, PLAN_SHARE * left)
     after = left - max(warm_s, default=0.0)
-    later, _ = plan_cases({**costs, None: costs[base]}, costs[base], candidates + [None], passes, block, 0.9 * after)
+    later, _ = plan_cases({**costs, None: costs[base]}, costs[base], candidates + [None], passes, block,
+                          PLAN_SHARE * after)
     return None in later and set(now) <= set(later)
 
 
@@ -1196,7 +1494,8 @@ def child_translate_many(result_file, head, argv):
         copies, costs = run_costs(first, min_run_s, overhead)
         candidates = [job["name"] for job in jobs if job["name"] != base and job["name"] in first]
         left = group_deadline - time.monotonic()
-        chosen, estimate = plan_cases(costs, costs[base], candidates, group["passes"], group["block"], 0.9 * left)
+        chosen, estimate = plan_cases(costs, costs[base], candidates, group["passes"], group["block"],
+                                      PLAN_SHARE * left)
         record({"group": key, "phase": "plan", "copies": copies, "chosen": chosen, "estimate_s": estimate,
                 "left_s": left, "costs": costs, "overhead_s": overhead, "sentences": copies * group["sentences"]})
         repeated = timed_runs.repeated_file(source, copies)  # never an earlier run's copy of another test set
@@ -1228,8 +1527,9 @@ def _translation_group(args, models, source, search, compiled, entries, share, d
     all ``compiled``) translated with ``search``.  Returns (jobs, the group's record, its rows)."""
     mode, name = ("compiled" if compiled else "eager"), ("beam 4" if search[0] == "translate" else "greedy")
     base_label = f"{BASELINE.label} (eager)"
-    by_label = {base_label: (BASELINE, False)}
-    by_label.update({f"{case.label} ({mode})": (case, compiled) for case in entries})
+    by_label = {base_label: (BASELINE, False)}  # (the A/A control runs eager in every group)
+    by_label.update({f"{case.label} ({'eager' if case.control else mode})": (case, compiled and not case.control)
+                     for case in entries})
 
     def job(label):
         case, on = by_label[label]
@@ -1248,7 +1548,8 @@ def _translation_group(args, models, source, search, compiled, entries, share, d
     rows = []
     for label, (case, _) in by_label.items():
         base_mode = "eager (compiled group's reference)" if compiled else "eager"
-        rows.append({"case": case.label, "mode": base_mode if label == base_label else mode, "search": name,
+        rows.append({"case": case.label, "mode": base_mode if label == base_label or case.control else mode,
+                     "search": name,
                      "control": case.control, "label": label, "group": key,
                      "target": case.translate_target if name == "beam 4" and label != base_label else None,
                      "paper": case.paper_translate if name == "beam 4" else None})
@@ -1371,18 +1672,25 @@ def section_c(args, schedule, work, models, cases, result, child=None):
     args.output_length = args.output_length or timed_runs.natural_output_length(reference_pieces)
     result.update(output_length=args.output_length, test_sentences=args.test_sentences)
     control = timed_runs.control_case(BASELINE)
-    began, built, deadlines = _now(), [], {}
+    began, specs, deadlines = _now(), [], {}
     for compiled in (False, True):
         mode = "compiled" if compiled else "eager"
         deadlines[mode] = schedule.deadline(f"c {mode}")
-        if compiled:
-            entries = [case for case in cases if case in models]
-        else:
-            entries = ([control] if control in models else []) + sorted(
-                (case for case in cases if case in models), key=lambda case: case.translate_target is None)
-        if entries:
-            built += [_translation_group(args, models, source, search, compiled, entries, GROUP_SHARES[search[0]],
-                                         deadlines[mode]) for search in timed_runs.SEARCHES]
+        mine = [case for case in cases if case in models]
+        if not compiled:
+            mine.sort(key=lambda case: case.translate_target is None)
+        entries = ([control] if control in models else []) + mine
+        specs += [(search, compiled, entries) for search in timed_runs.SEARCHES
+                  if f"{search[0]}-{mode}" in args.groups]
+    if args.part == "all":
+        shares = [GROUP_SHARES[search[0]] for search, _, _ in specs]
+    else:  # (one deadline for every group of the part: each its share of the estimates)
+        costs = COSTS["cuda" if args.device == "cuda" else "cpu"]
+        shares = proportional_shares([sum(seconds for _, seconds in _translate_rows(
+            args, [case for case in entries if not case.control], compiled, costs)) for _, compiled, entries in specs])
+    built = [_translation_group(args, models, source, search, compiled, entries, share,
+                                deadlines["compiled" if compiled else "eager"])
+             for (search, compiled, entries), share in zip(specs, shares)]
     jobs_file, runs_file = work / "translate.jobs.json", work / "translate.runs.jsonl"
     runs_file.unlink(missing_ok=True)
     stopped, seconds = None, deadlines["compiled"] - _now()
@@ -1404,15 +1712,27 @@ def section_c(args, schedule, work, models, cases, result, child=None):
     runs = common.read_json_lines(runs_file)
     for jobs, group, rows in built:
         _group_figures(args, group, rows, jobs, runs, stopped)
+        aa = [row for row in rows if row.get("control")]  # its paired ratios, in running order
+        group["aa"] = aa_summary(aa[0].get("run_ratios") if aa else None)
+        for row in rows:
+            if row.get("ratio") is not None and row["case"] != BASELINE.label and not row.get("control"):
+                row["aa_note"] = aa_note(group["aa"])
+        # a case without a checkpoint (its training run did not end) is reported, not dropped
+        rows += [{"case": case.label, "mode": "eager" if case.control else group["mode"], "search": group["search"],
+                  "group": group["key"], "control": case.control, "status": "not run", "reason": "no checkpoint "
+                  "(its training run did not end; see section b or the checkpoints' log)",
+                  "target": case.translate_target if group["search"] == "beam 4" else None}
+                 for case in [control, *cases] if case not in models]
         result["groups"].append(group)
         result["rows"] += rows
     eager_keys = {jobs["key"] for jobs, _, _ in built if not jobs["compiled"]}
     eager_end = max((run["ended"] for run in runs if run.get("group") in eager_keys and "ended" in run),
-                    default=min(ended, deadlines["eager"]))
+                    default=min(ended, deadlines["eager"]) if eager_keys else began)
     for mode, start, end in (("eager", began, eager_end), ("compiled", eager_end, ended)):
         statuses = {group["status"] for group in result["groups"] if group["mode"] == mode}
-        schedule.record(f"c {mode}", start, deadlines[mode], end,
-                        "ran" if statuses == {"ran"} else "partly run" if statuses else "not run")
+        if statuses or args.part == "all":
+            schedule.record(f"c {mode}", start, deadlines[mode], end,
+                            "ran" if statuses == {"ran"} else "partly run" if statuses else "not run")
 
 
 def section_c_status(result):
@@ -1440,9 +1760,14 @@ def device_info(args):
 
 
 def report_name(info, args):
-    if args.device != "cuda":
-        return "cpu-tiny" if args.tiny else "cpu"
-    return re.sub(r"[^A-Za-z0-9.+-]+", "_", info["name"]).strip("_") or "gpu"
+    """``<GPU model>`` (or ``cpu-tiny``, ``cpu``), then ``-<part>`` and ``-<papers>`` unless every one ran."""
+    name = ("cpu-tiny" if args.tiny else "cpu") if args.device != "cuda" else (
+        re.sub(r"[^A-Za-z0-9.+-]+", "_", info["name"]).strip("_") or "gpu")
+    if args.part != "all":
+        name += f"-{args.part}"
+    if len(args.cases) < len(set(map(paper_of, MECHANISMS))):
+        name += "-" + "_".join(args.cases)
+    return name
 
 
 def _met(row):
@@ -1502,9 +1827,11 @@ def targets_table(sections, on_gpu, batch_tokens):
     cases_batch = b.get("case_batch_tokens", small)
     for mode in ("eager", "compiled"):
         for case in MECHANISMS:
-            if case.train_target is not None and f"{IN_PROCESS}|{case.label}|{mode}|{cases_batch}" in train:
+            key = f"{IN_PROCESS}|{case.label}|{mode}|{cases_batch}"
+            if case.train_target is not None and key in train:
                 rows.append(_target(f"training ratio, {case.label}, {mode} ({cases_batch} tokens)",
-                                    case.train_target, measured(IN_PROCESS, case.label, cases_batch, "ratio", mode)))
+                                    case.train_target, measured(IN_PROCESS, case.label, cases_batch, "ratio", mode))
+                            | {"aa": train[key].get("aa_note")})
     for case, most in MEMORY_TARGETS:
         if f"{IN_PROCESS}|{case.label}|eager|{cases_batch}" in train:
             rows.append(_target(f"peak memory over the baseline's, {case.label} ({cases_batch} tokens)", most,
@@ -1513,7 +1840,7 @@ def targets_table(sections, on_gpu, batch_tokens):
         if row.get("target") is not None:
             interval = row.get("ratio_interval")
             rows.append(_target(f"decoding ratio (beam 4), {row['case']}, {row['mode']}", row["target"],
-                                row.get("ratio")) | {"interval": interval})
+                                row.get("ratio")) | {"interval": interval, "aa": row.get("aa_note")})
     if not on_gpu:
         for row in rows:
             row["met"] = None
@@ -1535,6 +1862,19 @@ def _interval_speeds(row):
     return f"{fmt(row['median_interval_tokens_per_s'], 0)} ({fmt(min(speeds), 0)}-{fmt(max(speeds), 0)})"
 
 
+def _over_time_text(row, spans=8):
+    """The (step, tok/s) of a row's report intervals in at most ``spans`` spans: each span's steps and median."""
+    points = row["interval_points"]
+    size = math.ceil(len(points) / spans)
+    chunks = [points[start:start + size] for start in range(0, len(points), size)]
+    first = row.get("measure_steps", [points[0][0], None])[0]
+    texts = []
+    for chunk in chunks:
+        texts.append(f"steps {first}-{chunk[-1][0]}: {fmt(statistics.median(speed for _, speed in chunk), 0)}")
+        first = chunk[-1][0] + 1
+    return "; ".join(texts)
+
+
 def _sites_text(row):
     return "; ".join(f"{site} ×{count}" for site, count in row.get("sync_sites") or []) or "none"
 
@@ -1548,7 +1888,9 @@ def markdown(report):
              f"- command: `{report['command']}`",
              f"- mode: {report['mode']}; total {report['seconds']:.0f} s; torch.compile backend of the compiled rows: "
              f"{report['compile_backend']}",
-             f"- commit: {report.get('commit') or 'unknown'} ({report.get('commit_from', 'not known')})", "",
+             f"- commit: {report.get('commit') or 'unknown'} ({report.get('commit_from', 'not known')})",
+             f"- part: {report.get('part', 'all')} (sections {report['settings'].get('sections')}; mechanisms of "
+             f"{report.get('cases', 'every paper')})", f"- before it started: {report.get('plan', 'no plan')}", "",
              "## Time per part", "",
              "Parts run in this order; each has its share of its section's budget, and the compiled parts also get "
              "the time the parts before them left.", "",
@@ -1595,31 +1937,43 @@ def markdown(report):
         by_key = {row["key"]: row for row in b["rows"]}
         for row in b["rows"]:
             ratio = fmt(row.get("ratio"), 3) + (f" (>= {row['target']:.2f}){_met(row)}" if row["target"] else "")
+            ratio += f" ({row['aa_note']})" if row.get("aa_note") else ""
             vs = by_key[row["reference"]]["case"] if row.get("reference") in by_key else "itself"
             if row.get("reference_runs"):
                 vs += " (its runs before and after)"
             case = row["case"]
             if row.get("repeat_of"):
                 case, vs = f"{case} (run {row['run']})", "the baseline's median"
+            elif row.get("control") and row.get("run"):
+                case = f"{case} (run {row['run']})"
             elif row.get("runs", 0) > 1:
                 case = f"{case} (median of {row['runs']} runs)"
             peak = fmt(row.get("peak_memory_mb"), 0) + (f" ({row['memory_ratio']:.2f}×)"
                                                          if row.get("memory_ratio") is not None else "")
             lines.append(
                 f"| {case} | {row['mode']} | {row['group']} | {row['data_path']} | {row['batch_tokens']} | "
-                f"{fmt(row.get('tokens_per_s'), 0)} | {_interval_speeds(row)} | {ratio} | {vs} | {fmt(row.get('paper'))} | "
+                f"{fmt(row.get('tokens_per_s'), 0)} | {_interval_speeds(row)} | {ratio} | {vs} | "
+                f"{fmt(row.get('paper'))} | "
                 f"{fmt(row.get('busy_share'))} | {fmt(row.get('busy_ms_per_step'), 1)} "
                 f"({fmt(row.get('busy_share_unprofiled'))}) | {fmt(row.get('data_wait_share'), 3)} | "
                 f"{fmt(row.get('step_ms'), 1)} "
                 f"| {fmt(row.get('syncs_per_step'), 1)} | {fmt(row.get('first_step_s'), 2)} | "
                 f"{fmt(row.get('startup_s'), 1)} | {peak} | {row['status']}"
                 f"{': ' + row['reason'] if row.get('reason') else ''} |")
+        if any(row["group"] == IN_PROCESS for row in b["rows"]):
+            lines += ["", f"In one process, {aa_text(b.get('aa'))} (its runs spread over the group; on a GPU its "
+                      "median should lie within the band, and where it does not, every ratio of the group says so)."]
+        over_time = [f"- {row['case']}, {row['batch_tokens']} tokens: {_over_time_text(row)}" for row in b["rows"]
+                     if row.get("part") == "fresh" and row.get("interval_points")]
+        if over_time:
+            lines += ["", "Users'-path rows over time (target tok/s, the median of the report intervals in each span "
+                      "of the measured steps; the first steps were not measured):", "", *over_time]
         warm = b.get("warm_up")
         if warm:
             lines += ["", f"Machine warm-up ({warm['status']}{': ' + warm['reason'] if warm.get('reason') else ''}):"
                       f" stock OpenNMT-py on {warm['batch_tokens']}-token batches in the machine's first training "
-                      "process, untimed, while section a ran, so that neither measured fresh process pays alone for "
-                      "loading the CUDA libraries and kernels. Its first step took "
+                      "process, untimed, before them (beside section a), so that neither measured fresh process pays "
+                      "alone for loading the CUDA libraries and kernels. Its first step took "
                       f"{fmt(warm.get('first_step_s'), 2)} s and its start-up {fmt(warm.get('startup_s'), 1)} s."]
         ahead = b.get("compile_warm_up") or []
         if ahead:
@@ -1650,6 +2004,11 @@ def markdown(report):
         lines += [f"## c. Translation ({c['status']}, {c.get('seconds', 0):.0f} s)", ""]
         if c.get("reason"):
             lines += [f"Not run: {c['reason']}.", ""]
+        made = c.get("checkpoints")
+        if made:
+            lines += [f"Checkpoints (section b did not run): {made['trained']} of {made['of']} trained in one process, "
+                      f"{made['steps']} steps each at {made['batch_tokens']} tokens, not measured; log "
+                      f"`{made['log']}`" + (f"; not trained: {made['failed']}" if made["failed"] else "") + ".", ""]
         if c.get("groups"):
             lines += [f"The test set: {c.get('test_sentences')} sentences spread over the Tatoeba test set, repeated "
                       f"in each group until its fastest run takes {c.get('min_run_s', 0):g} s at least; every output "
@@ -1666,13 +2025,13 @@ def markdown(report):
                            "around each timed run), "
                            f"{fmt(group.get('sentences_per_run'))} sentences "
                            f"per run, {len(group.get('models_reused', []))} models reused from the other search; "
-                           f"compilation: {group['compile']}; `{group['command']}`")
+                           f"compilation: {group['compile']}; {aa_text(group.get('aa'))}; `{group['command']}`")
         if c.get("rows"):
             lines += ["", "| case | mode | search | sent/s | ratio (target) | 95% interval | runs | status |",
                       "|---|---|---|---:|---:|---|---:|---|"]
             for row in c["rows"]:
                 ratio = fmt(row.get("ratio"), 3) + (f" (>= {row['target']:.2f}){_met(row)}" if row["target"]
-                                                     else "")
+                                                     else "") + (f" ({row['aa_note']})" if row.get("aa_note") else "")
                 status = row["status"] + (f": {row['reason']}" if row.get("reason") else "")
                 lines.append(f"| {row['case']} | {row['mode']} | {row['search']} | "
                              f"{fmt(row.get('sentences_per_s'), 1)} | {ratio} | "
@@ -1691,6 +2050,7 @@ def markdown(report):
         met = ("n/a (not a GPU run)" if not on_gpu else "n/a (not measured)") if row["met"] is None else (
             "met" if row["met"] else "NOT met")
         shown = fmt(row["measured"], 3) + (f" [{_interval_text(row['interval'])}]" if "interval" in row else "")
+        shown += f" ({row['aa']})" if row.get("aa") else ""
         lines.append(f"| {row['measure']} | {row['target']} | {shown} | {met} |")
     return "\n".join(lines) + "\n"
 
@@ -1744,12 +2104,15 @@ SIZED_OPTIONS = {
     "num_workers": (int, 2, 1, "data workers of the users'-path runs (the onmt-ext and stock baselines; --tiny: the "
                                "same code path, one worker process fewer to start per run)"),
     "warmup_steps": (int, 5, 2, "unmeasured first steps; also the report interval"),
-    "steps": (int, 30, 2, "measured steps of the users'-path runs (fresh processes), a multiple of --warmup-steps"),
+    "steps": (int, 200, 8, "measured steps of the users'-path runs (fresh processes), a multiple of --warmup-steps"),
+    "fresh_warmup_steps": (int, 50, 4, "unmeasured first steps of the users'-path runs: stock OpenNMT-py's speed still "
+                                       "rose well past step 30 (issue 57); a multiple of --warmup-steps"),
+    "aa_runs": (int, 3, 3, "runs of the A/A control spread over the in-process group"),
     "case_steps": (int, 15, 2, "measured steps of the in-process runs (the same replayed batches for every case), a "
                                "multiple of --warmup-steps"),
     "profile_steps": (int, 3, 1, "profiled steps after the measured ones"),
     "test_sentences": (int, 200, 16, "translation test set"),
-    "translate_passes": (int, 6, 1, "timed runs of each case per group; 6 is the fewest with a 95%% interval"),
+    "translate_passes": (int, 6, 3, "timed runs of each case per group; 6 is the fewest with a 95%% interval"),
     "min_run_seconds": (float, 2.0, 0.0, "the test set is repeated until a timed run takes this long"),
     "console_shards": (int, 6, 0, "section a's processes that share fp32's console-script checks (0: they are left "
                                   "out)"),
@@ -1766,7 +2129,14 @@ def parse_args(argv):
                         help="report directory (default results/gpu on CUDA, build/gpu-check-tiny otherwise)")
     parser.add_argument("--work", type=Path, default=None,
                         help="models, data and logs (default build/gpu-check/work; off CUDA build/gpu-check-tiny/work)")
-    parser.add_argument("--sections", default="abc", help="which sections to run (default abc)")
+    parser.add_argument("--part", default="all", choices=[*PART_STAGES],
+                        help="what to run: props (section a), train (b; train-fresh: its users'-path rows, "
+                             "train-cases: its in-process group), decode (c, with checkpoints trained for it; "
+                             "decode-beam-eager ...: one group), all (default: every section)")
+    parser.add_argument("--cases", default=None,
+                        help="the mechanisms of the in-process group and of section c, by paper: a comma-separated "
+                             "list of li2019, cao2019, chen2019, clause, gret (default all)")
+    parser.add_argument("--sections", default="abc", help="which sections to run (default abc; with --part all)")
     parser.add_argument("--fresh-only", action="store_true",
                         help="section b's users'-path rows only (the fresh processes that --fresh names), with "
                              "all of section b's budget; no section c")
@@ -1811,9 +2181,16 @@ def parse_args(argv):
             setattr(args, name, small if tiny else gpu)
     if args.case_batch_size is None:
         args.case_batch_size = args.batch_size if tiny else args.paper_batch_size
+    args.given_budgets = {name: getattr(args, f"budget_{name}") for name in "abc"}
     for name in "abc":
         if getattr(args, f"budget_{name}") is None:
             setattr(args, f"budget_{name}", (TINY_BUDGETS if tiny else BUDGETS)[name])
+    papers = list(dict.fromkeys(map(paper_of, MECHANISMS)))
+    args.cases = papers if args.cases is None else [name.strip() for name in args.cases.split(",") if name.strip()]
+    if not args.cases or set(args.cases) - set(papers):
+        parser.error(f"--cases: a comma-separated list of {', '.join(papers)}")
+    if args.part != "all" and (args.sections != "abc" or args.fresh_only):
+        parser.error("--sections and --fresh-only go with --part all; a part chooses its own")
     if args.compile_backend is None and args.device == "cpu" and tiny:
         args.compile_backend = "eager"
     if args.threads == 0 and args.device == "cpu":
@@ -1825,13 +2202,17 @@ def parse_args(argv):
         parser.error(f"--fresh: a comma-separated list of {', '.join(FRESH_NAMES.values())}")
     if min(args.batch_size, args.paper_batch_size, args.case_batch_size, args.warmup_steps, args.steps,
            args.case_steps, args.profile_steps, args.test_sentences, args.translate_passes, args.translate_batch,
-           args.translate_block, args.train_block, args.compile_warmup_steps) < 1 \
+           args.translate_block, args.train_block, args.compile_warmup_steps, args.fresh_warmup_steps,
+           args.aa_runs) < 1 \
             or min(args.num_workers, args.compile_warmups, args.console_shards, args.output_length,
                    args.min_run_seconds) < 0:
         parser.error("sizes, steps, sentences and passes must be >= 1, --num-workers, --compile-warmups, "
                      "--console-shards, --output-length and --min-run-seconds >= 0")
-    if args.steps % args.warmup_steps or args.case_steps % args.warmup_steps:
-        parser.error("--steps and --case-steps must be multiples of --warmup-steps (the report interval)")
+    if args.steps % args.warmup_steps or args.case_steps % args.warmup_steps or \
+            args.fresh_warmup_steps % args.warmup_steps:
+        parser.error("--steps, --case-steps and --fresh-warmup-steps must be multiples of --warmup-steps (the report "
+                     "interval)")
+    apply_part(args, args.part)
     if any(getattr(args, f"budget_{name}") <= 0 for name in "abc"):
         parser.error("budgets must be > 0 seconds")
     if args.out is None:
@@ -1845,13 +2226,14 @@ CHILDREN = {"train-many": child_train_many, "translate-many": child_translate_ma
 
 
 def _steps_text(args):
-    plan = step_plan(args)
-    counted = ("" if plan["counted"] == plan["measure"] else f", then steps {plan['counted'][0]}-"
-               f"{plan['counted'][1]} whose host reads are counted (counting slows every operator)")
-    return (f"Every run: {args.warmup_steps} warm-up steps, {args.steps} measured steps ({args.case_steps} in the "
-            f"in-process group; reports every {args.warmup_steps}), then {args.profile_steps} profiled steps (busy "
-            f"share){counted}; the in-process group starts with an untimed run of the baseline's {args.warmup_steps} "
-            "warm-up steps (a process's first run pays one-off costs).")
+    plan = step_plan(args, args.case_steps)
+    counted = ("" if plan["counted"] == plan["measure"] else f", then {args.warmup_steps} steps whose host reads "
+               "are counted (counting slows every operator)")
+    return (f"Every run: unmeasured first steps ({args.fresh_warmup_steps} on the users' path, past a fresh "
+            f"process's warm-up; {args.warmup_steps} in one process), measured steps ({args.steps} on the users' "
+            f"path, {args.case_steps} in one process; reports every {args.warmup_steps}), then {args.profile_steps} "
+            f"profiled steps (busy share){counted}; the in-process group starts with an untimed run of the "
+            f"baseline's {args.warmup_steps} warm-up steps (a process's first run pays one-off costs).")
 
 
 def main(argv=None):
@@ -1879,25 +2261,36 @@ def main(argv=None):
     args.profiles = args.out / "profiles" / report_name(info, args)  # the operator tables of the profiled steps
     print(f"== gpu-check on {info['name']} (torch {info['torch']}, CUDA {info['cuda']}); report into {args.out}",
           flush=True)
-    cases = TINY_MECHANISMS if args.tiny else MECHANISMS
+    everything = TINY_MECHANISMS if args.tiny else MECHANISMS
+    cases = [case for case in everything if paper_of(case) in args.cases]
+    planned = plan_line(args, cases, everything)
+    print(planned, flush=True)  # before it starts: what will not fit, and the parts that would measure it
     schedule, sections, models, cuda = Schedule(args), {}, {}, args.device == "cuda"
     commit, commit_from = project_commit(args.commit)
-    a_began, a_deadline = _now(), schedule.deadline("a")
+    a_began, a_deadline = _now(), schedule.deadline("a") if "a" in schedule.stages else None
     if "a" in args.sections:
         a_result, a_started = start_section_a(args, args.work)
-    plan = training_plan(args, cases) if "b" in args.sections else []
+    began_warm, warm_deadline = _now(), None  # (without section a, a stage of their own)
+    if "b" in args.sections and "b warm-up" in schedule.stages:
+        warm_deadline = schedule.deadline("b warm-up")
+    checkpoints = "c" in args.sections and "c checkpoints" in schedule.stages  # section c without section b
+    if checkpoints:
+        began_checkpoints, checkpoints_deadline = _now(), schedule.deadline("c checkpoints")
+    plan = training_plan(args, cases) if "b" in args.sections else checkpoint_plan(args, cases) if checkpoints else []
     if plan:  # the data (SentencePiece'd, clause-split, repeated) and every config, while section a runs
         prepared = _now()
         repeat_cache = {}
         configs = prepare_training(args, args.work, plan, repeat_cache)
+    if "b" in args.sections:
         b = sections["b"] = {"title": "training", "rows": [row for _, _, _, rows in plan for row, _, _, _ in rows],
                              "prepare_s": round(_now() - prepared, 1), "steps_text": _steps_text(args),
                              "batch_tokens": (args.batch_size, args.paper_batch_size),
                              "case_batch_tokens": args.case_batch_size,
                              "sync_kind": "torch's CUDA sync warnings" if cuda else "host reads of tensor values"}
         print(f"== gpu-check b: data and configs prepared in {b['prepare_s']:.0f} s", flush=True)
-        # with section a, the warm-up shares its time; without it, it takes a tenth of section b's budget
-        warm_deadline = a_deadline if "a" in args.sections else _now() + 0.1 * args.budget_b
+        # with section a, the warm-up shares its time; without it, its own stage (--part all: a tenth of b's budget)
+        if warm_deadline is None:
+            warm_deadline = a_deadline if "a" in args.sections else _now() + 0.1 * args.budget_b
         warm_entry = warm_up_plan(args)
         b["warm_up"] = warm_entry[0]
         warm_thread = start_warm_up(args, args.work, warm_entry, configs, repeat_cache, warm_deadline)
@@ -1913,17 +2306,33 @@ def main(argv=None):
         if not plan or args.fresh_only:
             sections["c"].update(status="not run", reason="--fresh-only" if plan else "section c translates "
                                  "section b's checkpoints; run it with b")
-    if plan:
+    if "b" in args.sections:
         for thread in [warm_thread, *compile_threads]:
             thread.join(timeout=max(0.0, warm_deadline - _now()) + GRACE_S + 1)
-        began, deadline = _now(), schedule.deadline("b fresh", whole=args.fresh_only)
+        if "b warm-up" in schedule.stages:
+            schedule.record("b warm-up", began_warm, warm_deadline, _now(),
+                            "ran" if b["warm_up"].get("status") == "measured" else "partly run")
+    if "b" in args.sections and "b fresh" in schedule.stages:
+        began, deadline = _now(), schedule.deadline("b fresh", whole=args.fresh_only and args.part == "all")
         fresh = [(group, env, rows) for name, group, env, rows in plan if name == "b fresh"]
         for (group, env, rows), share in zip(fresh, fresh_deadlines(began, deadline, len(fresh))):
             run_training_process(args, args.work, group, env, rows, configs, {"fresh": share})
         fresh_rows = [row for _, _, rows in fresh for row, _, _, _ in rows]
         schedule.record("b fresh", began, deadline, _now(), section_b_status(fresh_rows))
     translator = None
-    if plan and not args.fresh_only:
+    if checkpoints:  # section c's checkpoints (section b does not run), while its process starts
+        translator = start_section_c(args, args.work)
+        (_, group, env, rows), = plan
+        run_training_process(args, args.work, group, env, rows, configs, {"eager": checkpoints_deadline})
+        schedule.record("c checkpoints", began_checkpoints, checkpoints_deadline, _now(),
+                        "ran" if all(row.get("status") == "trained" for row, *_ in rows) else "partly run")
+        models = {case: (configs[row["key"]][0].stem, configs[row["key"]][1], row["options"])
+                  for row, case, _, _ in rows if row.get("status") == "trained"}
+        sections["c"]["checkpoints"] = {
+            "trained": len(models), "of": len(rows), "steps": step_plan(args, *_run_steps(args, group))["total"],
+            "batch_tokens": args.batch_size, "log": str(args.work / f"train-{_slug(group)}.log"),
+            "failed": {row["case"]: row.get("reason") for row, *_ in rows if row.get("status") != "trained"}}
+    if "b" in args.sections and not args.fresh_only:
         (_, group, env, rows), = [entry for entry in plan if entry[0] == "b in-process"]
         if "c" in args.sections:
             translator = start_section_c(args, args.work)
@@ -1937,16 +2346,17 @@ def main(argv=None):
         eager_end = ends["eager"] or min(_now(), deadlines["eager"])
         for mode, start, end in (("eager", began, eager_end), ("compiled", eager_end, _now())):
             schedule.record(f"b {mode}", start, deadlines[mode], end,
-                            section_b_status([row for row, _, _, _ in rows if row["mode"] == mode]))
+                            section_b_status([row for row, _, _, _ in rows if row.get("part", row["mode"]) == mode]))
         models = {case: (configs[row["key"]][0].stem, configs[row["key"]][1], row["options"])
-                  for row, case, mode, _ in rows if mode == "eager" and row.get("status") == "measured"}
+                  for row, case, mode, _ in rows if mode == "eager" and row.get("status") == "measured"
+                  and row.get("run", 1) == 1}
     if "c" in args.sections and plan and not args.fresh_only:
         section_c(args, schedule, args.work, models, cases, sections["c"], translator)
     for part in schedule.parts:
         print(f"== gpu-check {part['part']}: {part['status']} in {part['seconds']:.0f} s (budget "
               f"{part['budget_s']:.0f} s)", flush=True)
-    if plan:
-        training_ratios(sections["b"]["rows"], cuda)
+    if "b" in sections:
+        sections["b"]["aa"] = training_ratios(sections["b"]["rows"], cuda)
         sections["b"]["status"] = section_b_status(sections["b"]["rows"])
     for letter in "bc":
         if letter in sections:
@@ -1961,6 +2371,7 @@ def main(argv=None):
         "command": "python tools/gpu_check.py " + shlex.join(argv), "commit": commit, "commit_from": commit_from,
         "compile_backend": args.compile_backend or "inductor (onmt-ext's default)",
         "settings": {key: str(value) for key, value in vars(args).items()},
+        "part": args.part, "cases": ", ".join(args.cases), "plan": planned.removeprefix("== gpu-check "),
         "parts": schedule.parts, "sections": sections,
     }
     report["targets"] = targets_table(sections, cuda, (args.batch_size, args.paper_batch_size))

@@ -79,7 +79,8 @@ def test_dry_run_measures_every_row(dry_run):
     cases = {(row["case"], row["mode"], row["group"], row["batch_tokens"]) for row in rows}
     tiny, paper = 512, 2048
     assert cases == {
-        ("onmt-ext baseline", "eager", gpu_check.FRESH_EXT, tiny), ("onmt-ext baseline", "eager", gpu_check.FRESH_EXT, paper),
+        ("onmt-ext baseline", "eager", gpu_check.FRESH_EXT, tiny),
+        ("onmt-ext baseline", "eager", gpu_check.FRESH_EXT, paper),
         (gpu_check.STOCK_LABEL, "eager", gpu_check.FRESH_STOCK, tiny),
         (gpu_check.STOCK_LABEL, "eager", gpu_check.FRESH_STOCK, paper),
         ("onmt-ext baseline", gpu_check.LAYERS, gpu_check.FRESH_LAYERS, tiny),
@@ -97,18 +98,22 @@ def test_dry_run_measures_every_row(dry_run):
                     "memory_ratio"):
             assert _positive(row[key]), (row["case"], key, row[key])
         assert 0 <= row["data_wait_share"] < 1
-        assert row["measured_steps"] == (4 if row["group"] == gpu_check.IN_PROCESS else 2), row["key"]
+        assert row["measured_steps"] == (4 if row["group"] == gpu_check.IN_PROCESS else 8), row["key"]
         speeds = row["interval_tokens_per_s"]  # one per report interval of the measured steps
         assert len(speeds) == row["measured_steps"] // row["options"]["report_every"] and all(map(_positive, speeds))
         assert row["median_interval_tokens_per_s"] == statistics.median(speeds)
+        # over time: (last step, tok/s) of each interval, the users' path's after its unmeasured first steps
+        every, skipped = row["options"]["report_every"], 2 if row["group"] == gpu_check.IN_PROCESS else 4
+        assert row["interval_points"] == [[skipped + every * (number + 1), speed]
+                                          for number, speed in enumerate(speeds)]
         # the parts of a run's time: its checkpoint written only where section c may decode it
         assert (row["save_s"] > 0) == (row["group"] == gpu_check.IN_PROCESS and row["mode"] == "eager"
-                                       and not row.get("repeat_of")), (row["key"], row["save_s"])
+                                       and row.get("run", 1) == 1), (row["key"], row["save_s"])
         assert row["seconds"] > row["save_s"] + (row["profiler_stop_s"] or 0) + row["model_build_s"]
         if row["save_s"]:  # for translation only: the model without the optimiser's state
             saved, = Path(row["options"]["save_model"]).parent.glob("model_step_*.pt")
             assert torch.load(saved, map_location="cpu", weights_only=False)["optim"] is None
-        if row.get("repeat_of"):  # the baseline's further runs measure speed only, not profiled
+        if row.get("run", 1) > 1:  # the baseline's and the A/A control's further runs measure speed only
             assert "busy_share" not in row and row["profiler_stop_s"] is None, row
         else:
             assert 0 < row["busy_share"] <= 1.0 and _positive(row["busy_ms_per_step"])
@@ -134,8 +139,21 @@ def test_dry_run_measures_every_row(dry_run):
     # baseline runs nearest before and after it, and the baseline row shows the median of its runs
     in_process = [row for row in rows if row["group"] == gpu_check.IN_PROCESS]
     repeats = [row for row in in_process if row.get("repeat_of")]
-    cases_eager = len([row for row in in_process if row["mode"] == "eager" and not row["case"] == "baseline"])
-    assert len(repeats) == math.ceil(cases_eager / 2) + math.ceil(len(gpu_check.TINY_MECHANISMS) / 2)
+    assert len(repeats) == sum(math.ceil(len([row for row in in_process if row["case"] != "baseline"
+                                              and row.get("part", row["mode"]) == part]) / 2)
+                               for part in ("eager", "compiled"))
+    # the A/A control: three runs spread over the group (first of all, the eager part's last, the very last); its
+    # median and interval reported, and beside every other ratio of the group when outside its band
+    controls = [row for row in in_process if row["control"]]
+    assert [row["run"] for row in controls] == [1, 2, 3] and in_process[1] is controls[0]
+    assert in_process[-2] is controls[-1] and in_process[-1].get("repeat_of")
+    aa = sections["b"]["aa"]
+    assert aa["runs"] == 3 and aa["ratios"] == [round(row["ratio"], 4) for row in controls]
+    assert math.isclose(aa["median"], statistics.median(row["ratio"] for row in controls))
+    assert aa["within"] == (0.97 <= aa["median"] <= 1.03) and aa["coverage"] == 0.75
+    for row in in_process:
+        if row["reference"] and not row["control"]:
+            assert row.get("aa_note") == gpu_check.aa_note(aa), row["key"]
     base = next(row for row in in_process if row["key"] == repeats[0]["repeat_of"])
     runs = [base["runs_tokens_per_s"][0]] + [row["tokens_per_s"] for row in repeats]
     assert base["runs"] == len(runs) and math.isclose(base["tokens_per_s"], statistics.median(runs))
@@ -154,7 +172,7 @@ def test_dry_run_measures_every_row(dry_run):
         (row["case"], row["mode"]) for row in rows if row["mode"] == "compiled"]  # the layers first, small batch
     assert all(row["status"] == "warmed up" and row["steps"] >= 1 for row in ahead), ahead
     for row in rows:  # the profiled steps' operator tables, one file per measured run
-        if row.get("repeat_of"):  # the baseline's further runs are not profiled
+        if row.get("run", 1) > 1:  # the baseline's and the A/A control's further runs are not profiled
             continue
         table = out / "profiles" / "cpu-tiny" / f"{gpu_check._slug(row['key'])}.txt"
         assert "sorted by self_cpu_time_total" in table.read_text(encoding="utf-8"), row["key"]
@@ -189,9 +207,16 @@ def test_dry_run_measures_every_row(dry_run):
         # groups' eager baseline takes the eager groups' engine whole)
         reused = {name.rsplit(" (", 1)[0] for name in group["models_reused"]}
         cases = {row["case"] for row in c["rows"] if row["group"] == group["key"]}
+        control = "baseline, again (A/A control)"  # in every group, eager (in the compiled ones: their engines)
+        assert control in cases
         assert reused == (set() if group["search"] == "beam 4" else cases if group["mode"] == "eager"
-                          else cases - {"baseline"}), group
-    assert any(row["control"] for row in c["rows"])
+                          else cases - {"baseline", control}), group
+        # each group's A/A control: one run per pass, its median and interval, and a note beside every other ratio
+        # when outside its band
+        aa, = [row for row in c["rows"] if row["group"] == group["key"] and row["control"]]
+        assert group["aa"]["runs"] == 3 and group["aa"]["ratios"] == aa["run_ratios"]
+        assert all(row.get("aa_note") == gpu_check.aa_note(group["aa"]) for row in c["rows"]
+                   if row["group"] == group["key"] and row["case"] not in ("baseline", control))
     for row in c["rows"]:
         assert row["status"] == "measured", row
         assert _positive(row["sentences_per_s"]) and row["runs"] >= 1 and _positive(row["ratio"])
@@ -221,7 +246,8 @@ def test_the_fresh_only_run_measures_the_users_path_rows_alone(tmp_path):
     processes, the stock control among them, and nothing else, their tables packed."""
     support.ensure_sample_data()
     done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--sections", "b",
-                           "--fresh-only", "--fresh", "ext,stock,layers", "--budget-b", "300", "--out", str(tmp_path), "--work", str(tmp_path / "w"),
+                           "--fresh-only", "--fresh", "ext,stock,layers", "--budget-b", "300", "--out", str(tmp_path),
+                           "--work", str(tmp_path / "w"),
                            "--commit", "test-commit", "--pack", str(tmp_path / "files.tgz")],
                           cwd=REPO, capture_output=True, text=True, timeout=420,
                           env=support.cli_env(OMP_NUM_THREADS="1"))
@@ -246,7 +272,7 @@ def test_bad_arguments_get_one_line(capsys):
         gpu_check.parse_args(["--device", "cpu", "--tiny", "--steps", "5"])
     assert stopped.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
-    assert error.startswith("gpu_check.py: error: --steps and --case-steps must be multiples of --warmup-steps")
+    assert error.startswith("gpu_check.py: error: --steps, --case-steps and --fresh-warmup-steps must be multiples")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
@@ -405,7 +431,8 @@ def test_gpu_configs_parse_strictly(tmp_path, onmt_active, monkeypatch):
     assert gpu_check.step_plan(args)["total"] == total  # on CUDA the sync warnings are counted in the measured steps
     in_process = args.warmup_steps + args.case_steps + args.profile_steps  # fewer: the same replayed batches
     assert in_process < total and gpu_check.step_plan(args, args.case_steps)["total"] == in_process
-    repeat = math.ceil(2 * args.batch_size * total / 40)  # 40 target tokens per copy, end-of-sentence included
+    longest = args.fresh_warmup_steps + args.steps + args.profile_steps  # the users' path's runs: the longest
+    repeat = math.ceil(2 * args.batch_size * longest / 40)  # 40 target tokens per copy, end-of-sentence included
     cache = {}
     for case in (gpu_check.BASELINE, *gpu_check.MECHANISMS):
         paper = support.read_yaml(f"yaml_configs/{case.config}")
@@ -667,3 +694,175 @@ def test_a_failed_run_keeps_its_traceback_in_the_log(tmp_path, monkeypatch, caps
     assert ended["fine"]["status"] == "measured"
     log = capsys.readouterr().err
     assert "== gpu-check: run 'broken' failed:" in log and "in deep_failure" in log and "stride 144==324" in log
+
+
+def test_aa_summary_gives_the_median_its_interval_and_the_band():
+    """Issue 57: one A/A run (0.911 on the H200) said nothing; three or more give a median and an interval, and a
+    median outside 0.97-1.03 is said beside every ratio of its group."""
+    inside = gpu_check.aa_summary([1.0, 0.98, 1.02])
+    assert inside["median"] == 1.0 and inside["interval"] == [0.98, 1.02] and inside["coverage"] == 0.75
+    assert inside["within"] and gpu_check.aa_note(inside) is None and "within 0.97-1.03" in gpu_check.aa_text(inside)
+    six = [1.038, 1.061, 1.096, 1.029, 1.074, 0.990]  # the H200's beam-4 A/A of 3fa46b4
+    outside = gpu_check.aa_summary(six)
+    assert outside["interval"] == list(gpu_check.timed_runs.median_interval(six)) and outside["coverage"] == 0.95
+    assert not outside["within"] and gpu_check.aa_note(outside) == "A/A 1.050: outside 0.97-1.03"
+    assert "OUTSIDE" in gpu_check.aa_text(outside)
+    one = gpu_check.aa_summary([0.911])
+    assert one["interval"] == [0.911, 0.911] and one["coverage"] == 0 and "fewer than 3 runs" in gpu_check.aa_text(one)
+    assert gpu_check.aa_summary([]) is None and gpu_check.aa_note(None) == "no A/A run measured"
+
+
+def test_spread_places_the_aa_runs_across_the_group():
+    assert gpu_check.spread(list("abcd"), list("XYZ")) == list("XabYcdZ")
+    assert gpu_check.spread(list("abcdef"), list("XY")) == list("XabcdefY")
+    assert gpu_check.spread(list("ab"), ["X"]) == list("Xab") and gpu_check.spread(list("ab"), []) == list("ab")
+    assert gpu_check.spread(list("abcdefgh"), list("WXYZ")) == list("WabcXdeYfghZ")
+
+
+def test_the_in_process_plan_spreads_three_aa_runs_and_only_their_first_saves():
+    args = gpu_check.parse_args(["--part", "train-cases"])
+    (name, group, _, entries), = gpu_check.training_plan(args, gpu_check.MECHANISMS)
+    rows = [row for row, *_ in entries]
+    controls = [number for number, row in enumerate(rows) if row["control"]]
+    assert (name, group) == ("b in-process", gpu_check.IN_PROCESS) and len(controls) == 3
+    assert controls[0] == 1 and controls[-1] == len(rows) - 2  # right after the baseline's first run, and last
+    compiled = [number for number, row in enumerate(rows) if row["mode"] == "compiled"]
+    assert controls[1] < compiled[0] < compiled[-1] < controls[2]  # the middle one at the end of the eager part
+    assert len({row["key"] for row in rows}) == len(rows)
+    assert [rows[number].get("part", "eager") for number in controls] == ["eager", "eager", "compiled"]
+    assert all(rows[number]["reference"] == rows[0]["key"] for number in controls)
+    assert len(gpu_check.training_plan(gpu_check.parse_args(["--part", "train-cases", "--aa-runs", "5"]),
+                                       gpu_check.MECHANISMS)[0][3]) > len(entries)
+
+
+def test_the_plans_estimate_walks_the_stages_like_the_schedule():
+    stages = [("a", 10.0, False, [("p", 8.0)]),
+              ("eager", 10.0, False, [(None, 3.0), ("x", 4.0), ("big", 5.0), ("y", 2.0)]),
+              ("compiled", 0.0, True, [("z", 2.0), ("w", 9.0)])]
+    # eager: 8 + 3 + 4 = 15; "big" would end at 20 > 18 (its deadline) and is left out, "y" still fits (17);
+    # compiled ends when every budget so far is spent (20): "z" fits (19), "w" does not
+    assert gpu_check.left_out(stages) == (["big", "w"], 19.0)
+    assert gpu_check.left_out([("s", 1.0, False, [(None, 5.0)])]) == ([], 5.0)  # fixed costs always run
+
+
+def test_shares_and_papers():
+    assert gpu_check.proportional_shares([10.0, 30.0, 60.0]) == pytest.approx([0.1, 1 / 3, 1.0])
+    papers = [["em", "ea", "simple", "all"], ["cao"], ["rpe", "mpr"], ["clause"], ["gret"]]
+    assert gpu_check.share_papers(papers, 2) == [["em", "ea", "simple", "all", "cao"],
+                                                 ["rpe", "mpr", "clause", "gret"]]
+    assert gpu_check.share_papers(papers, 1) == [sum(papers, [])]
+    assert sum(gpu_check.share_papers(papers, 5), []) == sum(papers, [])
+
+
+def test_parts_choose_sections_budgets_and_report_names(capsys):
+    info = {"name": "NVIDIA H200"}
+    for part, sections in (("props", "a"), ("train", "b"), ("train-fresh", "b"), ("train-cases", "b"),
+                           ("decode", "c"), ("decode-greedy-compiled", "c"), ("all", "abc")):
+        args = gpu_check.parse_args(["--part", part])
+        assert args.sections == sections and args.part == part
+        assert gpu_check.report_name(info, args) == "NVIDIA_H200" + ("" if part == "all" else f"-{part}")
+    assert gpu_check.parse_args(["--part", "train-fresh"]).fresh_only
+    assert gpu_check.parse_args(["--part", "train-cases"]).fresh == []
+    assert gpu_check.parse_args(["--part", "decode-beam-compiled"]).groups == ["translate-compiled"]
+    assert gpu_check.parse_args(["--part", "train"]).budget_b == 240 and gpu_check.parse_args([]).budget_b == 275
+    assert gpu_check.parse_args(["--part", "train", "--budget-b", "100"]).budget_b == 100
+    assert gpu_check.parse_args(["--part", "decode", "--device", "cpu", "--tiny"]).budget_c == 90
+    args = gpu_check.parse_args(["--part", "decode-beam-eager", "--cases", "gret,li2019", "--device", "cpu", "--tiny"])
+    assert args.cases == ["gret", "li2019"]
+    assert gpu_check.report_name(info, args) == "cpu-tiny-decode-beam-eager-gret_li2019"
+    for wrong in (["--part", "train", "--sections", "b"], ["--cases", "li2019,vaswani"], ["--part", "bench"]):
+        with pytest.raises(SystemExit):
+            gpu_check.parse_args(wrong)
+    assert "--cases: a comma-separated list of li2019, cao2019, chen2019, clause, gret" in capsys.readouterr().err
+
+
+def _rows_of(part, cases, *extra):
+    args = gpu_check.parse_args(["--part", part, *extra])
+    everything = gpu_check.MECHANISMS
+    chosen = [case for case in everything if gpu_check.paper_of(case) in (cases or args.cases)]
+    args.cases = list(dict.fromkeys(map(gpu_check.paper_of, chosen)))
+    stages = gpu_check.part_stages(args, chosen, gpu_check.COSTS["cuda"])
+    return args, chosen, {label for *_, rows in stages for label, _ in rows if label}
+
+
+def test_a_part_that_does_not_fit_says_which_rows_and_offers_parts_that_measure_them_all():
+    """By the plan's estimate on a GPU (the H200 run of 3fa46b4): props and the two halves of train fit 240 s; the
+    whole check, train and decode do not, and say so with a split whose parts each fit and together measure every
+    row of the part (no row dropped silently)."""
+    for part in ("props", "train-fresh", "train-cases"):
+        args, chosen, _ = _rows_of(part, None)
+        assert "every row fits" in gpu_check.plan_line(args, chosen, gpu_check.MECHANISMS), part
+    for part in ("all", "train", "decode", "decode-beam-compiled"):
+        args, chosen, rows = _rows_of(part, None)
+        line = gpu_check.plan_line(args, chosen, gpu_check.MECHANISMS)
+        out, _ = gpu_check.left_out(gpu_check.part_stages(args, chosen, gpu_check.COSTS["cuda"]))
+        assert out and f"{len(out)} row(s) will not fit: {'; '.join(out)}. To measure every row, run instead: " in line
+        offered = gpu_check.split_parts(args, chosen, gpu_check.COSTS["cuda"])
+        assert line.endswith(" and ".join(gpu_check.part_command(p, c, gpu_check.MECHANISMS) for p, c in offered))
+        covered = set()
+        for sub, cases in offered:
+            sub_args, sub_chosen, sub_rows = _rows_of(sub, [gpu_check.paper_of(case) for case in cases])
+            assert not gpu_check.left_out(gpu_check.part_stages(sub_args, sub_chosen, gpu_check.COSTS["cuda"]))[0]
+            covered |= sub_rows
+        assert rows <= covered | {label for label in rows if "(run " in label}, sorted(rows - covered)
+    assert [part for part, _ in gpu_check.split_parts(*_rows_of("train", None)[:2], gpu_check.COSTS["cuda"])] == [
+        "train-fresh", "train-cases"]
+
+
+def test_the_users_path_runs_skip_their_first_steps():
+    """Issue 57: 30 measured steps gave onmt-ext over stock 2.69x at 32k where 400-step runs gave 1.9x: the users'
+    path now skips --fresh-warmup-steps (50) and measures --steps (200); the in-process group keeps its own."""
+    args = gpu_check.parse_args([])
+    assert gpu_check._run_steps(args, gpu_check.FRESH_STOCK) == (200, 50)
+    assert gpu_check.step_plan(args, *gpu_check._run_steps(args, gpu_check.FRESH_EXT))["measure"] == [51, 250]
+    assert gpu_check._run_steps(args, gpu_check.IN_PROCESS) == (15, 5)
+    assert gpu_check._run_steps(args, gpu_check.WARM_UP) == gpu_check._run_steps(args, gpu_check.CHECKPOINTS) == (5, 5)
+    row = {"interval_points": [[55 + 5 * n, 1000.0 * n] for n in range(40)], "measure_steps": [51, 250]}
+    text = gpu_check._over_time_text(row)
+    assert text.startswith("steps 51-75: 2000; steps 76-100: 7000;") and text.endswith("steps 226-250: 37000")
+
+
+def test_a_decode_part_trains_its_checkpoints_without_measuring_them(tmp_path, monkeypatch):
+    """--part decode...: section b does not run, so one process trains the baseline's, the A/A control's and each
+    case's checkpoint (status "trained", saved, nothing profiled or counted)."""
+    args = gpu_check.parse_args(["--part", "decode-greedy-eager", "--cases", "gret", "--device", "cpu", "--tiny"])
+    (name, group, _, entries), = gpu_check.checkpoint_plan(args, [gpu_check.MECHANISMS[-1]])
+    assert (name, group) == ("c checkpoints", gpu_check.CHECKPOINTS)
+    assert [case.label for _, case, _, _ in entries] == ["baseline", "baseline, again (A/A control)", "GRET"]
+    seen = {}
+    monkeypatch.setattr(gpu_check.common, "run_child", lambda *a, head, **k: seen.update(
+        jobs=json.loads(Path(head[0]).read_text(encoding="utf-8"))))
+    args.profiles = tmp_path / "profiles"
+    configs = {row["key"]: (tmp_path / "c.yaml", tmp_path / "m.pt", {}) for row, *_ in entries}
+    gpu_check.run_training_process(args, tmp_path, group, {}, entries, configs, {"eager": gpu_check._now() + 60})
+    assert [(job["checkpoint"], job["save"], job["profile"][1], job["profile_file"]) for job in seen["jobs"]] == [
+        (True, True, 0, None)] * 3
+    assert all(job["counted"][0] > job["counted"][1] for job in seen["jobs"])  # no step counted
+
+
+def test_make_gpu_check_passes_part_through():
+    done = subprocess.run(["make", "-n", "--no-print-directory", "gpu-check", "PART=train-fresh",
+                           f"SETUP_STAMP={SCRIPT}"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert "tools/gpu_check.py --part train-fresh" in done.stdout, done.stdout + done.stderr
+
+
+@pytest.mark.slow
+def test_a_decode_part_measures_every_row_of_its_group(tmp_path):
+    """--part decode-greedy-eager --cases gret, the dry run: its checkpoints trained first, then its one group,
+    every row measured, in a report of its own name."""
+    support.ensure_sample_data()
+    done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--part", "decode-greedy-eager",
+                           "--cases", "gret", "--budget-c", "200", "--out", str(tmp_path),
+                           "--work", str(tmp_path / "w"), "--commit", "test-commit"],
+                          cwd=REPO, capture_output=True, text=True, timeout=400,
+                          env=support.cli_env(OMP_NUM_THREADS="1"))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "== gpu-check --part decode-greedy-eager --cases gret: by the plan's estimate every row fits" in done.stdout
+    report = json.loads((tmp_path / "cpu-tiny-decode-greedy-eager-gret.json").read_text(encoding="utf-8"))
+    assert report["part"] == "decode-greedy-eager" and set(report["sections"]) == {"c"}
+    assert [part["part"] for part in report["parts"]] == ["c checkpoints", "c eager"]
+    c = report["sections"]["c"]
+    assert c["checkpoints"]["trained"] == c["checkpoints"]["of"] == 3 and not c["checkpoints"]["failed"]
+    assert [group["key"] for group in c["groups"]] == ["greedy-eager"] and c["groups"][0]["aa"]["runs"] == 3
+    assert [(row["case"], row["status"]) for row in c["rows"]] == [
+        ("baseline", "measured"), ("baseline, again (A/A control)", "measured"), ("GRET", "measured")]
