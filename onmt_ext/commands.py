@@ -37,9 +37,15 @@ COMMANDS = {"onmt.bin.train": "onmt_train", "onmt.bin.translate": "onmt_translat
             "onmt.bin.build_vocab": "onmt_build_vocab"}
 
 
+def main_module():
+    """The name of the module that runs as ``__main__`` (runpy gives it a spec: ``python -m onmt.bin.translate``,
+    and the console scripts' ``onmt.bin.<command>``), or None."""
+    return getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", None)
+
+
 def _run_as_command():
     """True in ``python -m onmt.bin.<command>``: runpy runs that module as ``__main__``, with its spec."""
-    return getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", None) in COMMANDS
+    return main_module() in COMMANDS
 
 
 def in_command():

@@ -97,7 +97,7 @@ def disabled_extension_message(error, tb):
     """The line for ``error`` (with traceback ``tb``) when it is OpenNMT-py failing to build an onmt-ext model
     because ``ONMT_EXT_DISABLE`` switched onmt-ext off: ``<command>: error: ...``; None for any other error."""
     from onmt_ext._autoload import DISABLE_ENV
-    from onmt_ext.commands import COMMANDS
+    from onmt_ext.commands import COMMANDS, main_module
     from onmt_ext.options import EXT_TYPE
 
     frames = [frame for frame, _ in traceback.walk_tb(tb)]
@@ -110,8 +110,7 @@ def disabled_extension_message(error, tb):
                        and frame.f_locals.get("model_path")), None)
     checkpoint = checkpoint or next((getattr(frame.f_locals.get("opt"), "train_from", None) for frame in frames
                                      if getattr(frame.f_locals.get("opt"), "train_from", None)), None)
-    main = getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", None)
-    prog = COMMANDS.get(main) or os.path.basename(sys.argv[0] if sys.argv and sys.argv[0] else "python")
+    prog = COMMANDS.get(main_module()) or os.path.basename(sys.argv[0] if sys.argv and sys.argv[0] else "python")
     switch = f"{DISABLE_ENV}={os.environ.get(DISABLE_ENV, '')}"
     if checkpoint:
         return (f"{prog}: error: checkpoint {checkpoint} needs onmt-ext: it was trained with {side} {EXT_TYPE}, "

@@ -32,6 +32,12 @@ _MIN_TOTAL = 1e-6  # floor of coupling totals used as denominators
 _LOG_2PI = math.log(2.0 * math.pi)
 
 
+def chi_constant(n_dim):
+    """The part of EM's cost ``chi_o`` that is the same for every capsule: ``D (1 + log 2 pi) / 2`` per unit of
+    ``S_o`` (:func:`em_routing`, where it joins ``beta_u``; the fused kernels take it as it is)."""
+    return 0.5 * n_dim * (1.0 + _LOG_2PI)
+
+
 def squash(s, dim=-1):
     """Squashing non-linearity, li2019 eq. 8 (Sabour et al. 2017).
 
@@ -192,9 +198,9 @@ def _load_kernels():
 _TRUSTED = {}
 
 
-def _kernels_trusted(name, votes, fused, reference, extras):
-    """Whether the fused kernels may route ``votes`` as ``name`` (a string of the settings): checked once per
-    name, shape of one problem, dtype and device, on its first eager call.
+def _kernels_trusted(kind, votes, fused, reference, extras):
+    """Whether the fused kernels may route ``votes`` as ``kind`` (the method and its settings, ``(method, ((name,
+    value), ...))``): checked once per kind, shape of one problem, dtype and device, on its first eager call.
 
     The check routes 3 random problems of that shape through ``fused`` and ``reference`` (callables of
     ``(votes, *extras())``, ``extras()`` the other inputs of 3 random problems, or None) and compares
@@ -203,11 +209,13 @@ def _kernels_trusted(name, votes, fused, reference, extras):
     named in one warning and the routing runs unfused for that call's kind.  Inside ``torch.compile``'s trace
     nothing can run, and the kernels are used unchecked.
     """
-    key = (name, tuple(votes.shape[-3:]), votes.dtype, votes.device.type)
+    key = (kind, tuple(votes.shape[-3:]), votes.dtype, votes.device.type)
     if key not in _TRUSTED:
         if torch.compiler.is_compiling():
             return True
-        problem = f"{name} routing of ({', '.join(map(str, key[1]))}) votes in {votes.dtype} on {votes.device.type}"
+        method, settings = kind
+        problem = (f"{method} ({', '.join(f'{name}={value}' for name, value in settings)}) routing of "
+                   f"({', '.join(map(str, key[1]))}) votes in {votes.dtype} on {votes.device.type}")
         failure = _isolated(_kernel_disagreement, votes, fused, reference, extras)
         if failure:
             warnings.warn(f"onmt-ext: the fused kernel for {problem} failed its first-use check ({failure}); this "
@@ -388,9 +396,10 @@ def simple_routing(votes, iterations=3, *, normalize="outputs", weighted_mean=Fa
             return [None if init_logits is None else torch.randn(3, n_in, n_out, generator=sample),
                     None if mask is None else torch.rand(3, n_in, generator=sample) > 0.3]
 
-        name = (f"simple (normalize={normalize}, weighted_mean={bool(weighted_mean)}, T={iterations}, "
-                f"init_logits={init_logits is not None}, mask={mask is not None}, need_logits={bool(need_logits)})")
-        if _kernels_trusted(name, votes, fused, reference, extras):
+        kind = ("simple", (("normalize", normalize), ("weighted_mean", bool(weighted_mean)), ("T", iterations),
+                           ("init_logits", init_logits is not None), ("mask", mask is not None),
+                           ("need_logits", bool(need_logits))))
+        if _kernels_trusted(kind, votes, fused, reference, extras):
             return fused(votes, init_logits, mask)
     return _simple_routing(votes, iterations, normalize, weighted_mean, init_logits, mask, need_logits)
 
@@ -514,9 +523,9 @@ def em_routing(
             return [None if mask is None else torch.rand(3, votes.shape[-3], generator=sample) > 0.3,
                     *(None if beta is None else torch.randn(n_out, generator=sample) for beta in (beta_a, beta_u))]
 
-        name = (f"EM (T={iterations}, min_var={min_var}, mask={mask is not None}, beta_a={beta_a is not None}, "
-                f"beta_u={beta_u is not None})")
-        if _kernels_trusted(name, votes, fused, reference, extras):
+        kind = ("EM", (("T", iterations), ("min_var", min_var), ("mask", mask is not None),
+                       ("beta_a", beta_a is not None), ("beta_u", beta_u is not None)))
+        if _kernels_trusted(kind, votes, fused, reference, extras):
             return fused(votes, mask, beta_a, beta_u)
     return _em_routing(votes, iterations, mask, beta_a, beta_u, inverse_temperature, min_var, density)
 
@@ -529,7 +538,7 @@ def _em_routing(votes, iterations, mask, beta_a, beta_u, inverse_temperature, mi
     # chi_o = (sum_d log var_od / 2 + D (1 + log 2 pi) / 2) S_o: the constant joins beta_u once
     beta_a = 0.0 if beta_a is None else beta_a.to(v.dtype)
     beta_u = v.new_zeros(()) if beta_u is None else beta_u.to(v.dtype)
-    beta_u = (beta_u + 0.5 * n_dim * (1.0 + _LOG_2PI)).expand(*lead[:-1], n_out)
+    beta_u = (beta_u + chi_constant(n_dim)).expand(*lead[:-1], n_out)
     if torch.is_tensor(beta_a):
         beta_a = beta_a.expand(*lead[:-1], n_out)
     coupling = None  # without a mask: C = 1/O everywhere, S_o = I/O, never formed (first M-step below)
@@ -572,4 +581,3 @@ def _em_routing(votes, iterations, mask, beta_a, beta_u, inverse_temperature, mi
     activations = torch.sigmoid(logit_a)
     outputs = activations[..., None] * mean
     return outputs.to(votes.dtype), activations.to(votes.dtype)
-

@@ -26,6 +26,8 @@ if not torch.cuda.is_available() and "triton" not in sys.modules:  # only the in
 import triton  # noqa: E402  (after the interpreter's switch)
 import triton.language as tl  # noqa: E402
 
+from onmt_ext import routing  # noqa: E402  (the reference: its constants, once)
+
 #: the largest block ``BI * BO * BD`` (sizes rounded up to powers of two) a program routes; larger problems
 #: stay with the reference
 MAX_BLOCK = 16384
@@ -39,9 +41,9 @@ USABLE = INTERPRETED or torch.cuda.is_available()
 _kernel = triton.jit
 
 
-_NEG = tl.constexpr(-3.4028234663852886e38)  # float32's lowest, as the reference's masked softmax
-_MIN_TOTAL = tl.constexpr(1e-6)  # onmt_ext.routing._MIN_TOTAL
-_NORM_EPS = tl.constexpr(1e-12)  # onmt_ext.routing._NORM_EPS
+_NEG = tl.constexpr(torch.finfo(torch.float32).min)  # as the reference's masked softmax
+_MIN_TOTAL = tl.constexpr(routing._MIN_TOTAL)
+_NORM_EPS = tl.constexpr(routing._NORM_EPS)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -87,6 +89,12 @@ def _od_offsets(pid, n_out, n_dim, o, d):
 
 
 @_kernel
+def _io_offsets(pid, n_in, n_out, i, o):
+    """Offsets and bounds of problem ``pid``'s ``[BI, BO]`` tile in a contiguous ``(P, I, O)`` tensor."""
+    return pid * n_in * n_out + i[:, None] * n_out + o[None, :], (i[:, None] < n_in) & (o[None, :] < n_out)
+
+
+@_kernel
 def _store_grad_votes(GradVotes, pid, g_votes, keep, n_in, n_out, n_dim, i, o, d):
     """The votes' gradient ``[BI, BO, BD]`` of problem ``pid`` into a contiguous ``(P, I, O, D)`` tensor, zero on
     masked inputs (the masking of :func:`_problem`)."""
@@ -128,9 +136,8 @@ def _simple_start(Init, pid, n_in, n_out, i, o, keep, BI: tl.constexpr, BO: tl.c
     """The starting logits ``[BI, BO]``: zeros, or ``Init``'s with masked inputs at 0."""
     logits = tl.zeros((BI, BO), dtype=tl.float32)
     if HAS_INIT:
-        inside = (i[:, None] < n_in) & (o[None, :] < n_out)
-        logits = tl.load(Init + pid * n_in * n_out + i[:, None] * n_out + o[None, :], mask=inside,
-                         other=0.0).to(tl.float32) * keep
+        offsets, inside = _io_offsets(pid, n_in, n_out, i, o)
+        logits = tl.load(Init + offsets, mask=inside, other=0.0).to(tl.float32) * keep
     return logits
 
 
@@ -149,8 +156,8 @@ def _simple_forward(V, s_p, s_i, s_o, s_d, Mask, Init, Out, Logits, n_in, n_out,
     offsets, inside = _od_offsets(pid, n_out, n_dim, o, d)
     tl.store(Out + offsets, out.to(Out.dtype.element_ty), mask=inside)
     if STORE_LOGITS:
-        tl.store(Logits + pid * n_in * n_out + i[:, None] * n_out + o[None, :], logits,
-                 mask=(i[:, None] < n_in) & valid_o)
+        offsets, inside = _io_offsets(pid, n_in, n_out, i, o)
+        tl.store(Logits + offsets, logits, mask=inside)
 
 
 @_kernel
@@ -163,10 +170,9 @@ def _simple_backward(V, s_p, s_i, s_o, s_d, Mask, Init, GradOut, GradLogits, Gra
     v, keep, valid_o, valid_d, i, o, d = _problem(V, pid, s_p, s_i, s_o, s_d, Mask, n_in, n_out, n_dim, BI, BO, BD,
                                                   HAS_MASK)
     start = _simple_start(Init, pid, n_in, n_out, i, o, keep, BI, BO, HAS_INIT)
-    io_inside = (i[:, None] < n_in) & valid_o
+    io_offsets, io_inside = _io_offsets(pid, n_in, n_out, i, o)
     if HAS_GRAD_LOGITS:
-        g_logits = tl.load(GradLogits + pid * n_in * n_out + i[:, None] * n_out + o[None, :], mask=io_inside,
-                           other=0.0).to(tl.float32)
+        g_logits = tl.load(GradLogits + io_offsets, mask=io_inside, other=0.0).to(tl.float32)
     else:
         g_logits = tl.zeros((BI, BO), dtype=tl.float32)
     offsets, inside = _od_offsets(pid, n_out, n_dim, o, d)
@@ -201,8 +207,7 @@ def _simple_backward(V, s_p, s_i, s_o, s_d, Mask, Init, GradOut, GradLogits, Gra
             g_logits += _softmax_backward(p, g_coupling * keep, 1)
     _store_grad_votes(GradVotes, pid, g_votes, keep, n_in, n_out, n_dim, i, o, d)
     if HAS_INIT:
-        tl.store(GradInit + pid * n_in * n_out + i[:, None] * n_out + o[None, :],
-                 (g_logits * keep).to(GradInit.dtype.element_ty), mask=io_inside)
+        tl.store(GradInit + io_offsets, (g_logits * keep).to(GradInit.dtype.element_ty), mask=io_inside)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -386,15 +391,29 @@ def _mask_bytes(mask):
     return None if mask is None else mask.to(torch.int8).contiguous()
 
 
-# the custom operators: votes (P, I, O, D), mask (P, I) bool, init (P, I, O); outputs as the reference's
+# the custom operators: votes (P, I, O, D), mask (P, I) bool, init (P, I, O); outputs as the reference's.  Each
+# operator and its fake (the shapes torch.compile traces) allocate their outputs through the same function.
+
+
+def _simple_outputs(votes, need_logits):
+    """The simple routing's ``out`` ``(P, O, D)`` and ``logits`` ``(P, I, O)`` (float32; empty without
+    ``need_logits``), unfilled."""
+    problems, n_in, n_out, n_dim = votes.shape
+    return (votes.new_empty(problems, n_out, n_dim),
+            votes.new_empty((problems, n_in, n_out) if need_logits else (0,), dtype=torch.float32))
+
+
+def _simple_gradients(votes, init):
+    """The votes' gradient (contiguous, the votes' dtype) and the starting logits' (float32; empty without them),
+    unfilled."""
+    return (torch.empty(votes.shape, dtype=votes.dtype, device=votes.device),
+            torch.empty_like(init, dtype=torch.float32) if init is not None else votes.new_empty(0))
 
 
 @torch.library.custom_op("onmt_ext::routing_simple", mutates_args=())
 def _simple_op(votes: torch.Tensor, mask: Optional[torch.Tensor], init: Optional[torch.Tensor], iterations: int,
                inputs: bool, weighted: bool, need_logits: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    problems, n_in, n_out, n_dim = votes.shape
-    out = votes.new_empty(problems, n_out, n_dim)
-    logits = votes.new_empty((problems, n_in, n_out) if need_logits else (0,), dtype=torch.float32)
+    out, logits = _simple_outputs(votes, need_logits)
     _grid_call(_simple_forward, votes, (_mask_bytes(mask), init, out, logits), (),
                ITERATIONS=iterations, INPUTS=inputs, WEIGHTED=weighted, HAS_MASK=mask is not None,
                HAS_INIT=init is not None, STORE_LOGITS=need_logits)
@@ -403,17 +422,14 @@ def _simple_op(votes: torch.Tensor, mask: Optional[torch.Tensor], init: Optional
 
 @_simple_op.register_fake
 def _simple_fake(votes, mask, init, iterations, inputs, weighted, need_logits):
-    problems, n_in, n_out, n_dim = votes.shape
-    return (votes.new_empty(problems, n_out, n_dim),
-            votes.new_empty((problems, n_in, n_out) if need_logits else (0,), dtype=torch.float32))
+    return _simple_outputs(votes, need_logits)
 
 
 @torch.library.custom_op("onmt_ext::routing_simple_backward", mutates_args=())
 def _simple_backward_op(votes: torch.Tensor, mask: Optional[torch.Tensor], init: Optional[torch.Tensor],
                         grad_out: torch.Tensor, grad_logits: Optional[torch.Tensor], iterations: int, inputs: bool,
                         weighted: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    grad_votes = torch.empty(votes.shape, dtype=votes.dtype, device=votes.device)
-    grad_init = torch.empty_like(init, dtype=torch.float32) if init is not None else votes.new_empty(0)
+    grad_votes, grad_init = _simple_gradients(votes, init)
     _grid_call(_simple_backward, votes,
                (_mask_bytes(mask), init, grad_out.contiguous(),
                 None if grad_logits is None else grad_logits.contiguous(), grad_votes, grad_init), (),
@@ -424,8 +440,7 @@ def _simple_backward_op(votes: torch.Tensor, mask: Optional[torch.Tensor], init:
 
 @_simple_backward_op.register_fake
 def _simple_backward_fake(votes, mask, init, grad_out, grad_logits, iterations, inputs, weighted):
-    return (torch.empty(votes.shape, dtype=votes.dtype, device=votes.device),
-            torch.empty_like(init, dtype=torch.float32) if init is not None else votes.new_empty(0))
+    return _simple_gradients(votes, init)
 
 
 def _simple_setup(ctx, inputs, output):
@@ -445,45 +460,51 @@ def _simple_grad(ctx, grad_out, grad_logits):
 _simple_op.register_autograd(_simple_grad, setup_context=_simple_setup)
 
 
+def _em_outputs(votes):
+    """EM's ``out`` ``(P, O, D)`` and ``activations`` ``(P, O)``, unfilled."""
+    problems, _, n_out, n_dim = votes.shape
+    return votes.new_empty(problems, n_out, n_dim), votes.new_empty(problems, n_out)
+
+
+def _em_gradients(votes, problems):
+    """The votes' gradient (contiguous, the votes' dtype) and the betas' ``(problems, O)`` (float32: one row per
+    problem, or ``problems=None``: their sums ``(O,)``), unfilled."""
+    beta_shape = (votes.shape[2],) if problems is None else (problems, votes.shape[2])
+    return (torch.empty(votes.shape, dtype=votes.dtype, device=votes.device),
+            votes.new_empty(beta_shape, dtype=torch.float32), votes.new_empty(beta_shape, dtype=torch.float32))
+
+
 @torch.library.custom_op("onmt_ext::routing_em", mutates_args=())
 def _em_op(votes: torch.Tensor, mask: Optional[torch.Tensor], beta_a: Optional[torch.Tensor],
            beta_u: Optional[torch.Tensor], iterations: int, min_var: float) -> tuple[torch.Tensor, torch.Tensor]:
-    problems, n_in, n_out, n_dim = votes.shape
-    out = votes.new_empty(problems, n_out, n_dim)
-    act = votes.new_empty(problems, n_out)
+    out, act = _em_outputs(votes)
     _grid_call(_em_forward, votes, (_mask_bytes(mask), beta_a, beta_u, out, act),
-               (0.5 * n_dim * (1.0 + math.log(2.0 * math.pi)), min_var), ITERATIONS=iterations,
+               (routing.chi_constant(votes.shape[3]), min_var), ITERATIONS=iterations,
                HAS_MASK=mask is not None, HAS_BETA_A=beta_a is not None, HAS_BETA_U=beta_u is not None)
     return out, act
 
 
 @_em_op.register_fake
 def _em_fake(votes, mask, beta_a, beta_u, iterations, min_var):
-    problems, _, n_out, n_dim = votes.shape
-    return votes.new_empty(problems, n_out, n_dim), votes.new_empty(problems, n_out)
+    return _em_outputs(votes)
 
 
 @torch.library.custom_op("onmt_ext::routing_em_backward", mutates_args=())
 def _em_backward_op(votes: torch.Tensor, mask: Optional[torch.Tensor], beta_a: Optional[torch.Tensor],
                     beta_u: Optional[torch.Tensor], grad_out: torch.Tensor, grad_act: torch.Tensor, iterations: int,
                     min_var: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    problems, n_in, n_out, n_dim = votes.shape
-    grad_votes = torch.empty(votes.shape, dtype=votes.dtype, device=votes.device)
-    grad_beta_a = votes.new_empty(problems, n_out, dtype=torch.float32)
-    grad_beta_u = votes.new_empty(problems, n_out, dtype=torch.float32)
+    grad_votes, grad_beta_a, grad_beta_u = _em_gradients(votes, votes.shape[0])
     _grid_call(_em_backward, votes,
                (_mask_bytes(mask), beta_a, beta_u, grad_out.contiguous(), grad_act.contiguous(), grad_votes,
                 grad_beta_a, grad_beta_u),
-               (0.5 * n_dim * (1.0 + math.log(2.0 * math.pi)), min_var), ITERATIONS=iterations,
+               (routing.chi_constant(votes.shape[3]), min_var), ITERATIONS=iterations,
                HAS_MASK=mask is not None, HAS_BETA_A=beta_a is not None, HAS_BETA_U=beta_u is not None)
     return grad_votes, grad_beta_a.sum(0), grad_beta_u.sum(0)
 
 
 @_em_backward_op.register_fake
 def _em_backward_fake(votes, mask, beta_a, beta_u, grad_out, grad_act, iterations, min_var):
-    n_out = votes.shape[2]
-    return (torch.empty(votes.shape, dtype=votes.dtype, device=votes.device),
-            votes.new_empty(n_out, dtype=torch.float32), votes.new_empty(n_out, dtype=torch.float32))
+    return _em_gradients(votes, None)
 
 
 def _em_setup(ctx, inputs, output):
