@@ -459,7 +459,7 @@ test: data | $(SETUP_STAMP)
 	@$(call run_pytest,-m "not slow" tests)
 
 test-all: data | $(SETUP_STAMP)
-	@echo "== test-all: both tiers, about 1,600 tests in $(TEST_WORKERS) workers: about 30 to 40 minutes on 2 CPU cores" \
+	@echo "== test-all: both tiers, about 1,700 tests in $(TEST_WORKERS) workers: about 30 minutes on 2 idle CPU cores" \
 	  "(results/tests/README.md); pytest's percentage counts them"
 	@$(call run_pytest,tests)
 
