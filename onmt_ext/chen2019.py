@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 
 from onmt_ext import compile as ext_compile
-from onmt_ext import initialisation
+from onmt_ext import initialisation, normalisation
 from onmt_ext.options import (EXT_TYPE, model_size, option, options_without_effect, register_mechanism,
                               tensor_parallel_problems)
 from onmt_ext.state import DecodingStateModule
@@ -598,8 +598,9 @@ def _attach(module, config, side, layer_norm_name, layers):
         init=chen2019.init, recurrence=chen2019.recurrence)
     if chen2019.heads == "restricted":
         first = layers[0]
-        setattr(first, layer_norm_name, restrict_heads(getattr(first, layer_norm_name), first.self_attn,
-                                                       config.heads))
+        norm = restrict_heads(getattr(first, layer_norm_name), first.self_attn, config.heads)
+        if not normalisation.post_norm(config):  # post-norm: the heads read the embeddings, the LN follows them
+            setattr(first, layer_norm_name, norm)
 
 
 def attach_encoder(encoder, config):

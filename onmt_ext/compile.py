@@ -232,7 +232,7 @@ def _combination_check(opt):
     if not getattr(opt, "ext_compile", False):
         return []
     if any(getattr(opt, spec.name, spec.default) != spec.default for spec in OPTION_SPECS
-           if spec.name not in ("ext_compile", "ext_compile_layers")):
+           if not spec.name.startswith("ext_")):  # ext_layer_norm: no tensor core either
         return []
     return ["-ext_compile has no effect without an onmt-ext mechanism (the stock layers are not compiled; "
             "-ext_compile_layers compiles whole layers)"]

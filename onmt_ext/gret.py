@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 
 from onmt_ext import compile as ext_compile
-from onmt_ext import initialisation
+from onmt_ext import initialisation, normalisation
 from onmt_ext.options import EXT_TYPE, option, options_without_effect, register_mechanism
 from onmt_ext.patches import NEEDED, patch
 from onmt_ext.routing import prepare_kernels, simple_routing
@@ -43,6 +43,8 @@ class GlobalRepresentation(nn.Module):
         pooling: ``"capsules"`` or ``"mean"`` (the "no capsules" ablation).
         aggregate: ``"all"`` layers through the GRU, or the ``"last"`` only.
         eps: epsilon of the per-layer layer norms.
+        normalise: give each summarised layer a layer norm of its own (False with ``-ext_layer_norm post``,
+            whose layers already hand on normalised states).
 
     Usage: :meth:`observe` is registered as a forward hook on every encoder
     layer; :meth:`summarise` then maps the observed outputs and the
@@ -54,7 +56,7 @@ class GlobalRepresentation(nn.Module):
     ext_compile = False
 
     def __init__(self, d_model, layers, capsules=4, capsule_dim=None, iterations=3, pooling="capsules",
-                 aggregate="all", eps=1e-6):
+                 aggregate="all", eps=1e-6, normalise=True):
         super().__init__()
         if pooling not in POOLINGS or aggregate not in LAYER_CHOICES:
             raise ValueError(f"pooling must be one of {POOLINGS} and aggregate one of {LAYER_CHOICES}")
@@ -63,8 +65,8 @@ class GlobalRepresentation(nn.Module):
         self.used = list(range(layers)) if aggregate == "all" else [layers - 1]
         self.eps = eps
         # one layer norm per summarised layer, applied to all of them at once
-        self.norm_weight = nn.Parameter(torch.ones(len(self.used), d_model))
-        self.norm_bias = nn.Parameter(torch.zeros(len(self.used), d_model))
+        self.norm_weight = nn.Parameter(torch.ones(len(self.used), d_model)) if normalise else None
+        self.norm_bias = nn.Parameter(torch.zeros(len(self.used), d_model)) if normalise else None
         pooled = d_model
         if pooling == "capsules":
             self.vote_maps = nn.Parameter(torch.empty(capsules, d_model, self.capsule_dim))  # W_k
@@ -110,7 +112,8 @@ def global_summary(hidden, keep, norm_weight, norm_bias, vote_maps, scorer_weigh
     Args:
         hidden: the M layer outputs ``(M, batch, len, d)``.
         keep: ``(batch, len)``, True at real tokens.
-        norm_weight, norm_bias: the per-layer layer norms ``(M, d)``.
+        norm_weight, norm_bias: the per-layer layer norms ``(M, d)``; None: the states as they are (post-norm
+            layers hand on normalised states).
         vote_maps: W_k ``(K, d, d_c)``; None pools by a masked mean (the
             "no capsules" ablation).
         scorer_weight, scorer_bias, score_weight, score_bias: the ATP scorer
@@ -122,8 +125,10 @@ def global_summary(hidden, keep, norm_weight, norm_bias, vote_maps, scorer_weigh
     ``W_k h_i`` ``(M, batch, len, K, d_c)``, simple routing over the real
     tokens to K capsules, then attentive pooling over the capsules.
     """
-    hidden = torch.nn.functional.layer_norm(hidden, hidden.shape[-1:], eps=eps)
-    hidden = torch.addcmul(norm_bias[:, None, None].to(hidden.dtype), hidden, norm_weight[:, None, None].to(hidden.dtype))
+    if norm_weight is not None:
+        hidden = torch.nn.functional.layer_norm(hidden, hidden.shape[-1:], eps=eps)
+        hidden = torch.addcmul(norm_bias[:, None, None].to(hidden.dtype), hidden,
+                               norm_weight[:, None, None].to(hidden.dtype))
     if vote_maps is None:
         weights = keep.to(hidden.dtype).unsqueeze(-1)
         return (hidden * weights).sum(dim=2) / weights.sum(dim=1).clamp(min=1.0)
@@ -204,7 +209,8 @@ def fuse(dec_out, state, gate_weight, gate_bias):
 def _representation_rules(module):
     """:class:`GlobalRepresentation`: layer-norm gains one and shifts zero, each capsule map ``W_k`` (d by d_c)
     and the ATP scorer's linears Glorot uniform with zero biases, the GRU Glorot per gate with zero biases."""
-    rules = {"norm_weight": initialisation.ONES, "norm_bias": initialisation.ZEROS}
+    rules = {} if module.norm_weight is None else {"norm_weight": initialisation.ONES,
+                                                     "norm_bias": initialisation.ZEROS}
     if module.pooling == "capsules":
         rules["vote_maps"] = initialisation.GLOROT
         rules.update({f"pool_scorer.{i}.{kind}": initialisation.GLOROT if kind == "weight" else initialisation.ZEROS
@@ -266,7 +272,8 @@ def attach_encoder(encoder, config):
         raise ValueError(f"-gret_capsules {gret.capsules} does not divide d_model {config.d_model}; set "
                          "-gret_capsule_dim")
     encoder.gret = GlobalRepresentation(config.d_model, len(encoder.transformer), gret.capsules,
-                                        gret.capsule_dim or None, gret.iterations, gret.pooling, gret.layers)
+                                        gret.capsule_dim or None, gret.iterations, gret.pooling, gret.layers,
+                                        normalise=not normalisation.post_norm(config))
     for layer in encoder.transformer:
         layer.register_forward_hook(encoder.gret.observe)
 

@@ -167,13 +167,13 @@ def initialise(model, names=None):
 def added_by_mechanism(model, name):
     """True when the parameter or buffer ``name`` lies in a module defined by onmt-ext.
 
-    onmt-ext's encoder and decoder classes (``onmt_ext.transformer``) hold the stock sub-modules too, so they
-    do not count.
+    onmt-ext's encoder and decoder classes (``onmt_ext.transformer``) and post-norm layers
+    (``onmt_ext.normalisation``) hold only stock sub-modules, so they do not count.
     """
     parts = name.split(".")[:-1]
     for end in range(len(parts), 0, -1):
         owner = type(model.get_submodule(".".join(parts[:end]))).__module__
-        if owner.startswith("onmt_ext.") and owner != "onmt_ext.transformer":
+        if owner.startswith("onmt_ext.") and owner not in ("onmt_ext.transformer", "onmt_ext.normalisation"):
             return True
     return False
 

@@ -61,7 +61,7 @@ COMBINATION_CHECKS: List[Callable[[Any], List[str]]] = []
 
 #: The order of the mechanisms' options in ``-help``, checks and messages, whatever order their modules are
 #: imported in (a test or tool may import any of them first); prefixes not listed follow, as registered.
-MECHANISM_ORDER = ("li2019_", "clause_", "cao2019_", "disan_", "gret_", "chen2019_", "ext_")
+MECHANISM_ORDER = ("li2019_", "clause_", "cao2019_", "disan_", "gret_", "chen2019_", "ext_layer_", "ext_")
 _RANKS: dict = {}
 
 

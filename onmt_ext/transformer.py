@@ -19,6 +19,7 @@ from onmt.utils.misc import sequence_mask
 
 from onmt_ext import _autoload
 from onmt_ext import cao2019, chen2019, clause_attention, disan, gret, li2019  # options: options.MECHANISM_ORDER
+from onmt_ext import normalisation
 from onmt_ext import compile as ext_compile
 from onmt_ext.options import ExtConfig
 from onmt_ext.state import stateful_modules
@@ -32,7 +33,8 @@ class _ExtConfigured:
     ``_stock`` names the OpenNMT-py class whose ``from_opt`` is reused;
     ``_mechanisms`` lists ``attach(module, config)`` functions that put each
     enabled mechanism into the freshly built stock module (a mechanism that
-    is off attaches nothing, so the module stays exactly the stock one).
+    is off attaches nothing, so the module stays exactly the stock one);
+    ``-ext_layer_norm post`` goes first, so the mechanisms plug into post-norm layers.
     With ``-ext_compile`` the attached modules then run their tensor cores
     compiled (:mod:`onmt_ext.compile`).
     """
@@ -67,8 +69,8 @@ class ExtTransformerEncoder(_ExtConfigured, TransformerEncoder):
     """
 
     _stock = TransformerEncoder
-    _mechanisms = (li2019.attach_encoder, cao2019.attach_encoder, disan.attach_encoder, chen2019.attach_encoder,
-                   clause_attention.attach_encoder, gret.attach_encoder)
+    _mechanisms = (normalisation.attach_encoder, li2019.attach_encoder, cao2019.attach_encoder, disan.attach_encoder,
+                   chen2019.attach_encoder, clause_attention.attach_encoder, gret.attach_encoder)
 
     def forward(self, src, src_len=None):
         """The stock forward; with GRET the final state is the global state ``(batch, d_model)``."""
@@ -100,8 +102,8 @@ class ExtTransformerDecoder(_ExtConfigured, TransformerDecoder):
     """
 
     _stock = TransformerDecoder
-    _mechanisms = (li2019.attach_decoder, cao2019.attach_decoder, chen2019.attach_decoder,
-                   gret.attach_decoder)
+    _mechanisms = (normalisation.attach_decoder, li2019.attach_decoder, cao2019.attach_decoder,
+                   chen2019.attach_decoder, gret.attach_decoder)
 
     _stateful = None  # the stateful sub-modules, found again by each init_state
 
