@@ -256,6 +256,6 @@ def install():
     patch(dynamic_iterator.OnDeviceDatasetIter, "__iter__", _device_batches, wrap=False, kind=SPEED,
           test=f"{_TEST}::test_batches_reach_the_device_unchanged",
           reason="a blocking .to(device) of every batch tensor waits for all queued GPU work")
-    patch(train_single, "build_dynamic_dataset_iter", _cpu_built_iterator, kind=SPEED,
+    patch(train_single, "build_dynamic_dataset_iter", _cpu_built_iterator, kind=SPEED, order=1,  # after CPU ranks'
           test=f"{_TEST}::test_training_iterators_build_on_the_cpu",
           reason="without data workers, stock builds each sentence's tensor on the GPU, a blocking copy each")

@@ -4,9 +4,9 @@
 strictly, :mod:`onmt_ext.parsing`) and its work function in :func:`_run_command`: a
 :class:`~onmt_ext.errors.UserError` or a known error of OpenNMT-py or onmt-ext becomes ``<command>: error: ...``
 (exit 2 usage, 1 run time), and Ctrl-C names the last checkpoint and the command that resumes from it (exit
-130).  Before running, :func:`_check_machine` refuses a GPU option on a torch without CUDA and a transform whose
-package is missing; ``onmt_train`` refuses missing vocabularies and a ``-save_model`` holding another run's
-checkpoints.
+130).  Before running, :func:`_check_machine` refuses a GPU option on a torch without CUDA (several training ranks
+run on the CPU instead, :mod:`onmt_ext.distributed`) and a transform whose package is missing; ``onmt_train``
+refuses missing vocabularies and a ``-save_model`` holding another run's checkpoints.
 """
 
 import contextvars
@@ -18,7 +18,7 @@ import sys
 
 import torch
 
-from onmt_ext import train_step
+from onmt_ext import distributed, train_step
 from onmt_ext.compat import MissingPackageError, missing_package_problems, torch_setup_command
 from onmt_ext.corpus import CorpusError
 from onmt_ext.errors import UsageError, UserError
@@ -174,10 +174,14 @@ def interrupted_message(opt):
     return f"interrupted; the last checkpoint is {last} (step {step}); resume with: {_resume_command(last)}"
 
 
-def cuda_problems(opt):
-    """One message when ``opt`` asks for a GPU (``-gpu``, ``-gpu_ranks``) that this torch cannot give."""
+def cuda_problems(opt, cpu_ranks=False):
+    """One message when ``opt`` asks for a GPU (``-gpu``, ``-gpu_ranks``) that this torch cannot give.
+
+    ``cpu_ranks``: several training ranks run as CPU processes (:func:`onmt_ext.distributed.cpu_ranks`), so
+    ``-gpu_ranks`` is no problem.
+    """
     asked = [f"-gpu {opt.gpu}"] if isinstance(getattr(opt, "gpu", None), int) and opt.gpu >= 0 else []
-    ranks = getattr(opt, "gpu_ranks", None) or []
+    ranks = [] if cpu_ranks else getattr(opt, "gpu_ranks", None) or []
     asked += [f"-gpu_ranks {' '.join(map(str, ranks))}"] if ranks else []
     if not asked or torch.cuda.is_available():
         return []
@@ -191,13 +195,13 @@ def cuda_problems(opt):
     return [f"{' and '.join(asked)}: {why}; {fix}"]
 
 
-def _check_machine(opt):
+def _check_machine(opt, cpu_ranks=False):
     """Refuse (exit 1) a GPU option on a torch without CUDA, and a transform whose package is not installed.
 
     Run by the commands, not by the option parser: tools parse paper configs
-    that name GPUs on machines without one.
+    that name GPUs on machines without one.  ``cpu_ranks``: see :func:`cuda_problems`.
     """
-    lacking = cuda_problems(opt) + missing_package_problems(opt)
+    lacking = cuda_problems(opt, cpu_ranks) + missing_package_problems(opt)
     if lacking:
         raise UserError("\n".join(lacking))
 
@@ -210,7 +214,7 @@ def _build_vocab_checked(stock, opt, *args, **kwargs):
 
 def _train_checked(stock, opt, *args, **kwargs):
     """``onmt.bin.train.train``: refuse missing vocabularies and a -save_model that holds another run's files."""
-    _check_machine(opt)
+    _check_machine(opt, distributed.cpu_ranks(opt))
     problems = train_step.adam_eps_problems(opt)
     reads_vocabs = not getattr(opt, "train_from", None) or getattr(opt, "update_vocab", False)
     for key in ("src_vocab", "tgt_vocab") if reads_vocabs else ():  # a resumed run takes the checkpoint's

@@ -14,7 +14,7 @@ Every change goes through :mod:`onmt_ext.patches`; :func:`activate` is idempoten
 
 import importlib
 
-from onmt_ext import (batches, checkpoints, clause_attention, command_line, commands, compat, corpus, gret,
+from onmt_ext import (batches, checkpoints, clause_attention, command_line, commands, compat, corpus, distributed, gret,
                       initialisation, parsing, patches, preprocessing, progress, train_step)
 from onmt_ext import compile as ext_compile
 from onmt_ext.options import EXT_TYPE, add_model_options, str2bool
@@ -130,6 +130,7 @@ def _activate():
     corpus.install()
     batches.install()  # training batches: tensors only, copied to the GPU without waiting
     train_step.install()  # the training step: no host-device synchronisation between reports
+    distributed.install()  # -world_size N -gpu_ranks ... on a torch without CUDA: CPU ranks over gloo
     _register_models()
     _extend_model_options()
     _translation_compile()

@@ -22,7 +22,7 @@ import traceback
 import torch
 
 from onmt_ext.batches import HOST
-from onmt_ext.patches import NEEDED, SPEED, patch
+from onmt_ext.patches import FIX, NEEDED, SPEED, patch, record
 
 # OpenNMT-py is imported inside the functions: importing it while this module initialises would activate
 # onmt-ext (onmt_ext._autoload) before this module is whole.
@@ -196,8 +196,10 @@ def gradient_accumulation(self, true_batches, normalization, total_stats, report
             if self.model.decoder.state != {}:
                 self.model.decoder.detach_state()
     if self.n_gpu > 1 and self.parallel_mode == "data_parallel":
+        # summed, not averaged (stock divides by n_gpu): each rank's loss is already divided by the normalisation of
+        # all ranks (Trainer.train gathers it), so the sum is the gradient of one process fed every rank's batches
         grads = [p.grad.data for p in self.model.parameters() if p.requires_grad and p.grad is not None]
-        onmt.utils.distributed.all_reduce_and_rescale_tensors(grads, float(self.n_gpu))
+        onmt.utils.distributed.all_reduce_and_rescale_tensors(grads, 1.0)
     self.optim.step()
 
 
@@ -303,6 +305,12 @@ def install():
     from onmt.utils.optimizers import Optimizer
     from onmt.utils.report_manager import ReportMgrBase
 
+    record("data-parallel gradient scale (onmt_ext.train_step.gradient_accumulation)", kind=FIX,
+           test="tests/unit/test_distributed.py::"
+                "test_the_gradient_and_the_parameters_equal_one_process_fed_both_batches",
+           reason="with several GPUs the all-reduced gradient is divided by their number although each rank's loss is "
+                  "already divided by the normalisation of all ranks: 1/world_size of the gradient of one process fed "
+                  "the same batches (halves SGD's learning rate on 2 GPUs, moves -max_grad_norm's threshold)")
     same = "the same parameters and statistics as stock at every step"
     patch(Trainer, "_accum_batches", accum_batches, wrap=False, kind=SPEED,
           test=f"{_TEST}::test_steps_equal_stock_and_read_nothing_from_the_device",

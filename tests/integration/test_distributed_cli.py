@@ -1,0 +1,151 @@
+"""``onmt_train -world_size 2 -gpu_ranks 0 1`` on a torch without CUDA: two CPU ranks over gloo (issue 59).
+
+One toy run (yaml_configs/smoke/foundation/ext_transformer.yaml on 40 lines of the Tatoeba sample, one batch per
+rank a step) is traced with ``ONMT_EXT_TRACE_BATCHES`` (each rank's batches) and saves every step; a one-process
+run and a run resumed from step 2 run beside it.  In-process checks of the gradient against one process, of the
+reports and of host reads: tests/unit/test_distributed.py.  The smoke config of every mechanism on two ranks is
+slow.
+"""
+
+import json
+import re
+import socket
+
+import pytest
+import torch
+import yaml
+
+import support
+
+pytestmark = [pytest.mark.usefixtures("sample_data", "onmt_active"),
+              pytest.mark.skipif(torch.cuda.is_available(), reason="CPU ranks run where torch sees no CUDA device")]
+
+CONFIG = "yaml_configs/smoke/foundation/ext_transformer.yaml"
+LINES = 40  # each rank's share (20 lines) is one bucket and one batch
+STEPS = 4
+RANKS = ("-world_size", 2, "-gpu_ranks", 0, 1)
+DIGEST = re.compile(r"onmt-ext: step (\d+): the 2 ranks hold identical parameters \(sha256 ([0-9a-f]{64})\)")
+REPORT = re.compile(r"Step +(\d+)/ *\d+; acc: .*; sents: +(\d+); bsz: +(\d+)/ *(\d+)/ *(\d+);")
+
+
+def _free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _config(folder, config=CONFIG, data=None):
+    """``config`` with its outputs under ``folder`` (and its training corpus replaced by ``data``, a prefix)."""
+    options = yaml.safe_load((support.REPO / config).read_text(encoding="utf-8"))
+    options.update(save_data=str(folder / "samples"), save_model=str(folder / "model"))
+    if data is not None:
+        options["data"]["corpus_1"].update(path_src=f"{data}.zh", path_tgt=f"{data}.en")
+    path = folder / "config.yaml"
+    path.write_text(yaml.safe_dump(options), encoding="utf-8")
+    return path
+
+
+def _train(folder, *extra, config=CONFIG, data=None, trace=True):
+    folder.mkdir(parents=True, exist_ok=True)
+    env = support.cli_env(**({"ONMT_EXT_TRACE_BATCHES": str(folder)} if trace else {}))
+    result = support.run_cli("onmt_train", "-config", _config(folder, config, data), "-master_port", _free_port(),
+                             "-report_every", 1, "-valid_steps", 100, *extra, env=env)
+    return result.stderr + result.stdout
+
+
+def _batches(folder, rank):
+    return [json.loads(line) for line in (folder / f"batches.{rank}.jsonl").read_text().splitlines()]
+
+
+def _rows(batch):
+    return [tuple(row) for row in batch["src"]]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Two CPU ranks for STEPS steps, one process for 2, and the two ranks resumed from step 2 to STEPS."""
+    base = tmp_path_factory.mktemp("distributed")
+    seen, lines = set(), []
+    with open(support.TATOEBA / "train.zh", encoding="utf-8") as zh, \
+            open(support.TATOEBA / "train.en", encoding="utf-8") as en:
+        for src, tgt in zip(zh, en):
+            if src not in seen and len(lines) < LINES:
+                seen.add(src)
+                lines.append((src, tgt))
+    for side, index in (("zh", 0), ("en", 1)):
+        (base / f"train.{side}").write_text("".join(pair[index] for pair in lines), encoding="utf-8")
+    common = ("-batch_size", 4096, "-bucket_size", LINES // 2, "-keep_checkpoint", 10, "-save_checkpoint_steps", 1)
+    data = base / "train"
+    logs = {"two": _train(base / "two", *RANKS, *common, "-train_steps", STEPS, data=data),
+            "one": _train(base / "one", *common, "-train_steps", 2, data=data),
+            "resumed": _train(base / "resumed", *RANKS, *common, "-train_steps", STEPS, "-train_from",
+                              base / "two" / "model_step_2.pt", data=data, trace=False)}
+    return base, logs
+
+
+def test_the_ranks_read_disjoint_shares_that_cover_the_corpus(runs):
+    base, logs = runs
+    assert logs["two"].count("run as 2 CPU processes over gloo") == 1, logs["two"][-3000:]
+    shares = [set(_rows(_batches(base / "two", rank)[0])) for rank in (0, 1)]
+    one = _batches(base / "one", "single")
+    corpus = set(_rows(one[0])) | set(_rows(one[1]))  # one process: two buckets of 20 lines, the whole corpus
+    assert len(corpus) == LINES
+    assert [len(share) for share in shares] == [LINES // 2] * 2
+    assert not shares[0] & shares[1], "both ranks read the same lines"
+    assert shares[0] | shares[1] == corpus
+    for rank in (0, 1):  # and every later step trains the same share again
+        assert all(set(_rows(batch)) == shares[rank] for batch in _batches(base / "two", rank))
+
+
+def test_after_every_step_both_ranks_hold_the_parameters_of_the_checkpoint(runs):
+    """Rank 0 logs the digest of both ranks' parameters when they are equal at a checkpoint (a difference stops
+    the run); with a checkpoint every step, each digest is that of the checkpoint rank 0 saves."""
+    from onmt_ext.distributed import parameter_digest
+
+    base, logs = runs
+    digests = {int(step): digest for step, digest in DIGEST.findall(logs["two"])}
+    assert sorted(digests) == list(range(1, STEPS + 1)), logs["two"][-3000:]
+    assert len(set(digests.values())) == STEPS  # the parameters change every step
+    for step, digest in digests.items():
+        checkpoint = torch.load(base / "two" / f"model_step_{step}.pt", weights_only=False)
+        named = list(checkpoint["model"].items()) + [(f"generator.{k}", v) for k, v in checkpoint["generator"].items()]
+        assert parameter_digest(named) == digest, f"step {step}"
+
+
+def test_the_reports_count_both_ranks_once(runs):
+    base, logs = runs
+    reports = {int(m[0]): tuple(map(int, m[1:])) for m in REPORT.findall(logs["two"])}
+    assert sorted(reports) == list(range(1, STEPS + 1)), logs["two"][-3000:]
+    ranks = [_batches(base / "two", rank) for rank in (0, 1)]
+    for step, (sents, _, tgt_per_batch, sents_per_batch) in reports.items():
+        batches = [ranks[rank][step - 1] for rank in (0, 1)]
+        assert sents == sum(len(batch["src"]) for batch in batches) == LINES
+        assert sents_per_batch == round(sents / 2)  # two batches: one per rank
+        tokens = sum(batch["tgt_tokens"] for batch in batches)
+        assert abs(tgt_per_batch - tokens / 2) <= 0.5, (step, tgt_per_batch, tokens)
+
+
+def test_a_run_resumes_from_a_checkpoint(runs):
+    """Two ranks resumed from step 2 reach the parameters of the run that never stopped."""
+    _, logs = runs
+    assert "onmt-ext: resuming at step 3" in logs["resumed"], logs["resumed"][-3000:]
+    uninterrupted = dict(DIGEST.findall(logs["two"]))
+    resumed = dict(DIGEST.findall(logs["resumed"]))
+    assert sorted(resumed) == [str(step) for step in range(3, STEPS + 1)]
+    assert all(resumed[step] == uninterrupted[step] for step in resumed)
+
+
+#: one smoke config per mechanism, with most of its switches on, and all mechanisms at once
+MECHANISMS = ["li2019/em_all_components.yaml", "cao2019/dec_self_cross_self.yaml",
+              "chen2019/mprhead_all_switches.yaml", "chen2019/rpehead_all_switches.yaml",
+              "clause/transformer_base_niutrans_enzh_ca_study.yaml",
+              "gret/transformer_base_wmt14_ende_gret_no_capsules.yaml", "combined/all_mechanisms.yaml"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", MECHANISMS)
+def test_every_mechanism_trains_on_two_ranks(config, tmp_path):
+    log = _train(tmp_path, *RANKS, "-train_steps", 2, "-save_checkpoint_steps", 2,
+                 config=f"yaml_configs/smoke/{config}", trace=False)
+    assert [step for step, _ in DIGEST.findall(log)] == ["2"], log[-3000:]
+    assert (tmp_path / "model_step_2.pt").is_file()

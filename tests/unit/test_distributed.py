@@ -1,0 +1,124 @@
+"""Two data-parallel CPU ranks over gloo (onmt_ext.distributed), in-process, against one process fed both batches.
+
+Two ranks are started with torch.multiprocessing (no console command: tests/integration/test_distributed_cli.py
+runs ``onmt_train``).  Each trains onmt-ext's step on its own batch as ``Trainer.train`` drives it (the
+normalisation gathered from both ranks, the gradients all-reduced); one process in this test trains the same
+model on both batches at once (``-accum_count 2``).
+"""
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import support
+
+pytestmark = pytest.mark.usefixtures("onmt_active", "sample_data")
+
+CONFIG = "yaml_configs/demo/tatoeba_zhen.yaml"
+#: (source lengths, target lengths) of the batches: step s trains batches 2s and 2s + 1
+SHAPES = [([7, 5, 3], [6, 8, 4]), ([4, 9], [5, 3]), ([6, 6, 2, 5], [7, 2, 6, 3]), ([3, 8], [9, 4])]
+STEPS = len(SHAPES) // 2
+
+
+def _opt(*extra):
+    opt = support.load_train_opts(CONFIG, "-report_every", 1, "-seed", 1, *extra)
+    opt.data = {}  # (no corpus is read: the batches are made here)
+    return opt
+
+
+def _batch(vocabs, index):
+    src, src_len, tgt = support.random_batch(vocabs, *SHAPES[index], seed=index)
+    return {"src": src, "srclen": src_len, "tgt": tgt}
+
+
+def _trainer(opt, vocabs, device_id):
+    from onmt.trainer import build_trainer
+    from onmt.utils.optimizers import Optimizer
+
+    from onmt_ext.train_step import fused_adam
+
+    model = support.build_model(opt, vocabs, seed=3)
+    model.train()
+    trainer = build_trainer(opt, device_id, model, vocabs, Optimizer.from_opt(model, opt), model_saver=None)
+    # torch's fused Adam, as onmt-ext uses on CUDA (a plain Adam reads its step counters on the CPU)
+    trainer.optim._optimizer = fused_adam(trainer.optim._optimizer, devices=("cpu",))
+    return trainer
+
+
+def _train(trainer, batches_of_step, gather=None):
+    """Train one step per entry of ``batches_of_step``; per step: gradients, parameters, report, host reads."""
+    from onmt.utils import Statistics
+
+    reports, steps = [], []
+    Statistics.output = lambda self, step, *args: reports.append(
+        (step, self.loss, self.n_words, self.n_correct, self.n_src_words, self.n_sents, self.n_batchs))
+    trainer.report_manager.start()
+    total, report = Statistics(), Statistics()
+    for batches in batches_of_step:
+        (batches, normalization), = trainer._accum_batches(iter([(b, 0) for b in batches]))
+        if gather is not None:  # as Trainer.train does with several ranks
+            normalization = sum(gather(normalization))
+        step = trainer.optim.training_step
+        with support.host_reads() as reads:
+            trainer._gradient_accumulation(batches, normalization, total, report)
+        report = trainer._maybe_report_training(step, 100, 1.0, report)
+        steps.append({"grads": {n: p.grad.clone() for n, p in trainer.model.named_parameters()},
+                      "params": {n: p.detach().clone() for n, p in trainer.model.named_parameters()},
+                      "reads": list(reads)})
+    return steps, reports
+
+
+def _rank(rank, init_file, out):
+    import onmt  # noqa: F401  (activates onmt-ext through the start-up hook)
+    import onmt.utils.distributed
+
+    torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", world_size=2, rank=rank)
+    opt = _opt("-world_size", 2, "-gpu_ranks", 0, 1)
+    vocabs = support.load_vocabs(opt)
+    trainer = _trainer(opt, vocabs, rank)
+    steps, reports = _train(trainer, [[_batch(vocabs, 2 * s + rank)] for s in range(STEPS)],
+                            gather=onmt.utils.distributed.all_gather_list)
+    torch.save({"steps": steps, "reports": reports, "n_gpu": trainer.n_gpu}, f"{out}/rank{rank}.pt")
+    torch.distributed.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    """What each of two CPU ranks saw, and one process trained on both batches of every step."""
+    out = tmp_path_factory.mktemp("ranks")
+    mp.start_processes(_rank, args=(str(out / "init"), str(out)), nprocs=2, start_method="spawn")
+    opt = _opt("-accum_count", 2)
+    vocabs = support.load_vocabs(opt)
+    one = _train(_trainer(opt, vocabs, -1), [[_batch(vocabs, 2 * s), _batch(vocabs, 2 * s + 1)]
+                                             for s in range(STEPS)])
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)], one
+
+
+def test_the_gradient_and_the_parameters_equal_one_process_fed_both_batches(ranks):
+    (rank0, rank1), (single, _) = ranks
+    assert rank0["n_gpu"] == rank1["n_gpu"] == 2  # the trainers took the data-parallel path
+    for step, one in enumerate(single, start=1):
+        for key in ("grads", "params"):
+            for name, expected in one[key].items():
+                for rank in (rank0, rank1):
+                    torch.testing.assert_close(rank["steps"][step - 1][key][name], expected, rtol=1e-6, atol=1e-9,
+                                               msg=f"step {step}: {key} {name}")
+                assert torch.equal(rank0["steps"][step - 1][key][name], rank1["steps"][step - 1][key][name])
+
+
+def test_the_reports_count_both_ranks_once(ranks):
+    (rank0, rank1), (_, single_reports) = ranks
+    assert [r[0] for r in single_reports] == list(range(1, STEPS + 1))
+    for rank in (rank0, rank1):
+        assert len(rank["reports"]) == STEPS
+        for got, expected in zip(rank["reports"], single_reports):
+            assert got[0] == expected[0] and got[2:] == expected[2:], (got, expected)  # tokens, correct, sentences
+            assert got[1] == pytest.approx(expected[1], rel=1e-6)  # the loss (summed in another order)
+
+
+def test_the_distributed_step_reads_nothing_back(ranks):
+    """Beyond the gradient all-reduce, onmt-ext's step on the data-parallel path reads no tensor data back to the
+    host (support.host_reads): on a GPU it would not wait for the device."""
+    (rank0, rank1), _ = ranks
+    assert all(step["reads"] == [] for rank in (rank0, rank1) for step in rank["steps"]), \
+        [step["reads"] for rank in (rank0, rank1) for step in rank["steps"]]
