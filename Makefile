@@ -393,11 +393,11 @@ $(LENGTH_DEMO)/report.txt: $(LENGTH_DEMO)/baseline/test.hyp.de $(LENGTH_DEMO)/ca
 	  --names baseline "CA with rule" --plot $(LENGTH_DEMO)/by_length.png > $@
 
 # ---------------------------------------------------------------- compare (CPU)
-# The baseline, one row of each paper and one combination, 3 seeds each, on the Tatoeba zh-en sample. A speed
+# The baseline, one row of each paper and one combination, 6 seeds each, on the Tatoeba zh-en sample. A speed
 # probe prints the estimate of the run; the baseline trains until its mean validation perplexity plateaus and
-# every config trains to that step, validating every 100 steps. BLEU mean/sd, bootstrap against the baseline,
-# learning curves (curves.png), from which step each mechanism beats the baseline beside its paper's claim,
-# speed, parameters -> results/compare/. Sized to at most 2 hours on 2 cores (docs/compare.md).
+# every config trains to that step, validating every 100 steps. BLEU and chrF with tests across seeds (exact
+# sign-flip, t-test, Holm), learning curves (curves.png) beside each paper's claim, speed, parameters
+# -> results/compare/. Sized to at most 330 minutes on 2 cores (docs/compare.md).
 COMPARE_ARGS ?=
 compare: $(TATOEBA)/vocab.en | $(SETUP_STAMP)
 	$(PY) tools/compare.py $(COMPARE_ARGS)

@@ -218,6 +218,23 @@ def verdict_text(verdicts):
     return "; ".join(parts) + ("; not at the last step" if verdicts[steps[-1]] == "tie" else "")
 
 
+def looks_verdict(verdicts, seeds):
+    """:func:`verdict_text` when the looks allow it: exchangeable runs of ``seeds`` seeds a side fall apart at one
+    step, either way, with probability 2 / C(2n, n); over the k steps looked at, Bonferroni bounds the chance of any
+    such verdict by k times that.  Above ALPHA, only a count of the steps apart, and no verdict.
+    ``(text, {"looks", "per_look_p", "family_p"})``."""
+    per_look = 2 / math.comb(2 * seeds, seeds)
+    looks = {"looks": len(verdicts), "per_look_p": per_look, "family_p": min(1.0, len(verdicts) * per_look)}
+    if not verdicts:
+        return verdict_text(verdicts), looks
+    if looks["family_p"] < ALPHA:
+        return f"{verdict_text(verdicts)} (any step: p <= {looks['family_p']:.3f} over {len(verdicts)} looks)", looks
+    apart = {kind: sum(v == kind for v in verdicts.values()) for kind in ("better", "worse")}
+    return (f"no verdict ({len(verdicts)} looks x {per_look:.3f} >= {ALPHA}); seed ranges apart at "
+            f"{apart['better'] + apart['worse']} of {len(verdicts)} steps: better at {apart['better']}, worse at "
+            f"{apart['worse']}", looks)
+
+
 def _ranges(steps, all_steps):
     """``step 300``, ``steps 100-300`` or ``steps 100-200, 500``: runs of consecutive validation steps."""
     groups = []
@@ -374,23 +391,76 @@ def _mean_sd(values):
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def seed_test(baseline_bleus, bleus):
-    """Exact two-sided sign-flip permutation test of the per-seed differences d_i = bleus[i] - baseline_bleus[i]:
-    p is the share of the 2^n sign assignments whose |mean| reaches |mean d| (at least 2 / 2^n).  Returns
-    ``{"deltas", "mean_delta", "p_value", "min_p", "better", "worse"}``."""
-    deltas = [b - a for a, b in zip(baseline_bleus, bleus, strict=True)]
+def t_test_p(deltas):
+    """``(t, two-sided p)`` of the paired t-test of ``deltas`` against mean 0, n - 1 degrees of freedom: Student's
+    t tail in closed form for a whole number of degrees (Abramowitz & Stegun 26.7.3-4)."""
+    n = len(deltas)
+    mean, sd = statistics.fmean(deltas), statistics.stdev(deltas) if n > 1 else 0.0
+    if sd == 0:
+        return (0.0, 1.0) if mean == 0 or n < 2 else (math.copysign(math.inf, mean), 0.0)
+    t, df = mean / sd * math.sqrt(n), n - 1
+    theta = math.atan(abs(t) / math.sqrt(df))
+    odd, c2, term, series = df % 2, math.cos(theta) ** 2, 1.0, 0.0
+    for k in range(1, (df - 1) // 2 + 1 if odd else df // 2 + 1):
+        series += term
+        term *= c2 * (2 * k if odd else 2 * k - 1) / (2 * k + 1 if odd else 2 * k)
+    inside = 2 / math.pi * (theta + math.sin(theta) * math.cos(theta) * series) if odd else math.sin(theta) * series
+    return t, max(0.0, 1.0 - inside)
+
+
+def seed_test(baseline_scores, scores):
+    """Per-seed differences d_i = scores[i] - baseline_scores[i] with two paired two-sided tests: the exact sign-flip
+    permutation test (p: the share of the 2^n sign assignments whose |mean| reaches |mean d|, at least 2 / 2^n) and
+    the t-test (:func:`t_test_p`).  ``{"deltas", "mean_delta", "exact_p", "min_p", "t", "t_p", "better", "worse"}``."""
+    deltas = [b - a for a, b in zip(baseline_scores, scores, strict=True)]
     observed = abs(statistics.fmean(deltas))
     signs = itertools.product((1, -1), repeat=len(deltas))
     extreme = sum(abs(statistics.fmean(s * d for s, d in zip(sign, deltas))) >= observed - 1e-9 for sign in signs)
-    return {"deltas": deltas, "mean_delta": statistics.fmean(deltas), "p_value": extreme / 2 ** len(deltas),
-            "min_p": 2 / 2 ** len(deltas), "better": sum(d > 0 for d in deltas), "worse": sum(d < 0 for d in deltas)}
+    t, t_p = t_test_p(deltas)
+    return {"deltas": deltas, "mean_delta": statistics.fmean(deltas), "exact_p": extreme / 2 ** len(deltas),
+            "min_p": 2 / 2 ** len(deltas), "t": t, "t_p": t_p, "better": sum(d > 0 for d in deltas),
+            "worse": sum(d < 0 for d in deltas)}
+
+
+def holm(p_values):
+    """Holm's step-down adjustment: the k-th smallest of m p values times (m - k + 1), never below an earlier
+    one's, at most 1; in the order given."""
+    adjusted, running = [None] * len(p_values), 0.0
+    for rank, i in enumerate(sorted(range(len(p_values)), key=p_values.__getitem__)):
+        running = adjusted[i] = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
+    return adjusted
+
+
+#: The metrics the seeds are tested on, and the level a Holm-adjusted p must be below for a verdict.
+METRICS, ALPHA = {"bleu": "BLEU", "chrf": "chrF"}, 0.05
+
+
+def seed_verdict(tests):
+    """One sentence from a row's ``across_seeds`` tests: "better"/"worse" only in the metrics whose Holm-adjusted
+    t-test p is below ALPHA, naming them; every metric's mean delta and adjusted p beside."""
+    shown = {m: ("better" if t["mean_delta"] > 0 else "worse") for m, t in tests.items() if t["t_p_holm"] < ALPHA}
+    numbers = {m: f"{METRICS[m]} ({t['mean_delta']:+.2f}, Holm p {t['t_p_holm']:.3f})" for m, t in tests.items()}
+    if not shown:
+        return "not shown apart from the baseline in " + " or ".join(numbers.values())
+    claims = [f"{kind} than the baseline in {numbers[m]}" for m, kind in shown.items()]
+    rest = [numbers[m] for m in tests if m not in shown]
+    return "; ".join(claims) + ("; not shown apart in " + " or ".join(rest) if rest else "")
 
 
 def add_seed_tests(rows):
-    """Give every row after the first (the baseline) its :func:`seed_test` against the first, as ``across_seeds``."""
-    base = [entry["bleu"] for entry in rows[0]["seeds"]]
-    for row in rows[1:]:
-        row["across_seeds"] = seed_test(base, [entry["bleu"] for entry in row["seeds"]])
+    """Give every row after the first (the baseline) its :func:`seed_test` per metric against the first, with both
+    p values Holm-adjusted over the rows (``across_seeds``: ``{metric: test}``), and its :func:`seed_verdict`."""
+    base, others = rows[0]["seeds"], rows[1:]
+    for row in others:
+        row["across_seeds"] = {metric: seed_test([e[metric] for e in base], [e[metric] for e in row["seeds"]])
+                               for metric in METRICS if all(metric in e for e in row["seeds"] + base)}
+    for metric in METRICS:
+        tests = [row["across_seeds"][metric] for row in others if metric in row["across_seeds"]]
+        for key in ("exact_p", "t_p"):
+            for test, adjusted in zip(tests, holm([test[key] for test in tests])):
+                test[key + "_holm"] = adjusted
+    for row in others:
+        row["verdict"] = seed_verdict(row["across_seeds"])
     return rows
 
 
@@ -445,15 +515,17 @@ def learning_curves(runs, configs, seeds, last_step):
             base = until_last
             continue
         verdicts = compare_at_steps(base, until_last)
-        curves[name].update(verdicts={str(s): v for s, v in verdicts.items()}, verdict=verdict_text(verdicts),
-                            paper=paper_claim(name))
+        text, looks = looks_verdict(verdicts, len(seeds))
+        curves[name].update(verdicts={str(s): v for s, v in verdicts.items()}, verdict=text, paper=paper_claim(name),
+                            **looks)
     return curves
 
 
 def markdown(report):
     """The Markdown report: BLEU table with significance, per seed, and the learning curves when present."""
     seeds = report["seeds"]
-    plateau = report.get("plateau")
+    n, others, plateau = len(seeds), len(report["rows"]) - 1, report.get("plateau")
+    min_p = 2 / 2 ** n
     lines = [f"# Mechanisms compared on the Tatoeba zh-en sample ({len(seeds)} seeds: {seeds})", ""]
     if plateau and plateau.get("rule"):
         found = (f"plateaued at step {plateau['step']}" if plateau["found"] else
@@ -467,32 +539,36 @@ def markdown(report):
         lines += [f"{report['train_steps']} training steps each.", ""]
     lines += [f"Test set {report['test_sentences']} sentences with all their references (multi-reference BLEU, "
               "13a, case-sensitive; chrF).  Significance, two ways.  *Per seed*: a paired bootstrap (1000 "
-              "resamples of the test sentences) against the baseline of the same seed; the column counts the "
+              "resamples of the test sentences, BLEU) against the baseline of the same seed; the column counts the "
               "seeds with p < 0.05, better/worse.  Each such test takes the test sentences as the sample and "
-              "ignores the variance between seeds (runs of one config with other seeds differ too), so this "
-              "count overstates what the seeds show.  *Across seeds* (the seeds are the unit of "
-              "replication): an exact paired sign-flip permutation test of the per-seed BLEU differences from "
-              f"the baseline of the same seed, two-sided; with {len(seeds)} seeds its smallest possible p is "
-              f"{2 / 2 ** len(seeds):.3f}"
-              + (", so no difference can reach p < 0.05 with this many seeds" if 2 / 2 ** len(seeds) >= 0.05
-                 else "")
-              + ".  Speed: "
+              "ignores the variance between seeds, so this count overstates what the seeds show.  *Across seeds* "
+              "(the seeds are the unit of replication), for BLEU and chrF apart: the per-seed differences from the "
+              "baseline of the same seed get two paired two-sided tests, an exact sign-flip permutation test (no "
+              f"assumption on their distribution; with {n} seeds its smallest possible p is {min_p:.3f}"
+              + (", so it cannot reach p < 0.05 with this many seeds; six are the fewest that can" if min_p >= ALPHA
+                 else "") + ") and a t-test (which assumes normally distributed differences; "
+              f"{n} values cannot check that).  Both are Holm-adjusted over the {others} configs; adjusted, the "
+              f"exact test cannot go below {min(1.0, others * min_p):.3f}.  A verdict says better or worse only "
+              f"in a metric whose Holm-adjusted t-test p is below {ALPHA}, and names that metric.  Speed: "
               + ("training steps per second of the speed probe (every config alike) " if report.get("probe") else
                  "mean target tokens/s of training ")
               + f"relative to the baseline ({report['jobs']} runs at a time, {report['threads']} thread(s) each: "
               "coarser than `make bench`).",
-              "", "| config | BLEU (mean ± sd) | chrF (mean ± sd) | per seed: sig. better / worse | across seeds: "
-              "mean delta (seeds better / worse), p | train speed vs baseline | parameters |",
-              "|---|---:|---:|---:|---:|---:|---:|"]
+              "", "| config | BLEU (mean ± sd) | chrF (mean ± sd) | per seed: sig. better / worse | " + " | ".join(
+                  f"across seeds, {name}: mean delta (seeds better / worse); exact p; t-test p (Holm)"
+                  for name in METRICS.values()) + " | train speed vs baseline | parameters |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for row in report["rows"]:
         sig = "—" if row is report["rows"][0] else f"{row['significant_better']} / {row['significant_worse']}"
-        test = row.get("across_seeds")
-        across = "—" if test is None else \
-            f"{test['mean_delta']:+.2f} ({test['better']} / {test['worse']}), p {test['p_value']:.3f}"
+        tests = row.get("across_seeds") or {}
+        across = [f"{t['mean_delta']:+.2f} ({t['better']} / {t['worse']}); {t['exact_p']:.3f}; {t['t_p']:.3f} "
+                  f"({t['t_p_holm']:.3f})" if t else "—" for t in map(tests.get, METRICS)]
         params = "n/a" if row["parameters"] is None else f"{row['parameters']:,}"
         lines.append(f"| {row['label']} (`{row['file']}`) | {fmt(row['bleu_mean'])} ± {fmt(row['bleu_sd'])} | "
-                     f"{fmt(row['chrf_mean'])} ± {fmt(row['chrf_sd'])} | {sig} | {across} | "
+                     f"{fmt(row['chrf_mean'])} ± {fmt(row['chrf_sd'])} | {sig} | {' | '.join(across)} | "
                      f"{fmt(row['speed_ratio'])} | {params} |")
+    verdicts = [f"- {row['config']}: {row['verdict']}" for row in report["rows"] if row.get("verdict")]
+    lines += ["", "Verdicts across seeds (t-test, Holm-adjusted):", "", *verdicts] if verdicts else []
     lines += ["", "Per seed (BLEU; delta and p against the baseline of the same seed):", "",
               "| config | " + " | ".join(f"seed {s}" for s in seeds) + " |",
               "|---|" + "---:|" * len(seeds)]
@@ -505,11 +581,13 @@ def markdown(report):
     if curves:
         step = report["train_steps"]
         lines += ["", "## Learning curves", "", "![validation perplexity, mean and min-max over the seeds](curves.png)",
-                  "", "A config *beats the baseline* at a validation step when its worst seed has a lower validation "
-                  "perplexity than the baseline's best seed (the min-max ranges over the seeds do not overlap; "
-                  f"for {len(seeds)} seeds each, exchangeable runs fall apart like this in a given direction with "
-                  f"probability {1 / math.comb(2 * len(seeds), len(seeds)):.3f}); *behind* is the mirror case.  "
-                  "\"From step s on\" means at every validation step from s to the last one.", "",
+                  "", "A config's seed ranges are *apart* from the baseline's at a validation step when its worst "
+                  "seed has a lower validation perplexity than the baseline's best seed (*better*), or the mirror "
+                  f"case (*worse*).  For exchangeable runs, {n} seeds a side fall apart either way at one step with "
+                  f"probability 2/C({2 * n},{n}) = {2 / math.comb(2 * n, n):.3f}.  A column names steps only when "
+                  f"that times the number of steps looked at (Bonferroni) is below {ALPHA}; otherwise it counts the "
+                  "steps apart and gives no verdict.  \"From step s on\" means at every validation step from s to "
+                  "the last one.", "",
                   f"| config | validation ppl at step {step}: mean (min-max) | against the baseline | what the paper "
                   "reports (BLEU, its task) |", "|---|---:|---|---|"]
         for name, curve in curves.items():
@@ -637,7 +715,9 @@ def report_only(out):
     add_seed_tests(report["rows"])
     for curve in (report.get("curves") or {}).values():
         if "verdicts" in curve:
-            curve["verdict"] = verdict_text({int(step): kind for step, kind in curve["verdicts"].items()})
+            text, looks = looks_verdict({int(step): kind for step, kind in curve["verdicts"].items()},
+                                        len(report["seeds"]))
+            curve.update(verdict=text, **looks)
     print(write_report(report, Path(out)))
     return 0
 
@@ -653,7 +733,9 @@ def write_report(report, out):
 def main(argv=None):
     parser = common.Parser(prog="compare.py", description=__doc__.split("\n")[0])
     add, positive = parser.add_argument, common.at_least(1)
-    add("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    add("--seeds", type=int, nargs="+", default=list(range(1, 7)),
+        help="seeds of every config (default 1-6: six are the fewest with which the exact test across seeds can "
+             "reach p < 0.05; runs of earlier seeds are reused)")
     add("--configs", nargs="+", default=list(CONFIGS),
         help="configs of yaml_configs/compare/ to run; the first is the baseline")
     add("--jobs", type=positive, default=2, help="runs at a time (each gets cores/jobs threads)")
@@ -664,8 +746,8 @@ def main(argv=None):
     add("--plateau-tolerance", type=float, default=0.01,
         help="relative improvement of the mean validation perplexity that counts (default 0.01)")
     add("--max-steps", type=positive, help="cap of the plateau step (default: the largest that fits --budget-minutes)")
-    add("--budget-minutes", type=float, default=120.0,
-        help="time the run may take; sizes the default --max-steps (default 120)")
+    add("--budget-minutes", type=float, default=330.0,
+        help="time the run may take; sizes the default --max-steps (default 330: six seeds of eight configs)")
     add("--probe-steps", type=common.at_least(6), default=40,
         help="steps of each config's speed probe, its speed read between step reports (default 40)")
     add("--train-steps", type=positive, help="train every config this many steps, without the plateau search")

@@ -9,6 +9,7 @@ How it works and why: docs/tools.md (param_report.py).
 """
 
 import copy
+import math
 import sys
 from pathlib import Path
 
@@ -113,9 +114,32 @@ def with_tying(opt, tying):
     return tied
 
 
+def vocab_entries(opt):
+    """Entries a side that training will use: the config's cap, else the built vocabulary file's lines plus
+    OpenNMT-py's four specials, else None (no cap and no vocabulary built yet)."""
+    if opt.src_vocab_size:
+        return opt.src_vocab_size
+    path = common.REPO / opt.src_vocab
+    return sum(1 for _ in path.open(encoding="utf-8")) + 4 if path.is_file() else None
+
+
+def closest_range(lines, paper, tying):
+    """``(low, high)``: the vocabulary sizes V (entries a side) at which ``tying`` has the total closest to ``paper``,
+    each tying's total being ``a + b V`` (``lines``: {tying: (a, b)}); two tyings swap at V = (2 paper - a1 - a2) /
+    (b1 + b2), where the paper's total lies midway.  None when it is never the closest."""
+    cuts = sorted({(2 * paper - a1 - a2) / (b1 + b2) for a1, b1 in lines.values() for a2, b2 in lines.values()
+                   if b1 + b2} | {0})
+    mids = [(x + y) / 2 for x, y in zip(cuts, cuts[1:] + [cuts[-1] * 2 + 1])]
+    won = [m for m in mids if m > 0 and min(lines, key=lambda t: abs(lines[t][0] + lines[t][1] * m - paper)) == tying]
+    if not won:
+        return None
+    return max([c for c in cuts if c < min(won)], default=0), min([c for c in cuts if c > max(won)], default=math.inf)
+
+
 def paper_match(configs):
-    """Rows ``(config, source, paper total, config's tying, {tying: total at the paper's vocabulary}, closest)``
-    for the configs of ``PAPER_TOTALS``; a config not in it is an error."""
+    """Rows ``(config, source, paper total, config's tying, {tying: total at V}, closest at V, V, where V comes from,
+    {tying: (low, high) of closest_range})`` for the configs of ``PAPER_TOTALS``: V is the vocabulary the config
+    trains with (:func:`vocab_entries`), else the paper's; a config not in PAPER_TOTALS is an error."""
     rows = []
     for config in configs:
         key = Path(config).resolve().relative_to(common.CONFIGS).as_posix()
@@ -123,9 +147,14 @@ def paper_match(configs):
             raise SystemExit(f"{config}: no paper total for this config (tools/param_report.py PAPER_TOTALS)")
         paper, vocab, source = PAPER_TOTALS[key]
         opt = _options(config)
-        totals = {tying: count_parameters(with_tying(opt, tying), vocab) for tying in TYINGS}
-        closest = min(totals, key=lambda tying: abs(totals[tying] - paper))
-        rows.append((str(config), source, paper, tying_of(opt), totals, closest))
+        real = vocab_entries(opt)
+        size, origin = (real, "the config's vocabulary") if real else (vocab, "the paper's: no cap, none built")
+        at = {v: {t: count_parameters(with_tying(opt, t), v) for t in TYINGS} for v in (size, size + 1000)}
+        lines = {t: (at[size][t] - size * (at[size + 1000][t] - at[size][t]) / 1000,
+                     (at[size + 1000][t] - at[size][t]) / 1000) for t in TYINGS}
+        closest = min(at[size], key=lambda tying: abs(at[size][tying] - paper))
+        ranges = {t: closest_range(lines, paper, t) for t in TYINGS}
+        rows.append((str(config), source, paper, tying_of(opt), at[size], closest, size, origin, ranges))
     return rows
 
 
@@ -172,17 +201,17 @@ def _print_paper_match(rows, markdown):
     """Prints the rows of :func:`paper_match`; returns 1 when a config's tying is not the closest."""
     names = list(TYINGS)
     if markdown:
-        print("| config | paper | paper's total | " + " | ".join(f"tying `{n}`" for n in names)
-              + " | closest | config |\n|---|---|---:|" + "---:|" * len(names) + "---|---|")
-    for config, source, paper, tying, totals, closest in rows:
+        print("| config | paper | paper's total | vocabulary | " + " | ".join(f"tying `{n}`" for n in names)
+              + " | closest | config | config's tying closest for |\n|---|---|---:|---|" + "---:|" * len(names)
+              + "---|---|---|")
+    for config, source, paper, tying, totals, closest, size, origin, ranges in rows:
         cells = [f"{totals[n] / 1e6:.2f}M ({(totals[n] - paper) / paper:+.1%})" for n in names]
         verdict = tying if tying == closest else f"{tying} (differs)"
-        if markdown:
-            print(f"| `{Path(config).name}` | {source} | {paper / 1e6:.2f}M | " + " | ".join(cells)
-                  + f" | {closest} | {verdict} |")
-        else:
-            print("\t".join([config, source, f"{paper / 1e6:.2f}M", *cells, closest, verdict]))
-    return int(any(tying != closest for *_, tying, _, closest in rows))
+        span = "never" if ranges[tying] is None else "{:,.0f} to {:,.0f} entries".format(*ranges[tying])
+        cells = [config if not markdown else f"`{Path(config).name}`", source, f"{paper / 1e6:.2f}M",
+                 f"{size:,} ({origin})", *cells, closest, verdict, span]
+        print(f"| {' | '.join(cells)} |" if markdown else "\t".join(cells))
+    return int(any(row[3] != row[5] for row in rows))
 
 
 if __name__ == "__main__":

@@ -57,6 +57,15 @@ PAPER_METRICS = {
 #: The clause paper names no BLEU variant; its Chinese rows (Table 5) are scored on words as segmented.
 CLAUSE_METRICS = {"zh": ("tok_bleu", "word-level BLEU on jieba-segmented Chinese (sacreBLEU tokenize='none')")}
 UNSTATED_METRIC = ("bleu", "sacreBLEU (13a; the paper does not say which BLEU it reports)")
+#: The significance test each paper names, where it is not the paired bootstrap of the reports (which is computed
+#: in the paper's own metric, :func:`paper_metric`, so that its marks are comparable with the paper's).
+PAPER_TESTS = {
+    "li2019": "bootstrap resampling (Koehn 2004), marks at p < 0.05 / 0.01: the same test",
+    "cao2019": "not named; marks at p < 0.05 / 0.01",
+    "chen2019": "Collins et al. (2005), a sign test over the test sentences, marks at p < 0.01: not the bootstrap",
+    "clause": "\"samples\" on English-Chinese only, not otherwise described",
+    "gret": "none named in our copy of the paper",
+}
 #: The training data of each (paper, task) as the paper describes it, set beside ours in every report.
 PAPER_DATA = {
     ("li2019", "wmt14_ende"): "WMT14 En-De, 4.6M pairs",
@@ -456,6 +465,11 @@ def paper_metric(table, task):
     return PAPER_METRICS.get(paper, UNSTATED_METRIC)
 
 
+def paper_test(table):
+    """The significance test that ``table``'s paper names (:data:`PAPER_TESTS`)."""
+    return PAPER_TESTS.get(table.split("-", 1)[0], "none (not a paper)")
+
+
 def paper_data(table, task):
     """The training data of ``table``'s paper on ``task`` in words (:data:`PAPER_DATA`)."""
     return PAPER_DATA.get((table.split("-", 1)[0], task), "not stated (not a paper)")
@@ -535,13 +549,15 @@ def _reference_files(task, prefix):
     return tuple(sorted((DATA / task).glob(f"{name}[0-9]")) or [DATA / task / name] for name in names)
 
 
-def score(plans, task, by_length=False, test_set=0):
-    """Per row, on test set number ``test_set``: BLEU, tokenized BLEU, chrF, their signatures and the paired
-    bootstrap against :func:`compared_row`'s row (with ``by_length``, per :data:`CLAUSE_BUCKETS` too)."""
+def score(plans, table, by_length=False, test_set=0):
+    """Per row of ``table``, on test set number ``test_set``: BLEU, tokenized BLEU, chrF, their signatures and the
+    paired bootstrap against :func:`compared_row`'s row in the paper's own metric (with ``by_length``, per
+    :data:`CLAUSE_BUCKETS` too)."""
     from sacremoses import MosesDetokenizer
 
     from onmt_ext import evaluation as ev
 
+    task = table_task(table)
     src, tgt = LANGS[task]
     prefix = test_sets(task)[test_set][1]
     metric = _metric(tgt)
@@ -559,15 +575,17 @@ def score(plans, task, by_length=False, test_set=0):
                         "p_value": None, "marker": None})
     sources = _remove_bpe(ev.read_hypotheses(DATA / task / f"{prefix}.bpe.{src}", "test source")) if by_length else []
     configs = [p.row.config for p in plans]
-    bootstrap = {"metric": metric, "n_samples": BOOTSTRAP_SAMPLES, "seed": BOOTSTRAP_SEED}
+    tok = paper_metric(table, task)[0] == "tok_bleu"  # the marks in the paper's own metric
+    bootstrap = {"metric": "tok-bleu" if tok else metric, "n_samples": BOOTSTRAP_SAMPLES, "seed": BOOTSTRAP_SEED}
+    lines, test_refs = (tokenized, tok_refs) if tok else (detokenized, refs)
     for index, against in enumerate(compared_row(configs, i) for i in range(len(plans))):
         if against == index:
             continue
-        baseline, system = detokenized[against], detokenized[index]
-        test = ev.paired_bootstrap(baseline, system, refs, **bootstrap)
+        baseline, system = lines[against], lines[index]
+        test = ev.paired_bootstrap(baseline, system, test_refs, **bootstrap)
         results[index].update(p_value=test.p_value, marker=test.marker, compared_with=plans[against].row.label)
         if by_length:
-            comparisons = ev.compare_by_length(baseline, system, refs, sources, CLAUSE_BUCKETS, **bootstrap)
+            comparisons = ev.compare_by_length(baseline, system, test_refs, sources, CLAUSE_BUCKETS, **bootstrap)
             results[index]["by_length"] = [asdict(c) for c in comparisons]
     return results
 
@@ -664,8 +682,8 @@ def _by_length_section(table, task, rows, out_dir):
     drawn, one a row: ``<out_dir>/<table>.<config name after the task>.by_length.png``."""
     from onmt_ext import evaluation as ev
 
-    lines = ["", f"{_metric(LANGS[task][1])} by source length (words of the BPE-free source), vs. the first row "
-                 "of the same model size (paired bootstrap per bucket; † p < 0.05, ‡ p < 0.01)", ""]
+    lines = ["", f"{paper_metric(table, task)[1]} by source length (words of the BPE-free source), vs. the first "
+                 "row of the same model size (paired bootstrap per bucket; † p < 0.05, ‡ p < 0.01)", ""]
     configs, plots = [row["config"] for row in rows], []
     for index, row in enumerate(rows):
         if not row.get("by_length"):
@@ -694,15 +712,16 @@ def report_markdown(table, task, rows, curves_file, data):
     metric_key, metric_name = paper_metric(table, task)
     lines = [f"Training data: ours: {data.get('ours') or 'not recorded'}; the paper's: "
              f"{data.get('paper') or 'not stated'}.", "",
-             f"ours - paper: {metric_name}, the paper's own metric, against the paper's BLEU.  sacreBLEU: "
+             f"ours - paper and p: {metric_name}, the paper's own metric, against the paper's BLEU.  The paper's "
+             f"significance test: {paper_test(table)}.  sacreBLEU: "
              f"case-sensitive, {tokenizer} tokenizer on detokenized text (signature below); "
              "tok. BLEU: tokenize='none' on the tokenized text.", ""]
     for index, (label, _) in enumerate(test_sets(task)):
         if index and not all(label in row.get("test_sets", {}) for row in rows):
             continue  # a results JSON from before the further test sets were scored
         lines += [*([""] if index else []),
-                  f"{table}: BLEU on {task} {label} (case-sensitive, {tokenizer} tokenizer; "
-                  "p from paired bootstrap vs. the first row of the same model size; † p < 0.05, ‡ p < 0.01)", "",
+                  f"{table}: BLEU on {task} {label} (case-sensitive, {tokenizer} tokenizer; p from paired bootstrap "
+                  f"in the paper's metric vs. the first row of the same model size; † p < 0.05, ‡ p < 0.01)", "",
                   "| row | config | paper BLEU | ours, paper's metric | ours - paper | sacreBLEU | tok. BLEU | chrF "
                   "| p | model |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
         for row in rows if index == 0 else [{**row, **row["test_sets"][label]} for row in rows]:
@@ -744,8 +763,9 @@ def write_report(table, task, rows, out_dir, commands=(), data=None):
     metric_key, metric_name = paper_metric(table, task)
     document = {"table": table, "paper": table.split("-", 1)[0], "task": task, "metric": _metric(LANGS[task][1]),
                 "paper_metric": {"score": metric_key, "name": metric_name}, "training_data": data,
-                "significance": f"paired bootstrap against the first row of the same model size (Base or Big), "
-                                f"{BOOTSTRAP_SAMPLES} resamples, seed {BOOTSTRAP_SEED}",
+                "significance": f"paired bootstrap in {metric_key} (the paper's metric) against the first row of the "
+                                f"same model size (Base or Big), {BOOTSTRAP_SAMPLES} resamples, seed {BOOTSTRAP_SEED}",
+                "paper_test": paper_test(table),
                 "rows": rows, "commands": list(commands)}
     written["json"].write_text(_json_text(document), encoding="utf-8")
     written["md"].write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -792,16 +812,33 @@ def _show(path):
     return resolved.relative_to(REPO) if resolved.is_relative_to(REPO) else Path(path)
 
 
+def _update_note(p):
+    """``# update:`` line of a dry run: a row's world size, gpu_ranks, accum_count and tokens per update."""
+    train = next(list(map(str, step.command)) for step in p.steps if str(step.command[0]) == "onmt_train")
+    values = common.config_values(p.row.config)
+
+    def option(name, default):
+        return train[train.index(name) + 1] if name in train else default
+
+    world, accum = int(option("-world_size", 1)), int(option("-accum_count", values.get("accum_count", [1])[0]))
+    batch = int(option("-batch_size", values["batch_size"]))
+    ranks = " ".join(train[train.index("-gpu_ranks") + 1:train.index("-gpu_ranks") + 1 + world]) \
+        if "-gpu_ranks" in train else "none (CPU)"
+    unit = values.get("batch_type", "sents")
+    return (f"# update: {p.row.label}: world_size {world}, gpu_ranks {ranks}, accum_count {accum}, batch_size "
+            f"{batch} {unit}: {accum} x {world} x {batch} = {accum * world * batch} {unit} per update")
+
+
 def _dry_run_notes(table, plans, task, out_dir):
-    """The ``# score:`` and ``# report:`` lines of a dry run."""
+    """The ``# update:``, ``# score:`` and ``# report:`` lines of a dry run."""
     src, tgt = LANGS[task]
-    lines, configs = [], [p.row.config for p in plans]
+    lines, configs = [_update_note(p) for p in plans], [p.row.config for p in plans]
     for number, (_, prefix) in enumerate(test_sets(task)):
         refs, tok_refs = (", ".join(map(str, files)) for files in _reference_files(task, prefix))
         for index, p in enumerate(plans):
             reference = compared_row(configs, index)
-            against = ("" if reference == index else f"; paired bootstrap against {plans[reference].row.label} "
-                                                      f"({plans[reference].hypotheses_of(number)})")
+            against = ("" if reference == index else f"; paired bootstrap in {paper_metric(table, task)[0]} against "
+                       f"{plans[reference].row.label} ({plans[reference].hypotheses_of(number)})")
             if against and number == 0 and table.startswith("clause-"):
                 against += f"; by source length ({DATA / task / f'test.bpe.{src}'})"
             lines.append(f"# score: {p.row.label}: {p.hypotheses_of(number)} (BPE removed, detokenized) with "
@@ -887,8 +924,8 @@ def main(argv=None):
         from onmt_ext.evaluation import EvaluationError
 
         try:
-            more = [score(plans, task, test_set=index) for index in range(1, len(test_sets(task)))]
-            rows_done = row_results(plans, score(plans, task, by_length=clause), more)
+            more = [score(plans, table, test_set=index) for index in range(1, len(test_sets(task)))]
+            rows_done = row_results(plans, score(plans, table, by_length=clause), more)
         except EvaluationError as exc:
             raise SystemExit(f"reproduce.py: {exc} (`make reproduce-{table}` trains and translates first)") from None
         data = None

@@ -1,6 +1,8 @@
 """tools/compare.py: log parsing, run naming and the report, from fixed inputs (no training)."""
 
 import json
+import math
+import statistics
 from pathlib import Path
 
 import pytest
@@ -58,10 +60,11 @@ def test_report_from_fixed_results(tmp_path):
               "rows": [_row("baseline", [18.0, 19.0]), _row("li2019_em", [22.0, 21.0], [4.0, 2.0], speed=640.0)]}
     text = compare.markdown(report)
     assert "| baseline (`yaml_configs/compare/baseline.yaml`) | 18.50 ± 0.50 |" in text
-    assert "| 2 / 0 | — | 0.64 |" in text  # no across-seeds test in these rows
-    text = compare.markdown({**report, "rows": compare.add_seed_tests(report["rows"])})
-    assert "| 2 / 0 | +3.00 (2 / 0), p 0.500 | 0.64 |" in text
-    assert "ignores the variance between seeds" in text and "smallest possible p is 0.500" in text
+    assert "| 2 / 0 | — | — | 0.64 |" in text  # no across-seeds test in these rows
+    rows = compare.add_seed_tests(report["rows"])
+    assert set(rows[1]["across_seeds"]) == {"bleu"}  # the rows hold no per-seed chrF: no chrF test
+    assert rows[1]["across_seeds"]["bleu"]["exact_p"] == 0.5 and "verdict" in rows[1]
+    assert "| 2 / 0 | +3.00 (2 / 0); 0.500; " in compare.markdown({**report, "rows": rows})
     assert "22.00 (+4.00, p 0.001 ‡)" in text
     assert "10.0 min" in text
     compare.plot(report, tmp_path / "c.png")
@@ -97,16 +100,72 @@ def test_a_report_that_reuses_runs_names_the_invocations_that_trained_them():
 def test_the_seed_test_is_an_exact_sign_flip_test_over_the_seeds():
     # three seeds all better: only the all-plus and all-minus sign patterns reach |mean| 1.0: p = 2/8
     test = compare.seed_test([20.0, 21.0, 22.0], [21.0, 22.0, 23.0])
-    assert test["deltas"] == [1.0, 1.0, 1.0] and test["p_value"] == 0.25 == test["min_p"]
+    assert test["deltas"] == [1.0, 1.0, 1.0] and test["exact_p"] == 0.25 == test["min_p"]
     assert (test["better"], test["worse"]) == (3, 0)
     # deltas (2, 1, -1), |sum| 2: of the 8 sign patterns only (+2, -1, +1) and (-2, +1, -1) sum to 0, the
     # other six reach |sum| >= 2 (counted by hand): p = 6/8
     test = compare.seed_test([10.0, 10.0, 10.0], [12.0, 11.0, 9.0])
-    assert test["p_value"] == 0.75 and (test["better"], test["worse"]) == (2, 1)
+    assert test["exact_p"] == 0.75 and (test["better"], test["worse"]) == (2, 1)
     assert test["mean_delta"] == 2 / 3
     # six seeds all better in the same direction can reach the 5% level (2/64); a bootstrap count cannot
-    assert compare.seed_test([0.0] * 6, [1.0, 2.0, 0.5, 1.5, 1.0, 0.7])["p_value"] == 2 / 64
-    assert compare.seed_test([0.0] * 2, [1.0, -1.0])["p_value"] == 1.0
+    assert compare.seed_test([0.0] * 6, [1.0, 2.0, 0.5, 1.5, 1.0, 0.7])["exact_p"] == 2 / 64
+    assert compare.seed_test([0.0] * 2, [1.0, -1.0])["exact_p"] == 1.0
+
+
+def _t_tail(t, df, steps=20000):
+    """Two-sided tail of Student's t by Simpson's rule over its density from 0 to |t| (independent of the code)."""
+    density = lambda x: (math.gamma((df + 1) / 2) / (math.sqrt(df * math.pi) * math.gamma(df / 2))
+                         * (1 + x * x / df) ** (-(df + 1) / 2))
+    h = abs(t) / steps
+    area = sum((1 if k in (0, steps) else 4 if k % 2 else 2) * density(k * h) for k in range(steps + 1)) * h / 3
+    return 1 - 2 * area
+
+
+@pytest.mark.parametrize("deltas", [[1.0, 2.0], [1.0, 2.0, 3.0], [1.16, 1.01, 1.34], [0.3, -0.2, 0.5, 0.1],
+                                    [1.0, 2.0, 0.5, 1.5, 1.0, 0.7], [0.2, -0.4, 0.1, 0.3, -0.1, 0.6, 0.0]])
+def test_the_t_test_matches_the_t_distribution(deltas):
+    t, p = compare.t_test_p(deltas)
+    n = len(deltas)
+    assert t == pytest.approx(statistics.fmean(deltas) / statistics.stdev(deltas) * math.sqrt(n))
+    assert p == pytest.approx(_t_tail(t, n - 1), abs=1e-6)
+    if n == 3:  # two degrees of freedom: the tail is 1 - t / sqrt(t^2 + 2) exactly
+        assert p == pytest.approx(1 - abs(t) / math.sqrt(t * t + 2), abs=1e-12)
+    assert compare.t_test_p([1.0] * n) == (math.inf, 0.0) and compare.t_test_p([0.0] * n)[1] == 1.0
+
+
+def test_holm_multiplies_the_kth_smallest_by_m_minus_k_plus_1_and_keeps_the_order():
+    assert compare.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert compare.holm([0.5, 0.2]) == [0.5, 0.4] and compare.holm([0.6, 0.7]) == [1.0, 1.0] and compare.holm([]) == []
+
+
+def _seeds(bleus, chrfs):
+    return [{"seed": k + 1, "bleu": b, "chrf": c} for k, (b, c) in enumerate(zip(bleus, chrfs))]
+
+
+def test_a_verdict_needs_a_holm_adjusted_p_below_005_and_names_its_metric():
+    base = {"config": "baseline", "seeds": _seeds([30.0] * 6, [50.0] * 6)}
+    gain = {"config": "gain",
+            "seeds": _seeds([31.0, 31.2, 30.9, 31.1, 31.0, 30.8], [50.3, 49.6, 50.4, 49.8, 50.1, 50.0])}
+    none = {"config": "none",
+            "seeds": _seeds([30.5, 29.4, 30.2, 29.9, 30.1, 29.6], [50.2, 49.9, 50.1, 49.7, 50.3, 50.0])}
+    rows = compare.add_seed_tests([base, gain, none])
+    bleu = rows[1]["across_seeds"]["bleu"]
+    assert bleu["exact_p"] == 2 / 64 and bleu["exact_p_holm"] == 4 / 64  # two configs: the smaller p times 2
+    assert bleu["t_p_holm"] == 2 * bleu["t_p"] < 0.05 and rows[1]["across_seeds"]["chrf"]["t_p_holm"] > 0.05
+    assert rows[1]["verdict"].startswith("better than the baseline in BLEU") and "not shown apart in chrF" in \
+        rows[1]["verdict"]
+    assert rows[2]["verdict"].startswith("not shown apart") and "better" not in rows[2]["verdict"]
+    worse = {"config": "worse", "seeds": [{**e, "bleu": 60 - e["bleu"]} for e in gain["seeds"]]}
+    assert compare.add_seed_tests([base, worse])[1]["verdict"].startswith("worse than the baseline in BLEU")
+
+
+def test_step_verdicts_only_when_corrected_for_the_number_of_looks():
+    steps = range(100, 1800, 100)  # 17 looks, as in the committed report
+    verdicts = {s: "better" if s >= 1000 else "tie" for s in steps}
+    text, looks = compare.looks_verdict(verdicts, 6)  # 17 x 2 / C(12, 6) = 0.037
+    assert looks["family_p"] == pytest.approx(17 * 2 / 924) and text.startswith("beats the baseline from step 1000")
+    text, looks = compare.looks_verdict(verdicts, 3)  # 17 x 2 / C(6, 3) = 1.7: no step may be named
+    assert looks["family_p"] == 1.0 and text.startswith("no verdict") and "1000" not in text
 
 
 def test_the_verdict_names_earlier_leads_besides_the_last_one():
@@ -133,10 +192,10 @@ def test_report_only_rewrites_the_report_from_its_json(tmp_path, capsys):
     (tmp_path / "compare.json").write_text(json.dumps(report), encoding="utf-8")
     assert compare.main(["--report-only", "--out", str(tmp_path)]) == 0
     text = (tmp_path / "compare.md").read_text(encoding="utf-8")
-    assert "beats the baseline from step 300 on, and earlier at step 100" in text
-    assert "+1.00 (3 / 0), p 0.250" in text
+    assert "no verdict" in text and "beats the baseline from step 300" not in text  # 3 looks x 0.1 per look
     document = json.loads((tmp_path / "compare.json").read_text(encoding="utf-8"))
-    assert document["rows"][1]["across_seeds"]["p_value"] == 0.25
+    assert document["rows"][1]["across_seeds"]["bleu"]["exact_p"] == 0.25
+    assert document["curves"]["clause_ca_rule"]["family_p"] == pytest.approx(0.3)
     with pytest.raises(SystemExit):  # nothing is trained: a training option would be ignored
         compare.main(["--report-only", "--out", str(tmp_path), "--seeds", "4"])
     assert "--report-only takes only --out, not --seeds" in capsys.readouterr().err

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import time
@@ -222,7 +223,13 @@ def test_dry_run_of_every_table_prints_consistent_commands(table, capsys):
     lines = capsys.readouterr().out.splitlines()
     commands = [shlex.split(line.removeprefix("CUDA_VISIBLE_DEVICES=0 ")) for line in lines
                 if not line.startswith("#")]
-    assert all(line.startswith(("CUDA_VISIBLE_DEVICES=0 ", "# score: ", "# report: ")) for line in lines)
+    assert all(line.startswith(("CUDA_VISIBLE_DEVICES=0 ", "# update: ", "# score: ", "# report: ")) for line in lines)
+    updates = [line for line in lines if line.startswith("# update: ")]  # the plan of each row (docs/scale-out.md)
+    assert [line.split(": ")[1] for line in updates] == [row.label for row in rows]
+    for line in updates:
+        accum, world, batch, tokens = map(int, re.search(r"(\d+) x (\d+) x (\d+) = (\d+) ", line).groups())
+        assert f"world_size {world}, gpu_ranks 0, accum_count {accum}, batch_size {batch} " in line
+        assert tokens == accum * world * batch
     onmt = [command for command in commands if command[0].startswith("onmt_")]
     prefixes = [prefix for _, prefix in reproduce.test_sets(reproduce.table_task(table))]
     per_row = 2 + len(prefixes)
@@ -483,7 +490,7 @@ def test_clause_table_scored_and_reported_from_hypotheses_on_disk(tmp_path, monk
         p.hypotheses.parent.mkdir(parents=True)
         p.hypotheses.write_text("\n".join(lines) + "\n")
         (p.run_dir / "train.log").write_text(LOG)
-    scores = reproduce.score(plans, task, by_length=True)
+    scores = reproduce.score(plans, table, by_length=True)
     assert [round(s["bleu"], 2) for s in scores[1:]] == [100.0, 100.0]
     assert scores[0]["bleu"] < 60 and scores[1]["tok_bleu"] == pytest.approx(100) == scores[2]["chrf"]
     assert scores[0]["p_value"] is None and scores[1]["p_value"] < 0.05 and scores[1]["marker"] in ("†", "‡")
@@ -535,8 +542,8 @@ def test_nist_table_is_scored_on_all_three_test_sets_with_big_rows_against_the_b
             p.hypotheses_of(number).write_text("\n".join(lines) + "\n")
     needed = reproduce._scoring_inputs(task, by_length=False)  # four references, raw and tokenized, of each set
     assert len(needed) == 24 and all(path.exists() for path in needed)
-    more = [reproduce.score(plans, task, test_set=number) for number in (1, 2)]
-    rows = reproduce.row_results(plans, reproduce.score(plans, task), more)
+    more = [reproduce.score(plans, table, test_set=number) for number in (1, 2)]
+    rows = reproduce.row_results(plans, reproduce.score(plans, table), more)
     assert [row["bleu"] == pytest.approx(100) for row in rows] == [True, False] * 3
     assert all(scores["bleu"] == pytest.approx(100) for row in rows[0::2] for scores in row["test_sets"].values())
     assert [row.get("compared_with") for row in rows] == [None, "Transformer (base)", "Transformer (base)",
@@ -596,7 +603,7 @@ def _paper_metric_markdown(tmp_path, table, refs, tok_refs, tok_hyps):
     for p in plans:
         p.run_dir.mkdir(parents=True)
         p.hypotheses.write_text("\n".join(tok_hyps) + "\n", encoding="utf-8")
-    rows = reproduce.row_results(plans, reproduce.score(plans, task))
+    rows = reproduce.row_results(plans, reproduce.score(plans, table))
     return rows, reproduce.write_report(table, task, rows, tmp_path / "out")["md"].read_text(encoding="utf-8")
 
 
@@ -610,8 +617,13 @@ def test_ours_minus_paper_uses_the_papers_own_bleu_on_english_and_german(table, 
     import sacrebleu
     from sacremoses import MosesTokenizer
 
+    from onmt_ext import evaluation
+
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(reproduce, "BOOTSTRAP_SAMPLES", 10)
+    tests, bootstrap = [], evaluation.paired_bootstrap  # the marks' test: which metric, on which references
+    monkeypatch.setattr(evaluation, "paired_bootstrap", lambda *args, **kw: tests.append((kw["metric"], args[2]))
+                        or bootstrap(*args, **kw))
     tokenizer = MosesTokenizer(lang="en")
     tok_refs = [tokenizer.tokenize(r, aggressive_dash_splits=True, escape=False, return_str=True)
                 for r in DETOK_REFERENCES]
@@ -628,6 +640,10 @@ def test_ours_minus_paper_uses_the_papers_own_bleu_on_english_and_german(table, 
         if row.paper_bleu is not None:
             assert _delta_cell(row, expected) in markdown
     assert reproduce.paper_metric(table, reproduce.table_task(table))[1] in markdown
+    # the significance marks are computed in the paper's metric too (issue 61), and the paper's own test is named
+    expected_test = ("tok-bleu", [tok_refs]) if table.startswith("chen2019") else ("bleu", [DETOK_REFERENCES])
+    assert tests and all(test == expected_test for test in tests)
+    assert reproduce.paper_test(table) in markdown and ("Collins" in markdown) == table.startswith("chen2019")
 
 
 def _detok(line, lang):
