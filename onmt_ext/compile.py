@@ -13,6 +13,7 @@ mechanisms, for its training passes: :func:`compile_layers`.  Why, and when each
 """
 
 import os
+import warnings
 from dataclasses import dataclass
 from functools import partial
 
@@ -20,7 +21,7 @@ import torch
 from torch.fx.experimental import _config as shape_config
 
 from onmt_ext.compat import OpenNMTBackends
-from onmt_ext.options import OPTION_SPECS, option, register_mechanism
+from onmt_ext.options import AUTO, OPTION_SPECS, AutoBool, option, register_mechanism
 
 _COMPILED = {}
 
@@ -38,9 +39,18 @@ def compiled(fn, fullgraph=True):
     return _COMPILED[key]
 
 
+class CompilerFailure(RuntimeError):
+    """``torch.compile`` could not compile a core or a layer; the message is one line naming the option."""
+
+    def __init__(self, option, what):
+        super().__init__(f"-{option}: {what}; run with -{option} false")
+        self.what = what
+
+
 def _call_compiled(option, fn, call):
     """``call()``; a failure of the compiler (Dynamo or Inductor, which raise many exception types) becomes one
-    ``RuntimeError`` naming ``option`` and the way back to eager execution; any other exception passes unchanged."""
+    :class:`CompilerFailure` naming ``option`` and the way back to eager execution; any other exception passes
+    unchanged."""
     try:
         return call()
     except Exception as error:
@@ -48,8 +58,8 @@ def _call_compiled(option, fn, call):
         if "dynamo" not in module and "inductor" not in module:
             raise
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        raise RuntimeError(f"-{option}: torch.compile could not compile {fn.__qualname__} "
-                           f"({type(error).__name__}: {first_line}); run with -{option} false") from error
+        raise CompilerFailure(option, f"torch.compile could not compile {fn.__qualname__} "
+                                      f"({type(error).__name__}: {first_line})") from error
 
 
 #: Dynamo's settings while it traces a core: a core's int and float arguments (heads, capsules, iterations, the
@@ -84,11 +94,39 @@ def _context_patcher(settings):
     return change
 
 
+#: the cores that ``-ext_compile auto`` gave up on in this process (a compiler failure), run eagerly since
+_AUTO_FAILED = set()
+
+
+def _auto_compiles(fn, args):
+    """``-ext_compile auto`` for one call: compile a training pass (autograd on) on CUDA tensors."""
+    return (fn not in _AUTO_FAILED and torch.is_grad_enabled()
+            and any(isinstance(arg, torch.Tensor) and arg.is_cuda for arg in args))
+
+
 def run(enabled, fn, *args, **kwargs):
     """``fn(*args, **kwargs)``, compiled when ``enabled`` (a module's ``ext_compile`` attribute), traced with
-    :data:`CORE_TRACING` (inside a compiled layer, the layer's tracing goes on into the core)."""
+    :data:`CORE_TRACING` (inside a compiled layer, the layer's tracing goes on into the core).
+
+    ``enabled`` is ``"auto"`` on the modules of the mechanisms that compile by default (:func:`enable`): then a
+    training pass on CUDA compiles, and a compiler failure warns once and runs the core eagerly from then on.
+    """
+    if enabled == AUTO:
+        if torch.compiler.is_compiling() or not _auto_compiles(fn, args):
+            return fn(*args, **kwargs)
+        try:
+            return _compiled_call(fn, args, kwargs)
+        except CompilerFailure as error:
+            _AUTO_FAILED.add(fn)
+            warnings.warn(f"-ext_compile auto: {error.what}; it runs eagerly from now on", stacklevel=2)
+            return fn(*args, **kwargs)
     if not enabled:
         return fn(*args, **kwargs)
+    return _compiled_call(fn, args, kwargs)
+
+
+def _compiled_call(fn, args, kwargs):
+    """``compiled(fn)(*args, **kwargs)`` under :data:`CORE_TRACING`; a compiler failure as :func:`_call_compiled`."""
 
     def call():
         if torch.compiler.is_compiling():
@@ -221,15 +259,26 @@ def compile_layers(model):
 
 
 def enable(root, on):
-    """Set ``ext_compile`` on every sub-module of ``root`` whose class declares it (the mechanism modules)."""
+    """Set ``ext_compile`` on every sub-module of ``root`` whose class declares it (the mechanism modules).
+
+    ``on`` is ``True``, ``False`` or ``"auto"``; with ``"auto"`` a module whose class sets ``compile_on_cuda``
+    (its compiled core measured faster on a GPU; docs/compile.md) gets ``"auto"`` (:func:`run`), any other
+    ``False``.
+    """
     for module in root.modules():
         if hasattr(type(module), "ext_compile"):
-            module.ext_compile = bool(on)
+            automatic = on == AUTO and getattr(type(module), "compile_on_cuda", False)
+            module.ext_compile = AUTO if automatic else (on is True)
+
+
+def compiles_by_default(root):
+    """Whether ``-ext_compile auto`` compiles a core of ``root`` on CUDA (some module has ``ext_compile`` "auto")."""
+    return any(getattr(module, "ext_compile", None) == AUTO for module in root.modules())
 
 
 def _combination_check(opt):
     """``-ext_compile`` needs a mechanism: every mechanism has an option away from its default when on."""
-    if not getattr(opt, "ext_compile", False):
+    if getattr(opt, "ext_compile", AUTO) is not True:
         return []
     if any(getattr(opt, spec.name, spec.default) != spec.default for spec in OPTION_SPECS
            if not spec.name.startswith("ext_")):  # ext_layer_norm: no tensor core either
@@ -243,9 +292,11 @@ def _combination_check(opt):
 class Compile:
     """``-ext_compile``."""
 
-    compile: bool = option(False, "run every onmt-ext mechanism's tensor core through torch.compile (dynamic "
-                           "shapes, full graph), in training and translation; the first batches compile (seconds to "
-                           "minutes); stock layers stay eager")
+    compile: AutoBool = option(AUTO, "run every onmt-ext mechanism's tensor core through torch.compile (dynamic "
+                               "shapes, full graph), in training and translation; the first batches compile "
+                               "(seconds to minutes); stock layers stay eager. auto (the default): only chen2019's "
+                               "and GRET's cores, only in training on CUDA, where compiling measured faster "
+                               "(docs/compile.md); false: every core eager")
     compile_layers: bool = option(False, "onmt_train: run each whole Transformer encoder and decoder layer (stock "
                                   "or with mechanisms) through torch.compile for its training passes (dynamic "
                                   "shapes); fewer, fused GPU kernels per step; the first steps compile (about a "

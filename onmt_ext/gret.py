@@ -54,6 +54,9 @@ class GlobalRepresentation(nn.Module):
     """
 
     ext_compile = False
+    #: ``-ext_compile auto`` (the default) compiles the core in training on CUDA: it measured faster there
+    #: (results/gpu/NVIDIA_H200-3fa46b4.md; docs/compile.md)
+    compile_on_cuda = True
 
     def __init__(self, d_model, layers, capsules=4, capsule_dim=None, iterations=3, pooling="capsules",
                  aggregate="all", eps=1e-6, normalise=True):
@@ -160,6 +163,9 @@ class GlobalFusion(DecodingStateModule):
     """
 
     ext_compile = False
+    #: ``-ext_compile auto`` (the default) compiles the core in training on CUDA: it measured faster there
+    #: (results/gpu/NVIDIA_H200-3fa46b4.md; docs/compile.md)
+    compile_on_cuda = True
 
     def __init__(self, d_model, gate=True):
         super().__init__()

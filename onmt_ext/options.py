@@ -173,6 +173,24 @@ def tensor_parallel_problems(opt, what):
     return []
 
 
+#: the value of a tri-state option (:class:`AutoBool`) that leaves the choice to the program
+AUTO = "auto"
+
+
+class AutoBool:
+    """Annotation of a tri-state option: :data:`AUTO` (the program decides), ``True`` or ``False``."""
+
+
+def auto_bool(text):
+    """A tri-state option's value: ``"auto"``, or what :func:`str2bool` reads."""
+    if isinstance(text, str) and text.strip().lower() == AUTO:
+        return AUTO
+    try:
+        return str2bool(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected auto, true or false, got {text!r}") from None
+
+
 def str2bool(text):
     """A boolean option's value: true/false, yes/no, on/off or 1/0 (any case)."""
     if isinstance(text, bool):
@@ -188,7 +206,8 @@ def str2bool(text):
 def add_model_options(parser):
     """Add the onmt-ext argument group to an OpenNMT-py (configargparse) parser.
 
-    A boolean option takes a value (``-gret true``, ``-gret false``) or none (``-gret`` alone: true).
+    A boolean option takes a value (``-gret true``, ``-gret false``) or none (``-gret`` alone: true); a
+    tri-state one also takes ``auto``.
     """
     group = parser.add_argument_group(
         GROUP_TITLE,
@@ -196,8 +215,8 @@ def add_model_options(parser):
     )
     for spec in OPTION_SPECS:
         kwargs = dict(default=spec.default, help=spec.help)
-        kwargs["type"] = str2bool if spec.type is bool else spec.type
-        if spec.type is bool and spec.nargs is None:  # -name alone means true, as a stock flag does
+        kwargs["type"] = {bool: str2bool, AutoBool: auto_bool}.get(spec.type, spec.type)
+        if spec.type in (bool, AutoBool) and spec.nargs is None:  # -name alone means true, as a stock flag does
             kwargs.update(nargs="?", const=True)
         if spec.choices is not None:
             kwargs["choices"] = spec.choices

@@ -36,6 +36,7 @@ class Case:
     paper_translate: float = None
     pre_encoded: bool = False  # train on SentencePiece'd (and clause-split) copies of the data: no data transforms
     control: bool = False  # a second copy of the baseline, measured under its own name (see control_case)
+    compiles_by_default: bool = False  # -ext_compile auto compiles its cores in training on CUDA (onmt_ext.compile)
 
 
 def control_case(baseline):

@@ -415,7 +415,7 @@ def test_section_a_times_each_process_to_its_own_exit(tmp_path):
 
 def test_gpu_configs_parse_strictly(tmp_path, onmt_active, monkeypatch):
     """Section b's Base configs as a GPU run writes them: the paper's model, the check's batches and workers,
-    pre-encoded repeated data, and -ext_compile on the compiled runs only."""
+    pre-encoded repeated data, and -ext_compile true on the compiled runs, false on the eager ones."""
     from onmt_ext.parsing import parse_train_config
 
     def encode(model, path, out, **_):  # a stand-in corpus of 10 lines of 3 pieces: names and counts matter
@@ -442,7 +442,8 @@ def test_gpu_configs_parse_strictly(tmp_path, onmt_active, monkeypatch):
             path, _, config = gpu_check.training_config(case, mode, args, tmp_path, cache, replay=replay, steps=steps)
             run = in_process if replay else total
             opt = parse_train_config(path)
-            assert opt.ext_compile == (mode == "compiled")
+            # eager pinned (the default, auto, compiles chen2019's and GRET's cores on CUDA); the baseline's default
+            assert opt.ext_compile == ("auto" if case is gpu_check.BASELINE else mode == "compiled")
             assert (opt.batch_size, opt.batch_type, opt.num_workers) == (8192, "tokens", 0 if replay else 2)
             assert opt.model_dtype == paper["model_dtype"] == "fp16"
             assert (opt.hidden_size, opt.enc_layers, opt.dec_layers) == (
@@ -866,3 +867,15 @@ def test_a_decode_part_measures_every_row_of_its_group(tmp_path):
     assert [group["key"] for group in c["groups"]] == ["greedy-eager"] and c["groups"][0]["aa"]["runs"] == 3
     assert [(row["case"], row["status"]) for row in c["rows"]] == [
         ("baseline", "measured"), ("baseline, again (A/A control)", "measured"), ("GRET", "measured")]
+
+
+def test_each_case_knows_whether_its_default_path_compiles(sample_data, onmt_active):
+    """The targets read the compiled rows of the cases whose cores ``-ext_compile auto`` compiles on CUDA
+    (``Case.compiles_by_default``): that must be what the model built from the case's config (its smoke twin)
+    does, else a target would be judged on the wrong path."""
+    from onmt_ext import compile as ext_compile
+
+    for case in gpu_check.MECHANISMS:
+        opt = support.load_train_opts(f"yaml_configs/smoke/{case.config}")
+        model = support.build_model(opt, support.load_vocabs(opt))
+        assert ext_compile.compiles_by_default(model) == case.compiles_by_default, case.label

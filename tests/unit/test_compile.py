@@ -287,6 +287,84 @@ def test_a_compile_failure_names_the_option(monkeypatch):
         ext_compile.run(True, directional_softmax, torch.zeros(1, 2, 3, 3), 2)
 
 
+def _fake_compiler_failure():
+    class FakeBackendError(Exception):
+        __module__ = "torch._inductor.exc"
+
+    def broken(*args, **kwargs):
+        raise FakeBackendError("no C++ compiler found")
+
+    return broken
+
+
+def test_auto_compiles_training_passes_on_cuda_only():
+    """``-ext_compile auto`` (the default) compiles a core only for a training pass (autograd on) on CUDA."""
+    cpu = torch.ones(2)
+    assert not ext_compile._auto_compiles(torch.neg, (cpu,))
+    if torch.cuda.is_available():
+        gpu = cpu.cuda()
+        assert ext_compile._auto_compiles(torch.neg, (gpu,))
+        with torch.no_grad():
+            assert not ext_compile._auto_compiles(torch.neg, (gpu,))
+
+
+def test_auto_is_eager_where_it_does_not_compile(monkeypatch):
+    calls = []
+    monkeypatch.setattr(ext_compile, "compiled", lambda fn: calls.append(fn) or fn)
+    assert ext_compile.run("auto", torch.neg, torch.ones(2)).tolist() == [-1, -1]
+    assert calls == []  # a CPU tensor: eager
+    monkeypatch.setattr(ext_compile, "_auto_compiles", lambda fn, args: True)
+    assert ext_compile.run("auto", torch.neg, torch.ones(2)).tolist() == [-1, -1] and calls == [torch.neg]
+
+
+def test_auto_falls_back_to_eager_once_when_the_compiler_fails(monkeypatch):
+    """A compiler failure under ``auto`` (which the user did not ask for) is one warning, then that core runs
+    eagerly for the rest of the process; with ``-ext_compile true`` the same failure stops the command."""
+    monkeypatch.setattr(ext_compile, "_AUTO_FAILED", set())
+    monkeypatch.setattr(ext_compile, "_auto_compiles",
+                        lambda fn, args: fn not in ext_compile._AUTO_FAILED)  # as on CUDA
+    tries = []
+    broken = _fake_compiler_failure()
+    monkeypatch.setattr(ext_compile, "compiled", lambda fn: tries.append(fn) or broken)
+    scores = torch.randn(1, 2, 3, 3)
+    expected = directional_softmax(scores, 2)
+    with pytest.warns(UserWarning, match=r"^-ext_compile auto: torch.compile could not compile directional_softmax "
+                                         r"\(FakeBackendError: no C\+\+ compiler found\); it runs eagerly"):
+        torch.testing.assert_close(ext_compile.run("auto", directional_softmax, scores, 2), expected)
+    torch.testing.assert_close(ext_compile.run("auto", directional_softmax, scores, 2), expected)
+    assert tries == [directional_softmax]  # tried once
+    with pytest.raises(ext_compile.CompilerFailure, match="run with -ext_compile false$"):
+        ext_compile.run(True, directional_softmax, scores, 2)
+
+
+@pytest.mark.parametrize("value, expected", [("auto", "auto"), ("true", True), ("false", False)])
+def test_enable_marks_only_the_mechanisms_measured_faster_compiled(value, expected, sample_data, onmt_active):
+    """``-ext_compile auto`` marks the modules of chen2019 and GRET (their classes set ``compile_on_cuda``) and
+    leaves every other mechanism eager; true and false reach every mechanism module."""
+    marks = {}
+    for config in ("yaml_configs/smoke/chen2019/rpehead_all_switches.yaml",
+                   "yaml_configs/smoke/gret/ablations_all_switches.yaml",
+                   "yaml_configs/smoke/li2019/em_all_components.yaml"):
+        opt = support.load_train_opts(config, "-ext_compile", value)
+        model = support.build_model(opt, support.load_vocabs(opt), seed=3)
+        marks[config.split("/")[2]] = {getattr(m, "ext_compile") for m in model.modules()
+                                       if hasattr(type(m), "ext_compile")}
+    if expected == "auto":
+        assert marks == {"chen2019": {"auto"}, "gret": {"auto"}, "li2019": {False}}, marks
+    else:
+        assert all(value == {expected} for value in marks.values()), marks
+
+
+def test_the_default_is_auto_and_a_wrong_value_is_one_line(onmt_active):
+    from onmt_ext.options import auto_bool
+
+    opt = support.load_train_opts("yaml_configs/smoke/gret/ablations_all_switches.yaml")
+    assert opt.ext_compile == "auto"
+    assert [auto_bool(v) for v in ("AUTO", "yes", "0", True)] == ["auto", True, False, True]
+    with pytest.raises(Exception, match="expected auto, true or false, got 'sometimes'"):
+        auto_bool("sometimes")
+
+
 # ------------------------------------------------------------------ whole models
 
 MODEL_CONFIGS = [
