@@ -294,17 +294,18 @@ initialisation.register("onmt_ext.cao2019.CrossAggregation",
 
 def _combination_check(opt):
     problems = []
-    used = getattr(opt, "cao2019_vertical", False) or getattr(opt, "cao2019_horizontal", False)
-    if used and getattr(opt, "encoder_type", None) != EXT_TYPE and not getattr(opt, "cao2019_dec_self", False):
+    cao2019 = Cao2019.from_opt(opt)
+    used = cao2019.vertical or cao2019.horizontal
+    if used and getattr(opt, "encoder_type", None) != EXT_TYPE and not cao2019.dec_self:
         problems.append(f"-cao2019_vertical/-cao2019_horizontal have no effect with -encoder_type "
                         f"{getattr(opt, 'encoder_type', None)!r} and -cao2019_dec_self false; set -encoder_type "
                         f"{EXT_TYPE}")
-    if getattr(opt, "cao2019_dec_self", False) and getattr(opt, "self_attn_type", "") == "average":
+    if cao2019.dec_self and getattr(opt, "self_attn_type", "") == "average":
         problems.append("-cao2019_dec_self needs multi-head decoder self-attention, not -self_attn_type average")
     if not used:
-        return problems + options_without_effect(opt, _SPECS[2:], "-cao2019_vertical and -cao2019_horizontal are "
-                                                 "both false")
-    if getattr(opt, "cao2019_init", "zero") != "zero" and not getattr(opt, "cao2019_horizontal", False):
+        return problems + options_without_effect(opt, Cao2019.specs[2:], "-cao2019_vertical and "
+                                                 "-cao2019_horizontal are both false")
+    if cao2019.init != Cao2019.init and not cao2019.horizontal:  # set away from its default
         problems.append("-cao2019_init applies to the horizontal routing; it has no effect without "
                         "-cao2019_horizontal true")
     return problems + tensor_parallel_problems(opt, "-cao2019_* cross aggregation (it routes across all heads)")
@@ -332,9 +333,6 @@ class Cao2019:
                             side="decoder")
     dec_layers: List[int] = option([], "cao2019: decoder layers (1-based) with -cao2019_dec_self; empty: all",
                                    side="decoder", check=layers_check("dec"))
-
-
-_SPECS = Cao2019.specs
 
 
 def _attach(attentions, selected, module_class, cao2019, heads):

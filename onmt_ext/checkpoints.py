@@ -21,6 +21,7 @@ import torch
 
 from onmt_ext import __version__, preprocessing
 from onmt_ext.commands import in_command, run_main, step_checkpoints
+from onmt_ext.compile import Compile
 from onmt_ext.errors import UsageError, UserError, user_error
 from onmt_ext.options import EXT_TYPE, OPTION_SPECS, choice_problems, validate
 from onmt_ext.parsing import train_parser
@@ -379,8 +380,8 @@ def _signature(checkpoint):
     opt = checkpoint["opt"]
     defaults = {spec.name: spec.default for spec in OPTION_SPECS}
     options = {name: getattr(opt, name, defaults.get(name)) for name in ARCHITECTURE_OPTIONS + tuple(defaults)}
-    for name in ("ext_compile", "ext_compile_layers"):  # how it runs, not what it is
-        options.pop(name, None)
+    for spec in Compile.specs:  # how it runs, not what it is
+        options.pop(spec.name, None)
     shapes = {f"model.{k}": tuple(v.shape) for k, v in checkpoint["model"].items()}
     shapes.update({f"generator.{k}": tuple(v.shape) for k, v in (checkpoint.get("generator") or {}).items()})
     return options, shapes

@@ -506,21 +506,17 @@ initialisation.register("onmt_ext.chen2019.HeadwiseNorm",
 
 # ----------------------------------------------------------------------------- options
 
-def _used(opt):
-    return getattr(opt, "chen2019_enc", "none") != "none" or getattr(opt, "chen2019_dec", "none") != "none"
-
-
 def _combination_check(opt):
     problems = []
-    dim = getattr(opt, "chen2019_dim", 0)
-    if not _used(opt):
-        problems += options_without_effect(opt, [_SPEC_BY_NAME[name] for name in ("chen2019_dim", "chen2019_rnn",
-                                                                                 "chen2019_heads", "chen2019_scale",
-                                                                                 "chen2019_init",
-                                                                                 "chen2019_recurrence")],
+    chen2019 = Chen2019.from_opt(opt)
+    used = chen2019.enc != "none" or chen2019.dec != "none"
+    if not used:
+        problems += options_without_effect(opt, [Chen2019.spec_of[name] for name in ("dim", "rnn", "heads", "scale",
+                                                                                   "init", "recurrence")],
                                            "-chen2019_enc and -chen2019_dec are both none")
+    dim = chen2019.dim
     for side, bidirectional in (("enc", True), ("dec", False)):
-        layout = getattr(opt, f"chen2019_{side}", "none")
+        layout = getattr(chen2019, side)
         if layout == "none":
             continue
         if dim <= 0:
@@ -531,20 +527,20 @@ def _combination_check(opt):
         problem = layout_problem(layout, d_model, opt.heads, dim, bidirectional)
         if problem:
             problems.append(f"-chen2019_dim {dim} with -chen2019_{side} {layout}: {problem}")
-        pe_on = getattr(opt, "position_encoding", False) and side not in getattr(opt, "chen2019_pe_off", [])
+        pe_on = getattr(opt, "position_encoding", False) and side not in chen2019.pe_off
         if pe_on and (d_model - dim) % 2:
             problems.append(f"-chen2019_dim {dim}: the sinusoidal encoding of P needs an even d_p = d_model - d_r")
-    recurrence = recurrence_problem(getattr(opt, "chen2019_recurrence", "hidden"), getattr(opt, "chen2019_rnn", "rnn"))
-    if _used(opt) and recurrence:
-        problems.append(f"-chen2019_recurrence {opt.chen2019_recurrence} with -chen2019_rnn {opt.chen2019_rnn}: "
+    recurrence = recurrence_problem(chen2019.recurrence, chen2019.rnn)
+    if used and recurrence:
+        problems.append(f"-chen2019_recurrence {chen2019.recurrence} with -chen2019_rnn {chen2019.rnn}: "
                         f"{recurrence}")
-    if getattr(opt, "n_src_feats", 0) and getattr(opt, "chen2019_enc", "none") != "none":
+    if getattr(opt, "n_src_feats", 0) and chen2019.enc != "none":
         problems.append("-chen2019_enc does not support source word features (-n_src_feats)")
-    if getattr(opt, "chen2019_heads", "full") == "restricted":
+    if chen2019.heads == "restricted":
         if getattr(opt, "parallel_residual", False):
             problems.append("-chen2019_heads restricted does not support -parallel_residual")
         problems += tensor_parallel_problems(opt, "-chen2019_heads restricted")
-    pe_off = getattr(opt, "chen2019_pe_off", [])
+    pe_off = chen2019.pe_off
     if pe_off and not getattr(opt, "position_encoding", False):
         problems.append(f"-chen2019_pe_off {pe_off} has no effect with -position_encoding false")
     for side in pe_off:
@@ -579,10 +575,6 @@ class Chen2019:
                        "uniform, biases zero) or pytorch (U(-1/sqrt(units), 1/sqrt(units)))", choices=INITS)
     pe_off: List[str] = option([], "chen2019 Table 3 ablations: sides (enc, dec) without the sinusoidal position "
                                "encoding (stock OpenNMT-py embeddings without it)", choices=SIDES)
-
-
-_SPECS = Chen2019.specs
-_SPEC_BY_NAME = {spec.name: spec for spec in _SPECS}
 
 
 def _attach(module, config, side, layer_norm_name, layers):

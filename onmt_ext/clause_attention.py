@@ -229,8 +229,8 @@ initialisation.register("onmt_ext.clause_attention.ClauseAttention", lambda m: (
 
 
 def _combination_check(opt):
-    if not getattr(opt, "clause_attention", False):
-        return options_without_effect(opt, _SPECS[1:], "-clause_attention is false")
+    if not Clause.from_opt(opt).attention:
+        return options_without_effect(opt, Clause.specs[1:], "-clause_attention is false")
     from onmt_ext.clause_split import _transform_lists
 
     problems = []
@@ -252,9 +252,6 @@ class Clause:
                          "or a gate from the query's hidden state (gate)", side="encoder", choices=MIXINGS)
     attention_layers: List[int] = option([], "clause attention: encoder layers (1-based); empty: all",
                                          side="encoder", check=layers_check("enc"))
-
-
-_SPECS = Clause.specs
 
 
 def attach_encoder(encoder, config):
@@ -287,7 +284,7 @@ _SPLIT_OPTIONS = ("clause_lang", "clause_levels")
 
 def translation_split_problems(opt, model_opt):
     """Messages when ``opt`` (onmt_translate) would not split the source as ``model_opt`` (training) did."""
-    if not getattr(model_opt, "clause_attention", False):
+    if not Clause.from_opt(model_opt).attention:
         return []
     if TRANSFORM not in (getattr(opt, "transforms", None) or []):
         trained = getattr(model_opt, "transforms", None) or []

@@ -278,7 +278,7 @@ def compiles_by_default(root):
 
 def _combination_check(opt):
     """``-ext_compile`` needs a mechanism: every mechanism has an option away from its default when on."""
-    if getattr(opt, "ext_compile", AUTO) is not True:
+    if Compile.from_opt(opt).compile is not True:
         return []
     if any(getattr(opt, spec.name, spec.default) != spec.default for spec in OPTION_SPECS
            if not spec.name.startswith("ext_")):  # ext_layer_norm: no tensor core either

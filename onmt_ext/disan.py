@@ -95,8 +95,8 @@ class FusionGate(nn.Module):
 
 def _combination_check(opt):
     problems = []
-    if not getattr(opt, "disan_enc", False):
-        return options_without_effect(opt, _SPECS[1:], "-disan_enc is false")
+    if not Disan.from_opt(opt).enc:
+        return options_without_effect(opt, Disan.specs[1:], "-disan_enc is false")
     if getattr(opt, "heads", 2) % 2:
         problems.append(f"-disan_enc splits the heads into forward and backward halves: -heads {opt.heads} is odd")
     return problems + tensor_parallel_problems(opt, "-disan_enc (it assigns a direction to every head)")
@@ -113,9 +113,6 @@ class Disan:
                                    check=layers_check("enc"))
     fusion_gate: bool = option(True, "DiSAN: the fusion gate F * h + (1 - F) * s on the attention sublayer",
                                side="encoder")
-
-
-_SPECS = Disan.specs
 
 
 def attach_encoder(encoder, config):

@@ -232,13 +232,14 @@ initialisation.register("onmt_ext.gret.GlobalFusion", lambda m: {} if m.gate is 
 
 def _combination_check(opt):
     problems = []
-    if not getattr(opt, "gret", False):
-        return options_without_effect(opt, _SPECS[1:], "-gret is false")
+    gret = Gret.from_opt(opt)
+    if not gret.enabled:
+        return options_without_effect(opt, Gret.specs[1:], "-gret is false")
     for side in ("encoder", "decoder"):
         if getattr(opt, f"{side}_type", None) != EXT_TYPE:
             problems.append(f"-gret needs -{side}_type {EXT_TYPE} (the encoder builds the global state, the "
                             "decoder fuses it)")
-    if getattr(opt, "gret_pooling", "capsules") == "mean" and getattr(opt, "gret_capsule_dim", 0):
+    if gret.pooling == "mean" and gret.capsule_dim:
         problems.append("-gret_capsule_dim has no effect with -gret_pooling mean")
     return problems
 
@@ -264,9 +265,6 @@ class Gret:
                          "layer aggregation' ablation)", choices=LAYER_CHOICES)
     gate: bool = option(True, "GRET: context gate on the fused global state (false: plain addition, the 'no gate' "
                         "ablation)")
-
-
-_SPECS = Gret.specs
 
 
 def attach_encoder(encoder, config):

@@ -206,7 +206,7 @@ def _build_model_initialised(stock, model_opt, opt, vocabs, checkpoint, *args, *
     model = stock(model_opt, opt, vocabs, checkpoint, *args, **kwargs)
     if checkpoint is None:
         initialise(model)
-    if getattr(opt, "ext_compile_layers", False):  # this run's option, not the checkpoint's: how it runs
+    if ext_compile.Compile.from_opt(opt).compile_layers:  # this run's option, not the checkpoint's: how it runs
         ext_compile.compile_layers(model)
     return model
 

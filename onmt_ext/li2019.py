@@ -135,18 +135,17 @@ def _capsules_check(value, opt):
 
 def _combination_check(opt):
     problems = []
-    used = any(getattr(opt, name, "concat") != "concat" for name in _COMPONENTS)
+    li2019 = Li2019.from_opt(opt)
+    used = any(method != "concat" for method in (li2019.enc_self, li2019.dec_self, li2019.enc_dec))
     if not used:
-        problems += options_without_effect(opt, [s for s in _SPECS if s.name not in _COMPONENTS],
+        problems += options_without_effect(opt, Li2019.specs[3:],  # all but the three components
                                            "-li2019_enc_self, -li2019_dec_self and -li2019_enc_dec are all 'concat'")
     if used:
         problems += tensor_parallel_problems(opt, "-li2019_* routing aggregation")
-    if getattr(opt, "li2019_dec_self", "concat") != "concat" and getattr(opt, "self_attn_type", "") == "average":
+    if li2019.dec_self != "concat" and getattr(opt, "self_attn_type", "") == "average":
         problems.append("-li2019_dec_self needs multi-head decoder self-attention, not -self_attn_type average")
     return problems
 
-
-_COMPONENTS = ("li2019_enc_self", "li2019_dec_self", "li2019_enc_dec")
 
 @register_mechanism("li2019_", combination_check=_combination_check)
 @dataclass(frozen=True)
@@ -170,9 +169,6 @@ class Li2019:
     recompute: bool = option(True, "li2019: in training, keep only the routing's inputs for the backward pass and "
                              "run the routing again there (same gradients, a fraction of the memory, one more "
                              "forward pass of the routing); false keeps every routing tensor")
-
-
-_SPECS = Li2019.specs
 
 
 def _aggregator(config, method):

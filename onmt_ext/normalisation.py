@@ -123,7 +123,7 @@ def post_norm(config):
 
 
 def _combination_check(opt):
-    if getattr(opt, "ext_layer_norm", "pre") != "post":
+    if Normalisation.from_opt(opt).norm != "post":
         return []
     problems = [f"-ext_layer_norm post needs -{side}_type {EXT_TYPE} (a stock side would stay pre-norm)"
                 for side in ("encoder", "decoder") if getattr(opt, f"{side}_type", None) != EXT_TYPE]

@@ -112,6 +112,7 @@ def register_mechanism(prefix, combination_check=None):
     Registers one :class:`OptionSpec` per field (name ``prefix + field``),
     and makes ``ExtConfig.of(cls)`` return the class filled from ``opt``, so
     that mechanism code reads typed attributes (``config.of(Li2019).iterations``).
+    ``cls.from_opt(opt)`` builds it alone (for the option checks), ``cls.spec_of[field]`` is a field's spec.
     """
 
     def register(cls):
@@ -127,9 +128,18 @@ def register_mechanism(prefix, combination_check=None):
         register_options(specs, combination_check=combination_check, prefix=prefix)
         MECHANISM_CONFIGS.append(cls)
         cls.specs = tuple(specs)  # in field order: ``zip(fields(cls), cls.specs)`` pairs each field with its option
+        cls.spec_of = {item.name: spec for item, spec in zip(fields(cls), specs)}
+        cls.prefix = prefix
+        cls.from_opt = classmethod(_options_from_opt)
         return cls
 
     return register
+
+
+def _options_from_opt(cls, opt):
+    """A mechanism's options class filled from ``opt``; an option ``opt`` lacks (an older checkpoint) gets its
+    default, the field's."""
+    return cls(**{name: getattr(opt, spec.name, spec.default) for name, spec in cls.spec_of.items()})
 
 
 def model_size(opt):
@@ -309,17 +319,23 @@ def check_options(opt):
 
 
 #: Mechanisms that replace the softmax of the encoder self-attention (their hook), so no two of them
-#: combine: the name messages use, and the switches that turn each on.
+#: combine: the name messages use, the prefix of the mechanism's options, and the fields that turn it on.
 SOFTMAX_REPLACERS = (
-    ("-clause_attention", ("clause_attention",)),
-    ("-disan_enc", ("disan_enc",)),
-    ("cao2019's cross aggregation", ("cao2019_vertical", "cao2019_horizontal")),
+    ("-clause_attention", "clause_", ("attention",)),
+    ("-disan_enc", "disan_", ("enc",)),
+    ("cao2019's cross aggregation", "cao2019_", ("vertical", "horizontal")),
 )
+
+
+def _switched_on(opt, prefix, switches):
+    """Whether the registered mechanism of ``prefix`` has one of its boolean fields ``switches`` on in ``opt``."""
+    return any(any(getattr(cls.from_opt(opt), name) for name in switches)
+               for cls in MECHANISM_CONFIGS if cls.prefix == prefix)
 
 
 def softmax_replacer_problems(opt):
     """One message per extra mechanism of :data:`SOFTMAX_REPLACERS` switched on beside the first."""
-    used = [name for name, switches in SOFTMAX_REPLACERS if any(getattr(opt, s, False) for s in switches)]
+    used = [name for name, prefix, switches in SOFTMAX_REPLACERS if _switched_on(opt, prefix, switches)]
     return [f"{used[0]} cannot be combined with {other}: both replace the softmax of the encoder self-attention"
             for other in used[1:]]
 
@@ -371,9 +387,7 @@ class ExtConfig:
             attention_dropout=float(_first(opt.attention_dropout)),
             encoder_ext=getattr(opt, "encoder_type", None) == EXT_TYPE,
             decoder_ext=getattr(opt, "decoder_type", None) == EXT_TYPE,
-            sections={cls: cls(**{item.name: getattr(opt, spec.name, spec.default)
-                                  for item, spec in zip(fields(cls), cls.specs)})
-                      for cls in MECHANISM_CONFIGS},
+            sections={cls: cls.from_opt(opt) for cls in MECHANISM_CONFIGS},
             position_encoding_type=getattr(opt, "position_encoding_type", "SinusoidalInterleaved"),
             clause_levels=getattr(opt, "clause_levels", 6),  # an option of the clause_split transform
         )
