@@ -26,7 +26,7 @@ import traceback
 import types
 import warnings
 
-from onmt_ext.patches import FIX, MESSAGE, SPEED, patch, record
+from onmt_ext.patches import FIX, MESSAGE, SPEED, patch, record, temporarily
 
 # OpenNMT-py is imported inside the functions: importing it while this module initialises would run the start-up
 # hook (onmt_ext._autoload), which needs this module whole.  torch too: tools import make_command without torch.
@@ -337,7 +337,7 @@ def resume_data_position():
     """Make a resumed ``Trainer.train`` skip the batches already trained on (see the module docstring)."""
     from onmt.trainer import Trainer
 
-    patch(Trainer, "train", _train_from_data_position, kind=FIX,
+    patch(Trainer, "train", _train_from_data_position, kind=FIX, runtime=True,
           reason="-train_from restarts the corpora at their first batch: a resumed run trains the first batches "
                  "twice, and a run resumed again and again never reaches the end of its corpus",
           test="tests/integration/test_faults.py::test_resumed_training_matches_the_uninterrupted_run")
@@ -450,24 +450,17 @@ def opennmt_sdp_kernel(enable_flash=True, enable_math=True, enable_mem_efficient
     return sdpa_kernel([backend for on, backend in wanted if on])
 
 
-class OpenNMTBackends:
+class OpenNMTBackends(temporarily):
     """Context: while inside, ``torch.backends.cuda.sdp_kernel`` is :func:`opennmt_sdp_kernel`, so OpenNMT-py's
-    attention gets the backends it names; the stock function is back on leaving, whatever happened."""
+    attention gets the backends it names; what was there is back on leaving, whatever happened
+    (:class:`onmt_ext.patches.temporarily`)."""
 
-    __slots__ = ("saved",)
+    __slots__ = ()
 
-    def __enter__(self):
+    def __init__(self):
         import torch
 
-        cuda = torch.backends.cuda
-        self.saved, cuda.sdp_kernel = cuda.sdp_kernel, opennmt_sdp_kernel
-        return self
-
-    def __exit__(self, *exc):
-        import torch
-
-        torch.backends.cuda.sdp_kernel = self.saved
-        return False
+        super().__init__(torch.backends.cuda, "sdp_kernel", opennmt_sdp_kernel)
 
 
 def _attention_forward(stock, self, *args, **kwargs):
@@ -490,7 +483,7 @@ def attention_backends():
           reason="under later torch (2.11 on the H200) the backends OpenNMT-py 3.5.1 names for its GPU attention "
                  "include cuDNN's, whose calls cost several ms of host time each on the users' data path (new "
                  "batch shapes every step); memory-efficient attention, as under OpenNMT-py's torch < 2.3, computes "
-                 "the same attention")
+                 "the same attention (torch.backends.cuda.sdp_kernel is swapped inside each call only)")
 
 
 def explain_position_limit():

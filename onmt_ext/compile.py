@@ -22,6 +22,7 @@ from torch.fx.experimental import _config as shape_config
 
 from onmt_ext.compat import OpenNMTBackends
 from onmt_ext.options import AUTO, OPTION_SPECS, AutoBool, option, register_mechanism
+from onmt_ext.patches import MESSAGE, record
 
 _COMPILED = {}
 
@@ -248,7 +249,7 @@ def compile_layers(model):
               if isinstance(module, (TransformerEncoderLayer, TransformerDecoderLayerBase))]
     stock = {TransformerEncoderLayer: "encoder", TransformerDecoderLayer: "decoder"}
     if layers and not os.environ.get("TORCH_LOGS"):  # each recompilation costs seconds: say when and why
-        torch._logging.set_logs(recompiles=True)
+        _log_recompilations()
     for layer in layers:
         if not isinstance(layer.forward, partial):  # once
             layer.forward = partial(_layer_forward, layer, layer.forward, _stock_kind(layer, stock))
@@ -256,6 +257,27 @@ def compile_layers(model):
             if getattr(type(module), "layer_graph_boundary", False) and "forward" not in vars(module):
                 module.forward = torch.compiler.disable(module.forward)
     return len(layers)
+
+
+def _log_recompilations():
+    """``torch._logging.set_logs(recompiles=True)``, recorded in :mod:`onmt_ext.patches` with the undo that puts
+    torch's log settings back as they were before the first call (a later call's undo is not recorded again)."""
+    internal = torch._logging._internal
+    state = internal._get_log_state()
+    levels, artifacts = dict(state.log_qname_to_level), set(state.artifact_names)
+
+    def undo():
+        now = internal._get_log_state()
+        now.clear()
+        now.log_qname_to_level.update(levels)
+        now.artifact_names.update(artifacts)
+        internal._init_logs()
+
+    torch._logging.set_logs(recompiles=True)
+    record("torch._logging (set_logs recompiles=True)", kind=MESSAGE, undo=undo,
+           test="tests/unit/test_patches.py::test_torch_state_changes_are_recorded",
+           reason="-ext_compile_layers: torch logs every recompilation of a layer with the guard that failed (each "
+                  "costs seconds), unless TORCH_LOGS says otherwise")
 
 
 def enable(root, on):

@@ -312,10 +312,10 @@ def install():
     from onmt.utils.parse import ArgumentParser
 
     tests = "tests/unit/test_corpus.py::"
-    patch(text_corpus.ParallelCorpus, "load", _load_without_bom, kind=FIX, test=tests +
+    patch(text_corpus.ParallelCorpus, "load", _load_without_bom, kind=FIX, runtime=True, test=tests +
           "test_a_byte_order_mark_is_taken_off_the_first_example",
           reason="a byte-order mark stays glued to the first token of the first line")
-    patch(text_corpus.ParallelCorpusIterator, "_process", _skip_empty_pairs, kind=FIX, test=tests +
+    patch(text_corpus.ParallelCorpusIterator, "_process", _skip_empty_pairs, kind=FIX, runtime=True, test=tests +
           "test_pairs_with_an_empty_side_are_skipped_in_training_not_in_translation",
           reason="a pair with an empty target is trained as '<s> <unk> </s>', one with an empty source dropped "
                  "without a word")

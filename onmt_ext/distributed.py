@@ -16,7 +16,7 @@ import os
 
 import torch
 
-from onmt_ext.patches import FIX, patch
+from onmt_ext.patches import FIX, patch, record
 
 # OpenNMT-py is imported inside the functions: importing it while this module initialises would activate
 # onmt-ext (onmt_ext._autoload) before this module is whole.
@@ -68,7 +68,12 @@ def _configure_process(stock, opt, device_id):
     from onmt.utils.misc import set_random_seed
 
     if "OMP_NUM_THREADS" not in os.environ:  # the ranks share the machine's cores
+        threads = torch.get_num_threads()
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // len(opt.gpu_ranks)))
+        record("torch.set_num_threads (a CPU rank)", kind=FIX, undo=lambda: torch.set_num_threads(threads),
+               test=f"{_TEST}::test_after_every_step_both_ranks_hold_the_parameters_of_the_checkpoint",
+               reason="each CPU rank of -world_size N takes its share of the machine's cores (1/N), unless "
+                      "OMP_NUM_THREADS says otherwise; N ranks of all the cores each crawl")
     set_random_seed(opt.seed, False)
 
 

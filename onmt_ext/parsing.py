@@ -245,13 +245,16 @@ def stock_option_problems(opt):
 
 def environment_problems():
     """Messages for onmt-ext's environment variables with a value they cannot take (empty: none)."""
-    from onmt_ext import routing
+    from onmt_ext import patches, routing
 
-    try:
-        routing.kernel_choice()
-    except ValueError as error:
-        return [f"{error}; unset it (auto) or set one of those (docs/kernels.md)"]
-    return []
+    problems = []
+    for choice, default, doc in ((routing.kernel_choice, "auto", "docs/kernels.md"),
+                                 (patches.runtime_choice, "ext", "docs/troubleshooting.md")):
+        try:
+            choice()
+        except ValueError as error:
+            problems.append(f"{error}; unset it ({default}) or set one of those ({doc})")
+    return problems
 
 
 #: Set on a parser that parses strictly: a command's own, or one that :func:`strict` marked.

@@ -3,13 +3,15 @@
 A target holds one wrapper; behaviours that several modules add to it are *layers*, composed by their stated
 ``order`` (0 runs first, outermost) whatever the call order.  Every change is recorded (target, kind, reason,
 test) for ``python -m onmt_ext.hook status`` and can be undone: :func:`rollback` leaves OpenNMT-py stock,
-:func:`all_or_nothing` rolls back when a step fails, :func:`check_version` refuses an unsupported OpenNMT-py.
+:func:`all_or_nothing` undoes a failed block's own changes, :func:`temporarily` swaps an attribute for a block,
+:func:`check_version` refuses an unsupported OpenNMT-py.  ``ONMT_EXT_RUNTIME=stock`` skips the *runtime*
+(:func:`runtime_choice`): every SPEED change and the FIX changes declared ``runtime=True``.
 A wrapper receives the next layer (or the stock callable) first, ``train(stock, self, ...)`` for
 ``patch(Trainer, "train", train, kind=FIX, reason=..., test=...)``; ``wrap=False`` installs the replacement as it
 is (it must be the target's only layer).  Kinds:
 :data:`NEEDED` (the extension cannot work without it), :data:`FIX` (a crash or silent data loss of OpenNMT-py
 3.5.1), :data:`MESSAGE` (a clearer message only), :data:`SPEED` (a host stall of training removed, same data and
-numbers).  Every FIX, MESSAGE and SPEED change is described in docs/differences-from-stock.md.
+numbers).  FIX, MESSAGE and SPEED changes: docs/differences-from-stock.md.
 """
 
 import contextlib
@@ -17,7 +19,7 @@ import functools
 import os
 import sys
 from dataclasses import dataclass
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Tuple
 
 #: The extension needs the change (its options, option checks, loading its checkpoints).
 NEEDED = "needed"
@@ -31,12 +33,20 @@ KINDS = (NEEDED, FIX, MESSAGE, SPEED)
 #: Former name of :data:`MESSAGE` (a warnings filter is a message-only change).
 QUIET = MESSAGE
 
+#: The environment variable that switches onmt-ext's runtime off (:func:`runtime_choice`).
+RUNTIME_VARIABLE = "ONMT_EXT_RUNTIME"
+RUNTIME_CHOICES = ("ext", "stock")
+
 #: The OpenNMT-py versions whose internals the patches are written and tested against.
 SUPPORTED = ("3.5.1",)
 
 
 class UnsupportedVersion(RuntimeError):
     """OpenNMT-py's version is not one of :data:`SUPPORTED`; the message is one line."""
+
+
+class RollbackError(RuntimeError):
+    """:func:`rollback` could not undo some changes (it undid all the others); the message names them, one line."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,7 @@ class Patch:
         reason: one sentence: what stock does wrong or what the extension needs.
         test: the test that covers it, ``tests/<file>.py::<test name>``.
         order: its place among the layers of one target (0 runs first).
+        runtime: part of onmt-ext's runtime, which ``ONMT_EXT_RUNTIME=stock`` skips (:func:`runtime_choice`).
     """
 
     target: str
@@ -56,6 +67,7 @@ class Patch:
     reason: str
     test: str
     order: int = 0
+    runtime: bool = False
 
     def line(self, layers=1):
         """One line for ``python -m onmt_ext.hook status`` (``layers``: how many the target has)."""
@@ -76,14 +88,16 @@ class _Target:
 
 #: Patches applied in this process, in the order they were applied.
 APPLIED: List[Patch] = []
+#: Runtime changes that ``ONMT_EXT_RUNTIME=stock`` kept out (not applied), in the order they were asked for.
+SKIPPED: List[Patch] = []
 #: ``(target, identity of the replacement)`` of each applied patch (to make :func:`patch` idempotent).
 _DONE: Dict[tuple, object] = {}
 #: what each target was before its first patch (as stored: descriptors unresolved), by target name
 _ORIGINALS: Dict[str, object] = {}
 #: the patched attributes, by target name
 _TARGETS: Dict[str, _Target] = {}
-#: how to undo each change, in the order they were made
-_JOURNAL: List[Callable[[], None]] = []
+#: ``(change, how to undo it)`` of each change, in the order they were made
+_JOURNAL: List[Tuple[Patch, Callable[[], None]]] = []
 #: where onmt-ext's code lies (see :func:`is_ours`)
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(sys.modules[__name__.rpartition(".")[0]].__file__))
 
@@ -108,11 +122,40 @@ def target_name(owner, attribute):
     return f"{getattr(owner, '__name__', type(owner).__name__)}.{attribute}"
 
 
-def _check(target, kind, reason, test):
+def runtime_choice():
+    """``ONMT_EXT_RUNTIME``: ``ext`` (unset: onmt-ext's runtime) or ``stock`` (stock OpenNMT-py's data path and
+    training step, every mechanism kept: the changes of the runtime are not applied).  The runtime is every SPEED
+    change and every FIX declared ``runtime=True``: a change, needed by no mechanism and not a message, to how a
+    training run that stock finishes reads, builds, moves or steps on its batches.  Raises ``ValueError`` (one
+    line) for any other value."""
+    value = os.environ.get(RUNTIME_VARIABLE, "").strip() or RUNTIME_CHOICES[0]
+    if value not in RUNTIME_CHOICES:
+        raise ValueError(f"{RUNTIME_VARIABLE}={value!r} is not one of {', '.join(RUNTIME_CHOICES)}")
+    return value
+
+
+def _skipped(item):
+    """True when ``item`` is of the runtime and ``ONMT_EXT_RUNTIME=stock`` (then listed in :data:`SKIPPED`); a value
+    the variable cannot take counts as unset (the commands refuse it while parsing)."""
+    try:
+        stock = item.runtime and runtime_choice() == "stock"
+    except ValueError:
+        return False
+    if stock and item not in SKIPPED:
+        SKIPPED.append(item)
+    return stock
+
+
+def _entry(target, kind, reason, test, order=0, runtime=False):
+    """The checked :class:`Patch`: a known kind, a reason and a test; SPEED is always of the runtime, and only
+    FIX and SPEED can be."""
     if kind not in KINDS:
         raise ValueError(f"patch {target}: kind must be one of {KINDS}, not {kind!r}")
     if not (reason and test):
         raise ValueError(f"patch {target}: give the reason and the test that covers it")
+    if runtime and kind not in (FIX, SPEED):
+        raise ValueError(f"patch {target}: only a FIX or SPEED change can be of the runtime, not a {kind} one")
+    return Patch(target, kind, reason, test, order, runtime or kind == SPEED)
 
 
 def _record(item, undo=None):
@@ -121,13 +164,15 @@ def _record(item, undo=None):
         return
 
     def take_out():
-        if undo is not None:
-            undo()
-        if item in APPLIED:
-            APPLIED.remove(item)
+        try:
+            if undo is not None:
+                undo()
+        finally:
+            if item in APPLIED:
+                APPLIED.remove(item)
 
     APPLIED.append(item)
-    _JOURNAL.append(take_out)
+    _JOURNAL.append((item, take_out))
 
 
 def _identity(replacement):
@@ -178,7 +223,7 @@ def _install(name):
     setattr(target.owner, target.attribute, new)
 
 
-def patch(owner, attribute, replacement, *, kind, reason, test, wrap=True, order=0):
+def patch(owner, attribute, replacement, *, kind, reason, test, wrap=True, order=0, runtime=False):
     """Add ``replacement`` to what ``owner.attribute`` does (once) and record why.
 
     Args:
@@ -191,15 +236,16 @@ def patch(owner, attribute, replacement, *, kind, reason, test, wrap=True, order
         test: ``tests/<file>.py::<test name>`` of the test that covers the change.
         wrap: call ``replacement`` with the stock callable first (default).
         order: place among the layers of this target, 0 runs first (two layers may not share one).
+        runtime: a FIX of onmt-ext's runtime (SPEED always is): not applied under ``ONMT_EXT_RUNTIME=stock``.
     Returns:
         the object now at ``owner.attribute``.
     Raises:
         ValueError: a bad kind, no reason or test, or a layer that cannot be composed with the others.
     """
     name = target_name(owner, attribute)
-    _check(name, kind, reason, test)
+    item = _entry(name, kind, reason, test, order, runtime)
     key = (name, _identity(replacement))
-    if key in _DONE:
+    if key in _DONE or _skipped(item):
         return _raw_attribute(owner, attribute)
     target = _TARGETS.get(name)
     if target is not None:
@@ -226,7 +272,7 @@ def patch(owner, attribute, replacement, *, kind, reason, test, wrap=True, order
             del _TARGETS[name]
             _ORIGINALS.pop(name, None)
 
-    _record(Patch(name, kind, reason, test, order), undo)
+    _record(item, undo)
     return _raw_attribute(owner, attribute)
 
 
@@ -239,7 +285,7 @@ def add_entry(owner, registry, key, value, *, kind, reason, test):
     """
     mapping = getattr(owner, registry)
     name = f"{target_name(owner, registry)}[{key!r}]"
-    _check(name, kind, reason, test)
+    item = _entry(name, kind, reason, test)
     if key in mapping and not is_ours(mapping[key]):
         raise ValueError(f"{name}: already holds {mapping[key]!r}, not put there by onmt-ext")
     recorded = (name, "entry") in _DONE
@@ -251,32 +297,90 @@ def add_entry(owner, registry, key, value, *, kind, reason, test):
         mapping.pop(key, None)
         _DONE.pop((name, "entry"), None)
 
-    _record(Patch(name, kind, reason, test), undo)
+    _record(item, undo)
     return value
 
 
-def record(target, *, kind, reason, test, undo=None):
-    """Record a change that is not an attribute or a registry entry (e.g. a warnings filter); ``undo`` takes it
-    back on :func:`rollback`."""
-    _check(target, kind, reason, test)
+def record(target, *, kind, reason, test, undo=None, runtime=False):
+    """Record a change already made that is not an attribute or a registry entry (e.g. a warnings filter);
+    ``undo`` takes it back on :func:`rollback`, or at once when it is of the runtime (``runtime``, or SPEED) and
+    ``ONMT_EXT_RUNTIME=stock``.  Returns whether the change stays."""
+    item = _entry(target, kind, reason, test, runtime=runtime)
+    if _skipped(item):
+        if undo is not None:
+            undo()
+        return False
     if not any(p.target == target and p.reason == reason for p in APPLIED):
-        _record(Patch(target, kind, reason, test), undo)
+        _record(item, undo)
+    return True
 
 
-def rollback():
-    """Undo every change, newest first: each attribute and registry entry is stock again, the record is empty."""
-    while _JOURNAL:
-        _JOURNAL.pop()()
+def rollback(mark=0):
+    """Undo every change made since :func:`mark` returned ``mark`` (default: all of them), newest first: each
+    attribute and registry entry is as it was then, and so is the record.
+
+    An undo that raises does not stop the others: they all run, then :class:`RollbackError` names each change
+    whose undo failed (it is out of the record all the same).
+    """
+    failed = []
+    while len(_JOURNAL) > mark:
+        item, take_out = _JOURNAL.pop()
+        try:
+            take_out()
+        except Exception as error:
+            first = (str(error).strip().splitlines() or [""])[0]
+            failed.append(f"{item.target} ({type(error).__name__}: {first})")
+    if not mark:
+        SKIPPED.clear()
+    if failed:
+        raise RollbackError(f"could not undo {len(failed)} change(s), the others are undone: {'; '.join(failed)}")
+
+
+def mark():
+    """Where the record stands now: :func:`rollback` of the result undoes only the changes made after this call."""
+    return len(_JOURNAL)
 
 
 @contextlib.contextmanager
 def all_or_nothing():
-    """Run the block's changes as one: when it raises, :func:`rollback` (everything) and re-raise."""
+    """Run the block's changes as one: when it raises, undo the changes the block made (those made before it stay)
+    and re-raise; an undo that fails raises :class:`RollbackError`, caused by the block's error."""
+    start = mark()
     try:
         yield
-    except BaseException:
-        rollback()
+    except BaseException as error:
+        try:
+            rollback(start)
+        except RollbackError as failed:
+            raise failed from error
         raise
+
+
+class temporarily:  # noqa: N801 (used as a function: ``with temporarily(owner, attribute, value):``)
+    """Context: ``owner.attribute`` is ``value`` inside the block; leaving puts back what was stored there (deletes
+    the attribute when it was inherited or absent), unless something else replaced ``value`` meanwhile: only what
+    this block changed is undone.  Cheap enough for a hot path; one instance per ``with``."""
+
+    __slots__ = ("owner", "attribute", "value", "saved")
+
+    def __init__(self, owner, attribute, value):
+        self.owner, self.attribute, self.value = owner, attribute, value
+
+    def __enter__(self):
+        self.saved = vars(self.owner).get(self.attribute, _ABSENT)
+        setattr(self.owner, self.attribute, self.value)
+        return self.value
+
+    def __exit__(self, *exc):
+        if vars(self.owner).get(self.attribute, _ABSENT) is self.value:
+            if self.saved is _ABSENT:
+                delattr(self.owner, self.attribute)
+            else:
+                setattr(self.owner, self.attribute, self.saved)
+        return False
+
+
+_ABSENT = object()
 
 
 def original(owner, attribute):

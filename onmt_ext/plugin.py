@@ -8,8 +8,9 @@ registers ``ext_transformer`` with ``register_encoder``/``register_decoder``, ad
 options), :mod:`~onmt_ext.checkpoints` (loading, ``-train_from``, averaging), :mod:`~onmt_ext.commands`
 (one-line errors, exit codes), and the mechanisms' own hooks (GRET's fine-tuning, clause attention's checks).
 
-Every change goes through :mod:`onmt_ext.patches`; :func:`activate` is idempotent and all-or-nothing, and
-``ONMT_EXT_DISABLE=1`` prevents all of it.  What each change does to stock behaviour: docs/differences-from-stock.md.
+Every change goes through :mod:`onmt_ext.patches`; :func:`activate` is idempotent and all-or-nothing (a failure
+undoes what it applied, nothing older), and ``ONMT_EXT_DISABLE=1`` prevents all of it; ``ONMT_EXT_RUNTIME=stock``
+only the runtime (:func:`onmt_ext.patches.runtime_choice`).  Each change against stock: docs/differences-from-stock.md.
 """
 
 import importlib

@@ -305,7 +305,7 @@ def install():
     from onmt.utils.optimizers import Optimizer
     from onmt.utils.report_manager import ReportMgrBase
 
-    record("data-parallel gradient scale (onmt_ext.train_step.gradient_accumulation)", kind=FIX,
+    record("data-parallel gradient scale (onmt_ext.train_step.gradient_accumulation)", kind=FIX, runtime=True,
            test="tests/unit/test_distributed.py::"
                 "test_the_gradient_and_the_parameters_equal_one_process_fed_both_batches",
            reason="with several GPUs the all-reduced gradient is divided by their number although each rank's loss is "

@@ -12,6 +12,7 @@ import sys
 import types
 
 import pytest
+import torch
 
 import support
 
@@ -21,7 +22,7 @@ def fresh_record(monkeypatch):
     """The patch record, emptied for this test (the real one is left as the hook made it)."""
     from onmt_ext import patches
 
-    for name in ("APPLIED", "_JOURNAL"):
+    for name in ("APPLIED", "_JOURNAL", "SKIPPED"):
         monkeypatch.setattr(patches, name, [])
     for name in ("_DONE", "_ORIGINALS", "_TARGETS"):
         monkeypatch.setattr(patches, name, {})
@@ -150,6 +151,108 @@ def test_all_or_nothing_rolls_back_and_reraises(fresh_record):
             patches.patch(Target, "method", _layer("a"), kind=patches.FIX, reason="r", test="t")
             raise RuntimeError("step 2")
     assert vars(Target)["method"] is stock and not patches.applied()
+
+
+def test_all_or_nothing_undoes_only_the_blocks_own_changes(fresh_record):
+    patches = fresh_record
+    _, Target = _made_up_classes()
+    undone = []
+    patches.record("before", kind=patches.FIX, reason="r", test="t", undo=lambda: undone.append("before"))
+    patches.patch(Target, "method", _layer("a"), kind=patches.FIX, reason="r", test="t")
+    kept = patches.applied()
+    with pytest.raises(RuntimeError, match="step 2"):
+        with patches.all_or_nothing():
+            patches.patch(Target, "method", _layer("b"), kind=patches.FIX, reason="r", test="t", order=1)
+            patches.record("in the block", kind=patches.FIX, reason="r", test="t", undo=lambda: undone.append("in"))
+            raise RuntimeError("step 2")
+    assert patches.applied() == kept and undone == ["in"] and Target().method(1) == ["a", 1]
+
+
+def test_rollback_goes_on_past_an_undo_that_raises(fresh_record):
+    patches = fresh_record
+    module = types.ModuleType("somewhere")
+    module.f = lambda: 1
+    stock, undone = module.f, []
+
+    def broken():
+        raise OSError("cannot undo\nsecond line")
+
+    patches.record("first", kind=patches.FIX, reason="r", test="t", undo=lambda: undone.append("first"))
+    patches.patch(module, "f", lambda stock: 2, kind=patches.FIX, reason="r", test="t")
+    patches.record("second", kind=patches.MESSAGE, reason="r", test="t", undo=broken)
+    patches.record("third", kind=patches.FIX, reason="r", test="t", undo=lambda: undone.append("third"))
+    with pytest.raises(patches.RollbackError) as raised:
+        patches.rollback()
+    assert str(raised.value) == "could not undo 1 change(s), the others are undone: second (OSError: cannot undo)"
+    assert undone == ["third", "first"] and module.f is stock
+    assert not patches.applied() and not patches._JOURNAL and not patches.targets()
+
+
+def test_a_failed_undo_inside_all_or_nothing_is_raised_caused_by_the_failure(fresh_record):
+    patches = fresh_record
+
+    def broken():
+        raise OSError("stuck")
+
+    with pytest.raises(patches.RollbackError, match=r"undo 1 change\(s\).*: stuck \(OSError: stuck\)") as raised:
+        with patches.all_or_nothing():
+            patches.record("stuck", kind=patches.FIX, reason="r", test="t", undo=broken)
+            raise RuntimeError("step 2")
+    assert isinstance(raised.value.__cause__, RuntimeError) and not patches.applied()
+
+
+def test_temporarily_restores_exactly_what_it_changed():
+    from onmt_ext.patches import temporarily
+
+    Base, Target = _made_up_classes()
+    module = types.ModuleType("somewhere")
+    module.f = stock = object()
+    with temporarily(module, "f", 1) as value:
+        assert module.f == value == 1
+        with temporarily(module, "f", 2):
+            assert module.f == 2
+        assert module.f == 1
+    assert module.f is stock
+    with pytest.raises(ValueError), temporarily(Target, "inherited", 3):  # inherited: restored by deleting
+        assert Target.inherited == 3
+        raise ValueError("inside")
+    assert "inherited" not in vars(Target) and Target.inherited is Base.inherited
+    with temporarily(module, "absent", 4):
+        assert module.absent == 4
+    assert not hasattr(module, "absent")
+    with temporarily(module, "f", 5):
+        module.f = theirs = object()  # replaced meanwhile: not this block's to undo
+    assert module.f is theirs
+
+
+def test_the_runtime_is_speed_and_declared_fixes_skipped_under_the_stock_runtime(fresh_record, monkeypatch):
+    patches = fresh_record
+    module = types.ModuleType("somewhere")
+    module.speed = module.fix = module.runtime_fix = module.needed = lambda: "stock"
+    undone = []
+
+    def apply():
+        for name, kind, runtime in (("speed", patches.SPEED, False), ("fix", patches.FIX, False),
+                                    ("runtime_fix", patches.FIX, True), ("needed", patches.NEEDED, False)):
+            patches.patch(module, name, lambda stock: "ours", kind=kind, runtime=runtime, reason="r", test="t")
+        return patches.record("a runtime record", kind=patches.FIX, runtime=True, reason="r", test="t",
+                              undo=lambda: undone.append(1))
+
+    monkeypatch.setenv(patches.RUNTIME_VARIABLE, "stock")
+    assert apply() is False and undone == [1]  # a skipped record's change is undone at once
+    assert [module.speed(), module.fix(), module.runtime_fix(), module.needed()] == ["stock", "ours", "stock", "ours"]
+    assert [p.target.split(".")[-1] for p in patches.SKIPPED] == ["speed", "runtime_fix", "a runtime record"]
+    assert not any(p.runtime for p in patches.applied())
+    patches.rollback()
+    assert not patches.SKIPPED
+    monkeypatch.setenv(patches.RUNTIME_VARIABLE, " ext ")
+    assert apply() is True and undone == [1] and module.speed() == module.runtime_fix() == "ours"
+    assert [p.runtime for p in patches.applied()] == [True, False, True, False, True]
+    with pytest.raises(ValueError, match="only a FIX or SPEED change can be of the runtime, not a message one"):
+        patches.record("m", kind=patches.MESSAGE, runtime=True, reason="r", test="t")
+    monkeypatch.setenv(patches.RUNTIME_VARIABLE, "fast")
+    with pytest.raises(ValueError, match=r"^ONMT_EXT_RUNTIME='fast' is not one of ext, stock$"):
+        patches.runtime_choice()
 
 
 def _test_names(path):
@@ -303,3 +406,127 @@ def test_an_unsupported_onmt_version_is_refused_before_any_change(stock_onmt):
     assert "\n" not in str(raised.value)
     assert _changed(stock, _onmt_state()) == set()
     assert not patches.applied() and not plugin.is_active()
+
+
+#: the FIX changes that are part of the runtime (every SPEED change is too), as docs/differences-from-stock.md lists
+RUNTIME_FIXES = {"onmt.trainer.Trainer.train", "onmt.inputters.text_corpus.ParallelCorpus.load",
+                 "onmt.inputters.text_corpus.ParallelCorpusIterator._process",
+                 "data-parallel gradient scale (onmt_ext.train_step.gradient_accumulation)"}
+
+
+def test_the_stock_runtime_leaves_out_the_runtime_and_only_it(stock_onmt, monkeypatch):
+    """``ONMT_EXT_RUNTIME=stock``: the runtime's changes are not applied (their targets stay stock), every other
+    change is, and together they are the changes of onmt-ext's own runtime."""
+    from onmt_ext import patches, plugin
+
+    _, stock = stock_onmt
+    monkeypatch.setenv(patches.RUNTIME_VARIABLE, "stock")
+    plugin.activate()
+    kept, skipped = patches.applied(), list(patches.SKIPPED)
+    assert _changed(stock, _onmt_state()) == _registered_targets()  # the skipped targets are stock
+    assert not any(p.runtime for p in kept) and all(p.runtime for p in skipped)
+    plugin.deactivate()
+    monkeypatch.delenv(patches.RUNTIME_VARIABLE)
+    plugin.activate()
+    assert sorted(map(repr, patches.applied())) == sorted(map(repr, kept + skipped)) and not patches.SKIPPED
+    runtime = [p for p in patches.applied() if p.runtime]
+    assert {p.target for p in runtime if p.kind == patches.FIX} == RUNTIME_FIXES
+    assert {p.kind for p in runtime} == {patches.FIX, patches.SPEED}
+    assert all(p.runtime for p in patches.applied() if p.kind == patches.SPEED)
+
+
+def _torch_state():
+    """What onmt-ext may change in torch and Python besides OpenNMT-py, by the start of the registry target that
+    records it (compared with ``==``; functions and classes by identity)."""
+    import logging
+    import warnings
+
+    import torch._dynamo.config  # noqa: F401 (torch._dynamo.config below)
+    import torch._inductor.config  # noqa: F401
+    from torch.fx.experimental import _config as shape_config
+
+    log_state = torch._logging._internal._get_log_state()
+    namespaces = {name: {key: value for key, value in vars(owner).items() if not isinstance(value, types.ModuleType)}
+                  for name, owner in (("torch", torch), ("torch.Tensor", torch.Tensor),
+                                      ("torch.backends.cuda", torch.backends.cuda),
+                                      ("torch.serialization", torch.serialization),
+                                      ("torch.nn.functional", torch.nn.functional))}
+    return {**namespaces,
+            "torch.serialization safe globals": set(torch.serialization.get_safe_globals()),
+            "warnings filters": list(warnings.filters),
+            "sys.excepthook": sys.excepthook,
+            "torch._logging": (dict(log_state.log_qname_to_level), set(log_state.artifact_names),
+                               {name: (logger.level, len(logger.handlers), logger.propagate)
+                                for name, logger in logging.root.manager.loggerDict.items()
+                                if name.startswith("torch") and isinstance(logger, logging.Logger)}),
+            "torch.set_num_threads": torch.get_num_threads(),
+            "torch._dynamo.config": torch._dynamo.config.get_config_copy(),
+            "torch._inductor.config": torch._inductor.config.get_config_copy(),
+            "torch.fx.experimental._config": shape_config.get_config_copy()}
+
+
+def _torch_changes(before, after):
+    """The keys of two :func:`_torch_state` whose values differ."""
+    return {key for key in before if before[key] != after[key]}
+
+
+def _torch_targets(state):
+    """The keys of ``state`` (a :func:`_torch_state`) that an applied change of the registry names."""
+    from onmt_ext import patches
+
+    return {key for key in state if any(p.target.split(" (")[0] == key for p in patches.applied())}
+
+
+def _run_attention():
+    """One forward of OpenNMT-py's (patched) attention on the CPU."""
+    from onmt.modules.multi_headed_attn import MultiHeadedAttention
+
+    x = torch.randn(2, 3, 8)
+    MultiHeadedAttention(2, 8, dropout=0.0, is_decoder=False, attn_type="self")(x, x, x)
+
+
+def test_torch_state_changes_are_recorded(stock_onmt, monkeypatch):
+    """What activation and ``-ext_compile_layers`` change in torch (the ``torch.load`` allow-list, warnings filters,
+    torch's log settings, Dynamo's and Inductor's configuration, torch's functions) is what the registry lists, and
+    rollback puts all of it back; OpenNMT-py's attention puts ``torch.backends.cuda.sdp_kernel`` back itself."""
+    import onmt.encoders.transformer
+
+    from onmt_ext import compile as ext_compile
+    from onmt_ext import plugin
+
+    monkeypatch.delenv("TORCH_LOGS", raising=False)
+    before = _torch_state()
+    plugin.activate()
+    after = _torch_state()
+    assert _torch_changes(before, after) == _torch_targets(after) == {"torch.serialization safe globals",
+                                                                      "warnings filters"}
+    _run_attention()
+    assert _torch_changes(after, _torch_state()) == set()
+    layers = torch.nn.ModuleList([onmt.encoders.transformer.TransformerEncoderLayer(8, 2, 16, 0.0, 0.0)])
+    assert ext_compile.compile_layers(layers) == 1
+    compiled = _torch_state()
+    assert _torch_changes(after, compiled) == {"torch._logging"} and "torch._logging" in _torch_targets(compiled)
+    plugin.deactivate()
+    assert _torch_changes(before, _torch_state()) == set()
+
+
+def test_a_failed_activation_keeps_what_was_applied_before_it(stock_onmt):
+    """The start-up hook applies the ``torch.load`` allow-list and the warnings filters before ``onmt`` runs; an
+    activation whose middle step fails undoes its own changes only: torch, OpenNMT-py and the record are as
+    before it."""
+    from onmt_ext import checkpoints, compat, patches, plugin
+
+    _, stock = stock_onmt
+    compat.apply()  # what the hook does before onmt is imported
+    before, applied = _torch_state(), patches.applied()
+    assert {"torch.serialization safe globals", "warnings filters"} <= _torch_targets(before)
+
+    def broken():
+        raise RuntimeError("simulated failure of a middle step")
+
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(checkpoints, "check_checkpoints", broken)
+        with pytest.raises(RuntimeError, match="middle step"):
+            plugin.activate()
+    assert _torch_changes(before, _torch_state()) == set() and patches.applied() == applied
+    assert _changed(stock, _onmt_state()) == set() and not plugin.is_active()
