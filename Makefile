@@ -171,7 +171,7 @@ ifneq ($(SYSTEM_TORCH),)
 	@rm -f $@
 	@command -v $(PYTHON) >/dev/null || { echo "setup: error: PYTHON=$(PYTHON) is not a command"; exit 1; }
 	@echo "== setup: 1/5 a venv that uses the torch of $(PYTHON) (tools/stage_venv.py)"
-	@$(PYTHON) tools/stage_venv.py --prog setup --var VENV $(VENV) \
+	@$(PYTHON) -m tools.stage_venv --prog setup --var VENV $(VENV) \
 	  --no-torch-hint $(call sq,$(SETUP_NO_TORCH_HINT)) \
 	  $(if $(wildcard $(SETUP_STAMP)),--hint $(call sq,to make it again$(comma) run $(MAKE_HERE) setup $(strip $(SETUP_ARGS) FORCE=1) (it removes $(VENV) first)))
 else
@@ -239,7 +239,7 @@ ifneq ($(WHEEL_HAVE),)
 	grep -v $(WHEEL_BUILT) $(WHEELHOUSE)/.requirements.txt > $(WHEELHOUSE)/.binary-requirements.txt
 	$(PYTHON) -m pip install -q --disable-pip-version-check --dry-run --ignore-installed --no-deps --target $(WHEELHOUSE)/.dry-run \
 	  --report $(WHEELHOUSE)/.report.json $(WHEEL_TARGET) -r $(WHEELHOUSE)/.binary-requirements.txt
-	$(PYTHON) tools/wheel_have.py --prog wheelhouse --have $(WHEEL_HAVE) --report $(WHEELHOUSE)/.report.json \
+	$(PYTHON) -m tools.wheel_have --prog wheelhouse --have $(WHEEL_HAVE) --report $(WHEELHOUSE)/.report.json \
 	  --python-version $(WHEEL_PY) -o $(WHEELHOUSE)/.requirements.txt $(WHEELHOUSE)/.requirements.txt
 endif
 	grep -v $(WHEEL_BUILT) $(WHEELHOUSE)/.requirements.txt > $(WHEELHOUSE)/.binary-requirements.txt || true
@@ -255,7 +255,7 @@ data: $(TATOEBA)/vocab.en $(TATOEBA)/signal_tagger.zh.pt
 
 $(TATOEBA)/stats.json: tools/prepare_tatoeba.py $(TATOEBA_SRC)/cmn.txt $(TATOEBA_SRC)/zh2en.multiref.tsv | $(SETUP_STAMP)
 	@echo "== data: splitting and segmenting the Tatoeba zh-en sample into $(TATOEBA)"
-	$(PY) tools/prepare_tatoeba.py --data-dir $(TATOEBA_SRC) --out-dir $(TATOEBA) --zh-vocab 4000 --en-vocab 4000
+	$(PY) -m tools.prepare_tatoeba --data-dir $(TATOEBA_SRC) --out-dir $(TATOEBA) --zh-vocab 4000 --en-vocab 4000
 
 # One vocabulary for the demo and every smoke config (they share the data section).
 $(TATOEBA)/vocab.en: $(TATOEBA)/stats.json $(DEMO_CONFIG) | $(SETUP_STAMP)
@@ -265,7 +265,7 @@ $(TATOEBA)/vocab.en: $(TATOEBA)/stats.json $(DEMO_CONFIG) | $(SETUP_STAMP)
 # The "CA with study" smoke configs split the Chinese sample with a tagger trained on the rules' labels.
 $(TATOEBA)/signal_tagger.zh.pt: $(TATOEBA)/stats.json tools/train_signal_tagger.py | $(SETUP_STAMP)
 	@echo "== data: training the Chinese signal-word tagger (CA with study) on $(TATOEBA)/train.zh"
-	$(PY) tools/train_signal_tagger.py --lang zh --input $(TATOEBA)/train.zh --output $@
+	$(PY) -m tools.train_signal_tagger --lang zh --input $(TATOEBA)/train.zh --output $@
 
 # ---------------------------------------------------------------- paper corpora
 # make data-<task>: download (resumable, checksummed), extract, tokenize (sacremoses / jieba), clean, BPE
@@ -274,12 +274,12 @@ $(TATOEBA)/signal_tagger.zh.pt: $(TATOEBA)/stats.json tools/train_signal_tagger.
 # changed recipe (below) makes out of date.
 # NIST_DIR=... (licensed LDC/NIST data) for nist_zhen, NIUTRANS_DIR=... for niutrans_enzh; wmt17_zhen downloads
 # News Commentary, UN and CWMT (about 2.3 GB), or takes your own UN + CWMT pairs from WMT17_EXTRA_DIR=..., or
-# News Commentary alone with WMT17_SMALL_DATA=1 (docs/data.md); see `python tools/prepare_data.py --help`.
+# News Commentary alone with WMT17_SMALL_DATA=1 (docs/data.md); see `python -m tools.prepare_data --help`.
 DATA_TASKS := wmt14_ende wmt14_deen wmt16_ende wmt16_roen wmt17_zhen wmt15_envi nist_zhen niutrans_enzh sample_ende
 DATA_WORKERS ?= $(shell nproc)
 # Progress bars (bytes and rate for downloads, lines for tokenization and BPE) go to stderr when it is a
 # terminal; DATA_PROGRESS=1 keeps them when stderr is a log file, DATA_PROGRESS=0 drops them. docs/data.md.
-PREPARE := $(PY) tools/prepare_data.py$(if $(filter 1,$(DATA_PROGRESS)), --progress)$(if $(filter 0,$(DATA_PROGRESS)), --no-progress)
+PREPARE := $(PY) -m tools.prepare_data$(if $(filter 1,$(DATA_PROGRESS)), --progress)$(if $(filter 0,$(DATA_PROGRESS)), --no-progress)
 # the config whose vocabulary section builds the task's vocabularies
 vocab_config = $(firstword $(wildcard yaml_configs/baseline/transformer_base_$(1).yaml yaml_configs/sample/*_$(1)_baseline.yaml))
 
@@ -353,7 +353,7 @@ $(DEMO)/test.hyp.en: $(DEMO_MODEL)
 	date +%s > $(DEMO)/translate.end
 
 $(DEMO)/report.txt: $(DEMO)/test.hyp.en tools/demo_report.py
-	$(PY) tools/demo_report.py --demo-dir $(DEMO) --data-dir $(TATOEBA) > $@
+	$(PY) -m tools.demo_report --demo-dir $(DEMO) --data-dir $(TATOEBA) > $@
 
 # ---------------------------------------------------------------- length demo (clause attention)
 # A baseline and a CA-with-rule model, 2+2 layers (d 128), trained on the CPU on the shipped WMT14 En-De sample, compared
@@ -368,7 +368,7 @@ length-demo: $(LENGTH_DEMO)/report.txt
 	@cat $<
 
 $(WMT14)/spm.de.model: tools/prepare_wmt14_sample.py $(WMT14_SRC)/train.en $(WMT14_SRC)/train.de | $(SETUP_STAMP)
-	$(PY) tools/prepare_wmt14_sample.py --data-dir $(WMT14_SRC) --out-dir $(WMT14) --test-size 500
+	$(PY) -m tools.prepare_wmt14_sample --data-dir $(WMT14_SRC) --out-dir $(WMT14) --test-size 500
 
 $(WMT14)/vocab.de: $(WMT14)/spm.de.model yaml_configs/demo/wmt14_sample_baseline.yaml
 	$(BIN)/onmt_build_vocab -config yaml_configs/demo/wmt14_sample_baseline.yaml -n_sample -1 -overwrite \
@@ -388,7 +388,7 @@ $(LENGTH_DEMO)/ca_rule/test.hyp.de: $(LENGTH_DEMO)/ca_rule/model_step_$(LENGTH_S
 	  -clause_lang en -clause_levels 6 -log_file $(@D)/translate.log
 
 $(LENGTH_DEMO)/report.txt: $(LENGTH_DEMO)/baseline/test.hyp.de $(LENGTH_DEMO)/ca_rule/test.hyp.de tools/evaluate.py
-	$(PY) tools/evaluate.py --hyp $(LENGTH_DEMO)/ca_rule/test.hyp.de --baseline $(LENGTH_DEMO)/baseline/test.hyp.de \
+	$(PY) -m tools.evaluate --hyp $(LENGTH_DEMO)/ca_rule/test.hyp.de --baseline $(LENGTH_DEMO)/baseline/test.hyp.de \
 	  --refs $(WMT14)/test.de --src $(WMT14)/test.en --metrics bleu tok-bleu --by-length --buckets 10 20 30 40 \
 	  --names baseline "CA with rule" --plot $(LENGTH_DEMO)/by_length.png > $@
 
@@ -400,12 +400,12 @@ $(LENGTH_DEMO)/report.txt: $(LENGTH_DEMO)/baseline/test.hyp.de $(LENGTH_DEMO)/ca
 # -> results/compare/. Sized to at most 330 minutes on 2 cores (docs/compare.md).
 COMPARE_ARGS ?=
 compare: $(TATOEBA)/vocab.en | $(SETUP_STAMP)
-	$(PY) tools/compare.py $(COMPARE_ARGS)
+	$(PY) -m tools.compare $(COMPARE_ARGS)
 
 # every mechanism at smoke size: 10,000 sentences in one translation run (memory sampled) and training on
 # 200-piece sentences -> results/scale/
 scale: $(TATOEBA)/vocab.en $(TATOEBA)/signal_tagger.zh.pt | $(SETUP_STAMP)
-	$(PY) tools/scale_check.py
+	$(PY) -m tools.scale_check
 
 # cao2019 section 4: with T = 4 or 5 "over half" of the routing weights are zero. Trains the compare
 # config of cross aggregation with T = 3, 4, 5 (one seed each) and counts near-zero routing weights of each
@@ -418,7 +418,7 @@ cao2019-weights: $(TATOEBA)/vocab.en | $(SETUP_STAMP)
 	    -save_model $(CAO2019_WEIGHTS)/T$$t/model -save_data $(CAO2019_WEIGHTS)/T$$t/samples \
 	    -log_file $(CAO2019_WEIGHTS)/T$$t/train.log -overwrite_checkpoints; }; \
 	done
-	$(PY) tools/cao2019_weights.py -model $(foreach t,3 4 5,$(CAO2019_WEIGHTS)/T$(t)/model_step_600.pt) \
+	$(PY) -m tools.cao2019_weights -model $(foreach t,3 4 5,$(CAO2019_WEIGHTS)/T$(t)/model_step_600.pt) \
 	  -src $(TATOEBA)/test.zh --src-subword-model $(TATOEBA)/spm.zh.model --limit 500 \
 	  --out results/cao2019/weights.json --markdown results/cao2019/weights.md
 
@@ -426,7 +426,7 @@ cao2019-weights: $(TATOEBA)/vocab.en | $(SETUP_STAMP)
 # sample's newstest2014) and Chinese (the Tatoeba sample) -> results/clause/split_speed.txt
 SPLIT_SPEED := results/clause/split_speed.txt
 $(WMT14)/signal_tagger.en.pt: $(WMT14)/spm.de.model tools/train_signal_tagger.py | $(SETUP_STAMP)
-	$(PY) tools/train_signal_tagger.py --lang en --input $(WMT14)/train.en --output $@
+	$(PY) -m tools.train_signal_tagger --lang en --input $(WMT14)/train.en --output $@
 
 split-speed: $(WMT14)/signal_tagger.en.pt $(TATOEBA)/signal_tagger.zh.pt | $(SETUP_STAMP)
 	@mkdir -p $(dir $(SPLIT_SPEED))
@@ -436,7 +436,7 @@ split-speed: $(WMT14)/signal_tagger.en.pt $(TATOEBA)/signal_tagger.zh.pt | $(SET
 	              "--lang zh --input $(TATOEBA_SRC)/cmn.txt --column 1 --limit 5000" \
 	              "--lang zh --input $(TATOEBA_SRC)/cmn.txt --column 1 --limit 5000 --tagger-model $(TATOEBA)/signal_tagger.zh.pt" \
 	              "--lang zh --input $(TATOEBA)/train.zh --limit 5000 --subword-model $(TATOEBA)/spm.zh.model"; do \
-	    echo; echo "$$ python tools/clause_split_speed.py $$args"; $(PY) tools/clause_split_speed.py $$args 2>/dev/null; \
+	    echo; echo "$$ python -m tools.clause_split_speed $$args"; $(PY) -m tools.clause_split_speed $$args 2>/dev/null; \
 	  done; } > $(SPLIT_SPEED)
 	cat $(SPLIT_SPEED)
 
@@ -479,26 +479,26 @@ smoke: $(TATOEBA)/vocab.en | $(SETUP_STAMP)
 BENCH_ARGS ?= --warmup-steps 5 --steps 40 --test-sentences 200 --translate-passes 6 --min-run-seconds 1 --budget-b 900 --budget-c 900
 bench: | $(SETUP_STAMP)
 	@$(MAKE) --no-print-directory data
-	$(PY) tools/gpu_check.py --device cpu --tiny --sections bc --out build/bench --work build/bench/work $(BENCH_ARGS)
+	$(PY) -m tools.gpu_check --device cpu --tiny --sections bc --out build/bench --work build/bench/work $(BENCH_ARGS)
 
 # time and memory of one encoder layer per mechanism as the sentence length grows, with growth exponents, for
 # information -> printed (docs/benchmarks-method.md)
 LAYER_COST_ARGS ?=
 layer-cost: | $(SETUP_STAMP)
-	$(PY) tools/layer_cost.py $(LAYER_COST_ARGS)
+	$(PY) -m tools.layer_cost $(LAYER_COST_ARGS)
 
 # host milliseconds per 8k-token training step with a trivial model, onmt-ext and stock OpenNMT-py in one run:
 # a CPU proxy for the host's share of a GPU step (information only) -> results/bench/host-proxy.{md,json}
 BENCH_HOST_ARGS ?=
 bench-host: $(TATOEBA)/vocab.en | $(SETUP_STAMP)
-	$(PY) tools/bench_host.py $(BENCH_HOST_ARGS)
+	$(PY) -m tools.bench_host $(BENCH_HOST_ARGS)
 
 # ---------------------------------------------------------------- GPU check
 # On one CUDA GPU (about 8 minutes): the decoding properties in fp32 and under fp16/bf16 autocast, then training
 # and translation speed of every mechanism at Base, eager and with -ext_compile, as ratios to the baseline ->
 # results/gpu/<gpu model>.{md,json} (docs/gpu-check.md).  Without CUDA: one line and exit status 2; the CPU dry
-# run is `python tools/gpu_check.py --device cpu --tiny` (in make test).  PART=props, train (train-fresh,
-# train-cases), decode (decode-beam-eager, ...) or all (the default): one part (tools/gpu_check.py --part).
+# run is `python -m tools.gpu_check --device cpu --tiny` (in make test).  PART=props, train (train-fresh,
+# train-cases), decode (decode-beam-eager, ...) or all (the default): one part (python -m tools.gpu_check --part).
 GPU_CHECK_ARGS ?=
 PART ?=
 gpu-check: | $(SETUP_STAMP)
@@ -512,11 +512,11 @@ gpu-check: | $(SETUP_STAMP)
 	    exit 2;; \
 	esac
 	@$(MAKE) --no-print-directory data
-	$(PY) tools/gpu_check.py $(if $(PART),--part $(PART) )$(GPU_CHECK_ARGS)
+	$(PY) -m tools.gpu_check $(if $(PART),--part $(PART) )$(GPU_CHECK_ARGS)
 
 # ---------------------------------------------------------------- paper tables
 paper-configs:
-	$(PYTHON) tools/paper_configs.py
+	$(PYTHON) -m tools.paper_configs
 
 # all tables of a paper: every table's checks (devices, options, corpus) first, so that a table that cannot run
 # stops the target before any data is prepared or any earlier table trains
@@ -539,19 +539,19 @@ sweep-chen2019-dr: reproduce-chen2019-figure2-rpehead reproduce-chen2019-figure2
 # The toy sample table runs on the CPU unless GPUS is given.
 table_gpus = $(if $(and $(filter sample-%,$(1)),$(filter file default,$(origin GPUS))),cpu,$(GPUS))
 table_args = --gpus $(call table_gpus,$(1)) --average $(AVERAGE) $(if $(PASSES),--passes $(PASSES))
-preflight = $(PY) tools/reproduce.py $(1) --preflight $(call table_args,$(1)) $(if $(DRY_RUN),--dry-run) \
+preflight = $(PY) -m tools.reproduce $(1) --preflight $(call table_args,$(1)) $(if $(DRY_RUN),--dry-run) \
   $(if $(filter 1,$(WMT17_SMALL_DATA)),--small-data)
 $(addprefix reproduce-,$(REPRODUCE_TABLES)): reproduce-%: | $(SETUP_STAMP)
 	@$(call preflight,$*)
-	@task=$$($(PY) tools/reproduce.py $* --task); \
+	@task=$$($(PY) -m tools.reproduce $* --task); \
 	  $(MAKE) --no-print-directory $(if $(DRY_RUN),-n) data-$$task
-	$(PY) tools/reproduce.py $* $(call table_args,$*) $(if $(DRY_RUN),--dry-run,--rules build/reproduce/$*.mk && \
+	$(PY) -m tools.reproduce $* $(call table_args,$*) $(if $(DRY_RUN),--dry-run,--rules build/reproduce/$*.mk && \
 	  $(MAKE) --no-print-directory -f build/reproduce/$*.mk BIN=$(abspath $(BIN)))
-	$(if $(DRY_RUN),,$(PY) tools/reproduce.py $* $(call table_args,$*) $(if $(RESULTS_DIR),--results-dir $(RESULTS_DIR)))
+	$(if $(DRY_RUN),,$(PY) -m tools.reproduce $* $(call table_args,$*) $(if $(RESULTS_DIR),--results-dir $(RESULTS_DIR)))
 
 # rewrite a table's report (results/<paper>/<task>/) from its results JSON, without training anything
 $(addprefix report-,$(REPRODUCE_TABLES)): report-%: | $(SETUP_STAMP)
-	$(PY) tools/reproduce.py $* --report-only
+	$(PY) -m tools.reproduce $* --report-only
 
 # ---------------------------------------------------------------- cleaning
 clean:

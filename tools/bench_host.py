@@ -3,7 +3,7 @@
 
 Usage::
 
-    python tools/bench_host.py [--steps 40] [--warmup-steps 10] [--repeats 2] [--batch-size 8192]
+    python -m tools.bench_host [--steps 40] [--warmup-steps 10] [--repeats 2] [--batch-size 8192]
         [--num-workers 2] [--out results/bench] [--work build/bench-host] [--label NAME]
         [--no-crossing] [--no-worker] [--worker-batches 160]
 
@@ -23,10 +23,10 @@ from pathlib import Path
 
 import torch
 
-import common
+from tools import common
 from onmt_ext import train_log
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = common.REPO
 
 #: the data-worker measurement: the paper's one-pass update and gpu-check's bucket for it (twice the batch)
 WORKER_BATCH, WORKER_BUCKET = 32768, 65536
@@ -117,8 +117,8 @@ def child_worker_rate(result_file, head, argv):
     from onmt.utils.misc import set_random_seed
     from onmt.utils.parse import ArgumentParser
 
-    import timed_runs
-    from gpu_check import BASELINE
+    from tools import timed_runs
+    from tools.gpu_check import BASELINE
 
     work, count = Path(head[0]), int(head[1])
     settings = argparse.Namespace(batch_size=WORKER_BATCH, warmup_steps=1, steps=1, gpu=-1)
@@ -147,7 +147,7 @@ def worker_rate(args, name, env):
     folder.mkdir(parents=True, exist_ok=True)
     result = folder / "arrivals.json"
     result.unlink(missing_ok=True)
-    command = [sys.executable, str(Path(__file__).resolve()), "--child", "worker-rate", str(result),
+    command = [sys.executable, "-m", "tools.bench_host", "--child", "worker-rate", str(result),
                str(folder), str(args.worker_batches), "--"]
     try:
         done = subprocess.run(command, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1", **env},
@@ -285,7 +285,7 @@ def main(argv=None):
     report = {"label": args.label, "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} "
               f"cores, Python {platform.python_version()}", "commit": commit or None,
               "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-              "command": "python tools/bench_host.py " + " ".join(argv),
+              "command": "python -m tools.bench_host " + " ".join(argv),
               "batch_size": args.batch_size, "num_workers": args.num_workers, "steps": args.steps,
               "warmup_steps": args.warmup_steps, "variants": variants,
               "stock_over_ext": stock / ext if ext and stock else None, "crossing_ms": crossing,

@@ -3,7 +3,7 @@
 
 Usage::
 
-    python tools/cao2019_weights.py -model CHECKPOINT [CHECKPOINT ...] -src TEST.src \\
+    python -m tools.cao2019_weights -model CHECKPOINT [CHECKPOINT ...] -src TEST.src \\
         [--src-subword-model spm.model] [--iterations 1 2 3 4 5] [--thresholds 1e-2 1e-3 1e-6] \\
         [--limit 500] [--out weights.json] [--markdown weights.md]
 
@@ -14,8 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-import common
-from gret_probe import _read_lines, _subword, encoded_batches, load_model
+from tools import common
+from tools.gret_probe import _read_lines, _subword, encoded_batches, load_model
 
 ROUTINGS = ("vertical", "horizontal")
 

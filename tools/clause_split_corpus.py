@@ -3,7 +3,7 @@
 
 Usage::
 
-    python tools/clause_split_corpus.py --lang en --input train.bpe.en --output train.bpe.en.clause_rule
+    python -m tools.clause_split_corpus --lang en --input train.bpe.en --output train.bpe.en.clause_rule
         [--levels 6] [--tagger-model FILE] [--subword-model spm.model] [--bucket 256] [--jobs 1]
 
 How it works and why: docs/tools.md (clause_split_corpus.py).
@@ -13,8 +13,8 @@ import multiprocessing
 import sys
 import time
 
-import common
-from clause_split_speed import _opts, read_lines
+from tools import common
+from tools.clause_split_speed import _opts, read_lines
 
 
 def main(argv=None):

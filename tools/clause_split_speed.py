@@ -3,8 +3,8 @@
 
 Usage::
 
-    python tools/clause_split_speed.py --lang en --input /work/shared/data/wmt14-ende-sample/test.en
-    python tools/clause_split_speed.py --lang zh --input /work/shared/data/tatoeba-zh-en/cmn.txt --column 1 \\
+    python -m tools.clause_split_speed --lang en --input /work/shared/data/wmt14-ende-sample/test.en
+    python -m tools.clause_split_speed --lang zh --input /work/shared/data/tatoeba-zh-en/cmn.txt --column 1 \\
         --limit 5000 [--subword-model build/tatoeba/spm.zh.model] [--tagger-model FILE]
 
 How it works and why: docs/tools.md (clause_split_speed.py).
@@ -13,12 +13,13 @@ How it works and why: docs/tools.md (clause_split_speed.py).
 import sys
 import time
 
-import common
+from tools import common
 
 
 def _opts(args):
     import onmt  # noqa: F401  (loads onmt-ext's plug-in when the start-up hook is installed)
     import onmt_ext.clause_split  # noqa: F401  (registers clause_split)
+    from onmt_ext.errors import UserError
     from onmt.transforms import AVAILABLE_TRANSFORMS
     from onmt.utils.parse import ArgumentParser
 
@@ -35,8 +36,12 @@ def _opts(args):
     if args.subword_model:
         argv += ["-src_subword_model", args.subword_model, "-tgt_subword_model", args.subword_model]
     opts = parser.parse_args(argv)
-    for name in names:
-        AVAILABLE_TRANSFORMS[name]._validate_options(opts)
+    try:
+        for name in names:
+            AVAILABLE_TRANSFORMS[name]._validate_options(opts)
+    except UserError as error:  # the exit-code convention of docs/troubleshooting.md: 2 for a usage error
+        print(error.message, file=sys.stderr)
+        raise SystemExit(error.status) from None
     return opts, {name: AVAILABLE_TRANSFORMS[name] for name in names}
 
 

@@ -1,13 +1,14 @@
 """What the commands under tools/ share: argument parsing, number and table formatting, child processes.
 
-The commands import it as a sibling (``python tools/x.py`` puts tools/ first on ``sys.path``); the tests get
-tools/ on the path from pyproject.toml's pytest ``pythonpath``.  A child process is this interpreter running a
-tool's ``--child KIND RESULT [head...] -- argv`` entry (:func:`run_child`), which writes its figures as JSON to
-``RESULT``; :func:`record_training` is the training statistics gpu_check.py takes from OpenNMT-py's own
-trainer.
+The commands import it as ``from tools import common`` (they run from the checkout as ``python -m tools.<name>``).
+A child process is this interpreter running a tool's module, ``python -m tools.<name> --child KIND RESULT
+[head...] -- argv`` (:func:`run_child`), which writes its figures as JSON to ``RESULT``.
+:func:`recording_training` is the training statistics the GPU check takes from OpenNMT-py's own trainer,
+through :func:`replacing`, which puts back what it changed.
 """
 
 import argparse
+import contextlib
 import copy
 import functools
 import json
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from unittest import mock
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "yaml_configs"
@@ -65,9 +67,19 @@ def peak_memory_mb(cuda):
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def record_training(reports, parameters):
-    """Makes OpenNMT-py's trainer append each report's ``step``, target/source tokens and seconds to
-    ``reports`` and set ``parameters["total"]`` when the model counts its parameters (once per process)."""
+def replacing(stack, owner, name, new):
+    """Sets ``owner.name`` to ``new`` until ``stack`` (a :class:`contextlib.ExitStack`) closes, which puts back
+    exactly what was there (the object itself, where the class or module held it).  The tools change OpenNMT-py
+    only this way, for the block that needs it; a target that onmt-ext's registry wraps keeps its wrapper under
+    the tool's."""
+    stack.enter_context(mock.patch.object(owner, name, new))
+    return new
+
+
+@contextlib.contextmanager
+def recording_training(reports, parameters):
+    """While the block runs, OpenNMT-py's trainer appends each report's ``step``, target/source tokens and
+    seconds to ``reports`` and sets ``parameters["total"]`` when the model counts its parameters."""
     from onmt.models import model as models
     from onmt.utils import statistics as stats
 
@@ -78,8 +90,6 @@ def record_training(reports, parameters):
                         "seconds": statistics.elapsed_time()})
         return output(statistics, step, *args, **kwargs)
 
-    stats.Statistics.output = recording_output
-
     def recording(count):
         def recording_count(model, *args, **kwargs):
             parameters["total"] = sum(p.numel() for p in model.parameters())
@@ -87,8 +97,11 @@ def record_training(reports, parameters):
 
         return recording_count
 
-    for cls in (models.BaseModel, models.NMTModel, models.LanguageModel):  # each defines its own
-        cls.count_parameters = recording(cls.__dict__["count_parameters"])
+    with contextlib.ExitStack() as stack:
+        replacing(stack, stats.Statistics, "output", recording_output)
+        for cls in (models.BaseModel, models.NMTModel, models.LanguageModel):  # each defines its own
+            replacing(stack, cls, "count_parameters", recording(cls.__dict__["count_parameters"]))
+        yield
 
 
 def program(name):
@@ -109,21 +122,21 @@ class ChildFailed(Exception):
         self.timed_out = timed_out
 
 
-def run_child(script, kind, argv, log, threads, timeout=None, head=(), env=None):
-    """Runs ``script --child kind RESULT [head...] -- argv`` with its output in ``log`` and ``env`` (variables)
-    added to the environment; returns the JSON the child wrote.  Raises :class:`ChildFailed` if it fails or
+def run_child(module, kind, argv, log, threads, timeout=None, head=(), env=None):
+    """Runs ``python -m module --child kind RESULT [head...] -- argv`` with its output in ``log`` and ``env``
+    (variables) added to the environment; returns the JSON the child wrote.  Raises :class:`ChildFailed` if it fails or
     outlives ``timeout`` seconds (then its whole process group is killed)."""
-    return Child(script, kind, argv, log, threads, head, env).finish(timeout)
+    return Child(module, kind, argv, log, threads, head, env).finish(timeout)
 
 
 class Child:
     """:func:`run_child` in two halves: the child starts now; :meth:`finish` waits for it (or :meth:`kill` stops it)."""
 
-    def __init__(self, script, kind, argv, log, threads, head=(), env=None):
+    def __init__(self, module, kind, argv, log, threads, head=(), env=None):
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as handle:
             self.result_file = handle.name
         self.kind, self.log = kind, log
-        command = [sys.executable, str(script), "--child", kind, self.result_file, *map(str, head), "--",
+        command = [sys.executable, "-m", module, "--child", kind, self.result_file, *map(str, head), "--",
                    *map(str, argv)]
         try:
             with open(log, "w", encoding="utf-8") as out:

@@ -18,8 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-import common
-from common import REPO, fmt
+from tools import common
+from tools.common import REPO, fmt
 from onmt_ext import train_log
 from onmt_ext.compat import make_command
 
@@ -252,7 +252,7 @@ def paper_claim(config):
     claim = PAPER_CLAIMS.get(config, "")
     if isinstance(claim, str):
         return claim
-    import reproduce
+    from tools import reproduce
 
     table, base_index, index, what = claim
     base, row = (reproduce.TABLES[table][i].paper_bleu for i in (base_index, index))
@@ -612,7 +612,7 @@ def markdown(report):
 
 
 def _invocation_time(invocation):
-    """``12.3 min (`python tools/compare.py ...`)`` for a report or an entry of its ``earlier_invocations``."""
+    """``12.3 min (`python -m tools.compare ...`)`` for a report or an entry of its ``earlier_invocations``."""
     return f"{invocation['wall_seconds'] / 60:.1f} min (`{invocation['command']}`)"
 
 
@@ -874,7 +874,7 @@ def main(argv=None):
     curves = learning_curves(runs, args.configs, args.seeds, steps)
     report = {"seeds": args.seeds, "train_steps": steps, "jobs": args.jobs, "threads": threads,
               "test_sentences": test_sentences, "wall_seconds": wall, "estimate_text": estimate_text,
-              "command": shlex.join(["python", "tools/compare.py", *(sys.argv[1:] if argv is None else argv)]),
+              "command": shlex.join(["python", "-m", "tools.compare", *(sys.argv[1:] if argv is None else argv)]),
               "plateau": plateau, "probe": {name: speed._asdict() for name, speed in speeds.items()},
               "commands": {f"{r.config}/seed{r.seed}": [
                   shlex.join(train_command(r, args.valid_every, report_every,

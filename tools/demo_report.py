@@ -3,7 +3,7 @@
 
 Usage::
 
-    python tools/demo_report.py --demo-dir build/demo --data-dir build/tatoeba
+    python -m tools.demo_report --demo-dir build/demo --data-dir build/tatoeba
 
 Scores the demo's translations of the Tatoeba test set against all their
 references (multi-reference BLEU, 13a, case-sensitive; chrF) through
@@ -14,7 +14,7 @@ translation times that the Makefile recorded (``*.start``/``*.end``).
 import sys
 from pathlib import Path
 
-import common
+from tools import common
 from onmt_ext import evaluation
 
 

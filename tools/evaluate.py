@@ -3,8 +3,8 @@
 
 Usage::
 
-    python tools/evaluate.py --hyp out.txt --refs ref1.txt [ref2.txt ...]
-    python tools/evaluate.py --hyp out.txt --ref-tsv test.en.refs.tsv
+    python -m tools.evaluate --hyp out.txt --refs ref1.txt [ref2.txt ...]
+    python -m tools.evaluate --hyp out.txt --ref-tsv test.en.refs.tsv
         [--metrics bleu chrf tok-bleu] [--baseline base_out.txt]
         [--bootstrap-samples 1000] [--seed 12345]
         [--by-length [--src src.txt]] [--json]
@@ -13,20 +13,14 @@ How it works and why: docs/tools.md (evaluate.py).
 """
 
 import dataclasses
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
-# The one sys.path edit left in tools/: scoring works from a checkout without onmt-ext installed (only
-# sacrebleu needed; tests/integration/test_evaluation_cli.py pins it).
-if importlib.util.find_spec("onmt_ext") is None:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from onmt_ext import evaluation as ev  # noqa: E402
-from onmt_ext.preprocessing import SUBWORD_MARK  # noqa: E402
-
-import common  # noqa: E402
+# Run from the checkout (``python -m tools.evaluate``), onmt_ext is found beside tools/ without being installed:
+# only sacrebleu is needed (tests/integration/test_evaluation_cli.py pins it).
+from onmt_ext import evaluation as ev
+from onmt_ext.preprocessing import SUBWORD_MARK
+from tools import common
 
 PROG = "evaluate.py"
 

@@ -4,7 +4,7 @@
 # Usage, from the repository root, with wheelhouse/ and build/tatoeba copied over (docs/install.md, "Running
 # the GPU check on a bare offline machine", says how to make both small):
 #
-#     OUT=/some/dir bash tools/gpu_stage.sh [further tools/gpu_check.py options]
+#     OUT=/some/dir bash tools/gpu_stage.sh [further python -m tools.gpu_check options]
 #     bash tools/gpu_stage.sh --stage-only     (or GPU_STAGE_ONLY=1): stage, then stop before the check
 #     bash tools/gpu_stage.sh --help           this text
 #
@@ -16,7 +16,7 @@
 # signal_tagger.zh.pt need not be copied: the checked configs use the rule splitter, and if it is missing it
 # is trained here from build/tatoeba/train.zh (a few seconds, as `make data` does), since the test suite's
 # data check asks for it.  spaCy and fasttext are not in the wheelhouse; if `import onmt` still asked for
-# them, one-line stand-in modules are put on PYTHONPATH for the check.  Last, tools/gpu_check.py --out
+# them, one-line stand-in modules are put on PYTHONPATH for the check.  Last, python -m tools.gpu_check --out
 # "$OUT"/gpu runs; with GPU_STAGE_PACK=1 its operator tables and work logs are also packed into one file,
 # "$OUT"/gpu-check-files.tgz (its --pack, for machines that hand back few files).  Variables: PYTHON (default python3),
 # WHEELS (default wheelhouse), OUT (default results), STAGE (default build/gpu-stage: the venv and stand-ins),
@@ -44,7 +44,7 @@ esac
 command -v "$PYTHON" >/dev/null || fail "PYTHON=$PYTHON is not a command"
 
 mkdir -p "$STAGE"
-"$PYTHON" tools/stage_venv.py --prog gpu_stage.sh --var STAGE --allow-without-pip "$VENV" || exit 2
+"$PYTHON" -m tools.stage_venv --prog gpu_stage.sh --var STAGE --allow-without-pip "$VENV" || exit 2
 VPY=$VENV/bin/python
 if "$VPY" -m pip --version >/dev/null 2>&1; then
   pip_install() { "$VPY" -m pip install -q --disable-pip-version-check --no-index --no-deps "$@"; }
@@ -81,16 +81,17 @@ done
 
 if [ ! -f "$TAGGER" ]; then  # not copied: the same command as `make data`
   echo "== gpu_stage: training $TAGGER from build/tatoeba/train.zh (it was not copied)"
-  "$VPY" tools/train_signal_tagger.py --lang zh --input build/tatoeba/train.zh --output "$TAGGER" >"$STAGE/tagger.log" 2>&1 ||
+  "$VPY" -m tools.train_signal_tagger --lang zh --input build/tatoeba/train.zh --output "$TAGGER" \
+    >"$STAGE/tagger.log" 2>&1 ||
     fail "could not train $TAGGER ($(tail -n1 "$STAGE/tagger.log"); log: $STAGE/tagger.log)"
 fi
 
 echo "== gpu_stage: staged in ${SECONDS} s"
 if [ -n "${GPU_STAGE_ONLY:-}" ]; then
-  echo "== gpu_stage: staged in $VENV; the check would run: $VPY tools/gpu_check.py --out $OUT/gpu${*:+ $*}"
+  echo "== gpu_stage: staged in $VENV; the check would run: $VPY -m tools.gpu_check --out $OUT/gpu${*:+ $*}"
   exit 0
 fi
 mkdir -p "$OUT"
 pack=()
 [ -n "${GPU_STAGE_PACK:-}" ] && pack=(--pack "$OUT/gpu-check-files.tgz")
-exec "$VPY" tools/gpu_check.py --out "$OUT/gpu" ${pack[@]+"${pack[@]}"} "$@"
+exec "$VPY" -m tools.gpu_check --out "$OUT/gpu" ${pack[@]+"${pack[@]}"} "$@"

@@ -3,7 +3,7 @@
 
 Usage::
 
-    python tools/gret_probe.py -model CHECKPOINT -src TRAIN.src -tgt TRAIN.tgt \\
+    python -m tools.gret_probe -model CHECKPOINT -src TRAIN.src -tgt TRAIN.tgt \\
         -test_src TEST.src -test_tgt TEST.tgt [--kind global|last|average] \\
         [--src-subword-model spm.model --tgt-subword-model spm.model] [--epochs 20] [--out probe.json]
 
@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-import common
+from tools import common
 
 KINDS = ("global", "last", "average")
 

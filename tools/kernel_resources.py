@@ -3,7 +3,7 @@
 
 Usage::
 
-    python tools/kernel_resources.py [--arch 90] [--dtype fp16] [--shape 8 512 1] [--iterations 3] [--json F]
+    python -m tools.kernel_resources [--arch 90] [--dtype fp16] [--shape 8 512 1] [--iterations 3] [--json F]
 
 Each kernel of ``onmt_ext.routing_triton`` (EM and simple routing, forward and backward, with and without a
 mask) goes through Triton's whole compiler for ``sm_<arch>`` (Triton IR, LLVM, PTX, ``ptxas``) at the votes'

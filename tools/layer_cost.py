@@ -3,7 +3,7 @@
 
 Usage::
 
-    python tools/layer_cost.py [--lengths 25 50 100 200] [--batch 8] [--d-model 512] [--heads 8]
+    python -m tools.layer_cost [--lengths 25 50 100 200] [--batch 8] [--d-model 512] [--heads 8]
         [--variants baseline cao2019 clause] [--repeats 3] [--processes 3] [--threads 1] [--gpu -1]
 
 Each (variant, length) times one OpenNMT-py ``TransformerEncoderLayer`` (Transformer-Base sizes by default)
@@ -22,9 +22,8 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-import common
+from tools import common
 
 
 #: ``clause`` variant: one clause marker every this many tokens.
@@ -123,7 +122,7 @@ def main(argv=None):
     results = {}
     for variant in args.variants:
         for length in args.lengths:
-            command = [sys.executable, str(Path(__file__).resolve()), "--child", "--variant", variant,
+            command = [sys.executable, "-m", "tools.layer_cost", "--child", "--variant", variant,
                        "--length", str(length), "--batch", str(args.batch), "--d-model", str(args.d_model),
                        "--heads", str(args.heads), "--repeats", str(args.repeats), "--gpu", str(args.gpu)]
             runs = []

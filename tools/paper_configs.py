@@ -3,8 +3,8 @@
 
 Usage::
 
-    python tools/paper_configs.py            # (re)write every generated config
-    python tools/paper_configs.py --check    # exit 1 if a committed config differs
+    python -m tools.paper_configs            # (re)write every generated config
+    python -m tools.paper_configs --check    # exit 1 if a committed config differs
 
 Every paper row is the matching baseline config of ``yaml_configs/baseline/``
 (same data, size, schedule and hardware settings) with the onmt-ext model types
@@ -18,13 +18,12 @@ import difflib
 import re
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import yaml
 
-import common
+from tools import common
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = common.REPO
 CONFIGS = REPO / "yaml_configs"
 SIZES = ("base", "big")
 

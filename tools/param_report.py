@@ -3,7 +3,7 @@
 
 Usage::
 
-    python tools/param_report.py yaml_configs/li2019/*.yaml [--vocab-size 32000] [--markdown]
+    python -m tools.param_report yaml_configs/li2019/*.yaml [--vocab-size 32000] [--markdown]
 
 How it works and why: docs/tools.md (param_report.py).
 """
@@ -13,7 +13,7 @@ import math
 import sys
 from pathlib import Path
 
-import common
+from tools import common
 
 # OpenNMT-py's (share_embeddings, share_decoder_embeddings) per tying: one, two or three (V, d) matrices
 TYINGS = {"all": (True, True), "decoder": (False, True), "none": (False, False)}

@@ -33,9 +33,9 @@ from itertools import compress, count, islice, zip_longest
 from multiprocessing import Pool
 from pathlib import Path
 
-import common
+from tools import common
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = common.REPO
 DOWNLOADS = Path("build/downloads")
 DATA = Path("build/data")
 

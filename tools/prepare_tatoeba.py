@@ -3,7 +3,7 @@
 
 Usage::
 
-    python tools/prepare_tatoeba.py --data-dir data/tatoeba-zh-en --out-dir OUT \\
+    python -m tools.prepare_tatoeba --data-dir data/tatoeba-zh-en --out-dir OUT \\
         [--valid-size 1000] [--zh-vocab 8000] [--en-vocab 8000] [--spm-type bpe]
 
 How it works and why: docs/tools.md (prepare_tatoeba.py).
@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-import common
+from tools import common
 
 LOG = logging.getLogger("prepare_tatoeba")
 

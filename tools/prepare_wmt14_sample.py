@@ -3,7 +3,7 @@
 
 Usage::
 
-    python tools/prepare_wmt14_sample.py --data-dir data/wmt14-ende-sample --out-dir build/wmt14_sample \\
+    python -m tools.prepare_wmt14_sample --data-dir data/wmt14-ende-sample --out-dir build/wmt14_sample \\
         [--vocab 4000] [--test-size 1000]
 
 Writes into ``--out-dir``: ``train.{en,de}``, ``valid.{en,de}`` (copies, one
@@ -18,8 +18,8 @@ turns output pieces back into tokenized text.
 import sys
 from pathlib import Path
 
-import common
-from prepare_tatoeba import DataError, read_lines, train_spm
+from tools import common
+from tools.prepare_tatoeba import DataError, read_lines, train_spm
 
 LANGS = ("en", "de")
 

@@ -4,10 +4,10 @@
 ``make reproduce-TABLE`` runs it: ``--preflight``, then ``--rules FILE`` (a Makefile of the rows' steps, which
 make runs), then the scoring and report.  Usage::
 
-    python tools/reproduce.py TABLE (--preflight | --rules FILE | --dry-run) [--gpus 0,1,2,3] [--average 5]
-    python tools/reproduce.py TABLE [--gpus ...] [--average 5] [--results-dir DIR]   # score and report
-    python tools/reproduce.py TABLE --report-only [--results-json FILE] [--results-dir DIR]
-    python tools/reproduce.py --list
+    python -m tools.reproduce TABLE (--preflight | --rules FILE | --dry-run) [--gpus 0,1,2,3] [--average 5]
+    python -m tools.reproduce TABLE [--gpus ...] [--average 5] [--results-dir DIR]   # score and report
+    python -m tools.reproduce TABLE --report-only [--results-json FILE] [--results-dir DIR]
+    python -m tools.reproduce --list
 
 How it works and why: docs/tools.md (reproduce.py).
 """
@@ -23,8 +23,8 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import common
-from prepare_data import TASKS as DATA_TASKS  # the tasks `make data-<task>` prepares
+from tools import common
+from tools.prepare_data import TASKS as DATA_TASKS  # the tasks `make data-<task>` prepares
 
 REPO = common.REPO
 DATA = Path("build/data")  # relative to REPO, the working directory of main()
@@ -381,13 +381,13 @@ def _clause_preparation(values, task):
     steps = []
     if tagger:  # "CA with study": the signal-word tagger is trained first, on the training source
         source = DATA / task / f"train.bpe.{LANGS[task][0]}"
-        steps.append(Step(("python", "tools/train_signal_tagger.py", "--lang", lang, "--input", source,
+        steps.append(Step(("python", "-m", "tools.train_signal_tagger", "--lang", lang, "--input", source,
                            "--output", tagger, "--max-sentences", 100000), Path(tagger), (source,)))
     if values.get("clause_presplit"):  # the sources the config reads: <file>.clause_<rule|study>
         for corpus in values["data"].values():
             split = corpus["path_src"]
             unsplit = split.rsplit(".clause_", 1)[0]
-            steps.append(Step(("python", "tools/clause_split_corpus.py", "--lang", lang, "--levels",
+            steps.append(Step(("python", "-m", "tools.clause_split_corpus", "--lang", lang, "--levels",
                                values.get("clause_levels", 6), "--input", unsplit, "--output", split,
                                *(["--tagger-model", tagger] if tagger else [])),
                               Path(split), (Path(unsplit), *([Path(tagger)] if tagger else []))))
@@ -431,7 +431,7 @@ def corpus_problem(table, small_data=False, environ=None):
     ``WMT17_EXTRA_DIR`` lacks the UN and CWMT pairs, or is set with ``small_data`` (News Commentary v12 alone)."""
     if table_task(table) != FULL_CORPUS_TASK:
         return None
-    from prepare_data import WMT17_EXTRA, extra_dir_missing
+    from tools.prepare_data import WMT17_EXTRA, extra_dir_missing
 
     extra = (os.environ if environ is None else environ).get("WMT17_EXTRA_DIR")
     if extra and small_data:
@@ -508,7 +508,7 @@ def make_rules(table, plans, gpus):
     never overwrites finished checkpoints.  A missing data file or a failed command stops make with one line."""
     task = plans[0].task
     targets = [p.hypotheses_of(i) for p in plans for i in range(len(test_sets(task)))]
-    lines = [f"# {table}: written by tools/reproduce.py --rules for make reproduce-{table}", ".DELETE_ON_ERROR:",
+    lines = [f"# {table}: written by python -m tools.reproduce --rules for make reproduce-{table}", ".DELETE_ON_ERROR:",
              ".NOTPARALLEL:",  # one step at a time: the rows share the devices
              f"export CUDA_VISIBLE_DEVICES := {','.join(map(str, gpus))}",
              "all: " + " ".join(map(str, _scoring_inputs(task, table.startswith("clause-")) + targets))]

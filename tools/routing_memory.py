@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Memory of one training step of li2019's Transformer-Base configs against the baseline's (issue 35).
 
-    python tools/routing_memory.py [--device cpu|cuda] [--sentences 512] [--length 16] [--cases ...]
+    python -m tools.routing_memory [--device cpu|cuda] [--sentences 512] [--length 16] [--cases ...]
         [--measure saved peak time ops] [--recompute false true] [--steps 3] [--json FILE]
 
 Each (case, ``li2019_recompute``) runs in a fresh child process: the WMT17 Base config with the Tatoeba
@@ -22,9 +22,9 @@ import sys
 import time
 from pathlib import Path
 
-import common
+from tools import common
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = common.REPO
 
 CASES = {
     "baseline": "yaml_configs/baseline/transformer_base_wmt17_zhen.yaml",
@@ -284,7 +284,8 @@ def model_runs(args, measure):
         for recompute in (["true"] if case == "baseline" else args.recompute):
             if f"{case}:{recompute}:{measure}" in args.skip:
                 continue
-            command = [sys.executable, __file__, "--device", args.device, "--sentences", str(args.sentences),
+            command = [sys.executable, "-m", "tools.routing_memory", "--device", args.device,
+                       "--sentences", str(args.sentences),
                        "--length", str(args.length), "--threads", str(args.threads), "--steps", str(args.steps),
                        "--child", case, recompute, measure]
             run = subprocess.run(command, capture_output=True, text=True, env=env)

@@ -3,7 +3,7 @@
 
 Usage::
 
-    python tools/scale_check.py [--sentences 10000] [--length 200] [--mechanisms baseline li2019 ...]
+    python -m tools.scale_check [--sentences 10000] [--length 200] [--mechanisms baseline li2019 ...]
                                 [--out results/scale]
 
 How it works and why: docs/tools.md (scale_check.py).
@@ -18,9 +18,9 @@ import threading
 import time
 from pathlib import Path
 
-import common
+from tools import common
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = common.REPO
 TATOEBA = Path("build/tatoeba")
 #: Every translation is forced to this many tokens, so that an undertrained model does real decoding work.
 OUTPUT_LENGTH = 20

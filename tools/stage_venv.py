@@ -3,7 +3,7 @@
 
 Usage, as `make setup SYSTEM_TORCH=1` and `tools/gpu_stage.sh` run it::
 
-    $PYTHON tools/stage_venv.py [--prog NAME] [--var NAME] [--hint TEXT] [--no-torch-hint TEXT]
+    $PYTHON -m tools.stage_venv [--prog NAME] [--var NAME] [--hint TEXT] [--no-torch-hint TEXT]
                                 [--allow-without-pip] VENV
 
 How it works and why: docs/tools.md (stage_venv.py).
@@ -15,7 +15,7 @@ import shlex
 import subprocess
 import sys
 
-import common
+from tools import common
 
 PTH_NAME = "_onmt_ext_parent_env.pth"
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The configs that ``tools/gpu_check.py`` times, and the pieces of its method that are not about a GPU.
+"""The configs that ``python -m tools.gpu_check`` times, and the pieces of its method that are not about a GPU.
 
 A :class:`Case` is a paper config with its speed targets.  :func:`case_config` writes the YAML of one timed run
 (the smoke twin with the paper's layer counts, or the Base config on the Tatoeba sample); with ``pre_encoded``
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import yaml
 
-import common
-from prepare_tatoeba import encode_file
+from tools import common
+from tools.prepare_tatoeba import encode_file
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = common.REPO
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ def _use_pre_encoded_data(config, workdir, repeat=1, lines=None):
         config["clause_presplit"] = True
 
 
-#: processes of a corpus's clause split (tools/clause_split_corpus.py --jobs): up to 8, a quarter of the cores,
+#: processes of a corpus's clause split (python -m tools.clause_split_corpus --jobs): up to 8, a quarter of the cores,
 #: since gpu-check splits beside its property tests
 SPLIT_JOBS = max(1, min(8, (os.cpu_count() or 1) // 4))
 
@@ -142,7 +142,7 @@ def _encode_and_split(config, workdir, outputs, splitting, lines=None):
                 levels, tagger = config.get("clause_levels", 6), config.get("clause_tagger_model")
                 split = out.with_name(f"{out.name}.clause{levels}" + (".tagger" if tagger else ""))
                 if split not in splitting and _stale(split, out, *([REPO / tagger] if tagger else [])):
-                    command = [sys.executable, str(REPO / "tools/clause_split_corpus.py"), "--lang",
+                    command = [sys.executable, "-m", "tools.clause_split_corpus", "--lang",
                                config["clause_lang"], "--levels", str(levels), "--input", str(out),
                                "--output", str(split), "--jobs", str(SPLIT_JOBS)]
                     if tagger:

@@ -3,9 +3,9 @@
 
 Usage::
 
-    python tools/train_signal_tagger.py --lang en --input /work/shared/data/wmt14-ende-sample/train.en \\
+    python -m tools.train_signal_tagger --lang en --input /work/shared/data/wmt14-ende-sample/train.en \\
         --output build/clause/signal_tagger.en.pt [--max-sentences 5000] [--epochs 6]
-    python tools/train_signal_tagger.py --lang zh --input /work/shared/data/tatoeba-zh-en/cmn.txt --column 1 \\
+    python -m tools.train_signal_tagger --lang zh --input /work/shared/data/tatoeba-zh-en/cmn.txt --column 1 \\
         --output build/clause/signal_tagger.zh.pt
 
 How it works and why: docs/tools.md (train_signal_tagger.py).
@@ -14,7 +14,7 @@ How it works and why: docs/tools.md (train_signal_tagger.py).
 import sys
 import time
 
-import common
+from tools import common
 
 
 class UsageError(Exception):

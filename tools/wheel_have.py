@@ -3,7 +3,7 @@
 
 Usage, as `make wheelhouse WHEEL_HAVE=<list>` runs it::
 
-    python tools/wheel_have.py --have LIST --report REPORT.json --python-version 3.12 -o OUT REQUIREMENTS
+    python -m tools.wheel_have --have LIST --report REPORT.json --python-version 3.12 -o OUT REQUIREMENTS
 
 How it works and why: docs/tools.md (wheel_have.py).
 """
@@ -12,7 +12,7 @@ import json
 import re
 import sys
 
-import common
+from tools import common
 
 try:
     from packaging.requirements import Requirement

@@ -106,7 +106,7 @@ def test_gret_fine_tunes_from_a_baseline_checkpoint(sample_data, onmt_active, tm
             lines = (support.TATOEBA / f"{source}.{lang}").read_text(encoding="utf-8").splitlines()[:150]
             path.write_text("\n".join(lines) + "\n", encoding="utf-8")
             pairs[name, lang] = path
-    probe = ["python", support.REPO / "tools/gret_probe.py", "-src", pairs["train", "zh"],
+    probe = ["python", "-m", "tools.gret_probe", "-src", pairs["train", "zh"],
              "-tgt", pairs["train", "en"], "-test_src", pairs["test", "zh"], "-test_tgt", pairs["test", "en"],
              "--src-subword-model", support.TATOEBA / "spm.zh.model",
              "--tgt-subword-model", support.TATOEBA / "spm.en.model", "--epochs", 2]

@@ -477,7 +477,7 @@ def _split_args(config):
 @pytest.fixture(scope="module")
 def encoded_test_source(sample_data, tmp_path_factory):
     """The first SENTENCES test sentences, SentencePiece-encoded (so outputs are pieces too)."""
-    from prepare_tatoeba import encode_file
+    from tools.prepare_tatoeba import encode_file
 
     return encode_file(sample_data / "spm.zh.model", sample_data / "test.zh",
                        tmp_path_factory.mktemp("src") / "test.sp.zh", limit=SENTENCES)

@@ -23,7 +23,13 @@ import support
 from onmt_ext import evaluation as ev
 from unit.test_evaluation import HYP_A, HYP_A2, HYP_B, REF1, REF2, SOURCES, _write, files  # noqa: F401 (a fixture)
 
-EVALUATE = support.REPO / "tools" / "evaluate.py"
+#: tools/evaluate.py as a command: run from anywhere with the checkout on PYTHONPATH (here from tmp_path)
+EVALUATE = ["-m", "tools.evaluate"]
+
+
+def _checkout_env(*paths):
+    """The environment with the checkout (and ``paths``) first on PYTHONPATH."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(map(str, (support.REPO, *paths))))
 
 
 def _sacrebleu_cli(refs, hyps, *options, seed="12345"):
@@ -42,7 +48,7 @@ def _sacrebleu_json(refs, hyp, *options):
 
 def _run_evaluate(*args, cwd):
     """Run tools/evaluate.py and return the completed process."""
-    return subprocess.run([sys.executable, str(EVALUATE), *map(str, args)], cwd=cwd,
+    return subprocess.run([sys.executable, *EVALUATE, *map(str, args)], cwd=cwd, env=_checkout_env(),
                           capture_output=True, text=True, encoding="utf-8")
 
 
@@ -153,12 +159,12 @@ def test_cli_human_output_with_tsv(tmp_path, files):
 
 def test_cli_runs_without_installed_package(tmp_path, files):
     # -S skips the site hooks (and so the editable install of onmt_ext):
-    # the script must find the package from its own location.
+    # the command finds onmt_ext in the checkout, beside tools/.
     site_packages = Path(sacrebleu.__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, "-S", str(EVALUATE), "--hyp", files["hyp_a"], "--refs", files["ref1"],
+    proc = subprocess.run([sys.executable, "-S", *EVALUATE, "--hyp", files["hyp_a"], "--refs", files["ref1"],
                            "--metrics", "bleu", "--json"],
                           cwd=tmp_path, capture_output=True, text=True, encoding="utf-8",
-                          env=dict(os.environ, PYTHONPATH=str(site_packages)))
+                          env=_checkout_env(site_packages))
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["scores"]["bleu"]["score"] == pytest.approx(ev.nist_bleu(HYP_A, [REF1]).score)
 

@@ -82,6 +82,10 @@ def test_hook_can_be_switched_off():
     assert result.stdout.strip() == "False"
 
 
+#: the start-up hook's changes that stay whatever happens to the activation (docs/differences-from-stock.md)
+KEPT = "warnings filters (torch.cuda.amp, sdp_kernel)|torch.serialization safe globals (argparse.Namespace)"
+
+
 def test_failing_registration_leaves_plain_onmt_working():
     """A step in the middle of activate() fails: the steps before it are undone, OpenNMT-py runs stock."""
     result = _python(
@@ -93,12 +97,14 @@ def test_failing_registration_leaves_plain_onmt_working():
         import onmt, onmt.bin.translate, onmt.trainer
         from onmt.encoders import str2enc
         from onmt_ext import patches
-        print("transformer" in str2enc, "ext_transformer" in str2enc, len(patches.applied()),
-              patches.is_ours(onmt.trainer.Trainer.train), patches.is_ours(onmt.bin.translate.translate))
+        print("transformer" in str2enc, "ext_transformer" in str2enc, "|".join(p.target for p in patches.applied()),
+              patches.is_ours(onmt.trainer.Trainer.train), patches.is_ours(onmt.bin.translate.translate), sep="\\n")
         """
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["True", "False", "0", "False", "False"]
+    # what the start-up hook applied before activation stays, as under ONMT_EXT_DISABLE=1 (the torch.load
+    # allow-list and the warnings filters): the failed activation undoes its own changes only
+    assert result.stdout.splitlines() == ["True", "False", KEPT, "False", "False"]
     assert "onmt-ext: could not register with OpenNMT-py (RuntimeError: simulated bug)" in result.stderr
     assert "ONMT_EXT_DISABLE=1" in result.stderr
 
@@ -110,11 +116,11 @@ def test_an_unsupported_onmt_version_is_said_in_one_line_and_changes_nothing():
         patches.SUPPORTED = ("3.4.0",)
         import onmt
         from onmt.encoders import str2enc
-        print("ext_transformer" in str2enc, len(patches.applied()))
+        print("ext_transformer" in str2enc, "|".join(p.target for p in patches.applied()), sep="\\n")
         """
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["False", "0"]
+    assert result.stdout.splitlines() == ["False", KEPT]
     ours = [line for line in result.stderr.splitlines() if "onmt-ext" in line]
     assert ours == ["onmt-ext: OpenNMT-py 3.5.1 is not supported (onmt-ext is written for 3.4.0); OpenNMT-py runs "
                     "stock, without the extension; set ONMT_EXT_DISABLE=1 to silence this message."]

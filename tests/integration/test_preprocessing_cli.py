@@ -103,7 +103,7 @@ def test_given_subword_transforms_without_their_models_name_trainings_in_one_lin
 def test_evaluate_refuses_output_with_subword_marks(tmp_path, marked):
     (tmp_path / "hyp").write_text(f"It works .\n{marked}\n", encoding="utf-8")
     (tmp_path / "ref").write_text("It works .\nI am happy .\n", encoding="utf-8")
-    command = [sys.executable, "tools/evaluate.py", "--hyp", tmp_path / "hyp", "--refs", tmp_path / "ref"]
+    command = [sys.executable, "-m", "tools.evaluate", "--hyp", tmp_path / "hyp", "--refs", tmp_path / "ref"]
     result = subprocess.run(command, cwd=support.REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.count("\n") == 1 and result.stdout == ""

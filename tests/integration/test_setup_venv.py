@@ -273,7 +273,7 @@ def test_errors_are_one_line_and_an_existing_venv_is_kept(machine, repo_copy, wh
     made = run([machine["base"], "-m", "venv", "--without-pip", users])
     assert made.returncode == 0, made.stderr
     before = sorted(p.relative_to(users) for p in users.rglob("*"))
-    result = run([machine["python"], repo_copy / "tools" / "stage_venv.py", "--prog", "setup", users])
+    result = run([machine["python"], "-m", "tools.stage_venv", "--prog", "setup", users], cwd=repo_copy)
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
         f"setup: error: {users} exists without the system's site-packages; remove it (rm -r {users}) "
@@ -349,7 +349,7 @@ def test_another_system_torch_or_python_says_what_to_run(made, tmp_path):
     # FORCE=1 removes the venv and makes it again with the machine's torch
     commands = make_setup(made, tmp_path, "SYSTEM_TORCH=1", "FORCE=1", dry_run=True).stdout.splitlines()
     assert f"rm -rf {made}" in commands
-    assert commands.index(f"rm -rf {made}") < next(i for i, c in enumerate(commands) if "tools/stage_venv.py" in c)
+    assert commands.index(f"rm -rf {made}") < next(i for i, c in enumerate(commands) if "-m tools.stage_venv" in c)
 
 
 def test_another_torch_is_installed_into_the_venv(made, tmp_path):

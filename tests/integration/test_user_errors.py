@@ -291,7 +291,7 @@ def test_a_config_indented_with_a_tab_names_the_file_and_line(sample_data, onmt_
 def test_evaluate_points_a_tsv_given_to_refs_to_ref_tsv(tmp_path):
     (tmp_path / "hyp").write_text("a b c\nd e f\n", encoding="utf-8")
     (tmp_path / "refs.tsv").write_text("源 一\ta b c\tx y\n源 二\td e f\n", encoding="utf-8")
-    result = subprocess.run([sys.executable, "tools/evaluate.py", "--hyp", tmp_path / "hyp", "--refs",
+    result = subprocess.run([sys.executable, "-m", "tools.evaluate", "--hyp", tmp_path / "hyp", "--refs",
                              tmp_path / "refs.tsv"], cwd=support.REPO, capture_output=True, text=True, timeout=120)
     line = _one_error_line(result, "evaluate.py", 2)
     assert f"{tmp_path / 'refs.tsv'}" in line and "--ref-tsv" in line and "tab" in line
@@ -367,3 +367,29 @@ def test_onmt_works_without_spacy_and_fasttext(sample_data, onmt_active, tmp_pat
         line = _one_error_line(result, "onmt_train", 1)
         # pip of the very Python that runs onmt-ext, which works from any folder
         assert line.startswith(f"onmt_train: error: {message}") and f"/bin/python -m pip install {pip}" in line
+
+
+def test_clause_split_option_checks_exit_by_the_convention(sample_data, onmt_active, tmp_path):
+    """docs/troubleshooting.md's exit status: a -clause_levels out of range and a -clause_tagger_model that names no
+    file are usage errors (2); a tagger file that cannot be read is a run-time failure (1)."""
+    config = tmp_path / "clause.yaml"
+    config.write_text(textwrap.dedent(f"""\
+        save_data: {tmp_path}/samples
+        src_vocab: {tmp_path}/vocab.src
+        tgt_vocab: {tmp_path}/vocab.tgt
+        data:
+          corpus_1:
+            path_src: {support.TATOEBA}/valid.zh
+            path_tgt: {support.TATOEBA}/valid.en
+        transforms: [clause_split]
+        clause_lang: zh
+        """), encoding="utf-8")
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(b"\x80\x04garbage")
+    for args, status, message in (
+            (("-clause_levels", 0), 2, "clause_split: -clause_levels must be an integer in 1..6, got 0"),
+            (("-clause_tagger_model", tmp_path / "none.pt"), 2,
+             f"clause_split: -clause_tagger_model {tmp_path / 'none.pt'}: file not found"),
+            (("-clause_tagger_model", corrupt), 1, f"clause_split: -clause_tagger_model {corrupt}: not a readable")):
+        result = support.run_cli("onmt_build_vocab", "-config", config, "-n_sample", 10, *args, check=False)
+        assert _one_error_line(result, "onmt_build_vocab", status).startswith(f"onmt_build_vocab: error: {message}")

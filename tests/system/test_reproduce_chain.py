@@ -22,7 +22,7 @@ from sacremoses import MosesDetokenizer
 import support
 from onmt_ext import evaluation
 
-import reproduce
+from tools import reproduce
 
 pytestmark = pytest.mark.slow
 

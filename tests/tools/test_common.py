@@ -4,8 +4,8 @@ import argparse
 
 import pytest
 
-import common
-import compare
+from tools import common
+from tools import compare
 
 
 @pytest.mark.parametrize("text", ["0", "-3", "x", "1.5", ""])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import compare
+from tools import compare
 from onmt_ext import train_log
 
 LOG = """[2026-11-23 12:26:01,531 INFO] * number of parameters: 5689032

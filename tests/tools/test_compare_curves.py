@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-import compare
-import reproduce
+from tools import compare
+from tools import reproduce
 from onmt_ext import train_log
 
 FIXTURE = ROOT / "tests" / "fixtures" / "train_log_excerpt.txt"

@@ -1,4 +1,4 @@
-"""tools/gpu_check.py: its CPU dry run measures every row, and its small helpers.
+"""tools/gpu_check/ (``python -m tools.gpu_check``): its CPU dry run measures every row, and its small helpers.
 
 The dry run (``--device cpu --tiny``) trains and translates toy models
 through the real console-script code in child processes, so that the GPU
@@ -14,16 +14,18 @@ import statistics
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 import support
+from tools import common, timed_runs
+from tools.gpu_check import cases, child, cli, meter, plan, properties, report, training, translation
 
 REPO = support.REPO
-SCRIPT = REPO / "tools/gpu_check.py"
-import gpu_check
+COMMAND = [sys.executable, "-m", "tools.gpu_check"]  # run from the checkout (cwd=REPO)
 
 
 def _positive(value):
@@ -35,7 +37,7 @@ def dry_run(tmp_path_factory):
     support.ensure_sample_data()
     out = tmp_path_factory.mktemp("gpu-check")
     budgets = {"a": 150, "b": 600, "c": 240}  # far above the defaults (22, 112, 42 s): a slow machine cuts no row
-    done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--fresh", "ext,stock,layers",
+    done = subprocess.run([*COMMAND, "--device", "cpu", "--tiny", "--fresh", "ext,stock,layers",
                            "--compile-warmups", "1",  # (none by default in the dry run)
                            "--case-steps", "4",  # (the dry run's default is --steps's 2: here they differ)
                            "--out", str(out),
@@ -56,7 +58,7 @@ def test_dry_run_writes_every_section(dry_run):  # the default tier: the check m
                     "## Targets (issues 29 and 35)"):
         assert heading in text
     assert report["mode"] == "cpu-tiny" and report["device"]["torch"] == torch.__version__
-    assert report["date"] and report["command"].startswith("python tools/gpu_check.py")
+    assert report["date"] and report["command"].startswith("python -m tools.gpu_check")
     assert (report["commit"], report["commit_from"]) == ("test-commit", "--commit")
     assert report["compile_backend"] == "eager"
     assert set(report["sections"]) == {"a", "b", "c"}
@@ -76,38 +78,38 @@ def test_dry_run_measures_every_row(dry_run):
     assert {run["dtype"] for run in sections["a"]["runs"]} == {"fp32", "bf16"}
 
     rows = sections["b"]["rows"]
-    cases = {(row["case"], row["mode"], row["group"], row["batch_tokens"]) for row in rows}
+    trained = {(row["case"], row["mode"], row["group"], row["batch_tokens"]) for row in rows}
     tiny, paper = 512, 2048
-    assert cases == {
-        ("onmt-ext baseline", "eager", gpu_check.FRESH_EXT, tiny),
-        ("onmt-ext baseline", "eager", gpu_check.FRESH_EXT, paper),
-        (gpu_check.STOCK_LABEL, "eager", gpu_check.FRESH_STOCK, tiny),
-        (gpu_check.STOCK_LABEL, "eager", gpu_check.FRESH_STOCK, paper),
-        ("onmt-ext baseline", gpu_check.LAYERS, gpu_check.FRESH_LAYERS, tiny),
-        ("onmt-ext baseline", gpu_check.LAYERS, gpu_check.FRESH_LAYERS, paper),
-        ("baseline", "eager", gpu_check.IN_PROCESS, tiny),
-        ("baseline, again (A/A control)", "eager", gpu_check.IN_PROCESS, tiny),
-        *((case.label, mode, gpu_check.IN_PROCESS, tiny) for case in gpu_check.TINY_MECHANISMS
+    assert trained == {
+        ("onmt-ext baseline", "eager", plan.FRESH_EXT, tiny),
+        ("onmt-ext baseline", "eager", plan.FRESH_EXT, paper),
+        (plan.STOCK_LABEL, "eager", plan.FRESH_STOCK, tiny),
+        (plan.STOCK_LABEL, "eager", plan.FRESH_STOCK, paper),
+        ("onmt-ext baseline", plan.LAYERS, plan.FRESH_LAYERS, tiny),
+        ("onmt-ext baseline", plan.LAYERS, plan.FRESH_LAYERS, paper),
+        ("baseline", "eager", plan.IN_PROCESS, tiny),
+        ("baseline, again (A/A control)", "eager", plan.IN_PROCESS, tiny),
+        *((case.label, mode, plan.IN_PROCESS, tiny) for case in cases.TINY_MECHANISMS
           for mode in ("eager", "compiled"))}
     baseline_options, = [row["options"] for row in rows if row["case"] == "baseline" and not row.get("repeat_of")]
-    built = {gpu_check.replay_key(baseline_options)}
-    assert sum(row.get("replay_reused", False) for row in rows) >= len(gpu_check.TINY_MECHANISMS)
+    built = {training.replay_key(baseline_options)}
+    assert sum(row.get("replay_reused", False) for row in rows) >= len(cases.TINY_MECHANISMS)
     for row in rows:
         assert row["status"] == "measured", row
         for key in ("tokens_per_s", "step_ms", "peak_memory_mb", "ratio", "parameters", "first_step_s",
                     "memory_ratio"):
             assert _positive(row[key]), (row["case"], key, row[key])
         assert 0 <= row["data_wait_share"] < 1
-        assert row["measured_steps"] == (4 if row["group"] == gpu_check.IN_PROCESS else 8), row["key"]
+        assert row["measured_steps"] == (4 if row["group"] == plan.IN_PROCESS else 8), row["key"]
         speeds = row["interval_tokens_per_s"]  # one per report interval of the measured steps
         assert len(speeds) == row["measured_steps"] // row["options"]["report_every"] and all(map(_positive, speeds))
         assert row["median_interval_tokens_per_s"] == statistics.median(speeds)
         # over time: (last step, tok/s) of each interval, the users' path's after its unmeasured first steps
-        every, skipped = row["options"]["report_every"], 2 if row["group"] == gpu_check.IN_PROCESS else 4
+        every, skipped = row["options"]["report_every"], 2 if row["group"] == plan.IN_PROCESS else 4
         assert row["interval_points"] == [[skipped + every * (number + 1), speed]
                                           for number, speed in enumerate(speeds)]
         # the parts of a run's time: its checkpoint written only where section c may decode it
-        assert (row["save_s"] > 0) == (row["group"] == gpu_check.IN_PROCESS and row["mode"] == "eager"
+        assert (row["save_s"] > 0) == (row["group"] == plan.IN_PROCESS and row["mode"] == "eager"
                                        and row.get("run", 1) == 1), (row["key"], row["save_s"])
         assert row["seconds"] > row["save_s"] + (row["profiler_stop_s"] or 0) + row["model_build_s"]
         if row["save_s"]:  # for translation only: the model without the optimiser's state
@@ -122,22 +124,22 @@ def test_dry_run_measures_every_row(dry_run):
         if row["mode"] == "eager":  # counted (0 is the goal of issue 35), with a call site for every read
             assert row["syncs_per_step"] >= 0 and row["sync_steps"] >= 1, row
             assert (row["syncs_per_step"] == row["syncs_per_report_step"] == 0) or row["sync_sites"], row
-        if row["group"] == gpu_check.IN_PROCESS:
+        if row["group"] == plan.IN_PROCESS:
             assert "replayed" in row["data_path"] and row["replayed_batches"] > 0
             assert row["options"]["num_workers"] == 0
             # a run reuses the batches of an earlier run of the process with the same data options (the untimed
             # first run is the baseline's): rows are in running order
-            key = gpu_check.replay_key(row["options"])
+            key = training.replay_key(row["options"])
             assert row["replay_reused"] == (key in built), (row["case"], row["mode"])
             assert row["replay_reused"] == (row["replay_s"] == 0.0), row["replay_s"]
             built.add(key)
         else:
-            first = paper if row["mode"] == gpu_check.LAYERS else tiny  # the first run of its fresh process
+            first = paper if row["mode"] == plan.LAYERS else tiny  # the first run of its fresh process
             assert _positive(row.get("startup_s")) or row["batch_tokens"] != first, row
             assert row["options"]["num_workers"] >= 1 and row["replayed_batches"] is None
     # the in-process baseline runs again after every --train-block cases and last; each case's ratio is over the
     # baseline runs nearest before and after it, and the baseline row shows the median of its runs
-    in_process = [row for row in rows if row["group"] == gpu_check.IN_PROCESS]
+    in_process = [row for row in rows if row["group"] == plan.IN_PROCESS]
     repeats = [row for row in in_process if row.get("repeat_of")]
     assert len(repeats) == sum(math.ceil(len([row for row in in_process if row["case"] != "baseline"
                                               and row.get("part", row["mode"]) == part]) / 2)
@@ -153,7 +155,7 @@ def test_dry_run_measures_every_row(dry_run):
     assert aa["within"] == (0.97 <= aa["median"] <= 1.03) and aa["coverage"] == 0.75
     for row in in_process:
         if row["reference"] and not row["control"]:
-            assert row.get("aa_note") == gpu_check.aa_note(aa), row["key"]
+            assert row.get("aa_note") == cases.aa_note(aa), row["key"]
     base = next(row for row in in_process if row["key"] == repeats[0]["repeat_of"])
     runs = [base["runs_tokens_per_s"][0]] + [row["tokens_per_s"] for row in repeats]
     assert base["runs"] == len(runs) and math.isclose(base["tokens_per_s"], statistics.median(runs))
@@ -164,30 +166,30 @@ def test_dry_run_measures_every_row(dry_run):
             assert math.isclose(row["ratio"], row["tokens_per_s"] / math.sqrt(
                 (base["runs_tokens_per_s"][0] if before is base else before["tokens_per_s"]) * after["tokens_per_s"]))
     warm = sections["b"]["warm_up"]  # the machine's first training process: stock, untimed, during section a
-    assert warm["status"] == "measured" and warm["group"] == gpu_check.WARM_UP, warm
+    assert warm["status"] == "measured" and warm["group"] == plan.WARM_UP, warm
     assert _positive(warm["first_step_s"]) and _positive(warm["startup_s"])
     assert warm["options"]["num_workers"] >= 1 and "overwrite_checkpoints" not in warm["options"]
     ahead = sections["b"]["compile_warm_up"]  # every compiled row's config, compiled ahead while section a ran
-    assert [(row["case"], row["mode"]) for row in ahead] == [("onmt-ext baseline", gpu_check.LAYERS)] + [
+    assert [(row["case"], row["mode"]) for row in ahead] == [("onmt-ext baseline", plan.LAYERS)] + [
         (row["case"], row["mode"]) for row in rows if row["mode"] == "compiled"]  # the layers first, small batch
     assert all(row["status"] == "warmed up" and row["steps"] >= 1 for row in ahead), ahead
     for row in rows:  # the profiled steps' operator tables, one file per measured run
         if row.get("run", 1) > 1:  # the baseline's and the A/A control's further runs are not profiled
             continue
-        table = out / "profiles" / "cpu-tiny" / f"{gpu_check._slug(row['key'])}.txt"
+        table = out / "profiles" / "cpu-tiny" / f"{training._slug(row['key'])}.txt"
         assert "sorted by self_cpu_time_total" in table.read_text(encoding="utf-8"), row["key"]
     with tarfile.open(out / "files.tgz") as archive:  # --pack: the tables and the children's logs in one file
         names = set(archive.getnames())
     assert {f"profiles/cpu-tiny/{path.name}" for path in (out / "profiles" / "cpu-tiny").iterdir()} <= names
     assert {"work/train-in-one-process.log", "work/translate.runs.jsonl", "work/properties-none.xml"} <= names
-    stock = [row for row in rows if row["group"] == gpu_check.FRESH_STOCK]
+    stock = [row for row in rows if row["group"] == plan.FRESH_STOCK]
     assert all("ext_compile" not in row["options"] and "overwrite_checkpoints" not in row["options"]
                for row in stock)
     assert all(row["options"]["ext_compile"] for row in rows if row["mode"] == "compiled")
-    layers = [row for row in rows if row["mode"] == gpu_check.LAYERS]
+    layers = [row for row in rows if row["mode"] == plan.LAYERS]
     assert [row["batch_tokens"] for row in layers] == [paper, tiny]  # the paper's batch first
     assert all(row["options"]["ext_compile_layers"] and not row["options"].get("ext_compile") for row in layers)
-    assert all(row["reference"] == f"{gpu_check.FRESH_STOCK}|{gpu_check.STOCK_LABEL}|eager|{row['batch_tokens']}"
+    assert all(row["reference"] == f"{plan.FRESH_STOCK}|{plan.STOCK_LABEL}|eager|{row['batch_tokens']}"
                for row in layers)
 
     c = sections["c"]
@@ -206,16 +208,16 @@ def test_dry_run_measures_every_row(dry_run):
         # greedy comes after beam search in each mode and takes the models beam search loaded (the compiled
         # groups' eager baseline takes the eager groups' engine whole)
         reused = {name.rsplit(" (", 1)[0] for name in group["models_reused"]}
-        cases = {row["case"] for row in c["rows"] if row["group"] == group["key"]}
+        group_cases = {row["case"] for row in c["rows"] if row["group"] == group["key"]}
         control = "baseline, again (A/A control)"  # in every group, eager (in the compiled ones: their engines)
-        assert control in cases
-        assert reused == (set() if group["search"] == "beam 4" else cases if group["mode"] == "eager"
-                          else cases - {"baseline", control}), group
+        assert control in group_cases
+        assert reused == (set() if group["search"] == "beam 4" else group_cases if group["mode"] == "eager"
+                          else group_cases - {"baseline", control}), group
         # each group's A/A control: one run per pass, its median and interval, and a note beside every other ratio
         # when outside its band
         aa, = [row for row in c["rows"] if row["group"] == group["key"] and row["control"]]
         assert group["aa"]["runs"] == 3 and group["aa"]["ratios"] == aa["run_ratios"]
-        assert all(row.get("aa_note") == gpu_check.aa_note(group["aa"]) for row in c["rows"]
+        assert all(row.get("aa_note") == cases.aa_note(group["aa"]) for row in c["rows"]
                    if row["group"] == group["key"] and row["case"] not in ("baseline", control))
     for row in c["rows"]:
         assert row["status"] == "measured", row
@@ -245,7 +247,7 @@ def test_the_fresh_only_run_measures_the_users_path_rows_alone(tmp_path):
     """``--sections b --fresh-only``, the first command of the next GPU session (docs/gpu-check.md): the three fresh
     processes, the stock control among them, and nothing else, their tables packed."""
     support.ensure_sample_data()
-    done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--sections", "b",
+    done = subprocess.run([*COMMAND, "--device", "cpu", "--tiny", "--sections", "b",
                            "--fresh-only", "--fresh", "ext,stock,layers", "--budget-b", "300", "--out", str(tmp_path),
                            "--work", str(tmp_path / "w"),
                            "--commit", "test-commit", "--pack", str(tmp_path / "files.tgz")],
@@ -255,21 +257,21 @@ def test_the_fresh_only_run_measures_the_users_path_rows_alone(tmp_path):
     report = json.loads((tmp_path / "cpu-tiny.json").read_text(encoding="utf-8"))
     assert set(report["sections"]) == {"b"} and [part["part"] for part in report["parts"]] == ["b fresh"]
     rows = report["sections"]["b"]["rows"]
-    assert {row["group"] for row in rows} == {gpu_check.FRESH_EXT, gpu_check.FRESH_STOCK, gpu_check.FRESH_LAYERS}
+    assert {row["group"] for row in rows} == {plan.FRESH_EXT, plan.FRESH_STOCK, plan.FRESH_LAYERS}
     assert len(rows) == 6 and all(row["status"] == "measured" and _positive(row["tokens_per_s"]) for row in rows)
     with tarfile.open(tmp_path / "files.tgz") as archive:
         assert any(name.startswith("profiles/cpu-tiny/") for name in archive.getnames())
 
 
 def test_dry_run_defaults_keep_out_of_results():
-    args = gpu_check.parse_args(["--device", "cpu", "--tiny"])
+    args = cli.parse_args(["--device", "cpu", "--tiny"])
     assert args.out == REPO / "build/gpu-check-tiny"
-    assert gpu_check.parse_args([]).out == REPO / "results/gpu"
+    assert cli.parse_args([]).out == REPO / "results/gpu"
 
 
 def test_bad_arguments_get_one_line(capsys):
     with pytest.raises(SystemExit) as stopped:
-        gpu_check.parse_args(["--device", "cpu", "--tiny", "--steps", "5"])
+        cli.parse_args(["--device", "cpu", "--tiny", "--steps", "5"])
     assert stopped.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error.startswith("gpu_check.py: error: --steps, --case-steps and --fresh-warmup-steps must be multiples")
@@ -277,7 +279,7 @@ def test_bad_arguments_get_one_line(capsys):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
 def test_without_cuda_one_line_and_exit_2():
-    done = subprocess.run([sys.executable, str(SCRIPT)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(COMMAND, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stdout == ""
     lines = done.stderr.strip().splitlines()
@@ -285,9 +287,9 @@ def test_without_cuda_one_line_and_exit_2():
 
 
 def test_busy_time_is_the_union_of_intervals():
-    assert gpu_check._merge([]) == 0
-    assert gpu_check._merge([(5, 6), (0, 2), (1, 3)]) == 4  # overlapping kernels count once
-    assert gpu_check._merge([(0, 10), (2, 3)]) == 10
+    assert meter._merge([]) == 0
+    assert meter._merge([(5, 6), (0, 2), (1, 3)]) == 4  # overlapping kernels count once
+    assert meter._merge([(0, 10), (2, 3)]) == 10
 
 
 def test_busy_time_from_raw_events_equals_torchs_events():
@@ -297,21 +299,21 @@ def test_busy_time_from_raw_events_equals_torchs_events():
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
         for _ in range(3):
             layer(torch.randn(16, 32)).relu().sum().backward()
-    old = gpu_check._merge([(event.time_range.start, event.time_range.end) for event in profiler.events()
+    old = meter._merge([(event.time_range.start, event.time_range.end) for event in profiler.events()
                             if event.device_type == DeviceType.CPU and event.time_range.end > event.time_range.start])
-    assert old > 0 and math.isclose(gpu_check.busy_seconds(profiler, False), old / 1e6, rel_tol=1e-9)
+    assert old > 0 and math.isclose(meter.busy_seconds(profiler, False), old / 1e6, rel_tol=1e-9)
 
 
 def test_operator_tables_wait_for_the_last_run_and_the_budget(monkeypatch):
     import types
 
     written, clock = [], iter([0.0, 0.0, 2.5, 2.5, 2.5])  # the first table takes 2.5 s; the deadline is at 4 s
-    monkeypatch.setattr(gpu_check.time, "monotonic", lambda: next(clock))
-    monkeypatch.setattr(gpu_check, "write_profile_tables", lambda profiler, *rest: written.append(profiler))
-    meter = types.SimpleNamespace(cuda=False, tables=[(f"run {n}", f"profile {n}", None, "") for n in range(3)])
+    monkeypatch.setattr(time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(meter, "write_profile_tables", lambda profiler, *rest: written.append(profiler))
+    fake = types.SimpleNamespace(cuda=False, tables=[(f"run {n}", f"profile {n}", None, "") for n in range(3)])
     records = []
-    gpu_check.Meter.write_tables(meter, 4.0, records.append)
-    assert written == ["profile 0"] and meter.tables == []
+    meter.Meter.write_tables(fake, 4.0, records.append)
+    assert written == ["profile 0"] and fake.tables == []
     assert [(entry["key"], entry["written"]) for entry in records] == [("run 0", True), ("run 1", False),
                                                                        ("run 2", False)]
 
@@ -322,7 +324,7 @@ def test_junit_counts(tmp_path):
                    '<testcase classname="m" name="b"><failure message="x"/></testcase>'
                    '<testcase classname="m" name="c"><skipped/></testcase>'
                    '<testcase classname="m" name="d"><error message="y"/></testcase></testsuite></testsuites>')
-    counts = gpu_check.junit_counts(xml)
+    counts = properties.junit_counts(xml)
     assert (counts["passed"], counts["failed"], counts["skipped"], counts["errors"], counts["tests"]) == (1, 1, 1, 1, 4)
     assert counts["failures"] == ["m::b", "m::d"]
 
@@ -332,21 +334,21 @@ def test_section_a_shares_fp32s_console_checks():
     slowest of the suite: the H100's and H200's fp32 runs never finished in section a) are shared among
     --console-shards processes beside its in-process checks; the dry run leaves them out, as before.  On CUDA
     one more process runs the fused routing kernels' tests."""
-    gpu = gpu_check.property_processes(gpu_check.parse_args([]))
-    suite = gpu_check.PROPERTY_TEST
+    gpu = properties.property_processes(cli.parse_args([]))
+    suite = cases.PROPERTY_TEST
     assert [(dtype, selection, extra) for dtype, _, selection, extra, _ in gpu] == [
         ("none", [suite, "-m", "not slow"], {}),
-        *[("none", [suite, "-m", "slow"], {gpu_check.CONSOLE_SHARD_VARIABLE: f"{k}/6"}) for k in range(6)],
-        ("fp16", [suite], {}), ("bf16", [suite], {}), ("none", [gpu_check.KERNEL_TEST], {})]
+        *[("none", [suite, "-m", "slow"], {properties.CONSOLE_SHARD_VARIABLE: f"{k}/6"}) for k in range(6)],
+        ("fp16", [suite], {}), ("bf16", [suite], {}), ("none", [cases.KERNEL_TEST], {})]
     assert len({stem for *_, stem in gpu}) == len(gpu) and gpu[0][-1] == "properties-none"
-    tiny = gpu_check.property_processes(gpu_check.parse_args(["--tiny", "--device", "cpu"]))
+    tiny = properties.property_processes(cli.parse_args(["--tiny", "--device", "cpu"]))
     assert [(dtype, selection) for dtype, _, selection, _, _ in tiny] == [("none", [suite, "-m", "not slow"]),
                                                                           ("bf16", [suite, "-m", "not slow"])]
     # the kernels' tests run on a GPU only (in the CPU's interpreter they take longer than the dry run's section a)
-    assert gpu_check.property_processes(gpu_check.parse_args(["--tiny"]))[-1][2] == [gpu_check.KERNEL_TEST]
-    assert len(gpu_check.property_processes(gpu_check.parse_args(["--console-shards", "2", "--device", "cpu"]))) == 5
+    assert properties.property_processes(cli.parse_args(["--tiny"]))[-1][2] == [cases.KERNEL_TEST]
+    assert len(properties.property_processes(cli.parse_args(["--console-shards", "2", "--device", "cpu"]))) == 5
     with pytest.raises(SystemExit):
-        gpu_check.parse_args(["--console-shards", "-1"])
+        cli.parse_args(["--console-shards", "-1"])
 
 
 @pytest.mark.slow  # five collections of the suite
@@ -354,10 +356,10 @@ def test_console_shares_cover_the_console_checks_once():
     """The suite's ONMT_EXT_TEST_CONSOLE_SHARD=k/n (what section a's shares set): with section a's configs, the
     shares' console-script checks are disjoint and together all of them; a bad value stops the collection."""
     def collected(shard):
-        env = {**os.environ, "ONMT_EXT_TEST_CONFIGS": ",".join(gpu_check.PROPERTY_CONFIGS),
-               gpu_check.CONSOLE_SHARD_VARIABLE: shard}
+        env = {**os.environ, "ONMT_EXT_TEST_CONFIGS": ",".join(cases.PROPERTY_CONFIGS),
+               properties.CONSOLE_SHARD_VARIABLE: shard}
         done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                               "-m", "slow", gpu_check.PROPERTY_TEST], cwd=REPO, env=env, capture_output=True,
+                               "-m", "slow", cases.PROPERTY_TEST], cwd=REPO, env=env, capture_output=True,
                               text=True, timeout=300)
         return [line for line in done.stdout.splitlines() if "::" in line], done
 
@@ -370,7 +372,7 @@ def test_console_shares_cover_the_console_checks_once():
 
 def test_targets_name_the_batch_sizes_without_section_b():
     """A run of section a alone still names the batches of issue 35's targets (it wrote "None tokens")."""
-    measures = [row["measure"] for row in gpu_check.targets_table({}, False, (512, 2048))]
+    measures = [row["measure"] for row in report.targets_table({}, False, (512, 2048))]
     assert not any("None" in measure for measure in measures), measures
     assert any("2048-token batches" in measure for measure in measures)
     assert any("512 tokens" in measure for measure in measures)
@@ -380,15 +382,15 @@ def test_compile_warm_ups_keep_a_papers_rows_together():
     """The compiled rows compiled ahead: a paper's cases in one process, so that li2019's EM rows (one core graph)
     compile it once and load it from the disk cache after; dealt round, EM on the encoder and Effective
     Aggregation compiled it side by side in two processes.  -ext_compile_layers' row goes first."""
-    entries = [({}, case, "compiled", None) for case in gpu_check.MECHANISMS]
-    layers = ({}, gpu_check.BASELINE, gpu_check.LAYERS, None)
-    shares = gpu_check.deal_by_paper([*entries, layers], 3)
-    papers = [[case.config.split("/")[0] if mode != gpu_check.LAYERS else mode for _, case, mode, _ in share]
+    entries = [({}, case, "compiled", None) for case in cases.MECHANISMS]
+    layers = ({}, cases.BASELINE, plan.LAYERS, None)
+    shares = training.deal_by_paper([*entries, layers], 3)
+    papers = [[case.config.split("/")[0] if mode != plan.LAYERS else mode for _, case, mode, _ in share]
               for share in shares]
-    assert papers == [[gpu_check.LAYERS, "cao2019", "clause"], ["li2019"] * 4, ["chen2019", "chen2019", "gret"]]
-    assert [case for _, case, _, _ in shares[1]] == list(gpu_check.MECHANISMS[:4])  # the plan's order kept
-    assert sorted(map(len, gpu_check.deal_by_paper(entries, 3))) == [2, 3, 4]
-    assert len(gpu_check.deal_by_paper(entries[:2], 3)) == 1  # one paper: one process
+    assert papers == [[plan.LAYERS, "cao2019", "clause"], ["li2019"] * 4, ["chen2019", "chen2019", "gret"]]
+    assert [case for _, case, _, _ in shares[1]] == list(cases.MECHANISMS[:4])  # the plan's order kept
+    assert sorted(map(len, training.deal_by_paper(entries, 3))) == [2, 3, 4]
+    assert len(training.deal_by_paper(entries[:2], 3)) == 1  # one paper: one process
 
 
 def test_section_a_times_each_process_to_its_own_exit(tmp_path):
@@ -398,13 +400,13 @@ def test_section_a_times_each_process_to_its_own_exit(tmp_path):
     xml.write_text('<testsuites><testsuite><testcase classname="m" name="a"/></testsuite></testsuites>')
     processes = {"passed": "import sys; sys.exit(0)", "empty": "import sys; sys.exit(5)",
                  "slow": "import time; time.sleep(30)", "late": "import time; time.sleep(1.5)"}
-    result, started, began = {"runs": []}, [], gpu_check._now()
+    result, started, began = {"runs": []}, [], plan._now()
     for name, code in processes.items():
         run = {"dtype": name, "log": "-"}
         child = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
-        started.append((run, child, xml if name == "passed" else tmp_path / f"{name}.xml", gpu_check._now()))
+        started.append((run, child, xml if name == "passed" else tmp_path / f"{name}.xml", plan._now()))
         result["runs"].append(run)
-    gpu_check.finish_section_a(result, started, began + 4.0)
+    properties.finish_section_a(result, started, began + 4.0)
     runs = {run["dtype"]: run for run in result["runs"]}
     assert runs["passed"]["status"] == "passed" and runs["passed"]["passed"] == 1
     assert runs["empty"]["status"] == "empty" and runs["empty"]["tests"] == 0
@@ -423,27 +425,27 @@ def test_gpu_configs_parse_strictly(tmp_path, onmt_active, monkeypatch):
         out.write_text("a b c\n" * 10, encoding="utf-8")
         return out
 
-    monkeypatch.setattr(gpu_check.timed_runs, "encode_file", encode)
-    monkeypatch.setattr(gpu_check.timed_runs.subprocess, "run", lambda command, check: Path(
+    monkeypatch.setattr(timed_runs, "encode_file", encode)
+    monkeypatch.setattr(timed_runs.subprocess, "run", lambda command, check: Path(
         command[command.index("--output") + 1]).write_text("a b c\n" * 10, encoding="utf-8"))
-    args = gpu_check.parse_args(["--work", str(tmp_path)])
+    args = cli.parse_args(["--work", str(tmp_path)])
     total = args.warmup_steps + args.steps + args.profile_steps
-    assert gpu_check.step_plan(args)["total"] == total  # on CUDA the sync warnings are counted in the measured steps
+    assert plan.step_plan(args)["total"] == total  # on CUDA the sync warnings are counted in the measured steps
     in_process = args.warmup_steps + args.case_steps + args.profile_steps  # fewer: the same replayed batches
-    assert in_process < total and gpu_check.step_plan(args, args.case_steps)["total"] == in_process
+    assert in_process < total and plan.step_plan(args, args.case_steps)["total"] == in_process
     longest = args.fresh_warmup_steps + args.steps + args.profile_steps  # the users' path's runs: the longest
     repeat = math.ceil(2 * args.batch_size * longest / 40)  # 40 target tokens per copy, end-of-sentence included
     cache = {}
-    for case in (gpu_check.BASELINE, *gpu_check.MECHANISMS):
+    for case in (cases.BASELINE, *cases.MECHANISMS):
         paper = support.read_yaml(f"yaml_configs/{case.config}")
-        for mode in ("eager",) if case is gpu_check.BASELINE else ("eager", "compiled"):
-            replay = case is not gpu_check.BASELINE  # the mechanisms in one process, the baseline on both paths
+        for mode in ("eager",) if case is cases.BASELINE else ("eager", "compiled"):
+            replay = case is not cases.BASELINE  # the mechanisms in one process, the baseline on both paths
             steps = args.case_steps if replay else args.steps
-            path, _, config = gpu_check.training_config(case, mode, args, tmp_path, cache, replay=replay, steps=steps)
+            path, _, config = training.training_config(case, mode, args, tmp_path, cache, replay=replay, steps=steps)
             run = in_process if replay else total
             opt = parse_train_config(path)
             # eager pinned (the default, auto, compiles chen2019's and GRET's cores on CUDA); the baseline's default
-            assert opt.ext_compile == ("auto" if case is gpu_check.BASELINE else mode == "compiled")
+            assert opt.ext_compile == ("auto" if case is cases.BASELINE else mode == "compiled")
             assert (opt.batch_size, opt.batch_type, opt.num_workers) == (8192, "tokens", 0 if replay else 2)
             assert opt.model_dtype == paper["model_dtype"] == "fp16"
             assert (opt.hidden_size, opt.enc_layers, opt.dec_layers) == (
@@ -460,60 +462,60 @@ def test_gpu_configs_parse_strictly(tmp_path, onmt_active, monkeypatch):
 
 
 def test_property_configs_exist():
-    for config in (*gpu_check.PROPERTY_CONFIGS, *gpu_check.TINY_PROPERTY_CONFIGS):
+    for config in (*cases.PROPERTY_CONFIGS, *cases.TINY_PROPERTY_CONFIGS):
         assert (REPO / "yaml_configs/smoke" / config).is_file(), config
-    assert "combined/all_mechanisms.yaml" in gpu_check.PROPERTY_CONFIGS
+    assert "combined/all_mechanisms.yaml" in cases.PROPERTY_CONFIGS
 
 
 def test_stock_config_holds_stock_options_only(tmp_path, onmt_active, monkeypatch):
-    monkeypatch.setattr(gpu_check.timed_runs, "encode_file", lambda model, path, out, **_: (
+    monkeypatch.setattr(timed_runs, "encode_file", lambda model, path, out, **_: (
         out.parent.mkdir(parents=True, exist_ok=True), out.write_text("a b c\n" * 10, encoding="utf-8"), out)[-1])
-    args = gpu_check.parse_args(["--work", str(tmp_path)])
-    _, _, ext = gpu_check.training_config(gpu_check.BASELINE, "eager", args, tmp_path, {}, name="ext")
-    path, _, stock = gpu_check.training_config(gpu_check.BASELINE, "eager", args, tmp_path, {}, stock=True,
+    args = cli.parse_args(["--work", str(tmp_path)])
+    _, _, ext = training.training_config(cases.BASELINE, "eager", args, tmp_path, {}, name="ext")
+    path, _, stock = training.training_config(cases.BASELINE, "eager", args, tmp_path, {}, stock=True,
                                                name="stock")
     assert ext["overwrite_checkpoints"] and ext["adam_eps"] == 1e-9
-    assert not set(gpu_check.EXT_TRAIN_OPTIONS) & set(stock)
+    assert not set(training.EXT_TRAIN_OPTIONS) & set(stock)
     assert support.read_yaml(path) == stock and stock["encoder_type"] == stock["decoder_type"] == "transformer"
     assert {key: value for key, value in ext.items() if key not in ("overwrite_checkpoints", "adam_eps", "save_model",
                                                                     "save_data")} == {
         key: value for key, value in stock.items() if key not in ("save_model", "save_data")}
     with pytest.raises(ValueError, match="no stock OpenNMT-py twin"):
-        gpu_check.training_config(gpu_check.MECHANISMS[0], "eager", args, tmp_path, {}, stock=True)
+        training.training_config(cases.MECHANISMS[0], "eager", args, tmp_path, {}, stock=True)
 
 
 def test_commit_is_the_projects_or_unknown(tmp_path, monkeypatch):
-    monkeypatch.delenv(gpu_check.COMMIT_ENV, raising=False)
-    assert gpu_check.project_commit("abc1234") == ("abc1234", "--commit")
-    monkeypatch.setenv(gpu_check.COMMIT_ENV, "def5678")
-    assert gpu_check.project_commit() == ("def5678", f"${gpu_check.COMMIT_ENV}")
-    monkeypatch.delenv(gpu_check.COMMIT_ENV)
+    monkeypatch.delenv(cli.COMMIT_ENV, raising=False)
+    assert cli.project_commit("abc1234") == ("abc1234", "--commit")
+    monkeypatch.setenv(cli.COMMIT_ENV, "def5678")
+    assert cli.project_commit() == ("def5678", f"${cli.COMMIT_ENV}")
+    monkeypatch.delenv(cli.COMMIT_ENV)
     outer = tmp_path / "outer"  # an exported copy inside another repository: its HEAD is not the project's
     (outer / "project").mkdir(parents=True)
     subprocess.run(["git", "init", "-q", str(outer)], check=True)
     subprocess.run(["git", "-C", str(outer), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
                     "--allow-empty", "-m", "outer"], check=True)
-    monkeypatch.setattr(gpu_check, "REPO", outer / "project")
-    commit, why = gpu_check.project_commit()
+    monkeypatch.setattr(cli, "REPO", outer / "project")
+    commit, why = cli.project_commit()
     assert commit is None and "not this project's" in why
-    monkeypatch.setattr(gpu_check, "REPO", outer)
-    assert gpu_check.project_commit()[0]  # the repository's own root: its HEAD
+    monkeypatch.setattr(cli, "REPO", outer)
+    assert cli.project_commit()[0]  # the repository's own root: its HEAD
 
 
 def test_plan_cases_keeps_priority_and_fits():
     costs = {"aa": 2.0, "slow": 10.0, "fast": 2.0}
     # each pass: the chosen cases, plus the baseline once per 2 of them; one more baseline run at the start
-    chosen, estimate = gpu_check.plan_cases(costs, 2.0, ["aa", "slow", "fast"], passes=6, block=2, seconds=40)
+    chosen, estimate = plan.plan_cases(costs, 2.0, ["aa", "slow", "fast"], passes=6, block=2, seconds=40)
     assert chosen == ["aa", "fast"] and estimate == 6 * (2 + 2 + 2) + 2
-    assert gpu_check.plan_cases(costs, 2.0, ["aa"], passes=6, block=2, seconds=10) == ([], 0.0)
+    assert plan.plan_cases(costs, 2.0, ["aa"], passes=6, block=2, seconds=10) == ([], 0.0)
 
 
 def test_a_group_warms_up_a_candidate_only_while_its_runs_could_still_fit():
     """The compiled beam-4 group of the c8ab26d H200 run compiled five cases (0.6 to 18 s each) and had no time
     left to time any.  Figures of that kind: the baseline runs the test set in 0.4 s, EM in 0.6 s, so with 2-s runs
     (5 copies) a run costs 2 and 3 s; EM's warm-up took 14.6 s."""
-    first, warm, gate = {"B": 0.4, "em": 0.6}, [14.6], gpu_check.warm_another
-    assert gpu_check.run_costs(first, 2.0) == (5, {"B": 2.0, "em": 3.0})
+    first, warm, gate = {"B": 0.4, "em": 0.6}, [14.6], plan.warm_another
+    assert plan.run_costs(first, 2.0) == (5, {"B": 2.0, "em": 3.0})
     # 40 s left: EM's schedule fits (6 passes of 3 + 2 s, and one more baseline run: 32 s); after another 14.6-s
     # warm-up neither EM's nor a new case's would
     assert not gate(first, "B", warm, passes=6, block=2, min_run_s=2.0, left=40.0)
@@ -531,11 +533,11 @@ def test_a_group_warms_up_a_candidate_only_while_its_runs_could_still_fit():
 
 def test_schedule_blocks_and_nearest_baselines():
     base, a, b, c = "B", "a", "b", "c"
-    schedule = gpu_check.timed_runs.translation_schedule([base, a, b, c], base, 2, block=2)
+    schedule = timed_runs.translation_schedule([base, a, b, c], base, 2, block=2)
     assert schedule == [base, a, b, base, c, base, c, b, base, a, base]
     runs = [{"name": name} for name in schedule]
-    assert (gpu_check._nearest(runs, 2, base, -1), gpu_check._nearest(runs, 2, base, 1)) == (0, 3)
-    assert gpu_check._nearest(runs, 10, base, 1) is None
+    assert (translation._nearest(runs, 2, base, -1), translation._nearest(runs, 2, base, 1)) == (0, 3)
+    assert translation._nearest(runs, 10, base, 1) is None
 
 
 def test_sync_warnings_name_their_call_sites():
@@ -548,7 +550,7 @@ def test_sync_warnings_name_their_call_sites():
     sites = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert record_sync_sites(sites, skip=("/gpu_check.py",))
+        assert record_sync_sites(sites, skip=meter.OWN_FILES)
         warnings.warn("called a synchronizing CUDA operation")  # the line below is this one's call site
         line = sys._getframe().f_lineno - 1
         warnings.warn("something else")
@@ -576,45 +578,67 @@ def test_a_sync_inside_a_torch_context_manager_names_the_with_statement_and_the_
 
 def test_fresh_picks_the_fresh_processes_and_refuses_others(capsys):
     def groups(*extra):
-        args = gpu_check.parse_args(["--device", "cpu", "--tiny", "--fresh-only", *extra])
-        return [group for _, group, _, _ in gpu_check.training_plan(args, gpu_check.TINY_MECHANISMS)]
+        args = cli.parse_args(["--device", "cpu", "--tiny", "--fresh-only", *extra])
+        return [group for _, group, _, _ in plan.training_plan(args, cases.TINY_MECHANISMS)]
 
-    assert groups() == [gpu_check.FRESH_EXT, gpu_check.FRESH_STOCK]  # -ext_compile_layers on request
-    assert groups("--fresh", "layers,stock, ext") == [gpu_check.FRESH_EXT, gpu_check.FRESH_STOCK,
-                                                     gpu_check.FRESH_LAYERS]
+    assert groups() == [plan.FRESH_EXT, plan.FRESH_STOCK]  # -ext_compile_layers on request
+    assert groups("--fresh", "layers,stock, ext") == [plan.FRESH_EXT, plan.FRESH_STOCK,
+                                                     plan.FRESH_LAYERS]
     with pytest.raises(SystemExit) as stopped:
-        gpu_check.parse_args(["--device", "cpu", "--tiny", "--fresh", "ext,fast"])
+        cli.parse_args(["--device", "cpu", "--tiny", "--fresh", "ext,fast"])
     assert stopped.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("gpu_check.py: error: --fresh:")
 
 
 def test_the_fresh_processes_leave_a_reserve_to_the_later_ones():
-    assert gpu_check.fresh_deadlines(10.0, 110.0, 3) == pytest.approx([70.0, 90.0, 110.0])
-    assert gpu_check.fresh_deadlines(0.0, 50.0, 1) == [50.0]
+    assert plan.fresh_deadlines(10.0, 110.0, 3) == pytest.approx([70.0, 90.0, 110.0])
+    assert plan.fresh_deadlines(0.0, 50.0, 1) == [50.0]
 
 
 def test_the_replay_key_leaves_out_model_options_only():
     base = {"batch_size": 8, "transforms": ["filtertoolong"], "save_model": "a/model", "seed": 1}
     mechanism = dict(base, save_model="b/model", encoder_type="ext_transformer", li2019_enc_self="em",
                      ext_compile=True)
-    assert gpu_check.replay_key(mechanism) == gpu_check.replay_key(base)
+    assert training.replay_key(mechanism) == training.replay_key(base)
     for other in ({"batch_size": 16}, {"transforms": ["clause_split", "filtertoolong"]}, {"seed": 2},
                   {"some_new_option": 1}):  # anything not known to be the model's counts
-        assert gpu_check.replay_key(dict(base, **other)) != gpu_check.replay_key(base), other
+        assert training.replay_key(dict(base, **other)) != training.replay_key(base), other
 
 
 def test_the_mechanisms_train_at_the_case_batch_size_targets_first():
     """On a GPU the in-process group trains at the paper's batch (at 8,192 tokens the H200's replayed baseline
     kept the GPU busy 22% of a step: a ratio there measures host time); the dry run keeps its small batch."""
-    assert gpu_check.parse_args([]).case_batch_size == 32768
-    assert gpu_check.parse_args(["--device", "cpu", "--tiny"]).case_batch_size == 512
-    args = gpu_check.parse_args(["--case-batch-size", "16384"])
-    (_, _, _, rows), = [entry for entry in gpu_check.training_plan(args, gpu_check.MECHANISMS)
-                        if entry[1] == gpu_check.IN_PROCESS]
+    assert cli.parse_args([]).case_batch_size == 32768
+    assert cli.parse_args(["--device", "cpu", "--tiny"]).case_batch_size == 512
+    args = cli.parse_args(["--case-batch-size", "16384"])
+    (_, _, _, rows), = [entry for entry in plan.training_plan(args, cases.MECHANISMS)
+                        if entry[1] == plan.IN_PROCESS]
     assert {row["batch_tokens"] for row, _, _, _ in rows} == {16384}
-    eager = [case for row, case, mode, _ in rows if mode == "eager" and case in gpu_check.MECHANISMS]
+    eager = [case for row, case, mode, _ in rows if mode == "eager" and case in cases.MECHANISMS]
     targets = [case.train_target is not None for case in eager]
     assert eager and targets == sorted(targets, reverse=True)  # every case with a target before those without
+
+
+class FakeMeter:
+    """Stands in for gpu_check's Meter: measures nothing and changes nothing."""
+
+    def __init__(self, cuda):
+        self.job = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def begin(self, job):
+        self.job = job
+
+    def end(self, t0_wall):
+        return {}
+
+    def write_tables(self, deadline, record):
+        pass
 
 
 def test_a_further_baseline_run_is_judged_by_the_baselines_own_time(tmp_path, monkeypatch):
@@ -623,32 +647,19 @@ def test_a_further_baseline_run_is_judged_by_the_baselines_own_time(tmp_path, mo
     clock = [0.0]
     costs = {"base": 5.0, "em": 20.0, "base|run 2": 5.0, "cheap": 4.0}
 
-    class FakeMeter:
-        def __init__(self, cuda):
-            self.job = None
-
-        def begin(self, job):
-            self.job = job
-
-        def end(self, t0_wall):
-            return {}
-
-        def write_tables(self, deadline, record):
-            pass
-
     def train(opt):
         clock[0] += costs[opt]
 
-    monkeypatch.setattr(gpu_check, "Meter", FakeMeter)
-    monkeypatch.setattr(gpu_check, "_parse_train_options", lambda config, stock: config)
-    monkeypatch.setattr(gpu_check.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(child, "Meter", FakeMeter)
+    monkeypatch.setattr(child, "_parse_train_options", lambda config, stock: config)
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     from onmt.bin import train as train_command
     monkeypatch.setattr(train_command, "train", train)
     jobs = [{"key": key, "config": key, "weight": 1.0, "deadline": 34.0, "tables_s": 0.0, "repeat_of": repeat}
             for key, repeat in (("base", None), ("em", None), ("base|run 2", "base"), ("cheap", None))]
     (tmp_path / "jobs.json").write_text(json.dumps(jobs), encoding="utf-8")
     runs = tmp_path / "runs.jsonl"
-    gpu_check.child_train_many(tmp_path / "done.json", [tmp_path / "jobs.json", runs, 0.0, "cpu"], [])
+    child.child_train_many(tmp_path / "done.json", [tmp_path / "jobs.json", runs, 0.0, "cpu"], [])
     ended = {entry["key"]: entry for entry in map(json.loads, runs.read_text(encoding="utf-8").splitlines())
              if "phase" not in entry}
     assert ended["base|run 2"]["status"] == "measured"  # 9 s left after the EM case, the baseline took 5
@@ -659,19 +670,6 @@ def test_a_failed_run_keeps_its_traceback_in_the_log(tmp_path, monkeypatch, caps
     """Issue 57: the H200's cao2019 compile failure left only its last line (an AssertionError pointing to
     opcheck's docs) and no traceback anywhere; a failed run now prints its traceback into the process's log
     (stderr), marks its entry, and the next run goes on."""
-    class FakeMeter:
-        def __init__(self, cuda):
-            pass
-
-        def begin(self, job):
-            pass
-
-        def end(self, t0_wall):
-            return {}
-
-        def write_tables(self, deadline, record):
-            pass
-
     def deep_failure():
         raise AssertionError("expected size 3==3, stride 144==324\nSee https://pytorch.org/docs/stable/library.html")
 
@@ -679,15 +677,15 @@ def test_a_failed_run_keeps_its_traceback_in_the_log(tmp_path, monkeypatch, caps
         if opt == "broken":
             deep_failure()
 
-    monkeypatch.setattr(gpu_check, "Meter", FakeMeter)
-    monkeypatch.setattr(gpu_check, "_parse_train_options", lambda config, stock: config)
+    monkeypatch.setattr(child, "Meter", FakeMeter)
+    monkeypatch.setattr(child, "_parse_train_options", lambda config, stock: config)
     from onmt.bin import train as train_command
     monkeypatch.setattr(train_command, "train", train)
     jobs = [{"key": key, "config": key, "weight": 1.0, "deadline": 1e12, "tables_s": 0.0, "repeat_of": None}
             for key in ("broken", "fine")]
     (tmp_path / "jobs.json").write_text(json.dumps(jobs), encoding="utf-8")
     runs = tmp_path / "runs.jsonl"
-    gpu_check.child_train_many(tmp_path / "done.json", [tmp_path / "jobs.json", runs, 0.0, "cpu"], [])
+    child.child_train_many(tmp_path / "done.json", [tmp_path / "jobs.json", runs, 0.0, "cpu"], [])
     ended = {entry["key"]: entry for entry in map(json.loads, runs.read_text(encoding="utf-8").splitlines())
              if "phase" not in entry}
     assert ended["broken"]["status"] == "failed" and ended["broken"]["traceback"] is True
@@ -700,40 +698,40 @@ def test_a_failed_run_keeps_its_traceback_in_the_log(tmp_path, monkeypatch, caps
 def test_aa_summary_gives_the_median_its_interval_and_the_band():
     """Issue 57: one A/A run (0.911 on the H200) said nothing; three or more give a median and an interval, and a
     median outside 0.97-1.03 is said beside every ratio of its group."""
-    inside = gpu_check.aa_summary([1.0, 0.98, 1.02])
+    inside = cases.aa_summary([1.0, 0.98, 1.02])
     assert inside["median"] == 1.0 and inside["interval"] == [0.98, 1.02] and inside["coverage"] == 0.75
-    assert inside["within"] and gpu_check.aa_note(inside) is None and "within 0.97-1.03" in gpu_check.aa_text(inside)
+    assert inside["within"] and cases.aa_note(inside) is None and "within 0.97-1.03" in cases.aa_text(inside)
     six = [1.038, 1.061, 1.096, 1.029, 1.074, 0.990]  # the H200's beam-4 A/A of 3fa46b4
-    outside = gpu_check.aa_summary(six)
-    assert outside["interval"] == list(gpu_check.timed_runs.median_interval(six)) and outside["coverage"] == 0.95
-    assert not outside["within"] and gpu_check.aa_note(outside) == "A/A 1.050: outside 0.97-1.03"
-    assert "OUTSIDE" in gpu_check.aa_text(outside)
-    one = gpu_check.aa_summary([0.911])
-    assert one["interval"] == [0.911, 0.911] and one["coverage"] == 0 and "fewer than 3 runs" in gpu_check.aa_text(one)
-    assert gpu_check.aa_summary([]) is None and gpu_check.aa_note(None) == "no A/A run measured"
+    outside = cases.aa_summary(six)
+    assert outside["interval"] == list(timed_runs.median_interval(six)) and outside["coverage"] == 0.95
+    assert not outside["within"] and cases.aa_note(outside) == "A/A 1.050: outside 0.97-1.03"
+    assert "OUTSIDE" in cases.aa_text(outside)
+    one = cases.aa_summary([0.911])
+    assert one["interval"] == [0.911, 0.911] and one["coverage"] == 0 and "fewer than 3 runs" in cases.aa_text(one)
+    assert cases.aa_summary([]) is None and cases.aa_note(None) == "no A/A run measured"
 
 
 def test_spread_places_the_aa_runs_across_the_group():
-    assert gpu_check.spread(list("abcd"), list("XYZ")) == list("XabYcdZ")
-    assert gpu_check.spread(list("abcdef"), list("XY")) == list("XabcdefY")
-    assert gpu_check.spread(list("ab"), ["X"]) == list("Xab") and gpu_check.spread(list("ab"), []) == list("ab")
-    assert gpu_check.spread(list("abcdefgh"), list("WXYZ")) == list("WabcXdeYfghZ")
+    assert plan.spread(list("abcd"), list("XYZ")) == list("XabYcdZ")
+    assert plan.spread(list("abcdef"), list("XY")) == list("XabcdefY")
+    assert plan.spread(list("ab"), ["X"]) == list("Xab") and plan.spread(list("ab"), []) == list("ab")
+    assert plan.spread(list("abcdefgh"), list("WXYZ")) == list("WabcXdeYfghZ")
 
 
 def test_the_in_process_plan_spreads_three_aa_runs_and_only_their_first_saves():
-    args = gpu_check.parse_args(["--part", "train-cases"])
-    (name, group, _, entries), = gpu_check.training_plan(args, gpu_check.MECHANISMS)
+    args = cli.parse_args(["--part", "train-cases"])
+    (name, group, _, entries), = plan.training_plan(args, cases.MECHANISMS)
     rows = [row for row, *_ in entries]
     controls = [number for number, row in enumerate(rows) if row["control"]]
-    assert (name, group) == ("b in-process", gpu_check.IN_PROCESS) and len(controls) == 3
+    assert (name, group) == ("b in-process", plan.IN_PROCESS) and len(controls) == 3
     assert controls[0] == 1 and controls[-1] == len(rows) - 2  # right after the baseline's first run, and last
     compiled = [number for number, row in enumerate(rows) if row["mode"] == "compiled"]
     assert controls[1] < compiled[0] < compiled[-1] < controls[2]  # the middle one at the end of the eager part
     assert len({row["key"] for row in rows}) == len(rows)
     assert [rows[number].get("part", "eager") for number in controls] == ["eager", "eager", "compiled"]
     assert all(rows[number]["reference"] == rows[0]["key"] for number in controls)
-    assert len(gpu_check.training_plan(gpu_check.parse_args(["--part", "train-cases", "--aa-runs", "5"]),
-                                       gpu_check.MECHANISMS)[0][3]) > len(entries)
+    assert len(plan.training_plan(cli.parse_args(["--part", "train-cases", "--aa-runs", "5"]),
+                                       cases.MECHANISMS)[0][3]) > len(entries)
 
 
 def test_the_plans_estimate_walks_the_stages_like_the_schedule():
@@ -742,47 +740,47 @@ def test_the_plans_estimate_walks_the_stages_like_the_schedule():
               ("compiled", 0.0, True, [("z", 2.0), ("w", 9.0)])]
     # eager: 8 + 3 + 4 = 15; "big" would end at 20 > 18 (its deadline) and is left out, "y" still fits (17);
     # compiled ends when every budget so far is spent (20): "z" fits (19), "w" does not
-    assert gpu_check.left_out(stages) == (["big", "w"], 19.0)
-    assert gpu_check.left_out([("s", 1.0, False, [(None, 5.0)])]) == ([], 5.0)  # fixed costs always run
+    assert plan.left_out(stages) == (["big", "w"], 19.0)
+    assert plan.left_out([("s", 1.0, False, [(None, 5.0)])]) == ([], 5.0)  # fixed costs always run
 
 
 def test_shares_and_papers():
-    assert gpu_check.proportional_shares([10.0, 30.0, 60.0]) == pytest.approx([0.1, 1 / 3, 1.0])
+    assert plan.proportional_shares([10.0, 30.0, 60.0]) == pytest.approx([0.1, 1 / 3, 1.0])
     papers = [["em", "ea", "simple", "all"], ["cao"], ["rpe", "mpr"], ["clause"], ["gret"]]
-    assert gpu_check.share_papers(papers, 2) == [["em", "ea", "simple", "all", "cao"],
+    assert plan.share_papers(papers, 2) == [["em", "ea", "simple", "all", "cao"],
                                                  ["rpe", "mpr", "clause", "gret"]]
-    assert gpu_check.share_papers(papers, 1) == [sum(papers, [])]
-    assert sum(gpu_check.share_papers(papers, 5), []) == sum(papers, [])
+    assert plan.share_papers(papers, 1) == [sum(papers, [])]
+    assert sum(plan.share_papers(papers, 5), []) == sum(papers, [])
 
 
 def test_parts_choose_sections_budgets_and_report_names(capsys):
     info = {"name": "NVIDIA H200"}
     for part, sections in (("props", "a"), ("train", "b"), ("train-fresh", "b"), ("train-cases", "b"),
                            ("decode", "c"), ("decode-greedy-compiled", "c"), ("all", "abc")):
-        args = gpu_check.parse_args(["--part", part])
+        args = cli.parse_args(["--part", part])
         assert args.sections == sections and args.part == part
-        assert gpu_check.report_name(info, args) == "NVIDIA_H200" + ("" if part == "all" else f"-{part}")
-    assert gpu_check.parse_args(["--part", "train-fresh"]).fresh_only
-    assert gpu_check.parse_args(["--part", "train-cases"]).fresh == []
-    assert gpu_check.parse_args(["--part", "decode-beam-compiled"]).groups == ["translate-compiled"]
-    assert gpu_check.parse_args(["--part", "train"]).budget_b == 240 and gpu_check.parse_args([]).budget_b == 275
-    assert gpu_check.parse_args(["--part", "train", "--budget-b", "100"]).budget_b == 100
-    assert gpu_check.parse_args(["--part", "decode", "--device", "cpu", "--tiny"]).budget_c == 90
-    args = gpu_check.parse_args(["--part", "decode-beam-eager", "--cases", "gret,li2019", "--device", "cpu", "--tiny"])
+        assert report.report_name(info, args) == "NVIDIA_H200" + ("" if part == "all" else f"-{part}")
+    assert cli.parse_args(["--part", "train-fresh"]).fresh_only
+    assert cli.parse_args(["--part", "train-cases"]).fresh == []
+    assert cli.parse_args(["--part", "decode-beam-compiled"]).groups == ["translate-compiled"]
+    assert cli.parse_args(["--part", "train"]).budget_b == 240 and cli.parse_args([]).budget_b == 275
+    assert cli.parse_args(["--part", "train", "--budget-b", "100"]).budget_b == 100
+    assert cli.parse_args(["--part", "decode", "--device", "cpu", "--tiny"]).budget_c == 90
+    args = cli.parse_args(["--part", "decode-beam-eager", "--cases", "gret,li2019", "--device", "cpu", "--tiny"])
     assert args.cases == ["gret", "li2019"]
-    assert gpu_check.report_name(info, args) == "cpu-tiny-decode-beam-eager-gret_li2019"
+    assert report.report_name(info, args) == "cpu-tiny-decode-beam-eager-gret_li2019"
     for wrong in (["--part", "train", "--sections", "b"], ["--cases", "li2019,vaswani"], ["--part", "bench"]):
         with pytest.raises(SystemExit):
-            gpu_check.parse_args(wrong)
+            cli.parse_args(wrong)
     assert "--cases: a comma-separated list of li2019, cao2019, chen2019, clause, gret" in capsys.readouterr().err
 
 
-def _rows_of(part, cases, *extra):
-    args = gpu_check.parse_args(["--part", part, *extra])
-    everything = gpu_check.MECHANISMS
-    chosen = [case for case in everything if gpu_check.paper_of(case) in (cases or args.cases)]
-    args.cases = list(dict.fromkeys(map(gpu_check.paper_of, chosen)))
-    stages = gpu_check.part_stages(args, chosen, gpu_check.COSTS["cuda"])
+def _rows_of(part, papers, *extra):
+    args = cli.parse_args(["--part", part, *extra])
+    everything = cases.MECHANISMS
+    chosen = [case for case in everything if plan.paper_of(case) in (papers or args.cases)]
+    args.cases = list(dict.fromkeys(map(plan.paper_of, chosen)))
+    stages = plan.part_stages(args, chosen, plan.COSTS["cuda"])
     return args, chosen, {label for *_, rows in stages for label, _ in rows if label}
 
 
@@ -792,50 +790,50 @@ def test_a_part_that_does_not_fit_says_which_rows_and_offers_parts_that_measure_
     row of the part (no row dropped silently)."""
     for part in ("props", "train-fresh", "train-cases"):
         args, chosen, _ = _rows_of(part, None)
-        assert "every row fits" in gpu_check.plan_line(args, chosen, gpu_check.MECHANISMS), part
+        assert "every row fits" in plan.plan_line(args, chosen, cases.MECHANISMS), part
     for part in ("all", "train", "decode", "decode-beam-compiled"):
         args, chosen, rows = _rows_of(part, None)
-        line = gpu_check.plan_line(args, chosen, gpu_check.MECHANISMS)
-        out, _ = gpu_check.left_out(gpu_check.part_stages(args, chosen, gpu_check.COSTS["cuda"]))
+        line = plan.plan_line(args, chosen, cases.MECHANISMS)
+        out, _ = plan.left_out(plan.part_stages(args, chosen, plan.COSTS["cuda"]))
         assert out and f"{len(out)} row(s) will not fit: {'; '.join(out)}. To measure every row, run instead: " in line
-        offered = gpu_check.split_parts(args, chosen, gpu_check.COSTS["cuda"])
-        assert line.endswith(" and ".join(gpu_check.part_command(p, c, gpu_check.MECHANISMS) for p, c in offered))
+        offered = plan.split_parts(args, chosen, plan.COSTS["cuda"])
+        assert line.endswith(" and ".join(plan.part_command(p, c, cases.MECHANISMS) for p, c in offered))
         covered = set()
-        for sub, cases in offered:
-            sub_args, sub_chosen, sub_rows = _rows_of(sub, [gpu_check.paper_of(case) for case in cases])
-            assert not gpu_check.left_out(gpu_check.part_stages(sub_args, sub_chosen, gpu_check.COSTS["cuda"]))[0]
+        for sub, sub_cases in offered:
+            sub_args, sub_chosen, sub_rows = _rows_of(sub, [plan.paper_of(case) for case in sub_cases])
+            assert not plan.left_out(plan.part_stages(sub_args, sub_chosen, plan.COSTS["cuda"]))[0]
             covered |= sub_rows
         assert rows <= covered | {label for label in rows if "(run " in label}, sorted(rows - covered)
-    assert [part for part, _ in gpu_check.split_parts(*_rows_of("train", None)[:2], gpu_check.COSTS["cuda"])] == [
+    assert [part for part, _ in plan.split_parts(*_rows_of("train", None)[:2], plan.COSTS["cuda"])] == [
         "train-fresh", "train-cases"]
 
 
 def test_the_users_path_runs_skip_their_first_steps():
     """Issue 57: 30 measured steps gave onmt-ext over stock 2.69x at 32k where 400-step runs gave 1.9x: the users'
     path now skips --fresh-warmup-steps (50) and measures --steps (200); the in-process group keeps its own."""
-    args = gpu_check.parse_args([])
-    assert gpu_check._run_steps(args, gpu_check.FRESH_STOCK) == (200, 50)
-    assert gpu_check.step_plan(args, *gpu_check._run_steps(args, gpu_check.FRESH_EXT))["measure"] == [51, 250]
-    assert gpu_check._run_steps(args, gpu_check.IN_PROCESS) == (15, 5)
-    assert gpu_check._run_steps(args, gpu_check.WARM_UP) == gpu_check._run_steps(args, gpu_check.CHECKPOINTS) == (5, 5)
+    args = cli.parse_args([])
+    assert plan._run_steps(args, plan.FRESH_STOCK) == (200, 50)
+    assert plan.step_plan(args, *plan._run_steps(args, plan.FRESH_EXT))["measure"] == [51, 250]
+    assert plan._run_steps(args, plan.IN_PROCESS) == (15, 5)
+    assert plan._run_steps(args, plan.WARM_UP) == plan._run_steps(args, plan.CHECKPOINTS) == (5, 5)
     row = {"interval_points": [[55 + 5 * n, 1000.0 * n] for n in range(40)], "measure_steps": [51, 250]}
-    text = gpu_check._over_time_text(row)
+    text = report._over_time_text(row)
     assert text.startswith("steps 51-75: 2000; steps 76-100: 7000;") and text.endswith("steps 226-250: 37000")
 
 
 def test_a_decode_part_trains_its_checkpoints_without_measuring_them(tmp_path, monkeypatch):
     """--part decode...: section b does not run, so one process trains the baseline's, the A/A control's and each
     case's checkpoint (status "trained", saved, nothing profiled or counted)."""
-    args = gpu_check.parse_args(["--part", "decode-greedy-eager", "--cases", "gret", "--device", "cpu", "--tiny"])
-    (name, group, _, entries), = gpu_check.checkpoint_plan(args, [gpu_check.MECHANISMS[-1]])
-    assert (name, group) == ("c checkpoints", gpu_check.CHECKPOINTS)
+    args = cli.parse_args(["--part", "decode-greedy-eager", "--cases", "gret", "--device", "cpu", "--tiny"])
+    (name, group, _, entries), = plan.checkpoint_plan(args, [cases.MECHANISMS[-1]])
+    assert (name, group) == ("c checkpoints", plan.CHECKPOINTS)
     assert [case.label for _, case, _, _ in entries] == ["baseline", "baseline, again (A/A control)", "GRET"]
     seen = {}
-    monkeypatch.setattr(gpu_check.common, "run_child", lambda *a, head, **k: seen.update(
+    monkeypatch.setattr(common, "run_child", lambda *a, head, **k: seen.update(
         jobs=json.loads(Path(head[0]).read_text(encoding="utf-8"))))
     args.profiles = tmp_path / "profiles"
     configs = {row["key"]: (tmp_path / "c.yaml", tmp_path / "m.pt", {}) for row, *_ in entries}
-    gpu_check.run_training_process(args, tmp_path, group, {}, entries, configs, {"eager": gpu_check._now() + 60})
+    training.run_training_process(args, tmp_path, group, {}, entries, configs, {"eager": plan._now() + 60})
     assert [(job["checkpoint"], job["save"], job["profile"][1], job["profile_file"]) for job in seen["jobs"]] == [
         (True, True, 0, None)] * 3
     assert all(job["counted"][0] > job["counted"][1] for job in seen["jobs"])  # no step counted
@@ -843,8 +841,9 @@ def test_a_decode_part_trains_its_checkpoints_without_measuring_them(tmp_path, m
 
 def test_make_gpu_check_passes_part_through():
     done = subprocess.run(["make", "-n", "--no-print-directory", "gpu-check", "PART=train-fresh",
-                           f"SETUP_STAMP={SCRIPT}"], cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert "tools/gpu_check.py --part train-fresh" in done.stdout, done.stdout + done.stderr
+                           f"SETUP_STAMP={REPO / 'pyproject.toml'}"], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+    assert "-m tools.gpu_check --part train-fresh" in done.stdout, done.stdout + done.stderr
 
 
 @pytest.mark.slow
@@ -852,7 +851,7 @@ def test_a_decode_part_measures_every_row_of_its_group(tmp_path):
     """--part decode-greedy-eager --cases gret, the dry run: its checkpoints trained first, then its one group,
     every row measured, in a report of its own name."""
     support.ensure_sample_data()
-    done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--part", "decode-greedy-eager",
+    done = subprocess.run([*COMMAND, "--device", "cpu", "--tiny", "--part", "decode-greedy-eager",
                            "--cases", "gret", "--budget-c", "200", "--out", str(tmp_path),
                            "--work", str(tmp_path / "w"), "--commit", "test-commit"],
                           cwd=REPO, capture_output=True, text=True, timeout=400,
@@ -875,7 +874,7 @@ def test_each_case_knows_whether_its_default_path_compiles(sample_data, onmt_act
     does, else a target would be judged on the wrong path."""
     from onmt_ext import compile as ext_compile
 
-    for case in gpu_check.MECHANISMS:
+    for case in cases.MECHANISMS:
         opt = support.load_train_opts(f"yaml_configs/smoke/{case.config}")
         model = support.build_model(opt, support.load_vocabs(opt))
         assert ext_compile.compiles_by_default(model) == case.compiles_by_default, case.label

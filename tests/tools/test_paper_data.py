@@ -3,10 +3,10 @@ cao2019's Zh-En length filter counted in words before BPE."""
 
 import json
 
-import paper_configs
-import prepare_data as pd
+from tools import paper_configs
+from tools import prepare_data as pd
 import pytest
-import reproduce
+from tools import reproduce
 import support
 import yaml
 

@@ -7,7 +7,7 @@ import pytest
 
 import support
 
-import param_report
+from tools import param_report
 
 BASE = support.REPO / "yaml_configs/baseline/transformer_base_wmt14_ende.yaml"
 EXT = ["-encoder_type", "ext_transformer", "-decoder_type", "ext_transformer"]

@@ -12,7 +12,7 @@ import zipfile
 
 import pytest
 
-import prepare_data as pd
+from tools import prepare_data as pd
 
 PAYLOAD = bytes(range(256)) * 400  # 102,400 bytes
 

@@ -15,7 +15,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "data" / "tatoeba-zh-en"
 
-import prepare_tatoeba as pt
+from tools import prepare_tatoeba as pt
 
 OUTPUTS = {
     "train.zh", "train.en", "valid.zh", "valid.en", "test.zh", "test.en.refs.tsv", "test.en.ref0",

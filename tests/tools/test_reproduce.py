@@ -13,7 +13,7 @@ import yaml
 
 import support
 
-import reproduce
+from tools import reproduce
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -237,8 +237,8 @@ def test_dry_run_of_every_table_prints_consistent_commands(table, capsys):
                                                 + ["onmt_translate"] * len(prefixes)) * len(rows)
     written, trained = set(), set()  # what the clause preparation writes, the last checkpoints of the rows
     for command in commands:
-        if command[0] == "python":
-            assert (support.REPO / command[1]).exists()
+        if command[0] == "python":  # python -m tools.<name>
+            assert command[1] == "-m" and (support.REPO / f"{command[2].replace('.', '/')}.py").exists()
             written.add(_option(command, "--output")[0])
     row_commands = [onmt[start:start + per_row] for start in range(0, len(onmt), per_row)]
     for row, (train, average, translate, *more) in zip(rows, row_commands):
@@ -672,7 +672,7 @@ def test_ours_minus_paper_is_word_level_bleu_on_segmented_chinese_for_clause_tab
 def test_every_report_names_our_training_data_beside_the_papers(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     raw = tmp_path / "build/data/wmt17_zhen/raw"
-    import prepare_data
+    from tools import prepare_data
 
     prepare_data.write_corpora(raw, "wmt17_zhen", [("News Commentary v12", 227062)])
     (tmp_path / "build/data/wmt17_zhen/clean").mkdir()

@@ -60,7 +60,7 @@ def test_a_dry_run_warns_the_same_and_prints_the_commands(checkout, tmp_path):
     assert result.returncode == 0, result.stderr
     warnings = [line for line in result.stderr.splitlines() if line.startswith("reproduce.py: warning: ")]
     assert len(warnings) == 2 and f"GPUS={MANY_GPUS} asks for" in warnings[0] and "WMT17_EXTRA_DIR" in warnings[1]
-    assert "tools/prepare_data.py fetch wmt17_zhen" in result.stdout and " onmt_train " in result.stdout
+    assert "-m tools.prepare_data fetch wmt17_zhen" in result.stdout and " onmt_train " in result.stdout
     assert not (checkout / "build").exists()
 
 

@@ -16,8 +16,8 @@ import support
 
 import onmt_ext.clause_split as cs  # registers the clause_split transform
 
-import prepare_tatoeba as pt
-import reproduce
+from tools import prepare_tatoeba as pt
+from tools import reproduce
 
 REPO = support.REPO
 # what tools/prepare_tatoeba.py writes into --out-dir
@@ -33,8 +33,8 @@ def test_prepare_tatoeba_exits_2_on_invalid_utf8_with_one_clean_message(tmp_path
     data.mkdir()
     (data / "cmn.txt").write_bytes("\ufeffHi.\t嗨。\tattr\r\n".encode("utf-8") * 3 + b"Bad.\t\xe4\xbd\n")
     (data / "zh2en.multiref.tsv").write_text("嗨。\tHi.\tHello.\n", encoding="utf-8")
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "prepare_tatoeba.py"), "--data-dir", str(data),
-                           "--out-dir", str(tmp_path / "out")], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "tools.prepare_tatoeba", "--data-dir", str(data),
+                           "--out-dir", str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 2
     assert "line 4: invalid UTF-8" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -66,8 +66,8 @@ def test_two_runs_give_identical_outputs(tmp_path):
     assert pt.main(args + ["--out-dir", str(a)]) == 0
     # second run in a fresh process with a different hash seed, into another directory
     env = dict(os.environ, PYTHONHASHSEED="12345")
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "prepare_tatoeba.py"), *args, "--out-dir", str(b)],
-                          env=env, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "tools.prepare_tatoeba", *args, "--out-dir", str(b)],
+                          cwd=REPO, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "summary:" in proc.stdout
     before = {p.name: p.read_bytes() for p in a.iterdir()}
@@ -90,6 +90,18 @@ def test_two_runs_give_identical_outputs(tmp_path):
 
 
 # ---------------------------------------------------------------- tools/clause_split_corpus.py
+def test_clause_split_corpus_refuses_a_bad_option_by_the_exit_code_convention(tmp_path):
+    """A clause_split option the transform refuses is a usage error: one line, exit 2 (docs/troubleshooting.md)."""
+    source = tmp_path / "src.en"
+    source.write_text("one line\n", encoding="utf-8")
+    for option, value, said in (("--levels", "99", "-clause_levels must be an integer in 1..6, got 99"),
+                                ("--tagger-model", str(tmp_path / "none.pt"), "file not found")):
+        done = subprocess.run([sys.executable, "-m", "tools.clause_split_corpus", "--lang", "en", "--input", source,
+                               "--output", tmp_path / "out", option, value], cwd=REPO, capture_output=True, text=True)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and said in done.stderr, done.stderr
+        assert done.stderr.startswith("clause_split: error: ") and not (tmp_path / "out").exists()
+
+
 def test_presplit_corpus_equals_the_transform_on_the_fly(tmp_path, sample_data):
     """tools/clause_split_corpus.py writes what the transform inserts (with --jobs too); -clause_presplit passes
     it through."""
@@ -97,8 +109,8 @@ def test_presplit_corpus_equals_the_transform_on_the_fly(tmp_path, sample_data):
     source = tmp_path / "src.zh"
     source.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = tmp_path / "src.zh.clause"
-    subprocess.run([sys.executable, str(support.REPO / "tools/clause_split_corpus.py"), "--lang", "zh",
-                    "--input", source, "--output", out, "--levels", "4"], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "tools.clause_split_corpus", "--lang", "zh",
+                    "--input", source, "--output", out, "--levels", "4"], cwd=REPO, check=True, capture_output=True)
     written = out.read_text(encoding="utf-8").split("\n")[:-1]
     assert len(written) == len(lines) and written[-1] == ""
     on_the_fly = cs.ClauseSplitTransform.__new__(cs.ClauseSplitTransform)
@@ -110,9 +122,9 @@ def test_presplit_corpus_equals_the_transform_on_the_fly(tmp_path, sample_data):
         expected.append(" ".join(token for token in example["src"] if token))
     assert written == expected and any(cs.is_marker(t) for line in written for t in line.split())
     forked = tmp_path / "src.zh.clause.jobs"  # buckets split by forked processes: the same lines, in order
-    subprocess.run([sys.executable, str(support.REPO / "tools/clause_split_corpus.py"), "--lang", "zh",
+    subprocess.run([sys.executable, "-m", "tools.clause_split_corpus", "--lang", "zh",
                     "--input", source, "--output", forked, "--levels", "4", "--jobs", "3", "--bucket", "64"],
-                   check=True, capture_output=True)
+                   cwd=REPO, check=True, capture_output=True)
     assert forked.read_text(encoding="utf-8") == out.read_text(encoding="utf-8")
     passing = cs.ClauseSplitTransform.__new__(cs.ClauseSplitTransform)
     passing.splitter, passing.presplit = None, True
@@ -135,7 +147,7 @@ def test_make_dry_run_prints_the_data_preparation_and_every_row(tmp_path):
     out = result.stdout
     if not (reproduce.REPO / "build/data/wmt17_zhen/.vocab").exists():  # prepared data: nothing left to print
         for step in ("fetch", "raw", "tok", "clean", "bpe"):
-            assert f"tools/prepare_data.py {step} wmt17_zhen" in out
+            assert f"-m tools.prepare_data {step} wmt17_zhen" in out
         assert "onmt_build_vocab -config yaml_configs/baseline/transformer_base_wmt17_zhen.yaml" in out
     rows = len(reproduce.TABLES["cao2019-table1"])
     assert out.count("CUDA_VISIBLE_DEVICES=0 onmt_train ") == rows

@@ -5,7 +5,7 @@ import json
 from support import REPO
 
 
-import wheel_have
+from tools import wheel_have
 
 
 def write(path, text):

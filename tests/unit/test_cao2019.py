@@ -252,7 +252,7 @@ def test_routing_weights_are_the_couplings_of_the_last_iteration_without_padding
 
 
 def test_near_zero_tool_counts_every_weight_of_every_layer(sample_data, onmt_active):
-    import cao2019_weights as tool
+    from tools import cao2019_weights as tool
     opt = support.load_train_opts(SMOKE, *EXT, "-cao2019_vertical", "true", "-cao2019_horizontal", "true")
     vocabs = support.load_vocabs(opt)
     model = support.build_model(opt, vocabs)

@@ -272,7 +272,7 @@ def _rnn_parameters(d_r, bidirectional):
 
 def test_parameter_delta_is_the_rnns_and_w_r(sample_data, onmt_active):
     """What tools/param_report.py reports for the paper configs: MPRHead at d_r 256 adds 0.362M (Table 1: 0.37M)."""
-    import param_report
+    from tools import param_report
 
     for name, dim in (("mprhead", 256), ("rpehead", 320)):
         [(_, _, _, delta)] = param_report.report(

@@ -11,7 +11,7 @@ import support
 
 import onmt_ext.clause_split as cs  # registers the clause_split transform
 
-import train_signal_tagger
+from tools import train_signal_tagger
 
 CMN = support.REPO / "data" / "tatoeba-zh-en" / "cmn.txt"
 M = cs.MARKERS

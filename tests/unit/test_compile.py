@@ -26,7 +26,7 @@ from onmt_ext.disan import directional_softmax
 from onmt_ext.gret import fuse, global_summary
 from onmt_ext.chen2019 import recurrent_output
 
-from routing_memory import SavedBytes
+from tools.routing_memory import SavedBytes
 
 H, D = 4, 16
 MASK = -1e18

@@ -8,7 +8,7 @@ import yaml
 
 import support
 
-import paper_configs
+from tools import paper_configs
 
 CONFIG_ROOT = support.REPO / "yaml_configs"
 PAPER_CONFIGS = sorted(

@@ -75,7 +75,7 @@ def test_encoder_with_disan_ignores_padding_and_a_one_token_sentence_is_finite(s
 
 
 def test_parameter_delta_at_transformer_base(onmt_active):
-    import param_report
+    from tools import param_report
 
     opt = support.load_train_opts("yaml_configs/chen2019/transformer_base_wmt14_ende_disan.yaml")
     delta = param_report.count_parameters(opt, 1000) - param_report.count_parameters(param_report.baseline_of(opt), 1000)

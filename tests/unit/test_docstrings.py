@@ -26,11 +26,17 @@ def test_module_docstring_is_at_most_15_lines(path):
     assert 0 < lines <= MAX_LINES, f"{path.name}: module docstring of {lines} lines (at most {MAX_LINES})"
 
 
-TOOLS = sorted((PACKAGE.parent / "tools").glob("*.py"))
+TOOLS_DIR = PACKAGE.parent / "tools"
+TOOLS = sorted(TOOLS_DIR.rglob("*.py"))  # the package tools/, its subpackages (tools/gpu_check/) included
 
 
-@pytest.mark.parametrize("path", TOOLS, ids=lambda p: p.name)
+def test_the_tools_are_found():
+    assert len(TOOLS) > 20 and TOOLS_DIR / "gpu_check" / "cli.py" in TOOLS, TOOLS_DIR
+
+
+@pytest.mark.parametrize("path", TOOLS, ids=lambda p: p.relative_to(TOOLS_DIR).as_posix())
 def test_tool_docstring_is_at_most_15_lines(path):
     """The commands under tools/ say what they are for and how to call them; how they work is in docs/."""
     lines = docstring_lines(path)
-    assert 0 < lines <= MAX_LINES, f"tools/{path.name}: module docstring of {lines} lines (at most {MAX_LINES})"
+    name = path.relative_to(TOOLS_DIR).as_posix()
+    assert 0 < lines <= MAX_LINES, f"tools/{name}: module docstring of {lines} lines (at most {MAX_LINES})"

@@ -9,7 +9,7 @@ import support
 from onmt_ext import options
 from onmt_ext.li2019 import RoutingAggregation
 
-from routing_memory import AtenOps, SavedBytes
+from tools.routing_memory import AtenOps, SavedBytes
 
 SMOKE = "yaml_configs/smoke/baseline/transformer_base_wmt14_ende.yaml"
 EXT = ["-encoder_type", "ext_transformer", "-decoder_type", "ext_transformer"]

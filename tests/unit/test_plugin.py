@@ -421,13 +421,14 @@ def test_a_bad_value_from_a_config_names_the_file_and_line(onmt_active, tmp_path
 def test_ext_compile_takes_the_same_forms_in_onmt_train_and_onmt_translate(onmt_active, sample_data, extra,
                                                                           expected):
     """-ext_compile alone, or with true/false, in both commands (onmt_train took only a value, onmt_translate
-    only the bare flag); another onmt-ext boolean option likewise."""
+    only the bare flag); another onmt-ext boolean option likewise.  Unset, onmt_train's is auto (docs/compile.md)
+    and onmt_translate's off."""
     from onmt_ext.parsing import parse_train_config
 
     opt, _ = _translate_parser().parse_known_args(["-model", "m.pt", "-src", "s", *extra])
     assert opt.ext_compile is expected
     opt = parse_train_config(support.REPO / "yaml_configs/smoke/gret/ablations_all_switches.yaml", *extra)
-    assert opt.ext_compile is expected
+    assert opt.ext_compile == (expected if extra else "auto")
     switch = ["-gret_gate"] + extra[1:] if extra else []
     opt = parse_train_config(support.REPO / "yaml_configs/smoke/gret/ablations_all_switches.yaml", *switch)
     assert opt.gret_gate is expected  # the config says false

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from onmt_ext.routing import em_routing, linear_inverse_temperature, recompute_in_backward, simple_routing, squash
-from routing_memory import AtenOps
+from tools.routing_memory import AtenOps
 
 torch.set_default_dtype(torch.float32)
 

@@ -369,7 +369,7 @@ def test_the_kernels_compile_for_a_hopper_gpu(tmp_path):
 
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     report = tmp_path / "kernels.json"
-    result = subprocess.run([sys.executable, "tools/kernel_resources.py", "--arch", "90", "--dtype", "bf16",
+    result = subprocess.run([sys.executable, "-m", "tools.kernel_resources", "--arch", "90", "--dtype", "bf16",
                              "--json", str(report)], capture_output=True, text=True, cwd=support.REPO, env=env,
                             timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

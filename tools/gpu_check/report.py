@@ -1,0 +1,323 @@
+"""The GPU check's report: the device, the report's name, the targets table and the Markdown text of the JSON
+report (docs/gpu-check.md says what each part means)."""
+
+import math
+import os
+import platform
+import re
+import statistics
+
+from tools.common import fmt
+from tools.gpu_check.cases import (
+    BASELINE_BUSY_TARGET, BASELINE_TOKENS_TARGET, FIRST_STEP_TARGET_S, MECHANISMS, MEMORY_TARGETS,
+    STARTUP_OVERHEAD_TARGET_S, STOCK_SPEEDUP_TARGET, SYNCS_TARGET, aa_text,
+)
+from tools.gpu_check.plan import (
+    FRESH_EXT, FRESH_LAYERS, FRESH_STOCK, IN_PROCESS, LAYERS, STOCK_LABEL, TABLES_SHARE, _run_text, paper_of,
+)
+
+
+def device_info(args):
+    import torch
+
+    info = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version()}
+    if args.device == "cuda":
+        properties = torch.cuda.get_device_properties(0)
+        info.update(name=torch.cuda.get_device_name(0), memory_gib=round(properties.total_memory / 2**30, 1),
+                    capability=f"{properties.major}.{properties.minor}",
+                    cudnn=torch.backends.cudnn.version())
+    else:
+        info.update(name=f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)")
+    return info
+
+
+def report_name(info, args):
+    """``<GPU model>`` (or ``cpu-tiny``, ``cpu``), then ``-<part>`` and ``-<papers>`` unless every one ran."""
+    name = ("cpu-tiny" if args.tiny else "cpu") if args.device != "cuda" else (
+        re.sub(r"[^A-Za-z0-9.+-]+", "_", info["name"]).strip("_") or "gpu")
+    if args.part != "all":
+        name += f"-{args.part}"
+    if len(args.cases) < len(set(map(paper_of, MECHANISMS))):
+        name += "-" + "_".join(args.cases)
+    return name
+
+
+def _met(row):
+    if row.get("met") is None:
+        return ""
+    return " (met)" if row["met"] else " (NOT met)"
+
+
+def _target(measure, target, measured, at_least=True):
+    met = None if measured is None else (measured >= target if at_least else measured <= target)
+    return {"measure": measure, "target": f"{'>=' if at_least else '<='} {target:g}", "measured": measured,
+            "met": met}
+
+
+def targets_table(sections, on_gpu, batch_tokens):
+    """The targets of issues 29 (decoding, training ratios) and 35 (the GPU-bound baseline) beside what this run
+    measured (met: None off a GPU, where they do not apply); ``batch_tokens``: the small and the paper's batch
+    (section b's, which names them when it ran)."""
+    rows = []
+    b, c = sections.get("b", {}), sections.get("c", {})
+    train = {row["key"]: row for row in b.get("rows", [])}
+
+    def measured(group, case, batch, field, mode="eager"):
+        row = train.get(f"{group}|{case}|{mode}|{batch}", {})
+        return row.get(field) if row.get("status") == "measured" else None
+
+    small, paper = b.get("batch_tokens", batch_tokens)
+    tokens = measured(FRESH_EXT, "onmt-ext baseline", paper, "tokens_per_s")
+    rows.append(_target(f"baseline target tok/s, {paper}-token batches in one pass (the paper's update), the "
+                        "config's model_dtype, onmt-ext, users' data path", BASELINE_TOKENS_TARGET, tokens))
+    for group, mode, how in ((FRESH_EXT, "eager", ""), (FRESH_LAYERS, LAYERS, ", -ext_compile_layers")):
+        if mode == LAYERS:
+            rows.append(_target(f"baseline target tok/s, {paper}-token batches in one pass{how}, users' data path",
+                                BASELINE_TOKENS_TARGET, measured(group, "onmt-ext baseline", paper, "tokens_per_s",
+                                                                 mode)))
+        for field, what in (("busy_share", "profiled steps"),
+                            ("busy_share_unprofiled", "kernel time of the profiled steps over the unprofiled step")):
+            rows.append(_target(f"GPU busy share of the baseline's step{how} ({what}; {paper} tokens)",
+                                BASELINE_BUSY_TARGET, measured(group, "onmt-ext baseline", paper, field, mode)))
+        for batch in (small, paper):
+            ratio = measured(group, "onmt-ext baseline", batch, "ratio", mode)
+            if batch == small or ratio is not None:
+                rows.append(_target(f"onmt-ext baseline{how} over stock OpenNMT-py, target tok/s, {batch}-token "
+                                    "batches, same config and run", STOCK_SPEEDUP_TARGET, ratio))
+    syncs = [value for batch in (small, paper)
+             if (value := measured(FRESH_EXT, "onmt-ext baseline", batch, "syncs_per_step")) is not None]
+    rows.append(_target("host-device synchronisations per step between report steps (onmt-ext baseline, most "
+                        "over its users'-path runs)", SYNCS_TARGET, max(syncs) if syncs else None, at_least=False))
+    rows.append(_target(f"first step after the model is built, s (onmt-ext baseline, {small} tokens, fresh process)",
+                        FIRST_STEP_TARGET_S, measured(FRESH_EXT, "onmt-ext baseline", small, "first_step_s"),
+                        at_least=False))
+    ext_start = measured(FRESH_EXT, "onmt-ext baseline", small, "startup_s")
+    stock_start = measured(FRESH_STOCK, STOCK_LABEL, small, "startup_s")
+    overhead = None if ext_start is None or stock_start is None else ext_start - stock_start
+    rows.append(_target("start-up overhead of onmt-ext over stock, s (process start to the end of the first step)",
+                        STARTUP_OVERHEAD_TARGET_S, overhead, at_least=False))
+    cases_batch = b.get("case_batch_tokens", small)
+    for case in MECHANISMS:  # the targets are the default path's: compiled where -ext_compile auto compiles
+        mode = "compiled" if case.compiles_by_default else "eager"
+        key = f"{IN_PROCESS}|{case.label}|{mode}|{cases_batch}"
+        if case.train_target is not None and key in train:
+            rows.append(_target(f"training ratio, {case.label}, default path: {mode} ({cases_batch} tokens)",
+                                case.train_target, measured(IN_PROCESS, case.label, cases_batch, "ratio", mode))
+                        | {"aa": train[key].get("aa_note")})
+    for case, most in MEMORY_TARGETS:
+        if f"{IN_PROCESS}|{case.label}|eager|{cases_batch}" in train:
+            rows.append(_target(f"peak memory over the baseline's, {case.label} ({cases_batch} tokens)", most,
+                                measured(IN_PROCESS, case.label, cases_batch, "memory_ratio"), at_least=False))
+    for row in c.get("rows", []):
+        if row.get("target") is not None:
+            interval = row.get("ratio_interval")
+            rows.append(_target(f"decoding ratio (beam 4), {row['case']}, {row['mode']}", row["target"],
+                                row.get("ratio")) | {"interval": interval, "aa": row.get("aa_note")})
+    if not on_gpu:
+        for row in rows:
+            row["met"] = None
+    return rows
+
+
+def _interval_text(interval):
+    return "n/a" if not interval else f"{interval[0]:.3f}-{interval[1]:.3f}"
+
+
+def _interval_speeds(row):
+    speeds = row.get("interval_tokens_per_s") or []
+    if not speeds:
+        return "n/a"
+    return f"{fmt(row['median_interval_tokens_per_s'], 0)} ({fmt(min(speeds), 0)}-{fmt(max(speeds), 0)})"
+
+
+def _over_time_text(row, spans=8):
+    """The (step, tok/s) of a row's report intervals in at most ``spans`` spans: each span's steps and median."""
+    points = row["interval_points"]
+    size = math.ceil(len(points) / spans)
+    chunks = [points[start:start + size] for start in range(0, len(points), size)]
+    first = row.get("measure_steps", [points[0][0], None])[0]
+    texts = []
+    for chunk in chunks:
+        texts.append(f"steps {first}-{chunk[-1][0]}: {fmt(statistics.median(speed for _, speed in chunk), 0)}")
+        first = chunk[-1][0] + 1
+    return "; ".join(texts)
+
+
+def _sites_text(row):
+    return "; ".join(f"{site} ×{count}" for site, count in row.get("sync_sites") or []) or "none"
+
+
+def markdown(report):
+    info, sections = report["device"], report["sections"]
+    lines = [f"# gpu-check: {info['name']}", "",
+             f"- date (UTC): {report['date']}",
+             f"- torch {info['torch']}, CUDA {info['cuda'] or 'none'}, Python {info['python']}"
+             + (f", compute capability {info['capability']}, {info['memory_gib']} GiB" if "capability" in info else ""),
+             f"- command: `{report['command']}`",
+             f"- mode: {report['mode']}; total {report['seconds']:.0f} s; torch.compile backend of the compiled rows: "
+             f"{report['compile_backend']}",
+             f"- commit: {report.get('commit') or 'unknown'} ({report.get('commit_from', 'not known')})",
+             f"- part: {report.get('part', 'all')} (sections {report['settings'].get('sections')}; mechanisms of "
+             f"{report.get('cases', 'every paper')})", f"- before it started: {report.get('plan', 'no plan')}", "",
+             "## Time per part", "",
+             "Parts run in this order; each has its share of its section's budget, and the compiled parts also get "
+             "the time the parts before them left.", "",
+             "| part | budget s | seconds | status |", "|---|---:|---:|---|"]
+    lines += [f"| {part['part']} | {part['budget_s']:.0f} | {part['seconds']:.1f} | {part['status']} |"
+              for part in report["parts"]]
+    lines.append("")
+    a = sections.get("a")
+    if a:
+        lines += [f"## a. Decoding properties ({a['status']}, {a.get('seconds', 0):.0f} s of {a['budget_s']:.0f}; "
+                  "every process at once)", ""]
+        if a.get("reason"):
+            lines += [f"Not run: {a['reason']}.", ""]
+        if a.get("runs"):
+            lines += ["| dtype | passed | failed | errors | skipped | seconds | status | command |",
+                      "|---|---:|---:|---:|---:|---:|---|---|"]
+            for run in a["runs"]:
+                dtype = run["dtype"] + (f" ({run['share']})" if run.get("share") else "")
+                lines.append(f"| {dtype} | {fmt(run.get('passed'))} | {fmt(run.get('failed'))} | "
+                             f"{fmt(run.get('errors'))} | {fmt(run.get('skipped'))} | {fmt(run.get('seconds'), 1)} "
+                             f"| {run['status']}{': ' + run['reason'] if run.get('reason') else ''} | "
+                             f"`{run['command']}` |")
+            failures = [f"- {run['dtype']}: {name}" for run in a["runs"] for name in run.get("failures", [])]
+            lines += ([""] + ["Failed tests:"] + failures if failures else []) + [""]
+    b = sections.get("b")
+    if b:
+        lines += [f"## b. Training ({b['status']}, {b.get('seconds', 0):.0f} s; data and configs prepared in "
+                  f"{b.get('prepare_s', 0):.0f} s, during section a)", "",
+                  f"{b.get('steps_text', '')} Ratios: the onmt-ext baseline's rows over stock OpenNMT-py's at the "
+                  "same batch size; every other row over the baseline trained the same way in the same process "
+                  "(`ratio` against `vs`). Syncs: per step between report steps over the measured steps "
+                  f"({b.get('sync_kind', '')}). First step: from the model built to the end of step 1 (batches "
+                  "built ahead not counted); start-up: from the process start to the end of step 1.", "",
+                  "Busy share: of the profiled steps; busy ms: kernel (or CPU operator) time per profiled step, "
+                  "and over the unprofiled step time (the profiler slows the host, not the kernels).", "",
+                  "Interval tok/s: the median over the measured steps' report intervals, with the slowest and "
+                  "fastest; a recompilation or another one-off stall slows one interval, which the median leaves "
+                  "out and the mean (target tok/s) keeps.", "",
+                  "| case | mode | process | data path | batch | target tok/s | interval tok/s: median (min-max) "
+                  "| ratio (target) | vs | paper | busy share "
+                  "| busy ms (share unprofiled) | data wait | step ms | syncs/step | first step s | start-up s "
+                  "| peak MB (ratio) | status |",
+                  "|---|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        by_key = {row["key"]: row for row in b["rows"]}
+        for row in b["rows"]:
+            ratio = fmt(row.get("ratio"), 3) + (f" (>= {row['target']:.2f}){_met(row)}" if row["target"] else "")
+            ratio += f" ({row['aa_note']})" if row.get("aa_note") else ""
+            vs = by_key[row["reference"]]["case"] if row.get("reference") in by_key else "itself"
+            if row.get("reference_runs"):
+                vs += " (its runs before and after)"
+            case = row["case"]
+            if row.get("repeat_of"):
+                case, vs = f"{case} (run {row['run']})", "the baseline's median"
+            elif row.get("control") and row.get("run"):
+                case = f"{case} (run {row['run']})"
+            elif row.get("runs", 0) > 1:
+                case = f"{case} (median of {row['runs']} runs)"
+            peak = fmt(row.get("peak_memory_mb"), 0) + (f" ({row['memory_ratio']:.2f}×)"
+                                                         if row.get("memory_ratio") is not None else "")
+            lines.append(
+                f"| {case} | {row['mode']} | {row['group']} | {row['data_path']} | {row['batch_tokens']} | "
+                f"{fmt(row.get('tokens_per_s'), 0)} | {_interval_speeds(row)} | {ratio} | {vs} | "
+                f"{fmt(row.get('paper'))} | "
+                f"{fmt(row.get('busy_share'))} | {fmt(row.get('busy_ms_per_step'), 1)} "
+                f"({fmt(row.get('busy_share_unprofiled'))}) | {fmt(row.get('data_wait_share'), 3)} | "
+                f"{fmt(row.get('step_ms'), 1)} "
+                f"| {fmt(row.get('syncs_per_step'), 1)} | {fmt(row.get('first_step_s'), 2)} | "
+                f"{fmt(row.get('startup_s'), 1)} | {peak} | {row['status']}"
+                f"{': ' + row['reason'] if row.get('reason') else ''} |")
+        if any(row["group"] == IN_PROCESS for row in b["rows"]):
+            lines += ["", f"In one process, {aa_text(b.get('aa'))} (its runs spread over the group; on a GPU its "
+                      "median should lie within the band, and where it does not, every ratio of the group says so)."]
+        over_time = [f"- {row['case']}, {row['batch_tokens']} tokens: {_over_time_text(row)}" for row in b["rows"]
+                     if row.get("part") == "fresh" and row.get("interval_points")]
+        if over_time:
+            lines += ["", "Users'-path rows over time (target tok/s, the median of the report intervals in each span "
+                      "of the measured steps; the first steps were not measured):", "", *over_time]
+        warm = b.get("warm_up")
+        if warm:
+            lines += ["", f"Machine warm-up ({warm['status']}{': ' + warm['reason'] if warm.get('reason') else ''}):"
+                      f" stock OpenNMT-py on {warm['batch_tokens']}-token batches in the machine's first training "
+                      "process, untimed, before them (beside section a), so that neither measured fresh process pays "
+                      "alone for loading the CUDA libraries and kernels. Its first step took "
+                      f"{fmt(warm.get('first_step_s'), 2)} s and its start-up {fmt(warm.get('startup_s'), 1)} s."]
+        ahead = b.get("compile_warm_up") or []
+        if ahead:
+            done = [row["case"] for row in ahead if row.get("status") == "warmed up"]
+            other = [f"{row['case']} ({row.get('status', 'not run')}"
+                     f"{': ' + row['reason'] if row.get('reason') else ''})"
+                     for row in ahead if row.get("status") != "warmed up"]
+            steps = report["settings"].get("compile_warmup_steps")
+            lines += ["", f"Compiled ahead ({b.get('compile_warm_up_processes')} untimed processes while section a "
+                      f"ran, the measured rows' own configs, {steps} steps each; the "
+                      "measured compiled rows load what torch.compile cached on disk): "
+                      f"{', '.join(done) or 'none'}." + (f" Not compiled ahead: {'; '.join(other)}." if other else "")]
+        profiled = [row for row in b["rows"] if "profile_table" in row]
+        lines += ["", "Operator tables of each measured run's profiled steps: `profiles/<this report's name>/` beside "
+                  "this report, written after each training process's last run while its budget lasted (at most "
+                  f"{TABLES_SHARE:.0%} of section b's) ({sum(row['profile_table'] for row in profiled)} of "
+                  f"{len(profiled)} profiled runs)."]
+        lines += ["", "Host-device synchronisation call sites over the counted steps (top 5 per run; on CUDA the "
+                  "Python caller of each sync warning):", ""]
+        lines += [f"- {row['case']}{_run_text(row)}, {row['mode']}, {row['group']}, {row['batch_tokens']}: "
+                  f"{_sites_text(row)}" for row in b["rows"] if row.get("status") == "measured"]
+        lines += ["", "Configs trained:", ""]
+        lines += [f"- {row['case']}, {row['mode']}, {row['group']}, {row['batch_tokens']}: `{row['command']}`"
+                  for row in b["rows"] if row.get("command") and not row.get("repeat_of")]
+        lines.append("")
+    c = sections.get("c")
+    if c:
+        lines += [f"## c. Translation ({c['status']}, {c.get('seconds', 0):.0f} s)", ""]
+        if c.get("reason"):
+            lines += [f"Not run: {c['reason']}.", ""]
+        made = c.get("checkpoints")
+        if made:
+            lines += [f"Checkpoints (section b did not run): {made['trained']} of {made['of']} trained in one process, "
+                      f"{made['steps']} steps each at {made['batch_tokens']} tokens, not measured; log "
+                      f"`{made['log']}`" + (f"; not trained: {made['failed']}" if made["failed"] else "") + ".", ""]
+        if c.get("groups"):
+            lines += [f"The test set: {c.get('test_sentences')} sentences spread over the Tatoeba test set, repeated "
+                      f"in each group until its fastest run takes {c.get('min_run_s', 0):g} s at least; every output "
+                      f"forced to {c.get('output_length')} steps. Each case's run sits between baseline runs "
+                      f"(at most {c.get('block')} cases apart), {c.get('passes')} passes; a ratio is the median of "
+                      "its runs' speeds over the geometric mean of the nearest baseline runs before and after, with "
+                      "a distribution-free 95% interval (six ratios or more). Cases that do not fit a group's "
+                      "budget are left out in priority order (A/A control, then the cases with a target).", ""]
+        for group in c.get("groups", []):
+            lines.append(f"- {group['search']}, {group['mode']}: {group.get('status')}"
+                         + (f" ({group['reason']})" if group.get("reason") else "")
+                         + f", {fmt(group.get('seconds'), 0)} s ({fmt(group.get('timed_s'), 1)} s timed, "
+                           f"{fmt(group.get('planned_s'), 1)} s planned; {fmt(group.get('run_overhead_s'), 2)} s "
+                           "around each timed run), "
+                           f"{fmt(group.get('sentences_per_run'))} sentences "
+                           f"per run, {len(group.get('models_reused', []))} models reused from the other search; "
+                           f"compilation: {group['compile']}; {aa_text(group.get('aa'))}; `{group['command']}`")
+        if c.get("rows"):
+            lines += ["", "| case | mode | search | sent/s | ratio (target) | 95% interval | runs | status |",
+                      "|---|---|---|---:|---:|---|---:|---|"]
+            for row in c["rows"]:
+                ratio = fmt(row.get("ratio"), 3) + (f" (>= {row['target']:.2f}){_met(row)}" if row["target"]
+                                                     else "") + (f" ({row['aa_note']})" if row.get("aa_note") else "")
+                status = row["status"] + (f": {row['reason']}" if row.get("reason") else "")
+                lines.append(f"| {row['case']} | {row['mode']} | {row['search']} | "
+                             f"{fmt(row.get('sentences_per_s'), 1)} | {ratio} | "
+                             f"{_interval_text(row.get('ratio_interval'))} | {row.get('runs', 0)} | {status} |")
+            lines += ["", "The JSON report keeps every timed run in running order (`groups[].timed_runs`) and each "
+                      "case's paired ratios (`rows[].run_ratios`). The A/A control's, in running order:", ""]
+            lines += [f"- {row['search']}, {row['mode']}: " + ", ".join(f"{ratio:.3f}" for ratio in row["run_ratios"])
+                      for row in c["rows"] if row.get("control") and row.get("run_ratios")] or ["- none measured"]
+        lines.append("")
+    on_gpu = report["mode"] == "cuda"
+    lines += ["## Targets (issues 29 and 35)", ""]
+    if not on_gpu:
+        lines += ["The targets are for one H100/H200; off a GPU they are shown, not judged.", ""]
+    lines += ["| measure | target | measured | met |", "|---|---:|---:|---|"]
+    for row in report["targets"]:
+        met = ("n/a (not a GPU run)" if not on_gpu else "n/a (not measured)") if row["met"] is None else (
+            "met" if row["met"] else "NOT met")
+        shown = fmt(row["measured"], 3) + (f" [{_interval_text(row['interval'])}]" if "interval" in row else "")
+        shown += f" ({row['aa']})" if row.get("aa") else ""
+        lines.append(f"| {row['measure']} | {row['target']} | {shown} | {met} |")
+    return "\n".join(lines) + "\n"
