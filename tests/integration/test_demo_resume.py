@@ -2,9 +2,10 @@
 
 The demo's model rule, run through make on toy copies of the demo config: a training that started and did not
 end (no ``train.end`` newer than ``train.start``) resumes from the last checkpoint; after one that ended, the
-rule trains afresh.
+rule trains afresh.  The progress lines end in the time left (issue 58).
 """
 
+import re
 import subprocess
 
 import pytest
@@ -41,6 +42,10 @@ def test_an_interrupted_demo_training_resumes(sample_data, tmp_path):
     assert f"resuming the interrupted training from {demo}/model_step_2.pt" in resumed.stdout
     assert f"-train_from {demo}/model_step_2.pt" in resumed.stdout
     assert (demo / "model_step_4.pt").is_file() and (demo / "train.end").is_file()
+    # the progress line ends in the time left, from the resumed run's own steps; the last step has none
+    steps = [line for line in resumed.stderr.splitlines() if " Step " in line]
+    assert re.search(r"Step +3/ +4;.* sec; about \d\d:\d\d left;$", steps[0]), steps
+    assert steps[-1].endswith(" sec;") and "Step  4/    4;" in steps[-1], steps
     _config(toy, demo, 6)  # a training that ended: the next one starts afresh
     again = _make(demo, toy, 6)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]

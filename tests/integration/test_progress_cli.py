@@ -1,5 +1,6 @@
 """onmt_translate's progress on stderr through the real command (issue 58): the sentences translated, the rate and
-the time left, and an output file that is byte for byte the one stock OpenNMT-py writes.
+the time left, and an output file that is byte for byte the one stock OpenNMT-py writes; a warning for lines far
+longer than training's.
 
 The checkpoint is the stock smoke model with random weights, built in-process (no training); the in-process tests
 of onmt_ext.progress are in tests/unit/test_progress.py.
@@ -41,3 +42,20 @@ def test_translation_shows_its_progress_on_stderr(sample_data, onmt_active, tmp_
     assert " sentences (" not in runs["stock"].stderr + runs["stock"].stdout + runs["ours"].stdout
     assert (tmp_path / "ours").read_bytes() == (tmp_path / "stock").read_bytes()
     assert len((tmp_path / "ours").read_text(encoding="utf-8").splitlines()) == 3
+    assert "trained on" not in runs["ours"].stderr  # no line is longer than training's 100 tokens
+
+
+def test_lines_longer_than_training_get_one_warning(sample_data, onmt_active, tmp_path):
+    """Issue 58: a 2,000-token line, 20 times the model's -src_seq_length 100 (filtertoolong), is named in one
+    warning at the end, with how many lines are long; every line is still translated."""
+    model = _stock_checkpoint(tmp_path / "stock.pt")
+    src = tmp_path / "src"
+    src.write_text("▁我 ▁很 ▁好 。\n" + "▁我 " * 1999 + "。\n" + "▁你 " * 150 + "。\n", encoding="utf-8")
+    run = support.run_cli("onmt_translate", "-model", model, "-src", src, "-output", tmp_path / "hyp",
+                          "-max_length", 4, "-batch_size", 2, "-batch_type", "sents", env=support.cli_env())
+    warnings = [line for line in run.stderr.splitlines() if "trained on" in line]
+    assert len(warnings) == 1, run.stderr[-3000:]
+    assert (f"-src {src}: 2 of 3 lines are longer than any source {model} was trained on (its filtertoolong kept "
+            "-src_seq_length 100 tokens); the longest, line 2, has 2000 tokens." in warnings[0])
+    assert "WARNING" in warnings[0] and "split such lines" in warnings[0] and "Traceback" not in run.stderr
+    assert len((tmp_path / "hyp").read_text(encoding="utf-8").splitlines()) == 3
