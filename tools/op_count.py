@@ -1,0 +1,142 @@
+"""PyTorch operators per training step, each mechanism against the baseline: a device-free count of launches.
+
+Usage::
+
+    python -m tools.op_count [--cases baseline li2019 ...] [--layers 6] [--out results/bench/ops-per-step]
+
+Each case's smoke twin (``yaml_configs/smoke/<config>``, the paper's mechanism at toy width) is built at
+``--layers`` encoder and decoder layers, with ``-ext_compile false``, and one forward and backward pass on a
+fixed batch of 4 sentences of 18-30 tokens is counted below autograd (a ``TorchDispatchMode``).  Views and
+detaches are left out: they launch nothing on a GPU, where nearly every other operator is one kernel launch,
+which is what the host must issue per step.  The routing runs as it would on CUDA when ``TRITON_INTERPRET=1`` and
+``ONMT_EXT_ROUTING_KERNEL=triton`` are set (the fused kernels, one operator each); chen2019's RNN is a loop of
+operators on the CPU but one cuDNN call on a GPU.  Method and caveats: docs/benchmarks-method.md.
+"""
+
+import argparse
+import collections
+import json
+import os
+
+from tools import common
+
+#: (label, config under yaml_configs/, as gpu-check's cases)
+CASES = (
+    ("baseline", "baseline/transformer_base_wmt17_zhen.yaml"),
+    ("li2019 EM, enc-self 1-6", "li2019/transformer_base_wmt17_zhen_em_enc_self.yaml"),
+    ("li2019 Effective Aggregation", "li2019/transformer_base_wmt17_zhen_em_enc_self_layers_1-2.yaml"),
+    ("li2019 simple, enc-self 1-6", "li2019/transformer_base_wmt17_zhen_simple_enc_self.yaml"),
+    ("li2019 EM on all three", "li2019/transformer_base_wmt17_zhen_em_all.yaml"),
+    ("cao2019 cross aggregation", "cao2019/transformer_base_wmt17_zhen_cross_zero.yaml"),
+    ("chen2019 RPEHead", "chen2019/transformer_base_nist_zhen_rpehead.yaml"),
+    ("chen2019 MPRHead", "chen2019/transformer_base_nist_zhen_mprhead.yaml"),
+    ("clause attention, rule", "clause/transformer_base_wmt16_ende_ca_rule.yaml"),
+    ("GRET", "gret/transformer_base_wmt17_zhen_gret.yaml"),
+)
+SOURCE_LENGTHS, TARGET_LENGTHS = (30, 25, 28, 20), (27, 22, 30, 18)
+
+
+def counter():
+    """A ``TorchDispatchMode`` whose ``counts`` (a Counter by operator) grows with every launching operator."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.counts = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not func.is_view and func.overloadpacket.__name__ not in ("detach", "detach_"):
+                self.counts[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    return Count()
+
+
+def _model_and_batch(config, layers):
+    """The smoke twin of ``config`` at ``layers`` layers, built as onmt_train builds it, and a fixed batch."""
+    import torch
+    from onmt.constants import DefaultTokens, ModelTask
+    from onmt.inputters.inputter import build_vocab
+    from onmt.model_builder import build_base_model
+    from onmt.transforms import get_specials, get_transforms_cls
+
+    from onmt_ext.clause_split import marker_tokens
+    from onmt_ext.parsing import parse_train_config
+
+    opt = parse_train_config(common.REPO / "yaml_configs/smoke" / config, "-enc_layers", str(layers),
+                             "-dec_layers", str(layers), "-ext_compile", "false")
+    opt.data_task = ModelTask.SEQ2SEQ
+    os.chdir(common.REPO)  # configs name repository-relative vocabularies
+    vocabs = build_vocab(opt, get_specials(opt, get_transforms_cls(list(opt.transforms or []))))
+    torch.manual_seed(0)
+    model = build_base_model(opt, vocabs)
+    generator = torch.Generator().manual_seed(1)
+
+    markers = [vocabs["src"][token] for token in marker_tokens() if token in vocabs["src"].ids_to_tokens]
+
+    def ids(side, lengths):
+        pad, size = vocabs[side][DefaultTokens.PAD], len(vocabs[side])
+        out = torch.full((len(lengths), max(lengths), 1), pad, dtype=torch.long)
+        for row, length in enumerate(lengths):
+            out[row, :length, 0] = torch.randint(10, size, (length,), generator=generator)
+            if side == "src" and markers:  # clause markers at a quarter of the positions, so sentences have clauses
+                where = torch.rand(length, generator=generator) < 0.25
+                picks = torch.tensor(markers)[torch.randint(len(markers), (length,), generator=generator)]
+                out[row, :length, 0] = torch.where(where, picks, out[row, :length, 0])
+        return out
+
+    src, tgt = ids("src", SOURCE_LENGTHS), ids("tgt", TARGET_LENGTHS)
+    tgt[:, 0, 0] = vocabs["tgt"][DefaultTokens.BOS]
+    return model, (src, tgt, torch.tensor(SOURCE_LENGTHS))
+
+
+def count(config, layers):
+    """``Counter`` of the launching operators of one training forward and backward pass of ``config``'s twin."""
+    model, (src, tgt, lengths) = _model_and_batch(config, layers)
+    model.train()
+    for _ in range(2):  # the first pass builds lazily created state (caches, the kernels' first-use check)
+        model.zero_grad(set_to_none=True)
+        mode = counter()
+        with mode:
+            out, _ = model(src, tgt, lengths)
+            out.float().sum().backward()
+    return mode.counts
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m tools.op_count", description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", nargs="*", default=[], help="substrings of the case labels (default: all)")
+    parser.add_argument("--layers", type=int, default=6, help="encoder and decoder layers (the papers' Base: 6)")
+    parser.add_argument("--out", help="write <out>.json and <out>.md")
+    args = parser.parse_args(argv)
+    import onmt  # noqa: F401  (the start-up hook activates onmt-ext)
+    import torch
+
+    torch.set_num_threads(1)
+    chosen = [case for case in CASES if not args.cases or any(text in case[0] for text in args.cases)]
+    rows, base = [], None
+    for label, config in chosen:
+        counts = count(config, args.layers)
+        total = sum(counts.values())
+        base = total if label == "baseline" else base
+        rows.append({"case": label, "config": config, "operators": total,
+                     "ratio": total / base if base else None, "top": counts.most_common(6)})
+        print(f"{label}: {total} operators" + (f", {total / base:.2f} of the baseline's" if base else ""),
+              flush=True)
+    setting = {"layers": args.layers, "source_lengths": SOURCE_LENGTHS, "target_lengths": TARGET_LENGTHS,
+               "routing_kernel": os.environ.get("ONMT_EXT_ROUTING_KERNEL", "auto"),
+               "triton_interpret": os.environ.get("TRITON_INTERPRET", ""), "torch": torch.__version__}
+    if args.out:
+        with open(f"{args.out}.json", "w", encoding="utf-8") as handle:
+            json.dump({"setting": setting, "rows": rows}, handle, indent=1)
+        lines = ["| case | operators per step | over the baseline | most frequent |", "|---|---:|---:|---|"]
+        lines += [f"| {row['case']} | {row['operators']} | {common.fmt(row['ratio'])} | "
+                  f"{', '.join(f'{name} {n}' for name, n in row['top'][:4])} |" for row in rows]
+        with open(f"{args.out}.md", "w", encoding="utf-8") as handle:
+            handle.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
