@@ -530,6 +530,13 @@ reproduce-sample: AVERAGE = 5
 reproduce-sample: reproduce-sample-li2019
 # chen2019 Figure 2: BLEU against d_r for RPEHead and MPRHead (d_r = 64 ... 448)
 sweep-chen2019-dr: reproduce-chen2019-figure2-rpehead reproduce-chen2019-figure2-mprhead
+# li2019 Table 1: SentEval's probing files (build/downloads/probing), then li2019's probing model per task and
+# aggregation (base, simple, em) into results/probe-li2019/probe.{json,md}; PROBE_ARGS=... passes options
+# (e.g. --limit 2000 for a quick run); docs/probing.md
+.PHONY: probe-li2019
+probe-li2019: | $(SETUP_STAMP)
+	$(PY) -m tools.probe fetch
+	$(PY) -m tools.probe run --out results/probe-li2019 $(PROBE_ARGS)
 
 # Each table first checks its options against its configs, the CUDA devices GPUS and, on WMT17 Zh-En, WMT17_EXTRA_DIR
 # and WMT17_SMALL_DATA (docs/data.md), then prepares its task's data (make data-<task>),
