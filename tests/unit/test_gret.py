@@ -88,6 +88,22 @@ def test_fusion_gate_and_plain_addition():
         gated.init_decoding_state(None, None, None)
 
 
+def test_probe_precision_counts_the_top_k_words_in_each_bag():
+    """tools/gret_probe.py's precision at k on scores set by hand: the special ids are never predicted (id 0 scores
+    highest in the first row), and a sentence with an empty bag is left out of the mean."""
+    from tools import gret_probe
+
+    weight = torch.nn.Linear(4, 4)
+    with torch.no_grad():
+        weight.weight.copy_(torch.eye(4))
+        weight.bias.zero_()
+    vectors = torch.tensor([[9.0, 3, 2, 1], [0, 1, 2, 3], [0, 5, 0, 0]])  # the scores, embeddings being the identity
+    bags = [[2, 3], [2, 3], []]
+    # top 1: {1} and {3}, hits 0 and 1; top 2: {1, 2} and {3, 2}, hits 1/2 and 2/2
+    result = gret_probe.precision_at(weight, vectors, bags, torch.eye(4), excluded=[0], ks=[1, 2])
+    assert result == pytest.approx({1: 0.5, 2: 0.75})
+
+
 def test_model_global_state_alone_equals_in_padded_batch(sample_data, onmt_active):
     opt = support.load_train_opts(SMOKE, *EXT, "-gret", "true")
     vocabs = support.load_vocabs(opt)
