@@ -329,8 +329,8 @@ SOFTMAX_REPLACERS = (
 
 def _switched_on(opt, prefix, switches):
     """Whether the registered mechanism of ``prefix`` has one of its boolean fields ``switches`` on in ``opt``."""
-    return any(any(getattr(cls.from_opt(opt), name) for name in switches)
-               for cls in MECHANISM_CONFIGS if cls.prefix == prefix)
+    configs = [cls.from_opt(opt) for cls in MECHANISM_CONFIGS if cls.prefix == prefix]
+    return any(getattr(config, name) for config in configs for name in switches)
 
 
 def softmax_replacer_problems(opt):

@@ -18,7 +18,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from unittest import mock
+
+from onmt_ext.patches import temporarily
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "yaml_configs"
@@ -69,10 +70,10 @@ def peak_memory_mb(cuda):
 
 def replacing(stack, owner, name, new):
     """Sets ``owner.name`` to ``new`` until ``stack`` (a :class:`contextlib.ExitStack`) closes, which puts back
-    exactly what was there (the object itself, where the class or module held it).  The tools change OpenNMT-py
-    only this way, for the block that needs it; a target that onmt-ext's registry wraps keeps its wrapper under
-    the tool's."""
-    stack.enter_context(mock.patch.object(owner, name, new))
+    exactly what was there (:func:`onmt_ext.patches.temporarily`: the object itself, where the class or module
+    held it).  The tools change OpenNMT-py only this way, for the block that needs it; a target that onmt-ext's
+    registry wraps keeps its wrapper under the tool's."""
+    stack.enter_context(temporarily(owner, name, new))
     return new
 
 
@@ -191,6 +192,26 @@ def _parsed_config(path, modified, size):
     import yaml
 
     return yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
+def built_model(config, *overrides, seed=0):
+    """``(opt, vocabs, model)`` of the training config at ``config`` (a path; relative paths inside it are the
+    repository's) with ``overrides``, built as ``onmt_train`` builds it (the transforms' specials in the
+    vocabularies), its parameters drawn after ``torch.manual_seed(seed)``; the model on the CPU."""
+    import torch
+    from onmt.constants import ModelTask
+    from onmt.inputters.inputter import build_vocab
+    from onmt.model_builder import build_base_model
+    from onmt.transforms import get_specials, get_transforms_cls
+
+    from onmt_ext.parsing import parse_train_config
+
+    os.chdir(REPO)  # the configs' paths are relative to the repository
+    opt = parse_train_config(config, *overrides)
+    opt.data_task = ModelTask.SEQ2SEQ
+    vocabs = build_vocab(opt, get_specials(opt, get_transforms_cls(list(opt.transforms or []))))
+    torch.manual_seed(seed)
+    return opt, vocabs, build_base_model(opt, vocabs)
 
 
 def pyplot():

@@ -56,23 +56,13 @@ def counter():
 def _model_and_batch(config, layers):
     """The smoke twin of ``config`` at ``layers`` layers, built as onmt_train builds it, and a fixed batch."""
     import torch
-    from onmt.constants import DefaultTokens, ModelTask
-    from onmt.inputters.inputter import build_vocab
-    from onmt.model_builder import build_base_model
-    from onmt.transforms import get_specials, get_transforms_cls
+    from onmt.constants import DefaultTokens
 
     from onmt_ext.clause_split import marker_tokens
-    from onmt_ext.parsing import parse_train_config
 
-    opt = parse_train_config(common.REPO / "yaml_configs/smoke" / config, "-enc_layers", str(layers),
-                             "-dec_layers", str(layers), "-ext_compile", "false")
-    opt.data_task = ModelTask.SEQ2SEQ
-    os.chdir(common.REPO)  # configs name repository-relative vocabularies
-    vocabs = build_vocab(opt, get_specials(opt, get_transforms_cls(list(opt.transforms or []))))
-    torch.manual_seed(0)
-    model = build_base_model(opt, vocabs)
+    _, vocabs, model = common.built_model(common.CONFIGS / "smoke" / config, "-enc_layers", str(layers),
+                                          "-dec_layers", str(layers), "-ext_compile", "false")
     generator = torch.Generator().manual_seed(1)
-
     markers = [vocabs["src"][token] for token in marker_tokens() if token in vocabs["src"].ids_to_tokens]
 
     def ids(side, lengths):

@@ -76,23 +76,14 @@ class SavedBytes:
 def _setup(case, recompute, args):
     """(model, batch, autocast) of ``case`` on ``args.device``, in training mode."""
     import torch
-    from onmt.constants import DefaultTokens, ModelTask
-    from onmt.inputters.inputter import build_vocab
-    from onmt.model_builder import build_base_model
-    from onmt.transforms import get_specials, get_transforms_cls
+    from onmt.constants import DefaultTokens
 
-    from onmt_ext.parsing import parse_train_config
-
-    os.chdir(REPO)  # the configs' paths are relative to the repository
     overrides = ["-src_vocab", "build/tatoeba/vocab.zh", "-tgt_vocab", "build/tatoeba/vocab.en"]
     if case != "baseline":
         overrides += ["-li2019_recompute", "true" if recompute else "false"]
-    opt = parse_train_config(REPO / CASES[case], *overrides)
-    opt.data_task = ModelTask.SEQ2SEQ
-    vocabs = build_vocab(opt, get_specials(opt, get_transforms_cls(list(opt.transforms or []))))
-    torch.manual_seed(0)
+    _, vocabs, model = common.built_model(REPO / CASES[case], *overrides)
     device = torch.device(args.device)
-    model = build_base_model(opt, vocabs).to(device).train()
+    model = model.to(device).train()
     generator = torch.Generator().manual_seed(1)
     n, length = args.sentences, args.length
 

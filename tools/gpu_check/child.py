@@ -10,7 +10,8 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from unittest import mock
+
+from onmt_ext.patches import temporarily
 
 from tools import common
 from tools import timed_runs
@@ -146,7 +147,7 @@ def child_translate_many(result_file, head, argv):
                     models[loaded] = load_test_model(*args, **kwargs)
                 return models[loaded]
 
-            with mock.patch.object(model_builder, "load_test_model", shared):  # what build_translator calls
+            with temporarily(model_builder, "load_test_model", shared):  # what build_translator calls
                 engines[key] = common.inference_engine(argv)
         return engines[key]
 
