@@ -162,7 +162,7 @@ class RecurrentPositionalEmbeddings(DecodingStateModule):
 
     ext_compile = False
     #: ``-ext_compile auto`` (the default) compiles the core in training on CUDA: it measured faster there
-    #: (results/gpu/NVIDIA_H200-3fa46b4.md; docs/compile.md)
+    #: (the GPU run that docs/compile.md cites, in results/gpu/)
     compile_on_cuda = True
 
     def __init__(self, embeddings, heads, d_r, layout, cell="rnn", bidirectional=False, position_encoding=True,

@@ -55,7 +55,7 @@ class GlobalRepresentation(nn.Module):
 
     ext_compile = False
     #: ``-ext_compile auto`` (the default) compiles the core in training on CUDA: it measured faster there
-    #: (results/gpu/NVIDIA_H200-3fa46b4.md; docs/compile.md)
+    #: (the GPU run that docs/compile.md cites, in results/gpu/)
     compile_on_cuda = True
 
     def __init__(self, d_model, layers, capsules=4, capsule_dim=None, iterations=3, pooling="capsules",
@@ -164,7 +164,7 @@ class GlobalFusion(DecodingStateModule):
 
     ext_compile = False
     #: ``-ext_compile auto`` (the default) compiles the core in training on CUDA: it measured faster there
-    #: (results/gpu/NVIDIA_H200-3fa46b4.md; docs/compile.md)
+    #: (the GPU run that docs/compile.md cites, in results/gpu/)
     compile_on_cuda = True
 
     def __init__(self, d_model, gate=True):
