@@ -203,7 +203,7 @@ endif
 	@echo "== setup: 5/5 onmt-ext (editable) and its start-up hook"
 	$(PIP_INSTALL) --no-deps --no-build-isolation -e .
 	$(PY) -m onmt_ext.hook install
-	$(PY) -c "import onmt, onmt_ext.plugin as p; assert p.is_active(), 'onmt-ext did not load'"
+	$(PY) -c "import onmt, onmt_ext.integration.plugin as p; assert p.is_active(), 'onmt-ext did not load'"
 	@printf '%s\n' '# make setup: what $(VENV) was made with (make setup compares it; FORCE=1 installs again)' \
 	  $(foreach f,$(SETUP_FIELDS),$(call sq,$(f)=$(setup_now.$(f)))) > $@
 	@echo "== setup: $(VENV) is ready"

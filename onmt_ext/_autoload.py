@@ -3,13 +3,13 @@
 ``python -m onmt_ext.hook install`` writes a one-line ``onmt_ext.pth`` into site-packages, which imports this
 module at Python start-up; it only installs an import hook.  The first time ``onmt`` is imported, the hook
 
-1. *before* ``onmt`` runs: applies :func:`onmt_ext.compat.apply` (import-time warnings, the ``torch.load``
+1. *before* ``onmt`` runs: applies :func:`onmt_ext.runtime.compat.apply` (import-time warnings, the ``torch.load``
    allow-list, stand-ins for a missing spaCy or fasttext);
-2. *after* ``onmt`` has run: calls :func:`onmt_ext.plugin.activate`.
+2. *after* ``onmt`` has run: calls :func:`onmt_ext.integration.plugin.activate`.
 
 A failure in either step prints one line, with how to switch the extension off, and leaves ``onmt`` stock
-(:func:`~onmt_ext.plugin.activate` undoes every change it made); an unsupported OpenNMT-py version is said in one
-line.  ``ONMT_EXT_DISABLE=1`` switches the extension off but for the ``torch.load`` allow-list of
+(:func:`~onmt_ext.integration.plugin.activate` undoes every change it made); an unsupported OpenNMT-py version is said
+in one line.  ``ONMT_EXT_DISABLE=1`` switches the extension off but for the ``torch.load`` allow-list of
 ``argparse.Namespace``, without which OpenNMT-py 3.5.1 cannot load any checkpoint, and a ``sys.excepthook`` that
 says in one line that a model of onmt-ext needs it (:func:`_compatibility_only`).
 ``python -m onmt_ext.hook status`` lists every change.
@@ -20,8 +20,9 @@ import importlib.util
 import os
 import sys
 
-# onmt_ext.compat and onmt_ext.plugin are imported inside the functions: this module runs at every Python start-up,
-# which must stay quick (plugin imports torch) and must not fail (their failures are reported in one line).
+# onmt_ext.runtime.compat and onmt_ext.integration.plugin are imported inside the functions: this module runs at every
+# Python start-up, which must stay quick (plugin imports torch) and must not fail (their failures are reported in one
+# line).
 
 DISABLE_ENV = "ONMT_EXT_DISABLE"
 
@@ -41,7 +42,7 @@ def _report_failure(stage, exc):
 
 def _before_onmt():
     try:
-        from onmt_ext import compat
+        from onmt_ext.runtime import compat
 
         compat.apply()
         compat.stand_in_for_missing_packages()  # only while onmt is imported (see _after_onmt)
@@ -52,17 +53,17 @@ def _before_onmt():
 def _compatibility_only():
     """With the extension disabled: only let ``torch.load`` read OpenNMT-py checkpoints (their options are an
     ``argparse.Namespace``), and say in one line that a model of onmt-ext needs it
-    (:func:`onmt_ext.compat.explain_disabled_extension`); nothing of OpenNMT-py is changed."""
+    (:func:`onmt_ext.hook.explain_disabled_extension`); nothing of OpenNMT-py is changed."""
     try:
-        from onmt_ext import compat
+        from onmt_ext.runtime import compat
 
         compat.allow_checkpoint_classes()
     except Exception as exc:  # never break plain OpenNMT-py
         _report_failure("allow OpenNMT-py checkpoints in torch.load", exc)
     try:
-        from onmt_ext import compat
+        from onmt_ext import hook
 
-        compat.explain_disabled_extension()
+        hook.explain_disabled_extension()
     except Exception as exc:  # never break plain OpenNMT-py
         _report_failure("install its one-line message for models of onmt-ext", exc)
 
@@ -70,7 +71,7 @@ def _compatibility_only():
 def _after_onmt():
     global _deferred
     try:
-        from onmt_ext import compat
+        from onmt_ext.runtime import compat
 
         compat.drop_stand_ins()  # onmt's modules keep theirs; later imports see the truth
     except Exception as exc:  # never break plain OpenNMT-py
@@ -84,7 +85,8 @@ def _after_onmt():
 #: onmt-ext's modules that import onmt while they initialise and that activation imports (the models, the
 #: transforms it registers): when one of them is what imports onmt, activation waits for its end, where each calls
 #: :func:`activate_deferred` (tests/unit/test_plugin.py checks the list and the calls)
-IMPORTING_ONMT = ("onmt_ext.transformer", "onmt_ext.clause_split", "onmt_ext.zh_segment")
+IMPORTING_ONMT = ("onmt_ext.integration.transformer", "onmt_ext.mechanisms.clause.split",
+                  "onmt_ext.integration.zh_segment")
 _deferred = False
 
 
@@ -105,7 +107,7 @@ def activate_deferred(caller):
 
 def _activate():
     try:
-        from onmt_ext import plugin
+        from onmt_ext.integration import plugin
 
         plugin.activate()  # all or nothing: a failure leaves onmt stock
     except Exception as exc:  # never break plain OpenNMT-py

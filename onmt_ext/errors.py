@@ -1,6 +1,6 @@
 """Mistakes of the user, told in one line: :class:`UserError` (exit 1) and :class:`UsageError` (exit 2).
 
-Raised anywhere inside an OpenNMT-py command; the command wrapper (:func:`onmt_ext.commands._run_command`)
+Raised anywhere inside an OpenNMT-py command; the command wrapper (:func:`onmt_ext.integration.commands._run_command`)
 writes ``<command>: error: <message>`` and exits with the error's ``status``.  :func:`user_error` makes one that
 is also of the type stock raised there, so that code outside the commands catches what it caught before.
 """
@@ -9,7 +9,7 @@ is also of the type stock raised there, so that code outside the commands catche
 class UserError(SystemExit):
     """A mistake in the user's input or environment, found at run time: ``<command>: error: ...``, exit 1.
 
-    The command's name is added by the command wrapper (:func:`onmt_ext.commands._run_command`).
+    The command's name is added by the command wrapper (:func:`onmt_ext.integration.commands._run_command`).
     """
 
     status = 1

@@ -16,11 +16,13 @@ import argparse
 import os
 import sys
 import sysconfig
+import traceback
 
 from onmt_ext import patches
+from onmt_ext.options import EXT_TYPE
 
-# onmt_ext._autoload, onmt and onmt_ext.plugin are imported in print_patches: importing _autoload installs the
-# start-up hook (and activates onmt-ext if onmt is already imported), and onmt with plugin take seconds, which
+# onmt_ext._autoload, onmt and onmt_ext.integration.plugin are imported in print_patches: importing _autoload installs
+# the start-up hook (and activates onmt-ext if onmt is already imported), and onmt with plugin take seconds, which
 # install and uninstall do without.
 
 PTH_NAME = "onmt_ext.pth"
@@ -56,6 +58,66 @@ def uninstall():
     return False
 
 
+#: Where a model of onmt-ext fails to build while onmt-ext is off: OpenNMT-py's registry look-ups, by function.
+_BUILDERS = {"build_encoder": "-encoder_type", "build_decoder": "-decoder_type"}
+
+
+def disabled_extension_message(error, tb):
+    """The line for ``error`` (with traceback ``tb``) when it is OpenNMT-py failing to build an onmt-ext model
+    because ``ONMT_EXT_DISABLE`` switched onmt-ext off: ``<command>: error: ...``; None for any other error."""
+    # _autoload: importing it installs the start-up hook (see above); commands imports torch: only once an error is
+    # explained
+    from onmt_ext._autoload import DISABLE_ENV
+    from onmt_ext.integration.commands import COMMANDS, main_module
+
+    frames = [frame for frame, _ in traceback.walk_tb(tb)]
+    last = frames[-1].f_code if frames else None
+    if not (isinstance(error, KeyError) and error.args == (EXT_TYPE,) and last is not None
+            and last.co_name in _BUILDERS and last.co_filename.endswith(os.path.join("onmt", "model_builder.py"))):
+        return None
+    side = _BUILDERS[last.co_name]
+    checkpoint = next((frame.f_locals["model_path"] for frame in frames if frame.f_code.co_name == "load_test_model"
+                       and frame.f_locals.get("model_path")), None)
+    checkpoint = checkpoint or next((getattr(frame.f_locals.get("opt"), "train_from", None) for frame in frames
+                                     if getattr(frame.f_locals.get("opt"), "train_from", None)), None)
+    prog = COMMANDS.get(main_module()) or os.path.basename(sys.argv[0] if sys.argv and sys.argv[0] else "python")
+    switch = f"{DISABLE_ENV}={os.environ.get(DISABLE_ENV, '')}"
+    if checkpoint:
+        return (f"{prog}: error: checkpoint {checkpoint} needs onmt-ext: it was trained with {side} {EXT_TYPE}, "
+                f"onmt-ext's model, and {switch} switches onmt-ext off; unset {DISABLE_ENV} to load it")
+    return (f"{prog}: error: {side} {EXT_TYPE} is onmt-ext's model, and {switch} switches onmt-ext off; unset "
+            f"{DISABLE_ENV} to use it")
+
+
+def explain_disabled_extension():
+    """With ``ONMT_EXT_DISABLE``: a model of onmt-ext that OpenNMT-py cannot build (its uncaught ``KeyError:
+    'ext_transformer'``) ends in one line naming the variable (:func:`disabled_extension_message`), exit 1.
+
+    A ``sys.excepthook``: nothing of OpenNMT-py is changed, every other error is printed as before.
+    """
+    before = sys.excepthook
+
+    def hook(error_type, error, tb):
+        try:
+            line = disabled_extension_message(error, tb)
+        except Exception:  # never hide the error itself
+            line = None
+        if line is None:
+            before(error_type, error, tb)
+        else:
+            sys.stderr.write(line + "\n")
+
+    def undo():
+        if sys.excepthook is hook:
+            sys.excepthook = before
+
+    sys.excepthook = hook
+    patches.record("sys.excepthook (a model of onmt-ext while ONMT_EXT_DISABLE is set)", kind=patches.MESSAGE, undo=undo,
+           reason="with onmt-ext switched off, a checkpoint or config of ext_transformer ends in a traceback "
+                  "ending in KeyError: 'ext_transformer'",
+           test="tests/integration/test_checkpoints_cli.py::test_disabled_extension_names_itself_for_its_own_model")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m onmt_ext.hook", description=__doc__.split("\n")[0])
     parser.add_argument("action", choices=["install", "uninstall", "status"])
@@ -88,7 +150,7 @@ def print_patches(out=None):
     import onmt  # (the hook, when installed, activates the extension)
 
     if not patches.applied():
-        from onmt_ext import plugin
+        from onmt_ext.integration import plugin
 
         if not plugin.is_active():
             try:

@@ -8,7 +8,7 @@ import torch
 
 import support
 
-# The fused routing kernels (onmt_ext.routing_triton) run on CPU tensors only in Triton's interpreter, which
+# The fused routing kernels (onmt_ext.mechanisms.routing_triton) run on CPU tensors only in Triton's interpreter, which
 # Triton chooses when it is imported: set it before any test imports Triton (torch.compile's Inductor does).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -40,7 +40,7 @@ def sample_data():
 def onmt_active():
     """Import ``onmt`` through the start-up hook and check that onmt-ext is active."""
     import onmt  # noqa: F401
-    import onmt_ext.plugin
+    import onmt_ext.integration.plugin
 
-    assert onmt_ext.plugin.is_active(), "onmt-ext did not load (is the .pth hook installed? run make setup)"
+    assert onmt_ext.integration.plugin.is_active(), "onmt-ext did not load (is the .pth hook installed? run make setup)"
     return True

@@ -242,14 +242,14 @@ def one_error_line(result, command, status):
 
 def train_parser():
     """OpenNMT-py's ``onmt_train`` parser (with onmt-ext's options when active)."""
-    from onmt_ext.parsing import train_parser as parser
+    from onmt_ext.integration.parsing import train_parser as parser
 
     return parser()
 
 
 def load_train_opts(config, *overrides):
     """Parse a repository-relative YAML config (plus overrides) as ``onmt_train`` does."""
-    from onmt_ext.parsing import parse_train_config
+    from onmt_ext.integration.parsing import parse_train_config
 
     return parse_train_config(REPO / config, *overrides)
 
@@ -323,7 +323,7 @@ def random_batch(vocabs, src_lens, tgt_lens, seed=0, pad_to=None):
 
 def _marker_ids(vocab):
     """Ids of the clause_split markers in ``vocab`` (none unless the config lists the transform)."""
-    from onmt_ext.clause_split import marker_tokens
+    from onmt_ext.mechanisms.clause.split import marker_tokens
 
     return [vocab[token] for token in marker_tokens() if token in vocab.ids_to_tokens]
 

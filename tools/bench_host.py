@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from tools import common
-from onmt_ext import train_log
+from onmt_ext.runtime import train_log
 
 REPO = common.REPO
 
@@ -72,7 +72,7 @@ def one_run(args, work, name, env, number):
 
 def _synthetic_batch(packed):
     """A batch of an 8k-token batch's shapes (600 sentences of 14/16 tokens), packed or as separate tensors."""
-    from onmt_ext.batches import pack
+    from onmt_ext.runtime.batches import pack
 
     batch = {"src": torch.randint(0, 4000, (600, 14, 1)), "tgt": torch.randint(0, 4000, (600, 16, 1)),
              "srclen": torch.randint(1, 15, (600,)), "tgtlen": torch.randint(1, 17, (600,)),
@@ -94,7 +94,7 @@ class _Batches(torch.utils.data.IterableDataset):
 
 def crossing_ms(packed, batches=300):
     """Milliseconds the receiving process spends per batch from 2 DataLoader workers (after 20 warm-up ones)."""
-    from onmt_ext.batches import unpack
+    from onmt_ext.runtime.batches import unpack
 
     loader = iter(torch.utils.data.DataLoader(_Batches(packed), batch_size=None, num_workers=2, prefetch_factor=4,
                                               multiprocessing_context="spawn"))
@@ -250,7 +250,7 @@ def main(argv=None):
         return common.child_main(argv, {"worker-rate": child_worker_rate})
     args = parse_args(argv)
     if not (REPO / "build/tatoeba/vocab.en").exists():
-        from onmt_ext.compat import make_command
+        from onmt_ext.runtime.compat import make_command
 
         print(f"bench_host.py: error: build/tatoeba is missing; run `{make_command('data')}` first", file=sys.stderr)
         return 2

@@ -26,7 +26,7 @@ def _fail(message):
 
 def _layers(model):
     """The cross-aggregation modules of the encoder, keyed by their 1-based layer numbers."""
-    from onmt_ext.cao2019 import CrossAggregation
+    from onmt_ext.mechanisms.cao2019 import CrossAggregation
 
     return {number: layer.self_attn.softmax for number, layer in enumerate(model.encoder.transformer, start=1)
             if isinstance(layer.self_attn.softmax, CrossAggregation)}
@@ -35,7 +35,7 @@ def _layers(model):
 def near_zero_shares(model, vocabs, sentences, iterations, thresholds, batch_size=64):
     """Shares of routing weights below each threshold, for the routings the model has: ``{T: {routing: {"all":
     {threshold: share}, "layers": {layer: {threshold: share}}, "weights": n}}}``."""
-    from onmt_ext.cao2019 import routing_weights
+    from onmt_ext.mechanisms.cao2019 import routing_weights
 
     layers = _layers(model)
     if not layers:

@@ -18,7 +18,7 @@ from tools import common
 
 def _opts(args):
     import onmt  # noqa: F401  (loads onmt-ext's plug-in when the start-up hook is installed)
-    import onmt_ext.clause_split  # noqa: F401  (registers clause_split)
+    import onmt_ext.mechanisms.clause.split  # noqa: F401  (registers clause_split)
     from onmt_ext.errors import UserError
     from onmt.transforms import AVAILABLE_TRANSFORMS
     from onmt.utils.parse import ArgumentParser
@@ -93,7 +93,7 @@ def main(argv=None):
     for start in range(0, len(examples), args.bucket):
         split.batch_apply([(ex, None, "speed") for ex in examples[start:start + args.bucket]])
     elapsed = time.perf_counter() - t0
-    from onmt_ext.clause_split import marker_level
+    from onmt_ext.mechanisms.clause.split import marker_level
 
     per_level = [0] * 7
     for ex in examples:

@@ -204,7 +204,7 @@ def built_model(config, *overrides, seed=0):
     from onmt.model_builder import build_base_model
     from onmt.transforms import get_specials, get_transforms_cls
 
-    from onmt_ext.parsing import parse_train_config
+    from onmt_ext.integration.parsing import parse_train_config
 
     os.chdir(REPO)  # the configs' paths are relative to the repository
     opt = parse_train_config(config, *overrides)

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from tools import common
 from tools.common import REPO, fmt
-from onmt_ext import train_log
-from onmt_ext.compat import make_command
+from onmt_ext.runtime import train_log
+from onmt_ext.runtime.compat import make_command
 
 CONFIG_DIR = Path("yaml_configs/compare")
 LABELS = {
@@ -102,7 +102,7 @@ def checkpoint(run, train_steps=None):
 
 def translate_command(run, source):
     """``onmt_translate`` arguments: beam 4, the model's SentencePiece models and any clause split as in training."""
-    from onmt_ext.clause_split import translate_options
+    from onmt_ext.mechanisms.clause.split import translate_options
 
     values = common.config_values(f"compare/{run.config}.yaml")
     return ["onmt_translate", "-model", str(checkpoint(run)), "-src", str(source),
@@ -466,7 +466,7 @@ def add_seed_tests(rows):
 
 def score(runs, configs, seeds, refs_path, test_lines, speeds):
     """Per-config summary dicts: BLEU/chrF mean and sd, bootstrap per seed, the probe's speed ratio, parameters."""
-    from onmt_ext import evaluation as ev
+    from onmt_ext.integration import evaluation as ev
 
     refs = ev.read_reference_tsv(refs_path)
     if test_lines:

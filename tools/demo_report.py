@@ -7,7 +7,7 @@ Usage::
 
 Scores the demo's translations of the Tatoeba test set against all their
 references (multi-reference BLEU, 13a, case-sensitive; chrF) through
-:mod:`onmt_ext.evaluation` (sacreBLEU), and reads the training and
+:mod:`onmt_ext.integration.evaluation` (sacreBLEU), and reads the training and
 translation times that the Makefile recorded (``*.start``/``*.end``).
 """
 
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from tools import common
-from onmt_ext import evaluation
+from onmt_ext.integration import evaluation
 
 
 def _seconds(directory, stage):

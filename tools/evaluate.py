@@ -18,8 +18,8 @@ import sys
 
 # Run from the checkout (``python -m tools.evaluate``), onmt_ext is found beside tools/ without being installed:
 # only sacrebleu is needed (tests/integration/test_evaluation_cli.py pins it).
-from onmt_ext import evaluation as ev
-from onmt_ext.preprocessing import SUBWORD_MARK
+from onmt_ext.integration import evaluation as ev
+from onmt_ext.integration.preprocessing import SUBWORD_MARK
 from tools import common
 
 PROG = "evaluate.py"
@@ -61,8 +61,9 @@ def build_parser():
 
 
 def refuse_subword_marks(lines, name):
-    """:class:`~onmt_ext.evaluation.EvaluationError` when ``lines`` still hold subword marks (:data:`SUBWORD_MARK`):
-    output never detokenized, which scores near 0 BLEU without being wrong in any other visible way."""
+    """:class:`~onmt_ext.integration.evaluation.EvaluationError` when ``lines`` still hold subword marks
+    (:data:`SUBWORD_MARK`): output never detokenized, which scores near 0 BLEU without being wrong in any other
+    visible way."""
     marked = [i for i, line in enumerate(lines, 1) if SUBWORD_MARK.search(line)]
     if marked:
         mark = SUBWORD_MARK.search(lines[marked[0] - 1]).group(0)

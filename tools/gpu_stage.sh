@@ -77,7 +77,7 @@ for attempt in 1 2 3; do
     *) fail "import onmt needs $missing_module, which is not in $WHEELS" ;;
   esac
 done
-"$VPY" -c "import onmt, onmt_ext.plugin as p; assert p.is_active()" || fail "onmt-ext does not load in $VENV"
+"$VPY" -c "import onmt, onmt_ext.integration.plugin as p; assert p.is_active()" || fail "onmt-ext does not load in $VENV"
 
 if [ ! -f "$TAGGER" ]; then  # not copied: the same command as `make data`
   echo "== gpu_stage: training $TAGGER from build/tatoeba/train.zh (it was not copied)"

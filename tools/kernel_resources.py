@@ -5,7 +5,7 @@ Usage::
 
     python -m tools.kernel_resources [--arch 90] [--dtype fp16] [--shape 8 512 1] [--iterations 3] [--json F]
 
-Each kernel of ``onmt_ext.routing_triton`` (EM and simple routing, forward and backward, with and without a
+Each kernel of ``onmt_ext.mechanisms.routing_triton`` (EM and simple routing, forward and backward, with and without a
 mask) goes through Triton's whole compiler for ``sm_<arch>`` (Triton IR, LLVM, PTX, ``ptxas``) at the votes'
 ``(I, O, D)`` shape of one problem (li2019 at Base width by default), with the warps the launcher would give it;
 ptxas's registers per thread and spilled bytes are printed.  No GPU runs anything: a compile error or heavy
@@ -28,7 +28,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from onmt_ext import routing_triton  # noqa: E402
+from onmt_ext.mechanisms import routing_triton  # noqa: E402
 
 
 def variants(dtype, iterations):

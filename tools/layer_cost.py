@@ -35,7 +35,7 @@ def _clause_softmax(args, device):
     """Clause attention with its shared structure for ``(batch, L)`` inputs (see the module docstring)."""
     import torch
 
-    from onmt_ext.clause_attention import ClauseAttention, ClauseStructure
+    from onmt_ext.mechanisms.clause.attention import ClauseAttention, ClauseStructure
 
     table = torch.tensor([0] + list(range(1, CLAUSE_LEVELS + 1)), device=device)  # id k > 0: a level-k marker
     structure = ClauseStructure(table, CLAUSE_LEVELS)
@@ -51,7 +51,7 @@ def child(args):
     import torch
     from onmt.encoders.transformer import TransformerEncoderLayer
 
-    from onmt_ext.cao2019 import CrossAggregation
+    from onmt_ext.mechanisms.cao2019 import CrossAggregation
 
     device = torch.device(f"cuda:{args.gpu}" if args.gpu >= 0 else "cpu")
     torch.manual_seed(0)
@@ -64,7 +64,7 @@ def child(args):
         layer.self_attn.softmax, set_clauses = _clause_softmax(args, device)
         layer.self_attn.self_attn_type = "scaled-dot"
     elif args.variant.startswith("li2019-"):
-        from onmt_ext.li2019 import RoutingAggregation
+        from onmt_ext.mechanisms.li2019 import RoutingAggregation
 
         method = args.variant.split("-", 1)[1]
         layer.self_attn.final_linear = RoutingAggregation(args.heads, args.d_model, args.d_model, method).to(device)

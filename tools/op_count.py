@@ -58,7 +58,7 @@ def _model_and_batch(config, layers):
     import torch
     from onmt.constants import DefaultTokens
 
-    from onmt_ext.clause_split import marker_tokens
+    from onmt_ext.mechanisms.clause.split import marker_tokens
 
     _, vocabs, model = common.built_model(common.CONFIGS / "smoke" / config, "-enc_layers", str(layers),
                                           "-dec_layers", str(layers), "-ext_compile", "false")

@@ -134,7 +134,7 @@ def _chen2019_rows():
         Row("baseline", "Tables 1-3: the Transformer baseline", {}),
         Row("relative_pe", "Tables 1-2: +Relative PE (Shaw et al. 2018) through OpenNMT-py's max_relative_positions",
             {}, base="rpr"),
-        Row("disan", "Table 1: +DiSAN, directional self-attention in the encoder (onmt_ext/disan.py says "
+        Row("disan", "Table 1: +DiSAN, directional self-attention in the encoder (onmt_ext/mechanisms/disan.py says "
             "what is implemented)", {"disan_enc": True}),
         Row("no_pe_dec", "Table 3: Transformer - PE of Dec", {"chen2019_pe_off": ["dec"]}),
         Row("no_pe_enc", "Table 3: Transformer - PE of Enc", {"chen2019_pe_off": ["enc"]}),
@@ -152,7 +152,7 @@ def _chen2019_rows():
                 Row(layout, f"Tables 1-3: +{label}, d_r = {dim} ({why}), full Q/K/V projections",
                     rpe(layout, dim), toy, sizes=sizes),
                 Row(f"{layout}_restricted", f"not a paper row: {label} (d_r = {dim}) with head-restricted first-layer "
-                    "projections (sec. 4.1 read literally; see onmt_ext/chen2019.py)",
+                    "projections (sec. 4.1 read literally; see onmt_ext/mechanisms/chen2019.py)",
                     rpe(layout, dim, chen2019_heads="restricted"), toy, sizes=sizes),
                 Row(f"{layout}_no_dec", f"Table 3: {label} - RPE&PE of Dec",
                     rpe(layout, dim, dec=False, chen2019_pe_off=["dec"]), toy, sizes=sizes),
@@ -169,7 +169,7 @@ def _gret_rows():
     # choice.  -reset_optim all gives a fresh Adam state (the checkpoint's has no moments for the new parameters) and
     # restarts the step count, so Noam would warm up again to ~1e-3; instead the rate is held at the baseline's
     # final Noam rate (docs/gret.md).  The checkpoint's tensors are loaded and the new ones initialised
-    # (onmt_ext.gret.load_with_new_parameters logs both lists).
+    # (onmt_ext.mechanisms.gret.load_with_new_parameters logs both lists).
     finetune = {"train_from": "build/runs/gret/transformer_{size}_{task}_baseline/model_step_200000.pt",
                 "override_opts": True, "reset_optim": "all", "train_steps": 50000,
                 "decay_method": "none", "learning_rate": final_noam_rate,

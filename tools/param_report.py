@@ -60,7 +60,7 @@ def _vocabs(size, shared):
     import pyonmttok
     from onmt.constants import DefaultTokens
 
-    from onmt_ext.clause_split import marker_tokens
+    from onmt_ext.mechanisms.clause.split import marker_tokens
 
     # the clause markers are source specials of the clause_split transform (clause attention looks them up)
     specials = [DefaultTokens.UNK, DefaultTokens.PAD, DefaultTokens.BOS, DefaultTokens.EOS, *marker_tokens()]
@@ -73,7 +73,7 @@ def _vocabs(size, shared):
 def _options(config, *overrides):
     """``config``'s options as ``onmt_train`` parses them, without GPU ranks (the count needs no device, so a config
     naming GPUs parses on a CPU-only torch)."""
-    from onmt_ext.parsing import parse_train_config
+    from onmt_ext.integration.parsing import parse_train_config
 
     return parse_train_config(config, *overrides, "-gpu_ranks", "-world_size", "1")
 

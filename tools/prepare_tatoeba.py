@@ -41,8 +41,8 @@ class DataError(Exception):
 # --------------------------------------------------------------------- reading
 def read_lines(path):
     """``(lineno, text)`` of each line of a UTF-8 file, BOM and CR removed (by
-    :func:`onmt_ext.evaluation.read_hypotheses`); :class:`DataError` names a bad line."""
-    from onmt_ext.evaluation import EvaluationError, read_hypotheses
+    :func:`onmt_ext.integration.evaluation.read_hypotheses`); :class:`DataError` names a bad line."""
+    from onmt_ext.integration.evaluation import EvaluationError, read_hypotheses
 
     try:
         return list(enumerate(read_hypotheses(path, "file"), start=1))
@@ -130,8 +130,8 @@ def split_pairs(pairs, test_zh, valid_size):
 # ---------------------------------------------------------------- segmentation
 def segment_zh(sentences):
     """Chinese sentences as words joined by spaces, as the ``jieba`` transform cuts them
-    (:func:`onmt_ext.zh_segment.segment`); repeated sentences are segmented once."""
-    from onmt_ext.zh_segment import segment
+    (:func:`onmt_ext.integration.zh_segment.segment`); repeated sentences are segmented once."""
+    from onmt_ext.integration.zh_segment import segment
 
     segmented = {s: " ".join(segment(s)) for s in dict.fromkeys(sentences)}
     return [segmented[s] for s in sentences]

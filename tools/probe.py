@@ -48,7 +48,7 @@ PAPER = {
     "em": (96.26, 98.75, 47.72, 87.00, 51.82, 88.17, 89.97, 86.40, 51.55, 69.86),
 }
 PAPER_SOURCE = "li2019 Table 1 (sec. 5.1.2)"
-#: Our model names and the li2019 aggregation each one uses (onmt_ext.li2019: concat = stock).
+#: Our model names and the li2019 aggregation each one uses (onmt_ext.mechanisms.li2019: concat = stock).
 MODELS = {"base": "concat", "simple": "simple", "em": "em"}
 #: li2019 sec. 5.1.1: 3 encoder layers as in Transformer-Base; 512 output capsules, 3 routing iterations.
 ENCODER = {"layers": 3, "d_model": 512, "heads": 8, "d_ff": 2048, "dropout": 0.1, "capsules": 512, "iterations": 3}
@@ -110,7 +110,7 @@ def build_encoder(vocab_size, pad, method, layers, d_model, heads, d_ff, dropout
     from onmt.encoders.transformer import TransformerEncoder
     from onmt.modules import Embeddings
 
-    from onmt_ext.li2019 import RoutingAggregation
+    from onmt_ext.mechanisms.li2019 import RoutingAggregation
 
     embeddings = Embeddings(d_model, vocab_size, pad, position_encoding=True, dropout=dropout)
     encoder = TransformerEncoder(layers, d_model, heads, d_ff, dropout, dropout, embeddings, 0, 0)

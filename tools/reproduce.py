@@ -39,7 +39,7 @@ CLAUSE_BUCKETS = (10, 20, 30, 40)
 AVERAGE = 5
 #: OpenNMT-py's defaults (onmt/opts.py) of the checkpoint options, for a config that leaves them out.
 ONMT_CHECKPOINT_DEFAULTS = {"save_checkpoint_steps": 5000, "keep_checkpoint": -1}
-#: Bootstrap resamples and seed of the significance test (onmt_ext.evaluation's defaults).
+#: Bootstrap resamples and seed of the significance test (onmt_ext.integration.evaluation's defaults).
 BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED = 1000, 12345
 #: At most this many training points per row are kept in the results JSON (the validation points all are).
 CURVE_POINTS = 500
@@ -331,7 +331,7 @@ def update_passes(values, gpus, passes, config):
 def plan(row, gpus=(0,), average=AVERAGE, passes=None):
     """The :class:`RowPlan` of one row trained on the CUDA devices ``gpus`` with ``average`` checkpoints averaged
     (``passes``: batches per update and GPU, see :func:`update_passes`)."""
-    from onmt_ext.clause_split import translate_options
+    from onmt_ext.mechanisms.clause.split import translate_options
 
     values = common.config_values(row.config)  # with the row's overrides (``("-option", value, ...)``)
     values.update((str(flag).lstrip("-"), value) for flag, value in zip(row.overrides[0::2], row.overrides[1::2]))
@@ -555,7 +555,7 @@ def score(plans, table, by_length=False, test_set=0):
     :data:`CLAUSE_BUCKETS` too)."""
     from sacremoses import MosesDetokenizer
 
-    from onmt_ext import evaluation as ev
+    from onmt_ext.integration import evaluation as ev
 
     task = table_task(table)
     src, tgt = LANGS[task]
@@ -594,8 +594,8 @@ def score(plans, table, by_length=False, test_set=0):
 
 def parse_train_log(text):
     """``{"train": {"step", "acc", "ppl", "xent"}, "valid": {"step", "acc", "ppl"}}`` (lists) of a ``train.log``
-    text, read by :mod:`onmt_ext.train_log`."""
-    from onmt_ext import train_log
+    text, read by :mod:`onmt_ext.runtime.train_log`."""
+    from onmt_ext.runtime import train_log
 
     log = train_log.parse(text)
     columns = {"train": (log.steps, ("step", "acc", "ppl", "xent")), "valid": (log.valid, ("step", "acc", "ppl"))}
@@ -680,7 +680,7 @@ def _number_cell(value):
 def _by_length_section(table, task, rows, out_dir):
     """Markdown lines of the by-length comparison of every tested row against its reference row, and the plots
     drawn, one a row: ``<out_dir>/<table>.<config name after the task>.by_length.png``."""
-    from onmt_ext import evaluation as ev
+    from onmt_ext.integration import evaluation as ev
 
     lines = ["", f"{paper_metric(table, task)[1]} by source length (words of the BPE-free source), vs. the first "
                  "row of the same model size (paired bootstrap per bucket; † p < 0.05, ‡ p < 0.01)", ""]
@@ -921,7 +921,7 @@ def main(argv=None):
             print("\n".join(commands + _dry_run_notes(table, plans, task, out_dir)))
             return 0
         clause = table.startswith("clause-")  # the paper's claim is about long sentences (Tables 6-9)
-        from onmt_ext.evaluation import EvaluationError
+        from onmt_ext.integration.evaluation import EvaluationError
 
         try:
             more = [score(plans, table, test_set=index) for index in range(1, len(test_sets(task)))]

@@ -136,7 +136,7 @@ def _seconds(run, cuda):
 def child(case, recompute, measure, args):
     import torch
 
-    from onmt_ext.li2019 import RoutingAggregation
+    from onmt_ext.mechanisms.li2019 import RoutingAggregation
 
     torch.set_num_threads(args.threads)
     model, batch, autocast = _setup(case, recompute, args)
@@ -213,7 +213,7 @@ def _routing(args, method, capsules=512, **options):
     ``(--sentences, --length, 512)`` input."""
     import torch
 
-    from onmt_ext.li2019 import RoutingAggregation
+    from onmt_ext.mechanisms.li2019 import RoutingAggregation
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

@@ -104,7 +104,7 @@ def main(argv=None):
     import sentencepiece
     import yaml
 
-    from onmt_ext.clause_split import translate_options
+    from onmt_ext.mechanisms.clause.split import translate_options
 
     os.chdir(REPO)
     work = args.work

@@ -36,7 +36,8 @@ class Case:
     paper_translate: float = None
     pre_encoded: bool = False  # train on SentencePiece'd (and clause-split) copies of the data: no data transforms
     control: bool = False  # a second copy of the baseline, measured under its own name (see control_case)
-    compiles_by_default: bool = False  # -ext_compile auto compiles its cores in training on CUDA (onmt_ext.compile)
+    #: -ext_compile auto compiles its cores in training on CUDA (onmt_ext.runtime.compile)
+    compiles_by_default: bool = False
 
 
 def control_case(baseline):
@@ -152,7 +153,7 @@ def _encode_and_split(config, workdir, outputs, splitting, lines=None):
             outputs[corpus_name, side] = out
 
 
-#: a placeholder piece, as the clause markers of onmt_ext.clause_split (``｟cl4_prep｠``)
+#: a placeholder piece, as the clause markers of onmt_ext.mechanisms.clause.split (``｟cl4_prep｠``)
 PLACEHOLDER = re.compile(r"｟[^｠]*｠")
 
 
@@ -244,7 +245,7 @@ def translation_source(workdir, sentences):
 
     data = REPO / "build/tatoeba"
     if not (data / "spm.zh.model").exists():
-        from onmt_ext.compat import make_command
+        from onmt_ext.runtime.compat import make_command
 
         raise SystemExit(f"gpu_check.py: build/tatoeba is missing; run `{make_command('data')}` first")
     sources = (data / "test.zh").read_text(encoding="utf-8").splitlines()

@@ -49,7 +49,7 @@ def read_sentences(path, column=None, limit=None):
 
 def silver_data(splitter, sentences, batch_size=256):
     """``(words, labels)`` per sentence: the transform's tagging and the rules' levels (the silver labels)."""
-    from onmt_ext.clause_split import rule_levels
+    from onmt_ext.mechanisms.clause.split import rule_levels
 
     words_all, labels_all = [], []
     for start in range(0, len(sentences), batch_size):
@@ -63,7 +63,7 @@ def train(words_all, labels_all, lang, buckets=1 << 18, epochs=6, lr=0.05, batch
     """Fit the linear tagger on per-word features and labels; returns a :class:`SignalTagger`."""
     import torch
 
-    from onmt_ext.clause_split import N_CLASSES, SignalTagger, feature_ids, signal_features
+    from onmt_ext.mechanisms.clause.split import N_CLASSES, SignalTagger, feature_ids, signal_features
 
     rows, targets = [], []
     for words, labels in zip(words_all, labels_all):
@@ -93,7 +93,7 @@ def train(words_all, labels_all, lang, buckets=1 << 18, epochs=6, lr=0.05, batch
 
 def evaluate(tagger, splitter, words_all, labels_all):
     """Agreement of ``tagger`` with the silver labels: detection P/R/F1, level accuracy, same-marker sentences."""
-    from onmt_ext.clause_split import select_splits
+    from onmt_ext.mechanisms.clause.split import select_splits
 
     tp = fp = fn = level_ok = same = 0
     for words, gold in zip(words_all, labels_all):
@@ -136,7 +136,7 @@ def main(argv=None):
             raise UsageError(f"--lr must be positive, got {args.lr}")
         import torch
 
-        from onmt_ext.clause_split import DEFAULT_SPACY_MODEL, ClauseSplitError, ClauseSplitter
+        from onmt_ext.mechanisms.clause.split import DEFAULT_SPACY_MODEL, ClauseSplitError, ClauseSplitter
 
         torch.set_num_threads(args.threads)
         start = time.perf_counter()

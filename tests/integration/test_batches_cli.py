@@ -47,7 +47,7 @@ def _batches(tmp_path, name, **env):
 
 
 def test_worker_batches_equal_stock(tmp_path):
-    from onmt_ext.batches import HOST, PACKED
+    from onmt_ext.runtime.batches import HOST, PACKED
 
     stock_run, our_run = _batches(tmp_path, "stock", ONMT_EXT_DISABLE="1"), _batches(tmp_path, "ours")
     stock, ours = stock_run["batches"], our_run["batches"]

@@ -179,7 +179,7 @@ def test_disabled_extension_still_loads_a_stock_checkpoint(sample_data, onmt_act
                              tmp_path / "hyp2", "-ext_compile", env=support.cli_env(ONMT_EXT_DISABLE="1"),
                              check=False)
     assert result.returncode != 0 and "unrecognized arguments: -ext_compile" in result.stderr
-    status = support.run_cli("python", "-c", "import onmt, onmt_ext.patches as p, onmt_ext.plugin as q; "
+    status = support.run_cli("python", "-c", "import onmt, onmt_ext.patches as p, onmt_ext.integration.plugin as q; "
                              "print(q.is_active(), [x.target for x in p.applied()])",
                              env=support.cli_env(ONMT_EXT_DISABLE="1"))
     assert status.stdout.strip() == ("False ['torch.serialization safe globals (argparse.Namespace)', "

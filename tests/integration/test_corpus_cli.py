@@ -1,4 +1,4 @@
-"""onmt_ext.corpus through the real console scripts: a damaged corpus stops the command with the file and line.
+"""onmt_ext.runtime.corpus through the real console scripts: a damaged corpus stops the command with the file and line.
 
 Moved out of tests/unit/test_corpus.py (unit/ runs in-process only): ``onmt_train`` refuses training files of
 different lengths, and ``onmt_translate`` a source that is not UTF-8 before it loads a model, each with the files

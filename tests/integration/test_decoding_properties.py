@@ -276,14 +276,14 @@ def under_autocast():
 def test_routing_runs_on_the_chosen_path(model_and_vocabs, under_autocast):
     """The routing of li2019 and GRET runs in the fused kernels where ``ONMT_EXT_ROUTING_KERNEL`` chooses them
     (``auto`` on CUDA, ``triton``) and in the PyTorch reference elsewhere, so that checks 1-4 test that path."""
-    from onmt_ext import gret, li2019, routing
+    from onmt_ext.mechanisms import gret, li2019, routing
 
     model, vocabs = model_and_vocabs
     if not any(isinstance(module, li2019.RoutingAggregation)
                or (isinstance(module, gret.GlobalRepresentation) and getattr(module, "vote_maps", None) is not None)
                for module in model.modules()):
         pytest.skip("no li2019 or GRET routing in this model")
-    routing_triton = pytest.importorskip("onmt_ext.routing_triton")
+    routing_triton = pytest.importorskip("onmt_ext.mechanisms.routing_triton")
     before = sum(routing_triton.LAUNCHES.values())
     src, src_len, tgt = _batch(vocabs, [5, 3], [4, 4], seed=4)
     support.full_forward(model, src, src_len, tgt)
@@ -469,7 +469,7 @@ _SPLIT_ARGS = {}
 
 def _split_args(config):
     """``-transforms clause_split -clause_*`` for a clause-attention config (the test source is SentencePiece'd)."""
-    from onmt_ext.clause_split import translate_options
+    from onmt_ext.mechanisms.clause.split import translate_options
 
     return translate_options(vars(support.cached_train_opts(config)))
 

@@ -100,7 +100,7 @@ def test_the_ranks_read_disjoint_shares_that_cover_the_corpus(runs):
 def test_after_every_step_both_ranks_hold_the_parameters_of_the_checkpoint(runs):
     """Rank 0 logs the digest of both ranks' parameters when they are equal at a checkpoint (a difference stops
     the run); with a checkpoint every step, each digest is that of the checkpoint rank 0 saves."""
-    from onmt_ext.distributed import parameter_digest
+    from onmt_ext.runtime.distributed import parameter_digest
 
     base, logs = runs
     digests = {int(step): digest for step, digest in DIGEST.findall(logs["two"])}

@@ -1,7 +1,8 @@
-"""The evaluation commands in subprocesses: onmt_ext.evaluation against sacreBLEU's command line, tools/evaluate.py.
+"""The evaluation commands in subprocesses: onmt_ext.integration.evaluation against sacreBLEU's command line,
+tools/evaluate.py.
 
-Moved out of tests/unit/test_evaluation.py (unit/ runs in-process only): onmt_ext.evaluation's BLEU, tokenized BLEU,
-chrF (also with the variable-reference TSV, against complete reference files) and paired bootstrap equal what
+Moved out of tests/unit/test_evaluation.py (unit/ runs in-process only): onmt_ext.integration.evaluation's BLEU,
+tokenized BLEU, chrF (also with the variable-reference TSV, against complete reference files) and paired bootstrap equal what
 ``python -m sacrebleu`` reports on the same files, and tools/evaluate.py gives its JSON and text reports (also
 without the installed package, and BLEU by source length against a baseline with a plot) and refuses bad input
 with exit status 2 and one message, no traceback.  The test corpus, ``_write`` and the ``files`` fixture come from
@@ -20,7 +21,7 @@ import pytest
 import sacrebleu
 
 import support
-from onmt_ext import evaluation as ev
+from onmt_ext.integration import evaluation as ev
 from unit.test_evaluation import HYP_A, HYP_A2, HYP_B, REF1, REF2, SOURCES, _write, files  # noqa: F401 (a fixture)
 
 #: tools/evaluate.py as a command: run from anywhere with the checkout on PYTHONPATH (here from tmp_path)

@@ -1,7 +1,7 @@
 """Faults through the real console scripts: interrupted training resumed with ``-train_from``, and determinism.
 
 The model is the toy ``ext_transformer`` smoke config (dropout 0) with two batches per update, so the
-resumed run has to skip exactly the batches that steps 1-10 consumed (onmt_ext.compat.resume_data_position).
+resumed run has to skip exactly the batches that steps 1-10 consumed (onmt_ext.runtime.compat.resume_data_position).
 """
 
 import pytest

@@ -41,7 +41,8 @@ def test_hook_registers_types_on_first_onmt_import():
     assert result.stdout.split() == ["ExtTransformerEncoder", "ExtTransformerDecoder"]
 
 
-@pytest.mark.parametrize("first", ["onmt_ext.transformer", "onmt_ext.clause_split", "onmt_ext.zh_segment"])
+@pytest.mark.parametrize("first", ["onmt_ext.integration.transformer", "onmt_ext.mechanisms.clause.split",
+                                   "onmt_ext.integration.zh_segment"])
 def test_importing_a_module_that_imports_onmt_first_still_activates(first):
     # it imports onmt, whose hook activates onmt-ext, which needs the module whole: activation waits for its end
     result = _python(
@@ -49,10 +50,11 @@ def test_importing_a_module_that_imports_onmt_first_still_activates(first):
         import {first}
         from onmt.encoders import str2enc
         from onmt.transforms import AVAILABLE_TRANSFORMS
-        import onmt_ext.clause_split, onmt_ext.plugin, onmt_ext.transformer, onmt_ext.zh_segment
-        print(onmt_ext.plugin.is_active(), str2enc["ext_transformer"] is onmt_ext.transformer.ExtTransformerEncoder,
-              AVAILABLE_TRANSFORMS["clause_split"] is onmt_ext.clause_split.ClauseSplitTransform,
-              AVAILABLE_TRANSFORMS["jieba"] is onmt_ext.zh_segment.JiebaTransform)
+        from onmt_ext.integration import plugin, transformer, zh_segment
+        from onmt_ext.mechanisms.clause import split
+        print(plugin.is_active(), str2enc["ext_transformer"] is transformer.ExtTransformerEncoder,
+              AVAILABLE_TRANSFORMS["clause_split"] is split.ClauseSplitTransform,
+              AVAILABLE_TRANSFORMS["jieba"] is zh_segment.JiebaTransform)
         """
     )
     assert result.returncode == 0, result.stderr
@@ -65,8 +67,8 @@ def test_hook_survives_a_lookup_of_onmt_before_its_import():
         """
         import importlib.util
         assert importlib.util.find_spec("onmt") is not None
-        import onmt, onmt_ext.plugin
-        print(onmt_ext.plugin.is_active())
+        import onmt, onmt_ext.integration.plugin
+        print(onmt_ext.integration.plugin.is_active())
         """
     )
     assert result.returncode == 0, result.stderr
@@ -90,10 +92,10 @@ def test_failing_registration_leaves_plain_onmt_working():
     """A step in the middle of activate() fails: the steps before it are undone, OpenNMT-py runs stock."""
     result = _python(
         """
-        import onmt_ext.checkpoints, onmt_ext.plugin
+        import onmt_ext.integration.checkpoints, onmt_ext.integration.plugin
         def broken():
             raise RuntimeError("simulated bug")
-        onmt_ext.checkpoints.check_checkpoints = broken
+        onmt_ext.integration.checkpoints.check_checkpoints = broken
         import onmt, onmt.bin.translate, onmt.trainer
         from onmt.encoders import str2enc
         from onmt_ext import patches

@@ -2,7 +2,7 @@
 the model's own or names the missing file in one line; tools/evaluate.py refuses output with subword marks.
 
 The toy model is the foundation smoke config with random weights (built in-process, saved as onmt_train does); no
-training.  The in-process tests of onmt_ext.preprocessing are in tests/unit/test_preprocessing.py.
+training.  The in-process tests of onmt_ext.integration.preprocessing are in tests/unit/test_preprocessing.py.
 """
 
 import subprocess

@@ -3,7 +3,7 @@ the time left, and an output file that is byte for byte the one stock OpenNMT-py
 longer than training's.
 
 The checkpoint is the stock smoke model with random weights, built in-process (no training); the in-process tests
-of onmt_ext.progress are in tests/unit/test_progress.py.
+of onmt_ext.integration.progress are in tests/unit/test_progress.py.
 """
 
 import torch

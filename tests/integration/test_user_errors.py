@@ -348,7 +348,7 @@ def test_onmt_works_without_spacy_and_fasttext(sample_data, onmt_active, tmp_pat
         import sys
         import onmt
         from onmt.transforms import AVAILABLE_TRANSFORMS
-        from onmt_ext import plugin
+        from onmt_ext.integration import plugin
         assert plugin.is_active()
         assert "terminology" in AVAILABLE_TRANSFORMS and "clean" in AVAILABLE_TRANSFORMS
         assert "spacy" not in sys.modules and "fasttext" not in sys.modules  # the stand-ins are gone

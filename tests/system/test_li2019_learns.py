@@ -8,7 +8,7 @@ OpenNMT-py's validation perplexity on the 1,000 held-out sentence pairs.
 import pytest
 
 import support
-from onmt_ext import train_log
+from onmt_ext.runtime import train_log
 
 pytestmark = pytest.mark.slow
 

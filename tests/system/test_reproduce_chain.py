@@ -20,7 +20,7 @@ import sacrebleu
 from sacremoses import MosesDetokenizer
 
 import support
-from onmt_ext import evaluation
+from onmt_ext.integration import evaluation
 
 from tools import reproduce
 

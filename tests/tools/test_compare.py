@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tools import compare
-from onmt_ext import train_log
+from onmt_ext.runtime import train_log
 
 LOG = """[2026-11-23 12:26:01,531 INFO] * number of parameters: 5689032
 [2026-11-23 12:26:01,531 INFO] Step  5/  600; acc: 1.0; ppl: 900.0; xent: 6.8; lr: 0.00001; sents:     100; bsz:  731/ 831/106; 1000/1200 tok/s;      3 sec;

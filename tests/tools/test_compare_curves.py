@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 from tools import compare
 from tools import reproduce
-from onmt_ext import train_log
+from onmt_ext.runtime import train_log
 
 FIXTURE = ROOT / "tests" / "fixtures" / "train_log_excerpt.txt"
 TEXT = FIXTURE.read_text(encoding="utf-8")

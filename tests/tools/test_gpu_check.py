@@ -424,7 +424,7 @@ def test_section_a_times_each_process_to_its_own_exit(tmp_path):
 def test_gpu_configs_parse_strictly(tmp_path, onmt_active, monkeypatch):
     """Section b's Base configs as a GPU run writes them: the paper's model, the check's batches and workers,
     pre-encoded repeated data, and -ext_compile true on the compiled runs, false on the eager ones."""
-    from onmt_ext.parsing import parse_train_config
+    from onmt_ext.integration.parsing import parse_train_config
 
     def encode(model, path, out, **_):  # a stand-in corpus of 10 lines of 3 pieces: names and counts matter
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -547,11 +547,11 @@ def test_schedule_blocks_and_nearest_baselines():
 
 
 def test_sync_warnings_name_their_call_sites():
-    """On CUDA the sync warnings (recorded by onmt_ext.hostsync.cuda_sync_warnings) keep only their messages;
+    """On CUDA the sync warnings (recorded by onmt_ext.runtime.hostsync.cuda_sync_warnings) keep only their messages;
     record_sync_sites adds where each was issued, and the context's exit undoes it."""
     import warnings
 
-    from onmt_ext.hostsync import record_sync_sites
+    from onmt_ext.runtime.hostsync import record_sync_sites
 
     sites = []
     with warnings.catch_warnings(record=True) as caught:
@@ -570,7 +570,7 @@ def test_a_sync_inside_a_torch_context_manager_names_the_with_statement_and_the_
     import contextlib
     import traceback
 
-    from onmt_ext import hostsync
+    from onmt_ext.runtime import hostsync
 
     torch_file = "/venv/lib/python3.12/site-packages/torch/nn/attention/__init__.py"
     stack = [traceback.FrameSummary(__file__, 10, "step"),
@@ -878,7 +878,7 @@ def test_each_case_knows_whether_its_default_path_compiles(sample_data, onmt_act
     """The targets read the compiled rows of the cases whose cores ``-ext_compile auto`` compiles on CUDA
     (``Case.compiles_by_default``): that must be what the model built from the case's config (its smoke twin)
     does, else a target would be judged on the wrong path."""
-    from onmt_ext import compile as ext_compile
+    from onmt_ext.runtime import compile as ext_compile
 
     for case in cases.MECHANISMS:
         opt = support.load_train_opts(f"yaml_configs/smoke/{case.config}")

@@ -182,7 +182,7 @@ def _no_encoding(monkeypatch):
 
 @pytest.mark.parametrize("size", ["smoke", "paper"])
 def test_timed_configs_parse_strictly_and_keep_the_mechanism(size, tmp_path, onmt_active, monkeypatch):
-    from onmt_ext.parsing import parse_train_config
+    from onmt_ext.integration.parsing import parse_train_config
 
     _no_encoding(monkeypatch)
     args = argparse.Namespace(warmup_steps=10, steps=20, batch_size=512, gpu=-1)
@@ -202,7 +202,7 @@ def test_timed_configs_parse_strictly_and_keep_the_mechanism(size, tmp_path, onm
 
 
 def test_the_timing_control_is_the_baseline_under_its_own_name(tmp_path, onmt_active, monkeypatch):
-    from onmt_ext.parsing import parse_train_config
+    from onmt_ext.integration.parsing import parse_train_config
 
     _no_encoding(monkeypatch)
     args = argparse.Namespace(warmup_steps=10, steps=20, batch_size=512, gpu=-1)
@@ -245,9 +245,9 @@ def test_layer_cost_times_the_variant_s_own_mechanism_and_reports_the_median(var
     import types
 
     from tools import layer_cost
-    from onmt_ext.li2019 import RoutingAggregation
-    from onmt_ext.clause_attention import ClauseAttention
-    from onmt_ext.cao2019 import CrossAggregation
+    from onmt_ext.mechanisms.li2019 import RoutingAggregation
+    from onmt_ext.mechanisms.clause.attention import ClauseAttention
+    from onmt_ext.mechanisms.cao2019 import CrossAggregation
 
     calls = []
     for cls in (RoutingAggregation, ClauseAttention, CrossAggregation):

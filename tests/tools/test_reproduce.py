@@ -617,7 +617,7 @@ def test_ours_minus_paper_uses_the_papers_own_bleu_on_english_and_german(table, 
     import sacrebleu
     from sacremoses import MosesTokenizer
 
-    from onmt_ext import evaluation
+    from onmt_ext.integration import evaluation
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(reproduce, "BOOTSTRAP_SAMPLES", 10)

@@ -14,7 +14,7 @@ import sys
 
 import support
 
-import onmt_ext.clause_split as cs  # registers the clause_split transform
+import onmt_ext.mechanisms.clause.split as cs  # registers the clause_split transform
 
 from tools import prepare_tatoeba as pt
 from tools import reproduce

@@ -1,4 +1,4 @@
-"""Training batches with tensors only (onmt_ext.batches): the same data, in the same order, as stock."""
+"""Training batches with tensors only (onmt_ext.runtime.batches): the same data, in the same order, as stock."""
 
 import itertools
 
@@ -60,14 +60,14 @@ def test_batches_carry_tensors_only_and_the_same_data(monkeypatch):
 
 
 def test_translation_batches_stay_stock():
-    from onmt_ext.batches import tensor_bookkeeping
+    from onmt_ext.runtime.batches import tensor_bookkeeping
 
     batch = {"src_ex_vocab": [object()], "cid": ["corpus_1"], "ind_in_bucket": [0], "cid_line_number": [4]}
     assert tensor_bookkeeping(dict(batch), ["corpus_1"]) == batch  # the copy mechanism's vocabularies stay
 
 
 def test_batches_reach_the_device_unchanged():
-    from onmt_ext.batches import HOST, to_device
+    from onmt_ext.runtime.batches import HOST, to_device
 
     src, tgt = torch.randint(0, 50, (3, 7, 1)), torch.randint(0, 50, (3, 5, 1))
     batch = {"src": src, "tgt": tgt, "srclen": torch.tensor([7, 4, 2]), "cid": torch.tensor([0, 0, 1])}
@@ -79,7 +79,7 @@ def test_batches_reach_the_device_unchanged():
 
 
 def test_a_packed_batch_crosses_as_one_buffer_and_comes_back_equal():
-    from onmt_ext.batches import HOST, PACKED, pack, to_device
+    from onmt_ext.runtime.batches import HOST, PACKED, pack, to_device
 
     batch = {"src": torch.randint(0, 50, (3, 7, 1)), "srclen": torch.tensor([7, 4, 2]),
              "tgt": torch.randint(0, 50, (3, 5, 1)), "cid": torch.tensor([0, 0, 1])}
@@ -120,7 +120,7 @@ def test_the_collector_is_paused_only_while_a_batch_is_built(monkeypatch):
 
     from onmt.inputters import dynamic_iterator
 
-    from onmt_ext import batches
+    from onmt_ext.runtime import batches
 
     monkeypatch.chdir(support.REPO)
     seen, bucketing = [], dynamic_iterator.DynamicDatasetIter._bucketing
@@ -165,7 +165,7 @@ def test_the_collector_is_paused_only_while_a_batch_is_built(monkeypatch):
 def test_plain_lines_parse_as_stock_parses_them(line, n_feats, defaults):
     from onmt.inputters import text_utils
 
-    from onmt_ext import batches
+    from onmt_ext.runtime import batches
 
     def outcome(parse):
         try:
@@ -194,7 +194,7 @@ def test_a_batch_is_padded_at_once_as_stock_pads_it(seed, with_tgt):
 
     from onmt.inputters import text_utils
 
-    from onmt_ext import batches
+    from onmt_ext.runtime import batches
 
     rng = random.Random(seed)
     vocabs = {"src": {"<blank>": 1}, "tgt": {"<blank>": 3}}
@@ -215,7 +215,7 @@ def test_a_batch_is_padded_at_once_as_stock_pads_it(seed, with_tgt):
 def test_batches_with_more_than_ids_go_to_stock(extra, left_pad):
     import random
 
-    from onmt_ext import batches
+    from onmt_ext.runtime import batches
 
     minibatch, calls = _minibatch(random.Random(0), 3, **extra), []
     batches._padded_at_once(lambda *args: calls.append(args), {}, minibatch, torch.device("cpu"), left_pad)

@@ -7,8 +7,8 @@ import torch
 
 import support
 from onmt_ext import options
-from onmt_ext.cao2019 import CausalCrossAggregation, CrossAggregation
-from onmt_ext.routing import simple_routing
+from onmt_ext.mechanisms.cao2019 import CausalCrossAggregation, CrossAggregation
+from onmt_ext.mechanisms.routing import simple_routing
 
 SMOKE = "yaml_configs/smoke/baseline/transformer_base_wmt17_zhen.yaml"
 EXT = ["-encoder_type", "ext_transformer", "-decoder_type", "ext_transformer"]
@@ -75,7 +75,7 @@ def test_with_the_routing_outputs_at_zero_the_default_layer_is_stocks_attention(
                                                                                 monkeypatch):
     """With cao2019_scale at its option default and both routings' outputs neutralised, E_hat = E must be the
     stock layer's energy: OpenNMT-py's 1 / sqrt(d_k) (issue 37: the old default divided it by sqrt(H) more)."""
-    from onmt_ext import cao2019
+    from onmt_ext.mechanisms import cao2019
 
     monkeypatch.setattr(cao2019, "vertical_output", lambda logits, *a, **k: torch.zeros_like(logits))
     monkeypatch.setattr(cao2019, "horizontal_output", lambda logits, *a, **k: torch.zeros_like(logits))
@@ -239,7 +239,7 @@ def _coupling_reference(scores, n, iterations, init):
 
 @pytest.mark.parametrize("iterations, init", [(1, "zero"), (1, "self"), (3, "zero"), (4, "self")])
 def test_routing_weights_are_the_couplings_of_the_last_iteration_without_padding(iterations, init):
-    from onmt_ext.cao2019 import routing_weights
+    from onmt_ext.mechanisms.cao2019 import routing_weights
 
     lengths = [5, 3]
     scores = _scores(lengths)

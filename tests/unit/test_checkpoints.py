@@ -1,4 +1,5 @@
-"""onmt_ext.checkpoints and onmt_ext.command_line in process: the rules behind the one-line errors."""
+"""onmt_ext.integration.checkpoints and onmt_ext.integration.command_line in process: the rules behind the one-line
+errors."""
 
 import argparse
 
@@ -19,7 +20,7 @@ def _touch(tmp_path, *steps):
 
 
 def test_resume_problems_follow_the_checkpoints_step(onmt_active, tmp_path):
-    from onmt_ext.checkpoints import checkpoint_step, resume_problems
+    from onmt_ext.integration.checkpoints import checkpoint_step, resume_problems
 
     checkpoint = {"optim": {"training_step": 21, "decay_step": 21}}
     assert checkpoint_step(checkpoint) == 20 and checkpoint_step({"optim": None}) is None
@@ -39,7 +40,7 @@ def test_resume_problems_follow_the_checkpoints_step(onmt_active, tmp_path):
 
 
 def test_average_counts_a_tied_tensor_once(onmt_active, tmp_path):
-    from onmt_ext.checkpoints import average
+    from onmt_ext.integration.checkpoints import average
 
     paths = []
     for i, value in enumerate((1.0, 3.0, 8.0)):
@@ -58,7 +59,7 @@ def test_average_counts_a_tied_tensor_once(onmt_active, tmp_path):
 
 
 def test_repeated_options_are_found_in_any_spelling(onmt_active):
-    from onmt_ext.command_line import repeated_option_messages
+    from onmt_ext.integration.command_line import repeated_option_messages
 
     parser = support.train_parser()
     argv = ["-config", "c.yaml", "-train_steps", "2", "-seed", "-1", "--train_steps=3", "-transforms", "a", "b"]

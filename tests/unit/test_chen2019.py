@@ -11,7 +11,7 @@ import torch
 
 import support
 from onmt_ext import options
-from onmt_ext.chen2019 import BlockDiagonalLinear, HeadwiseNorm, RecurrentPositionalEmbeddings, combine
+from onmt_ext.mechanisms.chen2019 import BlockDiagonalLinear, HeadwiseNorm, RecurrentPositionalEmbeddings, combine
 
 SMOKE = "yaml_configs/smoke/baseline/transformer_base_wmt14_ende.yaml"
 EXT = ["-encoder_type", "ext_transformer", "-decoder_type", "ext_transformer"]
@@ -83,7 +83,7 @@ def test_the_rnn_reads_x_r_scaled_by_chen2019_scale(scale, factor, onmt_active):
 
 
 def test_rnn_initialisation_follows_chen2019_init(onmt_active):
-    from onmt_ext.initialisation import declared
+    from onmt_ext.mechanisms.initialisation import declared
 
     for cell in ("rnn", "gru", "lstm", "sru"):
         glorot = RecurrentPositionalEmbeddings(_embeddings(), 4, 8, "rpehead", cell, bidirectional=True)
@@ -155,7 +155,7 @@ def test_cpu_autocast_both_sides_and_step_by_step(cell, recurrence, onmt_active)
 
 
 def test_sru_follows_its_recurrence_and_ignores_padding_on_the_source_side(onmt_active):
-    from onmt_ext.chen2019 import SRU
+    from onmt_ext.mechanisms.chen2019 import SRU
 
     torch.manual_seed(0)
     sru = SRU(4, 3)
@@ -255,7 +255,7 @@ def test_pe_off_on_both_sides_is_the_stock_model_without_the_encoding_but_with_i
 def test_only_the_listed_side_loses_its_position_encoding(sample_data, onmt_active):
     from onmt.modules.embeddings import PositionalEncoding
 
-    from onmt_ext.chen2019 import EmbeddingScale
+    from onmt_ext.mechanisms.chen2019 import EmbeddingScale
 
     opt = support.load_train_opts(SMOKE, *EXT, "-chen2019_pe_off", "dec")
     model = support.build_model(opt, support.load_vocabs(opt))

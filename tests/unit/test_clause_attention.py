@@ -7,8 +7,8 @@ import torch
 
 import support
 from onmt_ext import options
-from onmt_ext.clause_attention import ClauseAttention, ClauseStructure, clause_ids, marker_level_table
-from onmt_ext.clause_split import MARKERS, clause_ids as token_clause_ids
+from onmt_ext.mechanisms.clause.attention import ClauseAttention, ClauseStructure, clause_ids, marker_level_table
+from onmt_ext.mechanisms.clause.split import MARKERS, clause_ids as token_clause_ids
 
 RULE = "yaml_configs/smoke/clause/transformer_base_wmt16_ende_ca_rule.yaml"
 
@@ -158,7 +158,7 @@ def test_option_checks(kw, message, onmt_active):
 
 
 def test_translation_must_split_as_training(onmt_active):
-    from onmt_ext.clause_attention import translation_split_problems
+    from onmt_ext.mechanisms.clause.attention import translation_split_problems
 
     trained = argparse.Namespace(clause_attention=True, transforms=["sentencepiece", "clause_split"],
                                  clause_lang="zh", clause_levels=6, clause_tagger_model="")

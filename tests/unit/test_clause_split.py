@@ -9,7 +9,7 @@ import pytest
 
 import support
 
-import onmt_ext.clause_split as cs  # registers the clause_split transform
+import onmt_ext.mechanisms.clause.split as cs  # registers the clause_split transform
 
 from tools import train_signal_tagger
 

@@ -1,4 +1,4 @@
-"""``-ext_compile``: every mechanism's tensor core under ``torch.compile`` (:mod:`onmt_ext.compile`).
+"""``-ext_compile``: every mechanism's tensor core under ``torch.compile`` (:mod:`onmt_ext.runtime.compile`).
 
 For each core, on the CPU:
 
@@ -18,13 +18,13 @@ import pytest
 import torch
 
 import support
-from onmt_ext import compile as ext_compile
-from onmt_ext.li2019 import aggregate_heads
-from onmt_ext.clause_attention import clause_mix
-from onmt_ext.cao2019 import causal_step, cross_aggregate
-from onmt_ext.disan import directional_softmax
-from onmt_ext.gret import fuse, global_summary
-from onmt_ext.chen2019 import recurrent_output
+from onmt_ext.runtime import compile as ext_compile
+from onmt_ext.mechanisms.li2019 import aggregate_heads
+from onmt_ext.mechanisms.clause.attention import clause_mix
+from onmt_ext.mechanisms.cao2019 import causal_step, cross_aggregate
+from onmt_ext.mechanisms.disan import directional_softmax
+from onmt_ext.mechanisms.gret import fuse, global_summary
+from onmt_ext.mechanisms.chen2019 import recurrent_output
 
 from tools.routing_memory import SavedBytes
 
@@ -395,7 +395,7 @@ def test_inductor_trains_cao2019_on_batches_of_other_lengths(sample_data, onmt_a
     Its compile failed on the H200 (3fa46b4) and on this CPU at the second batch: Inductor's backward asserted
     the strides of a saved softmax over the horizontal routing's inputs with the first batch's numbers
     (``assert_size_stride ... (324, 9, 1, 81)``, a length of 6 after 9).  The routing now takes softmaxes over
-    the inputs on the last dimension of a transposed view (onmt_ext.routing._coupling).
+    the inputs on the last dimension of a transposed view (onmt_ext.mechanisms.routing._coupling).
     """
     monkeypatch.setattr(ext_compile, "BACKEND", "inductor")
     monkeypatch.setattr(ext_compile, "_COMPILED", {})

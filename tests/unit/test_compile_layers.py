@@ -1,5 +1,5 @@
 """``-ext_compile_layers``: whole Transformer layers through ``torch.compile`` in training passes
-(:func:`onmt_ext.compile.compile_layers`).
+(:func:`onmt_ext.runtime.compile.compile_layers`).
 
 On the CPU, with ``aot_eager`` (the graphs Dynamo and AOTAutograd capture, run without generated code):
 
@@ -17,8 +17,10 @@ import pytest
 import torch
 
 import support
-from onmt_ext import compat, initialisation, options
-from onmt_ext import compile as ext_compile
+from onmt_ext.runtime import compat
+from onmt_ext.mechanisms import initialisation
+from onmt_ext import options
+from onmt_ext.runtime import compile as ext_compile
 
 BASELINE = "yaml_configs/smoke/baseline/transformer_base_wmt17_zhen.yaml"
 SHAPES = [([5, 3, 4], [4, 6, 2]), ([7, 2], [3, 5]), ([4, 6, 3, 5], [6, 2, 4, 3])]

@@ -1,4 +1,4 @@
-"""onmt_ext.corpus, in-process: damaged corpora stop with the file and line.
+"""onmt_ext.runtime.corpus, in-process: damaged corpora stop with the file and line.
 
 The same checks through the real commands (onmt_train, onmt_translate) are in
 tests/integration/test_corpus_cli.py.
@@ -6,7 +6,7 @@ tests/integration/test_corpus_cli.py.
 
 import pytest
 
-from onmt_ext import corpus
+from onmt_ext.runtime import corpus
 
 
 def _write(path, data):

@@ -7,7 +7,7 @@ import torch
 
 import support
 from onmt_ext import options
-from onmt_ext.disan import DirectionalSoftmax, FusionGate, directional_mask
+from onmt_ext.mechanisms.disan import DirectionalSoftmax, FusionGate, directional_mask
 
 SMOKE = "yaml_configs/smoke/baseline/transformer_base_wmt14_ende.yaml"
 EXT = ["-encoder_type", "ext_transformer", "-decoder_type", "ext_transformer"]

@@ -1,4 +1,5 @@
-"""Two data-parallel CPU ranks over gloo (onmt_ext.distributed), in-process, against one process fed both batches.
+"""Two data-parallel CPU ranks over gloo (onmt_ext.runtime.distributed), in-process, against one process fed both
+batches.
 
 Two ranks are started with torch.multiprocessing (no console command: tests/integration/test_distributed_cli.py
 runs ``onmt_train``).  Each trains onmt-ext's step on its own batch as ``Trainer.train`` drives it (the
@@ -35,7 +36,7 @@ def _trainer(opt, vocabs, device_id):
     from onmt.trainer import build_trainer
     from onmt.utils.optimizers import Optimizer
 
-    from onmt_ext.train_step import fused_adam
+    from onmt_ext.runtime.train_step import fused_adam
 
     model = support.build_model(opt, vocabs, seed=3)
     model.train()

@@ -1,4 +1,4 @@
-"""onmt_ext.evaluation, in-process: readers, metrics, paired bootstrap, BLEU by source length.
+"""onmt_ext.integration.evaluation, in-process: readers, metrics, paired bootstrap, BLEU by source length.
 
 The comparisons of the scores with sacreBLEU's own command line (``python -m sacrebleu``, run on the same files
 inside the test) and the tests of tools/evaluate.py's command line are in tests/integration/test_evaluation_cli.py,
@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from onmt_ext import evaluation as ev
+from onmt_ext.integration import evaluation as ev
 
 REF1 = [
     "The cat sat on the mat.",

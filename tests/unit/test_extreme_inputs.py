@@ -12,9 +12,9 @@ be finite.
 import pytest
 import torch
 
-from onmt_ext.li2019 import RoutingAggregation
-from onmt_ext.cao2019 import CrossAggregation
-from onmt_ext.gret import GlobalRepresentation
+from onmt_ext.mechanisms.li2019 import RoutingAggregation
+from onmt_ext.mechanisms.cao2019 import CrossAggregation
+from onmt_ext.mechanisms.gret import GlobalRepresentation
 
 BATCH, LENGTH, D_MODEL, HEADS = 2, 4, 16, 4
 MASKED = -1e18  # OpenNMT-py's fill value for masked attention scores

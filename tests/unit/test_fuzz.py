@@ -11,8 +11,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from onmt_ext import clause_split as cs
-from onmt_ext.routing import em_routing, simple_routing
+from onmt_ext.mechanisms.clause import split as cs
+from onmt_ext.mechanisms.routing import em_routing, simple_routing
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -8,8 +8,8 @@ import torch
 
 import support
 from onmt_ext import options
-from onmt_ext.gret import GlobalFusion, GlobalRepresentation
-from onmt_ext.routing import simple_routing, squash
+from onmt_ext.mechanisms.gret import GlobalFusion, GlobalRepresentation
+from onmt_ext.mechanisms.routing import simple_routing, squash
 
 SMOKE = "yaml_configs/smoke/baseline/transformer_base_wmt14_ende.yaml"
 EXT = ["-encoder_type", "ext_transformer", "-decoder_type", "ext_transformer"]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "onmt_ext"
-MODULES = sorted(PACKAGE.glob("*.py"))
+MODULES = sorted(PACKAGE.rglob("*.py"))
 
 
 def bindings(node):
@@ -39,7 +39,7 @@ def test_the_package_is_found():
     assert len(MODULES) > 10, PACKAGE
 
 
-@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_functions_import_neither_the_standard_library_nor_what_the_top_imports(path):
     tree = ast.parse(path.read_text(encoding="utf-8"))
     top = {bound: target for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))
@@ -47,4 +47,4 @@ def test_functions_import_neither_the_standard_library_nor_what_the_top_imports(
     late = sorted({f"line {node.lineno}: {module}" for node in imports_in_functions(tree)
                    for bound, target, module in bindings(node)
                    if module.partition(".")[0] in sys.stdlib_module_names or top.get(bound) == target})
-    assert not late, f"{path.name}: imports to move to the top of the module: {', '.join(late)}"
+    assert not late, f"{path.relative_to(PACKAGE)}: imports to move to the top of the module: {', '.join(late)}"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import support
-from onmt_ext import initialisation
+from onmt_ext.mechanisms import initialisation
 
 CONFIGS = [
     ("yaml_configs/smoke/li2019/em_all_components.yaml", ()),
@@ -55,7 +55,7 @@ def test_every_added_parameter_has_a_rule_that_the_built_model_follows(config, o
 
 def test_a_missing_rule_is_reported(sample_data, onmt_active, monkeypatch):
     model = _built("yaml_configs/smoke/cao2019/dec_self_cross_self.yaml", ())
-    monkeypatch.delitem(initialisation.RULES, "onmt_ext.cao2019.CrossAggregation")
+    monkeypatch.delitem(initialisation.RULES, "onmt_ext.mechanisms.cao2019.CrossAggregation")
     missing = initialisation.uncovered(model)
     assert missing and all(name.endswith("softmax.head_weight") for name in missing)
 

@@ -7,7 +7,7 @@ import torch
 
 import support
 from onmt_ext import options
-from onmt_ext.li2019 import RoutingAggregation
+from onmt_ext.mechanisms.li2019 import RoutingAggregation
 
 from tools.routing_memory import AtenOps, SavedBytes
 

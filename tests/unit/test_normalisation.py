@@ -110,7 +110,7 @@ def test_post_trains_every_parameter(sample_data, onmt_active):
 def test_mechanisms_fit_post_norm_layers(sample_data, onmt_active):
     """chen2019's restricted heads keep whole layer norms (nothing is in front of the heads); GRET reads the
     post-norm states without a norm of its own."""
-    from onmt_ext.chen2019 import HeadwiseNorm
+    from onmt_ext.mechanisms.chen2019 import HeadwiseNorm
 
     args = ("-chen2019_enc", "mprhead", "-chen2019_dec", "mprhead", "-chen2019_dim", "16", "-chen2019_heads",
             "restricted", "-gret", "true")

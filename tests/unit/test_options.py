@@ -171,7 +171,7 @@ def test_values_outside_the_choices_are_problems_not_only_argparse_errors(toy_op
 
 
 def test_a_checkpoint_with_an_unknown_option_value_is_refused_by_name(onmt_active):
-    from onmt_ext.checkpoints import checkpoint_problems
+    from onmt_ext.integration.checkpoints import checkpoint_problems
 
     opt = argparse.Namespace(encoder_type=EXT_TYPE, decoder_type=EXT_TYPE, li2019_enc_self="em2",
                              chen2019_pe_off=["enc", "both"], onmt_ext_version="9.0.0")
@@ -184,7 +184,7 @@ def test_a_checkpoint_with_an_unknown_option_value_is_refused_by_name(onmt_activ
 
 
 def _option_order_after_importing(first):
-    code = (f"import onmt_ext.{first}, onmt_ext.transformer\n"
+    code = (f"import onmt_ext.mechanisms.{first}, onmt_ext.integration.transformer\n"
             "from onmt_ext import options\n"
             "print(' '.join(spec.name for spec in options.OPTION_SPECS))\n"
             "print(' '.join(check.__module__ for check in options.COMBINATION_CHECKS))")

@@ -277,7 +277,9 @@ def test_activating_twice_adds_no_second_wrapper(onmt_active):
     from onmt.trainer import Trainer
     from onmt.utils.parse import ArgumentParser
 
-    from onmt_ext import compat, parsing, patches
+    from onmt_ext.runtime import compat
+    from onmt_ext.integration import parsing
+    from onmt_ext import patches
 
     train, parse = Trainer.train, ArgumentParser.parse_known_args
     count = len(patches.applied())
@@ -335,7 +337,8 @@ def _changed(before, after):
 @pytest.fixture
 def stock_onmt(onmt_active):
     """OpenNMT-py with onmt-ext rolled back (``plugin.deactivate``), and its state then; activated again after."""
-    from onmt_ext import patches, plugin
+    from onmt_ext import patches
+    from onmt_ext.integration import plugin
 
     active = _onmt_state()
     plugin.deactivate()
@@ -355,7 +358,8 @@ def _registered_targets():
 
 
 def test_what_activation_changes_in_onmt_is_exactly_what_the_registry_lists(stock_onmt):
-    from onmt_ext import patches, plugin
+    from onmt_ext import patches
+    from onmt_ext.integration import plugin
 
     _, stock = stock_onmt
     plugin.activate()
@@ -367,7 +371,8 @@ def test_what_activation_changes_in_onmt_is_exactly_what_the_registry_lists(stoc
 
 def test_no_onmt_attribute_holds_our_code_unless_the_registry_lists_it(onmt_active):
     """Without a stock snapshot: a function, object or class of onmt-ext inside OpenNMT-py must be registered."""
-    from onmt_ext import compat, patches
+    from onmt_ext.runtime import compat
+    from onmt_ext import patches
 
     ours = {name for name, value in _onmt_state().items()
             if patches.is_ours(value) and not isinstance(value, compat._MissingModule)}  # stand-ins: recorded
@@ -375,7 +380,8 @@ def test_no_onmt_attribute_holds_our_code_unless_the_registry_lists_it(onmt_acti
 
 
 def test_a_failing_middle_step_of_activate_leaves_onmt_stock(stock_onmt):
-    from onmt_ext import checkpoints, patches, plugin
+    from onmt_ext.integration import checkpoints, plugin
+    from onmt_ext import patches
 
     _, stock = stock_onmt
     applied_before = []
@@ -396,7 +402,8 @@ def test_a_failing_middle_step_of_activate_leaves_onmt_stock(stock_onmt):
 def test_an_unsupported_onmt_version_is_refused_before_any_change(stock_onmt):
     import onmt
 
-    from onmt_ext import patches, plugin
+    from onmt_ext import patches
+    from onmt_ext.integration import plugin
 
     _, stock = stock_onmt
     with pytest.MonkeyPatch.context() as patched:
@@ -411,13 +418,14 @@ def test_an_unsupported_onmt_version_is_refused_before_any_change(stock_onmt):
 #: the FIX changes that are part of the runtime (every SPEED change is too), as docs/differences-from-stock.md lists
 RUNTIME_FIXES = {"onmt.trainer.Trainer.train", "onmt.inputters.text_corpus.ParallelCorpus.load",
                  "onmt.inputters.text_corpus.ParallelCorpusIterator._process",
-                 "data-parallel gradient scale (onmt_ext.train_step.gradient_accumulation)"}
+                 "data-parallel gradient scale (onmt_ext.runtime.train_step.gradient_accumulation)"}
 
 
 def test_the_stock_runtime_leaves_out_the_runtime_and_only_it(stock_onmt, monkeypatch):
     """``ONMT_EXT_RUNTIME=stock``: the runtime's changes are not applied (their targets stay stock), every other
     change is, and together they are the changes of onmt-ext's own runtime."""
-    from onmt_ext import patches, plugin
+    from onmt_ext import patches
+    from onmt_ext.integration import plugin
 
     _, stock = stock_onmt
     monkeypatch.setenv(patches.RUNTIME_VARIABLE, "stock")
@@ -501,8 +509,8 @@ def test_torch_state_changes_are_recorded(stock_onmt, monkeypatch):
     rollback puts all of it back; OpenNMT-py's attention puts ``torch.backends.cuda.sdp_kernel`` back itself."""
     import onmt.encoders.transformer
 
-    from onmt_ext import compile as ext_compile
-    from onmt_ext import plugin
+    from onmt_ext.runtime import compile as ext_compile
+    from onmt_ext.integration import plugin
 
     monkeypatch.delenv("TORCH_LOGS", raising=False)
     before = _torch_state()
@@ -524,7 +532,9 @@ def test_a_failed_activation_keeps_what_was_applied_before_it(stock_onmt):
     """The start-up hook applies the ``torch.load`` allow-list and the warnings filters before ``onmt`` runs; an
     activation whose middle step fails undoes its own changes only: torch, OpenNMT-py and the record are as
     before it."""
-    from onmt_ext import checkpoints, compat, patches, plugin
+    from onmt_ext.integration import checkpoints, plugin
+    from onmt_ext.runtime import compat
+    from onmt_ext import patches
 
     _, stock = stock_onmt
     compat.apply()  # what the hook does before onmt is imported

@@ -29,7 +29,7 @@ def test_hook_install_is_idempotent(tmp_path, monkeypatch):
 
 
 def test_option_with_the_wrong_dashes_is_an_error_not_silently_dropped(onmt_active):
-    from onmt_ext.parsing import parse_train_config
+    from onmt_ext.integration.parsing import parse_train_config
 
     # OpenNMT-py writes this flag --override_opts or -override-opts; argparse leaves -override_opts over
     with pytest.raises(SystemExit):
@@ -40,7 +40,7 @@ def test_option_with_the_wrong_dashes_is_an_error_not_silently_dropped(onmt_acti
 
     parser = ArgumentParser()
     onmt.opts.train_opts(parser)
-    from onmt_ext.parsing import _misspelt_dashes
+    from onmt_ext.integration.parsing import _misspelt_dashes
 
     assert _misspelt_dashes(parser, ["-override_opts"]) == [
         "'-override_opts' is not an option; write --override_opts or -override-opts"]
@@ -52,7 +52,7 @@ def test_shared_yaml_with_train_keys_is_accepted_by_build_vocab(onmt_active):
     from onmt.opts import data_prepare_opts
     from onmt.utils.parse import ArgumentParser
 
-    from onmt_ext.parsing import strict
+    from onmt_ext.integration.parsing import strict
 
     parser = strict(ArgumentParser(description="build_vocab.py"))  # as onmt_build_vocab parses
     data_prepare_opts(parser, build_vocab_only=True)
@@ -108,7 +108,7 @@ def test_only_the_commands_parse_strictly(onmt_active, monkeypatch, capsys):
 
 
 def test_unknown_option_messages_unit():
-    from onmt_ext.parsing import unknown_option_messages
+    from onmt_ext.integration.parsing import unknown_option_messages
 
     messages = unknown_option_messages(["--bogus", "3", "stray"], {"bogus_x", "beam_size"}, ["--bogus", "3"])
     assert messages == [
@@ -183,7 +183,7 @@ def test_checkpoints_are_written_atomically(tmp_path, monkeypatch, onmt_active):
     import torch
     from onmt.models import model_saver
 
-    from onmt_ext import compat
+    from onmt_ext.runtime import compat
 
     target = tmp_path / "model_step_10.pt"
     model_saver.torch.save({"w": torch.arange(5)}, str(target))
@@ -206,7 +206,7 @@ def test_checkpoints_are_written_atomically(tmp_path, monkeypatch, onmt_active):
 
 
 def test_safetensors_save_format_is_refused_by_name(onmt_active, capsys):
-    from onmt_ext.parsing import parse_train_config
+    from onmt_ext.integration.parsing import parse_train_config
 
     with pytest.raises(SystemExit):
         parse_train_config(support.REPO / "yaml_configs/smoke/baseline/transformer_base_wmt14_ende.yaml",
@@ -228,7 +228,7 @@ def test_safetensors_save_format_is_refused_by_name(onmt_active, capsys):
 def test_stock_counts_below_one_are_refused_by_name(option, values, message):
     from argparse import Namespace
 
-    from onmt_ext.parsing import stock_option_problems
+    from onmt_ext.integration.parsing import stock_option_problems
 
     assert stock_option_problems(Namespace(**{option: values})) == [message]
     assert stock_option_problems(Namespace(**{option: [1, 3] if isinstance(values, list) else 1})) == []
@@ -237,14 +237,14 @@ def test_stock_counts_below_one_are_refused_by_name(option, values, message):
 def test_n_best_beyond_the_beam_is_refused():
     from argparse import Namespace
 
-    from onmt_ext.parsing import stock_option_problems
+    from onmt_ext.integration.parsing import stock_option_problems
 
     assert stock_option_problems(Namespace(n_best=3, beam_size=2)) == ["-n_best 3: must be <= -beam_size (2)"]
     assert stock_option_problems(Namespace(n_best=2, beam_size=2)) == []
 
 
 def test_training_with_report_every_0_stops_at_parsing_with_the_option_named(onmt_active, capsys):
-    from onmt_ext.parsing import parse_train_config
+    from onmt_ext.integration.parsing import parse_train_config
 
     with pytest.raises(SystemExit):  # stock OpenNMT-py 3.5.1 trains, then divides by zero at the first step
         parse_train_config(support.REPO / "yaml_configs/smoke/baseline/transformer_base_wmt14_ende.yaml",
@@ -263,7 +263,7 @@ def test_filtertoolong_logs_its_first_drop_and_the_running_count(onmt_active, mo
     from onmt.constants import CorpusName
     from onmt.transforms.misc import FilterTooLongTransform
 
-    from onmt_ext import compat
+    from onmt_ext.runtime import compat
 
     assert compat._INFER_CORPUS == CorpusName.INFER
     monkeypatch.setattr(compat, "_FILTER_LOG_AT", (2,))
@@ -294,7 +294,7 @@ def test_a_sequence_beyond_the_position_encoding_gets_a_clear_error(onmt_active,
     from onmt.modules.embeddings import PositionalEncoding, SequenceTooLongError
     from onmt.translate.translator import Translator
 
-    from onmt_ext import commands
+    from onmt_ext.integration import commands
 
     pe = PositionalEncoding(4, "SinusoidalInterleaved", max_len=3)
     assert pe(torch.zeros(2, 3, 4)).shape == (2, 3, 4)  # within the limit: the stock encoding
@@ -325,7 +325,7 @@ def test_a_sequence_beyond_the_position_encoding_gets_a_clear_error(onmt_active,
 def test_all_empty_translations_give_a_warning(onmt_active, tmp_path, caplog):
     import argparse
 
-    from onmt_ext import commands
+    from onmt_ext.integration import commands
 
     def translate(opt):  # what OpenNMT-py's translate leaves behind when every hypothesis is empty
         with open(opt.output, "w", encoding="utf-8") as handle:
@@ -344,7 +344,7 @@ def test_all_empty_translations_give_a_warning(onmt_active, tmp_path, caplog):
 
 
 def test_errors_become_one_line_per_problem_with_the_command_name():
-    from onmt_ext.commands import _one_line
+    from onmt_ext.integration.commands import _one_line
 
     assert _one_line("onmt_train", "error: a\n  b") == "onmt_train: error: a\nonmt_train: error: b"
     assert _one_line("onmt_train", "onmt_train: error: c") == "onmt_train: error: c"
@@ -356,7 +356,7 @@ def test_train_from_differences_allow_only_added_mechanisms(onmt_active):
     import argparse
 
     from onmt_ext.options import OPTION_SPECS
-    from onmt_ext.checkpoints import train_from_differences
+    from onmt_ext.integration.checkpoints import train_from_differences
 
     defaults = {spec.name: spec.default for spec in OPTION_SPECS}
     checkpoint = argparse.Namespace(**defaults, encoder_type="transformer", decoder_type="transformer",
@@ -375,7 +375,7 @@ def test_train_from_differences_allow_only_added_mechanisms(onmt_active):
 def _translate_parser():
     import onmt.bin.translate
 
-    from onmt_ext.parsing import strict
+    from onmt_ext.integration.parsing import strict
 
     return strict(onmt.bin.translate._get_parser())  # as onmt_translate parses its command line
 
@@ -392,7 +392,7 @@ def test_a_missing_required_option_is_one_line_without_the_usage(onmt_active, ca
 def test_a_bad_value_from_a_config_names_the_file_and_line(onmt_active, tmp_path, capsys):
     """A value outside an option's choices, or of the wrong type, in a YAML config: the key, the file and its line;
     on the command line: argparse's own message.  Either way one line."""
-    from onmt_ext.parsing import parse_train_config
+    from onmt_ext.integration.parsing import parse_train_config
 
     text = (support.REPO / "yaml_configs/smoke/foundation/ext_transformer.yaml").read_text(encoding="utf-8")
     config = tmp_path / "bad.yaml"
@@ -423,7 +423,7 @@ def test_ext_compile_takes_the_same_forms_in_onmt_train_and_onmt_translate(onmt_
     """-ext_compile alone, or with true/false, in both commands (onmt_train took only a value, onmt_translate
     only the bare flag); another onmt-ext boolean option likewise.  Unset, onmt_train's is auto (docs/compile.md)
     and onmt_translate's off."""
-    from onmt_ext.parsing import parse_train_config
+    from onmt_ext.integration.parsing import parse_train_config
 
     opt, _ = _translate_parser().parse_known_args(["-model", "m.pt", "-src", "s", *extra])
     assert opt.ext_compile is expected
@@ -444,7 +444,7 @@ def test_a_bad_boolean_value_is_named(onmt_active, capsys):
 def test_the_torch_setup_command_runs_from_where_the_user_is(tmp_path, monkeypatch):
     """The command that -gpu's error recommends: make -C <checkout> from another folder, VENV= for another venv;
     a missing package: pip of the Python that runs onmt-ext."""
-    from onmt_ext import compat
+    from onmt_ext.runtime import compat
 
     repo = os.path.realpath(support.REPO)
     monkeypatch.setattr(sys, "prefix", os.path.join(repo, ".venv"))
@@ -466,13 +466,13 @@ def test_every_module_that_imports_onmt_as_it_loads_hands_activation_on_at_its_e
     from onmt_ext import _autoload
 
     importing, without_the_call = set(), []
-    for path in sorted((support.REPO / "onmt_ext").glob("*.py")):
+    for path in sorted((support.REPO / "onmt_ext").rglob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         names = [alias.name for node in tree.body if isinstance(node, ast.Import) for alias in node.names]
         names += [node.module for node in tree.body if isinstance(node, ast.ImportFrom) and node.module]
         if not any(name == "onmt" or name.startswith("onmt.") for name in names):
             continue
-        importing.add(f"onmt_ext.{path.stem}")
+        importing.add(".".join(path.relative_to(support.REPO).with_suffix("").parts))
         body = [node for node in tree.body if not (isinstance(node, ast.If) and "__main__" in ast.unparse(node.test))]
         if ast.unparse(body[-1]) != "_autoload.activate_deferred(__name__)":
             without_the_call.append(path.name)

@@ -1,12 +1,12 @@
-"""onmt_translate repeats the checkpoint's source preprocessing (onmt_ext.preprocessing), and the jieba transform
-(onmt_ext.zh_segment) cuts raw Chinese as the shipped sample was cut."""
+"""onmt_translate repeats the checkpoint's source preprocessing (onmt_ext.integration.preprocessing), and the jieba
+transform (onmt_ext.integration.zh_segment) cuts raw Chinese as the shipped sample was cut."""
 
 import shutil
 
 import pytest
 import torch
 
-from onmt_ext.preprocessing import SEGMENTED_KEY, record_training_source
+from onmt_ext.integration.preprocessing import SEGMENTED_KEY, record_training_source
 from tests import support
 
 DEMO = "yaml_configs/demo/tatoeba_zhen.yaml"
@@ -134,7 +134,7 @@ def test_jieba_cuts_raw_chinese_as_the_shipped_sample_was_cut(sample_data, onmt_
     training and validation lines pass unchanged with -jieba_keep_segmented."""
     from onmt.transforms import make_transforms, get_transforms_cls
 
-    from onmt_ext.zh_segment import segment
+    from onmt_ext.integration.zh_segment import segment
 
     raw = [line.split("\t")[0] for line in _lines(support.REPO / "data/tatoeba-zh-en/zh2en.multiref.tsv")]
     segmented = _lines(sample_data / "test.zh")
@@ -150,7 +150,7 @@ def test_jieba_cuts_raw_chinese_as_the_shipped_sample_was_cut(sample_data, onmt_
 def test_jieba_sides(onmt_active):
     from onmt.transforms import make_transforms, get_transforms_cls
 
-    from onmt_ext.zh_segment import segment
+    from onmt_ext.integration.zh_segment import segment
 
     for side, cut in (("src", {"src"}), ("tgt", {"tgt"}), ("both", {"src", "tgt"})):
         opt = support.load_train_opts(DEMO, "-transforms", "jieba", "-jieba_side", side)
@@ -170,7 +170,7 @@ def _demo_checkpoint(sample_data, tmp_path):
 def test_raw_chinese_into_a_model_of_segmented_chinese_is_segmented(sample_data, onmt_active, tmp_path, capsys):
     """The demo model's case: trained on jieba-segmented text without the jieba transform.  Without -transforms,
     raw Chinese reaches the model as the pieces of its segmented form, and segmented input is left as it was."""
-    from onmt_ext.zh_segment import segment
+    from onmt_ext.integration.zh_segment import segment
 
     opt = _translate_opt("-model", _demo_checkpoint(sample_data, tmp_path))
     assert _transforms_of(opt) == ["jieba", "sentencepiece"] and opt.jieba_keep_segmented

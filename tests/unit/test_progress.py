@@ -1,8 +1,8 @@
-"""onmt_ext.progress: onmt_translate's progress on stderr (issue 58); the clock is a stand-in, no timing."""
+"""onmt_ext.integration.progress: onmt_translate's progress on stderr (issue 58); the clock is a stand-in, no timing."""
 
 import pytest
 
-from onmt_ext import progress
+from onmt_ext.integration import progress
 
 
 @pytest.fixture

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from onmt_ext.routing import em_routing, linear_inverse_temperature, recompute_in_backward, simple_routing, squash
+from onmt_ext.mechanisms.routing import (em_routing, linear_inverse_temperature, recompute_in_backward, simple_routing,
+                                         squash)
 from tools.routing_memory import AtenOps
 
 torch.set_default_dtype(torch.float32)

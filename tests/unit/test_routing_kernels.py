@@ -1,8 +1,10 @@
-"""The fused routing kernels (onmt_ext.routing_triton) against the PyTorch routing core, in values and gradients.
+"""The fused routing kernels (onmt_ext.mechanisms.routing_triton) against the PyTorch routing core, in values and
+gradients.
 
 On a machine without CUDA the kernels run in Triton's interpreter on CPU tensors (conftest.py sets
 ``TRITON_INTERPRET=1`` before Triton is imported); where CUDA is present every test also runs on the GPU, in
-Triton's compiled kernels.  The reference is :mod:`onmt_ext.routing` with ``ONMT_EXT_ROUTING_KERNEL=torch``.
+Triton's compiled kernels.  The reference is :mod:`onmt_ext.mechanisms.routing` with
+``ONMT_EXT_ROUTING_KERNEL=torch``.
 """
 
 import warnings
@@ -10,10 +12,10 @@ import warnings
 import pytest
 import torch
 
-from onmt_ext import li2019, routing
+from onmt_ext.mechanisms import li2019, routing
 
 triton = pytest.importorskip("triton", reason="the fused routing kernels need Triton (requirements.txt)")
-from onmt_ext import routing_triton  # noqa: E402
+from onmt_ext.mechanisms import routing_triton  # noqa: E402
 
 # the CPU through the interpreter (set on machines without CUDA), the GPU through compiled kernels
 DEVICES = (["cpu"] if routing_triton.INTERPRETED else []) + (["cuda"] if torch.cuda.is_available() else [])
@@ -223,7 +225,7 @@ def test_compiled_core_keeps_the_kernel_as_one_call(kernel, monkeypatch):
     """``-ext_compile``: the custom operators trace into a full graph (dynamic shapes) and give the eager
     kernels' values and gradients; Dynamo's graph holds the operator, not the routing's arithmetic."""
     monkeypatch.setattr(li2019.RoutingAggregation, "ext_compile", True)
-    from onmt_ext import compile as ext_compile
+    from onmt_ext.runtime import compile as ext_compile
     monkeypatch.setattr(ext_compile, "BACKEND", "aot_eager")
     monkeypatch.setattr(ext_compile, "_COMPILED", {})
     torch._dynamo.reset()

@@ -1,4 +1,4 @@
-"""The training step without host reads (onmt_ext.train_step) against stock OpenNMT-py's, in-process."""
+"""The training step without host reads (onmt_ext.runtime.train_step) against stock OpenNMT-py's, in-process."""
 
 import copy
 
@@ -50,8 +50,8 @@ def _train(monkeypatch, stock, accum_count=1, reads=None, fused=False):
     from onmt.utils.report_manager import ReportMgrBase
 
     from onmt_ext import patches
-    from onmt_ext.hostsync import HostReads
-    from onmt_ext.train_step import fused_adam
+    from onmt_ext.runtime.hostsync import HostReads
+    from onmt_ext.runtime.train_step import fused_adam
 
     opt = support.load_train_opts(CONFIG, "-accum_count", accum_count, "-report_every", 2, "-seed", 1)
     opt.data = {}  # (no corpus is read: the batches are made here)
@@ -112,7 +112,7 @@ def test_reports_equal_stock(monkeypatch):
 def test_device_sums_settle_onto_what_the_statistics_held():
     from onmt.utils import Statistics
 
-    from onmt_ext.train_step import add_to, settle
+    from onmt_ext.runtime.train_step import add_to, settle
 
     stats = Statistics(loss=1.5, n_words=10, n_correct=4)
     add_to(stats, torch.tensor([2.25, 7.0, 3.0], dtype=torch.float64))
@@ -129,7 +129,7 @@ def test_encoder_equals_stock():
     from onmt.encoders.transformer import TransformerEncoder
 
     from onmt_ext import patches
-    from onmt_ext.hostsync import HostReads
+    from onmt_ext.runtime.hostsync import HostReads
 
     opt = support.load_train_opts(CONFIG)
     vocabs = support.load_vocabs(opt)
@@ -147,7 +147,7 @@ def test_encoder_equals_stock():
 def test_host_reads_can_leave_out_the_optimizers_own_step_counters():
     """gpu_check's CPU count leaves out what a non-fused Adam reads of its CPU step counters (they stay on the host
     on a GPU too); every other read still counts."""
-    from onmt_ext.hostsync import HostReads
+    from onmt_ext.runtime.hostsync import HostReads
 
     weight = torch.nn.Parameter(torch.ones(3))
     optimizer = torch.optim.Adam([weight], lr=0.1, foreach=False)
@@ -163,7 +163,7 @@ def test_host_reads_can_leave_out_the_optimizers_own_step_counters():
 
 
 def test_fused_adam_follows_adam():
-    from onmt_ext.train_step import fused_adam
+    from onmt_ext.runtime.train_step import fused_adam
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Linear(5, 2))
@@ -223,7 +223,7 @@ def test_adam_eps_reaches_adam():
     is refused before training."""
     from onmt.utils.optimizers import Optimizer
 
-    from onmt_ext.train_step import STOCK_ADAM_EPS, adam_eps_problems
+    from onmt_ext.runtime.train_step import STOCK_ADAM_EPS, adam_eps_problems
 
     opt = support.load_train_opts(CONFIG, "-seed", 1)
     vocabs = support.load_vocabs(opt)
@@ -244,7 +244,7 @@ def test_the_wait_for_the_first_batch_is_said_once(monkeypatch):
     for, and one when the first batch came, once per process; the batches pass unchanged."""
     from onmt.utils import logging as onmt_logging
 
-    from onmt_ext import train_step
+    from onmt_ext.runtime import train_step
 
     lines = []
     monkeypatch.setattr(onmt_logging.logger, "info", lines.append)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import support
-from onmt_ext.state import DecodingStateModule, stateful_modules
+from onmt_ext.mechanisms.state import DecodingStateModule, stateful_modules
 
 STOCK = "yaml_configs/smoke/baseline/transformer_base_wmt14_ende.yaml"
 EXT = ("-encoder_type", "ext_transformer", "-decoder_type", "ext_transformer")
@@ -21,7 +21,7 @@ def _models(sample_data):
 
 def test_same_parameters_and_bitwise_same_outputs(sample_data, onmt_active):
     stock, ext, vocabs = _models(sample_data)
-    from onmt_ext.transformer import ExtTransformerDecoder, ExtTransformerEncoder
+    from onmt_ext.integration.transformer import ExtTransformerDecoder, ExtTransformerEncoder
 
     assert isinstance(ext.encoder, ExtTransformerEncoder) and isinstance(ext.decoder, ExtTransformerDecoder)
     stock_state = stock.state_dict()

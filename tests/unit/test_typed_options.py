@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-import onmt_ext.compile  # noqa: F401  (every module that declares options: -ext_compile*)
-import onmt_ext.transformer  # noqa: F401  (the mechanisms and -ext_layer_norm)
+import onmt_ext.runtime.compile  # noqa: F401  (every module that declares options: -ext_compile*)
+import onmt_ext.integration.transformer  # noqa: F401  (the mechanisms and -ext_layer_norm)
 from onmt_ext import options
-from onmt_ext.cao2019 import Cao2019
-from onmt_ext.li2019 import Li2019
+from onmt_ext.mechanisms.cao2019 import Cao2019
+from onmt_ext.mechanisms.li2019 import Li2019
 
 PACKAGE = Path(__file__).resolve().parents[2] / "onmt_ext"
 
@@ -26,7 +26,7 @@ OPTIONS_HOLDER = re.compile(r"^(opts?|args|namespace)$|_opts?$")
 ALLOWED = {
     # onmt_translate's own -ext_compile (plugin._translate_opts, default false), not the model option of
     # Compile (default auto): a translation compiles only when asked, whatever training used
-    ("plugin.py", "_load_test_model"),
+    ("integration/plugin.py", "_load_test_model"),
 }
 
 
@@ -91,7 +91,7 @@ def by_name_reads(tree, names):
 
 def _reads_in_package():
     names = _option_names()
-    return {(path.name, line, function, what) for path in sorted(PACKAGE.glob("*.py"))
+    return {(path.relative_to(PACKAGE).as_posix(), line, function, what) for path in sorted(PACKAGE.rglob("*.py"))
             for line, function, what in by_name_reads(ast.parse(path.read_text(), str(path)), names)}
 
 

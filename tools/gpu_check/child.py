@@ -116,7 +116,7 @@ def child_translate_many(result_file, head, argv):
     then waits for the jobs file, at most ``head[3]`` seconds."""
     from onmt import model_builder
 
-    from onmt_ext import compile as ext_compile
+    from onmt_ext.runtime import compile as ext_compile
 
     _warm_model_building()
     jobs_file, given_up = Path(head[0]), time.time() + float(head[3])

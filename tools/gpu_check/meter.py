@@ -57,11 +57,11 @@ def _top_sites(sites, count=5):
 
 class _SyncWindow:
     """Host-device synchronisations between :meth:`open` and :meth:`close`, with their call sites: on CUDA
-    torch's sync warnings (onmt_ext.hostsync.cuda_sync_warnings), on the CPU the host's reads of tensor
+    torch's sync warnings (onmt_ext.runtime.hostsync.cuda_sync_warnings), on the CPU the host's reads of tensor
     values (HostReads), less the optimizer's reads of its CPU step counters (no synchronisation on a GPU)."""
 
     def __init__(self, cuda):
-        from onmt_ext import hostsync
+        from onmt_ext.runtime import hostsync
 
         self.cuda, self.hostsync = cuda, hostsync
         self.context = self.found = None

@@ -15,7 +15,7 @@ from tools.gpu_check.plan import COSTS, GRACE_S, MIN_START_S, _now, _translate_r
 
 def translation_argv(checkpoint, config, source, args, search, output):
     """``onmt_translate`` arguments of one run (see docs/benchmarks-method.md)."""
-    from onmt_ext.clause_split import translate_options
+    from onmt_ext.mechanisms.clause.split import translate_options
 
     _, _, options = search
     return [str(value) for value in (

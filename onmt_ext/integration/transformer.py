@@ -8,7 +8,7 @@ load into them and give identical outputs (``tests/unit/test_transformer.py``).
 
 Selected with ``encoder_type: ext_transformer`` / ``decoder_type:
 ext_transformer``; registered in OpenNMT-py's registries by
-:mod:`onmt_ext.plugin`.
+:mod:`onmt_ext.integration.plugin`.
 """
 
 from functools import partial
@@ -18,11 +18,12 @@ from onmt.encoders.transformer import TransformerEncoder
 from onmt.utils.misc import sequence_mask
 
 from onmt_ext import _autoload
-from onmt_ext import cao2019, chen2019, clause_attention, disan, gret, li2019  # options: options.MECHANISM_ORDER
-from onmt_ext import normalisation
-from onmt_ext import compile as ext_compile
+from onmt_ext.mechanisms import cao2019, chen2019, disan, gret, li2019  # options: options.MECHANISM_ORDER
+from onmt_ext.mechanisms.clause import attention as clause_attention
+from onmt_ext.mechanisms import normalisation
+from onmt_ext.runtime import compile as ext_compile
 from onmt_ext.options import ExtConfig
-from onmt_ext.state import stateful_modules
+from onmt_ext.mechanisms.state import stateful_modules
 
 
 class _ExtConfigured:
@@ -36,7 +37,7 @@ class _ExtConfigured:
     is off attaches nothing, so the module stays exactly the stock one);
     ``-ext_layer_norm post`` goes first, so the mechanisms plug into post-norm layers.
     With ``-ext_compile`` the attached modules then run their tensor cores
-    compiled (:mod:`onmt_ext.compile`).
+    compiled (:mod:`onmt_ext.runtime.compile`).
     """
 
     _stock = None
@@ -91,7 +92,7 @@ class ExtTransformerDecoder(_ExtConfigured, TransformerDecoder):
     """OpenNMT-py's Transformer decoder plus onmt-ext's configuration and state.
 
     Besides the stock self/context-attention caches, any sub-module deriving
-    from :class:`~onmt_ext.state.DecodingStateModule` gets its decoding state
+    from :class:`~onmt_ext.mechanisms.state.DecodingStateModule` gets its decoding state
     initialised in :meth:`init_state`, reordered in :meth:`map_state` (beam
     tiling, beam reordering, finished hypotheses) and detached in
     :meth:`detach_state`.
@@ -108,7 +109,7 @@ class ExtTransformerDecoder(_ExtConfigured, TransformerDecoder):
     _stateful = None  # the stateful sub-modules, found again by each init_state
 
     def _stateful_modules(self):
-        """The :class:`~onmt_ext.state.DecodingStateModule` sub-modules, as found by the last ``init_state``.
+        """The :class:`~onmt_ext.mechanisms.state.DecodingStateModule` sub-modules, as found by the last ``init_state``.
 
         Walking every sub-module costs about 0.5 ms at six layers, and
         ``forward`` runs once per decoding step, so the walk is done once per

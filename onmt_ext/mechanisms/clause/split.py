@@ -1,4 +1,5 @@
-"""The ``clause_split`` transform: signal-word clause markers ("Clause Attention based on Signal Words Division", sec. 3.1-3.2).
+"""The ``clause_split`` transform: signal-word clause markers ("Clause Attention based on Signal Words Division", sec.
+3.1-3.2).
 
 Each source sentence is tagged (English: spaCy ``en_core_web_sm``; Chinese: jieba ``posseg``) and the marker
 ``MARKERS[l]`` (``｟cl1_punct｠`` ... ``｟cl6_part｠``) is inserted before each signal word of level
@@ -27,7 +28,7 @@ import numpy as np
 import torch
 
 from onmt_ext import _autoload
-from onmt_ext.compat import install_command
+from onmt_ext.runtime.compat import install_command
 from onmt_ext.errors import UsageError, UserError
 from onmt_ext.patches import NEEDED, add_entry
 
@@ -830,8 +831,9 @@ def _expand(length, where):
 
 
 def install():
-    """Register ``clause_split`` in OpenNMT-py's transform registry (called by :func:`onmt_ext.plugin.activate`;
-    after a re-execution of this module, its new class replaces the old)."""
+    """Register ``clause_split`` in OpenNMT-py's transform registry (called by
+    :func:`onmt_ext.integration.plugin.activate`; after a re-execution of this module, its new class replaces the
+    old)."""
     add_entry(onmt.transforms, "AVAILABLE_TRANSFORMS", TRANSFORM_NAME, ClauseSplitTransform, kind=NEEDED,
               reason="the clause_split transform (clause markers for clause attention) for -transforms",
               test="tests/unit/test_clause_split.py::test_registered_with_options_and_reimport_is_harmless")

@@ -1,7 +1,7 @@
 """Fixes of OpenNMT-py 3.5.1 (which declares ``torch<2.3``) for current torch, and of its crashes and data loss.
 
 :func:`apply` is called by the start-up hook *before* ``onmt`` is imported (idempotent); the rest is installed by
-:func:`onmt_ext.plugin.activate`, each through :func:`onmt_ext.patches.patch`:
+:func:`onmt_ext.integration.plugin.activate`, each through :func:`onmt_ext.patches.patch`:
 
 * the ``torch.load`` allow-list (``argparse.Namespace``; ``weights_only`` stays on) and the ``FutureWarning``
   filter for OpenNMT-py's ``torch.cuda.amp``/``sdp_kernel`` calls;
@@ -22,7 +22,6 @@ import logging
 import os
 import shlex
 import sys
-import traceback
 import types
 import warnings
 
@@ -89,65 +88,6 @@ def allow_checkpoint_classes():
                test="tests/unit/test_plugin.py::test_checkpoint_namespace_loads_with_weights_only")
 
 
-#: Where a model of onmt-ext fails to build while onmt-ext is off: OpenNMT-py's registry look-ups, by function.
-_BUILDERS = {"build_encoder": "-encoder_type", "build_decoder": "-decoder_type"}
-
-
-def disabled_extension_message(error, tb):
-    """The line for ``error`` (with traceback ``tb``) when it is OpenNMT-py failing to build an onmt-ext model
-    because ``ONMT_EXT_DISABLE`` switched onmt-ext off: ``<command>: error: ...``; None for any other error."""
-    from onmt_ext._autoload import DISABLE_ENV
-    from onmt_ext.commands import COMMANDS, main_module
-    from onmt_ext.options import EXT_TYPE
-
-    frames = [frame for frame, _ in traceback.walk_tb(tb)]
-    last = frames[-1].f_code if frames else None
-    if not (isinstance(error, KeyError) and error.args == (EXT_TYPE,) and last is not None
-            and last.co_name in _BUILDERS and last.co_filename.endswith(os.path.join("onmt", "model_builder.py"))):
-        return None
-    side = _BUILDERS[last.co_name]
-    checkpoint = next((frame.f_locals["model_path"] for frame in frames if frame.f_code.co_name == "load_test_model"
-                       and frame.f_locals.get("model_path")), None)
-    checkpoint = checkpoint or next((getattr(frame.f_locals.get("opt"), "train_from", None) for frame in frames
-                                     if getattr(frame.f_locals.get("opt"), "train_from", None)), None)
-    prog = COMMANDS.get(main_module()) or os.path.basename(sys.argv[0] if sys.argv and sys.argv[0] else "python")
-    switch = f"{DISABLE_ENV}={os.environ.get(DISABLE_ENV, '')}"
-    if checkpoint:
-        return (f"{prog}: error: checkpoint {checkpoint} needs onmt-ext: it was trained with {side} {EXT_TYPE}, "
-                f"onmt-ext's model, and {switch} switches onmt-ext off; unset {DISABLE_ENV} to load it")
-    return (f"{prog}: error: {side} {EXT_TYPE} is onmt-ext's model, and {switch} switches onmt-ext off; unset "
-            f"{DISABLE_ENV} to use it")
-
-
-def explain_disabled_extension():
-    """With ``ONMT_EXT_DISABLE``: a model of onmt-ext that OpenNMT-py cannot build (its uncaught ``KeyError:
-    'ext_transformer'``) ends in one line naming the variable (:func:`disabled_extension_message`), exit 1.
-
-    A ``sys.excepthook``: nothing of OpenNMT-py is changed, every other error is printed as before.
-    """
-    before = sys.excepthook
-
-    def hook(error_type, error, tb):
-        try:
-            line = disabled_extension_message(error, tb)
-        except Exception:  # never hide the error itself
-            line = None
-        if line is None:
-            before(error_type, error, tb)
-        else:
-            sys.stderr.write(line + "\n")
-
-    def undo():
-        if sys.excepthook is hook:
-            sys.excepthook = before
-
-    sys.excepthook = hook
-    record("sys.excepthook (a model of onmt-ext while ONMT_EXT_DISABLE is set)", kind=MESSAGE, undo=undo,
-           reason="with onmt-ext switched off, a checkpoint or config of ext_transformer ends in a traceback "
-                  "ending in KeyError: 'ext_transformer'",
-           test="tests/integration/test_checkpoints_cli.py::test_disabled_extension_names_itself_for_its_own_model")
-
-
 class MissingPackageError(ImportError):
     """An optional package that a transform needs is not installed; the message says which and how to install it."""
 
@@ -169,7 +109,7 @@ def make_command(target, cwd=None):
     ``-C`` when ``cwd`` is not onmt-ext's checkout, ``VENV=`` when the running environment is not the checkout's
     ``.venv``.  None outside a checkout (onmt-ext installed without its Makefile).
     """
-    repo = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))  # onmt_ext/runtime/
     if not os.path.isfile(os.path.join(repo, "Makefile")) or not os.path.isfile(
             os.path.join(repo, "tools", "stage_venv.py")):
         return None
@@ -265,7 +205,7 @@ def missing_package_problems(opt):
 def keep_log_file():
     """Stop OpenNMT-py's data iterator from dropping the ``-log_file`` handler (see the module docstring).
 
-    Needs ``onmt`` imported; called by :func:`onmt_ext.plugin.activate`.  A
+    Needs ``onmt`` imported; called by :func:`onmt_ext.integration.plugin.activate`.  A
     process whose ``onmt`` logger has no handler yet (a data-loader worker)
     still gets the console handler it asked for.
     """
@@ -466,7 +406,7 @@ class OpenNMTBackends(temporarily):
 def _attention_forward(stock, self, *args, **kwargs):
     import torch
 
-    if torch.compiler.is_compiling():  # a compiled layer (onmt_ext.compile) is inside OpenNMTBackends already
+    if torch.compiler.is_compiling():  # a compiled layer (onmt_ext.runtime.compile) is inside OpenNMTBackends already
         return stock(self, *args, **kwargs)
     with OpenNMTBackends():
         return stock(self, *args, **kwargs)
@@ -492,7 +432,7 @@ def explain_position_limit():
     ``PositionalEncoding.forward`` checks the length itself (the stock check
     reports the size of the wrong dimension); ``Translator._run_encoder``
     adds the 1-based line numbers of the too-long sources of the batch;
-    the command wrapper (:func:`onmt_ext.commands._run_command`) turns the error into a
+    the command wrapper (:func:`onmt_ext.integration.commands._run_command`) turns the error into a
     one-line exit.  Idempotent.
     """
     from onmt.modules.embeddings import PositionalEncoding

@@ -11,7 +11,7 @@ Numerics: at least float32, also under autocast (votes up-cast, autocast off
 inside, outputs cast back); masked votes zeroed, norms and variances floored,
 EM densities in log space.  Memory: :func:`recompute_in_backward` (docs/li2019.md).
 Speed: on CUDA the problems that fit one Triton program go to the fused
-kernels of :mod:`onmt_ext.routing_triton` (:func:`kernel_choice`, docs/kernels.md).
+kernels of :mod:`onmt_ext.mechanisms.routing_triton` (:func:`kernel_choice`, docs/kernels.md).
 """
 
 import functools
@@ -151,15 +151,15 @@ def kernel_choice():
     return value
 
 
-_KERNEL_MODULE = "onmt_ext.routing_triton"
+_KERNEL_MODULE = "onmt_ext.mechanisms.routing_triton"
 _KERNELS = []  # the error that stopped their import
 
 
 def _fused_kernels(votes, mask=None, init_logits=None):
-    """:mod:`onmt_ext.routing_triton` where :func:`kernel_choice` and the call allow it, else None.
+    """:mod:`onmt_ext.mechanisms.routing_triton` where :func:`kernel_choice` and the call allow it, else None.
 
     The kernels take votes ``(..., I, O, D)`` in float32, float16 or bfloat16 whose ``(I, O, D)`` fits one
-    program (:func:`onmt_ext.routing_triton.fits`), with a mask ``(..., I)`` of the votes' own leading shape
+    program (:func:`onmt_ext.mechanisms.routing_triton.fits`), with a mask ``(..., I)`` of the votes' own leading shape
     (not votes shared across problems) and starting logits ``(..., I, O)``.
     """
     choice = kernel_choice()
@@ -183,7 +183,7 @@ def prepare_kernels(tensor):
 
 
 def _load_kernels():
-    """Import :mod:`onmt_ext.routing_triton`, once; None without Triton (one warning), or inside
+    """Import :mod:`onmt_ext.mechanisms.routing_triton`, once; None without Triton (one warning), or inside
     ``torch.compile``'s trace, which cannot import (:func:`prepare_kernels`)."""
     if _KERNELS or torch.compiler.is_compiling():
         return None

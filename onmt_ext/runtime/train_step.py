@@ -4,7 +4,7 @@ Stock OpenNMT-py 3.5.1 reads device values on the host several times a step (``.
 the source length sum, the loss and the accuracy counts; ``lengths.max()`` for the encoder mask; the AMP scaler's
 inf check before a non-fused Adam step).  Here:
 
-* token counts come from the batch's CPU tensors (:data:`onmt_ext.batches.HOST`);
+* token counts come from the batch's CPU tensors (:data:`onmt_ext.runtime.batches.HOST`);
 * loss, target-token and correct-token sums stay on the device, in float64 in stock's order, and are read once
   per report (:func:`settle`);
 * the encoder's padding mask takes the batch width; Adam on a CUDA model is torch's fused Adam.
@@ -21,7 +21,7 @@ import traceback
 
 import torch
 
-from onmt_ext.batches import HOST
+from onmt_ext.runtime.batches import HOST
 from onmt_ext.patches import FIX, NEEDED, SPEED, patch, record
 
 # OpenNMT-py is imported inside the functions: importing it while this module initialises would activate
@@ -305,7 +305,7 @@ def install():
     from onmt.utils.optimizers import Optimizer
     from onmt.utils.report_manager import ReportMgrBase
 
-    record("data-parallel gradient scale (onmt_ext.train_step.gradient_accumulation)", kind=FIX, runtime=True,
+    record("data-parallel gradient scale (onmt_ext.runtime.train_step.gradient_accumulation)", kind=FIX, runtime=True,
            test="tests/unit/test_distributed.py::"
                 "test_the_gradient_and_the_parameters_equal_one_process_fed_both_batches",
            reason="with several GPUs the all-reduced gradient is divided by their number although each rank's loss is "

@@ -1,11 +1,12 @@
 """``-ext_compile``: every mechanism's tensor core through ``torch.compile``.
 
 Each mechanism keeps its arithmetic in a pure function of tensors and plain settings (its core: li2019's
-:func:`~onmt_ext.li2019.aggregate_heads`, cao2019's :func:`~onmt_ext.cao2019.cross_aggregate` and
-:func:`~onmt_ext.cao2019.causal_step`, chen2019's :func:`~onmt_ext.chen2019.recurrent_output`,
-clause attention's :func:`~onmt_ext.clause_attention.clause_mix`, GRET's :func:`~onmt_ext.gret.global_summary`
-and :func:`~onmt_ext.gret.fuse`, and the directional softmax).  The module that owns the parameters and decoding
-state calls its core through :func:`run`; with ``-ext_compile`` the call goes to
+:func:`~onmt_ext.mechanisms.li2019.aggregate_heads`, cao2019's :func:`~onmt_ext.mechanisms.cao2019.cross_aggregate` and
+:func:`~onmt_ext.mechanisms.cao2019.causal_step`, chen2019's :func:`~onmt_ext.mechanisms.chen2019.recurrent_output`,
+clause attention's :func:`~onmt_ext.mechanisms.clause.attention.clause_mix`, GRET's
+:func:`~onmt_ext.mechanisms.gret.global_summary` and :func:`~onmt_ext.mechanisms.gret.fuse`, and the directional
+softmax).  The module that owns the parameters and decoding state calls its core through :func:`run`; with
+``-ext_compile`` the call goes to
 ``torch.compile(core, dynamic=True, fullgraph=True)``, built once per process and core.
 
 ``-ext_compile_layers`` (training only) compiles each whole Transformer encoder and decoder layer, stock or with
@@ -21,7 +22,7 @@ from functools import partial
 import torch
 from torch.fx.experimental import _config as shape_config
 
-from onmt_ext.compat import OpenNMTBackends
+from onmt_ext.runtime.compat import OpenNMTBackends
 from onmt_ext.options import AUTO, OPTION_SPECS, AutoBool, option, register_mechanism
 from onmt_ext.patches import MESSAGE, record
 
@@ -205,8 +206,8 @@ def _layer_forward(layer, eager, kind, *args, **kwargs):
     of :data:`ALIGN` (:func:`_aligned`); None for a layer with a mechanism module, whose state may depend on the
     length.
 
-    While the compiled layer runs, OpenNMT-py's attention finds :func:`onmt_ext.compat.opennmt_sdp_kernel` under
-    ``torch.backends.cuda.sdp_kernel`` (:class:`~onmt_ext.compat.OpenNMTBackends`: traceable, where the stock
+    While the compiled layer runs, OpenNMT-py's attention finds :func:`onmt_ext.runtime.compat.opennmt_sdp_kernel` under
+    ``torch.backends.cuda.sdp_kernel`` (:class:`~onmt_ext.runtime.compat.OpenNMTBackends`: traceable, where the stock
     generator context manager would split the graph around every attention call), and the compiler gives every
     size its own symbol
     (no "duck sizing": a source as long as the target in the first batch would otherwise make a later batch

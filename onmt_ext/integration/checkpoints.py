@@ -10,7 +10,7 @@
   would overwrite, are refused (the second unless ``-overwrite_checkpoints``).
 * :func:`replaced_tensor_problem`: a mechanism that *replaces* a stock sub-module (li2019) cannot start from a
   checkpoint without it (:func:`vocabulary_problem`: clause attention's changed vocabularies); mechanisms that
-  only *add* tensors fine-tune from a baseline (:func:`onmt_ext.gret.load_with_new_parameters`).
+  only *add* tensors fine-tune from a baseline (:func:`onmt_ext.mechanisms.gret.load_with_new_parameters`).
 * :func:`average_problems`: ``onmt_average_models`` on a missing file, a non-checkpoint, or checkpoints of
   different models; :func:`average` averages tied tensors once (stock: twice).
 """
@@ -19,12 +19,13 @@ import os
 
 import torch
 
-from onmt_ext import __version__, preprocessing
-from onmt_ext.commands import in_command, run_main, step_checkpoints
-from onmt_ext.compile import Compile
+from onmt_ext import __version__
+from onmt_ext.integration import preprocessing
+from onmt_ext.integration.commands import in_command, run_main, step_checkpoints
+from onmt_ext.runtime.compile import Compile
 from onmt_ext.errors import UsageError, UserError, user_error
 from onmt_ext.options import EXT_TYPE, OPTION_SPECS, choice_problems, validate
-from onmt_ext.parsing import train_parser
+from onmt_ext.integration.parsing import train_parser
 from onmt_ext.patches import FIX, MESSAGE, NEEDED, patch
 
 # OpenNMT-py is imported inside the functions: importing it while this module initialises would activate
@@ -33,11 +34,11 @@ from onmt_ext.patches import FIX, MESSAGE, NEEDED, patch
 #: Mechanisms that replace a stock sub-module: the onmt-ext module that holds the class -> what it replaces
 #: and why the checkpoint's tensors cannot seed it.
 REPLACING = {
-    "onmt_ext.li2019": (
+    "onmt_ext.mechanisms.li2019": (
         "li2019's routing aggregation (-li2019_enc_self/-li2019_dec_self/-li2019_enc_dec) replaces the "
         "attention's output projection final_linear (W^O, eq. 4) by per-head capsule maps (eq. 5-6); no rule "
         "maps W^O onto them and Li et al. (2019) train it from scratch, not from a baseline"),
-    "onmt_ext.disan": (
+    "onmt_ext.mechanisms.disan": (
         "DiSAN (-disan_enc) replaces the encoder's self-attention by its directional one, and onmt-ext maps "
         "none of the checkpoint's attention tensors onto it"),
 }
@@ -304,7 +305,7 @@ def _mechanism_of(model, name):
             owner = type(model.get_submodule(".".join(parts[:end]))).__module__
         except AttributeError:  # the path goes on below what the model has
             continue
-        if owner.startswith("onmt_ext.") and owner != "onmt_ext.transformer":
+        if owner.startswith("onmt_ext.") and owner != "onmt_ext.integration.transformer":
             return owner
     return None
 
@@ -469,7 +470,8 @@ def install():
           reason="-train_from with -train_steps at or below the checkpoint's step trains one step and exits 0; a "
                  "resumed run overwrites the same run's checkpoints of later steps without a word",
           test="tests/integration/test_checkpoints_cli.py::test_a_resumed_run_never_overwrites_later_checkpoints")
-    patch(BaseModel, "load_state_dict", _load_state_dict_checked, kind=FIX, order=0,  # before check_checkpoints' and GRET's
+    # order 0: before check_checkpoints' and GRET's
+    patch(BaseModel, "load_state_dict", _load_state_dict_checked, kind=FIX, order=0,
           reason="fine-tuning li2019 (or DiSAN, or clause attention) from a checkpoint without it ends in 'was it "
                  "written by another version ... or altered?' although the mechanism replaced the checkpoint's "
                  "final_linear (clause_split: the vocabularies were rebuilt)",

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from onmt_ext import compile as ext_compile
+from onmt_ext.runtime import compile as ext_compile
 from onmt_ext.patches import NEEDED, patch
 
 # OpenNMT-py is imported inside the functions: importing it while this module initialises would activate
@@ -167,13 +167,14 @@ def initialise(model, names=None):
 def added_by_mechanism(model, name):
     """True when the parameter or buffer ``name`` lies in a module defined by onmt-ext.
 
-    onmt-ext's encoder and decoder classes (``onmt_ext.transformer``) and post-norm layers
-    (``onmt_ext.normalisation``) hold only stock sub-modules, so they do not count.
+    onmt-ext's encoder and decoder classes (``onmt_ext.integration.transformer``) and post-norm layers
+    (``onmt_ext.mechanisms.normalisation``) hold only stock sub-modules, so they do not count.
     """
     parts = name.split(".")[:-1]
     for end in range(len(parts), 0, -1):
         owner = type(model.get_submodule(".".join(parts[:end]))).__module__
-        if owner.startswith("onmt_ext.") and owner not in ("onmt_ext.transformer", "onmt_ext.normalisation"):
+        if owner.startswith("onmt_ext.") and owner not in ("onmt_ext.integration.transformer",
+                                                           "onmt_ext.mechanisms.normalisation"):
             return True
     return False
 
@@ -186,11 +187,11 @@ def uncovered(model):
 
 def install():
     """Re-apply the declared rules after OpenNMT-py's initialisation in ``onmt.model_builder.build_model``
-    (and there, with ``-ext_compile_layers``, compile the layers: :func:`onmt_ext.compile.compile_layers`).
+    (and there, with ``-ext_compile_layers``, compile the layers: :func:`onmt_ext.runtime.compile.compile_layers`).
 
     Only for a fresh model (no checkpoint): OpenNMT-py loads a checkpoint inside ``build_model``, so a
     model built from one is left alone (a baseline checkpoint's missing mechanism tensors are drawn by
-    :func:`onmt_ext.gret.load_with_new_parameters` through :func:`initialise`).
+    :func:`onmt_ext.mechanisms.gret.load_with_new_parameters` through :func:`initialise`).
     """
     import onmt.model_builder as builder
     import onmt.train_single as train_single
@@ -209,22 +210,3 @@ def _build_model_initialised(stock, model_opt, opt, vocabs, checkpoint, *args, *
     if ext_compile.Compile.from_opt(opt).compile_layers:  # this run's option, not the checkpoint's: how it runs
         ext_compile.compile_layers(model)
     return model
-
-
-def _routing_aggregation(module):
-    """li2019's :class:`onmt_ext.li2019.RoutingAggregation` (its ``reset_parameters`` draws the same)."""
-    rules = {"input_weight": GLOROT, "input_bias": ZEROS, "vote_weight": GLOROT}
-    rules.update({name: ZEROS for name in ("beta_a", "beta_u") if hasattr(module, name)})
-    return rules
-
-
-def _fusion_gate(module):
-    """DiSAN's :class:`onmt_ext.disan.FusionGate` (a chen2019 baseline): the gate maps as stock linears;
-    the attention it wraps is the stock one."""
-    rules = {f"attention.{name}": STOCK for name, _ in module.attention.named_parameters()}
-    return {**rules, "gate_s.weight": GLOROT, "gate_s.bias": ZEROS, "gate_h.weight": GLOROT}
-
-
-# Modules whose files declare nothing themselves (the others call register() next to their class).
-register("onmt_ext.li2019.RoutingAggregation", _routing_aggregation)
-register("onmt_ext.disan.FusionGate", _fusion_gate)

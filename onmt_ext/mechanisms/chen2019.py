@@ -12,7 +12,7 @@ A word embedding ``x_j`` (``d_model``) is split into ``x^p_j`` (first ``d_p``) a
 :class:`RecurrentPositionalEmbeddings` replaces a side's ``embeddings`` (output ``(batch, len, d_model)``),
 keeping the stock ``word_lut`` and dropout.  ``chen2019_heads restricted`` makes the first layer's Q/K/V per-head
 (:class:`BlockDiagonalLinear`, :class:`HeadwiseNorm`).  On the target side the RNN state ``(batch, 1, units)`` is
-decoding state (:mod:`onmt_ext.state`).  Scaling, head projections, padding: docs/chen2019.md.
+decoding state (:mod:`onmt_ext.mechanisms.state`).  Scaling, head projections, padding: docs/chen2019.md.
 """
 
 import math
@@ -23,11 +23,11 @@ from typing import List
 import torch
 import torch.nn as nn
 
-from onmt_ext import compile as ext_compile
-from onmt_ext import initialisation, normalisation
+from onmt_ext.runtime import compile as ext_compile
+from onmt_ext.mechanisms import initialisation, normalisation
 from onmt_ext.options import (EXT_TYPE, model_size, option, options_without_effect, register_mechanism,
                               tensor_parallel_problems)
-from onmt_ext.state import DecodingStateModule
+from onmt_ext.mechanisms.state import DecodingStateModule
 
 # OpenNMT-py is imported inside the functions: importing it while this module initialises would activate
 # onmt-ext (onmt_ext._autoload) before this module is whole.
@@ -495,11 +495,11 @@ def restrict_heads(layer_norm, attention, heads):
     return HeadwiseNorm(dim, heads, eps, kind)
 
 
-initialisation.register("onmt_ext.chen2019.RecurrentPositionalEmbeddings", _rules)
-initialisation.register("onmt_ext.chen2019.BlockDiagonalLinear",
+initialisation.register("onmt_ext.mechanisms.chen2019.RecurrentPositionalEmbeddings", _rules)
+initialisation.register("onmt_ext.mechanisms.chen2019.BlockDiagonalLinear",
                         lambda m: {"weight": initialisation.GLOROT,
                                    **({"bias": initialisation.ZEROS} if m.bias is not None else {})})
-initialisation.register("onmt_ext.chen2019.HeadwiseNorm",
+initialisation.register("onmt_ext.mechanisms.chen2019.HeadwiseNorm",
                         lambda m: {"weight": initialisation.ONES,
                                    **({"bias": initialisation.ZEROS} if m.bias is not None else {})})
 

@@ -323,7 +323,7 @@ def install():
           test="tests/integration/test_corpus_cli.py::test_train_refuses_misaligned_files_without_a_traceback",
           reason="reads every corpus once at start-up: files of different lengths are cut to the shorter without a "
                  "word, a non-UTF-8 line ends in a traceback naming no file, empty lines go unreported")
-    # order 1: inside onmt_ext.commands' layer (order 0), which ends a CorpusError in one line
+    # order 1: inside onmt_ext.integration.commands' layer (order 0), which ends a CorpusError in one line
     patch(translate_bin, "translate", _translate_checked, kind=FIX, order=1, test=tests +
           "test_translate_refuses_a_source_with_empty_lines_by_name",
           reason="an empty -src line is left out of the output (every later line shifts); an empty -src file ends "

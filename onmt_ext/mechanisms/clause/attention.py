@@ -1,7 +1,7 @@
 """Clause attention in the encoder ("Clause Attention based on Signal Words Division", sec. 3.2, eq. 3-5).
 
-Clauses (eq. 3): at level l a marker of the ``clause_split`` transform (:mod:`onmt_ext.clause_split`) of level
-<= l opens a clause; :func:`clause_ids` gives ids ``(batch, L, len)`` from the token ids (padding -1).
+Clauses (eq. 3): at level l a marker of the ``clause_split`` transform (:mod:`onmt_ext.mechanisms.clause.split`) of
+level <= l opens a clause; :func:`clause_ids` gives ids ``(batch, L, len)`` from the token ids (padding -1).
 Attention (eq. 4-5): from the masked scores ``E`` ``(batch, heads, len, len)``, ``g = softmax(E)`` and
 ``b^l = softmax(E)`` over the keys in the query's clause of level l combine as::
 
@@ -20,15 +20,15 @@ from typing import List
 import torch
 import torch.nn as nn
 
-from onmt_ext import compile as ext_compile
-from onmt_ext import initialisation
+from onmt_ext.runtime import compile as ext_compile
+from onmt_ext.mechanisms import initialisation
 from onmt_ext.errors import UsageError
 from onmt_ext.options import (layers_check, option, options_without_effect, register_mechanism,
                               selected_layers, tensor_parallel_problems)
 from onmt_ext.patches import NEEDED, patch
 
-# OpenNMT-py (and onmt_ext.clause_split, which imports it) is imported inside the functions: importing it while
-# this module initialises would activate onmt-ext (onmt_ext._autoload) before this module is whole.
+# OpenNMT-py (and onmt_ext.mechanisms.clause.split, which imports it) is imported inside the functions: importing it
+# while this module initialises would activate onmt-ext (onmt_ext._autoload) before this module is whole.
 
 MIXINGS = ("scalar", "gate")
 TRANSFORM = "clause_split"
@@ -57,7 +57,7 @@ def marker_level_table(src_vocab, levels):
 
     Raises :class:`ValueError` if the vocabulary holds none of the markers.
     """
-    from onmt_ext.clause_split import marker_tokens
+    from onmt_ext.mechanisms.clause.split import marker_tokens
 
     ids_to_tokens = src_vocab.ids_to_tokens
     table = torch.zeros(len(ids_to_tokens), dtype=torch.long)
@@ -223,7 +223,7 @@ def clause_mix(scores, first_level, weights, outside):
     return (1 - first_level) * torch.softmax(scores, dim=-1) + mixed
 
 
-initialisation.register("onmt_ext.clause_attention.ClauseAttention", lambda m: (
+initialisation.register("onmt_ext.mechanisms.clause.attention.ClauseAttention", lambda m: (
     {"mix_logits": initialisation.ZEROS} if m.mixing == "scalar"
     else {"mix_gate.weight": initialisation.ZEROS, "mix_gate.bias": initialisation.ZEROS}))
 
@@ -231,7 +231,7 @@ initialisation.register("onmt_ext.clause_attention.ClauseAttention", lambda m: (
 def _combination_check(opt):
     if not Clause.from_opt(opt).attention:
         return options_without_effect(opt, Clause.specs[1:], "-clause_attention is false")
-    from onmt_ext.clause_split import _transform_lists
+    from onmt_ext.mechanisms.clause.split import _transform_lists
 
     problems = []
     if not any(TRANSFORM in names for _, names in _transform_lists(opt)):

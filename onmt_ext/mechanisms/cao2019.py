@@ -21,13 +21,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from onmt_ext import compile as ext_compile
-from onmt_ext import initialisation
+from onmt_ext.runtime import compile as ext_compile
+from onmt_ext.mechanisms import initialisation
 from onmt_ext.options import (EXT_TYPE, layers_check, option, options_without_effect, register_mechanism,
                               selected_layers, tensor_parallel_problems)
-from onmt_ext.routing import (_check_iterations, at_least_float32, coupling_coefficients, simple_routing,
+from onmt_ext.mechanisms.routing import (_check_iterations, at_least_float32, coupling_coefficients, simple_routing,
                               without_autocast)
-from onmt_ext.state import DecodingStateModule
+from onmt_ext.mechanisms.state import DecodingStateModule
 
 # OpenNMT-py fills masked scores with -1e18 before the softmax.
 _MASKED_BELOW = -1e17
@@ -133,7 +133,7 @@ def cross_aggregate(scores, head_weight, horizontal, init, iterations, causal=Fa
 def _probabilities(total, dtype):
     """``softmax(E_hat)`` over the keys, in the dtype of the scores.
 
-    Callers compute E_hat in float32 with autocast off (:func:`onmt_ext.routing.without_autocast`);
+    Callers compute E_hat in float32 with autocast off (:func:`onmt_ext.mechanisms.routing.without_autocast`);
     the attention probabilities go back to the dtype of the scores.
     """
     return torch.softmax(total, dim=-1).to(dtype)
@@ -186,7 +186,7 @@ def routing_weights(scores, iterations, init="zero", factor=1.0):
     vote vectors' weights come out to be zero".  This recomputes, from the
     masked scores ``(batch, H, L, L)`` a layer saw, the logits after T - 1
     iterations with the same routing core and turns them into the coupling
-    of the T-th iteration (:func:`onmt_ext.routing.coupling_coefficients`).
+    of the T-th iteration (:func:`onmt_ext.mechanisms.routing.coupling_coefficients`).
     Padding is left out: only non-padding query positions, and for the
     horizontal routing only the keys t <= l that are not padding.
 
@@ -288,7 +288,7 @@ def causal_step(scores, previous, routing_sum, head_weight, horizontal, init, it
     return _probabilities(total, scores.dtype), rows, routing_sum
 
 
-initialisation.register("onmt_ext.cao2019.CrossAggregation",
+initialisation.register("onmt_ext.mechanisms.cao2019.CrossAggregation",
                         lambda m: {"head_weight": initialisation.ZEROS} if m.vertical else {})
 
 

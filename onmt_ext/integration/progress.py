@@ -1,8 +1,8 @@
 """Progress of the long commands: ``onmt_translate``'s on stderr, ``onmt_train``'s time left; outputs untouched.
 
 Stock ``onmt_translate`` says nothing until it ends.  :func:`install` wraps ``Translator._translate``, the loop over
-the batches, so that inside the command (:func:`onmt_ext.commands.in_command`; not in a tool's or a test's own
-translation) each batch it has translated advances :class:`Progress`: a tqdm bar when stderr is a terminal, else
+the batches, so that inside the command (:func:`onmt_ext.integration.commands.in_command`; not in a tool's or a test's
+own translation) each batch it has translated advances :class:`Progress`: a tqdm bar when stderr is a terminal, else
 one line after the first batch, then at most one every :data:`INTERVAL` seconds, and one at the end.  The same
 loop counts the source lines longer than any the model was trained on (:func:`training_length`): one warning at
 the end names them (:class:`LongLines`).  ``onmt_train``'s ``Step n/total`` line ends in the time left
@@ -68,7 +68,7 @@ def source_lines(infer_iter):
     or the length of its list of sentences; None when neither is known."""
     from onmt.constants import CorpusName
 
-    from onmt_ext.corpus import check_corpus
+    from onmt_ext.runtime.corpus import check_corpus
 
     corpus = (getattr(infer_iter, "corpora", None) or {}).get(CorpusName.INFER)
     src = getattr(corpus, "src", None)
@@ -169,7 +169,7 @@ class _Counted:
 
 def _translate_with_progress(stock, self, infer_iter, *args, **kwargs):
     """``Translator._translate`` whose batches advance a :class:`Progress` (inside ``onmt_translate`` only)."""
-    from onmt_ext.commands import in_command
+    from onmt_ext.integration.commands import in_command
 
     if not in_command() or isinstance(infer_iter, list):
         return stock(self, infer_iter, *args, **kwargs)
@@ -180,7 +180,7 @@ def _translate_with_progress(stock, self, infer_iter, *args, **kwargs):
 def _translate_knowing_training_length(stock, opt, *args, **kwargs):
     """``onmt.bin.translate.translate`` with the :class:`LongLines` of its model (when its training length is
     known) for :func:`_translate_with_progress`."""
-    from onmt_ext.preprocessing import checkpoint_options
+    from onmt_ext.integration.preprocessing import checkpoint_options
 
     models = getattr(opt, "models", None) or []
     limit = training_length(checkpoint_options(models[0])) if models else None

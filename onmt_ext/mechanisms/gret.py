@@ -17,12 +17,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from onmt_ext import compile as ext_compile
-from onmt_ext import initialisation, normalisation
+from onmt_ext.runtime import compile as ext_compile
+from onmt_ext.mechanisms import initialisation, normalisation
 from onmt_ext.options import EXT_TYPE, option, options_without_effect, register_mechanism
 from onmt_ext.patches import NEEDED, patch
-from onmt_ext.routing import prepare_kernels, simple_routing
-from onmt_ext.state import DecodingStateModule
+from onmt_ext.mechanisms.routing import prepare_kernels, simple_routing
+from onmt_ext.mechanisms.state import DecodingStateModule
 
 # OpenNMT-py is imported inside the functions: importing it while this module initialises would activate
 # onmt-ext (onmt_ext._autoload) before this module is whole.
@@ -225,8 +225,8 @@ def _representation_rules(module):
     return rules
 
 
-initialisation.register("onmt_ext.gret.GlobalRepresentation", _representation_rules)
-initialisation.register("onmt_ext.gret.GlobalFusion", lambda m: {} if m.gate is None else {
+initialisation.register("onmt_ext.mechanisms.gret.GlobalRepresentation", _representation_rules)
+initialisation.register("onmt_ext.mechanisms.gret.GlobalFusion", lambda m: {} if m.gate is None else {
     "gate.weight": initialisation.GLOROT, "gate.bias": initialisation.ZEROS})
 
 
@@ -326,7 +326,7 @@ def _tensors(model):
 
 def _initialise(model, names):
     """Initialise the new tensors ``names`` as a fresh model has them: each by its stated rule
-    (:mod:`onmt_ext.initialisation`); buffers keep the value their constructor gave them."""
+    (:mod:`onmt_ext.mechanisms.initialisation`); buffers keep the value their constructor gave them."""
     initialisation.initialise(model, set(names))
 
 

@@ -1,11 +1,11 @@
 """The stock commands (``onmt_train``, ``onmt_translate``, ``onmt_build_vocab``) ending every error in one line.
 
 :func:`one_line_errors` wraps each command's ``main`` in :func:`run_main` (its command line is then parsed
-strictly, :mod:`onmt_ext.parsing`) and its work function in :func:`_run_command`: a
+strictly, :mod:`onmt_ext.integration.parsing`) and its work function in :func:`_run_command`: a
 :class:`~onmt_ext.errors.UserError` or a known error of OpenNMT-py or onmt-ext becomes ``<command>: error: ...``
 (exit 2 usage, 1 run time), and Ctrl-C names the last checkpoint and the command that resumes from it (exit
 130).  Before running, :func:`_check_machine` refuses a GPU option on a torch without CUDA (several training ranks
-run on the CPU instead, :mod:`onmt_ext.distributed`) and a transform whose package is missing; ``onmt_train``
+run on the CPU instead, :mod:`onmt_ext.runtime.distributed`) and a transform whose package is missing; ``onmt_train``
 refuses missing vocabularies and a ``-save_model`` holding another run's checkpoints.
 """
 
@@ -18,15 +18,15 @@ import sys
 
 import torch
 
-from onmt_ext import distributed, train_step
-from onmt_ext.compat import MissingPackageError, missing_package_problems, torch_setup_command
-from onmt_ext.corpus import CorpusError
+from onmt_ext.runtime import distributed, train_step
+from onmt_ext.runtime.compat import MissingPackageError, missing_package_problems, torch_setup_command
+from onmt_ext.runtime.corpus import CorpusError
 from onmt_ext.errors import UsageError, UserError
 from onmt_ext.options import OptionError
 from onmt_ext.patches import FIX, MESSAGE, patch
 
-# OpenNMT-py (and onmt_ext.clause_split, which imports it) is imported inside the functions: importing it while
-# this module initialises would activate onmt-ext (onmt_ext._autoload) before this module is whole.
+# OpenNMT-py (and onmt_ext.mechanisms.clause.split, which imports it) is imported inside the functions: importing it
+# while this module initialises would activate onmt-ext (onmt_ext._autoload) before this module is whole.
 
 #: True while the ``main`` of an OpenNMT-py command runs (:func:`run_main`).
 _IN_COMMAND = contextvars.ContextVar("onmt_ext_in_command", default=False)
@@ -83,7 +83,7 @@ def _run_command(stock, *args, **kwargs):
     """
     from onmt.modules.embeddings import SequenceTooLongError
 
-    from onmt_ext.clause_split import ClauseSplitError
+    from onmt_ext.mechanisms.clause.split import ClauseSplitError
 
     prog = COMMANDS.get(stock.__module__, os.path.basename(sys.argv[0]))
     try:
@@ -108,8 +108,8 @@ def _run_command(stock, *args, **kwargs):
 
 
 def run_main(stock, *args, **kwargs):
-    """A command's ``main``: its command line is parsed strictly (:func:`onmt_ext.parsing._parses_strictly`), its errors end in one
-    line (:func:`_run_command`)."""
+    """A command's ``main``: its command line is parsed strictly
+    (:func:`onmt_ext.integration.parsing._parses_strictly`), its errors end in one line (:func:`_run_command`)."""
     token = _IN_COMMAND.set(True)
     try:
         return _run_command(stock, *args, **kwargs)
@@ -177,7 +177,7 @@ def interrupted_message(opt):
 def cuda_problems(opt, cpu_ranks=False):
     """One message when ``opt`` asks for a GPU (``-gpu``, ``-gpu_ranks``) that this torch cannot give.
 
-    ``cpu_ranks``: several training ranks run as CPU processes (:func:`onmt_ext.distributed.cpu_ranks`), so
+    ``cpu_ranks``: several training ranks run as CPU processes (:func:`onmt_ext.runtime.distributed.cpu_ranks`), so
     ``-gpu_ranks`` is no problem.
     """
     asked = [f"-gpu {opt.gpu}"] if isinstance(getattr(opt, "gpu", None), int) and opt.gpu >= 0 else []
@@ -289,7 +289,7 @@ def one_line_errors():
                  "overwrites its checkpoints silently; Ctrl-C ends in a bare KeyboardInterrupt traceback; "
                  + machine)
     patch(build_vocab, "build_vocab_main", _build_vocab_checked, kind=MESSAGE, reason=machine, test=machine_test)
-    # order 0: runs before onmt_ext.corpus's source checks (order 1), so that their errors end in one line
+    # order 0: runs before onmt_ext.runtime.corpus's source checks (order 1), so that their errors end in one line
     patch(translate, "translate", _translate_checked, kind=MESSAGE, order=0,
           test="tests/unit/test_plugin.py::test_all_empty_translations_give_a_warning",
           reason="a translation whose every line is empty ends without a word; an -output in a directory that "

@@ -17,9 +17,9 @@ import sys
 
 import yaml
 
-from onmt_ext.command_line import repeated_option_messages
-from onmt_ext.commands import in_command
-from onmt_ext.compat import save_format_problems
+from onmt_ext.integration.command_line import repeated_option_messages
+from onmt_ext.integration.commands import in_command
+from onmt_ext.runtime.compat import save_format_problems
 from onmt_ext.options import check_options
 from onmt_ext.patches import FIX, NEEDED, patch
 
@@ -245,7 +245,8 @@ def stock_option_problems(opt):
 
 def environment_problems():
     """Messages for onmt-ext's environment variables with a value they cannot take (empty: none)."""
-    from onmt_ext import patches, routing
+    from onmt_ext import patches
+    from onmt_ext.mechanisms import routing
 
     problems = []
     for choice, default, doc in ((routing.kernel_choice, "auto", "docs/kernels.md"),

@@ -1,11 +1,11 @@
 """Chinese word segmentation with jieba, as the OpenNMT-py transform ``jieba``.
 
 ``transforms: [jieba, sentencepiece, ...]`` segments raw Chinese into words in ``onmt_build_vocab``,
-``onmt_train`` and (the checkpoint stores its transforms, :mod:`onmt_ext.preprocessing`) ``onmt_translate``.
+``onmt_train`` and (the checkpoint stores its transforms, :mod:`onmt_ext.integration.preprocessing`) ``onmt_translate``.
 :func:`segment` (``jieba.lcut``, HMM on, whitespace dropped) is the cut ``tools/prepare_tatoeba.py`` made of the
 shipped sample.  ``-jieba_side`` picks the side(s) (a target keeps its spaces: no reverse step);
-``-jieba_keep_segmented`` passes unchanged a line already segmented.  ``python -m onmt_ext.zh_segment < raw.zh >
-words.zh`` segments a file.  Details: docs/own-data.md.
+``-jieba_keep_segmented`` passes unchanged a line already segmented.  ``python -m onmt_ext.integration.zh_segment <
+raw.zh > words.zh`` segments a file.  Details: docs/own-data.md.
 """
 
 import logging
@@ -106,8 +106,8 @@ class JiebaTransform(Transform):
 
 
 def install():
-    """Register ``jieba`` in OpenNMT-py's transform registry (called by :func:`onmt_ext.plugin.activate`; after a
-    re-execution of this module, its new class replaces the old)."""
+    """Register ``jieba`` in OpenNMT-py's transform registry (called by :func:`onmt_ext.integration.plugin.activate`;
+    after a re-execution of this module, its new class replaces the old)."""
     add_entry(onmt.transforms, "AVAILABLE_TRANSFORMS", TRANSFORM_NAME, JiebaTransform, kind=NEEDED,
               reason="the jieba transform (Chinese word segmentation, as the demo data was cut) for -transforms",
               test="tests/unit/test_preprocessing.py::test_jieba_cuts_raw_chinese_as_the_shipped_sample_was_cut")

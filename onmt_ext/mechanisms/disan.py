@@ -18,7 +18,8 @@ from typing import List
 import torch
 import torch.nn as nn
 
-from onmt_ext import compile as ext_compile
+from onmt_ext.runtime import compile as ext_compile
+from onmt_ext.mechanisms import initialisation
 from onmt_ext.options import (layers_check, option, options_without_effect, register_mechanism, selected_layers,
                               tensor_parallel_problems)
 
@@ -100,6 +101,16 @@ def _combination_check(opt):
     if getattr(opt, "heads", 2) % 2:
         problems.append(f"-disan_enc splits the heads into forward and backward halves: -heads {opt.heads} is odd")
     return problems + tensor_parallel_problems(opt, "-disan_enc (it assigns a direction to every head)")
+
+
+def _fusion_gate_rules(module):
+    """The gate maps initialise as stock linears; the attention the gate wraps is the stock one."""
+    rules = {f"attention.{name}": initialisation.STOCK for name, _ in module.attention.named_parameters()}
+    return {**rules, "gate_s.weight": initialisation.GLOROT, "gate_s.bias": initialisation.ZEROS,
+            "gate_h.weight": initialisation.GLOROT}
+
+
+initialisation.register("onmt_ext.mechanisms.disan.FusionGate", _fusion_gate_rules)
 
 
 @register_mechanism("disan_", combination_check=_combination_check)

@@ -29,7 +29,7 @@ def caller(skip=()):
     """``file:line (function)`` of the innermost frame outside torch, the warnings module, ``contextlib``, this
     module and the files whose paths end in one of ``skip``; when frames inside torch lie between it and the
     read, `` via `` and the outermost of them (a torch context manager's body, say, entered from that line)."""
-    skipped = ("/warnings.py", "/contextlib.py", "onmt_ext/hostsync.py", *skip)
+    skipped = ("/warnings.py", "/contextlib.py", "onmt_ext/runtime/hostsync.py", *skip)
     inside = None
     for frame in reversed(traceback.extract_stack()):
         name = frame.filename.replace("\\", "/")

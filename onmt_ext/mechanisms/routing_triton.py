@@ -1,9 +1,9 @@
 """Fused routing kernels (Triton): all T iterations of a routing problem in one pass over its votes.
 
-The arithmetic of :func:`onmt_ext.routing.simple_routing` and :func:`onmt_ext.routing.em_routing` (the reference
-and the CPU path) for problems whose votes ``(I, O, D)`` fit one block of :data:`MAX_BLOCK` values, sizes rounded
-up to powers of two: li2019's head aggregation (``I = H``, ``O * D = d_model``).  One program routes one problem:
-it reads the votes once and keeps them, the logits or coupling ``(I, O)`` and the capsules ``(O, D)`` on chip
+The arithmetic of :func:`onmt_ext.mechanisms.routing.simple_routing` and :func:`onmt_ext.mechanisms.routing.em_routing`
+(the reference and the CPU path) for problems whose votes ``(I, O, D)`` fit one block of :data:`MAX_BLOCK` values,
+sizes rounded up to powers of two: li2019's head aggregation (``I = H``, ``O * D = d_model``).  One program routes one
+problem: it reads the votes once and keeps them, the logits or coupling ``(I, O)`` and the capsules ``(O, D)`` on chip
 through every iteration; float32 inside, the votes' dtype in and out.  The backward program keeps nothing but
 the inputs: it recomputes the state before each iteration from the start and goes back through the iterations
 one at a time (T (T + 1) / 2 forward iterations in all).  The derivatives are written next to the forward steps
@@ -26,7 +26,7 @@ if not torch.cuda.is_available() and "triton" not in sys.modules:  # only the in
 import triton  # noqa: E402  (after the interpreter's switch)
 import triton.language as tl  # noqa: E402
 
-from onmt_ext import routing  # noqa: E402  (the reference: its constants, once)
+from onmt_ext.mechanisms import routing  # noqa: E402  (the reference: its constants, once)
 
 #: the largest block ``BI * BO * BD`` (sizes rounded up to powers of two) a program routes; larger problems
 #: stay with the reference
@@ -526,7 +526,7 @@ _em_op.register_autograd(_em_grad, setup_context=_em_setup)
 
 
 # ----------------------------------------------------------------------------------------------------------
-# the routing core's entry points (onmt_ext.routing dispatches here)
+# the routing core's entry points (onmt_ext.mechanisms.routing dispatches here)
 
 
 def _flat(votes, mask):
@@ -537,9 +537,9 @@ def _flat(votes, mask):
 
 
 def simple_routing(votes, iterations, normalize, weighted_mean, init_logits, mask, need_logits):
-    """:func:`onmt_ext.routing.simple_routing` through the fused kernels (the caller checked :func:`fits` and the
-    arguments).  Returns ``outputs`` ``(..., O, D)`` in ``votes.dtype`` and ``logits`` ``(..., I, O)`` in float32
-    (None without ``need_logits``)."""
+    """:func:`onmt_ext.mechanisms.routing.simple_routing` through the fused kernels (the caller checked :func:`fits`
+    and the arguments).  Returns ``outputs`` ``(..., O, D)`` in ``votes.dtype`` and ``logits`` ``(..., I, O)`` in
+    float32 (None without ``need_logits``)."""
     lead, flat, flat_mask = _flat(votes, mask)
     n_in, n_out, n_dim = flat.shape[1:]
     init = None
@@ -552,8 +552,8 @@ def simple_routing(votes, iterations, normalize, weighted_mean, init_logits, mas
 
 
 def em_routing(votes, iterations, mask, beta_a, beta_u, min_var):
-    """:func:`onmt_ext.routing.em_routing` (product density, constant inverse temperature 1) through the fused
-    kernels; ``beta_a``/``beta_u`` are ``(O,)`` or None.  Returns ``outputs`` ``(..., O, D)`` and
+    """:func:`onmt_ext.mechanisms.routing.em_routing` (product density, constant inverse temperature 1) through the
+    fused kernels; ``beta_a``/``beta_u`` are ``(O,)`` or None.  Returns ``outputs`` ``(..., O, D)`` and
     ``activations`` ``(..., O)`` in ``votes.dtype``."""
     lead, flat, flat_mask = _flat(votes, mask)
     n_out, n_dim = flat.shape[2:]

@@ -25,9 +25,9 @@ import yaml
 from onmt_ext.errors import UsageError
 from onmt_ext.patches import FIX, patch
 
-# OpenNMT-py (and onmt_ext.zh_segment, which imports it) is imported inside the functions: importing it while this
-# module initialises would activate onmt-ext (onmt_ext._autoload) before this module is whole.  torch too: tools
-# (tools/evaluate.py) read SUBWORD_MARK from here without needing torch.
+# OpenNMT-py (and onmt_ext.integration.zh_segment, which imports it) is imported inside the functions: importing it
+# while this module initialises would activate onmt-ext (onmt_ext._autoload) before this module is whole.  torch too:
+# tools (tools/evaluate.py) read SUBWORD_MARK from here without needing torch.
 
 #: Transforms that decide the source tokens a model reads: translation must repeat them.
 SHAPING = ("jieba", "sentencepiece", "bpe", "onmt_tokenize", "clause_split")
@@ -45,7 +45,7 @@ _HAN = re.compile("[\u3400-\u4dbf\u4e00-\u9fff]")
 def segmented_share(path, limit=_SAMPLE_LINES):
     """``(segmented, chinese)`` among the first ``limit`` lines of ``path``: lines with 3 or more Han characters
     (``chinese``) and those of them with whitespace between CJK characters; ``None`` if it cannot be read."""
-    from onmt_ext.zh_segment import is_segmented
+    from onmt_ext.integration.zh_segment import is_segmented
 
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
@@ -243,7 +243,7 @@ def _transforms_of_training(stock, cls, opt):
             problems.append(f"-src {opt.src}: {share[1] - share[0]} of its first {share[1]} Chinese lines are not "
                             f"segmented into words, but the model's training source {words} is: add jieba "
                             "in front of -transforms (with -jieba_keep_segmented), or segment the input with "
-                            "python -m onmt_ext.zh_segment")
+                            "python -m onmt_ext.integration.zh_segment")
         for problem in problems:
             sys.stderr.write(f"onmt_translate: warning: {problem}\n")
     return stock(cls, opt)

@@ -4,7 +4,7 @@ Li et al. (NAACL 2019) replace the concatenation + linear map that combines
 the H heads (eq. 3-4) with routing between capsules: input capsules
 ``f_h(O_h) = tanh(O_h W_h + b_h)`` of ``d_model`` values (eq. 5), votes
 ``V_{h->n}`` for N output capsules of ``d_model / N`` (eq. 6), simple (Alg. 1,
-eq. 7-8) or EM (Alg. 2, eq. 9-12) routing from :mod:`onmt_ext.routing`, and
+eq. 7-8) or EM (Alg. 2, eq. 9-12) routing from :mod:`onmt_ext.mechanisms.routing`, and
 the output capsules concatenated.  :class:`RoutingAggregation` replaces the
 ``final_linear`` of a ``MultiHeadedAttention``, which every attention path
 applies (the decoding cache's too); each position is aggregated on its own.
@@ -21,10 +21,11 @@ from typing import List
 import torch
 import torch.nn as nn
 
-from onmt_ext import compile as ext_compile
+from onmt_ext.runtime import compile as ext_compile
 from onmt_ext.options import (layers_check, model_size, option, options_without_effect, register_mechanism,
                               selected_layers, tensor_parallel_problems)
-from onmt_ext.routing import em_routing, prepare_kernels, recompute_in_backward, simple_routing
+from onmt_ext.mechanisms import initialisation
+from onmt_ext.mechanisms.routing import em_routing, prepare_kernels, recompute_in_backward, simple_routing
 
 METHODS = ("concat", "simple", "em")
 
@@ -43,7 +44,7 @@ class RoutingAggregation(nn.Module):
 
     ``forward(context)`` maps the concatenated heads ``(batch, len, d)`` to
     ``(batch, len, d)`` through :func:`aggregate_heads` (compiled with
-    ``-ext_compile``, see :mod:`onmt_ext.compile`).
+    ``-ext_compile``, see :mod:`onmt_ext.runtime.compile`).
     """
 
     ext_compile = False
@@ -99,7 +100,7 @@ def aggregate_heads(context, input_weight, input_bias, vote_weight, beta_a, beta
 
     With ``recompute`` and grad enabled, the backward pass keeps only the
     arguments and runs this computation again
-    (:func:`~onmt_ext.routing.recompute_in_backward`; same gradients, bitwise;
+    (:func:`~onmt_ext.mechanisms.routing.recompute_in_backward`; same gradients, bitwise;
     memory: docs/li2019.md).
     """
     kwargs = dict(heads=heads, capsules=capsules, method=method, iterations=iterations)
@@ -145,6 +146,17 @@ def _combination_check(opt):
     if li2019.dec_self != "concat" and getattr(opt, "self_attn_type", "") == "average":
         problems.append("-li2019_dec_self needs multi-head decoder self-attention, not -self_attn_type average")
     return problems
+
+
+def _rules(module):
+    """Each parameter's initialisation (its ``reset_parameters`` draws the same)."""
+    rules = {"input_weight": initialisation.GLOROT, "input_bias": initialisation.ZEROS,
+             "vote_weight": initialisation.GLOROT}
+    rules.update({name: initialisation.ZEROS for name in ("beta_a", "beta_u") if hasattr(module, name)})
+    return rules
+
+
+initialisation.register("onmt_ext.mechanisms.li2019.RoutingAggregation", _rules)
 
 
 @register_mechanism("li2019_", combination_check=_combination_check)

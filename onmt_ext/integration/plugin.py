@@ -4,9 +4,10 @@
 registers ``ext_transformer`` with ``register_encoder``/``register_decoder``, adds onmt-ext's options to
 ``onmt.opts.model_opts`` (YAML, command line, checkpoints) and ``-ext_compile`` to ``onmt_translate``, adds the
 ``clause_split`` and ``jieba`` transforms, and has each module apply its own changes, in a fixed order:
-:mod:`~onmt_ext.compat` (OpenNMT-py on current torch, its crash fixes), :mod:`~onmt_ext.parsing` (strict
-options), :mod:`~onmt_ext.checkpoints` (loading, ``-train_from``, averaging), :mod:`~onmt_ext.commands`
-(one-line errors, exit codes), and the mechanisms' own hooks (GRET's fine-tuning, clause attention's checks).
+:mod:`~onmt_ext.runtime.compat` (OpenNMT-py on current torch, its crash fixes), :mod:`~onmt_ext.integration.parsing`
+(strict options), :mod:`~onmt_ext.integration.checkpoints` (loading, ``-train_from``, averaging),
+:mod:`~onmt_ext.integration.commands` (one-line errors, exit codes), and the mechanisms' own hooks (GRET's fine-tuning,
+clause attention's checks).
 
 Every change goes through :mod:`onmt_ext.patches`; :func:`activate` is idempotent and all-or-nothing (a failure
 undoes what it applied, nothing older), and ``ONMT_EXT_DISABLE=1`` prevents all of it; ``ONMT_EXT_RUNTIME=stock``
@@ -15,14 +16,17 @@ only the runtime (:func:`onmt_ext.patches.runtime_choice`).  Each change against
 
 import importlib
 
-from onmt_ext import (batches, checkpoints, clause_attention, command_line, commands, compat, corpus, distributed, gret,
-                      initialisation, parsing, patches, preprocessing, progress, train_step)
-from onmt_ext import compile as ext_compile
+from onmt_ext.runtime import batches, compat, corpus, distributed, train_step
+from onmt_ext.integration import checkpoints, command_line, commands, parsing, preprocessing, progress
+from onmt_ext.mechanisms.clause import attention as clause_attention
+from onmt_ext.mechanisms import gret, initialisation
+from onmt_ext import patches
+from onmt_ext.runtime import compile as ext_compile
 from onmt_ext.options import EXT_TYPE, add_model_options, str2bool
 from onmt_ext.patches import NEEDED, add_entry, patch
-from onmt_ext.train_step import STOCK_ADAM_EPS
+from onmt_ext.runtime.train_step import STOCK_ADAM_EPS
 
-# OpenNMT-py, onmt_ext.transformer and the transforms (which import OpenNMT-py) are imported inside the
+# OpenNMT-py, onmt_ext.integration.transformer and the transforms (which import OpenNMT-py) are imported inside the
 # functions: this module may be imported before OpenNMT-py, whose import activates onmt-ext (onmt_ext._autoload).
 
 _active = False
@@ -32,7 +36,7 @@ def _register_models():
     import onmt.decoders
     import onmt.encoders
 
-    from onmt_ext.transformer import ExtTransformerDecoder, ExtTransformerEncoder
+    from onmt_ext.integration.transformer import ExtTransformerDecoder, ExtTransformerEncoder
 
     test = "tests/integration/test_plugin_cli.py::test_hook_registers_types_on_first_onmt_import"
     add_entry(onmt.encoders, "str2enc", EXT_TYPE, ExtTransformerEncoder, kind=NEEDED, test=test,
@@ -96,8 +100,9 @@ def _model_opts(stock, parser):
 
 def _register_transforms():
     """Add onmt-ext's data transforms (``clause_split``, ``jieba``) to OpenNMT-py's registry."""
-    for name in ("clause_split", "zh_segment"):  # one whose import activated onmt-ext is at its end: whole
-        importlib.import_module(f"onmt_ext.{name}").install()
+    # one whose import activated onmt-ext is at its end: whole
+    for name in ("onmt_ext.mechanisms.clause.split", "onmt_ext.integration.zh_segment"):
+        importlib.import_module(name).install()
 
 
 def activate():

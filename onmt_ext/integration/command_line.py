@@ -1,7 +1,7 @@
 """Command-line mistakes that stock OpenNMT-py takes silently or ends in a traceback, found before any work.
 
 * :func:`repeated_option_messages`: an option written twice on a command's own command line (argparse
-  keeps the last value without a word); called by the strict parse of :mod:`onmt_ext.parsing`.
+  keeps the last value without a word); called by the strict parse of :mod:`onmt_ext.integration.parsing`.
 * :func:`existing_vocab_messages`: ``onmt_build_vocab`` counts the whole sample and only then stops with a
   32-line ``OSError`` traceback when a vocabulary file exists and ``-overwrite`` is not given.
 """
