@@ -19,6 +19,7 @@ import torch.nn as nn
 
 from onmt_ext.runtime import compile as ext_compile
 from onmt_ext.mechanisms import initialisation, normalisation
+from onmt_ext.errors import UsageError
 from onmt_ext.options import EXT_TYPE, option, options_without_effect, register_mechanism
 from onmt_ext.patches import NEEDED, patch
 from onmt_ext.mechanisms.routing import prepare_kernels, simple_routing
@@ -76,7 +77,9 @@ class GlobalRepresentation(nn.Module):
             self.pool_scorer = nn.Sequential(nn.Linear(self.capsule_dim, self.capsule_dim), nn.ReLU(),
                                              nn.Linear(self.capsule_dim, 1))
             pooled = self.capsule_dim
-        self.gru = nn.GRU(pooled, d_model, batch_first=True)  # runs over the layers, s^0 = 0
+        # runs over the layers, s^0 = 0; time-major, as the pooled states come: the batch-first layout
+        # made cuDNN copy its input and gradient (the same parameters and arithmetic)
+        self.gru = nn.GRU(pooled, d_model)
         self._seen = []
         initialisation.initialise(self)
 
@@ -105,8 +108,9 @@ class GlobalRepresentation(nn.Module):
             getattr(self, "vote_maps", None), scorer[0].weight if scorer else None, scorer[0].bias if scorer else None,
             scorer[2].weight if scorer else None, scorer[2].bias if scorer else None, eps=self.eps,
             capsules=self.capsules, iterations=self.iterations)  # (M, B, d_c or d)
-        _, final = self.gru(pooled.transpose(0, 1))  # over the M layers: (1, B, d)
+        _, final = self.gru(pooled)  # over the M layers: (1, B, d)
         return final[0]
+
 
 def global_summary(hidden, keep, norm_weight, norm_bias, vote_maps, scorer_weight, scorer_bias, score_weight,
                    score_bias, *, eps, capsules, iterations):
@@ -304,6 +308,9 @@ def load_with_new_parameters(stock_load):
         if not strict or "model" not in checkpoint:
             return stock_load(self, checkpoint, *args, strict=strict, **kwargs)
         names = set(checkpoint["model"]) | {f"generator.{k}" for k in (checkpoint.get("generator") or {})}
+        problem = layer_norm_problem({name for name, _ in _tensors(self)}, names)
+        if problem:
+            raise UsageError(problem)
         missing = [name for name, _ in _tensors(self) if name not in names]
         new = [name for name in missing if initialisation.added_by_mechanism(self, name)]
         if not missing or len(new) != len(missing):
@@ -317,6 +324,27 @@ def load_with_new_parameters(stock_load):
         return stock_load(self, checkpoint, *args, strict=False, **kwargs)
 
     return load_state_dict
+
+
+#: the stacks' final layer norms, which pre-norm models have and post-norm ones lack (docs/normalisation.md)
+_FINAL_NORMS = ("encoder.layer_norm.weight", "decoder.layer_norm.weight")
+
+
+def layer_norm_problem(model_names, checkpoint_names):
+    """One line when the checkpoint's ``-ext_layer_norm`` differs from the model's, else None.
+
+    Told by the stacks' final layer norms (:data:`_FINAL_NORMS`), which only pre-norm has.  Stock would fail on
+    missing or extra keys without naming the option (``pre`` to ``post`` fine-tuning of GRET included).
+    """
+    mine, theirs = (["pre" if name in names else "post" for name in _FINAL_NORMS]
+                    for names in (model_names, checkpoint_names))
+    if mine == theirs or len(set(mine)) > 1 or len(set(theirs)) > 1:  # one stack stock pre-norm: not this case
+        return None
+    mine, theirs = mine[0], theirs[0]
+    has = "has" if theirs == "pre" else "lacks"
+    return (f"-ext_layer_norm {mine}: the checkpoint was trained with -ext_layer_norm {theirs} (it {has} the final "
+            f"layer norms encoder.layer_norm and decoder.layer_norm); fine-tune with -ext_layer_norm {theirs}, the "
+            "checkpoint's placement (docs/normalisation.md)")
 
 
 def _tensors(model):

@@ -194,3 +194,85 @@ def test_levels_with_the_same_clauses_match_the_reference(tokens):
     scores = torch.randn(2, 2, 6, 6)
     p = torch.sigmoid(attention.mix_logits)[:, None, :, None, None]
     torch.testing.assert_close(attention(scores), _reference(scores, structure.ids, p))
+
+
+# ---------------------------------------------------------------------------
+# The clause attention of commit 2d3ad91 (1517 operators per op_count step), kept as the reference of the
+# present one: the same eq. 4-5 in more operators.
+
+def _reference_ids(token_levels, levels, pad_mask):
+    opens = torch.stack([(token_levels > 0) & (token_levels <= level) for level in range(1, levels + 1)], dim=1)
+    opens[..., 0] = False
+    return opens.long().cumsum(dim=-1).masked_fill(pad_mask.unsqueeze(1), -1)
+
+
+def _reference_attention(scores, ids, logits):
+    """``logits`` ``(L, 1, H, 1, 1)`` or ``(L, batch, H, len, 1)`` in float32."""
+    outside = ids[:, :, :, None] != ids[:, :, None, :]
+    outside = torch.zeros(outside.shape).masked_fill_(outside, -1e18)
+    products = torch.exp(torch.cumsum(torch.nn.functional.logsigmoid(logits), dim=0))
+    weights = products * torch.cat([torch.sigmoid(-logits[1:]), torch.ones_like(logits[:1])], dim=0)
+    scores = scores.float()
+    local = torch.softmax(scores.unsqueeze(1) + outside.unsqueeze(2), dim=-1)
+    mixed = (weights.movedim(0, 1) * local).sum(dim=1)
+    return (1 - torch.sigmoid(logits[0])) * torch.softmax(scores, dim=-1) + mixed
+
+
+def _reference_logits(attention):
+    if attention.mixing == "scalar":
+        return attention.mix_logits.float()[:, None, :, None, None]
+    batch, length, _ = attention.query.shape
+    logits = attention.mix_gate(attention.query).float().view(batch, length, attention.levels, attention.heads)
+    return logits.permute(2, 0, 3, 1).unsqueeze(-1)
+
+
+def _padded_case(mixing, seed=0, lengths=(7, 4, 1), heads=3, levels=3, d_model=6):
+    """A batch of odd lengths with padding: token ids 0-5 of levels 0-5 (levels above L open nothing)."""
+    gen = torch.Generator().manual_seed(seed)
+    length = max(lengths)
+    pad = torch.arange(length)[None, :] >= torch.tensor(lengths)[:, None]
+    tokens = torch.randint(0, 6, (len(lengths), length), generator=gen) * (torch.rand(len(lengths), length,
+                                                                                      generator=gen) < 0.6)
+    structure = ClauseStructure(torch.arange(6), levels)
+    structure.start(tokens[..., None], pad)
+    attention = ClauseAttention(structure, heads, mixing, d_model)
+    with torch.no_grad():
+        for param in attention.parameters():
+            param.copy_(torch.randn(param.shape, generator=gen))
+    scores = torch.randn(len(lengths), heads, length, length, generator=gen)
+    scores = scores.masked_fill(pad[:, None, None, :], -1e18).requires_grad_(True)  # as OpenNMT-py masks them
+    query = torch.randn(len(lengths), length, d_model, generator=gen, requires_grad=True)
+    if mixing == "gate":
+        attention.remember_query(None, (None, None, query), {})
+    return attention, structure, tokens, pad, scores, query
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+@pytest.mark.parametrize("mixing", ["scalar", "gate"])
+def test_mixing_equals_the_previous_computation_in_values_and_gradients(mixing, autocast):
+    attention, structure, tokens, pad, scores, query = _padded_case(mixing)
+    assert torch.equal(structure.ids, _reference_ids(tokens, 3, pad))
+    inputs = [scores, query, *attention.parameters()] if mixing == "gate" else [scores, *attention.parameters()]
+    results = []
+    for run in (lambda: attention(scores), lambda: _reference_attention(scores, structure.ids,
+                                                                        _reference_logits(attention))):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = run()
+        weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+        results.append([out, *torch.autograd.grad((out * weights).sum(), inputs)])
+    assert results[0][0].dtype == torch.float32
+    for new, old in zip(*results):  # float32 rounding apart: the sums run in another order
+        torch.testing.assert_close(new, old, rtol=2e-6, atol=2e-7)
+
+
+def test_a_layer_costs_few_operators():
+    """One layer's clause attention, forward and backward: 8 operators for the weights of the L + 1 levels,
+    4 forward and 5 backward for the mix (the softmax included); the previous code took 33 + 11 more."""
+    from tools.op_count import counter
+
+    attention, _, _, _, scores, _ = _padded_case("scalar")
+    attention(scores)  # the structure's bias, built once per batch, is not the layer's
+    mode = counter()
+    with mode:
+        attention(scores).sum().backward()
+    assert sum(mode.counts.values()) - 2 <= 17, mode.counts  # 2: the loss's sum and its gradient

@@ -78,11 +78,12 @@ def _chen2019(layout):
 
 
 def _clause(g, batch, length, dtype):
-    ids = torch.randint(0, 3, (batch, 2, length), generator=g).sort(dim=-1).values
-    outside = torch.zeros(batch, 2, length, length, dtype=dtype).masked_fill(ids[..., :, None] != ids[..., None, :],
+    ids = torch.randint(0, 3, (batch, 3, length), generator=g).sort(dim=-1).values
+    ids[:, 0] = 0  # level 0: the global attention
+    outside = torch.zeros(batch, 3, length, length, dtype=dtype).masked_fill(ids[..., :, None] != ids[..., None, :],
                                                                              MASK)
-    return (_padded_scores(g, batch, length, dtype), torch.rand(1, H, 1, 1, generator=g, dtype=dtype),
-            torch.rand(2, 1, H, 1, 1, generator=g, dtype=dtype), outside), {}
+    weights = torch.rand(1, 3, H, 1, 1, generator=g, dtype=dtype)  # (1, L + 1, H, 1, 1): level 0 global
+    return (_padded_scores(g, batch, length, dtype), weights, outside), {}
 
 
 def _gret_summary(pooling):

@@ -177,3 +177,55 @@ def _opt(**kw):
 def test_option_checks(kw, message, onmt_active):
     problems = options.check_options(_opt(**kw))
     assert any(message in p for p in problems), problems
+
+
+def _reference_summary(module, hidden, keep):
+    """The global state as commit 2d3ad91 computed it (a batch-first GRU over the transposed pooled states)."""
+    hidden = torch.stack(hidden)
+    hidden = torch.nn.functional.layer_norm(hidden, hidden.shape[-1:], eps=module.eps)
+    hidden = torch.addcmul(module.norm_bias[:, None, None].to(hidden.dtype), hidden,
+                           module.norm_weight[:, None, None].to(hidden.dtype))
+    maps = module.vote_maps.to(hidden.dtype).transpose(0, 1).reshape(hidden.size(-1), -1)
+    votes = (hidden @ maps).unflatten(-1, (module.capsules, module.capsule_dim))
+    capsules, _ = simple_routing(votes, module.iterations, normalize="inputs",
+                                 mask=keep.expand(hidden.size(0), *keep.shape), need_logits=False)
+    scores = module.pool_scorer(capsules)
+    attention = torch.softmax(scores.squeeze(-1).float(), dim=-1).to(capsules.dtype)
+    pooled = (attention.unsqueeze(-1) * capsules).sum(dim=2)
+    gru = torch.nn.GRU(module.gru.input_size, module.gru.hidden_size, batch_first=True)
+    gru.load_state_dict(module.gru.state_dict())
+    return gru(pooled.transpose(0, 1))[1][0], list(gru.parameters())
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+def test_global_state_equals_the_previous_computation_in_values_and_gradients(autocast):
+    torch.manual_seed(5)
+    module = GlobalRepresentation(8, layers=3, capsules=2, iterations=3)
+    lengths = [7, 4, 1]  # odd lengths, padded
+    keep = torch.arange(7)[None] < torch.tensor(lengths)[:, None]
+    hidden = [torch.randn(3, 7, 8, requires_grad=True) for _ in range(3)]
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        _observed(module, hidden)
+        state = module.summarise(keep)
+        reference, gru = _reference_summary(module, hidden, keep)
+    weights = torch.randn(state.shape)
+    others = [p for name, p in module.named_parameters() if not name.startswith("gru.")]
+    new = torch.autograd.grad((state * weights).sum(), hidden + others + list(module.gru.parameters()))
+    old = torch.autograd.grad((reference * weights).sum(), hidden + others + gru)
+    assert torch.equal(state, reference)  # the same arithmetic: bitwise
+    for a, b in zip(new, old):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("baseline, fine_tuned", [("pre", "post"), ("post", "pre")])
+def test_fine_tuning_across_layer_norm_placements_names_the_option(baseline, fine_tuned, sample_data, onmt_active):
+    from onmt.model_builder import build_base_model
+    from onmt_ext.errors import UsageError
+
+    vocabs = support.load_vocabs(support.load_train_opts(SMOKE))
+    base = support.build_model(support.load_train_opts(SMOKE, *EXT, "-ext_layer_norm", baseline), vocabs)
+    gret = build_base_model(support.load_train_opts(SMOKE, *EXT, "-gret", "true", "-ext_layer_norm", fine_tuned),
+                            vocabs)
+    with pytest.raises(UsageError, match=f"-ext_layer_norm {fine_tuned}: the checkpoint was trained with "
+                                         f"-ext_layer_norm {baseline} .*; fine-tune with -ext_layer_norm {baseline}"):
+        gret.load_state_dict(_checkpoint_of(base))

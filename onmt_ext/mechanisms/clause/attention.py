@@ -73,6 +73,25 @@ def marker_level_table(src_vocab, levels):
     return table
 
 
+def _opening(token_levels, levels):
+    """``(..., len, L + 1)`` bool: whether each token may open a clause at level 0..L (1 <= its level <= l).
+
+    Level 0 stands for the global attention: nothing opens a clause there, so every token has the id 0.
+    """
+    limits = torch.arange(levels + 1, device=token_levels.device)
+    return (token_levels[..., None] > 0) & (token_levels[..., None] <= limits)
+
+
+def _ids_from_opening(opening, pad_mask):
+    """Clause ids ``(batch, L + 1, len)`` (a view; level 0 all 0) from :func:`_opening`'s ``(batch, len, L + 1)``,
+    which it overwrites: a marker in first position opens no clause; padding gets -1 at levels 1..L."""
+    opening[:, :1] = False
+    ids = opening.cumsum(dim=1).transpose(1, 2)  # cumsum of bools counts in int64
+    if pad_mask is not None:
+        ids[:, 1:].masked_fill_(pad_mask[:, None, :], -1)
+    return ids
+
+
 def clause_ids(token_levels, levels, pad_mask=None):
     """Clause id of every token at every level, ``(batch, levels, len)`` (eq. 3).
 
@@ -81,12 +100,18 @@ def clause_ids(token_levels, levels, pad_mask=None):
         levels: L, the number of levels used.
         pad_mask: ``(batch, len)`` True at padding; padded positions get the id -1.
     """
-    opens = torch.stack([(token_levels > 0) & (token_levels <= level) for level in range(1, levels + 1)], dim=1)
-    opens[..., 0] = False  # a marker in first position opens no new clause
-    ids = opens.long().cumsum(dim=-1)
-    if pad_mask is not None:
-        ids = ids.masked_fill(pad_mask.unsqueeze(1), -1)
-    return ids
+    return _ids_from_opening(_opening(token_levels, levels), pad_mask)[:, 1:]
+
+
+def level_matrix(levels):
+    """The ``(L + 1, 2L)`` matrix ``K`` of :meth:`ClauseAttention.level_weights`: ``log w = K [log p; theta]``.
+
+    Row j < L holds ones at ``log p_1 .. log p_{j+1}`` and -1 at ``theta_{j+1}``; row L ones at every ``log p``.
+    """
+    rows = torch.arange(levels + 1)[:, None]
+    matrix = torch.cat([(torch.arange(levels)[None, :] <= rows).float(),
+                        -(torch.arange(levels)[None, :] == rows).float()], dim=1)
+    return matrix
 
 
 class ClauseStructure(nn.Module):
@@ -96,35 +121,40 @@ class ClauseStructure(nn.Module):
         level_table: ``(vocab_size,)`` split level of each source id (:func:`marker_level_table`).
         levels: L.
 
-    ``start(src, pad_mask)`` computes, for the batch the encoder is about to read, ``ids`` ``(batch, L, len)``;
-    every layer shares them and the :meth:`outside_bias` derived from them on first use.  Nothing is read back
-    to the host: every level gets its own local softmax, also where a level repeats a coarser level's clauses
-    in every sentence of the batch (finding that out would wait for the device at every batch).
-    The table is a non-persistent buffer, rebuilt from the vocabulary whenever the model is built.
+    ``start(src, pad_mask)`` computes, for the batch the encoder is about to read, ``ids`` ``(batch, L, len)``
+    in four operators (a vocabulary-sized table of which levels each id opens, indexed once); every layer
+    shares them and the :meth:`outside_bias` derived from them on first use.  Nothing is read back to the
+    host: every level gets its own local softmax, also where a level repeats a coarser level's clauses in every
+    sentence of the batch (finding that out would wait for the device at every batch).  The tables are
+    non-persistent buffers, rebuilt from the vocabulary whenever the model is built.
     """
 
     def __init__(self, level_table, levels):
         super().__init__()
         self.levels = levels
         self.register_buffer("level_table", level_table, persistent=False)
+        self.register_buffer("opening_table", _opening(level_table, levels), persistent=False)  # (vocab, L + 1)
+        self.register_buffer("weight_matrix", level_matrix(levels), persistent=False)  # K, (L + 1, 2L)
         self.ids = None
+        self._all_ids = None
         self._outside_bias = None
 
     def start(self, src, pad_mask):
         """Set the clause structure from ``src`` ``(batch, len, feats)`` and ``pad_mask`` ``(batch, len)``."""
-        self.ids = clause_ids(self.level_table[src[:, :, 0]], self.levels, pad_mask)
+        self._all_ids = _ids_from_opening(self.opening_table[src[:, :, 0]], pad_mask)  # (batch, L + 1, len)
+        self.ids = self._all_ids[:, 1:]
         self._outside_bias = None
 
     def outside_bias(self):
-        """``(batch, L, len, len)`` score bias per level: -1e18 where the key lies outside the query's clause,
-        else 0.
+        """``(batch, L + 1, len, len)`` score bias per level: -1e18 where the key lies outside the query's clause,
+        else (-)0; level 0, the global attention, is 0 everywhere.
 
-        Adding a bias leaves the inside scores exact and, unlike
-        ``masked_fill``, costs no masking pass in the backward.
+        Adding a bias leaves the inside scores exact and, unlike ``masked_fill``, costs no masking pass in the
+        backward.  ``outside * -1e18`` is one operator; its -0.0 inside a clause adds as +0.0 does.
         """
         if self._outside_bias is None:
-            outside = self.ids[:, :, :, None] != self.ids[:, :, None, :]
-            self._outside_bias = torch.zeros(outside.shape, device=outside.device).masked_fill_(outside, _MASKED)
+            ids = self._all_ids
+            self._outside_bias = (ids[:, :, :, None] != ids[:, :, None, :]) * _MASKED
         return self._outside_bias
 
 
@@ -167,60 +197,59 @@ class ClauseAttention(nn.Module):
         self.query = kwargs["query"] if "query" in kwargs else args[2]
 
     def mixing_logits(self):
-        """The logits of p in float32, ``(L, 1, H, 1, 1)`` (scalar) or ``(L, batch, H, len, 1)`` (gate)."""
+        """The logits of p in float32, level first: ``(L, H)`` (scalar) or ``(L, batch, len, H)`` (gate)."""
         if self.mixing == "scalar":
-            return self.mix_logits.float()[:, None, :, None, None]
+            return self.mix_logits.float()
         batch, length, _ = self.query.shape
-        logits = self.mix_gate(self.query).float().view(batch, length, self.levels, self.heads)
-        return logits.permute(2, 0, 3, 1).unsqueeze(-1)
+        return self.mix_gate(self.query).float().view(batch, length, self.levels, self.heads).permute(2, 0, 1, 3)
 
     def forward(self, scores):
-        """Eq. 4-5 unrolled: ``(1 - p_1) g + sum_l w_l b^l`` with the weights of :meth:`level_weights`."""
+        """Eq. 4-5 unrolled: ``sum_{l=0..L} w_l b^l`` with ``b^0 = g`` and the weights of :meth:`level_weights`."""
         structure = self._structure[0]
         ids = structure.ids
         if ids is None or ids.shape[0] != scores.shape[0] or ids.shape[-1] != scores.shape[-1]:
             raise RuntimeError("clause attention: no clause ids for this batch (the encoder sets them; "
                                "this attention runs only inside ExtTransformerEncoder)")
-        logits = self.mixing_logits()
-        return ext_compile.run(self.ext_compile, clause_mix, scores, torch.sigmoid(logits[0]),
-                               self.level_weights(logits), structure.outside_bias())
+        weights = self.level_weights(self.mixing_logits(), structure.weight_matrix)  # (L + 1, ...)
+        if self.mixing == "scalar":
+            weights = weights[None, :, :, None, None]  # (1, L + 1, H, 1, 1)
+        else:
+            weights = weights.permute(1, 0, 3, 2).unsqueeze(-1)  # (batch, L + 1, H, len, 1)
+        return ext_compile.run(self.ext_compile, clause_mix, scores, weights, structure.outside_bias())
 
     @staticmethod
-    def level_weights(logits):
-        """Weight of b^l in the output, from the logits of ``p`` ``(L, ...)`` (eq. 5 applied from the finest
-        level outwards).
+    def level_weights(logits, matrix):
+        """Weight ``w_l`` of ``b^l`` in the output (eq. 5 applied from the finest level outwards), ``(L + 1, ...)``
+        from the logits ``theta`` of p, ``(L, ...)``, and ``matrix``, :func:`level_matrix`'s ``K``.
 
-        With a_L = b^L and a_l = (1 - p_{l+1}) b^l + p_{l+1} a_{l+1}, the output
-        (1 - p_1) g + p_1 a_1 gives b^l the weight P_l (1 - p_{l+1}) and b^L the
-        weight P_L, where P_l = p_1 ... p_l (levels counted from 1 here), computed as
-        exp(sum of log sigmoid): torch's ``cumprod`` looks for zeros in its backward pass, which on some
-        versions reads a flag back from the device.
+        With a_L = b^L and a_l = (1 - p_{l+1}) b^l + p_{l+1} a_{l+1}, the output (1 - p_1) g + p_1 a_1
+        gives g = b^0 the weight 1 - p_1, b^l the weight P_l (1 - p_{l+1}) and b^L the weight P_L, where
+        P_l = p_1 ... p_l.  In logs, with log(1 - p) = log p - theta, ``log w_l = sum_{k <= l+1} log p_k -
+        theta_{l+1}`` (l < L) and ``log w_L = sum_k log p_k``: one product with K, in float32 whatever the
+        autocast (no ``cumprod``, whose backward pass on some versions reads a flag back from the device).
         """
-        products = torch.exp(torch.cumsum(torch.nn.functional.logsigmoid(logits), dim=0))
-        rest = torch.cat([torch.sigmoid(-logits[1:]), torch.ones_like(logits[:1])], dim=0)
-        return products * rest
+        stacked = torch.cat([torch.nn.functional.logsigmoid(logits), logits], dim=0)  # (2L, ...), contiguous
+        with torch.autocast(logits.device.type, enabled=False):
+            logs = torch.mm(matrix.to(stacked.dtype), stacked.flatten(1))
+        return torch.exp(logs).view(logs.shape[:1] + logits.shape[1:])
 
 
-def clause_mix(scores, first_level, weights, outside):
-    """Global and clause-local attention mixed (eq. 4-5): ``(1 - p_1) g + sum_l w_l b^l``.
+def clause_mix(scores, weights, outside):
+    """Global and clause-local attention mixed (eq. 4-5): ``sum_{l=0..L} w_l b^l``, ``b^0 = g = softmax(E)``.
 
     Args:
-        scores: masked scores ``(batch, H, len, len)``.
-        first_level: p_1, ``(1, H, 1, 1)`` or ``(batch, H, len, 1)``.
-        weights: the weight of each level's local attention,
-            ``(L, 1, H, 1, 1)`` or ``(L, batch, H, len, 1)``.
-        outside: ``(batch, L, len, len)``, -1e18 where the key lies outside
-            the query's clause (:meth:`ClauseStructure.outside_bias`).
+        scores: masked scores E ``(batch, H, len, len)``.
+        weights: the weight of each level's attention, the global one first (:meth:`ClauseAttention.level_weights`),
+            ``(1, L + 1, H, 1, 1)`` or ``(batch, L + 1, H, len, 1)``.
+        outside: ``(batch, L + 1, len, len)``, -1e18 where the key lies outside the query's clause, 0 at level 0
+            (:meth:`ClauseStructure.outside_bias`).
 
-    The local softmaxes of the L levels are one softmax over a stacked
-    ``(batch, L, H, len, len)`` tensor, and the mix one weighted sum, so the
-    op count does not grow with the number of levels.  Computed in float32;
-    returns float32 probabilities ``(batch, H, len, len)``.
+    The global softmax and the L local ones are one softmax over a stacked ``(batch, L + 1, H, len, len)``
+    tensor, and the mix one weighted sum: four operators, whatever the number of levels.  Computed in
+    float32; returns float32 probabilities ``(batch, H, len, len)``.
     """
-    scores = scores.float()
-    local = torch.softmax(scores.unsqueeze(1) + outside.unsqueeze(2), dim=-1)  # b: (B, D, H, len, len)
-    mixed = (weights.movedim(0, 1) * local).sum(dim=1)  # (B, H, len, len)
-    return (1 - first_level) * torch.softmax(scores, dim=-1) + mixed
+    stacked = torch.softmax(scores.float().unsqueeze(1) + outside.unsqueeze(2), dim=-1)  # b^l: (B, L + 1, H, len, len)
+    return (weights * stacked).sum(dim=1)
 
 
 initialisation.register("onmt_ext.mechanisms.clause.attention.ClauseAttention", lambda m: (
