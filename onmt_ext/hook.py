@@ -13,6 +13,7 @@ extension off without uninstalling anything.
 """
 
 import argparse
+import collections
 import os
 import sys
 import sysconfig
@@ -128,6 +129,11 @@ def main(argv=None):
     elif args.action == "uninstall":
         print(f"{'removed' if uninstall() else 'not installed'}: {path}")
     else:
+        try:
+            patches.runtime_choice()
+        except ValueError as error:  # activation would take it for unset, the commands refuse it: say so first
+            print(f"{parser.prog}: error: {error}", file=sys.stderr)
+            return 2
         print(f"{'installed' if os.path.exists(path) else 'not installed'}: {path}")
         print_patches()
     return 0
@@ -136,8 +142,10 @@ def main(argv=None):
 def print_patches(out=None):
     """Print the changes onmt-ext makes to OpenNMT-py, one per line (see :mod:`onmt_ext.patches`).
 
-    Imports ``onmt`` through the hook (or activates the extension by hand
-    when the hook is not installed, to show what it would change).
+    Each line starts with a column: ``runtime`` for a change of onmt-ext's runtime (:attr:`patches.Patch.runtime`),
+    ``skipped`` for one that ``ONMT_EXT_RUNTIME=stock`` left out (:data:`patches.SKIPPED`, listed last), blank for
+    the others.  Imports ``onmt`` through the hook (or activates the extension by hand when the hook is not
+    installed, to show what it would change).
     """
     out = out or sys.stdout
     from onmt_ext._autoload import DISABLE_ENV, disabled
@@ -158,12 +166,24 @@ def print_patches(out=None):
             except patches.UnsupportedVersion as error:
                 print(f"onmt-ext: {error}", file=out)
                 return
+    applied, skipped = patches.applied(), list(patches.SKIPPED)
+    layers = collections.Counter(item.target for item in applied)
+    runtime = {item.line(layers[item.target]) for item in applied if item.runtime}  # patches.lines() writes these
     listed = patches.lines()
     mood = "changes" if os.path.exists(pth_path()) else "changes it would make once installed"
-    print(f"{len(listed)} {mood} to OpenNMT-py {onmt.__version__} (target [kind]: reason (test)); "
+    if skipped:
+        which = (f"{patches.RUNTIME_VARIABLE}=stock left out the {len(skipped)} of onmt-ext's runtime, marked "
+                 "'skipped' and listed last")
+    else:
+        which = (f"the {len(runtime)} marked 'runtime' are onmt-ext's runtime, which {patches.RUNTIME_VARIABLE}=stock "
+                 "leaves out")
+    print(f"{len(listed)} {mood} to OpenNMT-py {onmt.__version__} (target [kind]: reason (test)); {which}; "
           "docs/differences-from-stock.md describes each one that is not needed by the extension itself:", file=out)
     for line in listed:
-        print(f"  {line}", file=out)
+        print(f"  {'runtime' if line in runtime else '':7}  {line}", file=out)
+    left_out = collections.Counter(item.target for item in skipped)
+    for item in skipped:
+        print(f"  skipped  {item.line(left_out[item.target])}", file=out)
 
 
 if __name__ == "__main__":

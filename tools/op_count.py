@@ -6,15 +6,17 @@ Usage::
 
 Each case's smoke twin (``yaml_configs/smoke/<config>``, the paper's mechanism at toy width) is built at
 ``--layers`` encoder and decoder layers, with ``-ext_compile false``, and one forward and backward pass on a
-fixed batch of 4 sentences of 18-30 tokens is counted below autograd (a ``TorchDispatchMode``).  Views and
-detaches are left out: they launch nothing on a GPU, where nearly every other operator is one kernel launch,
-which is what the host must issue per step.  The routing runs as it would on CUDA when ``TRITON_INTERPRET=1`` and
-``ONMT_EXT_ROUTING_KERNEL=triton`` are set (the fused kernels, one operator each); chen2019's RNN is a loop of
-operators on the CPU but one cuDNN call on a GPU.  Method and caveats: docs/benchmarks-method.md.
+fixed batch of 4 sentences of 18-30 tokens is counted below autograd (:func:`counter`, which
+tools/routing_memory.py counts with too).  Views and detaches are left out: they launch nothing on a GPU, where
+nearly every other operator is one kernel launch, which is what the host must issue per step.  The routing runs
+as it would on CUDA when ``TRITON_INTERPRET=1`` and ``ONMT_EXT_ROUTING_KERNEL=triton`` are set (the fused
+kernels, one operator each); chen2019's RNN is a loop of operators on the CPU but one cuDNN call on a GPU.
+Method and caveats: docs/benchmarks-method.md.
 """
 
 import argparse
 import collections
+import functools
 import json
 import os
 
@@ -36,21 +38,44 @@ CASES = (
 SOURCE_LENGTHS, TARGET_LENGTHS = (30, 25, 28, 20), (27, 22, 30, 18)
 
 
+def counted(func):
+    """Whether ``func`` (an aten operator overload) is counted: every operator but views and detaches, which
+    launch nothing on a GPU; an operator that returns no tensor (``_local_scalar_dense``, ``_foreach_add_``) or a
+    list of them (``unsafe_split``) counts too."""
+    return not func.is_view and func.overloadpacket.__name__ not in ("detach", "detach_")
+
+
 def counter():
-    """A ``TorchDispatchMode`` whose ``counts`` (a Counter by operator) grows with every launching operator."""
+    """A fresh operator count, the one of this tool and of tools/routing_memory.py: ``with counter() as count:``.
+
+    A ``TorchDispatchMode`` (below autograd); ``count.counts``: a Counter by operator name of those :func:`counted`
+    (nearly one kernel launch each); ``count.every``: of every operator, views included; ``count.totals()``:
+    ``{"ops": every operator, "launches": those counted}``.
+    """
+    return _count_class()()
+
+
+@functools.lru_cache(maxsize=None)
+def _count_class():
+    """The class behind :func:`counter`, defined once, when first needed (torch is imported then)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    class Count(TorchDispatchMode):
+    class OperatorCount(TorchDispatchMode):
         def __init__(self):
             super().__init__()
-            self.counts = collections.Counter()
+            self.counts, self.every = collections.Counter(), collections.Counter()
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if not func.is_view and func.overloadpacket.__name__ not in ("detach", "detach_"):
-                self.counts[func.overloadpacket.__name__] += 1
+            name = func.overloadpacket.__name__
+            self.every[name] += 1
+            if counted(func):
+                self.counts[name] += 1
             return func(*args, **(kwargs or {}))
 
-    return Count()
+        def totals(self):
+            return {"ops": sum(self.every.values()), "launches": sum(self.counts.values())}
+
+    return OperatorCount
 
 
 def _model_and_batch(config, layers):

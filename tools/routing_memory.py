@@ -10,7 +10,8 @@ the CPU, fp16 on CUDA), training mode.  ``saved``: bytes autograd saves for back
 into the attentions' ``final_linear`` and the rest (counted, not kept: steps that would not fit count too).
 ``peak``: peak memory (resident set on the CPU) and fastest step after the first of ``--steps`` Adam steps.
 ``time`` and ``ops`` (in this process): one routing's forward + backward, stored against recomputed, and its
-aten operators and time, without and with autocast.  Method and figures: results/bench/li2019-routing-memory.md.
+operators (tools/op_count.py's count) and time, without and with autocast.  Method and figures:
+results/bench/li2019-routing-memory.md.
 """
 
 import argparse
@@ -22,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from tools import common
+from tools import common, op_count
 
 REPO = common.REPO
 
@@ -172,41 +173,6 @@ def child(case, recompute, measure, args):
     print("RESULT " + json.dumps(result), flush=True)
 
 
-class AtenOps:
-    """The aten operators that run inside ``with counter:``, counted by name (``counter.ops``).
-
-    ``counter.launches`` leaves out views (``unsqueeze``, ``detach``, ...) and operators that return no tensor
-    (``promote_types``): what remains launches a kernel on an accelerator, one by one in eager mode.
-    """
-
-    def __init__(self):
-        import collections
-
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        self.ops, self.launches = collections.Counter(), collections.Counter()
-
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(mode, func, types, args=(), kwargs=None):
-                name = str(func.overloadpacket)
-                self.ops[name] += 1
-                if not func.is_view and any(str(r.type).startswith("Tensor") for r in func._schema.returns):
-                    self.launches[name] += 1
-                return func(*args, **(kwargs or {}))
-
-        self._mode = Mode()
-
-    def __enter__(self):
-        self._mode.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self._mode.__exit__(*exc)
-
-    def totals(self):
-        """``{"ops": all operators, "launches": those that launch a kernel}``."""
-        return dict(ops=sum(self.ops.values()), launches=sum(self.launches.values()))
-
 
 def _routing(args, method, capsules=512, **options):
     """A Base-size routing (H = 8, d = 512; ``options``: RoutingAggregation's, its defaults otherwise), seeded, and its
@@ -233,9 +199,9 @@ def routing_ops(args):
                     with _autocast(args.device, enabled=autocast):
                         return module(context).float().sum()
 
-                with AtenOps() as forward_ops:
+                with op_count.counter() as forward_ops:
                     loss = forward()
-                with AtenOps() as backward_ops:
+                with op_count.counter() as backward_ops:
                     loss.backward()
                 times = [_seconds(lambda: forward().backward(), args.device == "cuda") for _ in range(args.repeats)]
                 yield dict(measure="ops", method=method, autocast=autocast, recompute=recompute,

@@ -11,10 +11,12 @@ torch's own sync debug mode reports a synchronisation on a CUDA device.
 
 import traceback
 import warnings
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from onmt_ext.patches import temporarily
 
 #: Tensor methods that copy values to the host without going through an aten operator on a CPU tensor.
 _PYTHON_READS = ("tolist", "cpu", "numpy")
@@ -66,7 +68,7 @@ class HostReads(TorchDispatchMode):
         self.device = device
         self.optimizer_counters = optimizer_counters
         self.reads = []
-        self._saved = {}
+        self._undo = None
 
     def _counts(self, tensor):
         return isinstance(tensor, torch.Tensor) and (self.device is None or tensor.device.type == self.device)
@@ -78,23 +80,24 @@ class HostReads(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
     def __enter__(self):
-        for name in _PYTHON_READS:
-            stock = getattr(torch.Tensor, name)
-            self._saved[name] = stock
+        with ExitStack() as swaps:  # each method of _PYTHON_READS counted, only while the mode is active
+            for name in _PYTHON_READS:
+                stock = getattr(torch.Tensor, name)
 
-            def counted(tensor, *args, _stock=stock, _name=name, **kwargs):
-                if self._counts(tensor):
-                    self.reads.append((_name, caller()))
-                return _stock(tensor, *args, **kwargs)
+                def counted(tensor, *args, _stock=stock, _name=name, **kwargs):
+                    if self._counts(tensor):
+                        self.reads.append((_name, caller()))
+                    return _stock(tensor, *args, **kwargs)
 
-            setattr(torch.Tensor, name, counted)
-        return super().__enter__()
+                swaps.enter_context(temporarily(torch.Tensor, name, counted))
+            entered = super().__enter__()
+            self._undo = swaps.pop_all()
+        return entered
 
     def __exit__(self, *exc):
-        for name, stock in self._saved.items():
-            setattr(torch.Tensor, name, stock)
-        self._saved.clear()
-        return super().__exit__(*exc)
+        undo, self._undo = self._undo, None
+        with undo or ExitStack():
+            return super().__exit__(*exc)
 
 
 @contextmanager
@@ -105,9 +108,8 @@ def cuda_sync_warnings(skip=()):
     """
     sites = []
     previous = torch.cuda.get_sync_debug_mode()
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught, record_sync_sites(sites, skip) as hooked:
         warnings.simplefilter("always")
-        hooked = record_sync_sites(sites, skip)
         torch.cuda.set_sync_debug_mode("warn")
         try:
             yield sites
@@ -121,20 +123,22 @@ def _is_sync(message):
     return "synchroniz" in str(message)
 
 
+@contextmanager
 def record_sync_sites(sites, skip=()):
-    """Inside ``warnings.catch_warnings(record=True)``: append the call site of every sync warning to ``sites``
-    as it is issued (the recorded warnings keep only their messages).  The context's exit undoes it.
+    """Context, inside ``warnings.catch_warnings(record=True)``: append the call site of every sync warning to
+    ``sites`` as it is issued (the recorded warnings keep only their messages); its exit undoes it.
 
-    Returns False on a Python whose warnings module has no such hook (then nothing is appended).
+    Yields False on a Python whose warnings module has no such hook (then nothing is appended), else True.
     """
     record = getattr(warnings, "_showwarnmsg_impl", None)
     if record is None:
-        return False
+        yield False
+        return
 
     def with_site(message):
         record(message)
         if _is_sync(message.message):
             sites.append(caller(skip))
 
-    warnings._showwarnmsg_impl = with_site
-    return True
+    with temporarily(warnings, "_showwarnmsg_impl", with_site):
+        yield True

@@ -176,7 +176,7 @@ def test_dry_run_measures_every_row(dry_run):
     for row in rows:  # the profiled steps' operator tables, one file per measured run
         if row.get("run", 1) > 1:  # the baseline's and the A/A control's further runs are not profiled
             continue
-        table = out / "profiles" / "cpu-tiny" / f"{training._slug(row['key'])}.txt"
+        table = out / "profiles" / "cpu-tiny" / f"{training.file_slug(row['key'])}.txt"
         assert "sorted by self_cpu_time_total" in table.read_text(encoding="utf-8"), row["key"]
     with tarfile.open(out / "files.tgz") as archive:  # --pack: the tables and the children's logs in one file
         names = set(archive.getnames())
@@ -406,11 +406,11 @@ def test_section_a_times_each_process_to_its_own_exit(tmp_path):
     xml.write_text('<testsuites><testsuite><testcase classname="m" name="a"/></testsuite></testsuites>')
     processes = {"passed": "import sys; sys.exit(0)", "empty": "import sys; sys.exit(5)",
                  "slow": "import time; time.sleep(30)", "late": "import time; time.sleep(1.5)"}
-    result, started, began = {"runs": []}, [], plan._now()
+    result, started, began = {"runs": []}, [], plan.monotonic_now()
     for name, code in processes.items():
         run = {"dtype": name, "log": "-"}
         child = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
-        started.append((run, child, xml if name == "passed" else tmp_path / f"{name}.xml", plan._now()))
+        started.append((run, child, xml if name == "passed" else tmp_path / f"{name}.xml", plan.monotonic_now()))
         result["runs"].append(run)
     properties.finish_section_a(result, started, began + 4.0)
     runs = {run["dtype"]: run for run in result["runs"]}
@@ -548,7 +548,7 @@ def test_schedule_blocks_and_nearest_baselines():
 
 def test_sync_warnings_name_their_call_sites():
     """On CUDA the sync warnings (recorded by onmt_ext.runtime.hostsync.cuda_sync_warnings) keep only their messages;
-    record_sync_sites adds where each was issued, and the context's exit undoes it."""
+    record_sync_sites adds where each was issued, and its exit undoes it."""
     import warnings
 
     from onmt_ext.runtime.hostsync import record_sync_sites
@@ -556,12 +556,15 @@ def test_sync_warnings_name_their_call_sites():
     sites = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert record_sync_sites(sites, skip=meter.OWN_FILES)
-        warnings.warn("called a synchronizing CUDA operation")  # the line below is this one's call site
-        line = sys._getframe().f_lineno - 1
-        warnings.warn("something else")
-    assert len(caught) == 2 and sites == [f"{__file__}:{line} (test_sync_warnings_name_their_call_sites)"]
-    assert warnings._showwarnmsg_impl.__name__ != "with_site"
+        stock = warnings._showwarnmsg_impl
+        with record_sync_sites(sites, skip=meter.OWN_FILES) as hooked:
+            assert hooked
+            warnings.warn("called a synchronizing CUDA operation")  # the line below is this one's call site
+            line = sys._getframe().f_lineno - 1
+            warnings.warn("something else")
+        assert warnings._showwarnmsg_impl is stock  # its own exit undoes it
+        warnings.warn("called a synchronizing CUDA operation after it")
+    assert len(caught) == 3 and sites == [f"{__file__}:{line} (test_sync_warnings_name_their_call_sites)"]
 
 
 def test_a_sync_inside_a_torch_context_manager_names_the_with_statement_and_the_torch_frame(monkeypatch):
@@ -818,10 +821,10 @@ def test_the_users_path_runs_skip_their_first_steps():
     """Issue 57: 30 measured steps gave onmt-ext over stock 2.69x at 32k where 400-step runs gave 1.9x: the users'
     path now skips --fresh-warmup-steps (50) and measures --steps (200); the in-process group keeps its own."""
     args = cli.parse_args([])
-    assert plan._run_steps(args, plan.FRESH_STOCK) == (200, 50)
-    assert plan.step_plan(args, *plan._run_steps(args, plan.FRESH_EXT))["measure"] == [51, 250]
-    assert plan._run_steps(args, plan.IN_PROCESS) == (15, 5)
-    assert plan._run_steps(args, plan.WARM_UP) == plan._run_steps(args, plan.CHECKPOINTS) == (5, 5)
+    assert plan.run_steps(args, plan.FRESH_STOCK) == (200, 50)
+    assert plan.step_plan(args, *plan.run_steps(args, plan.FRESH_EXT))["measure"] == [51, 250]
+    assert plan.run_steps(args, plan.IN_PROCESS) == (15, 5)
+    assert plan.run_steps(args, plan.WARM_UP) == plan.run_steps(args, plan.CHECKPOINTS) == (5, 5)
     row = {"interval_points": [[55 + 5 * n, 1000.0 * n] for n in range(40)], "measure_steps": [51, 250]}
     text = report._over_time_text(row)
     assert text.startswith("steps 51-75: 2000; steps 76-100: 7000;") and text.endswith("steps 226-250: 37000")
@@ -839,7 +842,7 @@ def test_a_decode_part_trains_its_checkpoints_without_measuring_them(tmp_path, m
         jobs=json.loads(Path(head[0]).read_text(encoding="utf-8"))))
     args.profiles = tmp_path / "profiles"
     configs = {row["key"]: (tmp_path / "c.yaml", tmp_path / "m.pt", {}) for row, *_ in entries}
-    training.run_training_process(args, tmp_path, group, {}, entries, configs, {"eager": plan._now() + 60})
+    training.run_training_process(args, tmp_path, group, {}, entries, configs, {"eager": plan.monotonic_now() + 60})
     assert [(job["checkpoint"], job["save"], job["profile"][1], job["profile_file"]) for job in seen["jobs"]] == [
         (True, True, 0, None)] * 3
     assert all(job["counted"][0] > job["counted"][1] for job in seen["jobs"])  # no step counted
@@ -884,3 +887,37 @@ def test_each_case_knows_whether_its_default_path_compiles(sample_data, onmt_act
         opt = support.load_train_opts(f"yaml_configs/smoke/{case.config}")
         model = support.build_model(opt, support.load_vocabs(opt))
         assert ext_compile.compiles_by_default(model) == case.compiles_by_default, case.label
+
+
+def _private_names_used_across_modules(package):
+    """``(module, name, used in)`` of every ``_``-prefixed top-level name of a module of ``package`` (a folder) that
+    another of its modules imports or reads as an attribute of the imported module."""
+    import ast
+
+    modules = {path.stem: ast.parse(path.read_text(encoding="utf-8")) for path in sorted(package.glob("*.py"))}
+    found = set()
+    for user, tree in modules.items():
+        aliases = {}  # name bound in ``user`` -> module of the package
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tools.gpu_check"):
+                owner = node.module.rpartition(".")[2]
+                for alias in node.names:
+                    if alias.name in modules:
+                        aliases[alias.asname or alias.name] = alias.name
+                    elif owner in modules and alias.name.startswith("_") and not alias.name.startswith("__"):
+                        found.add((owner, alias.name, user))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases \
+                    and node.attr.startswith("_") and not node.attr.startswith("__") and aliases[node.value.id] != user:
+                found.add((aliases[node.value.id], node.attr, user))
+    return sorted(found)
+
+
+def test_the_modules_use_only_each_others_public_names(tmp_path):
+    """A name one module of tools/gpu_check/ uses from another has no ``_``: ``_`` marks a module's own helpers."""
+    found = _private_names_used_across_modules(REPO / "tools" / "gpu_check")
+    assert not found, "make these public (no leading _): " + ", ".join(f"{a}.{n} (in {u})" for a, n, u in found)
+    (tmp_path / "plan.py").write_text("def _now():\n    return 0\n")  # the scan finds both ways of using one
+    (tmp_path / "cli.py").write_text("from tools.gpu_check.plan import _now\n")
+    (tmp_path / "report.py").write_text("from tools.gpu_check import plan\nplan._now()\n")
+    assert _private_names_used_across_modules(tmp_path) == [("plan", "_now", "cli"), ("plan", "_now", "report")]

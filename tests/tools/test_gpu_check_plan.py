@@ -16,7 +16,7 @@ from tools.gpu_check.cases import MECHANISMS
 
 def test_a_stage_ends_its_share_after_it_starts_and_a_cumulative_one_when_the_budgets_so_far_are_spent(monkeypatch):
     clock = [100.0]
-    monkeypatch.setattr(plan, "_now", lambda: clock[0])
+    monkeypatch.setattr(plan, "monotonic_now", lambda: clock[0])
     args = types.SimpleNamespace(part="all", tiny=False, budget_a=80.0, budget_b=200.0, budget_c=100.0)
     schedule = plan.Schedule(args)
     assert schedule.deadline("a") == 100.0 + 80.0  # a's whole share, from now

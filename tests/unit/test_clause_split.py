@@ -380,6 +380,56 @@ def test_study_tagger_trains_loads_and_splits(tmp_path, tatoeba, en, capsys):
 
 
 # ---------------------------------------------------------------------------
+# the transform's options: each default written once, in ClauseSplitOptions
+
+
+def test_the_transform_options_come_from_their_class_with_its_defaults():
+    """The parser's -clause_* options are ClauseSplitOptions' fields, with their defaults and help; what reads them
+    (the transform, its checks, translate_options) builds the class, so an option left out gets that default."""
+    from dataclasses import fields
+
+    from onmt.bin import build_vocab
+
+    options = cs.ClauseSplitOptions
+    actions = build_vocab._get_parser()._option_string_actions
+    declared = {action.dest: action for name, action in actions.items() if name.startswith("-clause_")}
+    assert set(declared) == {options.PREFIX + item.name for item in fields(options)}
+    for item in fields(options):
+        action = declared[options.PREFIX + item.name]
+        assert (action.default, action.help) == (item.default, item.metadata["help"])
+        assert action.const is True if item.type is bool else action.type is item.type
+    defaults = options()
+    assert options.from_opts(_Namespace()) == options.from_opts({}) == defaults
+    assert options.from_opts(_Namespace(**{dest: a.default for dest, a in declared.items()})) == defaults
+    assert cs.ClauseSplitter.__init__.__defaults__ == (defaults.lang, defaults.levels, None, defaults.spacy_model)
+    assert cs.ClauseSplitTransform.get_specials(_Namespace()) == (cs.marker_tokens(defaults.levels), [])
+    assert cs.translate_options({"clause_attention": True}) == [
+        "-transforms", "clause_split", "-clause_lang", defaults.lang, "-clause_levels", str(defaults.levels)]
+    assert cs.translate_options({"clause_attention": True, "clause_lang": "zh", "clause_levels": 2,
+                                 "clause_tagger_model": "t.pt"}, ("sentencepiece",)) == [
+        "-transforms", "sentencepiece", "clause_split", "-clause_lang", "zh", "-clause_levels", "2",
+        "-clause_tagger_model", "t.pt"]
+    transform = cs.ClauseSplitTransform(_Namespace(clause_levels=3, clause_presplit=True))
+    assert (transform.lang, transform.levels, transform.tagger_model, transform.spacy_model, transform.presplit) == (
+        defaults.lang, 3, defaults.tagger_model, defaults.spacy_model, True)
+
+
+def test_no_clause_split_option_is_read_by_name_outside_its_class():
+    """split.py names no -clause_* option as a string or attribute (``getattr(opts, "clause_lang", "en")``,
+    ``config.get("clause_levels", 6)``, ``opts.clause_presplit``): each read goes through ClauseSplitOptions."""
+    import ast
+    from dataclasses import fields
+
+    names = {cs.ClauseSplitOptions.PREFIX + item.name for item in fields(cs.ClauseSplitOptions)}
+    tree = ast.parse(open(cs.__file__, encoding="utf-8").read(), cs.__file__)
+    found = [(node.lineno, ast.unparse(node)) for node in ast.walk(tree)
+             if isinstance(node, ast.Constant) and node.value in names
+             or isinstance(node, ast.Attribute) and node.attr in names]
+    assert not found, "read it from ClauseSplitOptions.from_opts(opts):\n" + "\n".join(
+        f"{cs.__file__}:{line}: {what}" for line, what in found)
+
+
+# ---------------------------------------------------------------------------
 # registration (keep last: it re-executes the module)
 
 

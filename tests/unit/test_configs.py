@@ -98,19 +98,6 @@ def test_every_config_parses_strictly_with_the_values_it_sets(onmt_active):
     assert not problems, "\n".join(problems)
 
 
-def test_results_demo_readme_describes_the_demo_config():
-    """results/demo/README.md's opening paragraph gives the demo config's layers and steps (it said 3+3 layers
-    after the config became 2+1)."""
-    config = yaml.safe_load((support.REPO / "yaml_configs/demo/tatoeba_zhen.yaml").read_text(encoding="utf-8"))
-    text = (support.REPO / "results/demo/README.md").read_text(encoding="utf-8")
-    opening = " ".join(text.split("\n\n")[1].split())
-    layer = lambda n: "layer" if n == 1 else "layers"  # noqa: E731
-    assert f"{config['enc_layers']} encoder {layer(config['enc_layers'])} and {config['dec_layers']} decoder " \
-           f"{layer(config['dec_layers'])}" in opening
-    assert f"feed-forward {config['transformer_ff']}" in opening
-    assert f"{config['train_steps']:,} steps" in opening
-
-
 def test_the_readme_quickstart_training_reports_progress():
     """The quickstart's short training prints progress lines: -report_every below its -train_steps (the demo
     config reports every 100 steps, after the 50 steps had ended)."""

@@ -7,7 +7,7 @@ import torch
 
 from onmt_ext.mechanisms.routing import (em_routing, linear_inverse_temperature, recompute_in_backward, simple_routing,
                                          squash)
-from tools.routing_memory import AtenOps
+from tools.op_count import counter as operator_counter
 
 torch.set_default_dtype(torch.float32)
 
@@ -267,7 +267,7 @@ def _launches(route, iterations):
     (N = d: output capsules of one value, D = 1; EM with learnable beta_a, beta_u)."""
     votes = torch.randn(4, 8, 16, 1, generator=torch.Generator().manual_seed(0)).requires_grad_()
     beta_a, beta_u = torch.zeros(16, requires_grad=True), torch.zeros(16, requires_grad=True)
-    with AtenOps() as counter:
+    with operator_counter() as counter:
         if route == "em":
             out, _ = em_routing(votes, iterations, beta_a=beta_a, beta_u=beta_u)
         else:

@@ -144,6 +144,26 @@ def test_encoder_equals_stock():
     assert stock_reads.reads and not ours_reads.reads
 
 
+def test_host_reads_counts_the_python_reads_and_leaves_torch_tensor_as_it_was():
+    """``.tolist()``, ``.cpu()`` and ``.numpy()`` are counted inside the block only; leaving it (by an error too,
+    and from nested blocks) leaves ``torch.Tensor``'s own namespace as it was: they are inherited, not set on it."""
+    from onmt_ext.runtime.hostsync import HostReads
+
+    before = dict(vars(torch.Tensor))
+    values = torch.arange(3.0)
+    with HostReads() as outer:
+        with HostReads(device="meta") as inner:
+            values.tolist()
+        values.cpu()
+    assert [what for what, _ in outer.reads] == ["tolist", "cpu"] and not inner.reads
+    with pytest.raises(ZeroDivisionError), HostReads() as failed:
+        values.numpy()
+        1 / 0
+    values.tolist()
+    assert [what for what, _ in failed.reads] == ["numpy"]
+    assert dict(vars(torch.Tensor)) == before
+
+
 def test_host_reads_can_leave_out_the_optimizers_own_step_counters():
     """gpu_check's CPU count leaves out what a non-fused Adam reads of its CPU step counters (they stay on the host
     on a GPU too); every other read still counts."""

@@ -28,13 +28,13 @@ from tools import common
 from tools.gpu_check.cases import MECHANISMS, REPO, TINY_MECHANISMS
 from tools.gpu_check.child import CHILDREN
 from tools.gpu_check.plan import (
-    BUDGETS, FRESH_NAMES, GRACE_S, PART_STAGES, Schedule, TINY_BUDGETS, _now, _run_steps, apply_part, checkpoint_plan,
-    fresh_deadlines, paper_of, plan_line, step_plan, training_plan, warm_up_plan,
+    BUDGETS, FRESH_NAMES, GRACE_S, PART_STAGES, Schedule, TINY_BUDGETS, apply_part, checkpoint_plan, fresh_deadlines,
+    monotonic_now, paper_of, plan_line, run_steps, step_plan, training_plan, warm_up_plan,
 )
 from tools.gpu_check.properties import finish_section_a, start_section_a
 from tools.gpu_check.report import device_info, markdown, report_name, targets_table
 from tools.gpu_check.training import (
-    _slug, prepare_training, run_training_process, section_b_status, start_compile_warm_up, start_warm_up,
+    file_slug, prepare_training, run_training_process, section_b_status, start_compile_warm_up, start_warm_up,
     training_ratios,
 )
 from tools.gpu_check.translation import section_c, section_c_status, start_section_c
@@ -235,7 +235,7 @@ def main(argv=None):
         print("gpu_check.py: note: Base size on the CPU takes far longer than the budgets; --tiny is the dry run",
               file=sys.stderr)
     args.work.mkdir(parents=True, exist_ok=True)
-    started, wall = datetime.datetime.now(datetime.timezone.utc), _now()
+    started, wall = datetime.datetime.now(datetime.timezone.utc), monotonic_now()
     info = device_info(args)
     args.profiles = args.out / "profiles" / report_name(info, args)  # the operator tables of the profiled steps
     print(f"== gpu-check on {info['name']} (torch {info['torch']}, CUDA {info['cuda']}); report into {args.out}",
@@ -246,30 +246,30 @@ def main(argv=None):
     print(planned, flush=True)  # before it starts: what will not fit, and the parts that would measure it
     schedule, sections, models, cuda = Schedule(args), {}, {}, args.device == "cuda"
     commit, commit_from = project_commit(args.commit)
-    a_began, a_deadline = _now(), schedule.deadline("a") if "a" in schedule.stages else None
+    a_began, a_deadline = monotonic_now(), schedule.deadline("a") if "a" in schedule.stages else None
     if "a" in args.sections:
         a_result, a_started = start_section_a(args, args.work)
-    began_warm, warm_deadline = _now(), None  # (without section a, a stage of their own)
+    began_warm, warm_deadline = monotonic_now(), None  # (without section a, a stage of their own)
     if "b" in args.sections and "b warm-up" in schedule.stages:
         warm_deadline = schedule.deadline("b warm-up")
     checkpoints = "c" in args.sections and "c checkpoints" in schedule.stages  # section c without section b
     if checkpoints:
-        began_checkpoints, checkpoints_deadline = _now(), schedule.deadline("c checkpoints")
+        began_checkpoints, checkpoints_deadline = monotonic_now(), schedule.deadline("c checkpoints")
     plan = training_plan(args, cases) if "b" in args.sections else checkpoint_plan(args, cases) if checkpoints else []
     if plan:  # the data (SentencePiece'd, clause-split, repeated) and every config, while section a runs
-        prepared = _now()
+        prepared = monotonic_now()
         repeat_cache = {}
         configs = prepare_training(args, args.work, plan, repeat_cache)
     if "b" in args.sections:
         b = sections["b"] = {"title": "training", "rows": [row for _, _, _, rows in plan for row, _, _, _ in rows],
-                             "prepare_s": round(_now() - prepared, 1), "steps_text": _steps_text(args),
+                             "prepare_s": round(monotonic_now() - prepared, 1), "steps_text": _steps_text(args),
                              "batch_tokens": (args.batch_size, args.paper_batch_size),
                              "case_batch_tokens": args.case_batch_size,
                              "sync_kind": "torch's CUDA sync warnings" if cuda else "host reads of tensor values"}
         print(f"== gpu-check b: data and configs prepared in {b['prepare_s']:.0f} s", flush=True)
         # with section a, the warm-up shares its time; without it, its own stage (--part all: a tenth of b's budget)
         if warm_deadline is None:
-            warm_deadline = a_deadline if "a" in args.sections else _now() + 0.1 * args.budget_b
+            warm_deadline = a_deadline if "a" in args.sections else monotonic_now() + 0.1 * args.budget_b
         warm_entry = warm_up_plan(args)
         b["warm_up"] = warm_entry[0]
         warm_thread = start_warm_up(args, args.work, warm_entry, configs, repeat_cache, warm_deadline)
@@ -277,8 +277,8 @@ def main(argv=None):
         b["compile_warm_up_processes"] = len(compile_threads)
     if "a" in args.sections:
         sections["a"] = finish_section_a(a_result, a_started, a_deadline)
-        sections["a"].update(budget_s=round(a_deadline - a_began, 1), seconds=round(_now() - a_began, 1))
-        schedule.record("a", a_began, a_deadline, _now(), sections["a"]["status"])
+        sections["a"].update(budget_s=round(a_deadline - a_began, 1), seconds=round(monotonic_now() - a_began, 1))
+        schedule.record("a", a_began, a_deadline, monotonic_now(), sections["a"]["status"])
     if "c" in args.sections:
         sections["c"] = {"title": "translation", "rows": [], "groups": [], "passes": args.translate_passes,
                          "block": args.translate_block, "min_run_s": args.min_run_seconds}
@@ -287,43 +287,43 @@ def main(argv=None):
                                  "section b's checkpoints; run it with b")
     if "b" in args.sections:
         for thread in [warm_thread, *compile_threads]:
-            thread.join(timeout=max(0.0, warm_deadline - _now()) + GRACE_S + 1)
+            thread.join(timeout=max(0.0, warm_deadline - monotonic_now()) + GRACE_S + 1)
         if "b warm-up" in schedule.stages:
-            schedule.record("b warm-up", began_warm, warm_deadline, _now(),
+            schedule.record("b warm-up", began_warm, warm_deadline, monotonic_now(),
                             "ran" if b["warm_up"].get("status") == "measured" else "partly run")
     if "b" in args.sections and "b fresh" in schedule.stages:
-        began, deadline = _now(), schedule.deadline("b fresh", whole=args.fresh_only and args.part == "all")
+        began, deadline = monotonic_now(), schedule.deadline("b fresh", whole=args.fresh_only and args.part == "all")
         fresh = [(group, env, rows) for name, group, env, rows in plan if name == "b fresh"]
         for (group, env, rows), share in zip(fresh, fresh_deadlines(began, deadline, len(fresh))):
             run_training_process(args, args.work, group, env, rows, configs, {"fresh": share})
         fresh_rows = [row for _, _, rows in fresh for row, _, _, _ in rows]
-        schedule.record("b fresh", began, deadline, _now(), section_b_status(fresh_rows))
+        schedule.record("b fresh", began, deadline, monotonic_now(), section_b_status(fresh_rows))
     translator = None
     if checkpoints:  # section c's checkpoints (section b does not run), while its process starts
         translator = start_section_c(args, args.work)
         (_, group, env, rows), = plan
         run_training_process(args, args.work, group, env, rows, configs, {"eager": checkpoints_deadline})
-        schedule.record("c checkpoints", began_checkpoints, checkpoints_deadline, _now(),
+        schedule.record("c checkpoints", began_checkpoints, checkpoints_deadline, monotonic_now(),
                         "ran" if all(row.get("status") == "trained" for row, *_ in rows) else "partly run")
         models = {case: (configs[row["key"]][0].stem, configs[row["key"]][1], row["options"])
                   for row, case, _, _ in rows if row.get("status") == "trained"}
         sections["c"]["checkpoints"] = {
-            "trained": len(models), "of": len(rows), "steps": step_plan(args, *_run_steps(args, group))["total"],
-            "batch_tokens": args.batch_size, "log": str(args.work / f"train-{_slug(group)}.log"),
+            "trained": len(models), "of": len(rows), "steps": step_plan(args, *run_steps(args, group))["total"],
+            "batch_tokens": args.batch_size, "log": str(args.work / f"train-{file_slug(group)}.log"),
             "failed": {row["case"]: row.get("reason") for row, *_ in rows if row.get("status") != "trained"}}
     if "b" in args.sections and not args.fresh_only:
         (_, group, env, rows), = [entry for entry in plan if entry[0] == "b in-process"]
         if "c" in args.sections:
             translator = start_section_c(args, args.work)
-        began, deadlines = _now(), {mode: schedule.deadline(f"b {mode}") for mode in ("eager", "compiled")}
+        began, deadlines = monotonic_now(), {mode: schedule.deadline(f"b {mode}") for mode in ("eager", "compiled")}
         try:
             ends = run_training_process(args, args.work, group, env, rows, configs, deadlines)
         except BaseException:
             if translator:
                 translator.kill()
             raise
-        eager_end = ends["eager"] or min(_now(), deadlines["eager"])
-        for mode, start, end in (("eager", began, eager_end), ("compiled", eager_end, _now())):
+        eager_end = ends["eager"] or min(monotonic_now(), deadlines["eager"])
+        for mode, start, end in (("eager", began, eager_end), ("compiled", eager_end, monotonic_now())):
             schedule.record(f"b {mode}", start, deadlines[mode], end,
                             section_b_status([row for row, _, _, _ in rows if row.get("part", row["mode"]) == mode]))
         models = {case: (configs[row["key"]][0].stem, configs[row["key"]][1], row["options"])
@@ -346,7 +346,7 @@ def main(argv=None):
         sections["c"]["status"] = section_c_status(sections["c"])
     report = {
         "format": 2, "mode": "cuda" if cuda else ("cpu-tiny" if args.tiny else "cpu"),
-        "device": info, "date": started.strftime("%Y-%m-%d %H:%M:%S"), "seconds": round(_now() - wall, 1),
+        "device": info, "date": started.strftime("%Y-%m-%d %H:%M:%S"), "seconds": round(monotonic_now() - wall, 1),
         "command": "python -m tools.gpu_check " + shlex.join(argv), "commit": commit, "commit_from": commit_from,
         "compile_backend": args.compile_backend or "inductor (onmt-ext's default)",
         "settings": {key: str(value) for key, value in vars(args).items()},

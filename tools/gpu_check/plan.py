@@ -31,7 +31,8 @@ GRACE_S = 5.0
 PLAN_SHARE = 0.9
 
 
-def _now():
+def monotonic_now():
+    """Seconds on the clock that every budget and deadline of the check is measured on (``time.monotonic``)."""
     return time.monotonic()
 
 
@@ -67,14 +68,14 @@ class Schedule:
     included, are spent from the check's start.  ``parts`` keeps each stage's time."""
 
     def __init__(self, args):
-        self.args, self.start, self.planned, self.parts = args, _now(), 0.0, []
+        self.args, self.start, self.planned, self.parts = args, monotonic_now(), 0.0, []
         self.stages = {name: rest for name, *rest in PART_STAGES[args.part][1]}
 
     def deadline(self, name, whole=False):
         gpu, tiny, cumulative = self.stages[name]
         budget = (1.0 if whole else tiny if self.args.tiny else gpu) * getattr(self.args, f"budget_{name[0]}")
         self.planned += budget
-        return self.start + self.planned if cumulative else _now() + budget
+        return self.start + self.planned if cumulative else monotonic_now() + budget
 
     def record(self, name, began, deadline, ended, status):
         self.parts.append({"part": name, "budget_s": round(deadline - began, 1), "seconds": round(ended - began, 1),
@@ -132,7 +133,7 @@ COSTS = {
 }
 
 
-def _translate_rows(args, cases, compiled, costs):
+def translate_rows(args, cases, compiled, costs):
     """The estimated rows of one decoding group: each candidate's warm-up and timed runs, with its share of the
     baseline's runs; first the baseline's own warm-up and first run (fixed)."""
     run = max(args.min_run_seconds, costs["translate"])
@@ -163,9 +164,9 @@ def part_stages(args, cases, costs):
             rows[stage].append((None, costs["process"]))
             kind = {FRESH_EXT: "ext", FRESH_STOCK: "stock", FRESH_LAYERS: "layers"}.get(group)
             for row, case, mode, _ in entries:
-                label = f"{row['case']}, {row['mode']}, {row['batch_tokens']}" + _run_text(row)
+                label = f"{row['case']}, {row['mode']}, {row['batch_tokens']}" + run_text(row)
                 if kind:
-                    steps = step_plan(args, *_run_steps(args, group))["total"]
+                    steps = step_plan(args, *run_steps(args, group))["total"]
                     seconds = steps * costs["steps"][kind][row["batch_tokens"] != small]
                     seconds += costs["layers"] if kind == "layers" and row["batch_tokens"] == paper else 0
                 elif row.get("run", 1) > 1 or case.control or case == BASELINE:
@@ -180,7 +181,7 @@ def part_stages(args, cases, costs):
         for key in args.groups:
             search, mode = key.split("-")
             rows[f"c {mode}"] += [(label and f"{label}, {'beam 4' if search == 'translate' else 'greedy'}", seconds)
-                                  for label, seconds in _translate_rows(args, cases, mode == "compiled", costs)]
+                                  for label, seconds in translate_rows(args, cases, mode == "compiled", costs)]
     for name, gpu, tiny, cumulative in table:
         budget = (tiny if args.tiny else gpu) * getattr(args, f"budget_{name[0]}")
         stages.append((name, budget, cumulative, rows[name]))
@@ -265,7 +266,7 @@ def step_plan(args, steps=None, warmup=None):
     steps, whose sync warnings cost nothing; on the CPU more steps after the profiled ones, since counting host
     reads slows every operator), ``total``.  ``steps``: the measured steps (default ``--steps``; the in-process
     group's runs: ``--case-steps``) after ``warmup`` unmeasured ones (default ``--warmup-steps``; see
-    :func:`_run_steps`)."""
+    :func:`run_steps`)."""
     cuda = args.device == "cuda"
     first, last = (warmup or args.warmup_steps) + 1, (warmup or args.warmup_steps) + (steps or args.steps)
     end = last + args.profile_steps
@@ -389,7 +390,7 @@ def warm_up_plan(args):
     return row, case, "eager", {"batch_size": args.batch_size, "stock": True}
 
 
-def _run_steps(args, group):
+def run_steps(args, group):
     """``(measured steps, unmeasured steps before them)`` of a run in ``group``: ``--case-steps`` in one process
     (the same replayed batches for every case and its neighbouring baseline runs), ``--steps`` after
     ``--fresh-warmup-steps`` on the users' path (data workers), past the warm-up of a fresh process; the machine
@@ -445,5 +446,6 @@ def warm_another(first, base, warm_s, passes, block, min_run_s, left, overhead=0
     return None in later and set(now) <= set(later)
 
 
-def _run_text(row):
+def run_text(row):
+    """`` (run n)`` after a row's name when it is a further run of its case (its ``run``), else empty."""
     return f" (run {row['run']})" if row.get("run") else ""

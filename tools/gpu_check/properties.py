@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ElementTree
 from tools.gpu_check.cases import (
     KERNEL_TEST, PROPERTY_CONFIGS, PROPERTY_DTYPES, PROPERTY_TEST, REPO, TINY_PROPERTY_CONFIGS, TINY_PROPERTY_DTYPES,
 )
-from tools.gpu_check.plan import _now
+from tools.gpu_check.plan import monotonic_now
 
 
 def junit_counts(path):
@@ -89,7 +89,7 @@ def start_section_a(args, work):
         with open(log, "w", encoding="utf-8") as out:
             child = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
                                      start_new_session=True)
-        started.append((run, child, xml, _now()))
+        started.append((run, child, xml, monotonic_now()))
         result["runs"].append(run)
     print(f"== gpu-check a: properties, {len(processes)} processes at once ({threads} threads each)", flush=True)
     return result, started
@@ -116,20 +116,20 @@ def finish_section_a(result, started, deadline):
     """Waits for section a's processes until the monotonic ``deadline`` (then stops them); each run's seconds are
     its own, to its exit."""
     pending = list(started)
-    while pending and _now() < deadline:
+    while pending and monotonic_now() < deadline:
         for item in list(pending):
             run, child, xml, began = item
             if child.poll() is not None:
-                _finished_run(run, child.returncode, xml, _now() - began)
+                _finished_run(run, child.returncode, xml, monotonic_now() - began)
                 pending.remove(item)
         time.sleep(0.1)
     for run, child, xml, began in pending:
         if child.poll() is not None:  # exited since the last look
-            _finished_run(run, child.returncode, xml, _now() - began)
+            _finished_run(run, child.returncode, xml, monotonic_now() - began)
             continue
         os.killpg(child.pid, 9)
         child.wait()
-        run["seconds"] = round(_now() - began, 1)
+        run["seconds"] = round(monotonic_now() - began, 1)
         run.update(status="stopped", reason=f"not run: budget (stopped after {run['seconds']} s)")
     if "status" not in result:
         statuses = {run["status"] for run in result["runs"]}

@@ -13,7 +13,7 @@ from tools.gpu_check.cases import (
     STARTUP_OVERHEAD_TARGET_S, STOCK_SPEEDUP_TARGET, SYNCS_TARGET, aa_text,
 )
 from tools.gpu_check.plan import (
-    FRESH_EXT, FRESH_LAYERS, FRESH_STOCK, IN_PROCESS, LAYERS, STOCK_LABEL, TABLES_SHARE, _run_text, paper_of,
+    FRESH_EXT, FRESH_LAYERS, FRESH_STOCK, IN_PROCESS, LAYERS, STOCK_LABEL, TABLES_SHARE, paper_of, run_text,
 )
 
 
@@ -261,7 +261,7 @@ def markdown(report):
                   f"{len(profiled)} profiled runs)."]
         lines += ["", "Host-device synchronisation call sites over the counted steps (top 5 per run; on CUDA the "
                   "Python caller of each sync warning):", ""]
-        lines += [f"- {row['case']}{_run_text(row)}, {row['mode']}, {row['group']}, {row['batch_tokens']}: "
+        lines += [f"- {row['case']}{run_text(row)}, {row['mode']}, {row['group']}, {row['batch_tokens']}: "
                   f"{_sites_text(row)}" for row in b["rows"] if row.get("status") == "measured"]
         lines += ["", "Configs trained:", ""]
         lines += [f"- {row['case']}, {row['mode']}, {row['group']}, {row['batch_tokens']}: `{row['command']}`"

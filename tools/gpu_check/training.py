@@ -15,7 +15,7 @@ from tools import common
 from tools import timed_runs
 from tools.gpu_check.cases import MECHANISMS, REPO, TINY_LINES, aa_note, aa_summary
 from tools.gpu_check.plan import (
-    CHECKPOINTS, FRESH_EXT, GRACE_S, IN_PROCESS, LAYERS, MIN_START_S, TABLES_SHARE, WARM_UP, _now, _run_steps,
+    CHECKPOINTS, FRESH_EXT, GRACE_S, IN_PROCESS, LAYERS, MIN_START_S, TABLES_SHARE, WARM_UP, monotonic_now, run_steps,
     step_plan,
 )
 
@@ -66,7 +66,7 @@ def training_config(case, mode, args, work, repeat_cache, batch_size=None, repla
     elif mode == LAYERS:
         overrides["ext_compile_layers"] = True
     # one repeated corpus per case and batch size, long enough for the longest run (--steps or --case-steps)
-    longest = max(step_plan(args, *_run_steps(args, group))["total"] for group in (IN_PROCESS, FRESH_EXT))
+    longest = max(step_plan(args, *run_steps(args, group))["total"] for group in (IN_PROCESS, FRESH_EXT))
     key = (case.config, batch_size)
     suffix = f"_{name or mode}"
     if key not in repeat_cache:  # the corpus as the case reads it, to count its tokens once
@@ -155,14 +155,15 @@ def prepare_training(args, work, plan, cache):
         for row, case, mode, extra in rows:
             configs[row["key"]] = training_config(case, mode, args, work, cache, batch_size=row["batch_tokens"],
                                                   replay=extra.get("replay", False), stock=extra.get("stock", False),
-                                                  name=row["name"], steps=_run_steps(args, row["group"])[0],
-                                                  warmup=_run_steps(args, row["group"])[1])
+                                                  name=row["name"], steps=run_steps(args, row["group"])[0],
+                                                  warmup=run_steps(args, row["group"])[1])
             row["command"] = f"onmt_train -config {configs[row['key']][0]}"
             row["options"] = configs[row["key"]][2]
     return configs
 
 
-def _slug(text):
+def file_slug(text):
+    """``text`` as a piece of a file name: lower case, each run of other characters than a-z and 0-9 one ``-``."""
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
@@ -186,7 +187,7 @@ def run_training_process(args, work, group, env, rows, configs, deadlines, stop_
     """One training process for ``rows`` (see :func:`child_train_many`), each run before the deadline of its
     mode (``deadlines``: mode -> monotonic time); fills the rows in place and returns when each mode's last
     run ended (or None).  ``stop_after``: every run is an untimed warm-up that ends after that many steps."""
-    steps = step_plan(args, *_run_steps(args, group))
+    steps = step_plan(args, *run_steps(args, group))
     jobs = [{"key": row["key"], "config": str(configs[row["key"]][0]), "replay": "replayed" in row["data_path"],
              "replay_key": replay_key(configs[row["key"]][2]),
              "batches": (stop_after or steps["total"]) + 2,
@@ -201,7 +202,7 @@ def run_training_process(args, work, group, env, rows, configs, deadlines, stop_
              "host_reads": row["mode"] == "eager", "deadline": deadlines[row.get("part", row["mode"])],
              "report_every": args.warmup_steps, "tables_s": TABLES_SHARE * args.budget_b,
              "profile_file": None if row.get("run", 1) > 1 or row["group"] == CHECKPOINTS
-             else str(args.profiles / f"{_slug(row['key'])}.txt")}
+             else str(args.profiles / f"{file_slug(row['key'])}.txt")}
             for row, _, _, _ in rows]
     if stop_after:
         for job in jobs:
@@ -210,12 +211,12 @@ def run_training_process(args, work, group, env, rows, configs, deadlines, stop_
         # warm-up steps (it also builds the batches that the first case replays)
         jobs.insert(0, dict(jobs[0], key="process warm-up", warmup=True, save=False, profile_file=None,
                             stop_after=args.warmup_steps))
-    slug = _slug(group)
+    slug = file_slug(group)
     jobs_file, runs_file = work / f"train-{slug}.jobs.json", work / f"train-{slug}.runs.jsonl"
     jobs_file.write_text(json.dumps(jobs), encoding="utf-8")
     runs_file.unlink(missing_ok=True)
     log = work / f"train-{slug}.log"
-    stopped, seconds = None, max(deadlines.values()) - _now()
+    stopped, seconds = None, max(deadlines.values()) - monotonic_now()
     if seconds < MIN_START_S:
         stopped = "not run: budget"
     else:

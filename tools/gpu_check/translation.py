@@ -10,7 +10,7 @@ import statistics
 from tools import common
 from tools import timed_runs
 from tools.gpu_check.cases import BASELINE, aa_note, aa_summary
-from tools.gpu_check.plan import COSTS, GRACE_S, MIN_START_S, _now, _translate_rows, proportional_shares
+from tools.gpu_check.plan import COSTS, GRACE_S, MIN_START_S, monotonic_now, proportional_shares, translate_rows
 
 
 def translation_argv(checkpoint, config, source, args, search, output):
@@ -174,7 +174,7 @@ def section_c(args, schedule, work, models, cases, result, child=None):
     args.output_length = args.output_length or timed_runs.natural_output_length(reference_pieces)
     result.update(output_length=args.output_length, test_sentences=args.test_sentences)
     control = timed_runs.control_case(BASELINE)
-    began, specs, deadlines = _now(), [], {}
+    began, specs, deadlines = monotonic_now(), [], {}
     for compiled in (False, True):
         mode = "compiled" if compiled else "eager"
         deadlines[mode] = schedule.deadline(f"c {mode}")
@@ -188,14 +188,14 @@ def section_c(args, schedule, work, models, cases, result, child=None):
         shares = [GROUP_SHARES[search[0]] for search, _, _ in specs]
     else:  # (one deadline for every group of the part: each its share of the estimates)
         costs = COSTS["cuda" if args.device == "cuda" else "cpu"]
-        shares = proportional_shares([sum(seconds for _, seconds in _translate_rows(
+        shares = proportional_shares([sum(seconds for _, seconds in translate_rows(
             args, [case for case in entries if not case.control], compiled, costs)) for _, compiled, entries in specs])
     built = [_translation_group(args, models, source, search, compiled, entries, share,
                                 deadlines["compiled" if compiled else "eager"])
              for (search, compiled, entries), share in zip(specs, shares)]
     jobs_file, runs_file = work / "translate.jobs.json", work / "translate.runs.jsonl"
     runs_file.unlink(missing_ok=True)
-    stopped, seconds = None, deadlines["compiled"] - _now()
+    stopped, seconds = None, deadlines["compiled"] - monotonic_now()
     if seconds < MIN_START_S:
         stopped = ("not run", "budget")
         if child:
@@ -210,7 +210,7 @@ def section_c(args, schedule, work, models, cases, result, child=None):
             child.finish(timeout=seconds + GRACE_S)
         except common.ChildFailed as failure:
             stopped = ("stopped", "budget") if failure.timed_out else ("failed", str(failure))
-    ended = _now()
+    ended = monotonic_now()
     runs = common.read_json_lines(runs_file)
     for jobs, group, rows in built:
         _group_figures(args, group, rows, jobs, runs, stopped)

