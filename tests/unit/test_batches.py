@@ -220,3 +220,44 @@ def test_batches_with_more_than_ids_go_to_stock(extra, left_pad):
     minibatch, calls = _minibatch(random.Random(0), 3, **extra), []
     batches._padded_at_once(lambda *args: calls.append(args), {}, minibatch, torch.device("cpu"), left_pad)
     assert len(calls) == 1 and calls[0][1] is minibatch
+
+
+def _bucket(rng, size, with_tgt):
+    """``size`` numericalised examples as ``_bucketing`` yields them: few distinct lengths (many equal sort keys)
+    and sources drawn from a small pool (repeated sources, which a training batch takes once)."""
+    def ids():
+        return [7] * rng.choice([1, 2, 3, 3, 5, 8, 13, 30])
+
+    return [{"src": {"src": f"line {rng.randrange(size)}", "src_ids": ids()},
+             "tgt": {"tgt": "", "tgt_ids": ids()} if with_tgt else None} for _ in range(size)]
+
+
+@pytest.mark.parametrize("task", ["train", "valid"])
+@pytest.mark.parametrize("batch_type, batch_size", [("tokens", 64), ("tokens", 10), ("sents", 7)])
+@pytest.mark.parametrize("multiple", [1, 3, 8])
+@pytest.mark.parametrize("with_tgt", [True, False])
+def test_keyed_batches_are_stock_batches_in_stock_order(monkeypatch, task, batch_type, batch_size, multiple,
+                                                        with_tgt):
+    import random
+
+    from onmt.inputters import dynamic_iterator
+
+    from onmt_ext import patches
+    from onmt_ext.runtime import batches
+
+    rng = random.Random(f"{task}{batch_type}{batch_size}{multiple}{with_tgt}")
+    buckets = [(_bucket(rng, size, with_tgt), number) for number, size in enumerate((1, 40, 300, 97))]
+    monkeypatch.setattr(dynamic_iterator, "tensorify", lambda vocabs, minibatch, device, left_pad: [
+        (id(example), index) for example, index in minibatch])
+    stock = patches.original(dynamic_iterator.DynamicDatasetIter, "__iter__")
+
+    def run(iterate):
+        random.seed(5)  # the iterator's RandomShuffler starts from the global state, as in training
+        data = dynamic_iterator.DynamicDatasetIter({}, {}, {}, {"data_task": "seq2seq"}, task, batch_type,
+                                                   batch_size, multiple)
+        data._bucketing = lambda: iter(buckets)
+        return list(iterate(data))
+
+    theirs = run(stock)
+    assert len(theirs) > len(buckets) and any(len(batch) > 1 for batch, _ in theirs)
+    assert run(lambda data: batches._keyed_batches(stock, data)) == theirs
