@@ -3,13 +3,15 @@
 
 Usage::
 
-    python -m tools.kernel_resources [--arch 90] [--dtype fp16] [--shape 8 512 1] [--iterations 3] [--json F]
+    python -m tools.kernel_resources [--arch 90] [--dtype fp16] [--shape 8 512 1] [--iterations 3] [--shared]
+        [--json F]
 
-Each kernel of ``onmt_ext.mechanisms.routing_triton`` (EM and simple routing, forward and backward, with and without a
-mask) goes through Triton's whole compiler for ``sm_<arch>`` (Triton IR, LLVM, PTX, ``ptxas``) at the votes'
-``(I, O, D)`` shape of one problem (li2019 at Base width by default), with the warps the launcher would give it;
-ptxas's registers per thread and spilled bytes are printed.  No GPU runs anything: a compile error or heavy
-spilling shows here first (docs/kernels.md).
+Each kernel of ``onmt_ext.mechanisms.routing_triton`` (EM and simple routing, forward and backward, with and
+without a mask; for a shape larger than one block, or ``--shared``, the chunked simple-routing kernels) goes
+through Triton's whole compiler for ``sm_<arch>`` (Triton IR, LLVM, PTX, ``ptxas``) at the votes' ``(I, O, D)``
+shape of one problem (li2019 at Base width by default), with the warps the launcher would give it; ptxas's
+registers per thread and spilled bytes are printed.  No GPU runs anything: a compile error or heavy spilling
+shows here first (docs/kernels.md).
 """
 
 import argparse
@@ -24,6 +26,7 @@ from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)  # the compiled kernels, not the interpreter's
 
+import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
@@ -55,6 +58,30 @@ def variants(dtype, iterations):
                 (f"simple backward{suffix}", routing_triton._simple_backward, simple,
                  {**mask, **(routed if masked else plain)})]
     return [(name, kernel, types, {**constants, "ITERATIONS": iterations}) for name, kernel, types, constants in out]
+
+
+def chunked_variants(dtype, iterations, shared):
+    """(name, kernel, argument types, constexpr values) of the chunked simple-routing kernels (problems larger than
+    one block): plain and with mask and starting logits, or, ``shared``, votes shared by the mask's problems."""
+    half = f"*{dtype}"
+    types = {"s_p": "i64", "s_i": "i64", "s_o": "i64", "s_d": "i64", "n_in": "i32", "n_out": "i32",
+             "n_dim": "i32", "members": "i32", "V": half, "VKeep": "*i8", "Mask": "*i8", "Init": "*fp32",
+             "Out": half, "Logits": "*fp32", "GradOut": half, "GradLogits": "*fp32", "GradVotes": half,
+             "Partial": "*fp32", "GradInit": "*fp32"}
+    plain = dict(INPUTS=False, WEIGHTED=True, HAS_INIT=False, Init=None, HAS_GRAD_LOGITS=False, GradLogits=None,
+                 STORE_LOGITS=False, Logits=None, GradInit=None, HAS_MASK=False, Mask=None, SHARED=False,
+                 VKeep=None)
+    routed = dict(INPUTS=True, WEIGHTED=False, HAS_INIT=True, HAS_GRAD_LOGITS=True, STORE_LOGITS=True,
+                  HAS_MASK=True, SHARED=shared, **({} if shared else {"VKeep": None}))
+    settings = [(", shared votes", routed)] if shared else [("", plain), (", mask", routed)]
+    out = []
+    for suffix, constants in settings:
+        for name, kernel in (("forward", routing_triton._chunked_forward),
+                             ("backward", routing_triton._chunked_backward)):
+            used = {key: value for key, value in {**constants, "ITERATIONS": iterations}.items()
+                    if key in kernel.arg_names}
+            out.append((f"chunked {name}{suffix}", kernel, types, used))
+    return out
 
 
 def compile_kernel(kernel, types, constants, blocks, arch):
@@ -94,16 +121,23 @@ def main(argv=None):
     parser.add_argument("--dtype", default="fp16", choices=["fp32", "fp16", "bf16"])
     parser.add_argument("--shape", type=int, nargs=3, default=[8, 512, 1], metavar=("I", "O", "D"))
     parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument("--shared", action="store_true",
+                        help="votes shared by several problems (cao2019's horizontal routing; chunked kernels)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
     blocks = tuple(triton.next_power_of_2(size) for size in args.shape)
-    if blocks[0] * blocks[1] * blocks[2] > routing_triton.MAX_BLOCK:
-        parser.error(f"--shape {' '.join(map(str, args.shape))}: a block of {blocks} exceeds MAX_BLOCK "
-                     f"{routing_triton.MAX_BLOCK}; the routing core keeps such problems in PyTorch")
+    if args.shared or blocks[0] * blocks[1] * blocks[2] > routing_triton.MAX_BLOCK:
+        if blocks[0] * blocks[1] > routing_triton.MAX_STATE:
+            parser.error(f"--shape {' '.join(map(str, args.shape))}: an (I, O) state of {blocks[:2]} exceeds "
+                         f"MAX_STATE {routing_triton.MAX_STATE}; the routing core keeps such problems in PyTorch")
+        blocks = routing_triton._chunk_blocks(torch.empty(1, *args.shape))  # D read in chunks
+        kernels = chunked_variants(args.dtype, args.iterations, args.shared)
+    else:
+        kernels = variants(args.dtype, args.iterations)
     print(f"sm_{args.arch}, {args.dtype} votes ({', '.join(map(str, args.shape))}), T={args.iterations}, "
           f"{routing_triton._warps(blocks)} warps, Triton {triton.__version__}")
     rows = []
-    for name, kernel, types, constants in variants(args.dtype, args.iterations):
+    for name, kernel, types, constants in kernels:
         start = time.perf_counter()
         compiled = compile_kernel(kernel, types, constants, blocks, args.arch)
         row = {"kernel": name, "seconds": round(time.perf_counter() - start, 2),

@@ -10,8 +10,8 @@ capsule ``i`` for output capsule ``o``; leading dimensions (batch, positions,
 Numerics: at least float32, also under autocast (votes up-cast, autocast off
 inside, outputs cast back); masked votes zeroed, norms and variances floored,
 EM densities in log space.  Memory: :func:`recompute_in_backward` (docs/li2019.md).
-Speed: on CUDA the problems that fit one Triton program go to the fused
-kernels of :mod:`onmt_ext.mechanisms.routing_triton` (:func:`kernel_choice`, docs/kernels.md).
+Speed: on CUDA the fused kernels of :mod:`onmt_ext.mechanisms.routing_triton` route the problems they cover
+(one program per problem; :func:`kernel_choice`, docs/kernels.md).
 """
 
 import functools
@@ -155,24 +155,27 @@ _KERNEL_MODULE = "onmt_ext.mechanisms.routing_triton"
 _KERNELS = []  # the error that stopped their import
 
 
-def _fused_kernels(votes, mask=None, init_logits=None):
+def _fused_kernels(votes, mask=None, init_logits=None, chunked=False):
     """:mod:`onmt_ext.mechanisms.routing_triton` where :func:`kernel_choice` and the call allow it, else None.
 
     The kernels take votes ``(..., I, O, D)`` in float32, float16 or bfloat16 whose ``(I, O, D)`` fits one
-    program (:func:`onmt_ext.mechanisms.routing_triton.fits`), with a mask ``(..., I)`` of the votes' own leading shape
-    (not votes shared across problems) and starting logits ``(..., I, O)``.
+    program, or with ``chunked`` (simple routing) whose ``(I, O)`` does, the votes then read in chunks of D
+    (:func:`onmt_ext.mechanisms.routing_triton.fits`), with a mask ``(..., I)`` of the votes' own leading shape
+    (or, ``chunked``, votes shared by the mask's problems, as cao2019's horizontal routing has them) and starting
+    logits of the mask's shape and O.
     """
     choice = kernel_choice()
     if choice == "torch" or (choice == "auto" and votes.device.type != "cuda"):
         return None
     if votes.dim() < 3 or votes.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return None
-    if mask is not None and tuple(mask.shape) != tuple(votes.shape[:-2]):
+    problems = tuple(votes.shape[:-2]) if mask is None else tuple(mask.shape)
+    if problems != tuple(votes.shape[:-2]) and not chunked:
         return None
-    if init_logits is not None and tuple(init_logits.shape) != tuple(votes.shape[:-1]):
+    if init_logits is not None and tuple(init_logits.shape) != problems + (votes.shape[-2],):
         return None
     kernels = sys.modules.get(_KERNEL_MODULE) or _load_kernels()
-    return kernels if kernels is not None and kernels.fits(votes) else None
+    return kernels if kernels is not None and kernels.fits(votes, chunked, mask) else None
 
 
 def prepare_kernels(tensor):
@@ -198,9 +201,12 @@ def _load_kernels():
 _TRUSTED = {}
 
 
-def _kernels_trusted(kind, votes, fused, reference, extras):
+def _kernels_trusted(kind, votes, fused, reference, extras, variant):
     """Whether the fused kernels may route ``votes`` as ``kind`` (the method and its settings, ``(method, ((name,
-    value), ...))``): checked once per kind, shape of one problem, dtype and device, on its first eager call.
+    value), ...))``): checked once per kind, compiled kernel ``variant`` (its block sizes:
+    :func:`onmt_ext.mechanisms.routing_triton.variant`), dtype and device, on its first eager call, at that
+    call's shape.  Keyed by variant, not by shape: GRET's and cao2019's problems grow with the sentence, and a
+    check per length would read values back to the host in training steps long after the first.
 
     The check routes 3 random problems of that shape through ``fused`` and ``reference`` (callables of
     ``(votes, *extras())``, ``extras()`` the other inputs of 3 random problems, or None) and compares
@@ -209,13 +215,13 @@ def _kernels_trusted(kind, votes, fused, reference, extras):
     named in one warning and the routing runs unfused for that call's kind.  Inside ``torch.compile``'s trace
     nothing can run, and the kernels are used unchecked.
     """
-    key = (kind, tuple(votes.shape[-3:]), votes.dtype, votes.device.type)
+    key = (kind, variant, votes.dtype, votes.device.type)
     if key not in _TRUSTED:
         if torch.compiler.is_compiling():
             return True
         method, settings = kind
         problem = (f"{method} ({', '.join(f'{name}={value}' for name, value in settings)}) routing of "
-                   f"({', '.join(map(str, key[1]))}) votes in {votes.dtype} on {votes.device.type}")
+                   f"({', '.join(map(str, votes.shape[-3:]))}) votes in {votes.dtype} on {votes.device.type}")
         failure = _isolated(_kernel_disagreement, votes, fused, reference, extras)
         if failure:
             warnings.warn(f"onmt-ext: the fused kernel for {problem} failed its first-use check ({failure}); this "
@@ -382,8 +388,12 @@ def simple_routing(votes, iterations=3, *, normalize="outputs", weighted_mean=Fa
     _check_iterations(iterations)
     if normalize not in ("outputs", "inputs"):
         raise ValueError(f"normalize must be 'outputs' or 'inputs', got {normalize!r}")
-    kernels = _fused_kernels(votes, mask, init_logits)
+    kernels = _fused_kernels(votes, mask, init_logits, chunked=True)
     if kernels is not None:
+        # votes shared by the mask's problems (cao2019's horizontal routing) are checked as 3 groups of 2 problems
+        shared = mask is not None and tuple(mask.shape) != tuple(votes.shape[:-2])
+        members = (2,) if shared else ()
+
         def fused(votes, *extras):
             return kernels.simple_routing(votes, iterations, normalize, weighted_mean, *extras, need_logits)
 
@@ -393,13 +403,17 @@ def simple_routing(votes, iterations=3, *, normalize="outputs", weighted_mean=Fa
         def extras():
             n_in, n_out = votes.shape[-3:-1]
             sample = torch.Generator().manual_seed(2)
-            return [None if init_logits is None else torch.randn(3, n_in, n_out, generator=sample),
-                    None if mask is None else torch.rand(3, n_in, generator=sample) > 0.3]
+            return [None if init_logits is None else torch.randn(3, *members, n_in, n_out, generator=sample),
+                    None if mask is None else torch.rand(3, *members, n_in, generator=sample) > 0.3]
+
+        def grouped(fn):
+            return (lambda votes, *extras: fn(votes.unsqueeze(1), *extras)) if shared else fn
 
         kind = ("simple", (("normalize", normalize), ("weighted_mean", bool(weighted_mean)), ("T", iterations),
                            ("init_logits", init_logits is not None), ("mask", mask is not None),
-                           ("need_logits", bool(need_logits))))
-        if _kernels_trusted(kind, votes, fused, reference, extras):
+                           ("need_logits", bool(need_logits)), ("shared", shared)))
+        variant = kernels.variant(votes, mask)
+        if _kernels_trusted(kind, votes, grouped(fused), grouped(reference), extras, variant):
             return fused(votes, init_logits, mask)
     return _simple_routing(votes, iterations, normalize, weighted_mean, init_logits, mask, need_logits)
 
@@ -525,7 +539,7 @@ def em_routing(
 
         kind = ("EM", (("T", iterations), ("min_var", min_var), ("mask", mask is not None),
                        ("beta_a", beta_a is not None), ("beta_u", beta_u is not None)))
-        if _kernels_trusted(kind, votes, fused, reference, extras):
+        if _kernels_trusted(kind, votes, fused, reference, extras, kernels.variant(votes)):
             return fused(votes, mask, beta_a, beta_u)
     return _em_routing(votes, iterations, mask, beta_a, beta_u, inverse_temperature, min_var, density)
 

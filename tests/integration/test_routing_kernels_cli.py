@@ -3,8 +3,8 @@ in the fused kernels (onmt_ext.mechanisms.routing_triton), on this machine: thro
 
 On a GPU the default ``auto`` choice already puts their routing in the kernels, and gpu-check's property
 section runs the suite there; this test gives the CPU the same evidence.  The suite's own first check,
-``test_routing_runs_on_the_chosen_path``, fails unless the kernels ran (li2019, GRET); cao2019's routings go to
-the kernels where their votes are not shared (the vertical routing of short sentences, the decoding steps).
+``test_routing_runs_on_the_chosen_path``, fails unless the kernels ran (li2019, GRET, cao2019: its horizontal
+routing's shared votes and long sentences in the chunked kernels).
 """
 
 import subprocess

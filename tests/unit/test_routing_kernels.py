@@ -7,6 +7,7 @@ Triton's compiled kernels.  The reference is :mod:`onmt_ext.mechanisms.routing` 
 ``ONMT_EXT_ROUTING_KERNEL=torch``.
 """
 
+import os
 import warnings
 
 import pytest
@@ -145,6 +146,186 @@ def test_em_routing_equals_the_reference(case, device, kernel, monkeypatch):
         return routing.em_routing(votes, iterations, mask=mask, beta_a=beta_a, beta_u=beta_u)
 
     check_against_reference(monkeypatch, run, (votes, beta_a, beta_u), seed=4)
+
+
+# problems larger than one block: simple routing reads the votes in chunks of D.  MAX_BLOCK lowered to 64 makes
+# small problems (which the interpreter routes fast) span several chunks, the last one partial.
+SLOW = pytest.mark.slow
+CHUNKED_CASES = [
+    # (I, O, D, T, normalize, weighted_mean, mask, init, need_logits)
+    (5, 3, 7, 3, "inputs", False, True, False, False),  # GRET's call
+    pytest.param((3, 7, 9, 3, "inputs", False, False, False, True), marks=SLOW),  # cao2019's vertical routing
+    (5, 3, 7, 2, "outputs", True, True, True, True),
+    (6, 2, 9, 1, "outputs", False, False, True, True),
+    (3, 5, 3, 4, "inputs", True, True, True, True),
+    pytest.param((7, 4, 5, 2, "outputs", False, True, False, False), marks=SLOW),
+]
+
+
+def _chunked(monkeypatch, block=64):
+    monkeypatch.setattr(routing_triton, "MAX_BLOCK", block)
+    return sum(routing_triton.LAUNCHES[name] for name in ("_chunked_forward", "_chunked_backward"))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", CHUNKED_CASES, ids=lambda c: "I{}-O{}-D{}-T{}-{}-w{:d}-m{:d}-i{:d}-l{:d}".format(*c))
+def test_chunked_simple_routing_equals_the_reference(case, device, kernel, monkeypatch):
+    n_in, n_out, n_dim, iterations, normalize, weighted, masked, with_init, need_logits = case
+    before = _chunked(monkeypatch)
+    generator = torch.Generator().manual_seed(sum(case[:4]))
+    problems = 3
+    votes = (2 * torch.randn(problems, n_in, n_out, n_dim, generator=generator)).to(device).requires_grad_()
+    assert not routing_triton.fits(votes) and routing_triton.fits(votes, chunked=True)
+    init = torch.randn(problems, n_in, n_out, generator=generator).to(device).requires_grad_() if with_init else None
+    mask = _mask(problems, n_in, 1, device) if masked else None
+
+    def run(votes, init):
+        return routing.simple_routing(votes, iterations, normalize=normalize, weighted_mean=weighted,
+                                      init_logits=init, mask=mask, need_logits=need_logits)
+
+    check_against_reference(monkeypatch, run, (votes, init), seed=3)
+    assert _chunked(monkeypatch) > before + 2  # the first-use check's pair and the routing's
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_chunked_half_precision_votes(device, kernel, monkeypatch):
+    """bf16 votes over T = 3: the votes' gradient is summed over the iterations in a float32 buffer."""
+    _chunked(monkeypatch)
+    generator = torch.Generator().manual_seed(13)
+    votes = torch.randn(3, 5, 3, 6, generator=generator).to(device, torch.bfloat16).requires_grad_()
+    mask = _mask(3, 5, 4, device)
+
+    def run(votes):
+        return routing.simple_routing(votes, 3, normalize="inputs", mask=mask, need_logits=False)
+
+    check_against_reference(monkeypatch, run, (votes,), seed=14, unit=2.0**-8)
+
+
+SHARED_CASES = [
+    # (I, O, D, members, T, normalize, weighted_mean, init, need_logits)
+    (5, 3, 7, 3, 3, "inputs", False, True, True),  # cao2019's horizontal routing, eq. 15's self initialisation
+    pytest.param((4, 2, 5, 3, 2, "inputs", False, False, False), marks=SLOW),
+    (3, 4, 6, 2, 1, "outputs", True, True, True),
+    pytest.param((6, 3, 3, 3, 4, "outputs", False, False, True), marks=SLOW),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", SHARED_CASES, ids=lambda c: "I{}-O{}-D{}-Q{}-T{}-{}-w{:d}-i{:d}-l{:d}".format(*c))
+def test_shared_votes_route_in_the_chunked_kernels(case, device, kernel, monkeypatch):
+    """Votes ``(G, 1, I, O, D)`` routed by Q problems each against a mask ``(G, Q, I)`` (an all-masked problem,
+    an input no problem keeps), as cao2019's horizontal routing has them; their gradient sums over the Q.
+
+    ``unit`` is 4e-6: T = 3 from random starting logits makes gradients of 50 from weights of 1, where the
+    kernels' sums in another order were once 1.02 times the 1e-6 bound (a scan of 8 seeds: 0.5-6 times the
+    reference's float32 error, as rounding goes; a wrong term is off by far more)."""
+    n_in, n_out, n_dim, members, iterations, normalize, weighted, with_init, need_logits = case
+    before = _chunked(monkeypatch)
+    generator = torch.Generator().manual_seed(sum(case[:5]))
+    groups = 2
+    votes = (2 * torch.randn(groups, 1, n_in, n_out, n_dim, generator=generator)).to(device).requires_grad_()
+    init = (torch.randn(groups, members, n_in, n_out, generator=generator).to(device).requires_grad_()
+            if with_init else None)
+    mask = _mask(groups * members, n_in, 3, device).view(groups, members, n_in)
+    mask[1, :, 0] = False
+
+    def run(votes, init):
+        return routing.simple_routing(votes, iterations, normalize=normalize, weighted_mean=weighted,
+                                      init_logits=init, mask=mask, need_logits=need_logits)
+
+    check_against_reference(monkeypatch, run, (votes, init), seed=17, unit=4e-6)
+    assert _chunked(monkeypatch) > before + 2
+
+
+def test_chunked_kernels_keep_only_their_inputs_for_backward(kernel, monkeypatch):
+    """What the routing holds between the forward and the backward pass (the part of peak memory that grows with
+    the batch): the kernels save their inputs only; the reference saves its masked copy of the votes and more."""
+    _chunked(monkeypatch)
+    votes = torch.randn(3, 6, 3, 7, device=DEVICE, requires_grad=True)
+    mask = _mask(3, 6, 5, DEVICE)
+
+    def saved_bytes():
+        held = {}
+
+        def pack(tensor):
+            held[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            routing.simple_routing(votes, 2, normalize="inputs", mask=mask, need_logits=False)
+        return sum(held.values())
+
+    routing.simple_routing(votes, 2, normalize="inputs", mask=mask, need_logits=False)  # the first-use check
+    fused = saved_bytes()
+    reference = _reference(monkeypatch, saved_bytes)
+    assert fused == votes.numel() * 4 + mask.numel(), fused
+    assert reference > 2 * fused, (fused, reference)
+
+
+def test_gret_and_cao2019_vertical_take_the_chunked_kernel_for_40_tokens(kernel, monkeypatch):
+    """At their defaults (GRET: K = 4, d_c = 128; cao2019: H = 8) a 40-token sentence is a problem larger than one
+    block (64 x 4 x 128 and 8 x 64 x 64 values): it routes in the chunked kernels, as the reference does."""
+    from onmt_ext.mechanisms import cao2019, gret
+
+    torch.manual_seed(2)
+    length, d_model, capsule_dim = 40, 8, 128
+    hidden = torch.randn(1, 1, length, d_model, device=DEVICE)
+    keep = torch.ones(1, length, dtype=torch.bool, device=DEVICE)
+    keep[0, -3:] = False
+    weights = [torch.randn(*shape, device=DEVICE) / 4 for shape in
+               [(4, d_model, capsule_dim), (capsule_dim, capsule_dim), (capsule_dim,), (1, capsule_dim), (1,)]]
+    scores = torch.randn(1, 8, length, length, device=DEVICE)
+    head_weight = torch.randn(8, 8, device=DEVICE)
+
+    def run():
+        return (gret.global_summary(hidden, keep, None, None, *weights, eps=1e-6, capsules=4, iterations=3),
+                cao2019.vertical_output(scores, torch.ones(1, length, dtype=torch.bool, device=DEVICE), head_weight,
+                                        3))
+
+    before = routing_triton.LAUNCHES["_chunked_forward"]
+    fused = run()
+    assert routing_triton.LAUNCHES["_chunked_forward"] >= before + 4  # each routing and its first-use check
+    for got, want in zip(fused, _reference(monkeypatch, run)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_cao2019_horizontal_takes_the_chunked_kernel_for_40_tokens(kernel, monkeypatch):
+    """cao2019's horizontal routing of a 40-token sentence (H = 8, eq. 15's self initialisation, padding): the L
+    problems of a sentence share its votes ``(L, H, L)`` and route in the chunked kernels."""
+    from onmt_ext.mechanisms import cao2019
+
+    torch.manual_seed(3)
+    length = 40
+    scores = torch.randn(1, 8, length, length, device=DEVICE)
+    valid = torch.ones(1, length, dtype=torch.bool, device=DEVICE)
+    valid[0, -2:] = False
+
+    def run():
+        return (cao2019.horizontal_output(scores, valid, "self", 3),)
+
+    before = routing_triton.LAUNCHES["_chunked_forward"]
+    fused = run()
+    assert routing_triton.LAUNCHES["_chunked_forward"] >= before + 2  # the routing and its first-use check
+    for got, want in zip(fused, _reference(monkeypatch, run)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_chunked_routing_at_gret_size_equals_the_reference(kernel, monkeypatch):
+    """GRET's routing of 40 tokens at its real size (no lowered block), values and gradients (slow in the
+    interpreter)."""
+    generator = torch.Generator().manual_seed(15)
+    votes = torch.randn(2, 40, 4, 128, generator=generator).to(DEVICE).requires_grad_()
+    mask = _mask(2, 40, 6, DEVICE)
+    mask[0] = True
+
+    def run(votes):
+        return routing.simple_routing(votes, 3, normalize="inputs", mask=mask, need_logits=False)
+
+    before = routing_triton.LAUNCHES["_chunked_backward"]
+    check_against_reference(monkeypatch, run, (votes,), seed=16)
+    assert routing_triton.LAUNCHES["_chunked_backward"] > before
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -287,10 +468,13 @@ def test_calls_the_kernels_do_not_cover_stay_on_the_reference(kernel, monkeypatc
     calls = _forbid_kernels(monkeypatch)
     too_big = torch.randn(1, 16, 64, 32, device=DEVICE)  # 32,768 block values > MAX_BLOCK
     assert not routing_triton.fits(too_big)
-    routing.em_routing(too_big, 1)
+    routing.em_routing(too_big, 1)  # EM has no chunked kernel
+    large_state = torch.randn(1, 128, 64, 4, device=DEVICE)  # I x O = 8,192 > MAX_STATE
+    assert not routing_triton.fits(large_state, chunked=True)
+    routing.simple_routing(large_state, 1)
     routing.simple_routing(torch.randn(3, 4, 5, 2, dtype=torch.float64, device=DEVICE), 2)  # float64
-    shared = torch.randn(2, 1, 4, 3, 2, device=DEVICE)  # cao2019's horizontal routing: votes shared by L problems
-    routing.simple_routing(shared, 2, normalize="inputs", mask=torch.ones(2, 5, 4, dtype=torch.bool, device=DEVICE))
+    shared = torch.randn(1, 2, 4, 3, 2, device=DEVICE)  # votes shared along a leading dimension that is not the last
+    routing.simple_routing(shared, 2, normalize="inputs", mask=torch.ones(3, 2, 4, dtype=torch.bool, device=DEVICE))
     votes = torch.randn(3, 4, 5, 1, device=DEVICE)
     routing.em_routing(votes, 2, inverse_temperature=routing.linear_inverse_temperature(1, 3))
     routing.em_routing(votes, 2, density="sum")
@@ -355,15 +539,42 @@ def test_a_wrong_choice_is_named(monkeypatch):
         routing.em_routing(torch.randn(3, 4, 5, 1), 2)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the switch is for machines without CUDA")
+def test_the_interpreter_switch_is_announced():
+    """Without CUDA, importing the kernels before Triton (and before ``TRITON_INTERPRET``) turns Triton's
+    interpreter on for the process, and says so in one warning."""
+    import subprocess
+    import sys
+
+    import support
+
+    script = ("import os, warnings\n"
+              "with warnings.catch_warnings(record=True) as caught:\n"
+              "    warnings.simplefilter('always')\n"
+              "    from onmt_ext.mechanisms import routing_triton as kernels\n"
+              "print(os.environ.get('TRITON_INTERPRET'), kernels.SWITCHED_TO_INTERPRETER, kernels.INTERPRETED,\n"
+              "      sum('switched on for this process' in str(w.message) for w in caught))\n")
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=support.REPO, env=env,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split("\n")[-2] == "1 True True 1", result.stdout
+
+
 # ----------------------------------------------------------------------------------------------------------
 # the real compiler
 
 
-def test_the_kernels_compile_for_a_hopper_gpu(tmp_path):
-    """Triton's whole compiler (not the interpreter, which is lenient) builds every kernel for sm_90 at li2019's
-    Base shape, through ptxas, on this machine without a GPU (tools/kernel_resources.py)."""
+@pytest.mark.parametrize("shape, kernels", [
+    ([], 8),  # li2019 at Base: the one-block kernels, EM and simple, with and without a mask
+    (["--shape", "40", "4", "128"], 4),  # GRET's 40 tokens: chunked forward and backward, plain and masked
+    (["--shape", "40", "8", "40", "--shared"], 2),  # cao2019's horizontal routing at L = 40
+], ids=["li2019", "gret-chunked", "cao2019-shared"])
+def test_the_kernels_compile_for_a_hopper_gpu(tmp_path, shape, kernels):
+    """Triton's whole compiler (not the interpreter, which is lenient: it missed a loop-carried variable of the
+    chunked backward that this caught) builds every kernel for sm_90, through ptxas, on this machine without a
+    GPU (tools/kernel_resources.py)."""
     import json
-    import os
     import subprocess
     import sys
 
@@ -372,9 +583,23 @@ def test_the_kernels_compile_for_a_hopper_gpu(tmp_path):
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     report = tmp_path / "kernels.json"
     result = subprocess.run([sys.executable, "-m", "tools.kernel_resources", "--arch", "90", "--dtype", "bf16",
-                             "--json", str(report)], capture_output=True, text=True, cwd=support.REPO, env=env,
-                            timeout=600)
+                             *shape, "--json", str(report)], capture_output=True, text=True, cwd=support.REPO,
+                            env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = json.loads(report.read_text())["rows"]
-    assert len(rows) == 8
+    assert len(rows) == kernels
     assert all(0 < row["registers"] <= 255 for row in rows), rows
+
+
+def test_one_first_use_check_serves_every_length_of_a_compiled_variant(kernel, monkeypatch):
+    """GRET's and cao2019's problems grow with the sentence: a check per length would read values back to the
+    host in training steps long after the first, so the check is made once per compiled kernel variant."""
+    checks = []
+    check = routing._kernel_disagreement
+    monkeypatch.setattr(routing, "_kernel_disagreement", lambda *args: checks.append(args[0].shape) or check(*args))
+    for length in (5, 7, 8):  # one block of 8 inputs
+        routing.simple_routing(torch.randn(2, length, 4, 3, device=DEVICE), 2, normalize="inputs")
+    assert len(checks) == 1
+    routing.simple_routing(torch.randn(2, 9, 4, 3, device=DEVICE), 2, normalize="inputs")  # a block of 16
+    assert len(checks) == 2
+    assert routing_triton.variant(torch.randn(2, 5, 4, 3)) == routing_triton.variant(torch.randn(2, 8, 4, 3))
