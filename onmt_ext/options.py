@@ -371,7 +371,7 @@ class ExtConfig:
     decoder_ext: bool
     sections: dict = field(default_factory=dict)
     position_encoding_type: str = "SinusoidalInterleaved"
-    clause_levels: int = 6
+    clause_levels: Optional[int] = None  # the clause_split transform's option; None: its default
 
     @classmethod
     def from_opt(cls, opt):
@@ -389,7 +389,7 @@ class ExtConfig:
             decoder_ext=getattr(opt, "decoder_type", None) == EXT_TYPE,
             sections={cls: cls.from_opt(opt) for cls in MECHANISM_CONFIGS},
             position_encoding_type=getattr(opt, "position_encoding_type", "SinusoidalInterleaved"),
-            clause_levels=getattr(opt, "clause_levels", 6),  # an option of the clause_split transform
+            clause_levels=getattr(opt, "clause_levels", None),  # an option of the clause_split transform
         )
 
     def of(self, cls):

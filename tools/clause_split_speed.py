@@ -30,7 +30,7 @@ def _opts(args):
     parser.add("-transforms", "--transforms", nargs="+", default=names)
     for name in names:
         AVAILABLE_TRANSFORMS[name].add_options(parser)
-    argv = ["-clause_lang", args.lang, "-clause_levels", str(args.levels)]
+    argv = ["-clause_lang", args.lang] + ([] if args.levels is None else ["-clause_levels", str(args.levels)])
     if args.tagger_model:
         argv += ["-clause_tagger_model", args.tagger_model]
     if args.subword_model:
@@ -61,7 +61,7 @@ def main(argv=None):
     p.add_argument("--input", required=True, help="one sentence per line (UTF-8)")
     p.add_argument("--column", type=int, default=None, help="N-th tab-separated field (0-based)")
     p.add_argument("--limit", type=int, default=0, help="first N lines only (0: all)")
-    p.add_argument("--levels", type=int, default=6, help="-clause_levels (default 6)")
+    p.add_argument("--levels", type=int, help="-clause_levels (default: the transform's)")
     p.add_argument("--tagger-model", default="", help="-clause_tagger_model (default: the rules)")
     p.add_argument("--subword-model", default="", help="SentencePiece model applied first (default: none)")
     p.add_argument("--bucket", type=int, default=256, help="examples per batch_apply call (default 256)")

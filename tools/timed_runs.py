@@ -140,7 +140,10 @@ def _encode_and_split(config, workdir, outputs, splitting, lines=None):
             if _stale(out, path, REPO / model):
                 encode_file(REPO / model, path, out, limit=lines, spread=True)
             if side == "src" and config.get("clause_attention"):
-                levels, tagger = config.get("clause_levels", 6), config.get("clause_tagger_model")
+                from onmt_ext.mechanisms.clause.split import ClauseSplitOptions  # imports OpenNMT-py: only here
+
+                split_options = ClauseSplitOptions.from_opts(config)
+                levels, tagger = split_options.levels, split_options.tagger_model or None
                 split = out.with_name(f"{out.name}.clause{levels}" + (".tagger" if tagger else ""))
                 if split not in splitting and _stale(split, out, *([REPO / tagger] if tagger else [])):
                     command = [sys.executable, "-m", "tools.clause_split_corpus", "--lang",

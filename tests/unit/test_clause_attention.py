@@ -171,6 +171,11 @@ def test_translation_must_split_as_training(onmt_active):
     assert any("-clause_levels 2" in p for p in problems) and any("-clause_tagger_model" in p for p in problems)
     stock = argparse.Namespace(clause_attention=False)
     assert translation_split_problems(missing, stock) == []
+    # an option the checkpoint does not record was trained at its default, which translation has too
+    older = argparse.Namespace(**{key: value for key, value in vars(trained).items() if key != "clause_levels"})
+    assert translation_split_problems(same, older) == []
+    assert any("-clause_levels 6 differs from training (2)" in p
+               for p in translation_split_problems(same, argparse.Namespace(**{**vars(trained), "clause_levels": 2})))
 
 
 def _reference(scores, ids, p):

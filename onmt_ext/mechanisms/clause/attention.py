@@ -291,7 +291,10 @@ def attach_encoder(encoder, config):
     if not _VOCABS:
         raise RuntimeError("-clause_attention: the encoder must be built by onmt.model_builder.build_base_model "
                            "(with onmt-ext active), which tells it the source vocabulary")
-    levels = config.clause_levels
+    # split imports OpenNMT-py, which this module may not at its top (see above); here onmt is imported
+    from onmt_ext.mechanisms.clause.split import ClauseSplitOptions
+
+    levels = ClauseSplitOptions.levels if config.clause_levels is None else config.clause_levels
     encoder.clause = ClauseStructure(marker_level_table(_VOCABS[-1]["src"], levels), levels)
     attentions = [layer.self_attn for layer in encoder.transformer]
     for i in selected_layers(clause.attention_layers, len(attentions)):
@@ -308,7 +311,7 @@ def attach_encoder(encoder, config):
 
 
 #: clause_split options that must be the same at translation as in training.
-_SPLIT_OPTIONS = ("clause_lang", "clause_levels")
+_SPLIT_OPTIONS = ("lang", "levels")
 
 
 def translation_split_problems(opt, model_opt):
@@ -319,11 +322,14 @@ def translation_split_problems(opt, model_opt):
         trained = getattr(model_opt, "transforms", None) or []
         return [f"this model has clause attention: translate with the transforms it was trained with "
                 f"(-transforms {' '.join(trained)}) and the same -clause_* options"]
-    problems = [f"-{name} {getattr(opt, name, None)!r} differs from training ({getattr(model_opt, name, None)!r})"
-                for name in _SPLIT_OPTIONS if getattr(opt, name, None) != getattr(model_opt, name, None)]
-    if bool(getattr(opt, "clause_tagger_model", "")) != bool(getattr(model_opt, "clause_tagger_model", "")):
-        problems.append(f"-clause_tagger_model {getattr(opt, 'clause_tagger_model', '')!r}: training used "
-                        f"{getattr(model_opt, 'clause_tagger_model', '') or 'the rules (no tagger)'!r}")
+    from onmt_ext.mechanisms.clause.split import ClauseSplitOptions  # imports OpenNMT-py (see above)
+
+    now, trained = ClauseSplitOptions.from_opts(opt), ClauseSplitOptions.from_opts(model_opt)
+    problems = [f"-clause_{name} {getattr(now, name)!r} differs from training ({getattr(trained, name)!r})"
+                for name in _SPLIT_OPTIONS if getattr(now, name) != getattr(trained, name)]
+    if bool(now.tagger_model) != bool(trained.tagger_model):
+        problems.append(f"-clause_tagger_model {now.tagger_model!r}: training used "
+                        f"{trained.tagger_model or 'the rules (no tagger)'!r}")
     return problems
 
 
