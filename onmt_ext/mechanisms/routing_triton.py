@@ -125,6 +125,27 @@ def _store_grad_votes(GradVotes, pid, g_votes, keep, n_in, n_out, n_dim, i, o, d
 
 
 @_kernel
+def _coupling(logits, keep, valid_o, INPUTS: tl.constexpr):
+    """The coupling from ``logits`` ``B`` ``[BI, BO]``: ``p = softmax(B)`` over the outputs (or, ``INPUTS``, over
+    the kept inputs) and ``C = p * keep``.  Returns ``p, C``."""
+    if INPUTS:
+        p = _softmax(logits, keep > 0, 0)
+    else:
+        p = _softmax(logits, valid_o, 1)
+    return p, p * keep
+
+
+@_kernel
+def _coupling_backward(p, g_coupling, keep, INPUTS: tl.constexpr):
+    """Back through :func:`_coupling`: the gradient on the logits from ``g_coupling`` on ``C``."""
+    if INPUTS:
+        g_logits = _softmax_backward(p, g_coupling * keep, 0)
+    else:
+        g_logits = _softmax_backward(p, g_coupling * keep, 1)
+    return g_logits
+
+
+@_kernel
 def _simple_step(v, logits, keep, valid_o, INPUTS: tl.constexpr, WEIGHTED: tl.constexpr):
     """One iteration of simple routing from ``logits`` ``B`` ``[BI, BO]``.
 
@@ -133,11 +154,7 @@ def _simple_step(v, logits, keep, valid_o, INPUTS: tl.constexpr, WEIGHTED: tl.co
     (eq. 7), else ``T_o``; ``n_o = sqrt(|S_o|^2 + eps)``, ``f_o = n_o / (n_o^2 + 1)``, ``out_o = f_o S_o``
     (eq. 8); ``B' = B + <v_io, out_o>``.  Returns ``p, C, W, S, n, f, out, B'``.
     """
-    if INPUTS:
-        p = _softmax(logits, keep > 0, 0)
-    else:
-        p = _softmax(logits, valid_o, 1)
-    coupling = p * keep
+    p, coupling = _coupling(logits, keep, valid_o, INPUTS)
     total = tl.sum(coupling[:, :, None] * v, axis=0)  # [BO, BD]
     weight = tl.sum(coupling, axis=0)  # [BO]
     if WEIGHTED:
@@ -156,6 +173,19 @@ def _simple_start(Init, pid, n_in, n_out, i, o, keep, BI: tl.constexpr, BO: tl.c
         offsets, inside = _io_offsets(pid, n_in, n_out, i, o)
         logits = tl.load(Init + offsets, mask=inside, other=0.0).to(tl.float32) * keep
     return logits
+
+
+@_kernel
+def _grad_logits_start(GradLogits, pid, n_in, n_out, i, o, BI: tl.constexpr, BO: tl.constexpr,
+                       HAS_GRAD_LOGITS: tl.constexpr):
+    """The backward pass's start: the final logits' gradient ``[BI, BO]`` in float32 (``GradLogits``'s, or zeros),
+    and the offsets and bounds of problem ``pid``'s ``[BI, BO]`` tile (:func:`_io_offsets`)."""
+    io_offsets, io_inside = _io_offsets(pid, n_in, n_out, i, o)
+    if HAS_GRAD_LOGITS:
+        g_logits = tl.load(GradLogits + io_offsets, mask=io_inside, other=0.0).to(tl.float32)
+    else:
+        g_logits = tl.zeros((BI, BO), dtype=tl.float32)
+    return g_logits, io_offsets, io_inside
 
 
 @_kernel
@@ -187,11 +217,7 @@ def _simple_backward(V, s_p, s_i, s_o, s_d, Mask, Init, GradOut, GradLogits, Gra
     v, keep, valid_o, valid_d, i, o, d = _problem(V, pid, s_p, s_i, s_o, s_d, Mask, n_in, n_out, n_dim, BI, BO, BD,
                                                   HAS_MASK)
     start = _simple_start(Init, pid, n_in, n_out, i, o, keep, BI, BO, HAS_INIT)
-    io_offsets, io_inside = _io_offsets(pid, n_in, n_out, i, o)
-    if HAS_GRAD_LOGITS:
-        g_logits = tl.load(GradLogits + io_offsets, mask=io_inside, other=0.0).to(tl.float32)
-    else:
-        g_logits = tl.zeros((BI, BO), dtype=tl.float32)
+    g_logits, io_offsets, io_inside = _grad_logits_start(GradLogits, pid, n_in, n_out, i, o, BI, BO, HAS_GRAD_LOGITS)
     offsets, inside = _od_offsets(pid, n_out, n_dim, o, d)
     g_out_last = tl.load(GradOut + offsets, mask=inside, other=0.0).to(tl.float32)
     g_votes = tl.zeros((BI, BO, BD), dtype=tl.float32)
@@ -218,10 +244,7 @@ def _simple_backward(V, s_p, s_i, s_o, s_d, Mask, Init, GradOut, GradLogits, Gra
         g_coupling = tl.sum(g_total[None, :, :] * v, axis=2) + g_coupling_extra[None, :]
         g_votes += coupling[:, :, None] * g_total[None, :, :]
         # C = softmax(B) * keep
-        if INPUTS:
-            g_logits += _softmax_backward(p, g_coupling * keep, 0)
-        else:
-            g_logits += _softmax_backward(p, g_coupling * keep, 1)
+        g_logits += _coupling_backward(p, g_coupling, keep, INPUTS)
     _store_grad_votes(GradVotes, pid, g_votes, keep, n_in, n_out, n_dim, i, o, d)
     if HAS_INIT:
         tl.store(GradInit + io_offsets, (g_logits * keep).to(GradInit.dtype.element_ty), mask=io_inside)
@@ -265,11 +288,7 @@ def _chunked_keeps(Mask, VKeep, pid, group, n_in, i, HAS_MASK: tl.constexpr, SHA
 def _chunked_coupling(logits, keep, valid_o, INPUTS: tl.constexpr, WEIGHTED: tl.constexpr):
     """Step 1 of :func:`_simple_step` on the whole ``[BI, BO]`` logits: ``p``, ``C = p * keep``, ``W = sum_i C`` and
     the divisor of the total, ``max(W, 1e-6)`` with ``WEIGHTED``, else 1."""
-    if INPUTS:
-        p = _softmax(logits, keep > 0, 0)
-    else:
-        p = _softmax(logits, valid_o, 1)
-    coupling = p * keep
+    p, coupling = _coupling(logits, keep, valid_o, INPUTS)
     weight = tl.sum(coupling, axis=0)
     if WEIGHTED:
         divisor = tl.maximum(weight, _MIN_TOTAL)
@@ -351,11 +370,8 @@ def _chunked_backward(V, s_p, s_i, s_o, s_d, Mask, VKeep, Init, GradOut, GradLog
         pid = group * members + member
         keep, vkeep = _chunked_keeps(Mask, VKeep, pid, group, n_in, i, HAS_MASK, SHARED)
         start_logits = _simple_start(Init, pid, n_in, n_out, i, o, keep, BI, BO, HAS_INIT)
-        io_offsets, io_inside = _io_offsets(pid, n_in, n_out, i, o)
-        if HAS_GRAD_LOGITS:
-            g_logits = tl.load(GradLogits + io_offsets, mask=io_inside, other=0.0).to(tl.float32)
-        else:
-            g_logits = tl.zeros((BI, BO), dtype=tl.float32)
+        g_logits, io_offsets, io_inside = _grad_logits_start(GradLogits, pid, n_in, n_out, i, o, BI, BO,
+                                                             HAS_GRAD_LOGITS)
         for back in range(ITERATIONS):
             logits = start_logits
             for _ in range(ITERATIONS - 1 - back):  # the logits before iteration T - 1 - back
@@ -410,10 +426,7 @@ def _chunked_backward(V, s_p, s_i, s_o, s_d, Mask, VKeep, Init, GradOut, GradLog
             if WEIGHTED:  # divisor = max(W, 1e-6), W = sum_i C
                 g_coupling += tl.where(weight > _MIN_TOTAL, g_divisor / divisor, 0.0)[None, :]
             # C = softmax(B) * keep
-            if INPUTS:
-                g_logits += _softmax_backward(p, g_coupling * keep, 0)
-            else:
-                g_logits += _softmax_backward(p, g_coupling * keep, 1)
+            g_logits += _coupling_backward(p, g_coupling, keep, INPUTS)
         if HAS_INIT:
             tl.store(GradInit + io_offsets, (g_logits * keep).to(GradInit.dtype.element_ty), mask=io_inside)
         member += 1

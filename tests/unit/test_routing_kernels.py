@@ -66,6 +66,9 @@ def check_against_reference(monkeypatch, run, inputs, seed=0, unit=1e-6):
     launches = sum(routing_triton.LAUNCHES.values())
     fused = _values_and_grads(run, inputs, seed)
     assert sum(routing_triton.LAUNCHES.values()) > launches, "the fused kernels did not run"
+    # a kernel that fails its first-use check still launches (the check's) and the routing falls back to the
+    # reference, whose values then pass below
+    assert all(routing._TRUSTED.values()), f"a kernel failed its first-use check: {routing._TRUSTED}"
     same_precision = _reference(monkeypatch, _values_and_grads, run, inputs, seed)
     exact = _reference(monkeypatch, _values_and_grads, run, [_double(x) for x in inputs], seed)
     assert len(fused) == len(same_precision) == len(exact)
