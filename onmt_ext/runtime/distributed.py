@@ -4,7 +4,9 @@ The rule (:func:`cpu_ranks`): when this torch sees no CUDA device (a CPU build, 
 ``-world_size`` above 1 with ``-parallel_mode data_parallel`` runs one CPU process per ``-gpu_ranks`` entry, as
 on GPUs, over gloo in place of ``-gpu_backend``; the parent says so in one log line.  Each rank reads its own
 share of the corpus and all-reduces the gradients as on GPUs; at every checkpoint the ranks compare digests of
-their parameters (rank 0 logs the digest, a difference stops the run).  With CUDA every change calls stock.
+their parameters (rank 0 logs the digest, a difference stops the run).  With CUDA these changes call stock,
+but for one of the runtime: ``all_gather_list`` gathers on the host through a gloo group of the same ranks
+(:func:`host_group`), so that no step starts with the host waiting for the device.
 ``ONMT_EXT_TRACE_BATCHES=<dir>`` (tests, debugging) writes each training batch's source ids and target token
 count to ``<dir>/batches.<rank>.jsonl`` (``single`` without ranks).  docs/scale-out.md.
 """
@@ -16,7 +18,7 @@ import os
 
 import torch
 
-from onmt_ext.patches import FIX, patch, record
+from onmt_ext.patches import FIX, SPEED, patch, record
 
 # OpenNMT-py is imported inside the functions: importing it while this module initialises would activate
 # onmt-ext (onmt_ext._autoload) before this module is whole.
@@ -155,6 +157,31 @@ def _all_gather_list(stock, data, max_size=4096):
     return gathered
 
 
+#: the gloo group of every rank that :func:`_gathered_on_the_host` uses beside an NCCL world (made at its first call)
+_HOST_GROUP = []
+
+
+def host_group():
+    """A gloo process group of every rank, made once per process: its collectives move CPU tensors only.  Every
+    rank must make it at the same point (``torch.distributed.new_group`` is collective); the first per-step
+    gather of ``Trainer.train`` is such a point."""
+    if not _HOST_GROUP:
+        _HOST_GROUP.append(torch.distributed.new_group(backend="gloo"))
+    return _HOST_GROUP[0]
+
+
+def _gathered_on_the_host(stock, data, max_size=4096):
+    """``all_gather_list`` beside a world that is not gloo (NCCL on GPUs): the objects gathered through
+    :func:`host_group`, on the host.  Stock pickles ``data`` into a CUDA byte tensor and reads each rank's back with
+    ``.item()`` and ``.tolist()``, several waits for the device at the start of every step (``Trainer.train``
+    gathers the normalisation there).  Here the ranks' hosts meet, and the device's queue keeps running."""
+    if not torch.distributed.is_initialized() or torch.distributed.get_backend() == "gloo":
+        return stock(data, max_size=max_size)
+    gathered = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, data, group=host_group())
+    return gathered
+
+
 def install():
     """Register the changes (idempotent)."""
     import onmt.model_builder
@@ -180,5 +207,10 @@ def install():
           reason=crash + ": each rank's batches on the CPU; ONMT_EXT_TRACE_BATCHES traces them")
     patch(distributed, "all_gather_list", _all_gather_list, kind=FIX, test=test,
           reason=crash + ": the per-step normalisation and the reports gathered with gloo")
+    patch(distributed, "all_gather_list", _gathered_on_the_host, kind=SPEED, order=1,
+          test="tests/unit/test_distributed.py::test_beside_an_nccl_world_the_gather_stays_on_the_host",
+          reason="stock gathers each step's normalisation through CUDA byte tensors read back with .item() and "
+                 ".tolist(): on several GPUs, the host waits for the device at the start of every step; a gloo "
+                 "group of the same ranks gathers the same Python objects on the host")
     patch(ModelSaverBase, "save", _save_compared, kind=FIX, test=test,
           reason=crash + ", and compares the ranks' parameters at every checkpoint")

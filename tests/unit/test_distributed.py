@@ -123,3 +123,35 @@ def test_the_distributed_step_reads_nothing_back(ranks):
     (rank0, rank1), _ = ranks
     assert all(step["reads"] == [] for rank in (rank0, rank1) for step in rank["steps"]), \
         [step["reads"] for rank in (rank0, rank1) for step in rank["steps"]]
+
+
+def _rank_beside_nccl(rank, init_file, out):
+    import onmt  # noqa: F401  (activates onmt-ext through the start-up hook)
+    import onmt.utils.distributed
+    from onmt.utils import Statistics
+
+    from onmt_ext.runtime import distributed
+
+    torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", world_size=2, rank=rank)
+    real = torch.distributed.get_backend
+    # the world as OpenNMT-py makes it on GPUs (-gpu_backend nccl); stock's gather would need CUDA here
+    torch.distributed.get_backend = lambda group=None: "nccl" if group is None else real(group)
+    normalisations = [onmt.utils.distributed.all_gather_list(100 + 10 * step + rank) for step in range(3)]
+    stats = Statistics.all_gather_stats(Statistics(loss=1.5 + rank, n_words=7 + rank, n_correct=rank))
+    torch.save({"normalisations": normalisations, "groups": len(distributed._HOST_GROUP),
+                "backend": real(distributed.host_group()), "stats": (stats.loss, stats.n_words, stats.n_correct)},
+               f"{out}/rank{rank}.pt")
+    torch.distributed.destroy_process_group()
+
+
+def test_beside_an_nccl_world_the_gather_stays_on_the_host(tmp_path):
+    """Stock's all_gather_list goes through CUDA byte tensors read back with .item() (a wait for the device at the
+    start of every step on several GPUs); beside a world that is not gloo, onmt-ext gathers the same objects
+    through one gloo group of the ranks (on this CUDA-less machine stock's path would fail outright)."""
+    mp.start_processes(_rank_beside_nccl, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2,
+                       start_method="spawn")
+    for rank in range(2):
+        seen = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
+        assert seen["normalisations"] == [[100, 101], [110, 111], [120, 121]]
+        assert seen["groups"] == 1 and seen["backend"] == "gloo"
+        assert seen["stats"] == (1.5 + 2.5, 7 + 8, 0 + 1)
