@@ -1,8 +1,8 @@
-"""PyTorch operators per training step, each mechanism against the baseline: a device-free count of launches.
+"""PyTorch operators per training step or decoding step, each mechanism against the baseline: a device-free count.
 
 Usage::
 
-    python -m tools.op_count [--cases baseline li2019 ...] [--layers 6] [--out results/bench/ops-per-step]
+    python -m tools.op_count [--cases baseline li2019 ...] [--layers 6] [--decode beam4 greedy] [--out PATH]
 
 Each case's smoke twin (``yaml_configs/smoke/<config>``, the paper's mechanism at toy width) is built at
 ``--layers`` encoder and decoder layers, with ``-ext_compile false``, and one forward and backward pass on a
@@ -11,6 +11,7 @@ tools/routing_memory.py counts with too).  Views and detaches are left out: they
 nearly every other operator is one kernel launch, which is what the host must issue per step.  The routing runs
 as it would on CUDA when ``TRITON_INTERPRET=1`` and ``ONMT_EXT_ROUTING_KERNEL=triton`` are set (the fused
 kernels, one operator each); chen2019's RNN is a loop of operators on the CPU but one cuDNN call on a GPU.
+``--decode`` counts translation instead (:func:`decode_count`): the encoder, then each decoding step.
 Method and caveats: docs/benchmarks-method.md.
 """
 
@@ -36,6 +37,10 @@ CASES = (
     ("GRET", "gret/transformer_base_wmt17_zhen_gret.yaml"),
 )
 SOURCE_LENGTHS, TARGET_LENGTHS = (30, 25, 28, 20), (27, 22, 30, 18)
+#: ``--decode``'s searches: onmt_translate options, as gpu-check's section c translates (greedy: one beam, top 1)
+SEARCHES = {"beam4": ("-beam_size", 4), "greedy": ("-beam_size", 1, "-random_sampling_topk", 1)}
+#: decoding steps of every sentence (``-min_length`` = ``-max_length``, ``-max_length_ratio 0``)
+DECODE_STEPS = 20
 
 
 def counted(func):
@@ -79,14 +84,15 @@ def _count_class():
 
 
 def _model_and_batch(config, layers):
-    """The smoke twin of ``config`` at ``layers`` layers, built as onmt_train builds it, and a fixed batch."""
+    """``(opt, vocabs, model)`` of the smoke twin of ``config`` at ``layers`` layers, built as onmt_train builds
+    it, and a fixed batch."""
     import torch
     from onmt.constants import DefaultTokens
 
     from onmt_ext.mechanisms.clause.split import marker_tokens
 
-    _, vocabs, model = common.built_model(common.CONFIGS / "smoke" / config, "-enc_layers", str(layers),
-                                          "-dec_layers", str(layers), "-ext_compile", "false")
+    opt, vocabs, model = common.built_model(common.CONFIGS / "smoke" / config, "-enc_layers", str(layers),
+                                            "-dec_layers", str(layers), "-ext_compile", "false")
     generator = torch.Generator().manual_seed(1)
     markers = [vocabs["src"][token] for token in marker_tokens() if token in vocabs["src"].ids_to_tokens]
 
@@ -103,12 +109,12 @@ def _model_and_batch(config, layers):
 
     src, tgt = ids("src", SOURCE_LENGTHS), ids("tgt", TARGET_LENGTHS)
     tgt[:, 0, 0] = vocabs["tgt"][DefaultTokens.BOS]
-    return model, (src, tgt, torch.tensor(SOURCE_LENGTHS))
+    return (opt, vocabs, model), (src, tgt, torch.tensor(SOURCE_LENGTHS))
 
 
 def count(config, layers):
     """``Counter`` of the launching operators of one training forward and backward pass of ``config``'s twin."""
-    model, (src, tgt, lengths) = _model_and_batch(config, layers)
+    (_, _, model), (src, tgt, lengths) = _model_and_batch(config, layers)
     model.train()
     for _ in range(2):  # the first pass builds lazily created state (caches, the kernels' first-use check)
         model.zero_grad(set_to_none=True)
@@ -119,10 +125,108 @@ def count(config, layers):
     return mode.counts
 
 
+def _translator(model, vocabs, model_opt, search, steps):
+    """OpenNMT-py's ``Translator`` of ``model``, as ``onmt_translate`` builds it (less the checkpoint) for
+    ``search`` (a key of :data:`SEARCHES`), every output ``steps`` tokens long."""
+    import io
+
+    from onmt.bin.translate import _get_parser
+    from onmt.translate import GNMTGlobalScorer
+    from onmt.translate.translator import Translator
+
+    opt = _get_parser().parse_args([str(word) for word in (
+        "-model", "unused", "-src", "unused", "-min_length", steps, "-max_length", steps, "-max_length_ratio", 0,
+        *SEARCHES[search])])
+    model.eval()  # as load_test_model leaves it; -ext_compile false was built in (translation's default)
+    return Translator.from_opt(model, vocabs, opt, model_opt, global_scorer=GNMTGlobalScorer.from_opt(opt),
+                               out_file=io.StringIO(), report_score=False)
+
+
+def decode_count(config, layers, search="beam4", steps=None):
+    """The launching operators of translating the fixed sources with ``config``'s twin, untrained (the count does
+    not depend on the weights: ``-min_length`` = ``-max_length`` fixes the steps), through ``translate_batch``.
+
+    Returns a dict: ``steps`` (decoder calls), ``encoder`` (the encoder pass), ``loop`` (a Counter of the
+    decoding loop: each step's decoder, generator and search, from the first decoder call to the report),
+    ``per_step`` (``loop``'s total / ``steps``), ``other`` (the search's set-up and report) and ``total``.
+    ``steps``: :data:`DECODE_STEPS` unless given.
+    """
+    import torch
+
+    steps = steps or DECODE_STEPS
+    (opt, vocabs, model), (src, _, lengths) = _model_and_batch(config, layers)
+    translator = _translator(model, vocabs, opt, search, steps)
+    marks = {}
+
+    def marking(name, method, first=None):
+        def wrapped(*args, **kwargs):
+            if name == "step":
+                marks["steps"] = marks.get("steps", 0) + 1
+            if not (first and first in marks):  # a step's mark: the first only (the loop's start)
+                marks.setdefault(first or name, collections.Counter(mode.counts))
+            result = method(*args, **kwargs)
+            if name == "encoder":
+                marks["encoded"] = collections.Counter(mode.counts)
+            return result
+        return wrapped
+
+    translator._run_encoder = marking("encoder", translator._run_encoder)
+    translator._decode_and_generate = marking("step", translator._decode_and_generate, first="loop")
+    translator.report_results = marking("report", translator.report_results)
+    for _ in range(2):  # the first translation builds lazily created state, as the training count's first pass
+        marks.clear()
+        mode = counter()
+        with mode, torch.no_grad():
+            translator.translate_batch({"src": src, "srclen": lengths}, attn_debug=False)
+    total = sum(mode.counts.values())
+    encoder = sum((marks["encoded"] - marks["encoder"]).values())
+    loop = marks["report"] - marks["loop"]
+    return {"steps": marks["steps"], "encoder": encoder, "loop": loop, "per_step": sum(loop.values()) / marks["steps"],
+            "other": total - encoder - sum(loop.values()), "total": total}
+
+
+def _decode_rows(chosen, layers, searches):
+    """The rows of ``--decode``: each case under each search, with the ratio and the excess over the baseline."""
+    rows, base = [], {}
+    for label, config in chosen:
+        for search in searches:
+            result = decode_count(config, layers, search)
+            per_step, steps = result["per_step"], result["steps"]
+            if label == "baseline":
+                base[search] = result
+            reference = base.get(search)
+            excess = collections.Counter({name: (n - reference["loop"][name]) / steps
+                                          for name, n in result["loop"].items()}) if reference else None
+            rows.append({"case": label, "config": config, "search": search, "steps": steps,
+                         "operators_per_step": per_step, "encoder": result["encoder"], "other": result["other"],
+                         "total": result["total"], "ratio": per_step / reference["per_step"] if reference else None,
+                         "top": [(name, n / steps) for name, n in result["loop"].most_common(8)],
+                         "excess_top": [(name, n) for name, n in excess.most_common(6) if n > 0] if excess else None})
+            if reference and steps != reference["steps"]:
+                raise RuntimeError(f"{label}, {search}: {steps} decoding steps, the baseline {reference['steps']}")
+            print(f"{label}, {search}: {steps} steps, {per_step:.1f} operators per step"
+                  + (f", {per_step / reference['per_step']:.2f} of the baseline's" if reference else "")
+                  + f"; encoder {result['encoder']}, total {result['total']}", flush=True)
+    return rows
+
+
+def _decode_table(rows):
+    """The markdown table of ``--decode``'s rows."""
+    lines = ["| case | search | steps | operators per step | over the baseline | encoder | total | "
+             "most in excess of the baseline, per step |", "|---|---|---:|---:|---:|---:|---:|---|"]
+    lines += [f"| {row['case']} | {row['search']} | {row['steps']} | {row['operators_per_step']:.1f} | "
+              f"{common.fmt(row['ratio'])} | {row['encoder']} | {row['total']} | "
+              f"{', '.join(f'{name} +{n:g}' for name, n in (row['excess_top'] or [])[:4])} |" for row in rows]
+    return lines
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m tools.op_count", description=__doc__.splitlines()[0])
     parser.add_argument("--cases", nargs="*", default=[], help="substrings of the case labels (default: all)")
     parser.add_argument("--layers", type=int, default=6, help="encoder and decoder layers (the papers' Base: 6)")
+    parser.add_argument("--decode", nargs="+", choices=sorted(SEARCHES),
+                        help=f"count translation instead, with these searches: the operators per decoding step "
+                             f"({DECODE_STEPS} steps) and of the encoder")
     parser.add_argument("--out", help="write <out>.json and <out>.md")
     args = parser.parse_args(argv)
     import onmt  # noqa: F401  (the start-up hook activates onmt-ext)
@@ -130,6 +234,14 @@ def main(argv=None):
 
     torch.set_num_threads(1)
     chosen = [case for case in CASES if not args.cases or any(text in case[0] for text in args.cases)]
+    setting = {"layers": args.layers, "source_lengths": SOURCE_LENGTHS, "target_lengths": TARGET_LENGTHS,
+               "routing_kernel": os.environ.get("ONMT_EXT_ROUTING_KERNEL", "auto"),
+               "triton_interpret": os.environ.get("TRITON_INTERPRET", ""), "torch": torch.__version__}
+    if args.decode:
+        rows = _decode_rows(chosen, args.layers, args.decode)
+        setting.update(decode=args.decode, steps=DECODE_STEPS, target_lengths=None)
+        _write(args.out, setting, rows, _decode_table(rows))
+        return 0
     rows, base = [], None
     for label, config in chosen:
         counts = count(config, args.layers)
@@ -139,18 +251,20 @@ def main(argv=None):
                      "ratio": total / base if base else None, "top": counts.most_common(6)})
         print(f"{label}: {total} operators" + (f", {total / base:.2f} of the baseline's" if base else ""),
               flush=True)
-    setting = {"layers": args.layers, "source_lengths": SOURCE_LENGTHS, "target_lengths": TARGET_LENGTHS,
-               "routing_kernel": os.environ.get("ONMT_EXT_ROUTING_KERNEL", "auto"),
-               "triton_interpret": os.environ.get("TRITON_INTERPRET", ""), "torch": torch.__version__}
-    if args.out:
-        with open(f"{args.out}.json", "w", encoding="utf-8") as handle:
-            json.dump({"setting": setting, "rows": rows}, handle, indent=1)
-        lines = ["| case | operators per step | over the baseline | most frequent |", "|---|---:|---:|---|"]
-        lines += [f"| {row['case']} | {row['operators']} | {common.fmt(row['ratio'])} | "
-                  f"{', '.join(f'{name} {n}' for name, n in row['top'][:4])} |" for row in rows]
-        with open(f"{args.out}.md", "w", encoding="utf-8") as handle:
-            handle.write("\n".join(lines) + "\n")
+    lines = ["| case | operators per step | over the baseline | most frequent |", "|---|---:|---:|---|"]
+    lines += [f"| {row['case']} | {row['operators']} | {common.fmt(row['ratio'])} | "
+              f"{', '.join(f'{name} {n}' for name, n in row['top'][:4])} |" for row in rows]
+    _write(args.out, setting, rows, lines)
     return 0
+
+
+def _write(out, setting, rows, lines):
+    """``<out>.json`` (the setting and the rows) and ``<out>.md`` (the table ``lines``), when ``out`` is given."""
+    if out:
+        with open(f"{out}.json", "w", encoding="utf-8") as handle:
+            json.dump({"setting": setting, "rows": rows}, handle, indent=1)
+        with open(f"{out}.md", "w", encoding="utf-8") as handle:
+            handle.write("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
-"""tools/op_count.py: it counts the launching operators of a training pass, and sees the fused routing kernels.
+"""tools/op_count.py: it counts the launching operators of a training pass, and sees the fused routing kernels;
+with ``--decode``, those of translation, split into the encoder and equal decoding steps.
 
 Its counter is tools/routing_memory.py's too (the two once counted 1,628 and 1,616 operators for GRET's pass):
 every operator below autograd but views and detaches, operators that return no tensor or a list of them included.
 """
 
+import json
 import types
 
 import pytest
@@ -53,3 +55,33 @@ def test_the_fused_routing_kernels_launch_fewer_operators_than_the_reference(mon
         counts[choice] = sum(op_count.count(config, layers=1).values())
     baseline = sum(op_count.count("baseline/transformer_base_wmt17_zhen.yaml", layers=1).values())
     assert baseline < counts["triton"] < counts["torch"], (baseline, counts)
+
+
+def test_the_decoding_count_splits_translation_into_encoder_and_equal_steps(onmt_active, sample_data):
+    """``--decode``: the baseline and a mechanism decode the same number of steps (-min_length = -max_length),
+    and the encoder, the steps and the search's set-up and report add up to the whole translation's count."""
+    cases = ("baseline/transformer_base_wmt17_zhen.yaml", "gret/transformer_base_wmt17_zhen_gret.yaml")
+    for search in ("greedy", "beam4"):  # beam4's results last, for the check below
+        results = [op_count.decode_count(config, layers=1, search=search, steps=5) for config in cases]
+        assert [result["steps"] for result in results] == [5, 5], (search, results)
+        for result in results:
+            loop = sum(result["loop"].values())
+            assert result["encoder"] > 0 and result["per_step"] > 0 and 0 <= result["other"] < result["per_step"]
+            assert result["per_step"] * result["steps"] == loop, result
+            assert result["encoder"] + loop + result["other"] == result["total"], result
+            assert result["loop"]["mm"] + result["loop"]["addmm"] >= 5 * 5, result["loop"]  # a decoder per step
+        assert results[0]["encoder"] < results[1]["encoder"], results  # GRET's encoder adds its GRU and routing
+    # the steps' count is what each further step costs: 5 more steps add about 5 times the count per step
+    longer = op_count.decode_count(cases[0], layers=1, search="beam4", steps=10)
+    added = (longer["total"] - results[0]["total"]) / 5
+    assert longer["steps"] == 10 and abs(added / longer["per_step"] - 1) < 0.1, (added, longer["per_step"])
+
+
+def test_the_decoding_mode_writes_a_row_per_case_and_search(onmt_active, sample_data, tmp_path, monkeypatch):
+    monkeypatch.setattr(op_count, "DECODE_STEPS", 3)
+    out = tmp_path / "decode"
+    assert op_count.main(["--layers", "1", "--cases", "baseline", "--decode", "greedy", "--out", str(out)]) == 0
+    rows = json.loads(out.with_suffix(".json").read_text())["rows"]
+    assert [(row["case"], row["search"], row["steps"], row["ratio"]) for row in rows] == [
+        ("baseline", "greedy", 3, 1.0)]
+    assert "| baseline | greedy | 3 |" in out.with_suffix(".md").read_text()
