@@ -281,3 +281,58 @@ def test_a_layer_costs_few_operators():
     with mode:
         attention(scores).sum().backward()
     assert sum(mode.counts.values()) - 2 <= 17, mode.counts  # 2: the loss's sum and its gradient
+
+
+def _layers_sharing_a_structure(count=3, seed=0):
+    """``count`` scalar clause attentions on one structure (as in an encoder), random logits, and their scores."""
+    attention, structure, _, _, scores, _ = _padded_case("scalar", seed=seed)
+    layers = [attention] + [ClauseAttention(structure, attention.heads) for _ in range(count - 1)]
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for layer in layers[1:]:
+            layer.mix_logits.copy_(torch.randn(layer.mix_logits.shape, generator=gen))
+    return layers, structure, scores
+
+
+def test_layers_sharing_a_structure_get_their_own_weights_computed_together():
+    """The structure computes every scalar layer's level weights in one go (fewer operators per step than one
+    computation per layer); each layer's output and each logit's gradient equal the per-layer reference."""
+    from tools.op_count import counter
+
+    layers, structure, scores = _layers_sharing_a_structure()
+    outs = [layer(scores) for layer in layers]
+    gen = torch.Generator().manual_seed(5)
+    upstream = [torch.randn(out.shape, generator=gen) for out in outs]  # (a plain sum's gradient is 0: rows sum to 1)
+    grads = torch.autograd.grad(sum((out * up).sum() for out, up in zip(outs, upstream)),
+                                [layer.mix_logits for layer in layers])
+    for layer, out, up, grad in zip(layers, outs, upstream, grads):
+        reference = _reference_attention(scores, structure.ids, _reference_logits(layer))
+        torch.testing.assert_close(out, reference, rtol=2e-6, atol=2e-7)
+        expected, = torch.autograd.grad((reference * up).sum(), [layer.mix_logits])
+        assert expected.abs().max() > 1e-2
+        torch.testing.assert_close(grad, expected, rtol=2e-6, atol=2e-6)
+    counts = []
+    for count in (1, 3):
+        layers, structure, scores = _layers_sharing_a_structure(count)
+        structure.outside_bias()  # built once per batch, not per layer
+        mode = counter()
+        with mode:
+            sum(layer(scores).sum() for layer in layers).backward()
+        counts.append(mode.counts)
+    for name in ("log_sigmoid_forward", "log_sigmoid_backward", "exp", "mm", "stack", "cat"):  # the weights' own
+        assert counts[1][name] == counts[0][name], (name, counts)  # once for the three layers as for one
+
+
+def test_the_shared_weights_follow_the_parameters_and_the_grad_mode():
+    layers, structure, scores = _layers_sharing_a_structure()
+    with torch.no_grad():
+        layers[1](scores)  # computed without a graph
+    out = layers[1](scores)
+    assert out.requires_grad and torch.autograd.grad(out.sum(), [layers[1].mix_logits])[0].abs().sum() > 0
+    with torch.no_grad():
+        layers[2].mix_logits.add_(1.0)  # an optimizer's in-place step
+    torch.testing.assert_close(layers[2](scores), _reference_attention(
+        scores, structure.ids, _reference_logits(layers[2])), rtol=2e-6, atol=2e-7)
+    layers[0].mix_logits = torch.nn.Parameter(torch.full_like(layers[0].mix_logits, 60.0))  # replaced: p = 1
+    torch.testing.assert_close(layers[0](scores), _reference_attention(
+        scores, structure.ids, _reference_logits(layers[0])), rtol=2e-6, atol=2e-7)

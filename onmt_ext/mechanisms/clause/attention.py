@@ -123,7 +123,8 @@ class ClauseStructure(nn.Module):
 
     ``start(src, pad_mask)`` computes, for the batch the encoder is about to read, ``ids`` ``(batch, L, len)``
     in four operators (a vocabulary-sized table of which levels each id opens, indexed once); every layer
-    shares them and the :meth:`outside_bias` derived from them on first use.  Nothing is read back to the
+    shares them and the :meth:`outside_bias` derived from them on first use, and the scalar level weights of
+    every layer, computed together on first use (:meth:`scalar_weights`).  Nothing is read back to the
     host: every level gets its own local softmax, also where a level repeats a coarser level's clauses in every
     sentence of the batch (finding that out would wait for the device at every batch).  The tables are
     non-persistent buffers, rebuilt from the vocabulary whenever the model is built.
@@ -138,12 +139,35 @@ class ClauseStructure(nn.Module):
         self.ids = None
         self._all_ids = None
         self._outside_bias = None
+        self._mixers = []  # the scalar ClauseAttentions of this structure (a list: not sub-modules)
+        self._weights = None
 
     def start(self, src, pad_mask):
         """Set the clause structure from ``src`` ``(batch, len, feats)`` and ``pad_mask`` ``(batch, len)``."""
         self._all_ids = _ids_from_opening(self.opening_table[src[:, :, 0]], pad_mask)  # (batch, L + 1, len)
         self.ids = self._all_ids[:, 1:]
         self._outside_bias = None
+        self._weights = None
+
+    def add_mixer(self, attention):
+        """Register a scalar-mixing :class:`ClauseAttention`; returns its index for :meth:`scalar_weights`."""
+        self._mixers.append(attention)
+        self._weights = None
+        return len(self._mixers) - 1
+
+    def scalar_weights(self, index):
+        """The level weights ``(L + 1, H)`` of scalar mixer ``index``: :meth:`ClauseAttention.level_weights` of
+        every mixer at once, ``(L + 1, mixers, H)``, on the first call after :meth:`start` (6 operators and 5 in
+        the backward pass, in place of that many per layer); again when a parameter was replaced or changed in
+        place (its version, a host counter), or the grad mode changed."""
+        params = [mixer.mix_logits for mixer in self._mixers]
+        key = (torch.is_grad_enabled(), *(param._version for param in params))
+        cached = self._weights
+        if cached is None or cached[0] != key or any(a is not b for a, b in zip(cached[1], params)):
+            logits = torch.stack(params, dim=1).float()  # (L, mixers, H)
+            weights = ClauseAttention.level_weights(logits, self.weight_matrix)  # (L + 1, mixers, H)
+            self._weights = cached = key, params, weights.unbind(1)  # one operator back: a stack
+        return cached[2][index]
 
     def outside_bias(self):
         """``(batch, L + 1, len, len)`` score bias per level: -1e18 where the key lies outside the query's clause,
@@ -187,6 +211,7 @@ class ClauseAttention(nn.Module):
         self.heads, self.levels, self.mixing = heads, levels, mixing
         if mixing == "scalar":
             self.mix_logits = nn.Parameter(torch.zeros(levels, heads))
+            self._mixer_index = structure.add_mixer(self)
         else:
             self.mix_gate = nn.Linear(d_model, levels * heads)
         initialisation.initialise(self)  # zero logits: every p starts at 1/2
@@ -210,10 +235,10 @@ class ClauseAttention(nn.Module):
         if ids is None or ids.shape[0] != scores.shape[0] or ids.shape[-1] != scores.shape[-1]:
             raise RuntimeError("clause attention: no clause ids for this batch (the encoder sets them; "
                                "this attention runs only inside ExtTransformerEncoder)")
-        weights = self.level_weights(self.mixing_logits(), structure.weight_matrix)  # (L + 1, ...)
         if self.mixing == "scalar":
-            weights = weights[None, :, :, None, None]  # (1, L + 1, H, 1, 1)
+            weights = structure.scalar_weights(self._mixer_index)[None, :, :, None, None]  # (1, L + 1, H, 1, 1)
         else:
+            weights = self.level_weights(self.mixing_logits(), structure.weight_matrix)  # (L + 1, batch, len, H)
             weights = weights.permute(1, 0, 3, 2).unsqueeze(-1)  # (batch, L + 1, H, len, 1)
         return ext_compile.run(self.ext_compile, clause_mix, scores, weights, structure.outside_bias())
 
