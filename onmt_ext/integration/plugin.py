@@ -16,7 +16,7 @@ only the runtime (:func:`onmt_ext.patches.runtime_choice`).  Each change against
 
 import importlib
 
-from onmt_ext.runtime import batches, compat, corpus, distributed, train_step
+from onmt_ext.runtime import batches, compat, corpus, distributed, half_weights, train_step
 from onmt_ext.integration import checkpoints, command_line, commands, parsing, preprocessing, progress
 from onmt_ext.mechanisms.clause import attention as clause_attention
 from onmt_ext.mechanisms import gret, initialisation
@@ -136,6 +136,7 @@ def _activate():
     corpus.install()
     batches.install()  # training batches: tensors only, copied to the GPU without waiting
     train_step.install()  # the training step: no host-device synchronisation between reports
+    half_weights.install()  # -ext_half_weights: Linear layers on float16 copies of float32 master weights
     distributed.install()  # -world_size N -gpu_ranks ... on a torch without CUDA: CPU ranks over gloo
     _register_models()
     _extend_model_options()

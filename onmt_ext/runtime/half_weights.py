@@ -1,0 +1,198 @@
+"""``-ext_half_weights``: the Linear layers compute with half-precision copies of their weights, and the optimizer
+keeps the float32 parameters, as mixed-precision trainers keep master weights (issue 59, item 4).
+
+Under ``-model_dtype fp16`` OpenNMT-py trains in torch's autocast: each ``nn.Linear`` casts its float32 weight and
+bias to float16 in every forward pass, and autograd casts their gradients back in the backward pass, one kernel per
+tensor each way (about 400 launches per Transformer Base step).  :class:`HalfWeights` keeps one float16 copy of
+those tensors (the *shadows*, one flat buffer), refreshed from the parameters after each optimizer step (a
+concatenation and a cast); each such Linear computes with its shadows wherever autocast would have cast to their
+dtype, and after each backward pass the shadows' gradients reach the parameters' ``.grad`` as float32 (a
+concatenation and a cast or an add).  The arithmetic is autocast's (the same casts, products and sums), so the
+parameters after every step are the same to the bit.  Parameters, checkpoints, optimizer state and averaging are
+untouched: the shadows are not parameters.  A Linear whose weight is shared (tied embeddings), replaced, changed
+since the refresh or read outside autocast computes as stock does.  docs/differences-from-stock.md.
+"""
+
+import collections
+import functools
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from onmt_ext.options import option, register_mechanism
+from onmt_ext.runtime.compile import Compile
+from onmt_ext.patches import SPEED, patch, runtime_choice
+
+_TEST = "tests/unit/test_half_weights.py"
+
+
+def _combination_check(opt):
+    """``-ext_half_weights`` needs AMP training (``-model_dtype fp16``, an optimizer other than fusedadam) on CUDA."""
+    if not HalfWeightsOptions.from_opt(opt).half_weights:
+        return []
+    if getattr(opt, "model_dtype", "fp32") != "fp16" or getattr(opt, "optim", "") == "fusedadam":
+        return ["-ext_half_weights needs -model_dtype fp16 with an -optim other than fusedadam (torch's autocast "
+                "and gradient scaler), which it speeds up"]
+    if runtime_choice() == "stock":
+        return ["-ext_half_weights is part of onmt-ext's runtime, which ONMT_EXT_RUNTIME=stock switches off; drop "
+                "one of the two"]
+    if Compile.from_opt(opt).compile_layers:
+        return ["-ext_half_weights does not yet go with -ext_compile_layers (the compiled layers would trace the "
+                "shadows' checks); choose one"]
+    return []
+
+
+@register_mechanism("ext_", combination_check=_combination_check)
+@dataclass(frozen=True)
+class HalfWeightsOptions:
+    """``-ext_half_weights``."""
+
+    half_weights: bool = option(False, "onmt_train with -model_dtype fp16: the Linear layers compute with float16 "
+                                "copies of their weights, refreshed once per step, and the optimizer keeps the "
+                                "float32 parameters (master weights): the same numbers as autocast's per-layer "
+                                "casts in a few kernels per step instead of about two per weight; "
+                                "docs/differences-from-stock.md")
+
+
+class _Shadow:
+    """One Linear's shadows and what they were refreshed from (the parameters, their storage and versions)."""
+
+    __slots__ = ("weight", "bias", "stamp")
+
+    def __init__(self, weight, bias):
+        self.weight, self.bias, self.stamp = weight, bias, None
+
+    def current(self, module):
+        """True when ``module`` still holds the parameters the shadows were refreshed from, unchanged since."""
+        return self.stamp is not None and self.stamp == tuple(
+            (id(p), p.data_ptr(), p._version) for p in (module.weight, module.bias) if p is not None)
+
+
+def _forward(module, shadow, dtype, x):
+    """``nn.Linear.forward`` with the shadows where autocast would cast the parameters to ``dtype``."""
+    kind = module.weight.device.type
+    if torch.is_autocast_enabled(kind) and torch.get_autocast_dtype(kind) == dtype and shadow.current(module):
+        return torch.nn.functional.linear(x, shadow.weight, shadow.bias)
+    return nn.Linear.forward(module, x)
+
+
+class HalfWeights:
+    """The shadows of ``model``'s Linear layers in ``dtype`` (see the module docstring).
+
+    Args:
+        model: the model being trained.
+        dtype: autocast's dtype (float16 under ``-model_dtype fp16``; the CPU tests use bfloat16).
+
+    ``refresh()`` after each optimizer step, ``collect()`` after each backward pass, ``clear()`` with each
+    ``zero_grad``; the optimizer wrapper of :func:`install` calls them.
+    """
+
+    def __init__(self, model, dtype=torch.float16):
+        uses = collections.Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
+        self.dtype = dtype
+        self.modules = [m for m in model.modules() if type(m) is nn.Linear and m.weight.requires_grad
+                        and all(uses[id(p)] == 1 for p in (m.weight, m.bias) if p is not None)]
+        self.masters = [p for m in self.modules for p in (m.weight, m.bias) if p is not None]
+        if not self.masters:
+            self.shadows = []
+            return
+        self.flat = torch.empty(sum(p.numel() for p in self.masters), dtype=dtype, device=self.masters[0].device)
+        self.shadows = [piece.view_as(p).detach().requires_grad_(True)
+                        for piece, p in zip(self.flat.split([p.numel() for p in self.masters]), self.masters)]
+        tensors = iter(self.shadows)
+        self._shadows = []
+        for module in self.modules:
+            weight = next(tensors)
+            bias = next(tensors) if module.bias is not None else None
+            shadow = _Shadow(weight, bias)
+            self._shadows.append(shadow)
+            module.forward = functools.partial(_forward, module, shadow, dtype)
+        self._grads, self._views = None, []  # the float32 buffer whose views are the parameters' .grad
+        self.collected = 0  #: backward passes whose gradients came through the shadows
+        self.refresh()
+
+    @torch.no_grad()
+    def refresh(self):
+        """The shadows from the parameters: one concatenation and one cast."""
+        if not self.masters:
+            return
+        self.flat.copy_(torch.cat([p.reshape(-1) for p in self.masters]))
+        for module, shadow in zip(self.modules, self._shadows):
+            shadow.stamp = tuple((id(p), p.data_ptr(), p._version) for p in (module.weight, module.bias)
+                                 if p is not None)
+
+    def clear(self):
+        """Drop the shadows' gradients (``zero_grad``; a batch skipped for lack of memory)."""
+        for shadow in self.shadows:
+            shadow.grad = None
+
+    @torch.no_grad()
+    def collect(self):
+        """Move the shadows' gradients to the parameters' ``.grad`` in float32, added to what is there."""
+        grads = [s.grad for s in self.shadows]
+        if all(g is None for g in grads):
+            return
+        self.clear()
+        self.collected += 1
+        ours = self._grads is not None and all(p.grad is view for p, view in zip(self.masters, self._views))
+        if all(g is not None for g in grads) and (ours or all(p.grad is None for p in self.masters)):
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            if ours:
+                self._grads.add_(flat)
+            else:
+                self._grads = flat.to(self.masters[0].dtype)
+                self._views = [piece.view_as(p) for piece, p in zip(
+                    self._grads.split([p.numel() for p in self.masters]), self.masters)]
+                for p, view in zip(self.masters, self._views):
+                    p.grad = view
+            return
+        for p, g in zip(self.masters, grads):  # some shadows unused, or a parameter also used directly
+            if g is None:
+                continue
+            if p.grad is None:
+                p.grad = g.to(p.dtype)
+            else:
+                p.grad.add_(g)
+
+
+def _optimizer_from_opt(stock, cls, model, opt, checkpoint=None):
+    optimizer = stock(cls, model, opt, checkpoint=checkpoint)
+    if HalfWeightsOptions.from_opt(opt).half_weights and optimizer.amp:
+        optimizer._onmt_ext_half_weights = HalfWeights(model, torch.float16)
+    return optimizer
+
+
+def _backward(stock, self, loss):
+    stock(self, loss)
+    half = getattr(self, "_onmt_ext_half_weights", None)
+    if half is not None:
+        half.collect()
+
+
+def _step(stock, self):
+    stock(self)
+    half = getattr(self, "_onmt_ext_half_weights", None)
+    if half is not None:
+        half.refresh()
+
+
+def _zero_grad(stock, self, *args, **kwargs):
+    stock(self, *args, **kwargs)
+    half = getattr(self, "_onmt_ext_half_weights", None)
+    if half is not None:
+        half.clear()
+
+
+def install():
+    """Register the changes (idempotent)."""
+    from onmt.utils.optimizers import Optimizer
+
+    reason = ("-ext_half_weights: autocast casts every Linear's float32 weight and bias to float16 in each forward "
+              "pass and their gradients back in the backward pass, about 400 kernels per Base step; float16 "
+              "copies refreshed once per step give the same numbers in a few kernels")
+    patch(Optimizer, "from_opt", _optimizer_from_opt, kind=SPEED, order=2, reason=reason,
+          test=f"{_TEST}::test_the_trainer_with_half_weights_steps_as_autocast_does")
+    for name, replacement in (("backward", _backward), ("step", _step), ("zero_grad", _zero_grad)):
+        patch(Optimizer, name, replacement, kind=SPEED, reason=reason,
+              test=f"{_TEST}::test_the_trainer_with_half_weights_steps_as_autocast_does")
