@@ -54,6 +54,7 @@ def test_dry_run_writes_every_section(dry_run):  # the default tier: the check m
     report = json.loads((out / "cpu-tiny.json").read_text(encoding="utf-8"))
     text = (out / "cpu-tiny.md").read_text(encoding="utf-8")
     assert "| interval tok/s: median (min-max) |" in text
+    assert "Baseline, half weights: the baseline with -ext_half_weights (issue 59, item 4), measured" in text
     for heading in ("## Time per part", "## a. Decoding properties", "## b. Training", "## c. Translation",
                     "## Targets (issues 29 and 35)"):
         assert heading in text
@@ -89,8 +90,13 @@ def test_dry_run_measures_every_row(dry_run):
         ("onmt-ext baseline", plan.LAYERS, plan.FRESH_LAYERS, paper),
         ("baseline", "eager", plan.IN_PROCESS, tiny),
         ("baseline, again (A/A control)", "eager", plan.IN_PROCESS, tiny),
+        (cases.HALF_WEIGHTS.label, "eager", plan.IN_PROCESS, tiny),
         *((case.label, mode, plan.IN_PROCESS, tiny) for case in cases.TINY_MECHANISMS
           for mode in ("eager", "compiled"))}
+    # the baseline with -ext_half_weights: fp16 (the smoke baseline's fp32 would refuse it) on the baseline's batches
+    half, = [row for row in rows if row["case"] == cases.HALF_WEIGHTS.label]
+    assert half["options"]["ext_half_weights"] and half["options"]["model_dtype"] == "fp16"
+    assert half["replay_reused"] and half["target"] is None
     baseline_options, = [row["options"] for row in rows if row["case"] == "baseline" and not row.get("repeat_of")]
     built = {training.replay_key(baseline_options)}
     assert sum(row.get("replay_reused", False) for row in rows) >= len(cases.TINY_MECHANISMS)
@@ -110,7 +116,7 @@ def test_dry_run_measures_every_row(dry_run):
                                           for number, speed in enumerate(speeds)]
         # the parts of a run's time: its checkpoint written only where section c may decode it
         assert (row["save_s"] > 0) == (row["group"] == plan.IN_PROCESS and row["mode"] == "eager"
-                                       and row.get("run", 1) == 1), (row["key"], row["save_s"])
+                                       and row.get("run", 1) == 1 and row is not half), (row["key"], row["save_s"])
         assert row["seconds"] > row["save_s"] + (row["profiler_stop_s"] or 0) + row["model_build_s"]
         if row["save_s"]:  # for translation only: the model without the optimiser's state
             saved, = Path(row["options"]["save_model"]).parent.glob("model_step_*.pt")
@@ -465,6 +471,15 @@ def test_gpu_configs_parse_strictly(tmp_path, onmt_active, monkeypatch):
             assert valid["path_src"] == train["path_src"].rsplit(".", 1)[0]  # never validated: the training copy
             if opt.clause_attention:
                 assert opt.clause_presplit and train["path_src"].endswith(f".clause6.v{repeat}")
+    # the baseline with -ext_half_weights: the baseline's config and batches (fp16 already), the option on
+    configs = [training.training_config(case, "eager", args, tmp_path, cache, replay=True, steps=args.case_steps,
+                                        name=name) for case, name in ((cases.BASELINE, "eager"),
+                                                                      (cases.HALF_WEIGHTS, "half_weights"))]
+    (_, _, base), (path, _, half) = configs
+    opt = parse_train_config(path)
+    assert opt.ext_half_weights and opt.model_dtype == "fp16" and opt.optim != "fusedadam"
+    assert training.replay_key(half) == training.replay_key(base) and half["save_model"] != base["save_model"]
+    assert {key for key in half if half[key] != base.get(key)} == {"ext_half_weights", "save_model", "save_data"}
 
 
 def test_property_configs_exist():
@@ -607,8 +622,16 @@ def test_the_fresh_processes_leave_a_reserve_to_the_later_ones():
 def test_the_replay_key_leaves_out_model_options_only():
     base = {"batch_size": 8, "transforms": ["filtertoolong"], "save_model": "a/model", "seed": 1}
     mechanism = dict(base, save_model="b/model", encoder_type="ext_transformer", li2019_enc_self="em",
-                     ext_compile=True)
+                     ext_compile=True, ext_half_weights=True)
     assert training.replay_key(mechanism) == training.replay_key(base)
+    # model_dtype counts as the batch multiple it gives (OpenNMT-py's iterator: 8 in fp16, else 1)
+    assert training.replay_key(dict(base, model_dtype="fp16", batch_size_multiple=1)) == training.replay_key(
+        dict(base, model_dtype="fp32")) == training.replay_key(base)
+    assert training.replay_key(dict(base, model_dtype="fp16")) == training.replay_key(
+        dict(base, batch_size_multiple=8)) != training.replay_key(base)
+    half = training.half_weights_overrides("fp32", None)  # the dry run's baseline: the row trains in fp16
+    assert training.replay_key(dict(base, **half)) == training.replay_key(base) and half["model_dtype"] == "fp16"
+    assert training.half_weights_overrides("fp16", None) == {"ext_half_weights": True}  # a GPU run's baseline
     for other in ({"batch_size": 16}, {"transforms": ["clause_split", "filtertoolong"]}, {"seed": 2},
                   {"some_new_option": 1}):  # anything not known to be the model's counts
         assert training.replay_key(dict(base, **other)) != training.replay_key(base), other
@@ -741,6 +764,47 @@ def test_the_in_process_plan_spreads_three_aa_runs_and_only_their_first_saves():
     assert all(rows[number]["reference"] == rows[0]["key"] for number in controls)
     assert len(plan.training_plan(cli.parse_args(["--part", "train-cases", "--aa-runs", "5"]),
                                        cases.MECHANISMS)[0][3]) > len(entries)
+
+
+def test_the_in_process_group_trains_the_baseline_with_half_weights():
+    """The baseline with -ext_half_weights (issue 59, item 4): an eager row of the in-process group in every part
+    that runs the group, after the cases with a target, its ratio over the baseline's runs, no target, costed as a
+    baseline run by the plan."""
+    for part in ("all", "train", "train-cases"):
+        for extra in ([], ["--device", "cpu", "--tiny"]):
+            args = cli.parse_args(["--part", part, *extra])
+            (_, _, _, entries), = [entry for entry in plan.training_plan(args, cases.MECHANISMS)
+                                   if entry[1] == plan.IN_PROCESS]
+            half = [number for number, (_, case, _, _) in enumerate(entries) if case == cases.HALF_WEIGHTS]
+            assert len(half) == 1, (part, extra)
+            row, _, mode, options = entries[half[0]]
+            assert (mode, row["mode"], row.get("part", "eager"), row["target"], options) == (
+                "eager", "eager", "eager", None, {"replay": True})
+            assert row["reference"] == entries[0][0]["key"] and entries[0][1] == cases.BASELINE
+            targeted = [number for number, (_, case, mode, _) in enumerate(entries)
+                        if mode == "eager" and case.train_target is not None]
+            assert max(targeted) < half[0], part
+            label = f"{cases.HALF_WEIGHTS.label}, eager, {args.case_batch_size}"
+            costs = plan.COSTS["cpu" if extra else "cuda"]
+            stages = {name: rows for name, _, _, rows in plan.part_stages(args, cases.MECHANISMS, costs)}
+            assert (label, costs["baseline"]) in stages["b eager"], (part, extra)
+    args = cli.parse_args(["--part", "train-fresh"])
+    assert all(case != cases.HALF_WEIGHTS for *_, entries in plan.training_plan(args, cases.MECHANISMS)
+               for _, case, _, _ in entries)
+
+
+def test_the_report_says_what_the_half_weights_row_is_and_what_the_dry_run_could_not_check():
+    base = {"key": "b", "case": "baseline", "group": plan.IN_PROCESS, "options": {"model_dtype": "fp16"}}
+    half = {"key": "h", "case": cases.HALF_WEIGHTS.label, "group": plan.IN_PROCESS, "reference": "b",
+            "status": "measured", "ratio": 1.0412, "options": {"model_dtype": "fp16", "ext_half_weights": True}}
+    text = report.half_weights_text([base, half], "cuda")
+    assert text.startswith("Baseline, half weights: the baseline with -ext_half_weights (issue 59, item 4), "
+                           "measured (ratio 1.041): ") and "report-only" in text and "fp32" not in text
+    base["options"]["model_dtype"] = "fp32"
+    text = report.half_weights_text([base, half], "cpu-tiny")
+    assert "The baseline trains in fp32 here" in text and "never used" in text and "need a GPU run" in text
+    assert "not the option's" in report.half_weights_text([base, half], "cuda")
+    assert report.half_weights_text([base], "cuda") is None
 
 
 def test_the_plans_estimate_walks_the_stages_like_the_schedule():

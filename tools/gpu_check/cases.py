@@ -28,6 +28,10 @@ PROPERTY_DTYPES = ("none", "fp16", "bf16")
 TINY_PROPERTY_DTYPES = ("none", "bf16")
 
 BASELINE = Case("baseline", "baseline/transformer_base_wmt17_zhen.yaml", pre_encoded=True)
+#: the baseline with -ext_half_weights (issue 59, item 4): its Linear layers compute with float16 copies of their
+#: weights, refreshed once per step, the optimizer keeping the float32 parameters.  A row of section b's in-process
+#: group with no target (report-only), its ratio over its neighbouring baseline runs like a mechanism's
+HALF_WEIGHTS = Case("baseline, half weights", BASELINE.config, pre_encoded=True)
 #: Section b and c cases with the targets of issues 29 and 35: training and decoding ratios to the baseline.
 #: Decoding targets apply to the encoder-side mechanisms (0.97) and to EM on all three components (0.80).
 MECHANISMS = (

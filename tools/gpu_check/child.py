@@ -21,12 +21,17 @@ from tools.gpu_check.plan import MIN_START_S, PLAN_SHARE, plan_cases, run_costs,
 
 def _parse_train_options(config, stock):
     """``onmt_train -config`` options as the command parses them; stock OpenNMT-py ignores unknown options
-    silently, so here they are an error (the stock row must train only stock options)."""
+    silently, so here they are an error (the stock row must train only stock options), and so is an onmt-ext
+    option (``ext_...``) that this onmt-ext does not know (a row such as the half weights' would otherwise train
+    as the baseline)."""
     from onmt.bin.train import _get_parser
 
     opt, unknown = _get_parser().parse_known_args(["-config", str(config)])
     if unknown and stock:
         raise RuntimeError(f"options unknown to stock OpenNMT-py in {config}: {' '.join(unknown)}")
+    ours = [word for word in unknown if word.lstrip("-").startswith("ext_")]
+    if ours:
+        raise RuntimeError(f"onmt-ext options unknown to this onmt-ext in {config}: {' '.join(ours)}")
     return opt
 
 

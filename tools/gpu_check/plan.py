@@ -9,7 +9,7 @@ import time
 
 from tools import timed_runs
 from tools.timed_runs import Case
-from tools.gpu_check.cases import BASELINE
+from tools.gpu_check.cases import BASELINE, HALF_WEIGHTS
 
 #: per-section seconds on a GPU and in the CPU dry run (the whole GPU run fits in 8 minutes: 480 s).  The shares
 #: follow the part times of the H100 run in results/gpu/README.md: the users'-path rows and every eager mechanism
@@ -169,7 +169,7 @@ def part_stages(args, cases, costs):
                     steps = step_plan(args, *run_steps(args, group))["total"]
                     seconds = steps * costs["steps"][kind][row["batch_tokens"] != small]
                     seconds += costs["layers"] if kind == "layers" and row["batch_tokens"] == paper else 0
-                elif row.get("run", 1) > 1 or case.control or case == BASELINE:
+                elif row.get("run", 1) > 1 or case.control or case in (BASELINE, HALF_WEIGHTS):
                     seconds = costs["baseline"]
                 else:
                     seconds = costs["cases"].get(case.label, costs["case"])[mode == "compiled"]
@@ -299,7 +299,8 @@ def _row(case, mode, group, batch, reference, data_path, name, target=None, pape
 
 def training_plan(args, cases):
     """Section b's processes and rows: ``[(part, group, environment, [(row, case, mode, config options)])]``: the
-    onmt-ext and the stock baseline each in a fresh process, then every case eager and compiled in one."""
+    onmt-ext and the stock baseline each in a fresh process, then every case eager and compiled in one, with the
+    baseline with ``-ext_half_weights`` (:data:`HALF_WEIGHTS`) among the eager ones."""
     users = f"{args.num_workers} data workers (the users' path)"
     replay = "built ahead, no workers, replayed from memory"
     paper, small = args.paper_batch_size, args.batch_size
@@ -350,6 +351,9 @@ def training_plan(args, cases):
     first = _row(BASELINE, "eager", IN_PROCESS, cases_batch, None, replay, "eager") | {"run": 1}
     eager = [(_row(case, "eager", IN_PROCESS, cases_batch, base_key, replay, "eager", case.train_target,
                     case.paper_train), case, "eager", {"replay": True}) for case in cases]
+    # the baseline with -ext_half_weights (no target): after the cases with a target, before those without
+    half = _row(HALF_WEIGHTS, "eager", IN_PROCESS, cases_batch, base_key, replay, "half_weights")
+    eager.insert(sum(case.train_target is not None for case in cases), (half, HALF_WEIGHTS, "eager", {"replay": True}))
     compiled = [(_row(case, "compiled", IN_PROCESS, cases_batch, base_key, replay, "compiled", case.train_target,
                       case.paper_train), case, "compiled", {"replay": True}) for case in cases]
     # the A/A control's runs spread over the group: the first before every case, the last after every compiled one

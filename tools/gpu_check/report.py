@@ -9,8 +9,8 @@ import statistics
 
 from tools.common import fmt
 from tools.gpu_check.cases import (
-    BASELINE_BUSY_TARGET, BASELINE_TOKENS_TARGET, FIRST_STEP_TARGET_S, MECHANISMS, MEMORY_TARGETS,
-    STARTUP_OVERHEAD_TARGET_S, STOCK_SPEEDUP_TARGET, SYNCS_TARGET, aa_text,
+    BASELINE_BUSY_TARGET, BASELINE_TOKENS_TARGET, FIRST_STEP_TARGET_S, HALF_WEIGHTS, MECHANISMS,
+    MEMORY_TARGETS, STARTUP_OVERHEAD_TARGET_S, STOCK_SPEEDUP_TARGET, SYNCS_TARGET, aa_text,
 )
 from tools.gpu_check.plan import (
     FRESH_EXT, FRESH_LAYERS, FRESH_STOCK, IN_PROCESS, LAYERS, STOCK_LABEL, TABLES_SHARE, paper_of, run_text,
@@ -147,6 +147,30 @@ def _sites_text(row):
     return "; ".join(f"{site} ×{count}" for site, count in row.get("sync_sites") or []) or "none"
 
 
+def half_weights_text(rows, mode):
+    """The report's line on the in-process row of :data:`HALF_WEIGHTS` (``rows``: section b's), or None without
+    one: what it is, and what a run whose baseline is not in fp16 (the dry run) could not check."""
+    row = next((row for row in rows if row["case"] == HALF_WEIGHTS.label and row["group"] == IN_PROCESS), None)
+    if row is None:
+        return None
+    base = next((other for other in rows if other["key"] == row["reference"]), {})
+    text = (f"Baseline, half weights: the baseline with -ext_half_weights (issue 59, item 4), {row['status']}"
+            + (f" (ratio {row['ratio']:.3f})" if row.get("ratio") is not None else "")
+            + ": its Linear layers compute with float16 copies of their weights, refreshed once per step, and the "
+            "optimizer keeps the float32 parameters; the same batches as its neighbouring baseline runs, no target "
+            "(report-only).")
+    dtype = base.get("options", {}).get("model_dtype")
+    if dtype is None or dtype == row.get("options", {}).get("model_dtype"):
+        return text
+    text += (f" The baseline trains in {dtype} here, so this row trains with -model_dtype fp16 (and the "
+             "baseline's batch multiple: the same batches)")
+    if mode == "cuda":
+        return text + ": its ratio mixes autocast's float16 with the half weights and is not the option's."
+    return text + ("; off CUDA autocast stays off, so the float16 copies are refreshed every step but never used: "
+                   "this run checks that the option trains through its code path on the same batches, not its "
+                   "speed or its numbers (those need a GPU run).")
+
+
 def markdown(report):
     info, sections = report["device"], report["sections"]
     lines = [f"# gpu-check: {info['name']}", "",
@@ -231,6 +255,9 @@ def markdown(report):
         if any(row["group"] == IN_PROCESS for row in b["rows"]):
             lines += ["", f"In one process, {aa_text(b.get('aa'))} (its runs spread over the group; on a GPU its "
                       "median should lie within the band, and where it does not, every ratio of the group says so)."]
+        half = half_weights_text(b["rows"], report["mode"])
+        if half:
+            lines += ["", half]
         over_time = [f"- {row['case']}, {row['batch_tokens']} tokens: {_over_time_text(row)}" for row in b["rows"]
                      if row.get("part") == "fresh" and row.get("interval_points")]
         if over_time:

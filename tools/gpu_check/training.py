@@ -13,7 +13,7 @@ import yaml
 
 from tools import common
 from tools import timed_runs
-from tools.gpu_check.cases import MECHANISMS, REPO, TINY_LINES, aa_note, aa_summary
+from tools.gpu_check.cases import HALF_WEIGHTS, MECHANISMS, REPO, TINY_LINES, aa_note, aa_summary
 from tools.gpu_check.plan import (
     CHECKPOINTS, FRESH_EXT, GRACE_S, IN_PROCESS, LAYERS, MIN_START_S, TABLES_SHARE, WARM_UP, monotonic_now, run_steps,
     step_plan,
@@ -52,11 +52,10 @@ def training_config(case, mode, args, work, repeat_cache, batch_size=None, repla
     batch_size = batch_size or args.batch_size
     settings = Settings(args, batch_size, steps, warmup)
     size, lines = ("smoke", TINY_LINES) if args.tiny else ("paper", None)
-    paper = common.config_values(case.config)
+    paper, twin = common.config_values(case.config), common.config_values(f"smoke/{case.config}")
     overrides = {"num_workers": 0 if replay else args.num_workers, "report_every": args.warmup_steps,
                  "batch_size": batch_size, "valid_batch_size": batch_size}
     if args.tiny:
-        twin = common.config_values(f"smoke/{case.config}")
         overrides.update(enc_layers=twin["enc_layers"], dec_layers=twin["dec_layers"])
     else:
         overrides["model_dtype"] = paper.get("model_dtype", "fp32") if args.device == "cuda" else "fp32"
@@ -65,6 +64,9 @@ def training_config(case, mode, args, work, repeat_cache, batch_size=None, repla
         overrides["ext_compile"] = mode == "compiled"  # eager pinned: the default (auto) compiles some on CUDA
     elif mode == LAYERS:
         overrides["ext_compile_layers"] = True
+    if case == HALF_WEIGHTS:
+        overrides.update(half_weights_overrides(overrides.get("model_dtype") or twin.get("model_dtype", "fp32"),
+                                                (paper if not args.tiny else twin).get("batch_size_multiple")))
     # one repeated corpus per case and batch size, long enough for the longest run (--steps or --case-steps)
     longest = max(step_plan(args, *run_steps(args, group))["total"] for group in (IN_PROCESS, FRESH_EXT))
     key = (case.config, batch_size)
@@ -81,6 +83,17 @@ def training_config(case, mode, args, work, repeat_cache, batch_size=None, repla
         config = {key: value for key, value in config.items() if key not in EXT_TRAIN_OPTIONS}
         path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     return path, checkpoint, config
+
+
+def half_weights_overrides(dtype, multiple):
+    """The options that make the baseline :data:`HALF_WEIGHTS`'s row, from the baseline's ``model_dtype`` and
+    ``batch_size_multiple`` there: ``-ext_half_weights`` needs ``-model_dtype fp16``, which a GPU run's baseline has.
+    Where the baseline trains in another dtype (the dry run's smoke config: fp32), the row trains in fp16 with the
+    baseline's batch multiple (OpenNMT-py's default is 8 in fp16, else 1), so that it replays the baseline's
+    batches; off CUDA autocast stays off, so its float16 copies are refreshed every step but never used."""
+    if dtype == "fp16":
+        return {"ext_half_weights": True}
+    return {"ext_half_weights": True, "model_dtype": "fp16", "batch_size_multiple": multiple or 1}
 
 
 def start_warm_up(args, work, entry, configs, repeat_cache, deadline):
@@ -171,15 +184,19 @@ def file_slug(text):
 #: is part of :func:`replay_key` (an option left out of this list costs a rebuild, never a wrong batch)
 MODEL_ONLY_OPTIONS = {"save_data", "save_model", "encoder_type", "decoder_type", "share_decoder_embeddings",
                       "learning_rate", "learning_rate_decay", "decay_method", "ext_compile", "ext_compile_layers",
-                      "gret", "clause_attention", "clause_levels"}
+                      "gret", "clause_attention", "clause_levels", "ext_half_weights"}
 MODEL_ONLY_PREFIXES = ("li2019_", "cao2019_", "chen2019_", "gret_")
 
 
 def replay_key(options):
     """What decides a run's training batches: its options less :data:`MODEL_ONLY_OPTIONS` (and prefixes), as
-    text.  Runs of one process with the same key replay the batches that the first of them built."""
+    text, ``model_dtype`` as the batch multiple it gives by default (OpenNMT-py's iterator: 8 in fp16, else 1).
+    Runs of one process with the same key replay the batches that the first of them built."""
     kept = {key: value for key, value in options.items()
             if key not in MODEL_ONLY_OPTIONS and not key.startswith(MODEL_ONLY_PREFIXES)}
+    dtype = kept.pop("model_dtype", "fp32")
+    if kept.get("batch_size_multiple") is None:
+        kept["batch_size_multiple"] = 8 if dtype == "fp16" else 1
     return json.dumps(kept, sort_keys=True, default=str)
 
 
@@ -191,7 +208,9 @@ def run_training_process(args, work, group, env, rows, configs, deadlines, stop_
     jobs = [{"key": row["key"], "config": str(configs[row["key"]][0]), "replay": "replayed" in row["data_path"],
              "replay_key": replay_key(configs[row["key"]][2]),
              "batches": (stop_after or steps["total"]) + 2,
-             "save": row["group"] in (IN_PROCESS, CHECKPOINTS) and row["mode"] == "eager" and row.get("run", 1) == 1,
+             # a checkpoint for section c: each eager case's first run (section c decodes no half-weights row)
+             "save": row["group"] in (IN_PROCESS, CHECKPOINTS) and row["mode"] == "eager" and row.get("run", 1) == 1
+             and case != HALF_WEIGHTS,
              "repeat_of": row.get("repeat_of"), "checkpoint": row["group"] == CHECKPOINTS,
              "weight": 1 + math.log2(row["batch_tokens"] / args.batch_size) / 4,  # a guess: much is fixed cost
              "measure": steps["measure"], "counted": [1, 0] if row["group"] == CHECKPOINTS else steps["counted"],
@@ -203,7 +222,7 @@ def run_training_process(args, work, group, env, rows, configs, deadlines, stop_
              "report_every": args.warmup_steps, "tables_s": TABLES_SHARE * args.budget_b,
              "profile_file": None if row.get("run", 1) > 1 or row["group"] == CHECKPOINTS
              else str(args.profiles / f"{file_slug(row['key'])}.txt")}
-            for row, _, _, _ in rows]
+            for row, case, _, _ in rows]
     if stop_after:
         for job in jobs:
             job.update(warmup=True, stop_after=stop_after, profile_file=None)
