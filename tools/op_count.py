@@ -112,16 +112,29 @@ def _model_and_batch(config, layers):
     return (opt, vocabs, model), (src, tgt, torch.tensor(SOURCE_LENGTHS))
 
 
-def count(config, layers):
-    """``Counter`` of the launching operators of one training forward and backward pass of ``config``'s twin."""
+def count(config, layers, autocast=False, half_weights=False):
+    """``Counter`` of the launching operators of one training forward and backward pass of ``config``'s twin.
+
+    ``autocast``: under the CPU's bfloat16 autocast, which casts as CUDA's float16 autocast of ``-model_dtype
+    fp16`` does; ``half_weights``: with ``-ext_half_weights``'s bfloat16 copies (their gradients' collection and
+    refresh counted too)."""
+    import torch
+
+    from onmt_ext.runtime.half_weights import HalfWeights
+
     (_, _, model), (src, tgt, lengths) = _model_and_batch(config, layers)
     model.train()
+    half = HalfWeights(model, torch.bfloat16) if half_weights else None
     for _ in range(2):  # the first pass builds lazily created state (caches, the kernels' first-use check)
         model.zero_grad(set_to_none=True)
         mode = counter()
         with mode:
-            out, _ = model(src, tgt, lengths)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast or half_weights):
+                out, _ = model(src, tgt, lengths)
             out.float().sum().backward()
+            if half is not None:
+                half.collect()
+                half.refresh()
     return mode.counts
 
 
@@ -227,6 +240,10 @@ def main(argv=None):
     parser.add_argument("--decode", nargs="+", choices=sorted(SEARCHES),
                         help=f"count translation instead, with these searches: the operators per decoding step "
                              f"({DECODE_STEPS} steps) and of the encoder")
+    parser.add_argument("--autocast", action="store_true",
+                        help="training under the CPU's bfloat16 autocast (the casts of -model_dtype fp16 on CUDA)")
+    parser.add_argument("--half-weights", action="store_true",
+                        help="training with -ext_half_weights's copies (implies --autocast)")
     parser.add_argument("--out", help="write <out>.json and <out>.md")
     args = parser.parse_args(argv)
     import onmt  # noqa: F401  (the start-up hook activates onmt-ext)
@@ -236,7 +253,8 @@ def main(argv=None):
     chosen = [case for case in CASES if not args.cases or any(text in case[0] for text in args.cases)]
     setting = {"layers": args.layers, "source_lengths": SOURCE_LENGTHS, "target_lengths": TARGET_LENGTHS,
                "routing_kernel": os.environ.get("ONMT_EXT_ROUTING_KERNEL", "auto"),
-               "triton_interpret": os.environ.get("TRITON_INTERPRET", ""), "torch": torch.__version__}
+               "triton_interpret": os.environ.get("TRITON_INTERPRET", ""), "torch": torch.__version__,
+               "autocast": args.autocast or args.half_weights, "half_weights": args.half_weights}
     if args.decode:
         rows = _decode_rows(chosen, args.layers, args.decode)
         setting.update(decode=args.decode, steps=DECODE_STEPS, target_lengths=None)
@@ -244,7 +262,7 @@ def main(argv=None):
         return 0
     rows, base = [], None
     for label, config in chosen:
-        counts = count(config, args.layers)
+        counts = count(config, args.layers, args.autocast, args.half_weights)
         total = sum(counts.values())
         base = total if label == "baseline" else base
         rows.append({"case": label, "config": config, "operators": total,

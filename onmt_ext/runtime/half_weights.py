@@ -108,7 +108,8 @@ class HalfWeights:
             shadow = _Shadow(weight, bias)
             self._shadows.append(shadow)
             module.forward = functools.partial(_forward, module, shadow, dtype)
-        self._grads, self._views = None, []  # the float32 buffer whose views are the parameters' .grad
+        # the float32 buffer whose views are the .grad of the parameters ``_present`` (indices) after a collect
+        self._grads, self._views, self._present = None, [], None
         self.collected = 0  #: backward passes whose gradients came through the shadows
         self.refresh()
 
@@ -129,31 +130,30 @@ class HalfWeights:
 
     @torch.no_grad()
     def collect(self):
-        """Move the shadows' gradients to the parameters' ``.grad`` in float32, added to what is there."""
-        grads = [s.grad for s in self.shadows]
-        if all(g is None for g in grads):
+        """Move the shadows' gradients to the parameters' ``.grad`` in float32, added to what is there; a
+        parameter whose shadows got no gradient (a layer this pass did not use) keeps its ``.grad``."""
+        present = [i for i, shadow in enumerate(self.shadows) if shadow.grad is not None]
+        if not present:
             return
+        grads = [self.shadows[i].grad for i in present]
+        targets = [self.masters[i] for i in present]
         self.clear()
         self.collected += 1
-        ours = self._grads is not None and all(p.grad is view for p, view in zip(self.masters, self._views))
-        if all(g is not None for g in grads) and (ours or all(p.grad is None for p in self.masters)):
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            if ours:
-                self._grads.add_(flat)
-            else:
-                self._grads = flat.to(self.masters[0].dtype)
-                self._views = [piece.view_as(p) for piece, p in zip(
-                    self._grads.split([p.numel() for p in self.masters]), self.masters)]
-                for p, view in zip(self.masters, self._views):
-                    p.grad = view
-            return
-        for p, g in zip(self.masters, grads):  # some shadows unused, or a parameter also used directly
-            if g is None:
-                continue
-            if p.grad is None:
-                p.grad = g.to(p.dtype)
-            else:
-                p.grad.add_(g)
+        if present == self._present and all(p.grad is view for p, view in zip(targets, self._views)):
+            self._grads.add_(torch.cat([g.reshape(-1) for g in grads]))  # accumulating: one add
+        elif all(p.grad is None for p in targets):
+            self._grads = torch.cat([g.reshape(-1) for g in grads]).to(targets[0].dtype)
+            self._views = [piece.view_as(p) for piece, p in zip(self._grads.split([p.numel() for p in targets]),
+                                                                 targets)]
+            self._present = present
+            for p, view in zip(targets, self._views):
+                p.grad = view
+        else:  # a parameter also read outside its layer's forward already has a gradient of its own
+            for p, g in zip(targets, grads):
+                if p.grad is None:
+                    p.grad = g.to(p.dtype)
+                else:
+                    p.grad.add_(g)
 
 
 def _optimizer_from_opt(stock, cls, model, opt, checkpoint=None):

@@ -57,6 +57,19 @@ def test_the_fused_routing_kernels_launch_fewer_operators_than_the_reference(mon
     assert baseline < counts["triton"] < counts["torch"], (baseline, counts)
 
 
+def test_half_weights_remove_the_weight_casts_of_autocast(onmt_active, sample_data):
+    """Under autocast each Linear weight is cast to half precision in the forward pass and its gradient back in
+    the backward pass; -ext_half_weights's copies leave two operators per step in their place (cat, cast), and the
+    refresh two (cat, copy)."""
+    config = "baseline/transformer_base_wmt17_zhen.yaml"
+    plain, autocast, half = (op_count.count(config, layers=1, autocast=a, half_weights=h)
+                             for a, h in ((False, False), (True, False), (False, True)))
+    assert plain["_to_copy"] < half["_to_copy"] < autocast["_to_copy"], (plain, autocast, half)
+    linears = 4 + 8 + 2 * 2  # one layer each side: attention projections and feed-forward (no generator here)
+    assert autocast["_to_copy"] - half["_to_copy"] == 2 * linears - 1, (autocast["_to_copy"], half["_to_copy"])
+    assert half["cat"] == autocast["cat"] + 2
+
+
 def test_the_decoding_count_splits_translation_into_encoder_and_equal_steps(onmt_active, sample_data):
     """``--decode``: the baseline and a mechanism decode the same number of steps (-min_length = -max_length),
     and the encoder, the steps and the search's set-up and report add up to the whole translation's count."""

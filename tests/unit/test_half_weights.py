@@ -19,9 +19,11 @@ DTYPE = torch.bfloat16
 class _Toy(torch.nn.Module):
     """Linear layers of every kind the shadows meet: plain, without bias, tied to an embedding, read directly."""
 
-    def __init__(self):
+    def __init__(self, read_directly=True):
         super().__init__()
+        self.read_directly = read_directly
         self.embedding = torch.nn.Embedding(11, 8)
+        self.unused = torch.nn.Linear(8, 8)  # no gradient: Adam must leave it alone, as under autocast
         self.first = torch.nn.Linear(8, 16)
         self.second = torch.nn.Linear(16, 8, bias=False)
         self.direct = torch.nn.Linear(8, 8)  # its weight is also read outside its forward
@@ -31,7 +33,7 @@ class _Toy(torch.nn.Module):
     def forward(self, ids):
         x = self.embedding(ids)
         x = self.second(torch.relu(self.first(x)))
-        x = self.direct(x) + x @ self.direct.weight.t()
+        x = self.direct(x) + (x @ self.direct.weight.t() if self.read_directly else 0)
         return self.tied(x).float().log_softmax(-1)
 
 
@@ -55,18 +57,20 @@ def _step(model, optimizer, half, seeds, autocast=True):
     return losses
 
 
-def _twins():
+def _twins(read_directly=True):
     torch.manual_seed(0)
-    model = _Toy()
+    model = _Toy(read_directly)
     twin = copy.deepcopy(model)
     return model, twin
 
 
+@pytest.mark.parametrize("read_directly", [True, False], ids=["a-weight-read-directly", "layers-only"])
 @pytest.mark.parametrize("accumulate", [1, 3])
-def test_half_weights_train_as_autocast_does_to_the_bit(accumulate):
-    model, twin = _twins()
+def test_half_weights_train_as_autocast_does_to_the_bit(accumulate, read_directly):
+    model, twin = _twins(read_directly)
     half = HalfWeights(twin, DTYPE)
-    assert {id(m) for m in half.modules} == {id(twin.first), id(twin.second), id(twin.direct)}  # not the tied one
+    assert {id(m) for m in half.modules} == {id(twin.first), id(twin.second), id(twin.direct),
+                                             id(twin.unused)}  # not the tied one
     optimizers = [torch.optim.Adam(net.parameters(), lr=0.01) for net in (model, twin)]
     for step in range(4):
         seeds = [10 * step + k for k in range(accumulate)]
@@ -76,6 +80,9 @@ def test_half_weights_train_as_autocast_does_to_the_bit(accumulate):
         for (name, ours), theirs in zip(twin.named_parameters(), model.parameters()):
             assert ours.dtype == torch.float32 and torch.equal(ours, theirs), (step, name)
     assert all(p.grad is None for p in half.shadows) and half.collected == 4 * accumulate
+    assert twin.unused.weight.grad is None and torch.equal(twin.unused.weight, model.unused.weight)
+    if not read_directly:  # the gradients in one float32 buffer, the parameters' .grad its views
+        assert all(p.grad.data_ptr() != 0 and p.grad._base is half._grads for p in half.masters if p.grad is not None)
 
 
 def test_the_shadows_are_used_only_where_autocast_would_cast():
