@@ -94,28 +94,28 @@ class HalfWeights:
         self.modules = [m for m in model.modules() if type(m) is nn.Linear and m.weight.requires_grad
                         and all(uses[id(p)] == 1 for p in (m.weight, m.bias) if p is not None)]
         self.masters = [p for m in self.modules for p in (m.weight, m.bias) if p is not None]
+        # the float32 buffer whose views are the .grad of the parameters ``_present`` (indices) after a collect
+        self._grads, self._views, self._present = None, [], None
+        self.collected = 0  #: backward passes whose gradients came through the shadows
+        self.shadows, self._shadows = [], []
         if not self.masters:
-            self.shadows = []
             return
         self.flat = torch.empty(sum(p.numel() for p in self.masters), dtype=dtype, device=self.masters[0].device)
         self.shadows = [piece.view_as(p).detach().requires_grad_(True)
                         for piece, p in zip(self.flat.split([p.numel() for p in self.masters]), self.masters)]
         tensors = iter(self.shadows)
-        self._shadows = []
         for module in self.modules:
             weight = next(tensors)
             bias = next(tensors) if module.bias is not None else None
             shadow = _Shadow(weight, bias)
             self._shadows.append(shadow)
             module.forward = functools.partial(_forward, module, shadow, dtype)
-        # the float32 buffer whose views are the .grad of the parameters ``_present`` (indices) after a collect
-        self._grads, self._views, self._present = None, [], None
-        self.collected = 0  #: backward passes whose gradients came through the shadows
         self.refresh()
 
     @torch.no_grad()
     def refresh(self):
-        """The shadows from the parameters: one concatenation and one cast."""
+        """The shadows from the parameters: one concatenation (a float32 temporary the size of the parameters)
+        and one cast."""
         if not self.masters:
             return
         self.flat.copy_(torch.cat([p.reshape(-1) for p in self.masters]))

@@ -209,3 +209,12 @@ def test_the_optimizer_gets_the_shadows_with_amp_only():
             warnings.simplefilter("ignore")  # torch's gradient scaler: no CUDA here
             optim = Optimizer.from_opt(support.build_model(opt, vocabs, seed=3), opt)
         assert optim.amp and hasattr(optim, "_onmt_ext_half_weights") == (on == "true")
+
+
+def test_a_model_without_linear_layers_gets_no_shadows():
+    model = torch.nn.Sequential(torch.nn.Embedding(5, 4))
+    half = HalfWeights(model, DTYPE)
+    half.refresh()
+    half.collect()
+    half.clear()
+    assert half.modules == [] and half.shadows == [] and half.collected == 0
