@@ -148,13 +148,18 @@ def _save_compared(stock, self, step, *args, **kwargs):
     return stock(self, step, *args, **kwargs)
 
 
+def _gathered(data, group=None):
+    """Every rank's ``data``, in rank order, through gloo's ``all_gather_object`` over ``group`` (None: the world)."""
+    gathered = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, data, group=group)
+    return gathered
+
+
 def _all_gather_list(stock, data, max_size=4096):
     """``all_gather_list`` on CPU ranks: gloo's ``all_gather_object`` (stock's buffers are CUDA tensors)."""
     if not _on_cpu_ranks():
         return stock(data, max_size=max_size)
-    gathered = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(gathered, data)
-    return gathered
+    return _gathered(data)
 
 
 #: the gloo group of every rank that :func:`_gathered_on_the_host` uses beside an NCCL world (made at its first call)
@@ -177,9 +182,7 @@ def _gathered_on_the_host(stock, data, max_size=4096):
     gathers the normalisation there).  Here the ranks' hosts meet, and the device's queue keeps running."""
     if not torch.distributed.is_initialized() or torch.distributed.get_backend() == "gloo":
         return stock(data, max_size=max_size)
-    gathered = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(gathered, data, group=host_group())
-    return gathered
+    return _gathered(data, host_group())
 
 
 def install():

@@ -55,8 +55,13 @@ class HalfWeightsOptions:
                                 "docs/differences-from-stock.md")
 
 
+def _stamp(module):
+    """What ``module``'s parameters are now: each one's identity, storage and version (a host counter)."""
+    return tuple((id(p), p.data_ptr(), p._version) for p in (module.weight, module.bias) if p is not None)
+
+
 class _Shadow:
-    """One Linear's shadows and what they were refreshed from (the parameters, their storage and versions)."""
+    """One Linear's shadows and what they were refreshed from (:func:`_stamp` of its module then)."""
 
     __slots__ = ("weight", "bias", "stamp")
 
@@ -65,8 +70,7 @@ class _Shadow:
 
     def current(self, module):
         """True when ``module`` still holds the parameters the shadows were refreshed from, unchanged since."""
-        return self.stamp is not None and self.stamp == tuple(
-            (id(p), p.data_ptr(), p._version) for p in (module.weight, module.bias) if p is not None)
+        return self.stamp is not None and self.stamp == _stamp(module)
 
 
 def _forward(module, shadow, dtype, x):
@@ -120,8 +124,7 @@ class HalfWeights:
             return
         self.flat.copy_(torch.cat([p.reshape(-1) for p in self.masters]))
         for module, shadow in zip(self.modules, self._shadows):
-            shadow.stamp = tuple((id(p), p.data_ptr(), p._version) for p in (module.weight, module.bias)
-                                 if p is not None)
+            shadow.stamp = _stamp(module)
 
     def clear(self):
         """Drop the shadows' gradients (``zero_grad``; a batch skipped for lack of memory)."""
@@ -163,25 +166,18 @@ def _optimizer_from_opt(stock, cls, model, opt, checkpoint=None):
     return optimizer
 
 
-def _backward(stock, self, loss):
-    stock(self, loss)
-    half = getattr(self, "_onmt_ext_half_weights", None)
-    if half is not None:
-        half.collect()
+def _then(action):
+    """An Optimizer method's layer: the stock method, then the optimizer's :class:`HalfWeights` ``action``
+    (``collect`` after ``backward``, ``refresh`` after ``step``, ``clear`` after ``zero_grad``), if it has one."""
 
+    def layer(stock, self, *args, **kwargs):
+        result = stock(self, *args, **kwargs)
+        half = getattr(self, "_onmt_ext_half_weights", None)
+        if half is not None:
+            getattr(half, action)()
+        return result
 
-def _step(stock, self):
-    stock(self)
-    half = getattr(self, "_onmt_ext_half_weights", None)
-    if half is not None:
-        half.refresh()
-
-
-def _zero_grad(stock, self, *args, **kwargs):
-    stock(self, *args, **kwargs)
-    half = getattr(self, "_onmt_ext_half_weights", None)
-    if half is not None:
-        half.clear()
+    return layer
 
 
 def install():
@@ -193,6 +189,6 @@ def install():
               "copies refreshed once per step give the same numbers in a few kernels")
     patch(Optimizer, "from_opt", _optimizer_from_opt, kind=SPEED, order=2, reason=reason,
           test=f"{_TEST}::test_the_trainer_with_half_weights_steps_as_autocast_does")
-    for name, replacement in (("backward", _backward), ("step", _step), ("zero_grad", _zero_grad)):
-        patch(Optimizer, name, replacement, kind=SPEED, reason=reason,
+    for name, action in (("backward", "collect"), ("step", "refresh"), ("zero_grad", "clear")):
+        patch(Optimizer, name, _then(action), kind=SPEED, reason=reason,
               test=f"{_TEST}::test_the_trainer_with_half_weights_steps_as_autocast_does")

@@ -52,7 +52,8 @@ def training_config(case, mode, args, work, repeat_cache, batch_size=None, repla
     batch_size = batch_size or args.batch_size
     settings = Settings(args, batch_size, steps, warmup)
     size, lines = ("smoke", TINY_LINES) if args.tiny else ("paper", None)
-    paper, twin = common.config_values(case.config), common.config_values(f"smoke/{case.config}")
+    paper = common.config_values(case.config)
+    twin = common.config_values(f"smoke/{case.config}") if args.tiny else None
     overrides = {"num_workers": 0 if replay else args.num_workers, "report_every": args.warmup_steps,
                  "batch_size": batch_size, "valid_batch_size": batch_size}
     if args.tiny:
@@ -65,8 +66,9 @@ def training_config(case, mode, args, work, repeat_cache, batch_size=None, repla
     elif mode == LAYERS:
         overrides["ext_compile_layers"] = True
     if case == HALF_WEIGHTS:
-        overrides.update(half_weights_overrides(overrides.get("model_dtype") or twin.get("model_dtype", "fp32"),
-                                                (paper if not args.tiny else twin).get("batch_size_multiple")))
+        source = twin if args.tiny else paper  # the config the row trains; its dtype: the override's, if any
+        overrides.update(half_weights_overrides(overrides.get("model_dtype") or source.get("model_dtype", "fp32"),
+                                                source.get("batch_size_multiple")))
     # one repeated corpus per case and batch size, long enough for the longest run (--steps or --case-steps)
     longest = max(step_plan(args, *run_steps(args, group))["total"] for group in (IN_PROCESS, FRESH_EXT))
     key = (case.config, batch_size)
