@@ -140,9 +140,13 @@ def _probabilities(total, dtype):
 
 
 def _votes_and_positions(scores):
-    """E with masked keys zeroed (the votes of both routings) ``(B, H, L, L)``; the non-padding positions ``(B, L)``."""
+    """E with masked keys zeroed (the votes of both routings) ``(B, H, L, L)``; the non-padding positions ``(B, L)``.
+
+    A position is padding when its key is masked for the last query: OpenNMT-py masks padding keys in every row,
+    and the last row of a causal mask masks no other key (read from one row: one operator, not three).
+    """
     masked = scores <= _MASKED_BELOW
-    return scores.masked_fill(masked, 0.0), ~masked.all(dim=2).all(dim=1)
+    return scores.masked_fill(masked, 0.0), ~masked[:, 0, -1]
 
 
 def vertical_output(logits, valid, head_weight, iterations, causal=False):
@@ -171,12 +175,25 @@ def horizontal_output(logits, valid, init, iterations):
 def _horizontal_problem(logits, valid, init):
     """The L routings of eq. 14 as one: votes ``(B, 1, L_t, H, M)`` shared by every query l, the prefix
     mask ``(B, L_l, L_t)`` and the starting logits ``(B, L_l, L_t, H)`` (None for zero initialisation)."""
-    length = logits.size(-2)
     votes = logits.permute(0, 2, 1, 3).unsqueeze(1)
-    prefix = torch.ones(length, length, dtype=torch.bool, device=logits.device).tril()
-    mask = prefix[None] & valid[:, None, :]
+    mask = _prefix(logits.size(-2), logits.device)[None] & valid[:, None, :]
     init_logits = logits.permute(0, 2, 3, 1) if init == "self" else None  # alpha^h_{l,t}
     return votes, mask, init_logits
+
+
+_PREFIXES = {}  # device -> the largest (n, n) lower-triangular bool matrix made so far on it
+
+
+def _prefix(length, device):
+    """The ``(length, length)`` lower-triangular bool matrix (t <= l): a view of one matrix kept per device, made
+    again only for a longer length (two operators a layer fewer); built in place under torch.compile."""
+    if torch.compiler.is_compiling():
+        return torch.ones(length, length, dtype=torch.bool, device=device).tril()
+    kept = _PREFIXES.get(device)
+    if kept is None or kept.size(0) < length:
+        with torch.inference_mode(False):
+            kept = _PREFIXES[device] = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+    return kept[:length, :length]
 
 
 def routing_weights(scores, iterations, init="zero", factor=1.0):

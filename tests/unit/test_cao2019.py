@@ -268,3 +268,26 @@ def test_near_zero_tool_counts_every_weight_of_every_layer(sample_data, onmt_act
     table = tool.markdown([{"model": "m.pt", "trained_iterations": 3, "shares": {str(t): v for t, v in shares.items()}}],
                           [1e-2, 1e-6])
     assert table.count("\n") == 4 and "| `m.pt` | 3 | **3** |" in table
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_padding_and_prefix_masks_come_in_few_operators(causal):
+    """The non-padding positions are read from one row of the masked scores, key padding with or without the
+    future mask, and the horizontal routing's prefix mask is a view of one kept matrix: 4 operators a layer
+    (8 when the positions were reduced over every row and the prefix was made per call)."""
+    from onmt_ext.mechanisms import cao2019
+    from tools.op_count import counter
+
+    lengths = [7, 4, 1]
+    scores = _scores(lengths)
+    if causal:
+        scores = scores.masked_fill(torch.ones(7, 7, dtype=torch.bool).triu(1), -1e18)
+    expected = torch.arange(7)[None] < torch.tensor(lengths)[:, None]
+    cao2019._prefix(9, scores.device)  # a longer one kept before: this call's is a view of it
+    mode = counter()
+    with mode:
+        logits, valid = cao2019._votes_and_positions(scores)
+        _, mask, _ = cao2019._horizontal_problem(logits, valid, "zero")
+    assert torch.equal(valid, expected)
+    assert torch.equal(mask, torch.ones(7, 7, dtype=torch.bool).tril()[None] & expected[:, None, :])
+    assert sum(mode.counts.values()) == 4, mode.counts
