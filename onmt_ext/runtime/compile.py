@@ -211,9 +211,12 @@ def _layer_forward(layer, eager, kind, *args, **kwargs):
     generator context manager would split the graph around every attention call), and the compiler gives every
     size its own symbol
     (no "duck sizing": a source as long as the target in the first batch would otherwise make a later batch
-    recompile).
+    recompile).  A layer's gate (:func:`gate_layer`), if any, is asked first; False: this pass runs ``eager``.
     """
     if not layer.training or kwargs.get("step") is not None:
+        return eager(*args, **kwargs)
+    gate = layer.__dict__.get(_GATE)
+    if gate is not None and not gate():
         return eager(*args, **kwargs)
     fn = type(layer).forward
     graph = partial(compiled(fn, fullgraph=False), layer)
@@ -259,6 +262,23 @@ def compile_layers(model):
             if getattr(type(module), "layer_graph_boundary", False) and "forward" not in vars(module):
                 module.forward = torch.compiler.disable(module.forward)
     return len(layers)
+
+
+#: the instance attribute that holds a layer's gate (:func:`gate_layer`)
+_GATE = "_onmt_ext_graph_gate"
+
+
+def compiled_layers(model):
+    """The layers of ``model`` that :func:`compile_layers` wrapped."""
+    return [module for module in model.modules()
+            if isinstance(vars(module).get("forward"), partial) and module.forward.func is _layer_forward]
+
+
+def gate_layer(layer, gate):
+    """Ask ``gate()`` (eager code, no arguments) before each compiled training pass of ``layer``; False: the pass
+    runs eagerly.  Host-side checks that the graph cannot trace go here (``-ext_half_weights``' shadows are
+    current), so the graph needs no break and every layer of a kind keeps one graph."""
+    setattr(layer, _GATE, gate)
 
 
 def _log_recompilations():

@@ -10,7 +10,9 @@ dtype, and after each backward pass the shadows' gradients reach the parameters'
 concatenation and a cast or an add).  The arithmetic is autocast's (the same casts, products and sums), so the
 parameters after every step are the same to the bit.  Parameters, checkpoints, optimizer state and averaging are
 untouched: the shadows are not parameters.  A Linear whose weight is shared (tied embeddings), replaced, changed
-since the refresh or read outside autocast computes as stock does.  docs/differences-from-stock.md.
+since the refresh or read outside autocast computes as stock does.  Layers compiled by ``-ext_compile_layers``
+use the shadows in their graphs, checked in eager code before each graph (docs/compile.md).
+docs/differences-from-stock.md.
 """
 
 import collections
@@ -21,7 +23,7 @@ import torch
 import torch.nn as nn
 
 from onmt_ext.options import option, register_mechanism
-from onmt_ext.runtime.compile import Compile
+from onmt_ext.runtime import compile as ext_compile
 from onmt_ext.patches import SPEED, patch, runtime_choice
 
 _TEST = "tests/unit/test_half_weights.py"
@@ -37,9 +39,6 @@ def _combination_check(opt):
     if runtime_choice() == "stock":
         return ["-ext_half_weights is part of onmt-ext's runtime, which ONMT_EXT_RUNTIME=stock switches off; drop "
                 "one of the two"]
-    if Compile.from_opt(opt).compile_layers:
-        return ["-ext_half_weights does not yet go with -ext_compile_layers (the compiled layers would trace the "
-                "shadows' checks); choose one"]
     return []
 
 
@@ -61,24 +60,40 @@ def _stamp(module):
 
 
 class _Shadow:
-    """One Linear's shadows and what they were refreshed from (:func:`_stamp` of its module then)."""
+    """One Linear's shadows in ``dtype``, what they were refreshed from (:func:`_stamp` of ``module`` then), and
+    ``live``: whether the check before the compiled layer holding the Linear (:func:`_gate`) last found them
+    current.  :meth:`forward`, bound, is the Linear's ``forward`` (a bound method, which Dynamo guards by its code,
+    not by its identity as it would a partial: every layer of a kind keeps one graph)."""
 
-    __slots__ = ("weight", "bias", "stamp")
+    __slots__ = ("module", "dtype", "weight", "bias", "stamp", "live")
 
-    def __init__(self, weight, bias):
-        self.weight, self.bias, self.stamp = weight, bias, None
+    def __init__(self, module, dtype, weight, bias):
+        self.module, self.dtype, self.weight, self.bias = module, dtype, weight, bias
+        self.stamp, self.live = None, False
 
-    def current(self, module):
-        """True when ``module`` still holds the parameters the shadows were refreshed from, unchanged since."""
-        return self.stamp is not None and self.stamp == _stamp(module)
+    def current(self):
+        """True when the module still holds the parameters the shadows were refreshed from, unchanged since."""
+        return self.stamp is not None and self.stamp == _stamp(self.module)
+
+    def forward(self, x):
+        """``nn.Linear.forward`` with the shadows where autocast would cast the parameters to ``dtype``; inside a
+        compiled graph (``-ext_compile_layers``), which cannot trace :meth:`current`, where the check before the
+        graph found them current (``live``, a guard of the graph)."""
+        kind = self.module.weight.device.type
+        if torch.is_autocast_enabled(kind) and torch.get_autocast_dtype(kind) == self.dtype and (
+                self.live if torch.compiler.is_compiling() else self.current()):
+            return torch.nn.functional.linear(x, self.weight, self.bias)
+        return nn.Linear.forward(self.module, x)
 
 
-def _forward(module, shadow, dtype, x):
-    """``nn.Linear.forward`` with the shadows where autocast would cast the parameters to ``dtype``."""
-    kind = module.weight.device.type
-    if torch.is_autocast_enabled(kind) and torch.get_autocast_dtype(kind) == dtype and shadow.current(module):
-        return torch.nn.functional.linear(x, shadow.weight, shadow.bias)
-    return nn.Linear.forward(module, x)
+def _gate(shadows):
+    """A compiled layer's check before its graph runs: whether the ``shadows`` of its Linear layers are all
+    current, each one's ``live`` set to that.  False: the layer runs eagerly, where each Linear checks its own;
+    the graph never reads stale shadows."""
+    current = all(shadow.current() for shadow in shadows)
+    for shadow in shadows:
+        shadow.live = current
+    return current
 
 
 class HalfWeights:
@@ -89,7 +104,9 @@ class HalfWeights:
         dtype: autocast's dtype (float16 under ``-model_dtype fp16``; the CPU tests use bfloat16).
 
     ``refresh()`` after each optimizer step, ``collect()`` after each backward pass, ``clear()`` with each
-    ``zero_grad``; the optimizer wrapper of :func:`install` calls them.
+    ``zero_grad``; the optimizer wrapper of :func:`install` calls them.  Each layer that
+    :func:`~onmt_ext.runtime.compile.compile_layers` wrapped before gets the check of its shadows (:func:`_gate`);
+    one wrapped later has none, and its graph computes from the parameters.
     """
 
     def __init__(self, model, dtype=torch.float16):
@@ -111,9 +128,14 @@ class HalfWeights:
         for module in self.modules:
             weight = next(tensors)
             bias = next(tensors) if module.bias is not None else None
-            shadow = _Shadow(weight, bias)
+            shadow = _Shadow(module, dtype, weight, bias)
             self._shadows.append(shadow)
-            module.forward = functools.partial(_forward, module, shadow, dtype)
+            module.forward = shadow.forward
+        owners = {id(module): shadow for module, shadow in zip(self.modules, self._shadows)}
+        for layer in ext_compile.compiled_layers(model):  # -ext_compile_layers: each layer checks before its graph
+            shadows = tuple(owners[id(m)] for m in layer.modules() if id(m) in owners)
+            if shadows:
+                ext_compile.gate_layer(layer, functools.partial(_gate, shadows))
         self.refresh()
 
     @torch.no_grad()

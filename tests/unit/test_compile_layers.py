@@ -8,7 +8,9 @@ On the CPU, with ``aot_eager`` (the graphs Dynamo and AOTAutograd capture, run w
 * layers of OpenNMT-py modules only see lengths padded to a multiple of 8, with the eager values; layers
   holding an onmt-ext module keep theirs;
 * evaluation and step-by-step decoding stay eager, and decoding still equals the full pass;
-* parameters and state dict are unchanged; the option reaches the model that ``onmt_train`` builds.
+* parameters and state dict are unchanged; the option reaches the model that ``onmt_train`` builds;
+* with ``-ext_half_weights`` (CPU bfloat16 autocast) the trainer steps as with compiled layers alone, to the bit,
+  in as many graphs; a layer whose shadows are stale runs eagerly, without them.
 """
 
 import copy
@@ -17,10 +19,12 @@ import pytest
 import torch
 
 import support
+import test_half_weights as half_tests
 from onmt_ext.runtime import compat
 from onmt_ext.mechanisms import initialisation
 from onmt_ext import options
 from onmt_ext.runtime import compile as ext_compile
+from onmt_ext.runtime.half_weights import HalfWeights
 
 BASELINE = "yaml_configs/smoke/baseline/transformer_base_wmt17_zhen.yaml"
 SHAPES = [([5, 3, 4], [4, 6, 2]), ([7, 2], [3, 5]), ([4, 6, 3, 5], [6, 2, 4, 3])]
@@ -250,3 +254,65 @@ def test_recompilations_are_logged_unless_torch_logs_says_otherwise(sample_data,
     monkeypatch.delenv("TORCH_LOGS")
     ext_compile.compile_layers(_models(BASELINE)[1])
     assert calls == [{"recompiles": True}]
+
+
+def _graphs(counter, run):
+    """``run()`` from a fresh Dynamo (``counter``: the fixture's) and what it compiled: Dynamo's frames, unique
+    graphs and graph breaks."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    ext_compile._COMPILED.clear()
+    counter.clear()
+    result = run()
+    counts = torch._dynamo.utils.counters
+    return result, (counter.frame_count, counts["stats"]["unique_graphs"], sum(counts["graph_break"].values()))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_half_weights_in_compiled_layers_step_as_compiled_layers_alone(sample_data, onmt_active, counter, backend):
+    """-ext_half_weights with -ext_compile_layers: the graphs compute with the shadows (their gradients are
+    collected after every backward pass) and the parameters after every step equal compiled layers' without
+    them, to the bit, also through Inductor's generated code (slow tier: 1-2 minutes); as many graphs as
+    without them (a recompilation per layer would add one for each of the two encoder layers) and no graph
+    break."""
+    counter.backend = backend
+    expected, alone = _graphs(counter, lambda: half_tests._trained(False, 1, compile_layers=True)[0])
+    (got, optim), graphs = _graphs(counter, lambda: half_tests._trained(True, 1, compile_layers=True))
+    half = optim._onmt_ext_half_weights
+    assert half.collected == len(half_tests.SHAPES) and half._present == list(range(len(half.shadows)))
+    for step, (ours, theirs) in enumerate(zip(got, expected), start=1):
+        for name in theirs:
+            assert torch.equal(ours[name], theirs[name]), (step, name)
+    assert graphs == alone and alone[2] == 0, (graphs, alone)
+
+
+def test_a_layer_with_stale_shadows_runs_eagerly_without_them(sample_data, onmt_active, counter):
+    """A parameter changed after the refresh makes its compiled layer run eagerly (each Linear there checks its
+    own shadows: the changed one computes from its parameter, as eager autocast does), the others stay in their
+    graph, nothing recompiles; after the refresh all run compiled with their shadows again."""
+    eager, fast, vocabs = _models(BASELINE)
+    ext_compile.compile_layers(fast)
+    half = HalfWeights(fast, half_tests.DTYPE)
+    eager.train(), fast.train()
+    stale = fast.encoder.transformer[0]
+    frames = []
+    for seed, (src_lens, tgt_lens) in enumerate(SHAPES):
+        if seed == 1:
+            with torch.no_grad():
+                for model in (eager, fast):
+                    model.encoder.transformer[0].self_attn.linear_query.weight.add_(0.5)
+        if seed == 2:
+            half.refresh()
+        src, src_len, tgt = support.random_batch(vocabs, src_lens, tgt_lens, seed=seed)
+        with torch.autocast("cpu", dtype=half_tests.DTYPE):
+            outputs = [_pass(model, src, src_len, tgt)[0] for model in (eager, fast)]
+        half.collect()
+        assert torch.equal(*outputs), seed
+        for p_f, p_e in zip(fast.parameters(), eager.parameters()):  # AOTAutograd's backward sums in another
+            if p_e.grad is not None:  # order than eager's: about 1e-7 apart
+                torch.testing.assert_close(p_f.grad, p_e.grad, atol=1e-5, rtol=1e-4)
+        live = {id(s.module): s.live for s in half._shadows}
+        assert [live[id(m)] for m in stale.modules() if id(m) in live] == [seed != 1] * 6, seed
+        assert all(live[id(m)] for m in fast.decoder.modules() if id(m) in live), seed
+        frames.append(counter.frame_count)
+    assert frames[0] > 0 and frames == [frames[0]] * len(SHAPES), frames

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import support
+from onmt_ext.runtime import compile as ext_compile
 from onmt_ext.runtime.half_weights import HalfWeights
 
 pytestmark = pytest.mark.usefixtures("onmt_active")
@@ -146,7 +147,7 @@ def test_the_option_is_refused_where_it_cannot_work(monkeypatch):
     assert _combination_check(opt(ext_half_weights=False, model_dtype="fp32")) == []
     assert "needs -model_dtype fp16" in _combination_check(opt(model_dtype="fp32"))[0]
     assert "fusedadam" in _combination_check(opt(optim="fusedadam"))[0]
-    assert "-ext_compile_layers" in _combination_check(opt(ext_compile_layers=True))[0]
+    assert _combination_check(opt(ext_compile_layers=True)) == []  # tests/unit/test_compile_layers.py
     monkeypatch.setenv("ONMT_EXT_RUNTIME", "stock")
     assert "ONMT_EXT_RUNTIME=stock" in _combination_check(opt())[0]
 
@@ -155,9 +156,10 @@ CONFIG = "yaml_configs/demo/tatoeba_zhen.yaml"
 SHAPES = [([7, 5, 3], [6, 8, 4]), ([4, 9], [5, 3]), ([6, 6, 2, 5], [7, 2, 6, 3]), ([3, 8], [9, 4])]
 
 
-def _trained(half_weights, accum_count):
+def _trained(half_weights, accum_count, compile_layers=False):
     """Parameters after each step of OpenNMT-py's trainer (onmt-ext's step) under CPU autocast, with or without
-    the shadows on its optimizer."""
+    the shadows on its optimizer, with eager or compiled layers (-ext_compile_layers, as onmt_train builds them:
+    the layers wrapped before the optimizer is made)."""
     from onmt.trainer import build_trainer
     from onmt.utils import Statistics
     from onmt.utils.optimizers import Optimizer
@@ -166,6 +168,8 @@ def _trained(half_weights, accum_count):
     opt.data = {}
     vocabs = support.load_vocabs(opt)
     model = support.build_model(opt, vocabs, seed=3)
+    if compile_layers:
+        ext_compile.compile_layers(model)
     model.train()
     optim = Optimizer.from_opt(model, opt)
     assert not hasattr(optim, "_onmt_ext_half_weights")  # float32 training: the option is off
