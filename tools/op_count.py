@@ -20,6 +20,7 @@ import collections
 import functools
 import json
 import os
+from pathlib import Path
 
 from tools import common
 
@@ -223,10 +224,15 @@ def _decode_rows(chosen, layers, searches):
     return rows
 
 
+#: the first line of ``<out>.md``: training's table, ``--decode``'s
+TRAIN_HEADER = "| case | operators per step | over the baseline | most frequent |"
+DECODE_HEADER = ("| case | search | steps | operators per step | over the baseline | encoder | total | "
+                 "most in excess of the baseline, per step |")
+
+
 def _decode_table(rows):
     """The markdown table of ``--decode``'s rows."""
-    lines = ["| case | search | steps | operators per step | over the baseline | encoder | total | "
-             "most in excess of the baseline, per step |", "|---|---|---:|---:|---:|---:|---:|---|"]
+    lines = [DECODE_HEADER, "|---|---|---:|---:|---:|---:|---:|---|"]
     lines += [f"| {row['case']} | {row['search']} | {row['steps']} | {row['operators_per_step']:.1f} | "
               f"{common.fmt(row['ratio'])} | {row['encoder']} | {row['total']} | "
               f"{', '.join(f'{name} +{n:g}' for name, n in (row['excess_top'] or [])[:4])} |" for row in rows]
@@ -246,6 +252,8 @@ def main(argv=None):
                         help="training with -ext_half_weights's copies (implies --autocast)")
     parser.add_argument("--out", help="write <out>.json and <out>.md")
     args = parser.parse_args(argv)
+    if args.out:
+        _check_out(args.out, DECODE_HEADER if args.decode else TRAIN_HEADER)
     import onmt  # noqa: F401  (the start-up hook activates onmt-ext)
     import torch
 
@@ -269,11 +277,20 @@ def main(argv=None):
                      "ratio": total / base if base else None, "top": counts.most_common(6)})
         print(f"{label}: {total} operators" + (f", {total / base:.2f} of the baseline's" if base else ""),
               flush=True)
-    lines = ["| case | operators per step | over the baseline | most frequent |", "|---|---:|---:|---|"]
+    lines = [TRAIN_HEADER, "|---|---:|---:|---|"]
     lines += [f"| {row['case']} | {row['operators']} | {common.fmt(row['ratio'])} | "
               f"{', '.join(f'{name} {n}' for name, n in row['top'][:4])} |" for row in rows]
     _write(args.out, setting, rows, lines)
     return 0
+
+
+def _check_out(out, header):
+    """Stop, before counting, with one line if ``<out>.md`` exists and is not this mode's table (its first line
+    is not ``header``): a page written by hand (results/bench/ops-per-decoding-step.md) is never replaced."""
+    path = Path(f"{out}.md")
+    if path.exists() and path.read_text(encoding="utf-8").split("\n", 1)[0] != header:
+        raise SystemExit(f"op_count.py: {path} exists and is not a table this command writes (its first line "
+                         "differs); choose another --out or remove the file")
 
 
 def _write(out, setting, rows, lines):

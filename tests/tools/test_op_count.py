@@ -98,3 +98,11 @@ def test_the_decoding_mode_writes_a_row_per_case_and_search(onmt_active, sample_
     assert [(row["case"], row["search"], row["steps"], row["ratio"]) for row in rows] == [
         ("baseline", "greedy", 3, 1.0)]
     assert "| baseline | greedy | 3 |" in out.with_suffix(".md").read_text()
+    assert op_count.main(["--layers", "1", "--cases", "baseline", "--decode", "greedy", "--out", str(out)]) == 0
+    page = tmp_path / "page"
+    page.with_suffix(".md").write_text("# Operators per decoding step\n\nprose\n")
+    with pytest.raises(SystemExit, match="page.md exists and is not a table this command writes"):
+        op_count.main(["--layers", "1", "--decode", "greedy", "--out", str(page)])  # stops before counting
+    with pytest.raises(SystemExit, match="decode.md exists"):  # the training table would replace decoding's
+        op_count.main(["--layers", "1", "--out", str(out)])
+    assert page.with_suffix(".md").read_text().endswith("prose\n") and not page.with_suffix(".json").exists()
