@@ -18,8 +18,6 @@ Writes PATH.json and PATH.md with ``--out``.  Method: docs/tools.md (attention_b
 
 import argparse
 import collections
-import json
-import platform
 import statistics
 import time
 import warnings
@@ -224,16 +222,6 @@ def measure(variant, problem, args, reference):
     return row, result
 
 
-def machine(device):
-    """The device (GPU name, or the CPU's), torch's version and its CUDA, cuDNN and Python versions."""
-    import torch
-
-    cuda = device == "cuda"
-    return {"device": torch.cuda.get_device_name() if cuda else f"CPU ({platform.processor() or platform.machine()})",
-            "torch": torch.__version__, "cuda": torch.version.cuda,
-            "cudnn": torch.backends.cudnn.version() if cuda else None, "python": platform.python_version()}
-
-
 def rows_of(args):
     """Every (shape, attention, variant) row, each attention's stock first; ratio over stock filled in."""
     import torch
@@ -263,8 +251,8 @@ def rows_of(args):
 def markdown(report):
     """The report as markdown: the machine, the settings, and one table row per measured variant."""
     where, setting = report["machine"], report["setting"]
-    lines = [f"# Attention kernels, forward+backward of one call ({where['device']})", "",
-             f"torch {where['torch']} (CUDA {where['cuda']}, cuDNN {where['cudnn']}); {setting['dtype']}, "
+    lines = [f"# Attention kernels, forward+backward of one call ({where['name']})", "",
+             f"torch {where['torch']} (CUDA {where['cuda']}, cuDNN {where.get('cudnn')}); {setting['dtype']}, "
              f"d_model {setting['d_model']}, {setting['heads']} heads of {setting['head_dim']}, dropout "
              f"{setting['dropout']} in the timed calls; median of {setting['repeats']} calls after "
              f"{setting['warmup']} warm-up calls ({setting['timer']}); lengths uniform in [{LOW} L, L], padded at "
@@ -321,14 +309,11 @@ def main(argv=None):
                "warmup": args.warmup, "repeats": args.repeats, "seed": args.seed, "device": args.device,
                "lengths": f"uniform in [{LOW} L, L], padded at the end", "tiny": args.tiny,
                "timer": "CUDA events" if args.device == "cuda" else "time.perf_counter"}
-    report = {"machine": machine(args.device), "setting": setting, "rows": rows_of(args)}
+    report = {"machine": common.device_info(args.device), "setting": setting, "rows": rows_of(args)}
     text = markdown(report)
     print(text, end="")
     if args.out:
-        with open(f"{args.out}.json", "w", encoding="utf-8") as handle:
-            json.dump(report, handle, indent=1)
-        with open(f"{args.out}.md", "w", encoding="utf-8") as handle:
-            handle.write(text)
+        common.write_outputs(args.out, report, text)
     return 0
 
 

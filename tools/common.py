@@ -14,6 +14,7 @@ import functools
 import json
 import math
 import os
+import platform
 import subprocess
 import sys
 import tempfile
@@ -37,6 +38,30 @@ def fmt(value, digits=2):
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
     return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def device_info(device):
+    """The machine a measurement ran on: torch's, CUDA's and Python's versions, and the GPU (name, memory,
+    capability, cuDNN) when ``device`` is ``"cuda"``, else the CPU and its cores."""
+    import torch
+
+    info = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version()}
+    if device == "cuda":
+        properties = torch.cuda.get_device_properties(0)
+        info.update(name=torch.cuda.get_device_name(0), memory_gib=round(properties.total_memory / 2**30, 1),
+                    capability=f"{properties.major}.{properties.minor}",
+                    cudnn=torch.backends.cudnn.version())
+    else:
+        info.update(name=f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)")
+    return info
+
+
+def write_outputs(out, data, text):
+    """``<out>.json`` (``data``) and ``<out>.md`` (``text``, a newline added if it lacks one)."""
+    with open(f"{out}.json", "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=1)
+    with open(f"{out}.md", "w", encoding="utf-8") as handle:
+        handle.write(text if text.endswith("\n") else text + "\n")
 
 
 def append_json_line(path, entry):

@@ -18,7 +18,6 @@ Method and caveats: docs/benchmarks-method.md.
 import argparse
 import collections
 import functools
-import json
 import os
 from pathlib import Path
 
@@ -296,10 +295,7 @@ def _check_out(out, header):
 def _write(out, setting, rows, lines):
     """``<out>.json`` (the setting and the rows) and ``<out>.md`` (the table ``lines``), when ``out`` is given."""
     if out:
-        with open(f"{out}.json", "w", encoding="utf-8") as handle:
-            json.dump({"setting": setting, "rows": rows}, handle, indent=1)
-        with open(f"{out}.md", "w", encoding="utf-8") as handle:
-            handle.write("\n".join(lines) + "\n")
+        common.write_outputs(out, {"setting": setting, "rows": rows}, "\n".join(lines))
 
 
 if __name__ == "__main__":

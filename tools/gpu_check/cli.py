@@ -32,7 +32,7 @@ from tools.gpu_check.plan import (
     monotonic_now, paper_of, plan_line, run_steps, step_plan, training_plan, warm_up_plan,
 )
 from tools.gpu_check.properties import finish_section_a, start_section_a
-from tools.gpu_check.report import device_info, markdown, report_name, targets_table
+from tools.gpu_check.report import markdown, report_name, targets_table
 from tools.gpu_check.training import (
     file_slug, prepare_training, run_training_process, section_b_status, start_compile_warm_up, start_warm_up,
     training_ratios,
@@ -236,7 +236,7 @@ def main(argv=None):
               file=sys.stderr)
     args.work.mkdir(parents=True, exist_ok=True)
     started, wall = datetime.datetime.now(datetime.timezone.utc), monotonic_now()
-    info = device_info(args)
+    info = common.device_info(args.device)
     args.profiles = args.out / "profiles" / report_name(info, args)  # the operator tables of the profiled steps
     print(f"== gpu-check on {info['name']} (torch {info['torch']}, CUDA {info['cuda']}); report into {args.out}",
           flush=True)

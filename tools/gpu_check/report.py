@@ -2,8 +2,6 @@
 report (docs/gpu-check.md says what each part means)."""
 
 import math
-import os
-import platform
 import re
 import statistics
 
@@ -15,20 +13,6 @@ from tools.gpu_check.cases import (
 from tools.gpu_check.plan import (
     FRESH_EXT, FRESH_LAYERS, FRESH_STOCK, IN_PROCESS, LAYERS, STOCK_LABEL, TABLES_SHARE, paper_of, run_text,
 )
-
-
-def device_info(args):
-    import torch
-
-    info = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version()}
-    if args.device == "cuda":
-        properties = torch.cuda.get_device_properties(0)
-        info.update(name=torch.cuda.get_device_name(0), memory_gib=round(properties.total_memory / 2**30, 1),
-                    capability=f"{properties.major}.{properties.minor}",
-                    cudnn=torch.backends.cudnn.version())
-    else:
-        info.update(name=f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)")
-    return info
 
 
 def report_name(info, args):
