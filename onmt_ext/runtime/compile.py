@@ -256,7 +256,7 @@ def compile_layers(model):
     if layers and not os.environ.get("TORCH_LOGS"):  # each recompilation costs seconds: say when and why
         _log_recompilations()
     for layer in layers:
-        if not isinstance(layer.forward, partial):  # once
+        if not _wrapped(layer):  # once
             layer.forward = partial(_layer_forward, layer, layer.forward, _stock_kind(layer, stock))
         for module in layer.modules():  # modules that declare they stay out of the layer's graph run on their own
             if getattr(type(module), "layer_graph_boundary", False) and "forward" not in vars(module):
@@ -270,8 +270,13 @@ _GATE = "_onmt_ext_graph_gate"
 
 def compiled_layers(model):
     """The layers of ``model`` that :func:`compile_layers` wrapped."""
-    return [module for module in model.modules()
-            if isinstance(vars(module).get("forward"), partial) and module.forward.func is _layer_forward]
+    return [module for module in model.modules() if _wrapped(module)]
+
+
+def _wrapped(module):
+    """Whether :func:`compile_layers` wrapped ``module``: its instance ``forward`` is our :func:`_layer_forward`."""
+    forward = vars(module).get("forward")
+    return isinstance(forward, partial) and forward.func is _layer_forward
 
 
 def gate_layer(layer, gate):

@@ -8,7 +8,8 @@ On the CPU, with ``aot_eager`` (the graphs Dynamo and AOTAutograd capture, run w
 * layers of OpenNMT-py modules only see lengths padded to a multiple of 8, with the eager values; layers
   holding an onmt-ext module keep theirs;
 * evaluation and step-by-step decoding stay eager, and decoding still equals the full pass;
-* parameters and state dict are unchanged; the option reaches the model that ``onmt_train`` builds;
+* parameters and state dict are unchanged; a layer is wrapped once, even if another hook made its ``forward`` a
+  ``partial``; the option reaches the model that ``onmt_train`` builds;
 * with ``-ext_half_weights`` (CPU bfloat16 autocast) the trainer steps as with compiled layers alone, to the bit,
   in as many graphs; a layer whose shadows are stale runs eagerly, without them.
 """
@@ -149,6 +150,18 @@ def test_parameters_and_state_dict_are_unchanged_and_wrapping_is_once(sample_dat
     assert fast.forward == before
     assert list(fast.state_dict()) == list(eager.state_dict())
     assert all(torch.equal(a, b) for a, b in zip(fast.state_dict().values(), eager.state_dict().values()))
+
+
+def test_a_layer_whose_forward_another_hook_made_a_partial_is_still_wrapped(sample_data, onmt_active):
+    from functools import partial
+
+    _, fast, _ = _models(BASELINE)
+    layer = fast.encoder.transformer[0]
+    theirs = partial(type(layer).forward, layer)  # a partial that is not ours
+    layer.forward = theirs
+    wrapped = ext_compile.compile_layers(fast)
+    assert len(ext_compile.compiled_layers(fast)) == wrapped
+    assert layer.forward.args[1] is theirs  # ours, with theirs inside as the eager forward
 
 
 def test_the_option_reaches_the_model_onmt_train_builds(sample_data, onmt_active):
