@@ -5,19 +5,20 @@ Usage::
 
     python -m tools.attention_bench [--shapes 1024x32 256x128] [--d-model 512] [--heads 8]
         [--dtype float16|bfloat16|float32] [--dropout 0.1] [--warmup 10] [--repeats 50] [--seed 0]
-        [--device cuda|cpu] [--tiny] [--out PATH]
+        [--new-shapes 4] [--device cuda|cpu] [--tiny] [--out PATH]
 
 The three attentions of a Transformer (encoder self, decoder self, context) on random right-padded lengths, each
 as OpenNMT-py 3.5.1 calls ``scaled_dot_product_attention`` with the backends onmt-ext gives it ("stock") and as
-the other :data:`VARIANTS` (cuDNN; the decoder's ``is_causal`` without a mask on flash, memory-efficient and
-cuDNN; floors without a mask): the median of ``--repeats`` timed calls (CUDA events; perf_counter on the CPU),
-the ratio over stock, and the agreement with stock at dropout 0 on the non-padding query rows.  A variant that
-its backend cannot run is reported "not supported: <reason>".  ``--tiny``: toy shapes (the CPU's dry run).
+the other :data:`VARIANTS` (cuDNN; the decoder's ``is_causal`` alone; floors): the median of ``--repeats`` timed
+calls (CUDA events; perf_counter on the CPU), the ratio over stock, the host-clock time of a call at a shape not
+seen before (a backend's per-shape plan), and the agreement with stock at dropout 0 on the non-padding query rows.
+A variant that its backend cannot run is reported "not supported: <reason>".  ``--tiny``: the CPU's dry run.
 Writes PATH.json and PATH.md with ``--out``.  Method: docs/tools.md (attention_bench.py).
 """
 
 import argparse
 import collections
+import itertools
 import statistics
 import time
 import warnings
@@ -27,7 +28,7 @@ from tools import common
 #: default shapes, (sentences B, longest length L): about 32k padded tokens each, short and long sentences
 SHAPES = ((1024, 32), (256, 128))
 #: ``--tiny``: shapes, d_model, heads, warm-up and timed calls (head dim 64, as Base's)
-TINY = {"shapes": ((4, 8), (3, 12)), "d_model": 128, "heads": 2, "warmup": 1, "repeats": 3}
+TINY = {"shapes": ((4, 8), (3, 12)), "d_model": 128, "heads": 2, "warmup": 1, "repeats": 3, "new_shapes": 1}
 #: a sentence's length is drawn uniformly from [LOW * L, L]; the first of each batch is L long
 LOW = 0.5
 #: ``torch.backends.cuda.sdp_kernel``'s arguments in OpenNMT-py 3.5.1's call (onmt/modules/multi_headed_attn.py)
@@ -190,18 +191,44 @@ def timed_ms(run, warmup, repeats, cuda):
     return statistics.median(start.elapsed_time(end) for start, end in events)
 
 
+def wall_ms(run, cuda):
+    """Milliseconds of one call of ``run`` by the host's clock, the device idle before and finished after: what a
+    call costs with its host work (a backend's plan for a new shape) included."""
+    import torch
+
+    if cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    run()
+    if cuda:
+        torch.cuda.synchronize()
+    return 1000 * (time.perf_counter() - start)
+
+
+def fresh_shapes(batch, length, seen):
+    """Shapes ``(b, l)`` not in ``seen`` (a set, to which each is added as it is given), the nearest to
+    ``(batch, length)`` first: ``l`` from ``length`` down, and for each ``b`` from ``batch`` down, so that the
+    first many have about as many tokens as the shape measured."""
+    for shape in ((b, n) for n in range(length, 0, -1) for b in range(batch, 0, -1)):
+        if shape not in seen:
+            seen.add(shape)
+            yield shape
+
+
 def _failure(error, when=""):
     """``not supported<when>: <the first line of error's message>`` (its class name when it has none)."""
     return f"not supported{when}: {(str(error).strip().splitlines() or [type(error).__name__])[0]}"
 
 
-def measure(variant, problem, args, reference):
+def measure(variant, problem, args, reference, fresh=()):
     """``(row, result)`` of ``variant`` on ``problem``: ``ms`` (the median forward+backward call at
-    ``args.dropout``), ``agreement`` with ``reference`` (stock's :func:`forward_backward` result at dropout 0,
+    ``args.dropout``), ``new_shape_ms`` (the median :func:`wall_ms` of one call on each of the problems
+    ``fresh()`` makes, whose shapes no call has had before), ``agreement`` with ``reference`` (stock's :func:`forward_backward` result at dropout 0,
     or None) or the ``reason`` it could not run, and ``torch_warnings`` (torch's reasons for refusing a
     backend, each once); ``result``: its own :func:`forward_backward` result at dropout 0, or None."""
     row = {"variant": variant.name, "backends": variant.backends or "stock", "mask": variant.mask,
-           "is_causal": variant.causal, "floor": variant.floor, "ms": None, "agreement": None, "reason": None}
+           "is_causal": variant.causal, "floor": variant.floor, "ms": None, "new_shape_ms": None, "new_shapes": [],
+           "agreement": None, "reason": None}
     result = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -217,6 +244,16 @@ def measure(variant, problem, args, reference):
                                      args.repeats, args.device == "cuda")
             except Exception as error:  # a backend that refuses dropout (the CPU's flash attention)
                 row["reason"] = _failure(error, f" at dropout {args.dropout}")
+        if row["ms"] is not None:
+            times = []
+            try:
+                for other in fresh():
+                    row["new_shapes"].append(f"{other.q.size(0)}x{other.q.size(1)}")
+                    times.append(wall_ms(lambda: forward_backward(variant, other, args.dropout),
+                                         args.device == "cuda"))
+                row["new_shape_ms"] = statistics.median(times) if times else None
+            except Exception as error:
+                row["reason"] = _failure(error, " at a new shape")
     said = (str(w.message).split(" (Triggered internally")[0].strip() for w in caught)
     row["torch_warnings"] = [text for text in dict.fromkeys(said) if text]
     return row, result
@@ -227,15 +264,22 @@ def rows_of(args):
     import torch
 
     dtype = getattr(torch, args.dtype)
-    rows = []
+    rows, seen = [], set(args.shapes)
     for batch, length in args.shapes:
+        unseen = fresh_shapes(batch, length, seen)
         for attention in ATTENTIONS:
             generator = torch.Generator().manual_seed(args.seed)
             problem = make_problem(attention, batch, length, args.heads, args.d_model // args.heads, dtype,
                                    args.device, generator)
             reference, stock_ms = None, None
             for variant in (v for v in VARIANTS if v.attention == attention):
-                row, result = measure(variant, problem, args, reference)
+
+                def fresh():  # the next --new-shapes shapes that no call of this run has had
+                    for b, n in itertools.islice(unseen, args.new_shapes):
+                        yield make_problem(attention, b, n, args.heads, args.d_model // args.heads, dtype,
+                                           args.device, generator)
+
+                row, result = measure(variant, problem, args, reference, fresh)
                 if variant.name == "stock":
                     reference, stock_ms = result, row["ms"]
                 row.update(shape=f"{batch}x{length}", batch=batch, length=length, attention=attention,
@@ -256,11 +300,13 @@ def markdown(report):
              f"d_model {setting['d_model']}, {setting['heads']} heads of {setting['head_dim']}, dropout "
              f"{setting['dropout']} in the timed calls; median of {setting['repeats']} calls after "
              f"{setting['warmup']} warm-up calls ({setting['timer']}); lengths uniform in [{LOW} L, L], padded at "
-             f"the end.  Differences: max abs from stock at dropout 0, the output on non-padding query rows, the "
+             f"the end.  New shape: the median host-clock time of one call at each of {setting['new_shapes']} "
+             f"shapes no call had before (a backend's per-shape plan included; training's batches vary in "
+             f"shape).  Differences: max abs from stock at dropout 0, the output on non-padding query rows, the "
              f"gradients with no upstream gradient on padding rows.  Floor rows ignore key padding: their "
              f"differences are expected.", "",
-             "| shape | attention | variant | ms | over stock | out | dq | dk | dv |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+             "| shape | attention | variant | ms | over stock | new shape ms | out | dq | dk | dv |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for row in report["rows"]:
         why = next((text for text in row["torch_warnings"] if not text.endswith(":")), None)
         timing = (row["reason"] + (f" (torch: {why})" if why else "") if row["reason"]
@@ -268,7 +314,7 @@ def markdown(report):
         agreement = [common.fmt((row["agreement"] or {}).get(name), 6) if row["variant"] != "stock" else "-"
                      for name in ("out", "dq", "dk", "dv")]
         lines.append(f"| {row['shape']} | {row['attention']} | {row['variant']} | {timing} | "
-                     f"{common.fmt(row['ratio'])} | {' | '.join(agreement)} |")
+                     f"{common.fmt(row['ratio'])} | {common.fmt(row['new_shape_ms'], 3)} | {' | '.join(agreement)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -285,6 +331,8 @@ def parse_args(argv):
     parser.add_argument("--dropout", type=float, default=0.1, help="attention dropout of the timed calls (Base's)")
     parser.add_argument("--warmup", type=common.at_least(0), default=10)
     parser.add_argument("--repeats", type=common.at_least(1), default=50, help="timed calls (their median)")
+    parser.add_argument("--new-shapes", type=common.at_least(0), default=4,
+                        help="calls at shapes not seen before, per variant (their median host-clock ms)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", choices=("cuda", "cpu"),
                         help="default: cuda when torch sees a CUDA device, else cpu")
@@ -306,7 +354,7 @@ def main(argv=None):
     args = parse_args(argv)
     setting = {"shapes": [f"{b}x{n}" for b, n in args.shapes], "d_model": args.d_model, "heads": args.heads,
                "head_dim": args.d_model // args.heads, "dtype": args.dtype, "dropout": args.dropout,
-               "warmup": args.warmup, "repeats": args.repeats, "seed": args.seed, "device": args.device,
+               "warmup": args.warmup, "repeats": args.repeats, "new_shapes": args.new_shapes, "seed": args.seed, "device": args.device,
                "lengths": f"uniform in [{LOW} L, L], padded at the end", "tiny": args.tiny,
                "timer": "CUDA events" if args.device == "cuda" else "time.perf_counter"}
     report = {"machine": common.device_info(args.device), "setting": setting, "rows": rows_of(args)}

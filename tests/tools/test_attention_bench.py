@@ -1,4 +1,5 @@
-"""tools/attention_bench.py: its CPU dry run writes every row, its masks are OpenNMT-py's, and the decoder's
+"""tools/attention_bench.py: its CPU dry run writes every row (a call at a new shape included, each shape new to
+the run), its masks are OpenNMT-py's, and the decoder's
 ``is_causal`` without a mask computes OpenNMT-py's masked self-attention on the rows the loss reads.
 
 The last is checked on the CPU's math backend, in float32, against the masked call without ``is_causal`` (the
@@ -39,11 +40,23 @@ def test_the_dry_run_writes_every_row_with_a_figure_or_a_reason(tmp_path, capsys
     for row in rows:
         assert (row["ms"] is not None and row["ms"] > 0 and row["reason"] is None) or (
             row["ms"] is None and row["reason"].startswith("not supported")), row
+        assert (row["new_shape_ms"] is not None) == (row["ms"] is not None), row
+        assert len(row["new_shapes"]) == (ab.TINY["new_shapes"] if row["ms"] is not None else 0), row
+    fresh = [shape for row in rows for shape in row["new_shapes"]]  # no call's plan could serve another's
+    assert fresh and len(set(fresh)) == len(fresh) and not set(fresh) & {f"{b}x{n}" for b, n in ab.TINY["shapes"]}
     stock = [row for row in rows if row["variant"] == "stock" and row["attention"] != "decoder self"]
     assert stock and all(row["ms"] and row["ratio"] == 1 for row in stock)  # the CPU's math backend runs them
     assert report["machine"]["torch"] == torch.__version__ and report["setting"]["tiny"]
     table = (tmp_path / "attention.md").read_text(encoding="utf-8")
     assert table.count("\n| ") == len(rows) + 1 and table in capsys.readouterr().out
+
+
+def test_fresh_shapes_are_new_and_nearest_first():
+    seen = {(3, 4), (2, 2)}
+    shapes = list(ab.fresh_shapes(3, 4, seen))
+    assert shapes[:4] == [(2, 4), (1, 4), (3, 3), (2, 3)]
+    assert len(shapes) == 3 * 4 - 2 and (2, 2) not in shapes and seen == set(shapes) | {(3, 4), (2, 2)}
+    assert list(ab.fresh_shapes(3, 4, seen)) == []  # each shape once, across calls
 
 
 def test_stock_gets_the_backends_onmt_ext_gives_opennmt_py():
