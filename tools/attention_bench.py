@@ -124,6 +124,21 @@ def make_problem(attention, batch, length, heads, head_dim, dtype, device, gener
     return Problem(q, k, v, opennmt_mask(attention, query_pad, key_pad), key_pad[:, None, None, :], ~query_pad, grad)
 
 
+def sub_problem(problem, batch, length):
+    """``problem``'s first ``batch`` sentences cut to ``length`` positions, copied on its device into fresh
+    contiguous leaves: a right-padded batch of another shape, made without drawing new values on the host."""
+    def cut(tensor, *positions):  # sentences on dimension 0, positions on ``positions``
+        index = [slice(None)] * tensor.dim()
+        index[0] = slice(batch)
+        for dim in positions:
+            index[dim] = slice(length)
+        return tensor[tuple(index)]
+
+    q, k, v = (cut(tensor, 1).detach().clone().requires_grad_() for tensor in problem[:3])
+    return Problem(q, k, v, cut(problem.mask, 2, 3), cut(problem.keys, 3), cut(problem.rows, 1),
+                   cut(problem.grad, 2).contiguous())
+
+
 def kernel(variant):
     """The context that selects ``variant``'s backends: stock's as onmt-ext gives them to OpenNMT-py's call."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -220,12 +235,13 @@ def _failure(error, when=""):
     return f"not supported{when}: {(str(error).strip().splitlines() or [type(error).__name__])[0]}"
 
 
-def measure(variant, problem, args, reference, fresh=()):
+def measure(variant, problem, args, reference, fresh=tuple):
     """``(row, result)`` of ``variant`` on ``problem``: ``ms`` (the median forward+backward call at
     ``args.dropout``), ``new_shape_ms`` (the median :func:`wall_ms` of one call on each of the problems
-    ``fresh()`` makes, whose shapes no call has had before), ``agreement`` with ``reference`` (stock's :func:`forward_backward` result at dropout 0,
-    or None) or the ``reason`` it could not run, and ``torch_warnings`` (torch's reasons for refusing a
-    backend, each once); ``result``: its own :func:`forward_backward` result at dropout 0, or None."""
+    ``fresh()`` gives, whose shapes no call has had before), ``agreement`` with ``reference`` (stock's
+    :func:`forward_backward` result at dropout 0, or None) or the ``reason`` it could not run, and
+    ``torch_warnings`` (torch's reasons for refusing a backend, each once); ``result``: its own
+    :func:`forward_backward` result at dropout 0, or None."""
     row = {"variant": variant.name, "backends": variant.backends or "stock", "mask": variant.mask,
            "is_causal": variant.causal, "floor": variant.floor, "ms": None, "new_shape_ms": None, "new_shapes": [],
            "agreement": None, "reason": None}
@@ -275,9 +291,7 @@ def rows_of(args):
             for variant in (v for v in VARIANTS if v.attention == attention):
 
                 def fresh():  # the next --new-shapes shapes that no call of this run has had
-                    for b, n in itertools.islice(unseen, args.new_shapes):
-                        yield make_problem(attention, b, n, args.heads, args.d_model // args.heads, dtype,
-                                           args.device, generator)
+                    return (sub_problem(problem, b, n) for b, n in itertools.islice(unseen, args.new_shapes))
 
                 row, result = measure(variant, problem, args, reference, fresh)
                 if variant.name == "stock":
@@ -354,7 +368,8 @@ def main(argv=None):
     args = parse_args(argv)
     setting = {"shapes": [f"{b}x{n}" for b, n in args.shapes], "d_model": args.d_model, "heads": args.heads,
                "head_dim": args.d_model // args.heads, "dtype": args.dtype, "dropout": args.dropout,
-               "warmup": args.warmup, "repeats": args.repeats, "new_shapes": args.new_shapes, "seed": args.seed, "device": args.device,
+               "warmup": args.warmup, "repeats": args.repeats, "new_shapes": args.new_shapes, "seed": args.seed,
+               "device": args.device,
                "lengths": f"uniform in [{LOW} L, L], padded at the end", "tiny": args.tiny,
                "timer": "CUDA events" if args.device == "cuda" else "time.perf_counter"}
     report = {"machine": common.device_info(args.device), "setting": setting, "rows": rows_of(args)}

@@ -59,6 +59,19 @@ def test_fresh_shapes_are_new_and_nearest_first():
     assert list(ab.fresh_shapes(3, 4, seen)) == []  # each shape once, across calls
 
 
+@pytest.mark.parametrize("attention", ab.ATTENTIONS)
+def test_a_cut_problem_is_a_right_padded_batch_of_its_own_shape(attention):
+    problem = _problem(attention)
+    cut = ab.sub_problem(problem, 3, 6)
+    for tensor, whole in zip(cut[:3], problem[:3]):
+        assert tensor.shape == (3, 6, 2, 16) and tensor.is_leaf and tensor.requires_grad and tensor.is_contiguous()
+        assert torch.equal(tensor, whole[:3, :6])
+    query_pad, key_pad = ~cut.rows, cut.keys[:, 0, 0, :]
+    assert torch.equal(cut.mask, ab.opennmt_mask(attention, query_pad, key_pad))
+    assert cut.grad.shape == (3, 2, 6, 16) and not cut.grad.transpose(1, 2)[query_pad].any()
+    assert not key_pad[:, 0].any()  # every sentence keeps its first token
+
+
 def test_stock_gets_the_backends_onmt_ext_gives_opennmt_py():
     from torch.nn.attention import SDPBackend, _cur_sdpa_kernel_backends
 
