@@ -144,17 +144,34 @@ def _train(run, threads, valid_every, report_every):
     return _execute(train_command(run, valid_every, report_every), threads, run.directory / "train.console.log")
 
 
-def train_run(run, threads, valid_every, report_every):
-    """Train a run to its ``train_steps`` unless its checkpoint exists and its log holds every ``valid_every``."""
+def trained(run, valid_every):
+    """Whether the run's checkpoint exists and its log holds every ``valid_every``: :func:`train_run` reuses it."""
     wanted = set(range(valid_every, run.train_steps + 1, valid_every))
-    if not (checkpoint(run).exists() and wanted <= {r.step for r in train_log.read(run.train_log).valid}):
+    return checkpoint(run).exists() and wanted <= {r.step for r in train_log.read(run.train_log).valid}
+
+
+def translated(run):
+    """Whether the run's translation exists and is newer than its checkpoint: :func:`translate_run` reuses it."""
+    return run.hypotheses.exists() and run.hypotheses.stat().st_mtime >= checkpoint(run).stat().st_mtime
+
+
+def finished_runs(configs, seeds, work, train_steps, test_lines, valid_every):
+    """The ``(config, seed)`` runs under ``work`` that are :func:`trained` to ``train_steps`` and
+    :func:`translated`: the ones an invocation reuses."""
+    runs = (Run(name, seed, work / name / f"seed{seed}", train_steps, test_lines) for name in configs for seed in seeds)
+    return frozenset((run.config, run.seed) for run in runs if trained(run, valid_every) and translated(run))
+
+
+def train_run(run, threads, valid_every, report_every):
+    """Train a run to its ``train_steps`` unless it is :func:`trained`."""
+    if not trained(run, valid_every):
         run.train_seconds = _train(run, threads, valid_every, report_every)
     return run
 
 
 def translate_run(run, threads, source):
-    """Translate the test source with a run's checkpoint unless the output exists or the model is older."""
-    if not (run.hypotheses.exists() and run.hypotheses.stat().st_mtime >= checkpoint(run).stat().st_mtime):
+    """Translate the test source with a run's checkpoint unless it is :func:`translated`."""
+    if not translated(run):
         run.translate_seconds = _execute(translate_command(run, source), threads,
                                          run.directory / "translate.console.log")
     return run
@@ -291,17 +308,20 @@ def schedule_seconds(durations, jobs):
     return max(free)
 
 
-def estimate(speeds, configs, seeds, jobs, plateau_step, window, valid_every, translate_seconds, search=True):
+def estimate(speeds, configs, seeds, jobs, plateau_step, window, valid_every, translate_seconds, search=True,
+             done=frozenset()):
     """Estimated seconds (``baseline``, ``others``, ``total``) of phases 2-3 for a plateau step: the baseline's
     seeds at once for ``plateau_step + window`` steps, then every other run in ``jobs`` slots, each translating once;
-    without the ``search``, every run in the slots for ``plateau_step`` steps."""
+    without the ``search``, every run in the slots for ``plateau_step`` steps but the ``(config, seed)`` runs in
+    ``done`` (finished: reused)."""
     baseline = others = 0.0
     if search:  # the baseline's seeds share the cores; their translations then take turns in the slots
         base, steps = speeds[configs[0]], plateau_step + window
         baseline = base.startup + max(1.0, len(seeds) / jobs) * (base.step * steps
                                                                   + base.valid * (steps // valid_every))
         others = math.ceil(len(seeds) / jobs) * translate_seconds
-    queued = [speeds[name] for _ in seeds for name in (configs[1:] if search else configs)]
+    queued = [speeds[name] for seed in seeds for name in (configs[1:] if search else configs)
+              if (name, seed) not in done]
     others += schedule_seconds([speed.startup + speed.step * plateau_step + speed.valid * (plateau_step // valid_every)
                                 + translate_seconds for speed in queued], jobs)
     return {"baseline": baseline, "others": others, "total": baseline + others}
@@ -806,9 +826,12 @@ def main(argv=None):
               flush=True)
     translate_allowance = TRANSLATE_ALLOWANCE * test_sentences / all_sentences
 
+    done = frozenset() if search else finished_runs(args.configs, args.seeds, args.work, args.train_steps,
+                                                      args.test_lines, args.valid_every)
+
     def estimate_at(plateau_step, translate_seconds=translate_allowance):
         return estimate(speeds, args.configs, args.seeds, args.jobs, plateau_step, window, args.valid_every,
-                        translate_seconds, search)
+                        translate_seconds, search, done)
 
     budget = args.budget_minutes * 60 - (time.perf_counter() - started)
     max_steps = args.max_steps or args.train_steps or choose_max_steps(
@@ -823,7 +846,8 @@ def main(argv=None):
                          f"{_minutes(estimate_at(half_step)['total'])} if the plateau is at step {half_step}; "
                          f"translation counted at {translate_allowance:.0f} s per model until the baseline's is timed")
     else:
-        estimate_text = f"about {_minutes(worst['total'])} more ({max_steps} steps per run)"
+        estimate_text = (f"about {_minutes(worst['total'])} more ({max_steps} steps per run; "
+                         f"{len(done)} of {len(args.configs) * len(args.seeds)} runs finished before, reused)")
     print(f"compare.py: estimate: {estimate_text}; the probe took {_minutes(time.perf_counter() - started)}",
           flush=True)
     if worst["total"] > budget:

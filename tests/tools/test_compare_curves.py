@@ -231,3 +231,21 @@ def test_a_finished_run_is_reused_only_when_its_log_holds_every_validation(tmp_p
     assert started == []
     compare.train_run(run, 1, 5, 5)  # a log of another validation interval: trained again, from scratch
     assert len(started) == 1 and "-valid_steps" in started[0] and not run.train_log.exists()
+
+
+def test_the_estimate_leaves_out_the_runs_an_invocation_reuses(tmp_path):
+    speeds = _speeds(baseline=0.3, other=0.5)
+    args = (speeds, ["baseline", "other"], [1, 2], 2, 1000, 0, 100, 20.0, False)
+    one = {"baseline": 10 + 0.3 * 1000 + 2 * 10 + 20.0, "other": 10 + 0.5 * 1000 + 2 * 10 + 20.0}
+    assert compare.estimate(*args)["total"] == pytest.approx(2 * one["other"])  # 2 slots: the others' runs last
+    left = compare.estimate(*args, frozenset({("baseline", 1), ("other", 1), ("other", 2)}))
+    assert left["total"] == pytest.approx(one["baseline"])  # baseline seed 2 alone
+    for seed, hypotheses in ((1, True), (2, False)):  # seed 1: trained and translated; seed 2: trained only
+        run = compare.Run("baseline", seed, tmp_path / "baseline" / f"seed{seed}", 20)
+        run.directory.mkdir(parents=True)
+        compare.checkpoint(run).write_bytes(b"")
+        run.train_log.write_text(TEXT, encoding="utf-8")  # validations at 10 and 20
+        if hypotheses:
+            run.hypotheses.write_text("a\n", encoding="utf-8")
+    assert compare.finished_runs(["baseline", "other"], [1, 2], tmp_path, 20, None, 10) == {("baseline", 1)}
+    assert compare.finished_runs(["baseline"], [1], tmp_path, 20, None, 5) == frozenset()  # other validations
