@@ -288,11 +288,11 @@ def rows_of(args):
             problem = make_problem(attention, batch, length, args.heads, args.d_model // args.heads, dtype,
                                    args.device, generator)
             reference, stock_ms = None, None
+
+            def fresh():  # the next --new-shapes shapes that no call of this run has had
+                return (sub_problem(problem, b, n) for b, n in itertools.islice(unseen, args.new_shapes))
+
             for variant in (v for v in VARIANTS if v.attention == attention):
-
-                def fresh():  # the next --new-shapes shapes that no call of this run has had
-                    return (sub_problem(problem, b, n) for b, n in itertools.islice(unseen, args.new_shapes))
-
                 row, result = measure(variant, problem, args, reference, fresh)
                 if variant.name == "stock":
                     reference, stock_ms = result, row["ms"]
