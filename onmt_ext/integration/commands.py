@@ -32,9 +32,9 @@ from onmt_ext.patches import FIX, MESSAGE, patch
 _IN_COMMAND = contextvars.ContextVar("onmt_ext_in_command", default=False)
 
 
-#: The stock entry point modules, by command name.
+#: The entry point modules of the commands (OpenNMT-py's and onmt_ext_binarize), by command name.
 COMMANDS = {"onmt.bin.train": "onmt_train", "onmt.bin.translate": "onmt_translate",
-            "onmt.bin.build_vocab": "onmt_build_vocab"}
+            "onmt.bin.build_vocab": "onmt_build_vocab", "onmt_ext.integration.binarize": "onmt_ext_binarize"}
 
 
 def main_module():

@@ -16,7 +16,7 @@ only the runtime (:func:`onmt_ext.patches.runtime_choice`).  Each change against
 
 import importlib
 
-from onmt_ext.runtime import batches, compat, corpus, distributed, half_weights, train_step
+from onmt_ext.runtime import batches, binarized, compat, corpus, distributed, half_weights, train_step
 from onmt_ext.integration import checkpoints, command_line, commands, parsing, preprocessing, progress
 from onmt_ext.mechanisms.clause import attention as clause_attention
 from onmt_ext.mechanisms import gret, initialisation
@@ -135,6 +135,7 @@ def _activate():
     compat.attention_backends()  # OpenNMT-py's GPU attention: the backends it names, not cuDNN's
     corpus.install()
     batches.install()  # training batches: tensors only, copied to the GPU without waiting
+    binarized.install()  # -ext_binarized: training corpora read as ids that onmt_ext_binarize stored
     train_step.install()  # the training step: no host-device synchronisation between reports
     half_weights.install()  # -ext_half_weights: Linear layers on float16 copies of float32 master weights
     distributed.install()  # -world_size N -gpu_ranks ... on a torch without CUDA: CPU ranks over gloo

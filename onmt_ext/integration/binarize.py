@@ -1,0 +1,52 @@
+"""``onmt_ext_binarize -config <training config>``: the training corpora as token ids, for ``-ext_binarized``.
+
+Reads the config as ``onmt_train`` does (the same options, strictly parsed and validated), then
+:func:`onmt_ext.runtime.binarized.build` writes the directory that the config's ``-ext_binarized`` names, where
+``onmt_train`` with the same config then reads its training batches. Errors end in one line
+(:func:`onmt_ext.integration.commands.run_main`). docs/binarized-data.md.
+"""
+
+import os
+import sys
+
+from onmt_ext.errors import UsageError
+
+PROG = "onmt_ext_binarize"
+
+
+def binarize(argv=None):
+    """Parse ``argv`` (default: the command line) as ``onmt_train`` would, and binarise its training corpora."""
+    from onmt.utils.logging import init_logger, logger
+    from onmt.utils.parse import ArgumentParser
+
+    from onmt_ext.integration.parsing import train_parser
+    from onmt_ext.runtime import binarized
+
+    parser = train_parser()
+    parser.prog = PROG
+    opt, _ = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    directory = binarized.BinarizedOptions.from_opt(opt).binarized
+    if not directory:
+        raise UsageError("-ext_binarized: name the directory to write (in the config, where onmt_train reads it)")
+    init_logger(opt.log_file or None)
+    ArgumentParser.validate_train_opts(opt)
+    for key in ("src_vocab", "tgt_vocab"):
+        path = getattr(opt, key)
+        if path and not os.path.isfile(path):
+            raise UsageError(f"-{key} {path}: no such file (onmt_build_vocab -config <your config> writes it)")
+    binarized.build(opt, directory, overwrite=opt.overwrite, say=logger.info)
+    logger.info(f"onmt_train with -ext_binarized {directory} reads these training batches")
+
+
+def main(argv=None):
+    """The console script ``onmt_ext_binarize``."""
+    import onmt  # noqa: F401  (activates onmt-ext)
+
+    from onmt_ext.integration import binarize as command  # this module by name also under python -m
+    from onmt_ext.integration.commands import run_main
+
+    return run_main(command.binarize, argv)
+
+
+if __name__ == "__main__":
+    main()

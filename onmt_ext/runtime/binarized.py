@@ -1,0 +1,414 @@
+"""``-ext_binarized DIR``: training reads its corpora as token ids that ``onmt_ext_binarize`` computed once.
+
+A data worker spends most of its time on each line (read, split, transforms, vocabulary look-up: results/bench/
+data-path-2026-11-29.md), again in every epoch. :func:`build` runs stock's pipeline once over every line of the
+training corpora and stores, per line, what stock's bucket would hold: nothing (an empty pair), a filtered example,
+or the ids of both sides with a number standing for the source text (one number per distinct text across the
+corpora, which is all that stock's batches look at). With the option set, ``DynamicDatasetIter.from_opt`` swaps the
+training corpora for :class:`BinarizedCorpus` (after checking :func:`fingerprint`), each worker reads its share of
+the lines (stock's ``stride``/``offset``) from memory-mapped arrays, and its buckets skip the transforms: the same
+examples, buckets, batches and order as from the text (``tests/unit/test_binarized.py``). Only transforms that give
+each example the same result every time qualify (:data:`DETERMINISTIC`); validation reads the text as before.
+"""
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from onmt_ext.errors import UsageError, UserError
+from onmt_ext.options import option, register_mechanism
+from onmt_ext.patches import SPEED, patch, runtime_choice
+
+# OpenNMT-py is imported inside the functions: importing it while this module initialises would activate
+# onmt-ext (onmt_ext._autoload) before this module is whole.
+
+#: The version of the files' layout; a directory of another version is rebuilt.
+FORMAT = 1
+MANIFEST = "manifest.json"
+#: What one line became: left out before the bucket (an empty side), filtered by a transform, or kept.
+ABSENT, FILTERED, KEPT = 0, 1, 2
+#: The arrays of one corpus: ``<corpus>.<name>.npy``.
+ARRAYS = ("state", "src_offsets", "src_ids", "tgt_offsets", "tgt_ids", "src_key")
+#: Stands for the transform pipe in a binarised example's ``(example, transform, corpus)`` triple.
+BINARIZED = "onmt_ext_binarized"
+#: Lines read per step of a worker's iterator, and per call of stock's ``process`` while building.
+CHUNK = 4096
+#: Seconds between two progress lines of :func:`build`.
+PROGRESS_EVERY = 30
+_TEST = "tests/unit/test_binarized.py"
+
+
+def _log(text):
+    from onmt.utils.logging import logger
+
+    logger.info(text)
+
+
+def _sampling_off(transform, fields):
+    opts = transform.opts
+    return all(getattr(opts, f"{side}_subword_alpha", 0) == 0 and getattr(opts, f"{side}_subword_nbest", 1) in (0, 1)
+               for side in ("src", "tgt")) if fields else True
+
+
+#: Transforms whose result for an example is the same at every call, with the condition for it.
+DETERMINISTIC = {
+    "filtertoolong": lambda transform: True,
+    "prefix": lambda transform: True,
+    "suffix": lambda transform: True,
+    "clean": lambda transform: True,
+    "normalize": lambda transform: True,
+    "jieba": lambda transform: True,
+    "sentencepiece": lambda transform: _sampling_off(transform, True),
+    "bpe": lambda transform: _sampling_off(transform, True),
+    "onmt_tokenize": lambda transform: _sampling_off(transform, True),
+    # the study's tagger labels a bucket's sentences together, as padded batches: the rule splitter only
+    "clause_split": lambda transform: not getattr(transform, "tagger_model", None),
+}
+
+
+def _combination_check(opt):
+    if BinarizedOptions.from_opt(opt).binarized and runtime_choice() == "stock":
+        return ["-ext_binarized is part of onmt-ext's runtime, which ONMT_EXT_RUNTIME=stock switches off; drop one "
+                "of the two"]
+    return []
+
+
+@register_mechanism("ext_", combination_check=_combination_check)
+@dataclass(frozen=True)
+class BinarizedOptions:
+    """``-ext_binarized``."""
+
+    binarized: str = option("", "onmt_train: read the training corpora from this directory, written by "
+                            "onmt_ext_binarize with the same config, instead of the text: the same batches with the "
+                            "transforms and vocabulary look-ups done once; docs/binarized-data.md")
+
+
+def _training_corpora(opt):
+    from onmt.constants import CorpusName
+
+    return {name: entry for name, entry in opt.data.items() if name != CorpusName.VALID}
+
+
+def problems(opt, transforms):
+    """Why ``opt``'s training data cannot be binarised (messages; empty: it can). ``transforms``: name -> object."""
+    from onmt.constants import ModelTask
+
+    found = []
+    if getattr(opt, "copy_attn", False):
+        found.append("-copy_attn builds a vocabulary per example: train from the text")
+    if getattr(opt, "n_src_feats", 0):
+        found.append("-n_src_feats: source features are not binarised: train from the text")
+    if getattr(opt, "data_task", ModelTask.SEQ2SEQ) != ModelTask.SEQ2SEQ:
+        found.append(f"-data_task {opt.data_task}: only seq2seq data is binarised")
+    for name, entry in _training_corpora(opt).items():
+        if entry.get("path_txt") or not entry.get("path_tgt") or entry.get("path_align"):
+            found.append(f"corpus {name!r}: only parallel corpora (path_src, path_tgt, no path_align) are binarised")
+        for transform in entry.get("transforms") or []:
+            if transform not in transforms:
+                continue
+            rule = DETERMINISTIC.get(transform)
+            if rule is None or not rule(transforms[transform]):
+                found.append(f"corpus {name!r}: transform {transform} may give an example another result at each "
+                             "call (sampling, a batch-wise model or a random draw); binarising would fix one: train "
+                             "from the text")
+    return found
+
+
+def _file_stamp(path):
+    status = os.stat(path)
+    return {"path": os.path.abspath(path), "bytes": status.st_size, "modified_ns": status.st_mtime_ns}
+
+
+def _vocab_digest(vocab):
+    return hashlib.sha256("\n".join(vocab.ids_to_tokens).encode("utf-8")).hexdigest()
+
+
+def _transform_options(transforms):
+    """The names of the options that the classes of ``transforms`` declare."""
+    import configargparse
+
+    parser = configargparse.ArgumentParser(conflict_handler="resolve")
+    for transform in transforms.values():
+        type(transform).add_options(parser)
+    return sorted({action.dest for action in parser._actions if action.dest != "help"})
+
+
+def fingerprint(opt, transforms, vocabs):
+    """What the binarised ids depend on, as JSON-able values: every training corpus's files and transforms, each
+    transform's arguments (its ``repr``) and the files its options name, and the vocabularies."""
+    corpora = {}
+    for name, entry in sorted(_training_corpora(opt).items()):
+        corpora[name] = {"src": _file_stamp(entry["path_src"]), "tgt": _file_stamp(entry["path_tgt"]),
+                         "transforms": [repr(transforms[t]) for t in entry.get("transforms") or [] if t in transforms]}
+    files = {}
+    for key in _transform_options(transforms):
+        value = getattr(opt, key, None)
+        if isinstance(value, str) and os.path.isfile(value):
+            files[key] = _file_stamp(value)
+    return {"format": FORMAT, "corpora": corpora, "files": files,
+            "vocabs": {side: _vocab_digest(vocabs[side]) for side in ("src", "tgt")},
+            "decoder_start_token": vocabs.get("decoder_start_token")}
+
+
+def _differences(theirs, ours, where=""):
+    if isinstance(theirs, dict) and isinstance(ours, dict):
+        found = []
+        for key in sorted(set(theirs) | set(ours), key=str):
+            found += _differences(theirs.get(key), ours.get(key), f"{where}.{key}" if where else str(key))
+        return found
+    return [] if theirs == ours else [where]
+
+
+def read_manifest(directory):
+    """The manifest of a binarised directory, or None when it has none."""
+    try:
+        with open(os.path.join(directory, MANIFEST), encoding="utf-8") as handle:
+            return json.load(handle)
+    except FileNotFoundError:
+        return None
+
+
+def check(directory, opt, transforms, vocabs):
+    """The manifest of ``directory`` if it holds ``opt``'s training data as it is now; else a :class:`UserError`
+    naming what differs and the command that rebuilds it."""
+    manifest = read_manifest(directory)
+    again = f"run onmt_ext_binarize -config <this config> (-ext_binarized {directory}) again"
+    if manifest is None:
+        raise UsageError(f"-ext_binarized {directory}: no binarised data there; run onmt_ext_binarize -config "
+                         f"<this config> first")
+    differ = _differences(manifest.get("fingerprint"), fingerprint(opt, transforms, vocabs))
+    if differ:
+        shown = ", ".join(differ[:3]) + (f" and {len(differ) - 3} more" if len(differ) > 3 else "")
+        raise UserError(f"-ext_binarized {directory} was written for other training data ({shown} differ); {again}")
+    return manifest
+
+
+def _count_lines(path):
+    with open(path, "rb") as handle:
+        return sum(1 for _ in handle)
+
+
+class _Writer:
+    """One corpus's arrays as they are built, its lines in order: per line its state and key; the ids of the kept
+    lines, one array per side and chunk."""
+
+    def __init__(self, lines):
+        self.state = np.full(lines, ABSENT, dtype=np.int8)
+        self.key = np.full(lines, -1, dtype=np.int64)
+        self.lengths = {side: np.zeros(lines, dtype=np.int64) for side in ("src", "tgt")}
+        self.ids = {"src": [], "tgt": []}
+
+    def add(self, line, key, src, tgt):
+        self.state[line], self.key[line] = KEPT, key
+        for side, ids in (("src", src), ("tgt", tgt)):
+            self.lengths[side][line] = len(ids)
+            self.ids[side].append(np.asarray(ids, dtype=np.int32))
+
+    def arrays(self):
+        out = {"state": self.state, "src_key": self.key}
+        for side in ("src", "tgt"):
+            offsets = np.zeros(len(self.state) + 1, dtype=np.int64)
+            np.cumsum(self.lengths[side], out=offsets[1:])
+            out[f"{side}_offsets"] = offsets
+            out[f"{side}_ids"] = np.concatenate(self.ids[side]) if self.ids[side] else np.zeros(0, dtype=np.int32)
+        return out
+
+
+def _build_corpus(name, corpus, transforms, opt, vocabs, keys, say):
+    """The arrays of one corpus through stock's pipeline (``ParallelCorpusIterator``, ``process``,
+    ``numericalize``); ``keys`` numbers the distinct source texts across corpora (by a 128-bit digest of each)."""
+    from onmt.constants import CorpusTask
+    from onmt.inputters.text_corpus import build_corpora_iters
+    from onmt.inputters.text_utils import numericalize, process
+
+    lines = _count_lines(corpus.src)
+    writer, chunk = _Writer(lines), []
+    iterator = build_corpora_iters({name: corpus}, transforms, opt.data, skip_empty_level=opt.skip_empty_level)[name]
+    start = last = time.monotonic()
+
+    def flush():
+        for example, _, _ in chunk:
+            writer.state[example["cid_line_number"]] = FILTERED
+        for example in process(CorpusTask.TRAIN, chunk) or []:
+            example = numericalize(vocabs, example)
+            digest = hashlib.blake2b(example["src"]["src"].encode("utf-8"), digest_size=16).digest()
+            writer.add(example["cid_line_number"], keys.setdefault(digest, len(keys)), example["src"]["src_ids"],
+                       example["tgt"]["tgt_ids"])
+        chunk.clear()
+
+    for item in iterator:
+        chunk.append(item)
+        if len(chunk) == CHUNK:
+            done = chunk[-1][0]["cid_line_number"] + 1
+            flush()
+            now = time.monotonic()
+            if now - last >= PROGRESS_EVERY:
+                say(f"corpus {name!r}: {done:,}/{lines:,} lines ({100 * done / max(lines, 1):.0f}%), "
+                    f"{now - start:.0f} s")
+                last = now
+    flush()
+    return writer.arrays()
+
+
+def build(opt, directory, overwrite=False, say=_log):
+    """Binarise ``opt``'s training corpora into ``directory`` (see the module docstring); returns the manifest.
+
+    A directory that already holds this data is left as it is; one holding anything else is replaced only with
+    ``overwrite`` (OpenNMT-py's ``-overwrite``). The files are written beside it and moved in when complete.
+    """
+    from onmt import train_single
+    from onmt.constants import CorpusTask
+    from onmt.inputters.text_corpus import get_corpora
+    from onmt.transforms import make_transforms
+
+    if getattr(opt, "train_from", ""):
+        raise UsageError("onmt_ext_binarize reads the data of a new training; drop -train_from")
+    _, vocabs, transforms_cls = train_single._init_train(opt)
+    transforms = make_transforms(opt, transforms_cls, vocabs)
+    found = problems(opt, transforms)
+    if found:
+        raise UsageError("; ".join(found))
+    wanted = fingerprint(opt, transforms, vocabs)
+    manifest = read_manifest(directory) if os.path.isdir(directory) else None
+    if manifest is not None and manifest.get("fingerprint") == wanted:
+        say(f"{directory} already holds this config's training data, binarised: nothing to do")
+        return manifest
+    if os.path.exists(directory) and not overwrite and (manifest is not None or os.listdir(directory)):
+        raise UsageError(f"-ext_binarized {directory} already holds other files; add -overwrite to replace them")
+    corpora = get_corpora(opt, CorpusTask.TRAIN)
+    work = f"{directory.rstrip(os.sep)}.partial-{os.getpid()}"
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    keys, counts = {}, {}
+    try:
+        for name in sorted(corpora):
+            arrays = _build_corpus(name, corpora[name], transforms, opt, vocabs, keys, say)
+            for key in ARRAYS:
+                np.save(os.path.join(work, f"{name}.{key}.npy"), arrays[key])
+            states = np.bincount(arrays["state"], minlength=3)
+            counts[name] = {"lines": int(len(arrays["state"])), "kept": int(states[KEPT]),
+                            "filtered": int(states[FILTERED]), "empty": int(states[ABSENT]),
+                            "src_tokens": int(len(arrays["src_ids"])), "tgt_tokens": int(len(arrays["tgt_ids"]))}
+            say(f"corpus {name!r}: {counts[name]['kept']:,} of {counts[name]['lines']:,} lines kept "
+                f"({counts[name]['filtered']:,} filtered, {counts[name]['empty']:,} with an empty side)")
+        manifest = {"fingerprint": wanted, "corpora": counts}
+        with open(os.path.join(work, MANIFEST), "w", encoding="utf-8") as handle:
+            json.dump(manifest, handle, indent=1)
+        if os.path.exists(directory):
+            shutil.rmtree(directory)
+        os.replace(work, directory)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return manifest
+
+
+class BinarizedCorpus:
+    """A training corpus as :func:`build` stored it; the arrays are mapped when a worker first reads them."""
+
+    def __init__(self, name, directory):
+        self.id, self.directory, self._arrays = name, directory, None
+
+    def arrays(self):
+        if self._arrays is None:
+            self._arrays = {key: np.load(os.path.join(self.directory, f"{self.id}.{key}.npy"), mmap_mode="r")
+                            for key in ARRAYS}
+        return self._arrays
+
+    def __getstate__(self):  # to a spawned worker: the paths, not the mappings
+        return {"id": self.id, "directory": self.directory, "_arrays": None}
+
+    def __str__(self):
+        return f"{type(self).__name__}({self.id}, {self.directory})"
+
+
+class BinarizedCorpusIterator:
+    """``ParallelCorpusIterator`` of a :class:`BinarizedCorpus`: stock's lines for ``stride``/``offset`` (with
+    their ``cid_line_number``), as ``(example, BINARIZED, corpus)``, the example None where a transform filtered
+    the line; a line with an empty side is not yielded, as in stock."""
+
+    def __init__(self, corpus, stride=1, offset=0):
+        self.cid, self.corpus, self.stride, self.offset = corpus.id, corpus, stride, offset
+
+    def __iter__(self):
+        arrays = self.corpus.arrays()
+        state, key = arrays["state"], arrays["src_key"]
+        src_offsets, src_ids = arrays["src_offsets"], arrays["src_ids"]
+        tgt_offsets, tgt_ids = arrays["tgt_offsets"], arrays["tgt_ids"]
+        lines = np.arange(len(state))
+        chosen = lines[(lines // self.stride) % self.stride == self.offset]  # stock's ParallelCorpus.load
+        for first in range(0, len(chosen), CHUNK):
+            part = chosen[first:first + CHUNK]
+            numbers = (np.arange(first, first + len(part)) * self.stride + self.offset).tolist()
+            states, keys = state[part].tolist(), key[part].tolist()
+            sides = []
+            for offsets, ids in ((src_offsets, src_ids), (tgt_offsets, tgt_ids)):
+                starts, ends = offsets[part], offsets[part + 1]
+                low = int(starts[0]) if len(part) else 0  # the chunk's ids as one list, sliced per line
+                block = ids[low:int(ends[-1]) if len(part) else 0].tolist()
+                sides.append((block, (starts - low).tolist(), (ends - low).tolist()))
+            (src, src_starts, src_ends), (tgt, tgt_starts, tgt_ends) = sides
+            for number, kind, text, a, b, c, d in zip(numbers, states, keys, src_starts, src_ends, tgt_starts,
+                                                       tgt_ends):
+                if kind == KEPT:
+                    yield ({"src": {"src": text, "src_ids": src[a:b]}, "tgt": {"tgt_ids": tgt[c:d]},
+                            "cid": self.cid, "cid_line_number": number}, BINARIZED, self.cid)
+                elif kind == FILTERED:
+                    yield None, BINARIZED, self.cid
+
+
+def _from_binarized(stock, cls, corpora, transforms, vocabs, opt, task, *args, **kwargs):
+    """``DynamicDatasetIter.from_opt``: with ``-ext_binarized``, the training corpora become
+    :class:`BinarizedCorpus` once :func:`check` has found the directory current."""
+    directory = BinarizedOptions.from_opt(opt).binarized
+    if directory and task == "train":
+        found = problems(opt, transforms)
+        if found:
+            raise UsageError("-ext_binarized: " + "; ".join(found))
+        manifest = check(directory, opt, transforms, vocabs)
+        _log(f"training corpora read from {directory} (onmt_ext_binarize): " + ", ".join(
+            f"{name} {entry['kept']:,} lines" for name, entry in sorted(manifest["corpora"].items())))
+        corpora = {name: BinarizedCorpus(name, directory) for name in corpora}
+    return stock(cls, corpora, transforms, vocabs, opt, task, *args, **kwargs)
+
+
+def _binarized_iterators(stock, corpora, transforms, corpora_info, skip_empty_level="warning", stride=1, offset=0):
+    """``build_corpora_iters``: a :class:`BinarizedCorpusIterator` for each :class:`BinarizedCorpus`."""
+    text = {name: corpus for name, corpus in corpora.items() if not isinstance(corpus, BinarizedCorpus)}
+    iterators = stock(text, transforms, corpora_info, skip_empty_level=skip_empty_level, stride=stride,
+                      offset=offset) if text else {}
+    return {name: iterators[name] if name in text else BinarizedCorpusIterator(corpus, stride, offset)
+            for name, corpus in corpora.items()}
+
+
+def _bucket_from_ids(stock, self, tuple_bucket):
+    """``DynamicDatasetIter._tuple_to_json_with_tokIDs`` of a binarised bucket: stock's ``process`` order (grouped
+    by corpus in order of first appearance, filtered examples left out) without transforms or look-ups."""
+    if not tuple_bucket or tuple_bucket[0][1] != BINARIZED:
+        return stock(self, tuple_bucket)
+    grouped = {}
+    for example, _, name in tuple_bucket:
+        group = grouped.setdefault(name, [])
+        if example is not None:
+            group.append(example)
+    return [example for group in grouped.values() for example in group]
+
+
+def install():
+    """Register the three changes (idempotent)."""
+    from onmt.inputters import dynamic_iterator
+
+    patch(dynamic_iterator.DynamicDatasetIter, "from_opt", _from_binarized, kind=SPEED, test=f"{_TEST}::"
+          "test_binarized_batches_are_the_texts_batches",
+          reason="-ext_binarized: the training corpora are read as the ids onmt_ext_binarize stored")
+    patch(dynamic_iterator, "build_corpora_iters", _binarized_iterators, kind=SPEED, test=f"{_TEST}::"
+          "test_binarized_batches_are_the_texts_batches",
+          reason="-ext_binarized: a binarised corpus is iterated from its arrays, in stock's shares of lines")
+    patch(dynamic_iterator.DynamicDatasetIter, "_tuple_to_json_with_tokIDs", _bucket_from_ids, kind=SPEED,
+          test=f"{_TEST}::test_binarized_batches_are_the_texts_batches",
+          reason="stock transforms, joins, splits and looks up every token of every line again in each epoch, "
+                 "most of a data worker's time")

@@ -1,0 +1,211 @@
+"""Binarised training corpora (onmt_ext.runtime.binarized): the batches, in the order, that the text gives."""
+
+import itertools
+import pickle
+import subprocess
+
+import pytest
+import torch
+import yaml
+
+import support
+
+pytestmark = pytest.mark.usefixtures("onmt_active", "sample_data")
+
+DEMO = support.REPO / "yaml_configs/demo/tatoeba_zhen.yaml"
+#: the longest side filtertoolong keeps in these tests (the demo config's is 100)
+LONGEST = 40
+
+
+def _lines(path, count):
+    with open(path, encoding="utf-8") as handle:
+        return [line.rstrip("\n") for line in itertools.islice(handle, count)]
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory):
+    """Two corpora of the sample's text (sentencepiece runs on it): the first with pairs with an empty side and
+    lines that filtertoolong drops, the second repeating some of the first's source lines (stock leaves a repeated
+    source out of a training batch) and weighted 2."""
+    work = tmp_path_factory.mktemp("binarized")
+    zh, en = _lines(support.TATOEBA / "train.zh", 1600), _lines(support.TATOEBA / "train.en", 1600)
+    first_src, first_tgt = zh[:1000], en[:1000]
+    for line in (3, 40, 41, 700):  # an empty source, an empty target, both, a whitespace-only source
+        first_src[line], first_tgt[line] = {3: ("", first_tgt[3]), 40: (first_src[40], ""), 41: ("", ""),
+                                            700: ("  ", first_tgt[700])}[line]
+    for line in (5, 90, 999):  # too long after sentencepiece
+        first_src[line] = " ".join([first_src[line]] * 12)
+    second_src = zh[1000:1600] + zh[100:300]
+    second_tgt = en[1000:1600] + [f"{line} again" for line in en[100:300]]
+    files = {}
+    for name, lines in (("one.zh", first_src), ("one.en", first_tgt), ("two.zh", second_src), ("two.en", second_tgt)):
+        files[name] = work / name
+        files[name].write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return work, files
+
+
+def write_config(work, files, name="config.yaml", **changes):
+    """The demo config on the two corpora, with small buckets and batches, and ``-ext_binarized`` under ``work``."""
+    config = yaml.safe_load(DEMO.read_text(encoding="utf-8"))
+    for key in ("src_vocab", "tgt_vocab", "src_subword_model", "tgt_subword_model"):
+        config[key] = str(support.REPO / config[key])
+    config["data"] = {"one": {"path_src": str(files["one.zh"]), "path_tgt": str(files["one.en"]), "weight": 1},
+                      "two": {"path_src": str(files["two.zh"]), "path_tgt": str(files["two.en"]), "weight": 2},
+                      "valid": config["data"]["valid"]}
+    config["data"]["valid"] = {key: str(support.REPO / value) for key, value in config["data"]["valid"].items()}
+    config.update(save_data=str(work / "samples"), save_model=str(work / "model"), bucket_size=256,
+                  batch_size=512, src_seq_length=LONGEST, tgt_seq_length=LONGEST, num_workers=0,
+                  ext_binarized=str(work / "bin"))
+    config.update(changes)
+    path = work / name
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return path
+
+
+def options(config, *overrides):
+    from onmt.utils.parse import ArgumentParser
+
+    opt = support.load_train_opts(config, *overrides)
+    ArgumentParser.validate_train_opts(opt)
+    return opt
+
+
+def build(config, *overrides, overwrite=False):
+    from onmt_ext.runtime import binarized
+
+    opt = options(config, *overrides)
+    return binarized.build(opt, opt.ext_binarized, overwrite=overwrite, say=lambda text: None)
+
+
+def batches(opt, count, stride=1, offset=0):
+    """The first ``count`` training batches of ``opt`` (its data iterator pickled and unpickled, as a spawned data
+    worker gets it)."""
+    from onmt import train_single
+    from onmt.constants import CorpusTask
+    from onmt.inputters import dynamic_iterator
+    from onmt.inputters.text_corpus import get_corpora
+    from onmt.transforms import make_transforms
+    from onmt.utils.misc import set_random_seed
+
+    set_random_seed(opt.seed, False)
+    _, vocabs, transforms_cls = train_single._init_train(opt)
+    data = dynamic_iterator.DynamicDatasetIter.from_opt(
+        get_corpora(opt, CorpusTask.TRAIN), make_transforms(opt, transforms_cls, vocabs), vocabs, opt,
+        CorpusTask.TRAIN, False, torch.device("cpu"), stride=stride, offset=offset)
+    data = pickle.loads(pickle.dumps(data))
+    data.num_workers = 0
+    data._init_datasets(0)
+    return [batch for batch, _ in itertools.islice(data, count)]
+
+
+@pytest.fixture(scope="module")
+def config(corpora):
+    work, files = corpora
+    path = write_config(work, files)
+    build(path)
+    return path
+
+
+@pytest.mark.parametrize("stride, offset", [(1, 0), (2, 1), (3, 0)])
+def test_binarized_batches_are_the_texts_batches(config, stride, offset):
+    count = 60  # past the end of the first corpus (an epoch) at every share
+    text = batches(options(config, "-ext_binarized", ""), count, stride, offset)
+    ours = batches(options(config), count, stride, offset)
+    assert len(ours) == len(text) == count
+    lines = set()
+    for number, (mine, theirs) in enumerate(zip(ours, text)):
+        assert set(mine) == set(theirs), number
+        for key, value in theirs.items():
+            assert torch.equal(mine[key], value) if torch.is_tensor(value) else mine[key] == value, (number, key)
+        lines.update(zip(theirs["cid"].tolist(), theirs["cid_line_number"].tolist()))
+    assert len(lines) > 1200 // stride  # both corpora, most lines
+
+
+def test_the_manifest_counts_each_kind_of_line(config):
+    from onmt_ext.runtime import binarized
+
+    manifest = binarized.read_manifest(options(config).ext_binarized)
+    one, two = manifest["corpora"]["one"], manifest["corpora"]["two"]
+    assert (one["lines"], one["empty"], one["filtered"], one["kept"]) == (1000, 4, 3, 993)
+    assert (two["lines"], two["empty"], two["filtered"], two["kept"]) == (800, 0, 0, 800)
+
+
+def test_a_current_directory_is_kept_and_another_is_not_overwritten(corpora, config):
+    from onmt_ext.errors import UsageError
+
+    work, files = corpora
+    manifest = build(config)  # the same data: nothing to do
+    assert manifest["corpora"]["one"]["kept"] == 993
+    other = write_config(work, files, "other.yaml", tgt_seq_length=LONGEST - 10)
+    with pytest.raises(UsageError, match="already holds other files; add -overwrite"):
+        build(other)
+    assert build(config)["fingerprint"] == manifest["fingerprint"]
+
+
+@pytest.mark.parametrize("change, differs", [
+    ({"src_seq_length": LONGEST - 5}, "corpora.one.transforms"),
+    ({"tgt_vocab": "{tatoeba}/vocab.zh", "share_vocab": True}, "vocabs.tgt"),
+    ({"src_subword_model": "{tatoeba}/spm.en.model"}, "files.src_subword_model"),
+])
+def test_training_refuses_data_written_for_other_options(corpora, config, change, differs):
+    from onmt_ext.errors import UserError
+
+    work, files = corpora
+    change = {key: value.format(tatoeba=support.TATOEBA) if isinstance(value, str) else value
+              for key, value in change.items()}
+    with pytest.raises(UserError, match=rf"was written for other training data \(.*{differs}.*\); run "
+                                        "onmt_ext_binarize"):
+        batches(options(write_config(work, files, "changed.yaml", **change)), 1)
+
+
+def test_training_refuses_a_corpus_changed_since(corpora, tmp_path):
+    from onmt_ext.errors import UserError
+
+    _, files = corpora
+    copies = {name: tmp_path / name for name in files}
+    for name, path in files.items():
+        copies[name].write_bytes(path.read_bytes())
+    config = write_config(tmp_path, copies)
+    build(config)
+    with open(copies["two.en"], "a", encoding="utf-8") as handle:
+        handle.write("one more\n")
+    with open(copies["two.zh"], "a", encoding="utf-8") as handle:
+        handle.write("再 一 个\n")
+    with pytest.raises(UserError, match=r"corpora\.two\.src\.bytes.*differ"):
+        batches(options(config), 1)
+
+
+def test_a_missing_directory_names_the_command(corpora, tmp_path):
+    from onmt_ext.errors import UsageError
+
+    _, files = corpora
+    with pytest.raises(UsageError, match="no binarised data there; run onmt_ext_binarize -config"):
+        batches(options(write_config(tmp_path, files)), 1)
+
+
+@pytest.mark.parametrize("overrides, named", [
+    (("-src_subword_nbest", "-1", "-src_subword_alpha", "0.1"), "transform sentencepiece"),
+    (("-copy_attn",), "-copy_attn"),
+])
+def test_data_that_differs_at_each_reading_is_refused(corpora, tmp_path, overrides, named):
+    from onmt_ext.errors import UsageError
+
+    _, files = corpora
+    with pytest.raises(UsageError, match=named):
+        build(write_config(tmp_path, files), *overrides)
+    assert not (tmp_path / "bin").exists()
+
+
+def test_the_command_writes_the_directory_and_ends_errors_in_one_line(corpora, tmp_path):
+    _, files = corpora
+    config = write_config(tmp_path, files)
+    command = [str(support.BIN / "onmt_ext_binarize"), "-config", str(config)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "'one': 993 of 1,000 lines kept (3 filtered, 4 with an empty side)" in done.stderr
+    assert (tmp_path / "bin" / "manifest.json").is_file()
+    failed = subprocess.run(command + ["-ext_binarized", ""], capture_output=True, text=True, timeout=300)
+    assert failed.returncode == 2
+    assert failed.stderr.strip().splitlines() == [
+        "onmt_ext_binarize: error: -ext_binarized: name the directory to write (in the config, where onmt_train "
+        "reads it)"]
