@@ -37,7 +37,7 @@ def dry_run(tmp_path_factory):
     support.ensure_sample_data()
     out = tmp_path_factory.mktemp("gpu-check")
     budgets = {"a": 150, "b": 600, "c": 240}  # far above the defaults (22, 112, 42 s): a slow machine cuts no row
-    done = subprocess.run([*COMMAND, "--device", "cpu", "--tiny", "--fresh", "ext,stock,layers",
+    done = subprocess.run([*COMMAND, "--device", "cpu", "--tiny", "--fresh", "ext,stock,bin,layers",
                            "--compile-warmups", "1",  # (none by default in the dry run)
                            "--case-steps", "4",  # (the dry run's default is --steps's 2: here they differ)
                            "--out", str(out),
@@ -86,6 +86,8 @@ def test_dry_run_measures_every_row(dry_run):
         ("onmt-ext baseline", "eager", plan.FRESH_EXT, paper),
         (plan.STOCK_LABEL, "eager", plan.FRESH_STOCK, tiny),
         (plan.STOCK_LABEL, "eager", plan.FRESH_STOCK, paper),
+        ("onmt-ext baseline", "eager", plan.FRESH_BIN, tiny),
+        ("onmt-ext baseline", "eager", plan.FRESH_BIN, paper),
         ("onmt-ext baseline", plan.LAYERS, plan.FRESH_LAYERS, tiny),
         ("onmt-ext baseline", plan.LAYERS, plan.FRESH_LAYERS, paper),
         ("baseline", "eager", plan.IN_PROCESS, tiny),
@@ -197,6 +199,20 @@ def test_dry_run_measures_every_row(dry_run):
     assert all(row["options"]["ext_compile_layers"] and not row["options"].get("ext_compile") for row in layers)
     assert all(row["reference"] == f"{plan.FRESH_STOCK}|{plan.STOCK_LABEL}|eager|{row['batch_tokens']}"
                for row in layers)
+    # the binarised rows: the onmt-ext baseline's config and batches, read from a directory binarised beforehand
+    binarized = [row for row in rows if row["group"] == plan.FRESH_BIN]
+    ext = {row["batch_tokens"]: row for row in rows if row["group"] == plan.FRESH_EXT}
+    assert [row["batch_tokens"] for row in binarized] == [tiny, paper]
+    for row in binarized:
+        options = dict(row["options"])
+        manifest = json.loads((Path(options.pop("ext_binarized")) / "manifest.json").read_text(encoding="utf-8"))
+        assert manifest["corpora"]["corpus_1"]["kept"] > 0 and "binarized" in row["data_path"]
+        assert row["reference"] == ext[row["batch_tokens"]]["key"]  # its ratio: over the text's, same batches
+        mine = {key: value for key, value in options.items() if key not in ("save_model", "save_data", "data")}
+        assert mine == {key: value for key, value in ext[row["batch_tokens"]]["options"].items()
+                        if key not in ("save_model", "save_data", "data")}
+    assert _positive(sections["b"]["binarize_s"])
+    assert "work/binarize.log" in names
 
     c = sections["c"]
     assert {group["key"] for group in c["groups"]} == {"translate-eager", "greedy-eager", "translate-compiled",
@@ -239,6 +255,8 @@ def test_dry_run_targets_have_issue_35s_rows(dry_run):
     targets = json.loads((out / "cpu-tiny.json").read_text(encoding="utf-8"))["targets"]
     measures = [row["measure"] for row in targets]
     for words in ("baseline target tok/s, 2048-token batches", "busy share", "over stock OpenNMT-py",
+                  "binarised data (-ext_binarized), users' data path", "users' data path over its in-process run",
+                  "users' data path, binarised data (-ext_binarized) over its in-process run",
                   "synchronisations per step", "first step after the model is built", "start-up overhead",
                   "training ratio, li2019 EM routing", "peak memory over the baseline's", "decoding ratio (beam 4)"):
         found = [row for row in targets if words in row["measure"]]
@@ -605,7 +623,8 @@ def test_fresh_picks_the_fresh_processes_and_refuses_others(capsys):
         args = cli.parse_args(["--device", "cpu", "--tiny", "--fresh-only", *extra])
         return [group for _, group, _, _ in plan.training_plan(args, cases.TINY_MECHANISMS)]
 
-    assert groups() == [plan.FRESH_EXT, plan.FRESH_STOCK]  # -ext_compile_layers on request
+    assert groups() == [plan.FRESH_EXT, plan.FRESH_STOCK]  # -ext_compile_layers and binarised data on request
+    assert groups("--fresh", "bin,ext") == [plan.FRESH_EXT, plan.FRESH_BIN]
     assert groups("--fresh", "layers,stock, ext") == [plan.FRESH_EXT, plan.FRESH_STOCK,
                                                      plan.FRESH_LAYERS]
     with pytest.raises(SystemExit) as stopped:

@@ -66,6 +66,8 @@ TINY_LINES = 2000
 BASELINE_TOKENS_TARGET = 100_000
 BASELINE_BUSY_TARGET = 0.90
 STOCK_SPEEDUP_TARGET = 3.0
+#: issue 59: the baseline's target tok/s on the users' data path over the in-process baseline's, at the same batch
+USERS_PATH_TARGET = 0.95
 SYNCS_TARGET = 0
 FIRST_STEP_TARGET_S = 5.0
 STARTUP_OVERHEAD_TARGET_S = 1.0

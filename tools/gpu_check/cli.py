@@ -28,14 +28,14 @@ from tools import common
 from tools.gpu_check.cases import MECHANISMS, REPO, TINY_MECHANISMS
 from tools.gpu_check.child import CHILDREN
 from tools.gpu_check.plan import (
-    BUDGETS, FRESH_NAMES, GRACE_S, PART_STAGES, Schedule, TINY_BUDGETS, apply_part, checkpoint_plan, fresh_deadlines,
+    BUDGETS, FRESH_BIN, FRESH_NAMES, GRACE_S, PART_STAGES, Schedule, TINY_BUDGETS, apply_part, checkpoint_plan, fresh_deadlines,
     monotonic_now, paper_of, plan_line, run_steps, step_plan, training_plan, warm_up_plan,
 )
 from tools.gpu_check.properties import finish_section_a, start_section_a
 from tools.gpu_check.report import markdown, report_name, targets_table
 from tools.gpu_check.training import (
-    file_slug, prepare_training, run_training_process, section_b_status, start_compile_warm_up, start_warm_up,
-    training_ratios,
+    file_slug, prepare_training, run_training_process, section_b_status, start_binarizing, start_compile_warm_up,
+    start_warm_up, training_ratios,
 )
 from tools.gpu_check.translation import section_c, section_c_status, start_section_c
 
@@ -124,8 +124,10 @@ def parse_args(argv):
                              "all of section b's budget; no section c")
     parser.add_argument("--fresh", default="ext,stock",
                         help="which of section b's fresh processes run, in this order: ext (the onmt-ext baseline), "
-                             "stock (stock OpenNMT-py), layers (-ext_compile_layers, off by default in training; "
-                             "its compilation does not fit the default budget); default ext,stock")
+                             "stock (stock OpenNMT-py), bin (the onmt-ext baseline on binarised data, -ext_binarized, "
+                             "binarised while the earlier processes run; its ratio is over ext's), layers "
+                             "(-ext_compile_layers); bin and layers are off by default, as the default budget has "
+                             "no room for them; default ext,stock")
     parser.add_argument("--commit", default=None,
                         help=f"the project's commit for the report (default ${COMMIT_ENV}, else git when this "
                              "checkout is a repository's root, else unknown)")
@@ -260,6 +262,7 @@ def main(argv=None):
         prepared = monotonic_now()
         repeat_cache = {}
         configs = prepare_training(args, args.work, plan, repeat_cache)
+        binarizing = start_binarizing(args.work, plan, configs) if "b" in args.sections else None
     if "b" in args.sections:
         b = sections["b"] = {"title": "training", "rows": [row for _, _, _, rows in plan for row, _, _, _ in rows],
                              "prepare_s": round(monotonic_now() - prepared, 1), "steps_text": _steps_text(args),
@@ -295,7 +298,14 @@ def main(argv=None):
         began, deadline = monotonic_now(), schedule.deadline("b fresh", whole=args.fresh_only and args.part == "all")
         fresh = [(group, env, rows) for name, group, env, rows in plan if name == "b fresh"]
         for (group, env, rows), share in zip(fresh, fresh_deadlines(began, deadline, len(fresh))):
-            run_training_process(args, args.work, group, env, rows, configs, {"fresh": share})
+            waiting = binarizing.wait(share) if binarizing and group == FRESH_BIN else {}
+            for row, _, _, _ in rows if waiting else ():  # (one process trains both rows: neither runs)
+                status, reason = waiting.get(row["key"], ("not run", "the data of its process's other row failed"))
+                row.update(status=status, reason=reason, log=str(binarizing.log))
+            if not waiting:
+                run_training_process(args, args.work, group, env, rows, configs, {"fresh": share})
+        if binarizing:
+            b["binarize_s"] = binarizing.seconds
         fresh_rows = [row for _, _, rows in fresh for row, _, _, _ in rows]
         schedule.record("b fresh", began, deadline, monotonic_now(), section_b_status(fresh_rows))
     translator = None

@@ -162,7 +162,7 @@ def part_stages(args, cases, costs):
         for name, group, _, entries in plan:
             stage = "b fresh" if name == "b fresh" else "b eager"
             rows[stage].append((None, costs["process"]))
-            kind = {FRESH_EXT: "ext", FRESH_STOCK: "stock", FRESH_LAYERS: "layers"}.get(group)
+            kind = {FRESH_EXT: "ext", FRESH_STOCK: "stock", FRESH_BIN: "ext", FRESH_LAYERS: "layers"}.get(group)
             for row, case, mode, _ in entries:
                 label = f"{row['case']}, {row['mode']}, {row['batch_tokens']}" + run_text(row)
                 if kind:
@@ -279,11 +279,15 @@ def step_plan(args, steps=None, warmup=None):
 FRESH_EXT, FRESH_STOCK, IN_PROCESS = "onmt-ext, fresh process", "stock, fresh process", "in one process"
 #: the onmt-ext baseline with its whole layers compiled (-ext_compile_layers), in a fresh process of its own
 FRESH_LAYERS, LAYERS = "onmt-ext -ext_compile_layers, fresh process", "layers compiled"
+#: the onmt-ext baseline reading its training corpora binarised (onmt_ext_binarize, -ext_binarized: the same
+#: batches), in a fresh process of its own, its ratio over the onmt-ext baseline's on the text; on request
+#: (``--fresh ext,bin``), as the part's default processes leave it no room
+FRESH_BIN = "onmt-ext -ext_binarized, fresh process"
 #: the share of the fresh part that each fresh process keeps for every one after it: the onmt-ext and stock
 #: baselines (issue 35's targets) take what they need, -ext_compile_layers (off by default) what is left
 FRESH_RESERVE = 0.2
 #: ``--fresh``'s name of each fresh process
-FRESH_NAMES = {FRESH_EXT: "ext", FRESH_STOCK: "stock", FRESH_LAYERS: "layers"}
+FRESH_NAMES = {FRESH_EXT: "ext", FRESH_STOCK: "stock", FRESH_BIN: "bin", FRESH_LAYERS: "layers"}
 #: the untimed first training process on the machine (see :func:`warm_up_plan`)
 WARM_UP = "machine warm-up, fresh process"
 #: the process that trains section c's checkpoints when section b does not run (--part decode)
@@ -310,15 +314,20 @@ def training_plan(args, cases):
     cases_batch = args.case_batch_size
     base_key = f"{IN_PROCESS}|{BASELINE.label}|eager|{cases_batch}"
     fresh = []
-    for group, case, mode, stock in ((FRESH_EXT, ext_case, "eager", False), (FRESH_STOCK, stock_case, "eager", True),
-                                     (FRESH_LAYERS, ext_case, LAYERS, False)):
+    for group, case, mode, stock, binarized in ((FRESH_EXT, ext_case, "eager", False, False),
+                                                (FRESH_STOCK, stock_case, "eager", True, False),
+                                                (FRESH_BIN, ext_case, "eager", False, True),
+                                                (FRESH_LAYERS, ext_case, LAYERS, False, False)):
         rows = []
         for batch in ((paper, small) if mode == LAYERS else (small, paper)):  # (layers: the paper's batch first,
             # as the small batch's time, its compilation included, would be the estimate that may skip it)
-            reference = f"{FRESH_STOCK}|{STOCK_LABEL}|eager|{batch}" if not stock else None
-            name = f"{'stock' if stock else 'ext'}{'_layers' if mode == LAYERS else ''}_{batch}"
-            row = _row(case, mode, group, batch, reference, users, name) | {"part": "fresh"}
-            rows.append((row, BASELINE, mode, {"batch_size": batch, "stock": stock}))
+            # (binarised: against the onmt-ext baseline on the text, the same batches; else against stock)
+            reference = (None if stock else f"{FRESH_EXT}|{ext_case.label}|eager|{batch}" if binarized
+                         else f"{FRESH_STOCK}|{STOCK_LABEL}|eager|{batch}")
+            name = f"{'stock' if stock else 'ext'}{'_layers' if mode == LAYERS else ''}{'_bin' if binarized else ''}"
+            path = f"{users[:-1]}, -ext_binarized)" if binarized else users
+            row = _row(case, mode, group, batch, reference, path, f"{name}_{batch}") | {"part": "fresh"}
+            rows.append((row, BASELINE, mode, {"batch_size": batch, "stock": stock, "binarized": binarized}))
         if FRESH_NAMES[group] in args.fresh:
             fresh.append(("b fresh", group, {"ONMT_EXT_DISABLE": "1"} if stock else {}, rows))
     if args.fresh_only:

@@ -8,10 +8,10 @@ import statistics
 from tools.common import fmt
 from tools.gpu_check.cases import (
     BASELINE_BUSY_TARGET, BASELINE_TOKENS_TARGET, FIRST_STEP_TARGET_S, HALF_WEIGHTS, MECHANISMS,
-    MEMORY_TARGETS, STARTUP_OVERHEAD_TARGET_S, STOCK_SPEEDUP_TARGET, SYNCS_TARGET, aa_text,
+    MEMORY_TARGETS, STARTUP_OVERHEAD_TARGET_S, STOCK_SPEEDUP_TARGET, SYNCS_TARGET, USERS_PATH_TARGET, aa_text,
 )
 from tools.gpu_check.plan import (
-    FRESH_EXT, FRESH_LAYERS, FRESH_STOCK, IN_PROCESS, LAYERS, STOCK_LABEL, TABLES_SHARE, paper_of, run_text,
+    FRESH_BIN, FRESH_EXT, FRESH_LAYERS, FRESH_STOCK, IN_PROCESS, LAYERS, STOCK_LABEL, TABLES_SHARE, paper_of, run_text,
 )
 
 
@@ -54,6 +54,10 @@ def targets_table(sections, on_gpu, batch_tokens):
     tokens = measured(FRESH_EXT, "onmt-ext baseline", paper, "tokens_per_s")
     rows.append(_target(f"baseline target tok/s, {paper}-token batches in one pass (the paper's update), the "
                         "config's model_dtype, onmt-ext, users' data path", BASELINE_TOKENS_TARGET, tokens))
+    binarized = measured(FRESH_BIN, "onmt-ext baseline", paper, "tokens_per_s")
+    if binarized is not None:
+        rows.append(_target(f"baseline target tok/s, {paper}-token batches in one pass, binarised data "
+                            "(-ext_binarized), users' data path", BASELINE_TOKENS_TARGET, binarized))
     for group, mode, how in ((FRESH_EXT, "eager", ""), (FRESH_LAYERS, LAYERS, ", -ext_compile_layers")):
         if mode == LAYERS:
             rows.append(_target(f"baseline target tok/s, {paper}-token batches in one pass{how}, users' data path",
@@ -68,6 +72,14 @@ def targets_table(sections, on_gpu, batch_tokens):
             if batch == small or ratio is not None:
                 rows.append(_target(f"onmt-ext baseline{how} over stock OpenNMT-py, target tok/s, {batch}-token "
                                     "batches, same config and run", STOCK_SPEEDUP_TARGET, ratio))
+    cases_batch = b.get("case_batch_tokens", small)
+    in_process = measured(IN_PROCESS, "baseline", cases_batch, "tokens_per_s")
+    for group, how in ((FRESH_EXT, ""), (FRESH_BIN, ", binarised data (-ext_binarized)")):
+        users = measured(group, "onmt-ext baseline", cases_batch, "tokens_per_s")
+        if cases_batch in (small, paper) and (group == FRESH_EXT or users is not None):
+            rows.append(_target(f"baseline's users' data path{how} over its in-process run (replayed batches), target "
+                                f"tok/s, {cases_batch}-token batches, same run", USERS_PATH_TARGET,
+                                None if users is None or not in_process else users / in_process))
     syncs = [value for batch in (small, paper)
              if (value := measured(FRESH_EXT, "onmt-ext baseline", batch, "syncs_per_step")) is not None]
     rows.append(_target("host-device synchronisations per step between report steps (onmt-ext baseline, most "
@@ -80,7 +92,6 @@ def targets_table(sections, on_gpu, batch_tokens):
     overhead = None if ext_start is None or stock_start is None else ext_start - stock_start
     rows.append(_target("start-up overhead of onmt-ext over stock, s (process start to the end of the first step)",
                         STARTUP_OVERHEAD_TARGET_S, overhead, at_least=False))
-    cases_batch = b.get("case_batch_tokens", small)
     for case in MECHANISMS:  # the targets are the default path's: compiled where -ext_compile auto compiles
         mode = "compiled" if case.compiles_by_default else "eager"
         key = f"{IN_PROCESS}|{case.label}|{mode}|{cases_batch}"
@@ -196,12 +207,16 @@ def markdown(report):
         lines += [f"## b. Training ({b['status']}, {b.get('seconds', 0):.0f} s; data and configs prepared in "
                   f"{b.get('prepare_s', 0):.0f} s, during section a)", "",
                   f"{b.get('steps_text', '')} Ratios: the onmt-ext baseline's rows over stock OpenNMT-py's at the "
-                  "same batch size; every other row over the baseline trained the same way in the same process "
+                  "same batch size (on binarised data, `-ext_binarized`: over the onmt-ext baseline's on the text); "
+                  "every other row over the baseline trained the same way in the same process "
                   "(`ratio` against `vs`). Syncs: per step between report steps over the measured steps "
                   f"({b.get('sync_kind', '')}). First step: from the model built to the end of step 1 (batches "
                   "built ahead not counted); start-up: from the process start to the end of step 1.", "",
                   "Busy share: of the profiled steps; busy ms: kernel (or CPU operator) time per profiled step, "
                   "and over the unprofiled step time (the profiler slows the host, not the kernels).", "",
+                  *([f"Binarised data (`onmt_ext_binarize`, in the background while the earlier processes ran): "
+                     f"{b['binarize_s']:.0f} s (`work/binarize.log`).", ""] if b.get("binarize_s") is not None
+                    else []),
                   "Interval tok/s: the median over the measured steps' report intervals, with the slowest and "
                   "fastest; a recompilation or another one-off stall slows one interval, which the median leaves "
                   "out and the mean (target tok/s) keeps.", "",

@@ -6,6 +6,8 @@ import json
 import math
 import re
 import statistics
+import subprocess
+import sys
 import threading
 import time
 
@@ -43,12 +45,14 @@ EXT_TRAIN_OPTIONS = ("overwrite_checkpoints", "adam_eps")
 
 
 def training_config(case, mode, args, work, repeat_cache, batch_size=None, replay=False, stock=False, name="",
-                    steps=None, warmup=None):
+                    steps=None, warmup=None, binarized=False):
     """Writes the config of ``case`` in ``mode`` (eager/compiled); returns (path, checkpoint, options).
 
     ``replay``: no data workers (the batches are built ahead in the training process); otherwise
     ``--num-workers``, the users' path.  ``stock``: the config without onmt-ext's options, for stock
-    OpenNMT-py (a case with a mechanism cannot be one).  ``steps``, ``warmup``: see :func:`step_plan`."""
+    OpenNMT-py (a case with a mechanism cannot be one).  ``steps``, ``warmup``: see :func:`step_plan`.
+    ``binarized``: the training corpora read from ``-ext_binarized <work>/binarized_<name>``, which
+    :func:`start_binarizing` writes."""
     batch_size = batch_size or args.batch_size
     settings = Settings(args, batch_size, steps, warmup)
     size, lines = ("smoke", TINY_LINES) if args.tiny else ("paper", None)
@@ -65,6 +69,8 @@ def training_config(case, mode, args, work, repeat_cache, batch_size=None, repla
         overrides["ext_compile"] = mode == "compiled"  # eager pinned: the default (auto) compiles some on CUDA
     elif mode == LAYERS:
         overrides["ext_compile_layers"] = True
+    if binarized:
+        overrides["ext_binarized"] = str(work / f"binarized_{name or mode}")
     if case == HALF_WEIGHTS:
         source = twin if args.tiny else paper  # the config the row trains; its dtype: the override's, if any
         overrides.update(half_weights_overrides(overrides.get("model_dtype") or source.get("model_dtype", "fp32"),
@@ -170,11 +176,56 @@ def prepare_training(args, work, plan, cache):
         for row, case, mode, extra in rows:
             configs[row["key"]] = training_config(case, mode, args, work, cache, batch_size=row["batch_tokens"],
                                                   replay=extra.get("replay", False), stock=extra.get("stock", False),
-                                                  name=row["name"], steps=run_steps(args, row["group"])[0],
+                                                  binarized=extra.get("binarized", False), name=row["name"], steps=run_steps(args, row["group"])[0],
                                                   warmup=run_steps(args, row["group"])[1])
             row["command"] = f"onmt_train -config {configs[row['key']][0]}"
             row["options"] = configs[row["key"]][2]
     return configs
+
+
+class Binarizing:
+    """``onmt_ext_binarize`` of every ``-ext_binarized`` row of a plan, one config after the other in a thread
+    (started by :func:`start_binarizing` while the earlier processes run).  ``failed``: row key -> (status,
+    reason) once the thread has ended."""
+
+    def __init__(self, work, rows, configs):
+        self.log = work / "binarize.log"
+        self.jobs = [(row["key"], configs[row["key"]][0]) for row in rows]
+        self.failed, self.seconds = {}, None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        began = time.monotonic()
+        with open(self.log, "w", encoding="utf-8") as log:
+            for key, config in self.jobs:
+                log.write(f"== onmt_ext_binarize -config {config}\n")
+                log.flush()
+                done = subprocess.run([sys.executable, "-m", "onmt_ext.integration.binarize", "-config", str(config)],
+                                      cwd=REPO, stdout=log, stderr=subprocess.STDOUT, check=False)
+                if done.returncode:
+                    self.failed[key] = ("failed", f"onmt_ext_binarize failed (exit {done.returncode}; its output in "
+                                                  f"{self.log.name})")
+        self.seconds = round(time.monotonic() - began, 1)
+
+    def wait(self, deadline):
+        """Wait until the monotonic ``deadline`` at most; returns ``{row key: (status, reason)}`` for each row whose
+        data is not ready (failed, or still binarising)."""
+        self.thread.join(timeout=max(0.0, deadline - monotonic_now()))
+        if self.thread.is_alive():
+            return {key: ("not run", f"budget: its data was still being binarised ({self.log.name})")
+                    for key, _ in self.jobs}
+        return dict(self.failed)
+
+
+def start_binarizing(work, plan, configs):
+    """A started :class:`Binarizing` for the rows of ``plan`` whose config reads ``-ext_binarized``, or None."""
+    rows = [row for _, _, _, entries in plan for row, _, _, _ in entries if configs[row["key"]][2].get("ext_binarized")]
+    if not rows:
+        return None
+    binarizing = Binarizing(work, rows, configs)
+    binarizing.thread.start()
+    print(f"== gpu-check b: binarising the data of {len(rows)} rows (-ext_binarized) in the background", flush=True)
+    return binarizing
 
 
 def file_slug(text):
