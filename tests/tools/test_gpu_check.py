@@ -900,6 +900,21 @@ def test_a_part_that_does_not_fit_says_which_rows_and_offers_parts_that_measure_
         "train-fresh", "train-cases"]
 
 
+def test_a_fresh_part_that_does_not_fit_is_split_by_process_with_each_ratios_reference():
+    """``--part train-fresh``'s rows do not depend on ``--cases``: a split names ``--fresh`` processes, each call
+    with the process its ratios are over (ext and layers over stock, bin over ext), as many as fit the budget; the
+    compiled layers' process does not fit even beside stock alone, and is offered so."""
+    args = cli.parse_args(["--part", "train-fresh", "--fresh", "ext,stock,bin,layers"])
+    line = plan.plan_line(args, list(cases.MECHANISMS), cases.MECHANISMS)
+    chunks = plan.fresh_chunks(args, list(cases.MECHANISMS), plan.COSTS["cuda"])
+    assert chunks == [["ext", "stock"], ["ext", "bin"], ["stock", "layers"]]
+    assert line.endswith("run instead: --part train-fresh --fresh ext,stock and --part train-fresh --fresh ext,bin "
+                         "and --part train-fresh --fresh stock,layers")
+    for chunk in chunks[:2]:
+        args.fresh = chunk
+        assert "every row fits" in plan.plan_line(args, list(cases.MECHANISMS), cases.MECHANISMS), chunk
+
+
 def test_the_users_path_runs_skip_their_first_steps():
     """Issue 57: 30 measured steps gave onmt-ext over stock 2.69x at 32k where 400-step runs gave 1.9x: the users'
     path now skips --fresh-warmup-steps (50) and measures --steps (200); the in-process group keeps its own."""

@@ -235,6 +235,35 @@ def split_parts(args, cases, costs):
     return split(args.part, cases)
 
 
+#: the fresh process whose rows a fresh process's ratios are over (``--fresh`` names)
+FRESH_REFERENCE = {"ext": "stock", "layers": "stock", "bin": "ext"}
+
+
+def fresh_chunks(args, cases, costs):
+    """``--part train-fresh``'s fresh processes (``args.fresh``) in calls, each process with the one its ratios
+    are over (:data:`FRESH_REFERENCE`), as many in a call as fit its budget by the plan's estimate: lists of
+    ``--fresh`` names, in running order; a process that does not fit even with its reference alone is offered
+    so.  Its rows do not depend on ``--cases``, so the part is split by process, not by paper."""
+    def fits(names):
+        trial = type(args)(**vars(args))
+        trial.fresh = names
+        return not left_out(part_stages(trial, cases, costs))[0]
+
+    order = [name for name in FRESH_NAMES.values() if name in args.fresh or name in
+             {FRESH_REFERENCE.get(asked) for asked in args.fresh}]
+    chunks = []
+    for name in (name for name in order if name in args.fresh):
+        needed = {name, FRESH_REFERENCE.get(name)}
+        for chunk in chunks:
+            merged = [other for other in order if other in chunk or other in needed]
+            if fits(merged):
+                chunk[:] = merged
+                break
+        else:
+            chunks.append([other for other in order if other in needed])
+    return chunks
+
+
 def share_papers(papers, count):
     """``papers`` (each a list of cases, in order) in at most ``count`` consecutive chunks of about as many cases:
     a paper starts a new chunk when the middle of its cases lies past the chunk's even share."""
@@ -256,7 +285,12 @@ def plan_line(args, cases, everything):
     head = f"== gpu-check {part_command(args.part, cases, everything)}: by the plan's estimate"
     if not out:
         return f"{head} every row fits ({seconds:.0f} s of {sum(stage[1] for stage in stages):.0f})"
-    offer = " and ".join(part_command(part, chosen, everything) for part, chosen in split_parts(args, cases, costs))
+    if args.part == "train-fresh":
+        offer = " and ".join(f"--part train-fresh --fresh {','.join(chunk)}"
+                             for chunk in fresh_chunks(args, cases, costs))
+    else:
+        offer = " and ".join(part_command(part, chosen, everything)
+                             for part, chosen in split_parts(args, cases, costs))
     return (f"{head} {len(out)} row(s) will not fit: {'; '.join(out)}. To measure every row, run instead: {offer}")
 
 
