@@ -24,6 +24,9 @@ def binarize(argv=None):
 
     parser = train_parser()
     parser.prog = PROG
+    parser.add("--processes", "-processes", type=int, default=0,
+               help="onmt_ext_binarize: processes that binarise a corpus side by side, each a share of its lines "
+                    "(default 0: one per 100,000 lines, at most the CPUs available and 16)")
     opt, _ = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     directory = binarized.BinarizedOptions.from_opt(opt).binarized
     if not directory:
@@ -34,7 +37,9 @@ def binarize(argv=None):
         path = getattr(opt, key)
         if path and not os.path.isfile(path):
             raise UsageError(f"-{key} {path}: no such file (onmt_build_vocab -config <your config> writes it)")
-    binarized.build(opt, directory, overwrite=opt.overwrite, say=logger.info)
+    if opt.processes < 0:
+        raise UsageError(f"-processes {opt.processes}: must be >= 0")
+    binarized.build(opt, directory, overwrite=opt.overwrite, say=logger.info, processes=opt.processes)
     logger.info(f"onmt_train with -ext_binarized {directory} reads these training batches")
 
 

@@ -193,52 +193,40 @@ def _count_lines(path):
         return sum(1 for _ in handle)
 
 
-class _Writer:
-    """One corpus's arrays as they are built, its lines in order: per line its state and key; the ids of the kept
-    lines, one array per side and chunk."""
-
-    def __init__(self, lines):
-        self.state = np.full(lines, ABSENT, dtype=np.int8)
-        self.key = np.full(lines, -1, dtype=np.int64)
-        self.lengths = {side: np.zeros(lines, dtype=np.int64) for side in ("src", "tgt")}
-        self.ids = {"src": [], "tgt": []}
-
-    def add(self, line, key, src, tgt):
-        self.state[line], self.key[line] = KEPT, key
-        for side, ids in (("src", src), ("tgt", tgt)):
-            self.lengths[side][line] = len(ids)
-            self.ids[side].append(np.asarray(ids, dtype=np.int32))
-
-    def arrays(self):
-        out = {"state": self.state, "src_key": self.key}
-        for side in ("src", "tgt"):
-            offsets = np.zeros(len(self.state) + 1, dtype=np.int64)
-            np.cumsum(self.lengths[side], out=offsets[1:])
-            out[f"{side}_offsets"] = offsets
-            out[f"{side}_ids"] = np.concatenate(self.ids[side]) if self.ids[side] else np.zeros(0, dtype=np.int32)
-        return out
+def _share(lines, stride, offset):
+    """The line numbers (0-based, in order) that stock's ``ParallelCorpus.load`` reads at ``stride``/``offset``."""
+    numbers = np.arange(lines)
+    return numbers[(numbers // stride) % stride == offset]
 
 
-def _build_corpus(name, corpus, transforms, opt, vocabs, keys, say):
-    """The arrays of one corpus through stock's pipeline (``ParallelCorpusIterator``, ``process``,
-    ``numericalize``); ``keys`` numbers the distinct source texts across corpora (by a 128-bit digest of each)."""
+def _binarize_share(name, corpus, transforms, opt, vocabs, lines, stride=1, offset=0, say=None):
+    """One share of a corpus's lines (stock's ``stride``/``offset``) through stock's pipeline
+    (``ParallelCorpusIterator``, ``process``, ``numericalize``): per line of the share its state and both sides'
+    lengths, the kept lines' ids in order, and a 128-bit digest of each kept line's source text."""
     from onmt.constants import CorpusTask
     from onmt.inputters.text_corpus import build_corpora_iters
     from onmt.inputters.text_utils import numericalize, process
 
-    lines = _count_lines(corpus.src)
-    writer, chunk = _Writer(lines), []
-    iterator = build_corpora_iters({name: corpus}, transforms, opt.data, skip_empty_level=opt.skip_empty_level)[name]
+    chosen = _share(lines, stride, offset)
+    state = np.full(len(chosen), ABSENT, dtype=np.int8)
+    lengths = {side: np.zeros(len(chosen), dtype=np.int64) for side in ("src", "tgt")}
+    ids, digests, chunk = {"src": [], "tgt": []}, [], []
+    iterator = build_corpora_iters({name: corpus}, transforms, opt.data, skip_empty_level=opt.skip_empty_level,
+                                   stride=stride, offset=offset)[name]
     start = last = time.monotonic()
 
     def flush():
         for example, _, _ in chunk:
-            writer.state[example["cid_line_number"]] = FILTERED
+            state[(example["cid_line_number"] - offset) // stride] = FILTERED
         for example in process(CorpusTask.TRAIN, chunk) or []:
             example = numericalize(vocabs, example)
-            digest = hashlib.blake2b(example["src"]["src"].encode("utf-8"), digest_size=16).digest()
-            writer.add(example["cid_line_number"], keys.setdefault(digest, len(keys)), example["src"]["src_ids"],
-                       example["tgt"]["tgt_ids"])
+            position = (example["cid_line_number"] - offset) // stride
+            state[position] = KEPT
+            digests.append(hashlib.blake2b(example["src"]["src"].encode("utf-8"), digest_size=16).digest())
+            for side in ("src", "tgt"):
+                found = example[side][f"{side}_ids"]
+                lengths[side][position] = len(found)
+                ids[side].append(np.asarray(found, dtype=np.int32))
         chunk.clear()
 
     for item in iterator:
@@ -247,16 +235,106 @@ def _build_corpus(name, corpus, transforms, opt, vocabs, keys, say):
             done = chunk[-1][0]["cid_line_number"] + 1
             flush()
             now = time.monotonic()
-            if now - last >= PROGRESS_EVERY:
+            if say is not None and now - last >= PROGRESS_EVERY:
                 say(f"corpus {name!r}: {done:,}/{lines:,} lines ({100 * done / max(lines, 1):.0f}%), "
                     f"{now - start:.0f} s")
                 last = now
     flush()
-    return writer.arrays()
+    return {"lines": chosen, "state": state, "src_lengths": lengths["src"], "tgt_lengths": lengths["tgt"],
+            "src_ids": np.concatenate(ids["src"]) if ids["src"] else np.zeros(0, dtype=np.int32),
+            "tgt_ids": np.concatenate(ids["tgt"]) if ids["tgt"] else np.zeros(0, dtype=np.int32),
+            "digests": b"".join(digests)}
 
 
-def build(opt, directory, overwrite=False, say=_log):
-    """Binarise ``opt``'s training corpora into ``directory`` (see the module docstring); returns the manifest.
+def _merge(lines, shares, keys):
+    """One corpus's arrays (:data:`ARRAYS`) from the results of :func:`_binarize_share` that cover its ``lines``
+    lines; ``keys`` numbers the distinct source texts across corpora, in the order of the lines."""
+    out = {"state": np.full(lines, ABSENT, dtype=np.int8), "src_key": np.full(lines, -1, dtype=np.int64)}
+    for share in shares:
+        out["state"][share["lines"]] = share["state"]
+    for side in ("src", "tgt"):
+        lengths = np.zeros(lines, dtype=np.int64)
+        for share in shares:
+            lengths[share["lines"]] = share[f"{side}_lengths"]
+        offsets = np.zeros(lines + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        flat = np.zeros(int(offsets[-1]), dtype=np.int32)
+        for share in shares:  # each kept line's ids from the share's run of ids to the line's place
+            kept = share["lines"][share["state"] == KEPT]
+            counts = lengths[kept]
+            into = np.repeat(offsets[kept] - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
+            flat[into] = share[f"{side}_ids"]
+        out[f"{side}_offsets"], out[f"{side}_ids"] = offsets, flat
+    kept = np.concatenate([share["lines"][share["state"] == KEPT] for share in shares])
+    digests = [share["digests"][16 * i:16 * i + 16] for share in shares for i in range(len(share["digests"]) // 16)]
+    for index in np.argsort(kept, kind="stable").tolist():
+        out["src_key"][kept[index]] = keys.setdefault(digests[index], len(keys))
+    return out
+
+
+#: a pool process's state (:func:`_start_process`): the options, vocabularies, transforms and corpora
+_PROCESS = {}
+
+
+def _start_process(opt, vocabs, transforms):
+    """A pool process's start: the parent's options, vocabularies and transforms (pickled as stock pickles them
+    for its data workers), and the training corpora."""
+    try:  # (an initializer that raises makes the pool start processes again and again: the task raises instead)
+        from onmt.constants import CorpusTask
+        from onmt.inputters.text_corpus import get_corpora
+
+        _PROCESS.update(opt=opt, vocabs=vocabs, transforms=transforms, corpora=get_corpora(opt, CorpusTask.TRAIN))
+    except Exception as error:  # noqa: BLE001
+        _PROCESS["error"] = error
+
+
+def _share_in_process(task):
+    name, lines, stride, offset = task
+    state = _PROCESS
+    if "error" in state:
+        raise state["error"]
+    return _binarize_share(name, state["corpora"][name], state["transforms"], state["opt"], state["vocabs"], lines,
+                           stride, offset)
+
+
+#: lines per process below which a corpus is binarised in the command's own process
+LINES_PER_PROCESS = 100_000
+
+
+def process_count(lines, asked=0):
+    """How many processes binarise ``lines`` lines: ``asked`` if above 0, else one per
+    :data:`LINES_PER_PROCESS` lines, at most the CPUs this process may use (and 16)."""
+    if asked > 0:
+        return asked
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(cpus, 16, lines // LINES_PER_PROCESS))
+
+
+def _build_corpus(name, corpus, transforms, opt, vocabs, keys, say, processes=0):
+    """The arrays of one corpus (:data:`ARRAYS`): in this process, or in ``processes`` spawned ones
+    (:func:`process_count`), each a share of the lines as stock's data workers take them; the same arrays."""
+    import multiprocessing
+
+    lines = _count_lines(corpus.src)
+    count = process_count(lines, processes)
+    if count == 1:
+        return _merge(lines, [_binarize_share(name, corpus, transforms, opt, vocabs, lines, say=say)], keys)
+    shares, start, last, results = 4 * count, time.monotonic(), time.monotonic(), []
+    say(f"corpus {name!r}: {lines:,} lines in {shares} shares, {count} processes")
+    with multiprocessing.get_context("spawn").Pool(count, initializer=_start_process,
+                                                      initargs=(opt, vocabs, transforms)) as pool:
+        for result in pool.imap_unordered(_share_in_process, [(name, lines, shares, k) for k in range(shares)]):
+            results.append(result)
+            now = time.monotonic()
+            if now - last >= PROGRESS_EVERY or len(results) == shares:
+                say(f"corpus {name!r}: {len(results)}/{shares} shares, {now - start:.0f} s")
+                last = now
+    return _merge(lines, results, keys)
+
+
+def build(opt, directory, overwrite=False, say=_log, processes=0):
+    """Binarise ``opt``'s training corpora into ``directory`` (see the module docstring) in ``processes``
+    processes (0: :func:`process_count`); returns the manifest.
 
     A directory that already holds this data is left as it is; one holding anything else is replaced only with
     ``overwrite`` (OpenNMT-py's ``-overwrite``). The files are written beside it and moved in when complete.
@@ -287,7 +365,7 @@ def build(opt, directory, overwrite=False, say=_log):
     keys, counts = {}, {}
     try:
         for name in sorted(corpora):
-            arrays = _build_corpus(name, corpora[name], transforms, opt, vocabs, keys, say)
+            arrays = _build_corpus(name, corpora[name], transforms, opt, vocabs, keys, say, processes)
             for key in ARRAYS:
                 np.save(os.path.join(work, f"{name}.{key}.npy"), arrays[key])
             states = np.bincount(arrays["state"], minlength=3)

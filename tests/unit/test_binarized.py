@@ -121,6 +121,22 @@ def test_binarized_batches_are_the_texts_batches(config, stride, offset):
     assert len(lines) > 1200 // stride  # both corpora, most lines
 
 
+def test_processes_side_by_side_write_the_same_arrays(corpora, config, tmp_path):
+    """Two spawned processes, each a share of every corpus's lines: the arrays and counts of one process."""
+    import numpy as np
+
+    from onmt_ext.runtime import binarized
+
+    opt = options(config, "-ext_binarized", str(tmp_path / "two"))
+    manifest = binarized.build(opt, opt.ext_binarized, say=lambda text: None, processes=2)
+    one = options(config).ext_binarized
+    assert manifest == binarized.read_manifest(one)
+    for name in ("one", "two"):
+        for key in binarized.ARRAYS:
+            mine, theirs = (np.load(f"{folder}/{name}.{key}.npy") for folder in (opt.ext_binarized, one))
+            assert mine.dtype == theirs.dtype and np.array_equal(mine, theirs), (name, key)
+
+
 def test_the_manifest_counts_each_kind_of_line(config):
     from onmt_ext.runtime import binarized
 
