@@ -27,7 +27,7 @@ from onmt_ext.patches import SPEED, patch, runtime_choice
 # OpenNMT-py is imported inside the functions: importing it while this module initialises would activate
 # onmt-ext (onmt_ext._autoload) before this module is whole.
 
-#: The version of the files' layout; a directory of another version is rebuilt.
+#: The version of the files' layout (in the fingerprint: training refuses a directory of another version).
 FORMAT = 1
 MANIFEST = "manifest.json"
 #: What one line became: left out before the bucket (an empty side), filtered by a transform, or kept.
@@ -49,10 +49,11 @@ def _log(text):
     logger.info(text)
 
 
-def _sampling_off(transform, fields):
+def _sampling_off(transform):
+    """A subword transform (sentencepiece, bpe, onmt_tokenize) that samples no segmentation in training."""
     opts = transform.opts
-    return all(getattr(opts, f"{side}_subword_alpha", 0) == 0 and getattr(opts, f"{side}_subword_nbest", 1) in (0, 1)
-               for side in ("src", "tgt")) if fields else True
+    return (opts.src_subword_alpha == opts.tgt_subword_alpha == 0
+            and opts.src_subword_nbest in (0, 1) and opts.tgt_subword_nbest in (0, 1))
 
 
 #: Transforms whose result for an example is the same at every call, with the condition for it.
@@ -63,9 +64,9 @@ DETERMINISTIC = {
     "clean": lambda transform: True,
     "normalize": lambda transform: True,
     "jieba": lambda transform: True,
-    "sentencepiece": lambda transform: _sampling_off(transform, True),
-    "bpe": lambda transform: _sampling_off(transform, True),
-    "onmt_tokenize": lambda transform: _sampling_off(transform, True),
+    "sentencepiece": _sampling_off,
+    "bpe": _sampling_off,
+    "onmt_tokenize": _sampling_off,
     # the study's tagger labels a bucket's sentences together, as padded batches: the rule splitter only
     "clause_split": lambda transform: not getattr(transform, "tagger_model", None),
 }
@@ -99,9 +100,9 @@ def problems(opt, transforms):
     from onmt.constants import ModelTask
 
     found = []
-    if getattr(opt, "copy_attn", False):
+    if opt.copy_attn:
         found.append("-copy_attn builds a vocabulary per example: train from the text")
-    if getattr(opt, "n_src_feats", 0):
+    if opt.n_src_feats:
         found.append("-n_src_feats: source features are not binarised: train from the text")
     if getattr(opt, "data_task", ModelTask.SEQ2SEQ) != ModelTask.SEQ2SEQ:
         found.append(f"-data_task {opt.data_task}: only seq2seq data is binarised")
@@ -165,12 +166,22 @@ def _differences(theirs, ours, where=""):
 
 
 def read_manifest(directory):
-    """The manifest of a binarised directory, or None when it has none."""
+    """The manifest of a binarised directory, or None when it has none; a :class:`UserError` when it is not
+    JSON or a corpus's arrays are missing (the directory was changed by hand)."""
+    path = os.path.join(directory, MANIFEST)
     try:
-        with open(os.path.join(directory, MANIFEST), encoding="utf-8") as handle:
-            return json.load(handle)
+        with open(path, encoding="utf-8") as handle:
+            manifest = json.load(handle)
     except FileNotFoundError:
         return None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise UserError(f"{path}: damaged ({error}); binarise again with onmt_ext_binarize ... -overwrite") from None
+    missing = [f"{name}.{key}.npy" for name in manifest.get("corpora", {}) for key in ARRAYS
+               if not os.path.isfile(os.path.join(directory, f"{name}.{key}.npy"))]
+    if missing:
+        raise UserError(f"-ext_binarized {directory}: {', '.join(missing[:3])} missing; binarise again with "
+                        "onmt_ext_binarize ... -overwrite")
+    return manifest
 
 
 def check(directory, opt, transforms, vocabs):
@@ -352,7 +363,10 @@ def build(opt, directory, overwrite=False, say=_log, processes=0):
     if found:
         raise UsageError("; ".join(found))
     wanted = fingerprint(opt, transforms, vocabs)
-    manifest = read_manifest(directory) if os.path.isdir(directory) else None
+    try:
+        manifest = read_manifest(directory) if os.path.isdir(directory) else None
+    except UserError:  # damaged: replaced with -overwrite, like any other files there
+        manifest = None
     if manifest is not None and manifest.get("fingerprint") == wanted:
         say(f"{directory} already holds this config's training data, binarised: nothing to do")
         return manifest

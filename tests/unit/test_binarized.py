@@ -199,6 +199,24 @@ def test_a_missing_directory_names_the_command(corpora, tmp_path):
         batches(options(write_config(tmp_path, files)), 1)
 
 
+def test_a_directory_changed_by_hand_is_named_not_read(corpora, config, tmp_path):
+    import shutil
+
+    from onmt_ext.errors import UserError
+
+    _, files = corpora
+    copy = tmp_path / "bin"
+    shutil.copytree(options(config).ext_binarized, copy)
+    changed = write_config(tmp_path, files)
+    (copy / "two.tgt_ids.npy").unlink()
+    with pytest.raises(UserError, match=r"bin: two\.tgt_ids\.npy missing; binarise again"):
+        batches(options(changed), 1)
+    (copy / "manifest.json").write_text("{", encoding="utf-8")
+    with pytest.raises(UserError, match=r"manifest\.json: damaged"):
+        batches(options(changed), 1)
+    assert build(changed, overwrite=True)["corpora"]["two"]["kept"] == 800  # -overwrite replaces it
+
+
 @pytest.mark.parametrize("overrides, named", [
     (("-src_subword_nbest", "-1", "-src_subword_alpha", "0.1"), "transform sentencepiece"),
     (("-copy_attn",), "-copy_attn"),
