@@ -25,8 +25,8 @@ def binarize(argv=None):
     parser = train_parser()
     parser.prog = PROG
     parser.add("--processes", "-processes", type=int, default=0,
-               help="onmt_ext_binarize: processes that binarise a corpus side by side, each a share of its lines "
-                    "(default 0: one per 100,000 lines, at most the CPUs available and 16)")
+               help="onmt_ext_binarize: processes that binarise a corpus side by side, each a share of its lines; "
+                    "0: one per 100,000 lines, at most the CPUs available and 16")
     opt, _ = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     directory = binarized.BinarizedOptions.from_opt(opt).binarized
     if not directory:
