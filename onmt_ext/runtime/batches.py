@@ -17,6 +17,7 @@ import gc
 import math
 from itertools import chain
 
+import numpy as np
 import torch
 
 from onmt_ext.patches import SPEED, patch
@@ -227,13 +228,17 @@ def _plain_line(stock, line, n_feats=0, defaults=None):
 
 
 def _padded(sequences, pad, device):
-    """``(batch, max len)`` int64 of ``sequences`` (lists of ids), padded on the right with ``pad``: one tensor from
-    all the ids at once, where stock makes one per sequence and pads them with ``pad_sequence``."""
+    """``(batch, max len)`` int64 of ``sequences`` (lists of ids, or numpy arrays: binarised data), padded on the
+    right with ``pad``: one tensor from all the ids at once, where stock makes one per sequence and pads them with
+    ``pad_sequence``."""
     lengths = torch.tensor([len(ids) for ids in sequences], dtype=torch.long)
     width = int(lengths.max()) if len(sequences) else 0
     padded = torch.full((len(sequences), width), pad, dtype=torch.long)
-    padded[torch.arange(width) < lengths[:, None]] = torch.tensor(list(chain.from_iterable(sequences)),
-                                                                    dtype=torch.long)
+    if sequences and isinstance(sequences[0], np.ndarray):
+        flat = torch.from_numpy(np.concatenate(sequences).astype(np.int64))
+    else:
+        flat = torch.tensor(list(chain.from_iterable(sequences)), dtype=torch.long)
+    padded[torch.arange(width) < lengths[:, None]] = flat
     return padded.to(device), lengths.to(device)
 
 

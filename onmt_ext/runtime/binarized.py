@@ -440,8 +440,8 @@ class BinarizedCorpusIterator:
             sides = []
             for offsets, ids in ((src_offsets, src_ids), (tgt_offsets, tgt_ids)):
                 starts, ends = offsets[part], offsets[part + 1]
-                low = int(starts[0]) if len(part) else 0  # the chunk's ids as one list, sliced per line
-                block = ids[low:int(ends[-1]) if len(part) else 0].tolist()
+                low = int(starts[0]) if len(part) else 0  # the chunk's ids read once, sliced per line
+                block = np.array(ids[low:int(ends[-1]) if len(part) else 0])
                 sides.append((block, (starts - low).tolist(), (ends - low).tolist()))
             (src, src_starts, src_ends), (tgt, tgt_starts, tgt_ends) = sides
             for number, kind, text, a, b, c, d in zip(numbers, states, keys, src_starts, src_ends, tgt_starts,
