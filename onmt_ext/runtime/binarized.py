@@ -13,6 +13,7 @@ each example the same result every time qualify (:data:`DETERMINISTIC`); validat
 
 import hashlib
 import json
+import multiprocessing
 import os
 import shutil
 import time
@@ -324,8 +325,6 @@ def process_count(lines, asked=0):
 def _build_corpus(name, corpus, transforms, opt, vocabs, keys, say, processes=0):
     """The arrays of one corpus (:data:`ARRAYS`): in this process, or in ``processes`` spawned ones
     (:func:`process_count`), each a share of the lines as stock's data workers take them; the same arrays."""
-    import multiprocessing
-
     lines = _count_lines(corpus.src)
     count = process_count(lines, processes)
     if count == 1:
