@@ -6,7 +6,6 @@ Reads the config as ``onmt_train`` does (the same options, strictly parsed and v
 (:func:`onmt_ext.integration.commands.run_main`). docs/binarized-data.md.
 """
 
-import os
 import sys
 
 from onmt_ext.errors import UsageError
@@ -19,6 +18,7 @@ def binarize(argv=None):
     from onmt.utils.logging import init_logger, logger
     from onmt.utils.parse import ArgumentParser
 
+    from onmt_ext.integration.commands import missing_vocabularies
     from onmt_ext.integration.parsing import train_parser
     from onmt_ext.runtime import binarized
 
@@ -33,10 +33,9 @@ def binarize(argv=None):
         raise UsageError("-ext_binarized: name the directory to write (in the config, where onmt_train reads it)")
     init_logger(opt.log_file or None)
     ArgumentParser.validate_train_opts(opt)
-    for key in ("src_vocab", "tgt_vocab"):
-        path = getattr(opt, key)
-        if path and not os.path.isfile(path):
-            raise UsageError(f"-{key} {path}: no such file (onmt_build_vocab -config <your config> writes it)")
+    missing = missing_vocabularies(opt)
+    if missing:
+        raise UsageError("\n".join(missing))
     if opt.processes < 0:
         raise UsageError(f"-processes {opt.processes}: must be >= 0")
     binarized.build(opt, directory, overwrite=opt.overwrite, say=logger.info, processes=opt.processes)

@@ -212,15 +212,19 @@ def _build_vocab_checked(stock, opt, *args, **kwargs):
     return stock(opt, *args, **kwargs)
 
 
+def missing_vocabularies(opt):
+    """A message for each of ``-src_vocab``/``-tgt_vocab`` that names no file."""
+    return [f"-{key} {path}: no such file (onmt_build_vocab -config <your config> writes it)"
+            for key, path in (("src_vocab", opt.src_vocab), ("tgt_vocab", opt.tgt_vocab))
+            if path and not os.path.isfile(path)]
+
+
 def _train_checked(stock, opt, *args, **kwargs):
     """``onmt.bin.train.train``: refuse missing vocabularies and a -save_model that holds another run's files."""
     _check_machine(opt, distributed.cpu_ranks(opt))
     problems = train_step.adam_eps_problems(opt)
-    reads_vocabs = not getattr(opt, "train_from", None) or getattr(opt, "update_vocab", False)
-    for key in ("src_vocab", "tgt_vocab") if reads_vocabs else ():  # a resumed run takes the checkpoint's
-        path = getattr(opt, key, None)
-        if path and not os.path.isfile(path):
-            problems.append(f"-{key} {path}: no such file (onmt_build_vocab -config <your config> writes it)")
+    if not getattr(opt, "train_from", None) or getattr(opt, "update_vocab", False):  # (resumed: the checkpoint's)
+        problems += missing_vocabularies(opt)
     if problems:
         raise UsageError("\n".join(problems))
     existing = step_checkpoints(getattr(opt, "save_model", "model"))

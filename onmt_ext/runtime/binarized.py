@@ -24,6 +24,7 @@ import numpy as np
 from onmt_ext.errors import UsageError, UserError
 from onmt_ext.options import option, register_mechanism
 from onmt_ext.patches import SPEED, patch, runtime_choice
+from onmt_ext.runtime.corpus import check_corpus
 
 # OpenNMT-py is imported inside the functions: importing it while this module initialises would activate
 # onmt-ext (onmt_ext._autoload) before this module is whole.
@@ -200,11 +201,6 @@ def check(directory, opt, transforms, vocabs):
     return manifest
 
 
-def _count_lines(path):
-    with open(path, "rb") as handle:
-        return sum(1 for _ in handle)
-
-
 def _share(lines, stride, offset):
     """The line numbers (0-based, in order) that stock's ``ParallelCorpus.load`` reads at ``stride``/``offset``."""
     numbers = np.arange(lines)
@@ -325,7 +321,7 @@ def process_count(lines, asked=0):
 def _build_corpus(name, corpus, transforms, opt, vocabs, keys, say, processes=0):
     """The arrays of one corpus (:data:`ARRAYS`): in this process, or in ``processes`` spawned ones
     (:func:`process_count`), each a share of the lines as stock's data workers take them; the same arrays."""
-    lines = _count_lines(corpus.src)
+    lines, _ = check_corpus(name, corpus.src, corpus.tgt)  # (counted when the options were validated: cached)
     count = process_count(lines, processes)
     if count == 1:
         return _merge(lines, [_binarize_share(name, corpus, transforms, opt, vocabs, lines, say=say)], keys)

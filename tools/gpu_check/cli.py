@@ -28,8 +28,8 @@ from tools import common
 from tools.gpu_check.cases import MECHANISMS, REPO, TINY_MECHANISMS
 from tools.gpu_check.child import CHILDREN
 from tools.gpu_check.plan import (
-    BUDGETS, FRESH_BIN, FRESH_NAMES, GRACE_S, PART_STAGES, Schedule, TINY_BUDGETS, apply_part, checkpoint_plan, fresh_deadlines,
-    monotonic_now, paper_of, plan_line, run_steps, step_plan, training_plan, warm_up_plan,
+    BUDGETS, FRESH_BIN, FRESH_NAMES, GRACE_S, PART_STAGES, Schedule, TINY_BUDGETS, apply_part, checkpoint_plan,
+    fresh_deadlines, monotonic_now, paper_of, plan_line, run_steps, step_plan, training_plan, warm_up_plan,
 )
 from tools.gpu_check.properties import finish_section_a, start_section_a
 from tools.gpu_check.report import markdown, report_name, targets_table

@@ -174,10 +174,11 @@ def prepare_training(args, work, plan, cache):
     configs = {}
     for _, _, _, rows in plan:
         for row, case, mode, extra in rows:
+            steps, warmup = run_steps(args, row["group"])
             configs[row["key"]] = training_config(case, mode, args, work, cache, batch_size=row["batch_tokens"],
                                                   replay=extra.get("replay", False), stock=extra.get("stock", False),
-                                                  binarized=extra.get("binarized", False), name=row["name"], steps=run_steps(args, row["group"])[0],
-                                                  warmup=run_steps(args, row["group"])[1])
+                                                  binarized=extra.get("binarized", False), name=row["name"],
+                                                  steps=steps, warmup=warmup)
             row["command"] = f"onmt_train -config {configs[row['key']][0]}"
             row["options"] = configs[row["key"]][2]
     return configs
