@@ -28,6 +28,8 @@ from tools.prepare_data import TASKS as DATA_TASKS  # the tasks `make data-<task
 
 REPO = common.REPO
 DATA = Path("build/data")  # relative to REPO, the working directory of main()
+#: Where the rows' training corpora are kept binarised (onmt_train -ext_binarized_cache; --from-text: not at all).
+BINARIZED = Path("build/binarized")
 RESULTS = REPO / "results"
 
 #: (source, target) language of every task, as prepared by tools/prepare_data.py.
@@ -328,9 +330,24 @@ def update_passes(values, gpus, passes, config):
     return batch * (per_gpu // passes), passes
 
 
-def plan(row, gpus=(0,), average=AVERAGE, passes=None):
+def binarized_options(config, overrides=()):
+    """``["-ext_binarized_cache", BINARIZED]`` for a training of ``yaml_configs/<config>`` with ``overrides``
+    whose corpora can be binarised (the same batches, the transforms done once: docs/binarized-data.md), unless
+    the config names binarised data itself; else ``[]`` (the study's tagger, subword sampling: from the text)."""
+    from onmt_ext.integration.parsing import train_parser
+    from onmt_ext.runtime import binarized
+
+    opt, _ = train_parser().parse_known_args(["-config", str(common.CONFIGS / config), *map(str, overrides)])
+    chosen = binarized.BinarizedOptions.from_opt(opt)
+    if chosen.binarized or chosen.binarized_cache or binarized.config_problems(opt):
+        return []
+    return ["-ext_binarized_cache", BINARIZED]
+
+
+def plan(row, gpus=(0,), average=AVERAGE, passes=None, binarize=True):
     """The :class:`RowPlan` of one row trained on the CUDA devices ``gpus`` with ``average`` checkpoints averaged
-    (``passes``: batches per update and GPU, see :func:`update_passes`)."""
+    (``passes``: batches per update and GPU, see :func:`update_passes`), from binarised corpora where they can be
+    (:func:`binarized_options`) unless not ``binarize``."""
     from onmt_ext.mechanisms.clause.split import translate_options
 
     values = common.config_values(row.config)  # with the row's overrides (``("-option", value, ...)``)
@@ -348,7 +365,8 @@ def plan(row, gpus=(0,), average=AVERAGE, passes=None):
     devices = ["-world_size", len(gpus), "-gpu_ranks", *range(len(gpus))] if gpus else []
     train = ["onmt_train", "-config", f"yaml_configs/{row.config}", *devices, "-accum_count", accum_count,
              *(["-batch_size", batch_size] if batch_size != int(values["batch_size"]) else []),
-             "-log_file", run_dir / "train.log", "-overwrite_checkpoints", *sweep]
+             "-log_file", run_dir / "train.log", "-overwrite_checkpoints", *sweep,
+             *(binarized_options(row.config, row.overrides) if binarize else [])]
     steps.append(Step(tuple(train), checkpoints[-1], _training_inputs(values)))
     model = checkpoints[-1]
     if average > 1:
@@ -862,6 +880,9 @@ def main(argv=None):
     parser.add_argument("--average", type=common.at_least(1), default=AVERAGE,
                         help=f"average the last N checkpoints and translate with the average (default {AVERAGE}; "
                              "1: translate the last checkpoint)")
+    parser.add_argument("--from-text", action="store_true",
+                        help=f"train from the text corpora (make's BINARIZED=0); by default the rows whose data "
+                             f"allows it train from it binarised once under {BINARIZED}/ (the same batches)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the commands (with --preflight: the failed checks as warnings); run nothing")
     parser.add_argument("--rules", type=Path, metavar="FILE",
@@ -902,7 +923,7 @@ def main(argv=None):
     out_dir = results_dir(table, root)
     if args.preflight:  # the options against every row's config, then the devices and the corpus
         for row in rows:
-            plan(row, gpus, args.average, args.passes)
+            plan(row, gpus, args.average, args.passes, not args.from_text)
         preflight(table, gpus, args.small_data, args.dry_run)
         return 0
     if args.report_only:
@@ -910,7 +931,7 @@ def main(argv=None):
         rows_done, commands, data = load_results(source, table)
         data = data or {"ours": f"not recorded in {_show(source)}", "paper": paper_data(table, task)}
     else:
-        plans = [plan(row, gpus, args.average, args.passes) for row in rows]
+        plans = [plan(row, gpus, args.average, args.passes, not args.from_text) for row in rows]
         if rules:
             rules.parent.mkdir(parents=True, exist_ok=True)
             rules.write_text(make_rules(table, plans, gpus), encoding="utf-8")

@@ -2,7 +2,8 @@
 
 Reads the config as ``onmt_train`` does (the same options, strictly parsed and validated), then
 :func:`onmt_ext.runtime.binarized.build` writes the directory that the config's ``-ext_binarized`` names, where
-``onmt_train`` with the same config then reads its training batches. Errors end in one line
+``onmt_train`` with the same config then reads its training batches (with ``-ext_binarized_cache ROOT``: the
+directory under ROOT that ``onmt_train`` would otherwise binarise into at its start). Errors end in one line
 (:func:`onmt_ext.integration.commands.run_main`). docs/binarized-data.md.
 """
 
@@ -28,9 +29,10 @@ def binarize(argv=None):
                help="onmt_ext_binarize: processes that binarise a corpus side by side, each a share of its lines; "
                     "0: one per 100,000 lines, at most the CPUs available and 16")
     opt, _ = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
-    directory = binarized.BinarizedOptions.from_opt(opt).binarized
-    if not directory:
-        raise UsageError("-ext_binarized: name the directory to write (in the config, where onmt_train reads it)")
+    options = binarized.BinarizedOptions.from_opt(opt)
+    if not (options.binarized or options.binarized_cache):
+        raise UsageError("-ext_binarized: name the directory to write (in the config, where onmt_train reads it), "
+                         "or -ext_binarized_cache the directory to write under")
     init_logger(opt.log_file or None)
     ArgumentParser.validate_train_opts(opt)
     missing = missing_vocabularies(opt)
@@ -38,8 +40,13 @@ def binarize(argv=None):
         raise UsageError("\n".join(missing))
     if opt.processes < 0:
         raise UsageError(f"-processes {opt.processes}: must be >= 0")
-    binarized.build(opt, directory, overwrite=opt.overwrite, say=logger.info, processes=opt.processes)
-    logger.info(f"onmt_train with -ext_binarized {directory} reads these training batches")
+    if options.binarized_cache:
+        directory = binarized.build_cached(opt, options.binarized_cache, say=logger.info, processes=opt.processes)
+        logger.info(f"{directory} holds these training batches: onmt_train with -ext_binarized_cache "
+                    f"{options.binarized_cache} and this config reads them")
+        return
+    binarized.build(opt, options.binarized, overwrite=opt.overwrite, say=logger.info, processes=opt.processes)
+    logger.info(f"onmt_train with -ext_binarized {options.binarized} reads these training batches")
 
 
 def main(argv=None):

@@ -9,8 +9,12 @@ training corpora for :class:`BinarizedCorpus` (after checking :func:`fingerprint
 the lines (stock's ``stride``/``offset``) from memory-mapped arrays, and its buckets skip the transforms: the same
 examples, buckets, batches and order as from the text (``tests/unit/test_binarized.py``). Only transforms that give
 each example the same result every time qualify (:data:`DETERMINISTIC`); validation reads the text as before.
+``-ext_binarized_cache ROOT`` names the directory by the fingerprint's digest under ROOT and binarises into it
+first when it is not there (:func:`cached`), so that a config needs no separate command.
 """
 
+import copy
+import fcntl
 import hashlib
 import json
 import multiprocessing
@@ -75,20 +79,27 @@ DETERMINISTIC = {
 
 
 def _combination_check(opt):
-    if BinarizedOptions.from_opt(opt).binarized and runtime_choice() == "stock":
-        return ["-ext_binarized is part of onmt-ext's runtime, which ONMT_EXT_RUNTIME=stock switches off; drop one "
-                "of the two"]
+    options = BinarizedOptions.from_opt(opt)
+    if options.binarized and options.binarized_cache:
+        return ["-ext_binarized and -ext_binarized_cache both name where the binarised data is: keep one"]
+    if (options.binarized or options.binarized_cache) and runtime_choice() == "stock":
+        name = "-ext_binarized" if options.binarized else "-ext_binarized_cache"
+        return [f"{name} is part of onmt-ext's runtime, which ONMT_EXT_RUNTIME=stock switches off; drop one of "
+                "the two"]
     return []
 
 
 @register_mechanism("ext_", combination_check=_combination_check)
 @dataclass(frozen=True)
 class BinarizedOptions:
-    """``-ext_binarized``."""
+    """``-ext_binarized`` and ``-ext_binarized_cache``."""
 
     binarized: str = option("", "onmt_train: read the training corpora from this directory, written by "
                             "onmt_ext_binarize with the same config, instead of the text: the same batches with the "
                             "transforms and vocabulary look-ups done once; docs/binarized-data.md")
+    binarized_cache: str = option("", "onmt_train: read the training corpora as ids from a directory under this one "
+                                  "named by what the ids depend on (corpora, transforms, vocabularies), binarising "
+                                  "them there first if it is not there yet; docs/binarized-data.md")
 
 
 def _training_corpora(opt):
@@ -120,6 +131,23 @@ def problems(opt, transforms):
                              "call (sampling, a batch-wise model or a random draw); binarising would fix one: train "
                              "from the text")
     return found
+
+
+def config_problems(opt):
+    """:func:`problems` of a training config that is parsed but not validated (``opt.data`` still its YAML text, as
+    ``onmt.utils.parse.ArgumentParser`` leaves it before ``validate_train_opts``), with no file read: each
+    transform is made from the options without its warm-up (which loads its models and needs the vocabularies),
+    and a corpus without ``transforms`` takes the config's, as validation gives it."""
+    import yaml
+    from onmt.transforms import get_transforms_cls
+
+    opt = copy.copy(opt)
+    data = yaml.safe_load(opt.data) if isinstance(opt.data, str) else opt.data
+    opt.data = {name: {**entry, "transforms": list(opt.transforms if entry.get("transforms") is None
+                                                   else entry["transforms"])}
+                for name, entry in (data or {}).items()}
+    names = set(opt.transforms).union(*(entry["transforms"] for entry in opt.data.values()))
+    return problems(opt, {name: cls(opt) for name, cls in get_transforms_cls(sorted(names)).items()})
 
 
 def _file_stamp(path):
@@ -345,9 +373,21 @@ def build(opt, directory, overwrite=False, say=_log, processes=0):
     A directory that already holds this data is left as it is; one holding anything else is replaced only with
     ``overwrite`` (OpenNMT-py's ``-overwrite``). The files are written beside it and moved in when complete.
     """
+    opt, transforms, vocabs = _prepared(opt)
+    wanted = fingerprint(opt, transforms, vocabs)
+    manifest = _current(directory, wanted)
+    if manifest is not None:
+        say(f"{directory} already holds this config's training data, binarised: nothing to do")
+        return manifest
+    if os.path.exists(directory) and not overwrite and os.listdir(directory):
+        raise UsageError(f"-ext_binarized {directory} already holds other files; add -overwrite to replace them")
+    return _write(opt, transforms, vocabs, directory, wanted, say, processes)
+
+
+def _prepared(opt):
+    """``(opt, transforms, vocabs)`` of a new training as ``onmt_train`` makes them, once :func:`problems` finds
+    nothing; else a :class:`UsageError`."""
     from onmt import train_single
-    from onmt.constants import CorpusTask
-    from onmt.inputters.text_corpus import get_corpora
     from onmt.transforms import make_transforms
 
     if getattr(opt, "train_from", ""):
@@ -357,16 +397,58 @@ def build(opt, directory, overwrite=False, say=_log, processes=0):
     found = problems(opt, transforms)
     if found:
         raise UsageError("; ".join(found))
-    wanted = fingerprint(opt, transforms, vocabs)
+    return opt, transforms, vocabs
+
+
+def _current(directory, wanted):
+    """The manifest of ``directory`` if it holds the data of fingerprint ``wanted``; None if it does not (also
+    when it is missing or damaged)."""
     try:
         manifest = read_manifest(directory) if os.path.isdir(directory) else None
-    except UserError:  # damaged: replaced with -overwrite, like any other files there
-        manifest = None
-    if manifest is not None and manifest.get("fingerprint") == wanted:
-        say(f"{directory} already holds this config's training data, binarised: nothing to do")
-        return manifest
-    if os.path.exists(directory) and not overwrite and (manifest is not None or os.listdir(directory)):
-        raise UsageError(f"-ext_binarized {directory} already holds other files; add -overwrite to replace them")
+    except UserError:
+        return None
+    return manifest if manifest is not None and manifest.get("fingerprint") == wanted else None
+
+
+def cache_key(wanted):
+    """The name of the directory of fingerprint ``wanted`` under ``-ext_binarized_cache``: 16 hex digits of its
+    SHA-256 (64 bits: a chance of about 10^-19 that two data sets of one cache share a name)."""
+    return hashlib.sha256(json.dumps(wanted, sort_keys=True).encode("utf-8")).hexdigest()[:16]
+
+
+def build_cached(opt, root, say=_log, processes=0):
+    """:func:`cached` for ``onmt_ext_binarize``: the directory under ``root`` for ``opt``'s training data."""
+    opt, transforms, vocabs = _prepared(opt)
+    return cached(root, opt, transforms, vocabs, say, processes)
+
+
+def cached(root, opt, transforms, vocabs, say=_log, processes=0):
+    """The directory under ``root`` that holds ``opt``'s training data binarised, :func:`build` into it first if
+    it does not yet (or is damaged). Processes that ask for it at once (ranks, two runs) wait on a lock beside it:
+    the first binarises, the others read. Only ``root/<key>``, its lock file and its work directory while it is
+    written are touched."""
+    wanted = fingerprint(opt, transforms, vocabs)
+    key = cache_key(wanted)
+    directory = os.path.join(root, key)
+    try:
+        os.makedirs(root, exist_ok=True)
+        lock = open(os.path.join(root, f".{key}.lock"), "w", encoding="utf-8")
+    except OSError as error:
+        raise UserError(f"-ext_binarized_cache {root}: cannot write there ({error.strerror})") from None
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _current(directory, wanted) is None:
+            say(f"-ext_binarized_cache: binarising the training corpora into {directory}, once for this data")
+            _write(opt, transforms, vocabs, directory, wanted, say, processes)
+    return directory
+
+
+def _write(opt, transforms, vocabs, directory, wanted, say, processes):
+    """Binarise ``opt``'s training corpora into ``directory`` (replacing what is there) under fingerprint
+    ``wanted``; returns the manifest."""
+    from onmt.constants import CorpusTask
+    from onmt.inputters.text_corpus import get_corpora
+
     corpora = get_corpora(opt, CorpusTask.TRAIN)
     work = f"{directory.rstrip(os.sep)}.partial-{os.getpid()}"
     shutil.rmtree(work, ignore_errors=True)
@@ -449,13 +531,15 @@ class BinarizedCorpusIterator:
 
 
 def _from_binarized(stock, cls, corpora, transforms, vocabs, opt, task, *args, **kwargs):
-    """``DynamicDatasetIter.from_opt``: with ``-ext_binarized``, the training corpora become
-    :class:`BinarizedCorpus` once :func:`check` has found the directory current."""
-    directory = BinarizedOptions.from_opt(opt).binarized
-    if directory and task == "train":
+    """``DynamicDatasetIter.from_opt``: with ``-ext_binarized`` (or ``-ext_binarized_cache``, after
+    :func:`cached`), the training corpora become :class:`BinarizedCorpus` once :func:`check` has found the
+    directory current."""
+    options = BinarizedOptions.from_opt(opt)
+    if (options.binarized or options.binarized_cache) and task == "train":
         found = problems(opt, transforms)
         if found:
-            raise UsageError("-ext_binarized: " + "; ".join(found))
+            raise UsageError(f"-ext_binarized{'_cache' if options.binarized_cache else ''}: " + "; ".join(found))
+        directory = options.binarized or cached(options.binarized_cache, opt, transforms, vocabs)
         manifest = check(directory, opt, transforms, vocabs)
         _log(f"training corpora read from {directory} (onmt_ext_binarize): " + ", ".join(
             f"{name} {entry['kept']:,} lines" for name, entry in sorted(manifest["corpora"].items())))

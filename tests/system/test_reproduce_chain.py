@@ -104,6 +104,14 @@ def test_make_reproduce_sample_runs_every_step_and_reports(checkout, tmp_path, o
     assert ours.startswith("data/wmt14-ende-sample/train.* (") and "pairs after cleaning" in ours
     commands = [command.split()[1] for command in report["commands"]]
     assert commands == ["onmt_train", "onmt_average_models", "onmt_translate"] * 2, commands
+    # both rows trained on one binarised copy of their corpus (docs/binarized-data.md), written by the first
+    assert all(command.endswith(" -ext_binarized_cache build/binarized") for command in report["commands"]
+               if " onmt_train " in command)
+    (cache,) = [path for path in (checkout / "build/binarized").iterdir() if not path.name.startswith(".")]
+    assert json.loads((cache / "manifest.json").read_text(encoding="utf-8"))["corpora"]["corpus_1"]["kept"] > 0
+    for row in rows:
+        log = (checkout / row["model"]).parent / "train.log"
+        assert f"training corpora read from {cache.relative_to(checkout)}" in log.read_text(encoding="utf-8")
     markdown = (out / "sample-li2019.md").read_text(encoding="utf-8")
     assert markdown.count("| ") > 4 and f"Training data: ours: {ours}" in markdown
     assert (out / "sample-li2019.curves.png").stat().st_size > 1000

@@ -129,7 +129,7 @@ def test_sweep_rows_train_into_their_own_directories():
     run_dirs = [p.run_dir for p in plans]
     assert len(set(run_dirs)) == len(run_dirs) == 8
     train = plans[-1].commands[0]
-    assert train[-2:] == ["-chen2019_dim", "448"]
+    assert train[-4:] == ["-chen2019_dim", "448", "-ext_binarized_cache", "build/binarized"]
     assert f"-save_model {run_dirs[-1]}/model" in " ".join(train)
     assert plans[-1].model == run_dirs[-1] / "average_last5.pt"  # averaged inside the sweep point's directory
     assert all(checkpoint.parent == run_dirs[-1] for checkpoint in plans[-1].checkpoints)

@@ -74,6 +74,30 @@ def test_the_gpu_list_sets_visible_devices_world_size_and_ranks(capsys):
     assert " -gpu 0 " in translate  # device 2: the first visible one
 
 
+def _train_command(plan):
+    return next(command for command in plan.commands if command[0] == "onmt_train")
+
+
+def test_rows_train_from_binarised_corpora_where_their_data_allows(tmp_path):
+    """Every row whose transforms give each line one result trains with ``-ext_binarized_cache build/binarized``
+    (one directory per data set, shared by the rows: docs/binarized-data.md); the study's tagger labels a bucket's
+    lines together, so its row trains from the text, as every row does with --from-text."""
+    rows = reproduce.TABLES["clause-table5"]
+    cached = {row.label: _train_command(reproduce.plan(row))[-2:] == ["-ext_binarized_cache", "build/binarized"]
+              for row in rows}
+    study = {row.label for row in rows if _config(row).get("clause_tagger_model")}
+    assert study and all(not cached[label] for label in study)
+    assert all(cached[label] for label in cached if label not in study), cached
+    assert all("-ext_binarized_cache" not in _train_command(reproduce.plan(row, binarize=False)) for row in rows)
+    li2019 = reproduce.plan(reproduce.TABLES["li2019-table3"][0])
+    assert _train_command(li2019)[-2:] == ["-ext_binarized_cache", "build/binarized"]
+    config = tmp_path / "tokendrop.yaml"  # a random draw at each reading of a line
+    values = _config(reproduce.TABLES["sample-li2019"][0])
+    config.write_text(yaml.safe_dump({**values, "transforms": ["tokendrop", "filtertoolong"]}), encoding="utf-8")
+    assert reproduce.binarized_options(config) == []
+    assert reproduce.binarized_options(reproduce.TABLES["sample-li2019"][0].config) != []
+
+
 def _fake_programs(tmp_path, plan):
     """``bin/`` with stand-ins of the OpenNMT-py commands that log their call (and the visible devices) to
     ``calls`` and write their outputs: every checkpoint of ``plan``, the file after ``-output``."""

@@ -70,6 +70,9 @@ def test_the_sample_table_runs_on_the_cpu_unless_gpus_are_given(checkout):
     trainings = [line for line in result.stdout.splitlines() if " onmt_train " in line]
     assert len(trainings) == 2 and all(line.startswith("CUDA_VISIBLE_DEVICES= ") for line in trainings)
     assert "-gpu_ranks" not in result.stdout
+    assert all(line.endswith(" -ext_binarized_cache build/binarized") for line in trainings)
+    text = _make(checkout, "reproduce-sample-li2019", "DRY_RUN=1", "BINARIZED=0")  # from the text
+    assert text.returncode == 0 and "-ext_binarized" not in text.stdout and " onmt_train " in text.stdout
 
 
 def test_a_papers_target_checks_every_table_before_the_first_one_prepares_data(checkout, tmp_path):

@@ -242,4 +242,110 @@ def test_the_command_writes_the_directory_and_ends_errors_in_one_line(corpora, t
     assert failed.returncode == 2
     assert failed.stderr.strip().splitlines() == [
         "onmt_ext_binarize: error: -ext_binarized: name the directory to write (in the config, where onmt_train "
-        "reads it)"]
+        "reads it), or -ext_binarized_cache the directory to write under"]
+
+
+# ---------------------------------------------------------------- -ext_binarized_cache
+
+
+def test_the_cache_binarises_once_per_data_and_trains_on_the_texts_batches(corpora, config, tmp_path):
+    """Training with ``-ext_binarized_cache`` builds ``<root>/<key>`` at its start, then reads it: the batches of
+    ``-ext_binarized`` (the text's, tested above); a second start reuses it, and other data gets a directory of its
+    own beside it, with the first left as it was."""
+    import numpy as np
+
+    from onmt_ext.runtime import binarized
+
+    root = tmp_path / "cache"
+    cached = ("-ext_binarized", "", "-ext_binarized_cache", str(root))
+    ours = batches(options(config, *cached), 20, 2, 1)
+    (key,) = [path for path in root.iterdir() if not path.name.startswith(".")]
+    one = options(config).ext_binarized
+    assert binarized.read_manifest(key)["fingerprint"] == binarized.read_manifest(one)["fingerprint"]
+    for name in ("one", "two"):
+        for array in binarized.ARRAYS:
+            assert np.array_equal(np.load(key / f"{name}.{array}.npy"), np.load(f"{one}/{name}.{array}.npy"))
+    theirs = batches(options(config), 20, 2, 1)
+    assert all(torch.equal(mine["tgt"], their["tgt"]) for mine, their in zip(ours, theirs))
+    made = (key / "manifest.json").stat().st_mtime_ns
+    batches(options(config, *cached), 1)
+    assert (key / "manifest.json").stat().st_mtime_ns == made  # current: read, not written again
+    work, files = corpora
+    shorter = write_config(work, files, "shorter.yaml", src_seq_length=LONGEST - 5)
+    batches(options(shorter, *cached), 1)
+    keys = sorted(path.name for path in root.iterdir() if not path.name.startswith("."))
+    assert len(keys) == 2 and key.name in keys and (key / "manifest.json").stat().st_mtime_ns == made
+
+
+def test_runs_that_ask_for_the_cache_at_once_binarise_it_once(config, tmp_path, monkeypatch):
+    """Two ranks (here threads) start together: the second waits on the lock and reads what the first wrote."""
+    import threading
+    import time
+
+    from onmt_ext.runtime import binarized
+
+    written, stock = [], binarized._write
+
+    def slow_write(*args, **kwargs):
+        written.append(args[3])
+        time.sleep(1.0)  # both ask while the first is still writing
+        return stock(*args, **kwargs)
+
+    monkeypatch.setattr(binarized, "_write", slow_write)
+    opt, transforms, vocabs = binarized._prepared(options(config, "-ext_binarized", ""))
+    found = []
+    runs = [threading.Thread(target=lambda: found.append(binarized.cached(str(tmp_path), opt, transforms, vocabs,
+                                                                          say=lambda text: None)))
+            for _ in range(2)]
+    for run in runs:
+        run.start()
+    for run in runs:
+        run.join()
+    assert len(written) == 1 and found == [written[0]] * 2
+    assert binarized.read_manifest(written[0])["corpora"]["one"]["kept"] == 993
+
+
+def test_the_command_fills_the_cache_and_a_cache_it_cannot_write_is_named(config, tmp_path):
+    from onmt_ext.errors import UserError
+
+    root = tmp_path / "cache"
+    command = [str(support.BIN / "onmt_ext_binarize"), "-config", str(config), "-ext_binarized", "",
+               "-ext_binarized_cache", str(root)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    (key,) = [path for path in root.iterdir() if not path.name.startswith(".")]
+    assert f"{key} holds these training batches" in done.stderr and (key / "manifest.json").is_file()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UserError, match=r"-ext_binarized_cache .*file: cannot write there \(File exists\)"):
+        batches(options(config, "-ext_binarized", "", "-ext_binarized_cache", str(tmp_path / "file")), 1)
+
+
+def test_the_cache_and_a_directory_together_are_refused(config, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        options(config, "-ext_binarized_cache", str(tmp_path))
+    assert exit_info.value.code == 2
+    assert "-ext_binarized and -ext_binarized_cache both name where the binarised data is" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("overrides, named", [
+    ((), None),
+    (("-src_subword_nbest", "-1", "-src_subword_alpha", "0.1"), "transform sentencepiece"),
+    (("-transforms", "sentencepiece", "tokendrop"), "transform tokendrop"),
+    (("-copy_attn",), "-copy_attn"),
+])
+def test_a_config_is_judged_before_any_file_is_read(corpora, tmp_path, overrides, named):
+    """``config_problems`` (make reproduce-* asks it before the data exists) gives what training would say; a
+    corpus without its own ``transforms`` takes the config's, as validation gives it."""
+    from onmt_ext.integration.parsing import train_parser
+    from onmt_ext.runtime import binarized
+
+    _, files = corpora
+    config = write_config(tmp_path, files)
+    values = yaml.safe_load(config.read_text(encoding="utf-8"))
+    for entry in values["data"].values():
+        entry.pop("transforms", None)
+    values["src_subword_model"] = str(tmp_path / "absent.model")  # no file is read
+    config.write_text(yaml.safe_dump(values), encoding="utf-8")
+    opt, _ = train_parser().parse_known_args(["-config", str(config), *overrides])
+    found = binarized.config_problems(opt)
+    assert (found == []) if named is None else any(named in problem for problem in found), found

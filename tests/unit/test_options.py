@@ -197,8 +197,8 @@ def test_the_options_order_does_not_depend_on_which_mechanism_is_imported_first(
     orders = {first: _option_order_after_importing(first) for first in ("chen2019", "li2019", "gret")}
     assert len(set(orders.values())) == 1, orders
     names = orders["li2019"].split("\n")[0].split()
-    assert names[0].startswith("li2019_") and names[-4:] == ["ext_compile", "ext_compile_layers", "ext_binarized",
-                                                             "ext_half_weights"]
+    assert names[0].startswith("li2019_") and names[-5:] == ["ext_compile", "ext_compile_layers", "ext_binarized",
+                                                             "ext_binarized_cache", "ext_half_weights"]
 
 
 def test_duplicate_declaration_is_refused(toy_options):
