@@ -283,6 +283,16 @@ def paper_claim(config):
 Speed = namedtuple("Speed", "step valid startup")
 
 
+def reused_probe(previous, configs, all_finished):
+    """The :class:`Speed` of each of ``configs`` from the ``previous`` report (its JSON, or None) when
+    ``all_finished`` (every run of this invocation is reused, so nothing is estimated) and it probed them all;
+    else None, and the probe runs."""
+    probed = (previous or {}).get("probe") or {}
+    if not all_finished or any(name not in probed for name in configs):
+        return None
+    return {name: Speed(**probed[name]) for name in configs}
+
+
 def probe(configs, seed, steps, jobs, threads, work):
     """Train every config ``steps`` steps (``jobs`` at a time) and measure its :class:`Speed`."""
     report_every = max(1, steps // 6)
@@ -570,7 +580,9 @@ def markdown(report):
               f"{n} values cannot check that).  Both are Holm-adjusted over the {others} configs; adjusted, the "
               f"exact test cannot go below {min(1.0, others * min_p):.3f}.  A verdict says better or worse only "
               f"in a metric whose Holm-adjusted t-test p is below {ALPHA}, and names that metric.  Speed: "
-              + ("training steps per second of the speed probe (every config alike) " if report.get("probe") else
+              + ("training steps per second of the speed probe (every config alike"
+                 + ("; the previous report's, as every run was reused" if report.get("probe_reused") else "") + ") "
+                 if report.get("probe") else
                  "mean target tokens/s of training ")
               + f"relative to the baseline ({report['jobs']} runs at a time, {report['threads']} thread(s) each: "
               "coarser than `make bench`).",
@@ -818,16 +830,23 @@ def main(argv=None):
     window = args.plateau_window if search else 0
 
     # 1. the probe and the estimate
-    print(f"compare.py: probing the speed of {len(args.configs)} configs ({args.probe_steps} steps each, "
-          f"{args.jobs} at a time)", flush=True)
-    speeds = probe(args.configs, args.seeds[0], args.probe_steps, args.jobs, threads, args.work)
+    done = frozenset() if search else finished_runs(args.configs, args.seeds, args.work, args.train_steps,
+                                                      args.test_lines, args.valid_every)
+    previous = args.out / "compare.json"
+    speeds = reused_probe(json.loads(previous.read_text(encoding="utf-8")) if previous.exists() else None,
+                          args.configs, len(done) == len(args.configs) * len(args.seeds))
+    reused_speeds = speeds is not None
+    if reused_speeds:
+        print(f"compare.py: every run is finished: the speed probe of {previous} is reported again",
+              flush=True)
+    else:
+        print(f"compare.py: probing the speed of {len(args.configs)} configs ({args.probe_steps} steps each, "
+              f"{args.jobs} at a time)", flush=True)
+        speeds = probe(args.configs, args.seeds[0], args.probe_steps, args.jobs, threads, args.work)
     for name, speed in speeds.items():
         print(f"  {name}: {speed.step:.3f} s/step, {speed.valid:.1f} s/validation, {speed.startup:.0f} s start-up",
               flush=True)
     translate_allowance = TRANSLATE_ALLOWANCE * test_sentences / all_sentences
-
-    done = frozenset() if search else finished_runs(args.configs, args.seeds, args.work, args.train_steps,
-                                                      args.test_lines, args.valid_every)
 
     def estimate_at(plateau_step, translate_seconds=translate_allowance):
         return estimate(speeds, args.configs, args.seeds, args.jobs, plateau_step, window, args.valid_every,
@@ -848,7 +867,8 @@ def main(argv=None):
     else:
         estimate_text = (f"about {_minutes(worst['total'])} more ({max_steps} steps per run; "
                          f"{len(done)} of {len(args.configs) * len(args.seeds)} runs finished before, reused)")
-    print(f"compare.py: estimate: {estimate_text}; the probe took {_minutes(time.perf_counter() - started)}",
+    print(f"compare.py: estimate: {estimate_text}" + ("" if reused_speeds else
+                                                     f"; the probe took {_minutes(time.perf_counter() - started)}"),
           flush=True)
     if worst["total"] > budget:
         print(f"compare.py: warning: the estimate exceeds --budget-minutes {args.budget_minutes:g}", flush=True)
@@ -900,12 +920,12 @@ def main(argv=None):
               "test_sentences": test_sentences, "wall_seconds": wall, "estimate_text": estimate_text,
               "command": shlex.join(["python", "-m", "tools.compare", *(sys.argv[1:] if argv is None else argv)]),
               "plateau": plateau, "probe": {name: speed._asdict() for name, speed in speeds.items()},
+              "probe_reused": reused_speeds,
               "commands": {f"{r.config}/seed{r.seed}": [
                   shlex.join(train_command(r, args.valid_every, report_every,
                                            max_steps + window if search and r in base_runs else None)),
                   shlex.join(translate_command(r, source))] for r in runs},
               "rows": rows, "curves": curves, "reused_runs": reused, "run_logs": logs}
-    previous = args.out / "compare.json"
     report["earlier_invocations"] = earlier_invocations(
         json.loads(previous.read_text(encoding="utf-8")) if previous.exists() else None, reused, logs)
     args.out.mkdir(parents=True, exist_ok=True)

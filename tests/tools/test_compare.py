@@ -202,3 +202,16 @@ def test_report_only_rewrites_the_report_from_its_json(tmp_path, capsys):
     (tmp_path / "compare.json").write_text("{", encoding="utf-8")
     with pytest.raises(SystemExit, match="cannot read .*compare.json"):
         compare.main(["--report-only", "--out", str(tmp_path)])
+
+
+def test_the_probe_is_reported_again_only_when_every_run_is_reused():
+    """Nothing is estimated when all runs are finished, so the last report's probe stands in for a new one;
+    a run still to train, or a config it did not probe, needs the probe."""
+    previous = {"probe": {"a": {"step": 0.5, "valid": 2.0, "startup": 9.0}, "b": {"step": 0.7, "valid": 2.5,
+                                                                              "startup": 9.5}}}
+    assert compare.reused_probe(previous, ["a", "b"], True) == {"a": compare.Speed(0.5, 2.0, 9.0),
+                                                                "b": compare.Speed(0.7, 2.5, 9.5)}
+    assert compare.reused_probe(previous, ["a", "b"], False) is None
+    assert compare.reused_probe(previous, ["a", "c"], True) is None
+    assert compare.reused_probe(None, ["a"], True) is None
+    assert compare.reused_probe({"probe": None}, ["a"], True) is None
