@@ -2,7 +2,7 @@
 
 One toy run (yaml_configs/smoke/foundation/ext_transformer.yaml on 40 lines of the Tatoeba sample, one batch per
 rank a step) is traced with ``ONMT_EXT_TRACE_BATCHES`` (each rank's batches) and saves every step; a one-process
-run and a run resumed from step 2 run beside it.  In-process checks of the gradient against one process, of the
+run, a run resumed from step 2 and one from binarised data run beside it.  In-process checks of the gradient against one process, of the
 reports and of host reads: tests/unit/test_distributed.py.  The smoke config of every mechanism on two ranks is
 slow.
 """
@@ -79,7 +79,9 @@ def runs(tmp_path_factory):
     logs = {"two": _train(base / "two", *RANKS, *common, "-train_steps", STEPS, data=data),
             "one": _train(base / "one", *common, "-train_steps", 2, data=data),
             "resumed": _train(base / "resumed", *RANKS, *common, "-train_steps", STEPS, "-train_from",
-                              base / "two" / "model_step_2.pt", data=data, trace=False)}
+                              base / "two" / "model_step_2.pt", data=data, trace=False),
+            "cached": _train(base / "cached", *RANKS, *common, "-train_steps", 2, "-ext_binarized_cache",
+                             base / "cache", data=data)}
     return base, logs
 
 
@@ -95,6 +97,17 @@ def test_the_ranks_read_disjoint_shares_that_cover_the_corpus(runs):
     assert shares[0] | shares[1] == corpus
     for rank in (0, 1):  # and every later step trains the same share again
         assert all(set(_rows(batch)) == shares[rank] for batch in _batches(base / "two", rank))
+
+
+def test_both_ranks_train_on_their_shares_of_one_binarised_copy(runs):
+    """With -ext_binarized_cache, the two ranks binarise the corpus once (one waits on the other's lock) and
+    each reads from it the batches it read from the text."""
+    base, logs = runs
+    (cache,) = [path for path in (base / "cache").iterdir() if not path.name.startswith(".")]
+    assert f"training corpora read from {cache}" in logs["cached"], logs["cached"][-3000:]
+    assert logs["cached"].count("-ext_binarized_cache: binarising") <= 1
+    for rank in (0, 1):
+        assert _batches(base / "cached", rank) == _batches(base / "two", rank)[:2]
 
 
 def test_after_every_step_both_ranks_hold_the_parameters_of_the_checkpoint(runs):
