@@ -541,7 +541,7 @@ def _from_binarized(stock, cls, corpora, transforms, vocabs, opt, task, *args, *
             raise UsageError(f"-ext_binarized{'_cache' if options.binarized_cache else ''}: " + "; ".join(found))
         directory = options.binarized or cached(options.binarized_cache, opt, transforms, vocabs)
         manifest = check(directory, opt, transforms, vocabs)
-        _log(f"training corpora read from {directory} (onmt_ext_binarize): " + ", ".join(
+        _log(f"training corpora read from {directory}, binarised: " + ", ".join(
             f"{name} {entry['kept']:,} lines" for name, entry in sorted(manifest["corpora"].items())))
         corpora = {name: BinarizedCorpus(name, directory) for name in corpora}
     return stock(cls, corpora, transforms, vocabs, opt, task, *args, **kwargs)

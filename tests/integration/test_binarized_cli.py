@@ -34,4 +34,4 @@ def test_training_from_binarised_data_reports_what_the_text_gives(tmp_path):
     text, _ = _train(tmp_path, "text")
     binarized, log = _train(tmp_path, "binarized", "-ext_binarized", str(directory))
     assert len(text) == 3 and binarized == text
-    assert f"training corpora read from {directory} (onmt_ext_binarize): corpus_1 21,977 lines" in log
+    assert f"training corpora read from {directory}, binarised: corpus_1 21,977 lines" in log
