@@ -334,33 +334,18 @@ def markdown(report):
 
 def parse_args(argv):
     """The options; ``--tiny`` replaces the shapes, width, heads, warm-up and timed calls with :data:`TINY`."""
-    import torch
-
     parser = common.Parser(prog="attention_bench.py", description=__doc__.split("\n")[0])
     parser.add_argument("--shapes", type=shape, nargs="+", default=list(SHAPES), metavar="BxL",
                         help="sentences x longest length (default: 1024x32 256x128)")
     parser.add_argument("--d-model", type=common.at_least(1), default=512)
     parser.add_argument("--heads", type=common.at_least(1), default=8)
-    parser.add_argument("--dtype", choices=DTYPES, help="default: float16 on CUDA, float32 on the CPU")
     parser.add_argument("--dropout", type=float, default=0.1, help="attention dropout of the timed calls (Base's)")
-    parser.add_argument("--warmup", type=common.at_least(0), default=10)
-    parser.add_argument("--repeats", type=common.at_least(1), default=50, help="timed calls (their median)")
     parser.add_argument("--new-shapes", type=common.at_least(0), default=4,
                         help="calls at shapes not seen before, per variant (their median host-clock ms)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", choices=("cuda", "cpu"),
-                        help="default: cuda when torch sees a CUDA device, else cpu")
-    parser.add_argument("--tiny", action="store_true", help=f"toy shapes, a dry run: {TINY}")
-    parser.add_argument("--out", help="write <out>.json and <out>.md")
-    args = parser.parse_args(argv)
-    if args.tiny:
-        vars(args).update(TINY)
+    common.add_bench_options(parser, DTYPES, TINY, warmup=10, repeats=50)
+    args = common.parse_bench_args(parser, argv, TINY)
     if args.d_model % args.heads:
         parser.error(f"--d-model {args.d_model} is not a multiple of --heads {args.heads}")
-    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error(f"no CUDA device visible to torch {torch.__version__}")
-    args.dtype = args.dtype or ("float16" if args.device == "cuda" else "float32")
     return args
 
 
@@ -372,12 +357,7 @@ def main(argv=None):
                "device": args.device,
                "lengths": f"uniform in [{LOW} L, L], padded at the end", "tiny": args.tiny,
                "timer": "CUDA events" if args.device == "cuda" else "time.perf_counter"}
-    report = {"machine": common.device_info(args.device), "setting": setting, "rows": rows_of(args)}
-    text = markdown(report)
-    print(text, end="")
-    if args.out:
-        common.write_outputs(args.out, report, text)
-    return 0
+    return common.publish_bench(args, setting, rows_of(args), markdown)
 
 
 if __name__ == "__main__":

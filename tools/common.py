@@ -56,6 +56,46 @@ def device_info(device):
     return info
 
 
+def add_bench_options(parser, dtypes, tiny, warmup, repeats):
+    """A benchmark's common options: ``--dtype`` (one of ``dtypes``), ``--warmup`` and ``--repeats`` calls (their
+    defaults), ``--seed``, ``--device``, ``--tiny`` (the dry run's settings ``tiny``) and ``--out``."""
+    parser.add_argument("--dtype", choices=dtypes, help="default: float16 on CUDA, float32 on the CPU")
+    parser.add_argument("--warmup", type=at_least(0), default=warmup, help="untimed calls first")
+    parser.add_argument("--repeats", type=at_least(1), default=repeats, help="timed calls (their median)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", choices=("cuda", "cpu"),
+                        help="default: cuda when torch sees a CUDA device, else cpu")
+    parser.add_argument("--tiny", action="store_true", help=f"a dry run on toy sizes: {tiny}")
+    parser.add_argument("--out", help="write <out>.json and <out>.md")
+
+
+def parse_bench_args(parser, argv, tiny):
+    """Parse a benchmark's command line (:func:`add_bench_options`): ``--tiny`` replaces settings with ``tiny``;
+    ``device`` defaults to ``cuda`` when torch sees a CUDA device, else ``cpu``, ``dtype`` to float16 on CUDA and
+    float32 on the CPU; ``cuda`` without a device is a ``parser`` error."""
+    import torch
+
+    args = parser.parse_args(argv)
+    if args.tiny:
+        vars(args).update(tiny)
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error(f"no CUDA device visible to torch {torch.__version__}")
+    args.dtype = args.dtype or ("float16" if args.device == "cuda" else "float32")
+    return args
+
+
+def publish_bench(args, setting, rows, markdown):
+    """A benchmark's report ``{"machine", "setting", "rows"}``: printed as ``markdown(report)`` and, with
+    ``args.out``, written to ``<out>.json`` and ``<out>.md``; returns 0, the command's exit status."""
+    report = {"machine": device_info(args.device), "setting": setting, "rows": rows}
+    text = markdown(report)
+    print(text, end="")
+    if args.out:
+        write_outputs(args.out, report, text)
+    return 0
+
+
 def write_outputs(out, data, text):
     """``<out>.json`` (``data``) and ``<out>.md`` (``text``, a newline added if it lacks one)."""
     with open(f"{out}.json", "w", encoding="utf-8") as handle:
