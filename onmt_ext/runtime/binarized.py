@@ -434,6 +434,8 @@ def cached(root, opt, transforms, vocabs, say=_log, processes=0):
         os.makedirs(root, exist_ok=True)
         lock = open(os.path.join(root, f".{key}.lock"), "w", encoding="utf-8")
     except OSError as error:
+        if _current(directory, wanted) is not None:  # a cache filled before, read-only now: read it
+            return directory
         raise UserError(f"-ext_binarized_cache {root}: cannot write there ({error.strerror})") from None
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -320,6 +320,25 @@ def test_the_command_fills_the_cache_and_a_cache_it_cannot_write_is_named(config
         batches(options(config, "-ext_binarized", "", "-ext_binarized_cache", str(tmp_path / "file")), 1)
 
 
+def test_a_filled_cache_that_cannot_be_written_is_still_read(config, tmp_path, monkeypatch):
+    """A cache filled earlier on a file system that is read-only now (a shared copy): its lock cannot be made,
+    and the directory is read as it is."""
+    from onmt_ext.runtime import binarized
+
+    opt, transforms, vocabs = binarized._prepared(options(config, "-ext_binarized", ""))
+    filled = binarized.cached(str(tmp_path), opt, transforms, vocabs, say=lambda text: None)
+
+    def read_only(path, mode="r", **kwargs):
+        if "w" in mode:
+            raise PermissionError(13, "Permission denied", path)
+        return open(path, mode, **kwargs)
+
+    monkeypatch.setattr(binarized, "open", read_only, raising=False)
+    assert binarized.cached(str(tmp_path), opt, transforms, vocabs, say=lambda text: None) == filled
+    with pytest.raises(binarized.UserError, match=r"cache-empty: cannot write there \(Permission denied\)"):
+        binarized.cached(str(tmp_path / "cache-empty"), opt, transforms, vocabs)
+
+
 def test_the_cache_and_a_directory_together_are_refused(config, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         options(config, "-ext_binarized_cache", str(tmp_path))
