@@ -1,34 +1,93 @@
 #!/usr/bin/env python
-"""Forward+backward milliseconds and peak memory of li2019's routing: the fused kernels against the PyTorch core.
+"""Forward+backward milliseconds and peak memory of the routing: the fused kernels against the PyTorch core.
 
 Usage::
 
-    python -m tools.routing_bench [--shapes base big] [--methods em simple] [--problems 32768] [--iterations 3]
+    python -m tools.routing_bench [--cases li2019-base-em ... cao2019] [--problems 32768] [--iterations 3]
         [--dtype float16|bfloat16|float32] [--warmup 2] [--repeats 5] [--seed 0] [--device cuda|cpu] [--tiny]
         [--out PATH]
 
-One routing of li2019's head aggregation a row (:data:`SHAPES`: Base and Big), EM or simple, each variant
-(:data:`VARIANTS`: ``ONMT_EXT_ROUTING_KERNEL`` torch and triton) forward and backward: median milliseconds, peak
-memory above the inputs, warm-up seconds, and for the kernels their speed-up over the reference and their
-largest differences from it.  A variant out of memory is a row that says so.  ``--tiny``: the CPU's dry run
-(Triton's interpreter).  Writes PATH.json and PATH.md with ``--out``.  Method: docs/tools.md (routing_bench.py).
+One routing a row (:data:`CASES`: li2019's head aggregation at Base and Big, EM or simple; cao2019's cross
+aggregation), each variant (:data:`VARIANTS`: ``ONMT_EXT_ROUTING_KERNEL`` torch and triton) forward and
+backward: median milliseconds, peak memory above the inputs, warm-up seconds, and for the kernels their speed-up
+over the reference and their largest differences from it.  A variant out of memory is a row that says so.
+``--tiny``: the CPU's dry run (Triton's interpreter).  Writes PATH.json and PATH.md with ``--out``.  Method:
+docs/tools.md (routing_bench.py).
 """
 
+import collections
 import contextlib
 import os
 import time
 
+import torch
+
 from tools import common
 from tools.attention_bench import timed_ms
 
-#: li2019's routed head aggregation, ``(I, O, D)`` = (heads, capsules N, d_model / N), at the paper's two sizes
-SHAPES = {"base": (8, 512, 1), "big": (16, 1024, 1)}
-METHODS = ("em", "simple")
+#: one case's inputs: ``tensors`` (the gradient is taken for each), ``fixed`` (other arguments), and the output's
+#: upstream gradient
+Problem = collections.namedtuple("Problem", "tensors fixed grad")
+#: a routing to time: ``what`` its first input is (the report puts its shape first), ``make(problems, dtype,
+#: device, generator)`` its :class:`Problem`, ``run(*tensors, *fixed, iterations)`` its output
+Case = collections.namedtuple("Case", "what make run")
+#: cao2019's sentences: this many positions each (fewer if there are fewer problems), ``problems // length`` of them
+CAO2019_LENGTH = 32
+#: ``--tiny``: problems, warm-up and timed calls (the kernels run in Triton's interpreter)
+TINY = {"problems": 8, "warmup": 1, "repeats": 2}
+DTYPES = ("float16", "bfloat16", "float32")
+
+
+def _li2019(n_in, n_out, n_dim, method):
+    """li2019's head aggregation: ``(I, O, D)`` = (heads, capsules N, d_model / N) per position; EM with its
+    learned ``beta_a``/``beta_u`` (drawn small, float32), or simple routing with li2019's weighted mean."""
+
+    def make(problems, dtype, device, generator):
+        votes = torch.randn(problems, n_in, n_out, n_dim, generator=generator).to(device=device, dtype=dtype)
+        betas = [0.1 * torch.randn(n_out, generator=generator).to(device) for _ in range(2)] if method == "em" else []
+        grad = torch.randn(problems, n_out, n_dim, generator=generator).to(device=device, dtype=dtype)
+        return Problem([votes, *betas], [], grad)
+
+    def run(votes, *betas, iterations):
+        from onmt_ext.mechanisms.routing import em_routing, simple_routing
+
+        if method == "em":
+            return em_routing(votes, iterations, beta_a=betas[0], beta_u=betas[1])[0]
+        return simple_routing(votes, iterations, normalize="outputs", weighted_mean=True, need_logits=False)[0]
+
+    return Case(f"votes, {method}", make, run)
+
+
+def _cao2019():
+    """cao2019's cross aggregation of one self-attention (vertical and horizontal routing, self-initialised):
+    masked scores ``(B, 8, L, L)`` of ``B`` right-padded sentences of lengths uniform in [L/2, L]."""
+
+    def make(problems, dtype, device, generator):
+        length = min(CAO2019_LENGTH, problems)  # (the dry run's one sentence: as long as its positions)
+        batch = max(1, problems // length)
+        lengths = torch.randint(length // 2, length + 1, (batch,), generator=generator)
+        lengths[0] = length
+        padding = torch.arange(length)[None, :] >= lengths[:, None]  # (B, L) keys
+        scores = torch.randn(batch, 8, length, length, generator=generator).masked_fill(padding[:, None, None], -1e18)
+        weight = torch.randn(8, 8, generator=generator)
+        grad = torch.randn(batch, 8, length, length, generator=generator)
+        return Problem([scores.to(device=device, dtype=dtype), weight.to(device)], [],
+                       grad.to(device=device, dtype=dtype))
+
+    def run(scores, weight, iterations):
+        from onmt_ext.mechanisms.cao2019 import cross_aggregate
+
+        return cross_aggregate(scores, weight, True, "self", iterations)
+
+    return Case("masked scores (sentences, heads, L, L)", make, run)
+
+
+#: li2019 at the paper's two sizes, and cao2019 (its routings' problems grow with the sentence: chunked kernels)
+CASES = {"li2019-base-em": _li2019(8, 512, 1, "em"), "li2019-base-simple": _li2019(8, 512, 1, "simple"),
+         "li2019-big-em": _li2019(16, 1024, 1, "em"), "li2019-big-simple": _li2019(16, 1024, 1, "simple"),
+         "cao2019": _cao2019()}
 #: each variant's ONMT_EXT_ROUTING_KERNEL (docs/kernels.md)
 VARIANTS = {"PyTorch (reference)": "torch", "fused kernels": "triton"}
-#: ``--tiny``: problems, warm-up and timed calls (the kernels run in Triton's interpreter)
-TINY = {"problems": 4, "warmup": 1, "repeats": 2}
-DTYPES = ("float16", "bfloat16", "float32")
 
 
 @contextlib.contextmanager
@@ -47,36 +106,12 @@ def routing_kernel(choice):
             os.environ[KERNEL_VARIABLE] = before
 
 
-def make_problem(shape, method, problems, dtype, device, seed):
-    """The votes ``(P, I, O, D)``, EM's betas (``(O,)``, float32, as li2019 learns them) and the output's
-    gradient ``(P, O, D)``, drawn from ``seed``."""
-    import torch
-
-    generator = torch.Generator().manual_seed(seed)
-    n_in, n_out, n_dim = shape
-    votes = torch.randn(problems, n_in, n_out, n_dim, generator=generator).to(device=device, dtype=dtype)
-    betas = [0.1 * torch.randn(n_out, generator=generator).to(device) for _ in range(2)] if method == "em" else []
-    grad = torch.randn(problems, n_out, n_dim, generator=generator).to(device=device, dtype=dtype)
-    return votes, betas, grad
-
-
-def route(method, votes, betas, iterations):
-    """li2019's routing call (onmt_ext.mechanisms.li2019._aggregate_heads): its output ``(P, O, D)``."""
-    from onmt_ext.mechanisms.routing import em_routing, simple_routing
-
-    if method == "em":
-        return em_routing(votes, iterations, beta_a=betas[0], beta_u=betas[1])[0]
-    return simple_routing(votes, iterations, normalize="outputs", weighted_mean=True, need_logits=False)[0]
-
-
-def forward_backward(method, problem, iterations):
-    """One forward and backward pass; returns the output and the votes' gradient (detached)."""
-    votes, betas, grad = problem
-    votes = votes.detach().requires_grad_()
-    betas = [beta.detach().requires_grad_() for beta in betas]
-    out = route(method, votes, betas, iterations)
-    out.backward(grad)
-    return out.detach(), votes.grad
+def forward_backward(case, problem, iterations):
+    """One forward and backward pass; returns the output and the first input's gradient (detached)."""
+    tensors = [tensor.detach().requires_grad_() for tensor in problem.tensors]
+    out = case.run(*tensors, *problem.fixed, iterations=iterations)
+    out.backward(problem.grad)
+    return out.detach(), tensors[0].grad
 
 
 def relative_difference(value, reference):
@@ -85,57 +120,52 @@ def relative_difference(value, reference):
     return float((value.double() - reference).abs().max() / reference.abs().max().clamp_min(1e-30))
 
 
-def measure(method, problem, args, choice):
+def measure(case, problem, args, choice):
     """``(result, outputs)`` of one variant: ``ms``, ``peak_mb`` and ``warmup_s``, or ``failed``; ``outputs``
-    (the output and the votes' gradient of one more call) for the agreement, or None."""
-    import torch
-
+    (the output and the first input's gradient of one more call) for the agreement, or None."""
     cuda = args.device == "cuda"
     with routing_kernel(choice):
         try:
             start = time.perf_counter()
             for _ in range(args.warmup):
-                forward_backward(method, problem, args.iterations)
+                forward_backward(case, problem, args.iterations)
             if cuda:
                 torch.cuda.synchronize()
             warmup_s = time.perf_counter() - start
             if cuda:
                 torch.cuda.reset_peak_memory_stats()
                 base = torch.cuda.memory_allocated()
-            outputs = forward_backward(method, problem, args.iterations)
+            outputs = forward_backward(case, problem, args.iterations)
             peak_mb = (torch.cuda.max_memory_allocated() - base) / 2**20 if cuda else None
-            ms = timed_ms(lambda: forward_backward(method, problem, args.iterations), 0, args.repeats, cuda)
+            ms = timed_ms(lambda: forward_backward(case, problem, args.iterations), 0, args.repeats, cuda)
         except torch.cuda.OutOfMemoryError as error:
             return {"failed": f"out of memory: {str(error).splitlines()[0]}"}, None
     return {"ms": ms, "peak_mb": peak_mb, "warmup_s": warmup_s}, outputs
 
 
 def rows_of(args):
-    """One row per (shape, method, variant), the kernels' with their ratio and agreement."""
-    import torch
-
+    """One row per (case, variant), the kernels' with their ratio and agreement."""
     dtype = getattr(torch, args.dtype)
     rows = []
-    for shape_name in args.shapes:
-        shape = SHAPES[shape_name]
-        for method in args.methods:
-            problem = make_problem(shape, method, args.problems, dtype, args.device, args.seed)
-            results = {}
-            for name, choice in VARIANTS.items():
-                result, outputs = measure(method, problem, args, choice)
-                results[choice] = (result, outputs)
-                row = {"shape": shape_name, "votes": list(shape), "method": method, "variant": name, **result}
-                reference, expected = results["torch"]
-                if choice == "triton" and "ms" in result and "ms" in reference:
-                    row.update(speedup=reference["ms"] / result["ms"],
-                               output_difference=relative_difference(outputs[0], expected[0]),
-                               gradient_difference=relative_difference(outputs[1], expected[1]))
-                rows.append(row)
-                print(f"  {shape_name} {method} {name}: " + (result.get("failed") or f"{result['ms']:.2f} ms"),
-                      flush=True)
-            del problem, results
-            if args.device == "cuda":
-                torch.cuda.empty_cache()
+    for name in args.cases:
+        case = CASES[name]
+        problem = case.make(args.problems, dtype, args.device, torch.Generator().manual_seed(args.seed))
+        results = {}
+        for variant, choice in VARIANTS.items():
+            result, outputs = measure(case, problem, args, choice)
+            results[choice] = (result, outputs)
+            routes = f"({', '.join(map(str, problem.tensors[0].shape))}) {case.what}"
+            row = {"case": name, "routes": routes, "variant": variant, **result}
+            reference, expected = results["torch"]
+            if choice == "triton" and "ms" in result and "ms" in reference:
+                row.update(speedup=reference["ms"] / result["ms"],
+                           output_difference=relative_difference(outputs[0], expected[0]),
+                           gradient_difference=relative_difference(outputs[1], expected[1]))
+            rows.append(row)
+            print(f"  {name} {variant}: " + (result.get("failed") or f"{result['ms']:.2f} ms"), flush=True)
+        del problem, results
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
     return rows
 
 
@@ -146,19 +176,18 @@ def _cell(row, key, form):
 def markdown(report):
     """The report as a Markdown page: the setting, then one table row per measured variant."""
     setting, machine = report["setting"], report["machine"]
-    lines = [f"# li2019's routing, fused kernels against the PyTorch core: {machine['name']}", "",
+    lines = [f"# The routing, fused kernels against the PyTorch core: {machine['name']}", "",
              f"torch {machine['torch']}, CUDA {machine['cuda']}, Python {machine['python']}; {setting['problems']:,} "
-             f"problems (positions) per call, T = {setting['iterations']}, {setting['dtype']} votes, forward and "
-             f"backward; median of {setting['repeats']} calls after {setting['warmup']} ({setting['timer']}). Peak "
-             "MB: above the inputs, one call. Differences: the largest, over the reference's largest value.", "",
-             "| shape (I, O, D) | method | variant | ms | kernels' speed-up | peak MB | warm-up s | output diff. | "
+             f"positions per call, T = {setting['iterations']}, {setting['dtype']} inputs, forward and backward; "
+             f"median of {setting['repeats']} calls after {setting['warmup']} ({setting['timer']}). Peak MB: above "
+             "the inputs, one call. Differences: the largest, over the reference's largest value.", "",
+             "| case | routes | variant | ms | kernels' speed-up | peak MB | warm-up s | output diff. | "
              "gradient diff. |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for row in report["rows"]:
-        shape = f"{row['shape']} ({', '.join(map(str, row['votes']))})"
         if "failed" in row:
-            lines.append(f"| {shape} | {row['method']} | {row['variant']} | {row['failed']} | | | | | |")
+            lines.append(f"| {row['case']} | {row['routes']} | {row['variant']} | {row['failed']} | | | | | |")
             continue
-        lines.append(f"| {shape} | {row['method']} | {row['variant']} | {row['ms']:.2f} | "
+        lines.append(f"| {row['case']} | {row['routes']} | {row['variant']} | {row['ms']:.2f} | "
                      f"{_cell(row, 'speedup', '{:.2f}')} | {_cell(row, 'peak_mb', '{:,.0f}')} | "
                      f"{row['warmup_s']:.1f} | {_cell(row, 'output_difference', '{:.1e}')} | "
                      f"{_cell(row, 'gradient_difference', '{:.1e}')} |")
@@ -168,10 +197,9 @@ def markdown(report):
 def parse_args(argv):
     """The options; ``--tiny`` replaces the problems, warm-up and timed calls with :data:`TINY`."""
     parser = common.Parser(prog="routing_bench.py", description=__doc__.split("\n")[0])
-    parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=list(SHAPES))
-    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     parser.add_argument("--problems", type=common.at_least(1), default=32768,
-                        help="positions routed per call (default 32768: a 32k-token batch, one attention)")
+                        help="positions per call (default 32768: a 32k-token batch, one attention)")
     parser.add_argument("--iterations", type=common.at_least(1), default=3)
     common.add_bench_options(parser, DTYPES, TINY, warmup=2, repeats=5)
     return common.parse_bench_args(parser, argv, TINY)
@@ -181,7 +209,7 @@ def main(argv=None):
     args = parse_args(argv)
     if args.device == "cpu":  # the kernels on the CPU: Triton's interpreter, before Triton is first imported
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    setting = {"shapes": args.shapes, "methods": args.methods, "problems": args.problems,
+    setting = {"cases": args.cases, "problems": args.problems,
                "iterations": args.iterations, "dtype": args.dtype, "warmup": args.warmup, "repeats": args.repeats,
                "seed": args.seed, "device": args.device, "tiny": args.tiny,
                "timer": "CUDA events" if args.device == "cuda" else "time.perf_counter"}

@@ -13,33 +13,36 @@ def test_the_dry_run_times_the_reference_and_the_kernels_and_they_agree(tmp_path
     from onmt_ext.mechanisms import routing_triton
 
     before = dict(routing_triton.LAUNCHES)
-    assert routing_bench.main(["--tiny", "--device", "cpu", "--shapes", "base", "--out", str(tmp_path / "r")]) == 0
+    cases = ["li2019-base-em", "li2019-base-simple", "cao2019"]
+    assert routing_bench.main(["--tiny", "--device", "cpu", "--cases", *cases, "--out", str(tmp_path / "r")]) == 0
     launched = {name: count - before.get(name, 0) for name, count in routing_triton.LAUNCHES.items()}
     assert all(launched.get(kernel, 0) > 0 for kernel in ("_em_forward", "_em_backward", "_simple_forward",
-                                                          "_simple_backward")), launched
+                                                          "_simple_backward", "_chunked_forward",
+                                                          "_chunked_backward")), launched
     report = json.loads((tmp_path / "r.json").read_text(encoding="utf-8"))
     rows = report["rows"]
-    assert [(row["method"], row["variant"]) for row in rows] == [
-        (method, variant) for method in ("em", "simple") for variant in routing_bench.VARIANTS]
-    for row in rows:
-        assert row["votes"] == [8, 512, 1] and row["ms"] > 0 and row["warmup_s"] >= 0
+    assert [(row["case"], row["variant"]) for row in rows] == [
+        (case, variant) for case in cases for variant in routing_bench.VARIANTS]
+    assert [row["routes"] for row in rows[::2]] == ["(8, 8, 512, 1) votes, em", "(8, 8, 512, 1) votes, simple",
+                                                    "(1, 8, 8, 8) masked scores (sentences, heads, L, L)"]
+    assert all(row["ms"] > 0 and row["warmup_s"] >= 0 for row in rows)
     for row in rows[1::2]:  # the kernels' rows, float32 on the CPU: the reference's values to rounding
         assert row["speedup"] > 0 and row["output_difference"] < 1e-5 and row["gradient_difference"] < 1e-5
     text = (tmp_path / "r.md").read_text(encoding="utf-8")
-    assert text.count("| base (8, 512, 1) |") == 4 and "4 problems (positions) per call, T = 3" in text
+    assert text.count("| li2019-base-em |") == 2 and "8 positions per call, T = 3" in text
     assert os.environ.get("ONMT_EXT_ROUTING_KERNEL") is None  # each variant's choice is undone
 
 
 def test_a_variant_out_of_memory_is_reported_and_the_others_still_run(tmp_path, monkeypatch):
     stock = routing_bench.forward_backward
 
-    def reference_runs_out(method, problem, iterations):
+    def reference_runs_out(case, problem, iterations):
         if os.environ["ONMT_EXT_ROUTING_KERNEL"] == "torch":
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 36.50 GiB")
-        return stock(method, problem, iterations)
+        return stock(case, problem, iterations)
 
     monkeypatch.setattr(routing_bench, "forward_backward", reference_runs_out)
-    args = ["--tiny", "--device", "cpu", "--shapes", "base", "--methods", "simple", "--out", str(tmp_path / "r")]
+    args = ["--tiny", "--device", "cpu", "--cases", "li2019-base-simple", "--out", str(tmp_path / "r")]
     assert routing_bench.main(args) == 0
     reference, kernels = json.loads((tmp_path / "r.json").read_text(encoding="utf-8"))["rows"]
     assert reference["failed"] == "out of memory: CUDA out of memory. Tried to allocate 36.50 GiB"
