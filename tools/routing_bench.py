@@ -3,12 +3,12 @@
 
 Usage::
 
-    python -m tools.routing_bench [--cases li2019-base-em ... cao2019] [--problems 32768] [--iterations 3]
+    python -m tools.routing_bench [--cases li2019-base-em ... gret] [--problems 32768] [--iterations 3]
         [--dtype float16|bfloat16|float32] [--warmup 2] [--repeats 5] [--seed 0] [--device cuda|cpu] [--tiny]
         [--out PATH]
 
 One routing a row (:data:`CASES`: li2019's head aggregation at Base and Big, EM or simple; cao2019's cross
-aggregation), each variant (:data:`VARIANTS`: ``ONMT_EXT_ROUTING_KERNEL`` torch and triton) forward and
+aggregation; GRET's capsules), each variant (:data:`VARIANTS`: ``ONMT_EXT_ROUTING_KERNEL`` torch and triton) forward and
 backward: median milliseconds, peak memory above the inputs, warm-up seconds, and for the kernels their speed-up
 over the reference and their largest differences from it.  A variant out of memory is a row that says so.
 ``--tiny``: the CPU's dry run (Triton's interpreter).  Writes PATH.json and PATH.md with ``--out``.  Method:
@@ -82,10 +82,33 @@ def _cao2019():
     return Case("masked scores (sentences, heads, L, L)", make, run)
 
 
-#: li2019 at the paper's two sizes, and cao2019 (its routings' problems grow with the sentence: chunked kernels)
+def _gret(layers=6, capsules=4, capsule_dim=128):
+    """GRET's sentence capsules (gret.global_representation): each of ``layers`` layers' states of each sentence
+    vote for ``capsules`` capsules of ``capsule_dim`` values, simple routing over the sentence's real tokens
+    (normalised over the inputs), sentences as cao2019's."""
+
+    def make(problems, dtype, device, generator):
+        length = min(CAO2019_LENGTH, problems)
+        batch = max(1, problems // length)
+        lengths = torch.randint(length // 2, length + 1, (batch,), generator=generator)
+        lengths[0] = length
+        keep = (torch.arange(length)[None, :] < lengths[:, None]).expand(layers, batch, length)
+        votes = torch.randn(layers, batch, length, capsules, capsule_dim, generator=generator)
+        grad = torch.randn(layers, batch, capsules, capsule_dim, generator=generator)
+        return Problem([votes.to(device=device, dtype=dtype)], [keep.to(device)], grad.to(device=device, dtype=dtype))
+
+    def run(votes, keep, iterations):
+        from onmt_ext.mechanisms.routing import simple_routing
+
+        return simple_routing(votes, iterations, normalize="inputs", mask=keep, need_logits=False)[0]
+
+    return Case("votes (layers, sentences, L, K, d_c)", make, run)
+
+
+#: li2019 at the paper's two sizes; cao2019 and GRET, whose problems grow with the sentence
 CASES = {"li2019-base-em": _li2019(8, 512, 1, "em"), "li2019-base-simple": _li2019(8, 512, 1, "simple"),
          "li2019-big-em": _li2019(16, 1024, 1, "em"), "li2019-big-simple": _li2019(16, 1024, 1, "simple"),
-         "cao2019": _cao2019()}
+         "cao2019": _cao2019(), "gret": _gret()}
 #: each variant's ONMT_EXT_ROUTING_KERNEL (docs/kernels.md)
 VARIANTS = {"PyTorch (reference)": "torch", "fused kernels": "triton"}
 

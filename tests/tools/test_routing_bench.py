@@ -13,7 +13,7 @@ def test_the_dry_run_times_the_reference_and_the_kernels_and_they_agree(tmp_path
     from onmt_ext.mechanisms import routing_triton
 
     before = dict(routing_triton.LAUNCHES)
-    cases = ["li2019-base-em", "li2019-base-simple", "cao2019"]
+    cases = ["li2019-base-em", "li2019-base-simple", "cao2019", "gret"]
     assert routing_bench.main(["--tiny", "--device", "cpu", "--cases", *cases, "--out", str(tmp_path / "r")]) == 0
     launched = {name: count - before.get(name, 0) for name, count in routing_triton.LAUNCHES.items()}
     assert all(launched.get(kernel, 0) > 0 for kernel in ("_em_forward", "_em_backward", "_simple_forward",
@@ -24,7 +24,8 @@ def test_the_dry_run_times_the_reference_and_the_kernels_and_they_agree(tmp_path
     assert [(row["case"], row["variant"]) for row in rows] == [
         (case, variant) for case in cases for variant in routing_bench.VARIANTS]
     assert [row["routes"] for row in rows[::2]] == ["(8, 8, 512, 1) votes, em", "(8, 8, 512, 1) votes, simple",
-                                                    "(1, 8, 8, 8) masked scores (sentences, heads, L, L)"]
+                                                    "(1, 8, 8, 8) masked scores (sentences, heads, L, L)",
+                                                    "(6, 1, 8, 4, 128) votes (layers, sentences, L, K, d_c)"]
     assert all(row["ms"] > 0 and row["warmup_s"] >= 0 for row in rows)
     for row in rows[1::2]:  # the kernels' rows, float32 on the CPU: the reference's values to rounding
         assert row["speedup"] > 0 and row["output_difference"] < 1e-5 and row["gradient_difference"] < 1e-5
