@@ -18,7 +18,9 @@ docs/tools.md (routing_bench.py).
 import collections
 import contextlib
 import os
+import sys
 import time
+import warnings
 
 import torch
 
@@ -147,7 +149,9 @@ def measure(case, problem, args, choice):
     """``(result, outputs)`` of one variant: ``ms``, ``peak_mb`` and ``warmup_s``, or ``failed``; ``outputs``
     (the output and the first input's gradient of one more call) for the agreement, or None."""
     cuda = args.device == "cuda"
-    with routing_kernel(choice):
+    with routing_kernel(choice), warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        launched = _launches()
         try:
             start = time.perf_counter()
             for _ in range(args.warmup):
@@ -163,7 +167,17 @@ def measure(case, problem, args, choice):
             ms = timed_ms(lambda: forward_backward(case, problem, args.iterations), 0, args.repeats, cuda)
         except torch.cuda.OutOfMemoryError as error:
             return {"failed": f"out of memory: {str(error).splitlines()[0]}"}, None
+    if choice == "triton" and _launches() == launched:  # fell back to PyTorch: the row would time the reference
+        said = "; ".join(dict.fromkeys(str(warning.message) for warning in warned
+                                       if "onmt-ext" in str(warning.message)))
+        return {"failed": "the kernels did not run" + (f": {said}" if said else "")}, None
     return {"ms": ms, "peak_mb": peak_mb, "warmup_s": warmup_s}, outputs
+
+
+def _launches():
+    """How many fused routing kernels this process has launched (0 before their module is imported)."""
+    kernels = sys.modules.get("onmt_ext.mechanisms.routing_triton")
+    return sum(kernels.LAUNCHES.values()) if kernels is not None else 0
 
 
 def rows_of(args):

@@ -57,3 +57,23 @@ def test_a_cuda_run_without_a_device_stops_in_one_line(capsys):
     with pytest.raises(SystemExit) as stopped:
         routing_bench.main(["--device", "cuda"])
     assert stopped.value.code == 2 and "no CUDA device visible to torch" in capsys.readouterr().err
+
+
+def test_kernels_that_fall_back_to_pytorch_are_not_timed_as_the_kernels(tmp_path, monkeypatch):
+    """A kernel that fails its first-use check routes through PyTorch with a warning: the kernels' row says so
+    instead of timing the reference under their name."""
+    import warnings
+
+    from onmt_ext.mechanisms import routing
+
+    def refused(kind, votes, *args):
+        warnings.warn("onmt-ext: the fused kernel for simple routing failed its first-use check (a test)")
+        return False
+
+    monkeypatch.setattr(routing, "_kernels_trusted", refused)
+    args = ["--tiny", "--device", "cpu", "--cases", "li2019-base-simple", "--out", str(tmp_path / "r")]
+    assert routing_bench.main(args) == 0
+    reference, kernels = json.loads((tmp_path / "r.json").read_text(encoding="utf-8"))["rows"]
+    assert reference["ms"] > 0
+    assert kernels["failed"] == ("the kernels did not run: onmt-ext: the fused kernel for simple routing failed "
+                                 "its first-use check (a test)")
