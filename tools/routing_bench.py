@@ -16,11 +16,11 @@ docs/tools.md (routing_bench.py).
 """
 
 import collections
-import contextlib
 import os
 import sys
 import time
 import warnings
+from unittest import mock
 
 import torch
 
@@ -60,17 +60,25 @@ def _li2019(n_in, n_out, n_dim, method):
     return Case(f"votes, {method}", make, run)
 
 
+def _sentences(problems, generator):
+    """``(B, L)`` bool, True at the real tokens of ``B = problems // L`` right-padded sentences of ``L`` =
+    :data:`CAO2019_LENGTH` positions (fewer in a dry run: one sentence as long as its positions), of lengths
+    uniform in [L/2, L], the first L long."""
+    length = min(CAO2019_LENGTH, problems)
+    batch = max(1, problems // length)
+    lengths = torch.randint(length // 2, length + 1, (batch,), generator=generator)
+    lengths[0] = length
+    return torch.arange(length)[None, :] < lengths[:, None]
+
+
 def _cao2019():
     """cao2019's cross aggregation of one self-attention (vertical and horizontal routing, self-initialised):
     masked scores ``(B, 8, L, L)`` of ``B`` right-padded sentences of lengths uniform in [L/2, L]."""
 
     def make(problems, dtype, device, generator):
-        length = min(CAO2019_LENGTH, problems)  # (the dry run's one sentence: as long as its positions)
-        batch = max(1, problems // length)
-        lengths = torch.randint(length // 2, length + 1, (batch,), generator=generator)
-        lengths[0] = length
-        padding = torch.arange(length)[None, :] >= lengths[:, None]  # (B, L) keys
-        scores = torch.randn(batch, 8, length, length, generator=generator).masked_fill(padding[:, None, None], -1e18)
+        keep = _sentences(problems, generator)  # (B, L) keys
+        batch, length = keep.shape
+        scores = torch.randn(batch, 8, length, length, generator=generator).masked_fill(~keep[:, None, None], -1e18)
         weight = torch.randn(8, 8, generator=generator)
         grad = torch.randn(batch, 8, length, length, generator=generator)
         return Problem([scores.to(device=device, dtype=dtype), weight.to(device)], [],
@@ -90,11 +98,9 @@ def _gret(layers=6, capsules=4, capsule_dim=128):
     (normalised over the inputs), sentences as cao2019's."""
 
     def make(problems, dtype, device, generator):
-        length = min(CAO2019_LENGTH, problems)
-        batch = max(1, problems // length)
-        lengths = torch.randint(length // 2, length + 1, (batch,), generator=generator)
-        lengths[0] = length
-        keep = (torch.arange(length)[None, :] < lengths[:, None]).expand(layers, batch, length)
+        keep = _sentences(problems, generator)
+        batch, length = keep.shape
+        keep = keep.expand(layers, batch, length)
         votes = torch.randn(layers, batch, length, capsules, capsule_dim, generator=generator)
         grad = torch.randn(layers, batch, capsules, capsule_dim, generator=generator)
         return Problem([votes.to(device=device, dtype=dtype)], [keep.to(device)], grad.to(device=device, dtype=dtype))
@@ -115,20 +121,11 @@ CASES = {"li2019-base-em": _li2019(8, 512, 1, "em"), "li2019-base-simple": _li20
 VARIANTS = {"PyTorch (reference)": "torch", "fused kernels": "triton"}
 
 
-@contextlib.contextmanager
 def routing_kernel(choice):
-    """``ONMT_EXT_ROUTING_KERNEL=choice`` inside the block, as it was after."""
+    """``ONMT_EXT_ROUTING_KERNEL=choice`` inside the block, the environment as it was after."""
     from onmt_ext.mechanisms.routing import KERNEL_VARIABLE
 
-    before = os.environ.get(KERNEL_VARIABLE)
-    os.environ[KERNEL_VARIABLE] = choice
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(KERNEL_VARIABLE, None)
-        else:
-            os.environ[KERNEL_VARIABLE] = before
+    return mock.patch.dict(os.environ, {KERNEL_VARIABLE: choice})
 
 
 def forward_backward(case, problem, iterations):

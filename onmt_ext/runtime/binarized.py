@@ -419,14 +419,14 @@ def cache_key(wanted):
 def build_cached(opt, root, say=_log, processes=0):
     """:func:`cached` for ``onmt_ext_binarize``: the directory under ``root`` for ``opt``'s training data."""
     opt, transforms, vocabs = _prepared(opt)
-    return cached(root, opt, transforms, vocabs, say, processes)
+    return cached(root, opt, transforms, vocabs, say, processes)[0]
 
 
 def cached(root, opt, transforms, vocabs, say=_log, processes=0):
-    """The directory under ``root`` that holds ``opt``'s training data binarised, :func:`build` into it first if
-    it does not yet (or is damaged). Processes that ask for it at once (ranks, two runs) wait on a lock beside it:
-    the first binarises, the others read. Only ``root/<key>``, its lock file and its work directory while it is
-    written are touched."""
+    """``(directory, manifest)``: the directory under ``root`` that holds ``opt``'s training data binarised,
+    :func:`build` into it first if it does not yet (or is damaged), and its manifest, which is current. Processes
+    that ask for it at once (ranks, two runs) wait on a lock beside it: the first binarises, the others read. Only
+    ``root/<key>``, its lock file and its work directory while it is written are touched."""
     wanted = fingerprint(opt, transforms, vocabs)
     key = cache_key(wanted)
     directory = os.path.join(root, key)
@@ -434,15 +434,17 @@ def cached(root, opt, transforms, vocabs, say=_log, processes=0):
         os.makedirs(root, exist_ok=True)
         lock = open(os.path.join(root, f".{key}.lock"), "w", encoding="utf-8")
     except OSError as error:
-        if _current(directory, wanted) is not None:  # a cache filled before, read-only now: read it
-            return directory
+        manifest = _current(directory, wanted)
+        if manifest is not None:  # a cache filled before, read-only now: read it
+            return directory, manifest
         raise UserError(f"-ext_binarized_cache {root}: cannot write there ({error.strerror})") from None
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if _current(directory, wanted) is None:
+        manifest = _current(directory, wanted)
+        if manifest is None:
             say(f"-ext_binarized_cache: binarising the training corpora into {directory}, once for this data")
-            _write(opt, transforms, vocabs, directory, wanted, say, processes)
-    return directory
+            manifest = _write(opt, transforms, vocabs, directory, wanted, say, processes)
+    return directory, manifest
 
 
 def _write(opt, transforms, vocabs, directory, wanted, say, processes):
@@ -533,16 +535,18 @@ class BinarizedCorpusIterator:
 
 
 def _from_binarized(stock, cls, corpora, transforms, vocabs, opt, task, *args, **kwargs):
-    """``DynamicDatasetIter.from_opt``: with ``-ext_binarized`` (or ``-ext_binarized_cache``, after
-    :func:`cached`), the training corpora become :class:`BinarizedCorpus` once :func:`check` has found the
-    directory current."""
+    """``DynamicDatasetIter.from_opt``: with ``-ext_binarized``, the training corpora become
+    :class:`BinarizedCorpus` once :func:`check` has found the directory current; with ``-ext_binarized_cache``,
+    once :func:`cached` has found or written it."""
     options = BinarizedOptions.from_opt(opt)
     if (options.binarized or options.binarized_cache) and task == "train":
         found = problems(opt, transforms)
         if found:
             raise UsageError(f"-ext_binarized{'_cache' if options.binarized_cache else ''}: " + "; ".join(found))
-        directory = options.binarized or cached(options.binarized_cache, opt, transforms, vocabs)
-        manifest = check(directory, opt, transforms, vocabs)
+        if options.binarized:
+            directory, manifest = options.binarized, check(options.binarized, opt, transforms, vocabs)
+        else:  # (found current or written under the lock: no second check)
+            directory, manifest = cached(options.binarized_cache, opt, transforms, vocabs)
         _log(f"training corpora read from {directory}, binarised: " + ", ".join(
             f"{name} {entry['kept']:,} lines" for name, entry in sorted(manifest["corpora"].items())))
         corpora = {name: BinarizedCorpus(name, directory) for name in corpora}

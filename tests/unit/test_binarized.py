@@ -295,7 +295,7 @@ def test_runs_that_ask_for_the_cache_at_once_binarise_it_once(config, tmp_path, 
     opt, transforms, vocabs = binarized._prepared(options(config, "-ext_binarized", ""))
     found = []
     runs = [threading.Thread(target=lambda: found.append(binarized.cached(str(tmp_path), opt, transforms, vocabs,
-                                                                          say=lambda text: None)))
+                                                                          say=lambda text: None)[0]))
             for _ in range(2)]
     for run in runs:
         run.start()
@@ -326,7 +326,7 @@ def test_a_filled_cache_that_cannot_be_written_is_still_read(config, tmp_path, m
     from onmt_ext.runtime import binarized
 
     opt, transforms, vocabs = binarized._prepared(options(config, "-ext_binarized", ""))
-    filled = binarized.cached(str(tmp_path), opt, transforms, vocabs, say=lambda text: None)
+    filled = binarized.cached(str(tmp_path), opt, transforms, vocabs, say=lambda text: None)[0]
 
     def read_only(path, mode="r", **kwargs):
         if "w" in mode:
@@ -334,7 +334,7 @@ def test_a_filled_cache_that_cannot_be_written_is_still_read(config, tmp_path, m
         return open(path, mode, **kwargs)
 
     monkeypatch.setattr(binarized, "open", read_only, raising=False)
-    assert binarized.cached(str(tmp_path), opt, transforms, vocabs, say=lambda text: None) == filled
+    assert binarized.cached(str(tmp_path), opt, transforms, vocabs, say=lambda text: None)[0] == filled
     with pytest.raises(binarized.UserError, match=r"cache-empty: cannot write there \(Permission denied\)"):
         binarized.cached(str(tmp_path / "cache-empty"), opt, transforms, vocabs)
 
