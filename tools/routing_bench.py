@@ -4,18 +4,20 @@
 Usage::
 
     python -m tools.routing_bench [--cases li2019-base-em ... gret] [--problems 32768] [--iterations 3]
-        [--dtype float16|bfloat16|float32] [--warmup 2] [--repeats 5] [--seed 0] [--device cuda|cpu] [--tiny]
-        [--out PATH]
+        [--warps 8 32] [--dtype float16|bfloat16|float32] [--warmup 2] [--repeats 5] [--seed 0]
+        [--device cuda|cpu] [--tiny] [--out PATH]
 
 One routing a row (:data:`CASES`: li2019's head aggregation at Base and Big, EM or simple; cao2019's cross
 aggregation; GRET's capsules), each variant (:data:`VARIANTS`: ``ONMT_EXT_ROUTING_KERNEL`` torch and triton) forward and
-backward: median milliseconds, peak memory above the inputs, warm-up seconds, and for the kernels their speed-up
-over the reference and their largest differences from it.  A variant out of memory is a row that says so.
-``--tiny``: the CPU's dry run (Triton's interpreter).  Writes PATH.json and PATH.md with ``--out``.  Method:
-docs/tools.md (routing_bench.py).
+backward: median milliseconds (and of the forward pass alone), peak memory above the inputs, warm-up seconds, and
+for the kernels their speed-up over the reference and their largest differences from it.  ``--warps``: more
+kernel rows, each with every program at that many warps.  A variant out of memory is a row that says so.
+``--tiny``: the CPU's dry run (Triton's interpreter).  Writes PATH.json and PATH.md with ``--out``, again after
+each case.  Method: docs/tools.md (routing_bench.py).
 """
 
 import collections
+import contextlib
 import os
 import sys
 import time
@@ -119,6 +121,8 @@ CASES = {"li2019-base-em": _li2019(8, 512, 1, "em"), "li2019-base-simple": _li20
          "cao2019": _cao2019(), "gret": _gret()}
 #: each variant's ONMT_EXT_ROUTING_KERNEL (docs/kernels.md)
 VARIANTS = {"PyTorch (reference)": "torch", "fused kernels": "triton"}
+#: ``--warps``' choices: warps per program (Hopper allows up to 32, 1,024 threads)
+WARPS = (1, 2, 4, 8, 16, 32)
 
 
 def routing_kernel(choice):
@@ -128,10 +132,25 @@ def routing_kernel(choice):
     return mock.patch.dict(os.environ, {KERNEL_VARIABLE: choice})
 
 
-def forward_backward(case, problem, iterations):
-    """One forward and backward pass; returns the output and the first input's gradient (detached)."""
+def forced_warps(warps, asked):
+    """Inside the block every routing kernel launches at ``warps`` warps per program instead of the launcher's
+    choice; ``asked[warps]`` counts the launches that took it."""
+    from onmt_ext.mechanisms import routing_triton
+
+    def chosen(blocks):
+        asked[warps] += 1
+        return warps
+
+    return mock.patch.object(routing_triton, "_warps", chosen)
+
+
+def forward_backward(case, problem, iterations, backward=True):
+    """One forward and backward pass; returns the output and the first input's gradient (detached).  Without
+    ``backward`` the forward pass alone, as training runs it (the inputs requiring their gradient)."""
     tensors = [tensor.detach().requires_grad_() for tensor in problem.tensors]
     out = case.run(*tensors, *problem.fixed, iterations=iterations)
+    if not backward:
+        return None
     out.backward(problem.grad)
     return out.detach(), tensors[0].grad
 
@@ -142,11 +161,15 @@ def relative_difference(value, reference):
     return float((value.double() - reference).abs().max() / reference.abs().max().clamp_min(1e-30))
 
 
-def measure(case, problem, args, choice):
-    """``(result, outputs)`` of one variant: ``ms``, ``peak_mb`` and ``warmup_s``, or ``failed``; ``outputs``
-    (the output and the first input's gradient of one more call) for the agreement, or None."""
+def measure(case, problem, args, choice, warps=None):
+    """``(result, outputs)`` of one variant: ``ms``, ``forward_ms``, ``peak_mb`` and ``warmup_s``, or ``failed``;
+    ``outputs`` (the output and the first input's gradient of one more call) for the agreement, or None.
+    ``warps``: the kernels' warps per program (:func:`forced_warps`; the result's ``warps_launches`` counts the
+    launches that took it), None for the launcher's choice."""
     cuda = args.device == "cuda"
-    with routing_kernel(choice), warnings.catch_warnings(record=True) as warned:
+    asked = collections.Counter()
+    forced = forced_warps(warps, asked) if warps else contextlib.nullcontext()
+    with routing_kernel(choice), forced, warnings.catch_warnings(record=True) as warned:
         warnings.simplefilter("always")
         launched = _launches()
         try:
@@ -162,13 +185,16 @@ def measure(case, problem, args, choice):
             outputs = forward_backward(case, problem, args.iterations)
             peak_mb = (torch.cuda.max_memory_allocated() - base) / 2**20 if cuda else None
             ms = timed_ms(lambda: forward_backward(case, problem, args.iterations), 0, args.repeats, cuda)
+            forward_ms = timed_ms(lambda: forward_backward(case, problem, args.iterations, backward=False), 0,
+                                  args.repeats, cuda)
         except torch.cuda.OutOfMemoryError as error:
             return {"failed": f"out of memory: {str(error).splitlines()[0]}"}, None
     if choice == "triton" and _launches() == launched:  # fell back to PyTorch: the row would time the reference
         said = "; ".join(dict.fromkeys(str(warning.message) for warning in warned
                                        if "onmt-ext" in str(warning.message)))
         return {"failed": "the kernels did not run" + (f": {said}" if said else "")}, None
-    return {"ms": ms, "peak_mb": peak_mb, "warmup_s": warmup_s}, outputs
+    result = {"ms": ms, "forward_ms": forward_ms, "peak_mb": peak_mb, "warmup_s": warmup_s}
+    return (dict(result, warps=warps, warps_launches=asked[warps]) if warps else result), outputs
 
 
 def _launches():
@@ -177,17 +203,25 @@ def _launches():
     return sum(kernels.LAUNCHES.values()) if kernels is not None else 0
 
 
-def rows_of(args):
-    """One row per (case, variant), the kernels' with their ratio and agreement."""
+def variants(args):
+    """``(name, ONMT_EXT_ROUTING_KERNEL, warps or None)`` of each row of a case: :data:`VARIANTS`, then the
+    kernels at each of ``--warps``."""
+    return ([(name, choice, None) for name, choice in VARIANTS.items()]
+            + [(f"fused kernels, {warps} warps", "triton", warps) for warps in args.warps])
+
+
+def rows_of(args, measured=lambda rows: None):
+    """One row per (case, variant), the kernels' with their ratio and agreement; ``measured(rows)`` after each
+    case, with the rows so far."""
     dtype = getattr(torch, args.dtype)
     rows = []
     for name in args.cases:
         case = CASES[name]
         problem = case.make(args.problems, dtype, args.device, torch.Generator().manual_seed(args.seed))
         results = {}
-        for variant, choice in VARIANTS.items():
-            result, outputs = measure(case, problem, args, choice)
-            results[choice] = (result, outputs)
+        for variant, choice, warps in variants(args):
+            result, outputs = measure(case, problem, args, choice, warps)
+            results.setdefault(choice, (result, outputs))
             routes = f"({', '.join(map(str, problem.tensors[0].shape))}) {case.what}"
             row = {"case": name, "routes": routes, "variant": variant, **result}
             reference, expected = results["torch"]
@@ -200,6 +234,7 @@ def rows_of(args):
         del problem, results
         if args.device == "cuda":
             torch.cuda.empty_cache()
+        measured(rows)
     return rows
 
 
@@ -214,15 +249,22 @@ def markdown(report):
              f"torch {machine['torch']}, CUDA {machine['cuda']}, Python {machine['python']}; {setting['problems']:,} "
              f"positions per call, T = {setting['iterations']}, {setting['dtype']} inputs, forward and backward; "
              f"median of {setting['repeats']} calls after {setting['warmup']} ({setting['timer']}). Peak MB: above "
-             "the inputs, one call. Differences: the largest, over the reference's largest value.", "",
-             "| case | routes | variant | ms | kernels' speed-up | peak MB | warm-up s | output diff. | "
-             "gradient diff. |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+             "the inputs, one call. Differences: the largest, over the reference's largest value. Forward ms: the "
+             "forward pass alone.", ""]
+    done = list(dict.fromkeys(row["case"] for row in report["rows"]))
+    left = [case for case in setting["cases"] if case not in done]
+    if left:
+        lines += [f"**Partial:** {len(done)} of {len(setting['cases'])} cases measured (the run stopped early or "
+                  f"is still running); not measured: {', '.join(left)}.", ""]
+    lines += ["| case | routes | variant | ms | forward ms | kernels' speed-up | peak MB | warm-up s | output diff. | "
+              "gradient diff. |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for row in report["rows"]:
         if "failed" in row:
-            lines.append(f"| {row['case']} | {row['routes']} | {row['variant']} | {row['failed']} | | | | | |")
+            lines.append(f"| {row['case']} | {row['routes']} | {row['variant']} | {row['failed']} | | | | | | |")
             continue
         lines.append(f"| {row['case']} | {row['routes']} | {row['variant']} | {row['ms']:.2f} | "
-                     f"{_cell(row, 'speedup', '{:.2f}')} | {_cell(row, 'peak_mb', '{:,.0f}')} | "
+                     f"{row['forward_ms']:.2f} | {_cell(row, 'speedup', '{:.2f}')} | "
+                     f"{_cell(row, 'peak_mb', '{:,.0f}')} | "
                      f"{row['warmup_s']:.1f} | {_cell(row, 'output_difference', '{:.1e}')} | "
                      f"{_cell(row, 'gradient_difference', '{:.1e}')} |")
     return "\n".join(lines) + "\n"
@@ -235,6 +277,9 @@ def parse_args(argv):
     parser.add_argument("--problems", type=common.at_least(1), default=32768,
                         help="positions per call (default 32768: a 32k-token batch, one attention)")
     parser.add_argument("--iterations", type=common.at_least(1), default=3)
+    parser.add_argument("--warps", nargs="+", type=int, choices=WARPS, default=[],
+                        help="also time the kernels with every program at each of these warps (default: only the "
+                             "launcher's choice)")
     common.add_bench_options(parser, DTYPES, TINY, warmup=2, repeats=5)
     return common.parse_bench_args(parser, argv, TINY)
 
@@ -243,11 +288,17 @@ def main(argv=None):
     args = parse_args(argv)
     if args.device == "cpu":  # the kernels on the CPU: Triton's interpreter, before Triton is first imported
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    setting = {"cases": args.cases, "problems": args.problems,
-               "iterations": args.iterations, "dtype": args.dtype, "warmup": args.warmup, "repeats": args.repeats,
-               "seed": args.seed, "device": args.device, "tiny": args.tiny,
+    setting = {"cases": args.cases, "problems": args.problems, "iterations": args.iterations, "warps": args.warps,
+               "dtype": args.dtype, "warmup": args.warmup, "repeats": args.repeats, "seed": args.seed,
+               "device": args.device, "tiny": args.tiny,
                "timer": "CUDA events" if args.device == "cuda" else "time.perf_counter"}
-    return common.publish_bench(args, setting, rows_of(args), markdown)
+
+    def so_far(rows):  # a device call cut short keeps the cases it measured
+        if args.out and len(rows) < len(args.cases) * len(variants(args)):
+            report = {"machine": common.device_info(args.device), "setting": setting, "rows": rows}
+            common.write_outputs(args.out, report, markdown(report))
+
+    return common.publish_bench(args, setting, rows_of(args, so_far), markdown)
 
 
 if __name__ == "__main__":

@@ -629,7 +629,8 @@ def variant(votes, mask=None):
 
 
 def _warps(blocks):
-    """Warps per program: about 256 block values per warp, 1 to 16 (a first choice, not tuned on a GPU)."""
+    """Warps per program: about 256 block values per warp, 1 to 16 (a first choice, not tuned on a GPU;
+    ``python -m tools.routing_bench --warps`` times others).  Triton's interpreter ignores it."""
     return max(1, min(16, triton.next_power_of_2(math.prod(blocks) // 256)))
 
 
@@ -641,9 +642,7 @@ def _grid_call(kernel, votes, before, after, **constants):
     """``kernel[(P,)](votes, strides, *before, I, O, D, *after, BI=..., BO=..., BD=..., **constants)``."""
     LAUNCHES[kernel.fn.__name__] += 1
     blocks = _blocks(votes)
-    meta = dict(BI=blocks[0], BO=blocks[1], BD=blocks[2], **constants)
-    if not INTERPRETED:
-        meta["num_warps"] = _warps(blocks)
+    meta = dict(BI=blocks[0], BO=blocks[1], BD=blocks[2], num_warps=_warps(blocks), **constants)
     if votes.shape[0]:
         kernel[(votes.shape[0],)](votes, *votes.stride(), *before, *votes.shape[1:], *after, **meta)
 
@@ -679,9 +678,8 @@ def _chunked_call(kernel, programs, votes, mask, members, tensors, **constants):
     blocks = _chunk_blocks(votes)
     shared = members > 1
     vkeep = mask.view(votes.shape[0], members, -1).any(dim=1).to(torch.int8) if shared else None
-    meta = dict(BI=blocks[0], BO=blocks[1], BD=blocks[2], HAS_MASK=mask is not None, SHARED=shared, **constants)
-    if not INTERPRETED:
-        meta["num_warps"] = _warps(blocks)
+    meta = dict(BI=blocks[0], BO=blocks[1], BD=blocks[2], HAS_MASK=mask is not None, SHARED=shared,
+                num_warps=_warps(blocks), **constants)
     if programs:
         kernel[(programs,)](votes, *votes.stride(), _mask_bytes(mask), vkeep, *tensors, members, *votes.shape[1:],
                             **meta)

@@ -37,10 +37,10 @@ def test_the_dry_run_times_the_reference_and_the_kernels_and_they_agree(tmp_path
 def test_a_variant_out_of_memory_is_reported_and_the_others_still_run(tmp_path, monkeypatch):
     stock = routing_bench.forward_backward
 
-    def reference_runs_out(case, problem, iterations):
+    def reference_runs_out(case, problem, iterations, backward=True):
         if os.environ["ONMT_EXT_ROUTING_KERNEL"] == "torch":
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 36.50 GiB")
-        return stock(case, problem, iterations)
+        return stock(case, problem, iterations, backward)
 
     monkeypatch.setattr(routing_bench, "forward_backward", reference_runs_out)
     args = ["--tiny", "--device", "cpu", "--cases", "li2019-base-simple", "--out", str(tmp_path / "r")]
@@ -77,3 +77,41 @@ def test_kernels_that_fall_back_to_pytorch_are_not_timed_as_the_kernels(tmp_path
     assert reference["ms"] > 0
     assert kernels["failed"] == ("the kernels did not run: onmt-ext: the fused kernel for simple routing failed "
                                  "its first-use check (a test)")
+
+
+def test_warps_rows_launch_every_kernel_at_the_forced_warps_and_agree(tmp_path):
+    """``--warps``: one more kernels' row per value, every launch of it at that value (so the sweep really changes
+    the launches on a GPU), the launcher's own choice restored after."""
+    from onmt_ext.mechanisms import routing_triton
+
+    chosen = routing_triton._warps
+    args = ["--tiny", "--device", "cpu", "--cases", "li2019-base-em", "--warps", "2", "8", "--out", str(tmp_path / "r")]
+    assert routing_bench.main(args) == 0
+    assert routing_triton._warps is chosen
+    rows = json.loads((tmp_path / "r.json").read_text(encoding="utf-8"))["rows"]
+    assert [row["variant"] for row in rows] == ["PyTorch (reference)", "fused kernels", "fused kernels, 2 warps",
+                                                "fused kernels, 8 warps"]
+    assert "warps" not in rows[1] and [row["warps"] for row in rows[2:]] == [2, 8]
+    for row in rows[2:]:
+        # warm-up 1, the agreement's call 1, repeats 2 with the backward pass (2 kernels), forward alone 2
+        assert row["warps_launches"] == 2 * (1 + 1 + 2) + 2, row
+        assert row["output_difference"] < 1e-5 and row["gradient_difference"] < 1e-5 and row["speedup"] > 0
+    assert all(0 < row["forward_ms"] for row in rows)
+    assert "| li2019-base-em | (8, 8, 512, 1) votes, em | fused kernels, 8 warps |" in (tmp_path / "r.md").read_text()
+
+
+def test_a_run_stopped_after_a_case_keeps_that_case_in_its_report(tmp_path, monkeypatch):
+    stock = routing_bench.measure
+
+    def stopped_in_gret(case, problem, args, choice, warps=None):
+        if case is routing_bench.CASES["gret"]:
+            raise KeyboardInterrupt  # as a device call's time limit would stop it
+        return stock(case, problem, args, choice, warps)
+
+    monkeypatch.setattr(routing_bench, "measure", stopped_in_gret)
+    with pytest.raises(KeyboardInterrupt):
+        routing_bench.main(["--tiny", "--device", "cpu", "--cases", "li2019-base-simple", "gret",
+                            "--out", str(tmp_path / "r")])
+    rows = json.loads((tmp_path / "r.json").read_text(encoding="utf-8"))["rows"]
+    assert [row["case"] for row in rows] == ["li2019-base-simple"] * 2 and all(row["ms"] > 0 for row in rows)
+    assert "**Partial:** 1 of 2 cases measured" in (tmp_path / "r.md").read_text(encoding="utf-8")
