@@ -199,14 +199,21 @@ def test_dry_run_measures_every_row(dry_run):
     assert all(row["options"]["ext_compile_layers"] and not row["options"].get("ext_compile") for row in layers)
     assert all(row["reference"] == f"{plan.FRESH_STOCK}|{plan.STOCK_LABEL}|eager|{row['batch_tokens']}"
                for row in layers)
-    # the binarised rows: the onmt-ext baseline's config and batches, read from a directory binarised beforehand
+    # the binarised rows: the onmt-ext baseline's config and batches, read from the cache that make reproduce-*
+    # trains from, filled beforehand: one directory per batch size's corpus, each binarised once
     binarized = [row for row in rows if row["group"] == plan.FRESH_BIN]
     ext = {row["batch_tokens"]: row for row in rows if row["group"] == plan.FRESH_EXT}
     assert [row["batch_tokens"] for row in binarized] == [tiny, paper]
+    root = out / "work" / "binarized"
+    filled = sorted(path.parent for path in root.glob("*/manifest.json"))
+    assert len(filled) == 2, filled
+    assert all(json.loads((path / "manifest.json").read_text(encoding="utf-8"))["corpora"]["corpus_1"]["kept"] > 0
+               for path in filled)
+    log = (out / "work" / "binarize.log").read_text(encoding="utf-8")
+    assert log.count("== onmt_ext_binarize -config") == 2 and all(str(path) in log for path in filled)
     for row in binarized:
         options = dict(row["options"])
-        manifest = json.loads((Path(options.pop("ext_binarized")) / "manifest.json").read_text(encoding="utf-8"))
-        assert manifest["corpora"]["corpus_1"]["kept"] > 0 and "binarized" in row["data_path"]
+        assert Path(options.pop("ext_binarized_cache")) == root and "-ext_binarized_cache" in row["data_path"]
         assert row["reference"] == ext[row["batch_tokens"]]["key"]  # its ratio: over the text's, same batches
         mine = {key: value for key, value in options.items() if key not in ("save_model", "save_data", "data")}
         assert mine == {key: value for key, value in ext[row["batch_tokens"]]["options"].items()
@@ -255,8 +262,8 @@ def test_dry_run_targets_have_issue_35s_rows(dry_run):
     targets = json.loads((out / "cpu-tiny.json").read_text(encoding="utf-8"))["targets"]
     measures = [row["measure"] for row in targets]
     for words in ("baseline target tok/s, 2048-token batches", "busy share", "over stock OpenNMT-py",
-                  "binarised data (-ext_binarized), users' data path", "users' data path over its in-process run",
-                  "users' data path, binarised data (-ext_binarized) over its in-process run",
+                  "binarised data (-ext_binarized_cache), users' data path", "users' data path over its in-process run",
+                  "users' data path, binarised data (-ext_binarized_cache) over its in-process run",
                   "synchronisations per step", "first step after the model is built", "start-up overhead",
                   "training ratio, li2019 EM routing", "peak memory over the baseline's", "decoding ratio (beam 4)"):
         found = [row for row in targets if words in row["measure"]]

@@ -124,10 +124,10 @@ def parse_args(argv):
                              "all of section b's budget; no section c")
     parser.add_argument("--fresh", default="ext,stock",
                         help="which of section b's fresh processes run, in this order: ext (the onmt-ext baseline), "
-                             "stock (stock OpenNMT-py), bin (the onmt-ext baseline on binarised data, -ext_binarized, "
-                             "binarised while the earlier processes run; its ratio is over ext's), layers "
-                             "(-ext_compile_layers); bin and layers are off by default, as the default budget has "
-                             "no room for them; default ext,stock")
+                             "stock (stock OpenNMT-py), bin (the onmt-ext baseline on binarised data from "
+                             "-ext_binarized_cache, binarised while the earlier processes run; its ratio is over "
+                             "ext's), layers (-ext_compile_layers); bin and layers are off by default, as the default "
+                             "budget has no room for them; default ext,stock")
     parser.add_argument("--commit", default=None,
                         help=f"the project's commit for the report (default ${COMMIT_ENV}, else git when this "
                              "checkout is a repository's root, else unknown)")

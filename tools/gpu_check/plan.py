@@ -313,10 +313,11 @@ def step_plan(args, steps=None, warmup=None):
 FRESH_EXT, FRESH_STOCK, IN_PROCESS = "onmt-ext, fresh process", "stock, fresh process", "in one process"
 #: the onmt-ext baseline with its whole layers compiled (-ext_compile_layers), in a fresh process of its own
 FRESH_LAYERS, LAYERS = "onmt-ext -ext_compile_layers, fresh process", "layers compiled"
-#: the onmt-ext baseline reading its training corpora binarised (onmt_ext_binarize, -ext_binarized: the same
-#: batches), in a fresh process of its own, its ratio over the onmt-ext baseline's on the text; on request
-#: (``--fresh ext,bin``), as the part's default processes leave it no room
-FRESH_BIN = "onmt-ext -ext_binarized, fresh process"
+#: the onmt-ext baseline reading its training corpora binarised from the cache that ``make reproduce-*`` trains
+#: from (-ext_binarized_cache, filled beforehand by onmt_ext_binarize: the same batches), in a fresh process of its
+#: own, its ratio over the onmt-ext baseline's on the text; on request (``--fresh ext,bin``), as the part's
+#: default processes leave it no room
+FRESH_BIN = "onmt-ext -ext_binarized_cache, fresh process"
 #: the share of the fresh part that each fresh process keeps for every one after it: the onmt-ext and stock
 #: baselines (issue 35's targets) take what they need, -ext_compile_layers (off by default) what is left
 FRESH_RESERVE = 0.2
@@ -359,7 +360,7 @@ def training_plan(args, cases):
             reference = (None if stock else f"{FRESH_EXT}|{ext_case.label}|eager|{batch}" if binarized
                          else f"{FRESH_STOCK}|{STOCK_LABEL}|eager|{batch}")
             name = f"{'stock' if stock else 'ext'}{'_layers' if mode == LAYERS else ''}{'_bin' if binarized else ''}"
-            path = f"{users[:-1]}, -ext_binarized)" if binarized else users
+            path = f"{users[:-1]}, -ext_binarized_cache)" if binarized else users
             row = _row(case, mode, group, batch, reference, path, f"{name}_{batch}") | {"part": "fresh"}
             rows.append((row, BASELINE, mode, {"batch_size": batch, "stock": stock, "binarized": binarized}))
         if FRESH_NAMES[group] in args.fresh:

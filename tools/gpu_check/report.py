@@ -57,7 +57,7 @@ def targets_table(sections, on_gpu, batch_tokens):
     binarized = measured(FRESH_BIN, "onmt-ext baseline", paper, "tokens_per_s")
     if binarized is not None:
         rows.append(_target(f"baseline target tok/s, {paper}-token batches in one pass, binarised data "
-                            "(-ext_binarized), users' data path", BASELINE_TOKENS_TARGET, binarized))
+                            "(-ext_binarized_cache), users' data path", BASELINE_TOKENS_TARGET, binarized))
     for group, mode, how in ((FRESH_EXT, "eager", ""), (FRESH_LAYERS, LAYERS, ", -ext_compile_layers")):
         if mode == LAYERS:
             rows.append(_target(f"baseline target tok/s, {paper}-token batches in one pass{how}, users' data path",
@@ -74,7 +74,7 @@ def targets_table(sections, on_gpu, batch_tokens):
                                     "batches, same config and run", STOCK_SPEEDUP_TARGET, ratio))
     cases_batch = b.get("case_batch_tokens", small)
     in_process = measured(IN_PROCESS, "baseline", cases_batch, "tokens_per_s")
-    for group, how in ((FRESH_EXT, ""), (FRESH_BIN, ", binarised data (-ext_binarized)")):
+    for group, how in ((FRESH_EXT, ""), (FRESH_BIN, ", binarised data (-ext_binarized_cache)")):
         users = measured(group, "onmt-ext baseline", cases_batch, "tokens_per_s")
         if cases_batch in (small, paper) and (group == FRESH_EXT or users is not None):
             rows.append(_target(f"baseline's users' data path{how} over its in-process run (replayed batches), target "
@@ -207,14 +207,16 @@ def markdown(report):
         lines += [f"## b. Training ({b['status']}, {b.get('seconds', 0):.0f} s; data and configs prepared in "
                   f"{b.get('prepare_s', 0):.0f} s, during section a)", "",
                   f"{b.get('steps_text', '')} Ratios: the onmt-ext baseline's rows over stock OpenNMT-py's at the "
-                  "same batch size (on binarised data, `-ext_binarized`: over the onmt-ext baseline's on the text); "
+                  "same batch size (on binarised data, `-ext_binarized_cache`: over the onmt-ext baseline's on the "
+                  "text); "
                   "every other row over the baseline trained the same way in the same process "
                   "(`ratio` against `vs`). Syncs: per step between report steps over the measured steps "
                   f"({b.get('sync_kind', '')}). First step: from the model built to the end of step 1 (batches "
                   "built ahead not counted); start-up: from the process start to the end of step 1.", "",
                   "Busy share: of the profiled steps; busy ms: kernel (or CPU operator) time per profiled step, "
                   "and over the unprofiled step time (the profiler slows the host, not the kernels).", "",
-                  *([f"Binarised data (`onmt_ext_binarize`, in the background while the earlier processes ran): "
+                  *([f"Binarised data (`onmt_ext_binarize` into the cache, `work/binarized`, in the background "
+                     "while the earlier processes ran): "
                      f"{b['binarize_s']:.0f} s (`work/binarize.log`).", ""] if b.get("binarize_s") is not None
                     else []),
                   "Interval tok/s: the median over the measured steps' report intervals, with the slowest and "

@@ -51,8 +51,8 @@ def training_config(case, mode, args, work, repeat_cache, batch_size=None, repla
     ``replay``: no data workers (the batches are built ahead in the training process); otherwise
     ``--num-workers``, the users' path.  ``stock``: the config without onmt-ext's options, for stock
     OpenNMT-py (a case with a mechanism cannot be one).  ``steps``, ``warmup``: see :func:`step_plan`.
-    ``binarized``: the training corpora read from ``-ext_binarized <work>/binarized_<name>``, which
-    :func:`start_binarizing` writes."""
+    ``binarized``: the training corpora read from the cache ``-ext_binarized_cache <work>/binarized`` (as
+    ``make reproduce-*`` trains), which :func:`start_binarizing` fills beforehand."""
     batch_size = batch_size or args.batch_size
     settings = Settings(args, batch_size, steps, warmup)
     size, lines = ("smoke", TINY_LINES) if args.tiny else ("paper", None)
@@ -70,7 +70,7 @@ def training_config(case, mode, args, work, repeat_cache, batch_size=None, repla
     elif mode == LAYERS:
         overrides["ext_compile_layers"] = True
     if binarized:
-        overrides["ext_binarized"] = str(work / f"binarized_{name or mode}")
+        overrides["ext_binarized_cache"] = str(work / "binarized")
     if case == HALF_WEIGHTS:
         source = twin if args.tiny else paper  # the config the row trains; its dtype: the override's, if any
         overrides.update(half_weights_overrides(overrides.get("model_dtype") or source.get("model_dtype", "fp32"),
@@ -185,9 +185,9 @@ def prepare_training(args, work, plan, cache):
 
 
 class Binarizing:
-    """``onmt_ext_binarize`` of every ``-ext_binarized`` row of a plan, one config after the other in a thread
-    (started by :func:`start_binarizing` while the earlier processes run).  ``failed``: row key -> (status,
-    reason) once the thread has ended."""
+    """``onmt_ext_binarize`` of every binarised row's config of a plan (it fills their ``-ext_binarized_cache``),
+    one config after the other in a thread (started by :func:`start_binarizing` while the earlier processes run).
+    ``failed``: row key -> (status, reason) once the thread has ended."""
 
     def __init__(self, work, rows, configs):
         self.log = work / "binarize.log"
@@ -219,13 +219,15 @@ class Binarizing:
 
 
 def start_binarizing(work, plan, configs):
-    """A started :class:`Binarizing` for the rows of ``plan`` whose config reads ``-ext_binarized``, or None."""
-    rows = [row for _, _, _, entries in plan for row, _, _, _ in entries if configs[row["key"]][2].get("ext_binarized")]
+    """A started :class:`Binarizing` for the rows of ``plan`` whose config reads binarised data, or None."""
+    rows = [row for _, _, _, entries in plan for row, _, _, _ in entries
+            if configs[row["key"]][2].get("ext_binarized_cache")]
     if not rows:
         return None
     binarizing = Binarizing(work, rows, configs)
     binarizing.thread.start()
-    print(f"== gpu-check b: binarising the data of {len(rows)} rows (-ext_binarized) in the background", flush=True)
+    print(f"== gpu-check b: binarising the data of {len(rows)} rows (-ext_binarized_cache) in the background",
+          flush=True)
     return binarizing
 
 
