@@ -364,6 +364,10 @@ def test_junit_counts(tmp_path):
     counts = properties.junit_counts(xml)
     assert (counts["passed"], counts["failed"], counts["skipped"], counts["errors"], counts["tests"]) == (1, 1, 1, 1, 4)
     assert counts["failures"] == ["m::b", "m::d"]
+    # an interrupted run's report ends in a nameless case, the test that was running: not a pass
+    xml.write_text('<testsuites><testsuite><testcase classname="m" name="a"/><testcase time="0.000" />'
+                   '</testsuite></testsuites>')
+    assert properties.junit_counts(xml)["passed"] == 1 and properties.junit_counts(xml)["tests"] == 1
 
 
 def test_section_a_shares_fp32s_console_checks():
@@ -376,13 +380,14 @@ def test_section_a_shares_fp32s_console_checks():
     assert [(dtype, selection, extra) for dtype, _, selection, extra, _ in gpu] == [
         ("none", [suite, "-m", "not slow"], {}),
         *[("none", [suite, "-m", "slow"], {properties.CONSOLE_SHARD_VARIABLE: f"{k}/6"}) for k in range(6)],
-        ("fp16", [suite], {}), ("bf16", [suite], {}), ("none", [cases.KERNEL_TEST], {})]
+        ("fp16", [suite], {}), ("bf16", [suite], {}),
+        ("none", [cases.KERNEL_TEST, "-n", str(cases.KERNEL_TEST_WORKERS)], {})]
     assert len({stem for *_, stem in gpu}) == len(gpu) and gpu[0][-1] == "properties-none"
     tiny = properties.property_processes(cli.parse_args(["--tiny", "--device", "cpu"]))
     assert [(dtype, selection) for dtype, _, selection, _, _ in tiny] == [("none", [suite, "-m", "not slow"]),
                                                                           ("bf16", [suite, "-m", "not slow"])]
     # the kernels' tests run on a GPU only (in the CPU's interpreter they take longer than the dry run's section a)
-    assert properties.property_processes(cli.parse_args(["--tiny"]))[-1][2] == [cases.KERNEL_TEST]
+    assert properties.property_processes(cli.parse_args(["--tiny"]))[-1][2][0] == cases.KERNEL_TEST
     assert len(properties.property_processes(cli.parse_args(["--console-shards", "2", "--device", "cpu"]))) == 5
     with pytest.raises(SystemExit):
         cli.parse_args(["--console-shards", "-1"])
@@ -450,6 +455,44 @@ def test_section_a_times_each_process_to_its_own_exit(tmp_path):
     assert runs["slow"]["status"] == "stopped" and runs["slow"]["seconds"] >= 3.9
     assert runs["late"]["status"] == "failed" and 1.4 < runs["late"]["seconds"] < runs["slow"]["seconds"]
     assert runs["passed"]["seconds"] < 1.4 and result["status"] == "partly run"
+
+
+def test_a_stopped_pytest_process_reports_the_tests_it_finished(tmp_path, monkeypatch):
+    """Past section a's deadline a pytest process is interrupted, as by Ctrl-C, and its JUnit report of the tests
+    it finished is counted (a kill left none: on a GPU, the kernels' tests stopped by the budget would say nothing),
+    with xdist's workers too; a process that ignores the interruption is killed after the grace."""
+    (tmp_path / "test_some.py").write_text(
+        "import os, pathlib, time\n\n\ndef mark(name):\n    pathlib.Path(os.environ['MARK'] + name).touch()\n\n\n"
+        "def test_a():\n    mark('a')\n\n\ndef test_b():\n    mark('b')\n\n\n"
+        "def test_slow():\n    mark('slow')\n    time.sleep(120)\n")
+    monkeypatch.setattr(properties, "STOP_GRACE_S", 30)
+    result, started = {"runs": []}, []
+    for name, extra in (("serial", []), ("workers", ["-n", "2"])):
+        run, xml = {"dtype": name, "log": "-"}, tmp_path / f"{name}.xml"
+        child = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *extra,
+                                  "test_some.py", f"--junitxml={xml}"], cwd=tmp_path, start_new_session=True,
+                                 env=dict(os.environ, MARK=str(tmp_path / f"{name}.")),
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        started.append((run, child, xml, plan.monotonic_now()))
+        result["runs"].append(run)
+    waited = plan.monotonic_now()
+    marks = [tmp_path / f"{name}.{test}" for name in ("serial", "workers") for test in ("a", "b", "slow")]
+    while not all(mark.exists() for mark in marks):  # test_a and test_b ran, test_slow is running
+        assert plan.monotonic_now() - waited < 120, "the pytest processes did not reach test_slow"
+        time.sleep(0.1)
+    time.sleep(1.0)  # their reports reach pytest (xdist's controller)
+    properties.finish_section_a(result, started, plan.monotonic_now())
+    for run in result["runs"]:
+        assert run["status"] == "stopped" and (run.get("passed"), run.get("tests")) == (2, 2), run
+        assert "2 tests finished" in run["reason"]
+    deaf = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGINT, "
+                             "signal.SIG_IGN); time.sleep(60)"], start_new_session=True)
+    monkeypatch.setattr(properties, "STOP_GRACE_S", 1)
+    result = {"runs": [{"dtype": "deaf", "log": "-"}]}
+    properties.finish_section_a(result, [(result["runs"][0], deaf, tmp_path / "deaf.xml", plan.monotonic_now())],
+                                plan.monotonic_now())
+    assert result["runs"][0]["status"] == "stopped" and result["runs"][0]["reason"].startswith("not run: budget")
+    assert deaf.poll() is not None
 
 
 def test_gpu_configs_parse_strictly(tmp_path, onmt_active, monkeypatch):

@@ -11,6 +11,9 @@ REPO = common.REPO
 PROPERTY_TEST = "tests/integration/test_decoding_properties.py"
 #: the fused routing kernels against their PyTorch reference, on the GPU (a process of section a, CUDA only)
 KERNEL_TEST = "tests/unit/test_routing_kernels.py"
+#: pytest-xdist workers of that process: its 50 tests compile about 88 kernel specialisations (counted in
+#: Triton's interpreter on the CPU, 2026-11-30), and Triton compiles on the host, one kernel at a time a process
+KERNEL_TEST_WORKERS = 4
 
 #: Section a: one smoke config per mechanism (relative to yaml_configs/smoke/), then every mechanism at once.
 PROPERTY_CONFIGS = (

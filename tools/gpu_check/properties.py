@@ -3,22 +3,31 @@ their counts from pytest's JUnit XML."""
 
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ElementTree
 
 from tools.gpu_check.cases import (
-    KERNEL_TEST, PROPERTY_CONFIGS, PROPERTY_DTYPES, PROPERTY_TEST, REPO, TINY_PROPERTY_CONFIGS, TINY_PROPERTY_DTYPES,
+    KERNEL_TEST, KERNEL_TEST_WORKERS, PROPERTY_CONFIGS, PROPERTY_DTYPES, PROPERTY_TEST, REPO, TINY_PROPERTY_CONFIGS,
+    TINY_PROPERTY_DTYPES,
 )
+
+#: seconds a pytest process stopped by the budget gets to write its JUnit report of the tests it finished (it is
+#: interrupted as by Ctrl-C first, then killed)
+STOP_GRACE_S = 10
 from tools.gpu_check.plan import monotonic_now
 
 
 def junit_counts(path):
-    """``{passed, failed, errors, skipped, tests, failures: [test ids]}`` from a pytest JUnit XML file."""
+    """``{passed, failed, errors, skipped, tests, failures: [test ids]}`` from a pytest JUnit XML file.  An
+    interrupted run's report ends in a nameless test case (the one that was running): it is not counted."""
     root = ElementTree.parse(path).getroot()
     counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0, "failures": []}
     for case in root.iter("testcase"):
+        if not case.get("name"):
+            continue
         name = f"{case.get('classname', '')}::{case.get('name', '')}"
         if case.find("failure") is not None:
             counts["failed"] += 1
@@ -61,7 +70,8 @@ def property_processes(args):
                            {CONSOLE_SHARD_VARIABLE: f"{k}/{shards}"}, f"{stem}-console-{k + 1}-of-{shards}")
                           for k in range(shards)]
     if args.device == "cuda":
-        processes.append(("none", "the fused routing kernels", [KERNEL_TEST], {}, "routing-kernels"))
+        processes.append(("none", "the fused routing kernels", [KERNEL_TEST, "-n", str(KERNEL_TEST_WORKERS)], {},
+                          "routing-kernels"))
     return processes
 
 
@@ -113,8 +123,8 @@ def _finished_run(run, code, xml, seconds):
 
 
 def finish_section_a(result, started, deadline):
-    """Waits for section a's processes until the monotonic ``deadline`` (then stops them); each run's seconds are
-    its own, to its exit."""
+    """Waits for section a's processes until the monotonic ``deadline`` (then stops them, :func:`_stopped`); each
+    run's seconds are its own, to its exit."""
     pending = list(started)
     while pending and monotonic_now() < deadline:
         for item in list(pending):
@@ -123,15 +133,37 @@ def finish_section_a(result, started, deadline):
                 _finished_run(run, child.returncode, xml, monotonic_now() - began)
                 pending.remove(item)
         time.sleep(0.1)
+    late = []
     for run, child, xml, began in pending:
         if child.poll() is not None:  # exited since the last look
             _finished_run(run, child.returncode, xml, monotonic_now() - began)
             continue
-        os.killpg(child.pid, 9)
-        child.wait()
-        run["seconds"] = round(monotonic_now() - began, 1)
-        run.update(status="stopped", reason=f"not run: budget (stopped after {run['seconds']} s)")
+        os.killpg(child.pid, signal.SIGINT)  # as Ctrl-C: pytest writes the report of the tests it finished
+        late.append((run, child, xml, began))
+    grace = monotonic_now() + STOP_GRACE_S
+    for run, child, xml, began in late:
+        _stopped(run, child, xml, began, grace)
     if "status" not in result:
         statuses = {run["status"] for run in result["runs"]}
         result["status"] = "ran" if statuses <= {"passed", "failed", "empty"} else "partly run"
     return result
+
+
+def _stopped(run, child, xml, began, grace):
+    """A pytest process interrupted past its deadline: it is killed if still running at the monotonic ``grace``;
+    the JUnit report it wrote of the tests it finished, if any, is counted in ``run``."""
+    try:
+        child.wait(timeout=max(0.0, grace - monotonic_now()))
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+    run["seconds"] = round(monotonic_now() - began, 1)
+    try:
+        counts = junit_counts(xml) if xml.exists() else None
+    except ElementTree.ParseError:  # killed while writing it
+        counts = None
+    if counts and counts["tests"]:
+        run.update(counts, status="stopped", reason=f"budget: stopped after {run['seconds']} s, {counts['tests']} "
+                                                    "tests finished (counted here), the rest not run")
+    else:
+        run.update(status="stopped", reason=f"not run: budget (stopped after {run['seconds']} s)")
