@@ -189,6 +189,10 @@ def measure(case, problem, args, choice, warps=None):
                                   args.repeats, cuda)
         except torch.cuda.OutOfMemoryError as error:
             return {"failed": f"out of memory: {str(error).splitlines()[0]}"}, None
+        except Exception as error:  # the kernels do not build or launch at this setting (as --warps may ask)
+            if choice != "triton":
+                raise
+            return {"failed": f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"}, None
     if choice == "triton" and _launches() == launched:  # fell back to PyTorch: the row would time the reference
         said = "; ".join(dict.fromkeys(str(warning.message) for warning in warned
                                        if "onmt-ext" in str(warning.message)))

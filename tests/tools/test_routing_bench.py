@@ -114,3 +114,23 @@ def test_a_run_stopped_after_a_case_keeps_that_case_in_its_report(tmp_path, monk
     rows = json.loads((tmp_path / "r.json").read_text(encoding="utf-8"))["rows"]
     assert [row["case"] for row in rows] == ["li2019-base-simple"] * 2 and all(row["ms"] > 0 for row in rows)
     assert "**Partial:** 1 of 2 cases measured" in (tmp_path / "r.md").read_text(encoding="utf-8")
+
+
+def test_kernels_that_do_not_launch_at_a_forced_warps_are_a_row_and_the_run_goes_on(tmp_path, monkeypatch):
+    """Triton refuses a launch it has not the resources for (as ``--warps`` may ask on a GPU): that row says so, and
+    the other variants and cases are still measured."""
+    from onmt_ext.mechanisms import routing_triton
+
+    chosen, stock = routing_triton._warps, routing_bench.forward_backward
+
+    def refused_when_forced(case, problem, iterations, backward=True):
+        if routing_triton._warps is not chosen:
+            raise RuntimeError("out of resource: shared memory, Required: 262144, Hardware limit: 232448\nmore")
+        return stock(case, problem, iterations, backward)
+
+    monkeypatch.setattr(routing_bench, "forward_backward", refused_when_forced)
+    args = ["--tiny", "--device", "cpu", "--cases", "li2019-base-simple", "--warps", "32", "--out", str(tmp_path / "r")]
+    assert routing_bench.main(args) == 0
+    reference, kernels, forced = json.loads((tmp_path / "r.json").read_text(encoding="utf-8"))["rows"]
+    assert reference["ms"] > 0 and kernels["ms"] > 0
+    assert forced["failed"] == "RuntimeError: out of resource: shared memory, Required: 262144, Hardware limit: 232448"
