@@ -469,8 +469,9 @@ def test_a_stopped_pytest_process_reports_the_tests_it_finished(tmp_path, monkey
     result, started = {"runs": []}, []
     for name, extra in (("serial", []), ("workers", ["-n", "2"])):
         run, xml = {"dtype": name, "log": "-"}, tmp_path / f"{name}.xml"
-        child = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *extra,
-                                  "test_some.py", f"--junitxml={xml}"], cwd=tmp_path, start_new_session=True,
+        # (this test under xdist, as in CI: its worker ignores SIGINT, and so would a plain python -m pytest)
+        child = subprocess.Popen(properties.pytest_command(["-q", "-p", "no:cacheprovider", *extra, "test_some.py",
+                                                            f"--junitxml={xml}"]), cwd=tmp_path, start_new_session=True,
                                  env=dict(os.environ, MARK=str(tmp_path / f"{name}.")),
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         started.append((run, child, xml, plan.monotonic_now()))

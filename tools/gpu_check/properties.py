@@ -17,6 +17,16 @@ from tools.gpu_check.cases import (
 #: seconds a pytest process stopped by the budget gets to write its JUnit report of the tests it finished (it is
 #: interrupted as by Ctrl-C first, then killed)
 STOP_GRACE_S = 10
+#: ``python -m pytest`` that takes Ctrl-C (SIGINT) as pytest does even where its parent ignores it (a disposition
+#: that a child inherits, and then Python installs no handler: as under pytest-xdist's workers)
+INTERRUPTIBLE_PYTEST = ("import signal, sys, pytest; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                        "sys.exit(pytest.main(sys.argv[1:]))")
+
+
+def pytest_command(arguments):
+    """The command of a pytest process that :func:`finish_section_a` can interrupt: ``python -m pytest
+    arguments`` (:data:`INTERRUPTIBLE_PYTEST`)."""
+    return [sys.executable, "-c", INTERRUPTIBLE_PYTEST, *arguments]
 from tools.gpu_check.plan import monotonic_now
 
 
@@ -88,7 +98,7 @@ def start_section_a(args, work):
                    ONMT_EXT_TEST_CONFIGS=",".join(configs), OMP_NUM_THREADS=str(threads),
                    MKL_NUM_THREADS=str(threads), **extra)
         xml, log = work / f"{stem}.xml", work / f"{stem}.log"
-        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selection, f"--junitxml={xml}"]
+        command = pytest_command(["-q", "-p", "no:cacheprovider", *selection, f"--junitxml={xml}"])
         shown = " ".join([f"{name}={value}" for name, value in extra.items()]
                          + [f"ONMT_EXT_TEST_DEVICE={args.device} ONMT_EXT_TEST_AUTOCAST={dtype} "
                             f"ONMT_EXT_TEST_CONFIGS={','.join(configs)} OMP_NUM_THREADS={threads} python -m pytest "
