@@ -469,7 +469,8 @@ def test_a_stopped_pytest_process_reports_the_tests_it_finished(tmp_path, monkey
     result, started = {"runs": []}, []
     for name, extra in (("serial", []), ("workers", ["-n", "2"])):
         run, xml = {"dtype": name, "log": "-"}, tmp_path / f"{name}.xml"
-        # (this test under xdist, as in CI: its worker ignores SIGINT, and so would a plain python -m pytest)
+        # (where this test runs with SIGINT ignored, as in a job bash starts in the background, a plain
+        # python -m pytest would ignore it too and never write its report)
         child = subprocess.Popen(properties.pytest_command(["-q", "-p", "no:cacheprovider", *extra, "test_some.py",
                                                             f"--junitxml={xml}"]), cwd=tmp_path, start_new_session=True,
                                  env=dict(os.environ, MARK=str(tmp_path / f"{name}.")),

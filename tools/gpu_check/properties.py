@@ -13,12 +13,13 @@ from tools.gpu_check.cases import (
     KERNEL_TEST, KERNEL_TEST_WORKERS, PROPERTY_CONFIGS, PROPERTY_DTYPES, PROPERTY_TEST, REPO, TINY_PROPERTY_CONFIGS,
     TINY_PROPERTY_DTYPES,
 )
+from tools.gpu_check.plan import monotonic_now
 
 #: seconds a pytest process stopped by the budget gets to write its JUnit report of the tests it finished (it is
 #: interrupted as by Ctrl-C first, then killed)
 STOP_GRACE_S = 10
 #: ``python -m pytest`` that takes Ctrl-C (SIGINT) as pytest does even where its parent ignores it (a disposition
-#: that a child inherits, and then Python installs no handler: as under pytest-xdist's workers)
+#: that a child inherits, and then Python installs no handler: as for a job that bash starts in the background)
 INTERRUPTIBLE_PYTEST = ("import signal, sys, pytest; signal.signal(signal.SIGINT, signal.default_int_handler); "
                         "sys.exit(pytest.main(sys.argv[1:]))")
 
@@ -27,7 +28,6 @@ def pytest_command(arguments):
     """The command of a pytest process that :func:`finish_section_a` can interrupt: ``python -m pytest
     arguments`` (:data:`INTERRUPTIBLE_PYTEST`)."""
     return [sys.executable, "-c", INTERRUPTIBLE_PYTEST, *arguments]
-from tools.gpu_check.plan import monotonic_now
 
 
 def junit_counts(path):
