@@ -85,10 +85,15 @@ def parse_bench_args(parser, argv, tiny):
     return args
 
 
+def bench_report(args, setting, rows):
+    """A benchmark's report: ``{"machine": device_info(args.device), "setting": setting, "rows": rows}``."""
+    return {"machine": device_info(args.device), "setting": setting, "rows": rows}
+
+
 def publish_bench(args, setting, rows, markdown):
-    """A benchmark's report ``{"machine", "setting", "rows"}``: printed as ``markdown(report)`` and, with
-    ``args.out``, written to ``<out>.json`` and ``<out>.md``; returns 0, the command's exit status."""
-    report = {"machine": device_info(args.device), "setting": setting, "rows": rows}
+    """A benchmark's :func:`bench_report`: printed as ``markdown(report)`` and, with ``args.out``, written to
+    ``<out>.json`` and ``<out>.md``; returns 0, the command's exit status."""
+    report = bench_report(args, setting, rows)
     text = markdown(report)
     print(text, end="")
     if args.out:

@@ -299,7 +299,7 @@ def main(argv=None):
 
     def so_far(rows):  # a device call cut short keeps the cases it measured
         if args.out and len(rows) < len(args.cases) * len(variants(args)):
-            report = {"machine": common.device_info(args.device), "setting": setting, "rows": rows}
+            report = common.bench_report(args, setting, rows)
             common.write_outputs(args.out, report, markdown(report))
 
     return common.publish_bench(args, setting, rows_of(args, so_far), markdown)
