@@ -4,7 +4,7 @@
 module at Python start-up; it only installs an import hook.  The first time ``onmt`` is imported, the hook
 
 1. *before* ``onmt`` runs: applies :func:`onmt_ext.runtime.compat.apply` (import-time warnings, the ``torch.load``
-   allow-list, stand-ins for a missing spaCy or fasttext);
+   allow-list, stand-ins for a missing spaCy or fasttext, an installed one imported on first use);
 2. *after* ``onmt`` has run: calls :func:`onmt_ext.integration.plugin.activate`.
 
 A failure in either step prints one line, with how to switch the extension off, and leaves ``onmt`` stock
@@ -46,6 +46,7 @@ def _before_onmt():
 
         compat.apply()
         compat.stand_in_for_missing_packages()  # only while onmt is imported (see _after_onmt)
+        compat.defer_optional_packages()  # the installed ones: imported on first use
     except Exception as exc:  # never break plain OpenNMT-py
         _report_failure("apply the torch compatibility fixes", exc)
 

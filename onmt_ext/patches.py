@@ -10,8 +10,8 @@ A wrapper receives the next layer (or the stock callable) first, ``train(stock, 
 ``patch(Trainer, "train", train, kind=FIX, reason=..., test=...)``; ``wrap=False`` installs the replacement as it
 is (it must be the target's only layer).  Kinds:
 :data:`NEEDED` (the extension cannot work without it), :data:`FIX` (a crash or silent data loss of OpenNMT-py
-3.5.1), :data:`MESSAGE` (a clearer message only), :data:`SPEED` (a host stall of training removed, same data and
-numbers).  FIX, MESSAGE and SPEED changes: docs/differences-from-stock.md.
+3.5.1), :data:`MESSAGE` (a clearer message only), :data:`SPEED` (a host stall of training, or of every command's
+start-up, removed; same data and numbers).  FIX, MESSAGE and SPEED changes: docs/differences-from-stock.md.
 """
 
 import contextlib
@@ -27,7 +27,8 @@ NEEDED = "needed"
 FIX = "fix"
 #: The change only improves what a user is told (a one-line error, a clearer message, a warnings filter).
 MESSAGE = "message"
-#: The change removes a host stall of stock OpenNMT-py's training; same data, same numbers (tested).
+#: The change removes a host stall of stock OpenNMT-py's training (or of every command's start-up); same data, same
+#: numbers (tested).
 SPEED = "speed"
 KINDS = (NEEDED, FIX, MESSAGE, SPEED)
 

@@ -2,10 +2,10 @@
 
 Moved out of tests/unit/test_plugin.py (unit/ runs in-process only): the .pth start-up hook registering onmt-ext's
 types on the first ``import onmt``, switched off with ``ONMT_EXT_DISABLE=1`` and leaving plain OpenNMT-py working when
-registration fails or the OpenNMT-py version is not supported; no torch.cuda.amp deprecation warning on importing the
-commands; the training log file keeping its lines after the data iterator re-initialises the logger; and
-``onmt_train``, ``onmt_build_vocab`` and ``onmt_translate`` refusing misspelled YAML keys and unknown command-line
-options with a suggestion.
+registration fails or the OpenNMT-py version is not supported; spaCy and fasttext imported on first use; no
+torch.cuda.amp deprecation warning on importing the commands; the training log file keeping its lines after the data
+iterator re-initialises the logger; and ``onmt_train``, ``onmt_build_vocab`` and ``onmt_translate`` refusing
+misspelled YAML keys and unknown command-line options with a suggestion.
 """
 
 import subprocess
@@ -15,6 +15,7 @@ import textwrap
 import pytest
 
 import support
+from onmt_ext.runtime import compat
 
 
 def _python(code, **env):
@@ -84,8 +85,35 @@ def test_hook_can_be_switched_off():
     assert result.stdout.strip() == "False"
 
 
+#: the optional packages installed here, whose import the start-up hook defers to their first use
+DEFERRED = [name for name in compat.OPTIONAL_PACKAGES if not compat.package_missing(name)]
 #: the start-up hook's changes that stay whatever happens to the activation (docs/differences-from-stock.md)
-KEPT = "warnings filters (torch.cuda.amp, sdp_kernel)|torch.serialization safe globals (argparse.Namespace)"
+KEPT = "warnings filters (torch.cuda.amp, sdp_kernel)|torch.serialization safe globals (argparse.Namespace)" + (
+    f"|sys.modules ({', '.join(DEFERRED)}) imported on first use" if DEFERRED else "")
+
+
+@pytest.mark.parametrize("runtime", ["ext", "stock", "disabled"])
+def test_optional_packages_are_imported_on_first_use(runtime):
+    """``import onmt`` leaves spaCy's (and fasttext's) import to the terminology (clean) transform's first use of
+    it; under ``ONMT_EXT_RUNTIME=stock`` and ``ONMT_EXT_DISABLE=1`` it imports them as stock does."""
+    if "spacy" not in DEFERRED:
+        pytest.skip("spaCy is not installed (make setup installs it)")
+    env = {"stock": {"ONMT_EXT_RUNTIME": "stock"}, "disabled": {"ONMT_EXT_DISABLE": "1"}}.get(runtime, {})
+    result = _python(
+        """
+        import sys
+        import onmt
+        from onmt.transforms import terminology
+        print("spacy.language" in sys.modules, "spacy" in sys.modules)
+        load = terminology.spacy.load  # the transform's first use
+        import spacy
+        print("spacy.language" in sys.modules, load is spacy.load, sys.modules["spacy"] is spacy)
+        """, **env
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    first, then = result.stdout.splitlines()
+    assert first == ("False False" if runtime == "ext" else "True True")
+    assert then == "True True True"
 
 
 def test_failing_registration_leaves_plain_onmt_working():
