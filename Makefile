@@ -445,23 +445,23 @@ split-speed: $(WMT14)/signal_tagger.en.pt $(TATOEBA)/signal_tagger.zh.pt | $(SET
 # Two tiers (tests/README.md): `make test` runs the default tier (pytest -m "not slow": unit tests and fast
 # integration tests); `make test-all` runs every test, the slow tier too (system tests, trainings through the
 # CLI, the whole decoding-property suite), and is what CI runs (.ci/run).  Two pytest workers (pytest-xdist),
-# one file each at a time, one torch thread per process; the data come first, so that no worker builds them.
-# pytest's exit status 5 (no test selected) becomes a failure with a message of its own.  PYTEST_ARGS adds
-# options (e.g. PYTEST_ARGS="-k routing" or "--durations=20").
+# one file each at a time, the longest files first (tests/conftest.py), one torch thread per process; the data
+# come first, so that no worker builds them.  pytest's exit status 5 (no test selected) becomes a failure with a
+# message of its own.  PYTEST_ARGS adds options (e.g. PYTEST_ARGS="-k routing" or "--durations=20").
 TEST_WORKERS ?= 2
 PYTEST_ARGS ?=
-run_pytest = status=0; OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) $(1) \
+run_pytest = status=0; OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS) $(1) \
 	  || status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make $@: error: pytest selected no test" >&2; exit 1; fi; exit $$status
 
 test: data | $(SETUP_STAMP)
-	@echo "== test: the default tier, about 1,450 tests in $(TEST_WORKERS) workers: about 16 minutes on 2 idle CPU cores" \
-	  "(results/tests/README.md); pytest's percentage counts them"
+	@echo "== test: the default tier, about 1,450 tests in $(TEST_WORKERS) workers: 7-16 minutes on 2 idle CPU cores," \
+	  "by the machine (results/tests/README.md); pytest's percentage counts them"
 	@$(call run_pytest,-m "not slow" tests)
 
 test-all: data | $(SETUP_STAMP)
-	@echo "== test-all: both tiers, about 2,090 tests in $(TEST_WORKERS) workers: about 27 minutes on 2 idle CPU cores" \
-	  "(results/tests/README.md); pytest's percentage counts them"
+	@echo "== test-all: both tiers, about 2,090 tests in $(TEST_WORKERS) workers: 25-57 minutes on 2 idle CPU cores," \
+	  "by the machine (results/tests/README.md); pytest's percentage counts them"
 	@$(call run_pytest,tests)
 
 test-unit: | $(SETUP_STAMP)
