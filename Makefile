@@ -450,8 +450,8 @@ split-speed: $(WMT14)/signal_tagger.en.pt $(TATOEBA)/signal_tagger.zh.pt | $(SET
 # message of its own.  PYTEST_ARGS adds options (e.g. PYTEST_ARGS="-k routing" or "--durations=20").
 TEST_WORKERS ?= 2
 PYTEST_ARGS ?=
-run_pytest = status=0; OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS) $(1) \
-	  || status=$$?; \
+run_pytest = status=0; OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+	  $(PYTEST_ARGS) $(1) || status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make $@: error: pytest selected no test" >&2; exit 1; fi; exit $$status
 
 test: data | $(SETUP_STAMP)

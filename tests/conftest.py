@@ -45,8 +45,8 @@ def _file_of(item):
 
 
 class _LongFilesFirst:
-    """Orders the tests of an xdist worker: files in :data:`LONG_FILES`'s order first, then the other files by their number of tests,
-    most first (xdist's default order); a file's tests keep their order."""
+    """Orders the tests of an xdist worker: files in :data:`LONG_FILES`'s order first, then the other files by
+    their number of tests, most first (xdist's default order); a file's tests keep their order."""
 
     @pytest.hookimpl(trylast=True)  # after the -m and -k selections: the files' counts are of the tests that run
     def pytest_collection_modifyitems(self, config, items):

@@ -181,9 +181,16 @@ class _DeferredModule(types.ModuleType):
     def __getattr__(self, name):
         if name.startswith("__"):
             raise AttributeError(name)
-        if sys.modules.get(self.__name__) is self:  # read while onmt is imported: the real import replaces it
-            del sys.modules[self.__name__]
-        return getattr(importlib.import_module(self.__name__), name)
+        return getattr(_package_of(self), name)
+
+
+def _package_of(stand_in):
+    """The package a :class:`_DeferredModule` stands for, imported (a method would hide the package's attribute of
+    its name); the stand-in leaves ``sys.modules`` first, where it still is, so that the real import takes its
+    place."""
+    if sys.modules.get(stand_in.__name__) is stand_in:
+        del sys.modules[stand_in.__name__]
+    return importlib.import_module(stand_in.__name__)
 
 
 _deferred = {}
@@ -191,10 +198,8 @@ _deferred = {}
 
 def _import_deferred():
     """Imports the packages :func:`defer_optional_packages` deferred, as stock ``import onmt`` does."""
-    for name, module in _deferred.items():
-        if sys.modules.get(name) is module:
-            del sys.modules[name]
-        importlib.import_module(name)
+    for stand_in in _deferred.values():
+        _package_of(stand_in)
 
 
 def defer_optional_packages():
