@@ -5,8 +5,9 @@ The rule (:func:`cpu_ranks`): when this torch sees no CUDA device (a CPU build, 
 on GPUs, over gloo in place of ``-gpu_backend``; the parent says so in one log line.  Each rank reads its own
 share of the corpus and all-reduces the gradients as on GPUs; at every checkpoint the ranks compare digests of
 their parameters (rank 0 logs the digest, a difference stops the run).  With CUDA these changes call stock,
-but for one of the runtime: ``all_gather_list`` gathers on the host through a gloo group of the same ranks
-(:func:`host_group`), so that no step starts with the host waiting for the device.
+but for two: each rank reads the share of its global rank among ``-world_size`` (:func:`global_share`; stock
+shares by the processes of one node, so every node read the same lines), and ``all_gather_list`` gathers on the
+host through a gloo group of the same ranks (:func:`host_group`), so that no step waits for the device.
 ``ONMT_EXT_TRACE_BATCHES=<dir>`` (tests, debugging) writes each training batch's source ids and target token
 count to ``<dir>/batches.<rank>.jsonl`` (``single`` without ranks).  docs/scale-out.md.
 """
@@ -118,6 +119,36 @@ def _iterator(stock, opt, transforms_cls, vocabs, *args, task="train", device_id
     return _Traced(built, path, vocabs["tgt"][DefaultTokens.PAD])
 
 
+def global_share(stride, offset):
+    """``(stride, offset)`` of this process's share of the training corpora: its global rank among all ranks.
+
+    Stock ``train_single.main`` passes ``len(-gpu_ranks)`` and the process's index on its own node, so the
+    ranks of a second node (``-gpu_ranks 8 ... 15`` of ``-world_size 16``) read exactly the first node's shares.
+    With one node and ``-gpu_ranks 0 ... N-1`` both are the same.  Outside a process group: unchanged.
+    """
+    distributed = torch.distributed
+    if not (distributed.is_available() and distributed.is_initialized()):
+        return stride, offset
+    return distributed.get_world_size(), distributed.get_rank()
+
+
+def _global_share_iterator(stock, opt, *args, task="train", stride=1, offset=0, **kwargs):
+    """``build_dynamic_dataset_iter`` of a data-parallel training rank: stride and offset of :func:`global_share`
+    (one log line, from rank 0, when they differ from stock's)."""
+    from onmt.constants import CorpusTask
+
+    if task == CorpusTask.TRAIN and getattr(opt, "parallel_mode", "data_parallel") == "data_parallel":
+        share = global_share(stride, offset)
+        if share != (stride, offset):
+            from onmt.utils.logging import logger
+
+            logger.info(f"onmt-ext: each of the {share[0]} ranks reads its own share of the training corpora, by "
+                        f"global rank (stock OpenNMT-py shares by the {stride} processes of one node, so every "
+                        "node would read the same lines; docs/scale-out.md)")
+            stride, offset = share
+    return stock(opt, *args, task=task, stride=stride, offset=offset, **kwargs)
+
+
 def parameter_digest(state):
     """sha256 (hex) of a model's ``state_dict()`` items (as a checkpoint holds them), by name: names, dtypes, shapes
     and bytes."""
@@ -208,6 +239,11 @@ def install():
     patch(train_single, "build_dynamic_dataset_iter", _iterator, kind=FIX, order=0,  # before batches' GPU copy
           test=f"{_TEST}::test_the_ranks_read_disjoint_shares_that_cover_the_corpus",
           reason=crash + ": each rank's batches on the CPU; ONMT_EXT_TRACE_BATCHES traces them")
+    patch(train_single, "build_dynamic_dataset_iter", _global_share_iterator, kind=FIX, order=2,
+          test=f"{_TEST}::test_two_nodes_read_disjoint_shares_that_cover_the_corpus",
+          reason="stock shares the training corpora among the processes of one node (stride len(-gpu_ranks), "
+                 "offset the local index), so with several nodes every node reads the same lines and each "
+                 "update holds each batch once per node; onmt-ext shares by global rank among -world_size")
     patch(distributed, "all_gather_list", _all_gather_list, kind=FIX, test=test,
           reason=crash + ": the per-step normalisation and the reports gathered with gloo")
     patch(distributed, "all_gather_list", _gathered_on_the_host, kind=SPEED, order=1,

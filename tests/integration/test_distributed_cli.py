@@ -1,15 +1,17 @@
 """``onmt_train -world_size 2 -gpu_ranks 0 1`` on a torch without CUDA: two CPU ranks over gloo (issue 59).
 
 One toy run (yaml_configs/smoke/foundation/ext_transformer.yaml on 40 lines of the Tatoeba sample, one batch per
-rank a step) is traced with ``ONMT_EXT_TRACE_BATCHES`` (each rank's batches) and saves every step; a one-process
-run, a run resumed from step 2 and one from binarised data run beside it.  In-process checks of the gradient against one process, of the
-reports and of host reads: tests/unit/test_distributed.py.  The smoke config of every mechanism on two ranks is
-slow.
+rank a step) is traced with ``ONMT_EXT_TRACE_BATCHES`` (each rank's batches) and saves every step.  Beside it: a
+one-process run, a run resumed from step 2, one from binarised data, and two "nodes" of one rank each (two
+``onmt_train`` processes, ``-gpu_ranks 0`` and ``-gpu_ranks 1``).  In-process checks of the gradient against one
+process, of the reports, of host reads and of a broken all-reduce: tests/unit/test_distributed.py.  Every
+mechanism trains on two ranks in two models (``TOGETHER``); each one's own smoke config on two ranks is slow.
 """
 
 import json
 import re
 import socket
+import subprocess
 
 import pytest
 import torch
@@ -53,6 +55,32 @@ def _train(folder, *extra, config=CONFIG, data=None, trace=True):
     return result.stderr + result.stdout
 
 
+def _two_nodes(base, data, *extra):
+    """Two "nodes" of one rank each, as two ``onmt_train`` processes on this machine: ``-world_size 2`` with
+    ``-gpu_ranks 0`` and ``-gpu_ranks 1``, one master port.  Each writes under its own folder; both trace their
+    batches into ``base``.  Returns the two logs."""
+    port, processes = _free_port(), []
+    env = support.cli_env(ONMT_EXT_TRACE_BATCHES=str(base))
+    for rank in (0, 1):
+        folder = base / f"node{rank}"
+        folder.mkdir(parents=True)
+        argv = [str(support.BIN / "onmt_train"), "-config", str(_config(folder, data=data)), "-master_port",
+                str(port), "-world_size", "2", "-gpu_ranks", str(rank), "-report_every", "1", "-valid_steps", "100",
+                *map(str, extra)]
+        processes.append(subprocess.Popen(argv, cwd=support.REPO, env=env, text=True, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT))
+    logs = []
+    try:
+        for process in processes:
+            logs.append(process.communicate(timeout=600)[0])
+    finally:
+        for process in processes:
+            process.kill()
+    for process, log in zip(processes, logs):
+        assert process.returncode == 0, log[-3000:]
+    return logs
+
+
 def _batches(folder, rank):
     return [json.loads(line) for line in (folder / f"batches.{rank}.jsonl").read_text().splitlines()]
 
@@ -82,6 +110,7 @@ def runs(tmp_path_factory):
                               base / "two" / "model_step_2.pt", data=data, trace=False),
             "cached": _train(base / "cached", *RANKS, *common, "-train_steps", 2, "-ext_binarized_cache",
                              base / "cache", data=data)}
+    logs["node0"], logs["node1"] = _two_nodes(base / "nodes", data, *common, "-train_steps", 2)
     return base, logs
 
 
@@ -97,6 +126,18 @@ def test_the_ranks_read_disjoint_shares_that_cover_the_corpus(runs):
     assert shares[0] | shares[1] == corpus
     for rank in (0, 1):  # and every later step trains the same share again
         assert all(set(_rows(batch)) == shares[rank] for batch in _batches(base / "two", rank))
+
+
+def test_two_nodes_read_disjoint_shares_that_cover_the_corpus(runs):
+    """Ranks 0 and 1 on two nodes (one process each): each reads the share of its global rank.  Stock shares by
+    the processes of a node, so both nodes would read the whole corpus: the same lines."""
+    base, logs = runs
+    shares = [set(_rows(_batches(base / "nodes", rank)[0])) for rank in (0, 1)]
+    assert not shares[0] & shares[1], "both nodes read the same lines"
+    assert [len(share) for share in shares] == [LINES // 2] * 2
+    assert shares == [set(_rows(_batches(base / "two", rank)[0])) for rank in (0, 1)]  # as the ranks of one node
+    assert [step for step, _ in DIGEST.findall(logs["node0"])] == ["1", "2"], logs["node0"][-3000:]
+    assert "reads its own share of the training corpora, by global rank" in logs["node0"]
 
 
 def test_both_ranks_train_on_their_shares_of_one_binarised_copy(runs):
@@ -148,17 +189,28 @@ def test_a_run_resumes_from_a_checkpoint(runs):
     assert all(resumed[step] == uninterrupted[step] for step in resumed)
 
 
-#: one smoke config per mechanism, with most of its switches on, and all mechanisms at once
+#: every mechanism in two models (cao2019 excludes clause attention): in the default tier
+TOGETHER = ["combined/all_mechanisms.yaml", "normalisation/post_norm_all_but_cao2019.yaml"]
+#: one smoke config per mechanism, with most of its switches on, and DiSAN (chen2019's baseline)
 MECHANISMS = ["li2019/em_all_components.yaml", "cao2019/dec_self_cross_self.yaml",
               "chen2019/mprhead_all_switches.yaml", "chen2019/rpehead_all_switches.yaml",
-              "clause/transformer_base_niutrans_enzh_ca_study.yaml",
-              "gret/transformer_base_wmt14_ende_gret_no_capsules.yaml", "combined/all_mechanisms.yaml"]
+              "chen2019/transformer_base_nist_zhen_disan.yaml", "clause/transformer_base_niutrans_enzh_ca_study.yaml",
+              "gret/transformer_base_wmt14_ende_gret_no_capsules.yaml"]
+
+
+def _two_steps_on_two_ranks(config, folder):
+    log = _train(folder, *RANKS, "-train_steps", 2, "-save_checkpoint_steps", 2,
+                 config=f"yaml_configs/smoke/{config}", trace=False)
+    assert [step for step, _ in DIGEST.findall(log)] == ["2"], log[-3000:]
+    assert (folder / "model_step_2.pt").is_file()
+
+
+@pytest.mark.parametrize("config", TOGETHER)
+def test_the_mechanisms_together_train_on_two_ranks(config, tmp_path):
+    _two_steps_on_two_ranks(config, tmp_path)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("config", MECHANISMS)
 def test_every_mechanism_trains_on_two_ranks(config, tmp_path):
-    log = _train(tmp_path, *RANKS, "-train_steps", 2, "-save_checkpoint_steps", 2,
-                 config=f"yaml_configs/smoke/{config}", trace=False)
-    assert [step for step, _ in DIGEST.findall(log)] == ["2"], log[-3000:]
-    assert (tmp_path / "model_step_2.pt").is_file()
+    _two_steps_on_two_ranks(config, tmp_path)

@@ -155,3 +155,42 @@ def test_beside_an_nccl_world_the_gather_stays_on_the_host(tmp_path):
         assert seen["normalisations"] == [[100, 101], [110, 111], [120, 121]]
         assert seen["groups"] == 1 and seen["backend"] == "gloo"
         assert seen["stats"] == (1.5 + 2.5, 7 + 8, 0 + 1)
+
+
+def _rank_without_all_reduce(rank, init_file, out):
+    """One step on two ranks whose gradient all-reduce does nothing, then the ranks' comparison at a checkpoint."""
+    import types
+
+    import onmt  # noqa: F401  (activates onmt-ext through the start-up hook)
+    import onmt.utils.distributed
+
+    from onmt_ext.runtime import distributed
+
+    torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", world_size=2, rank=rank)
+    onmt.utils.distributed.all_reduce_and_rescale_tensors = lambda tensors, rescale_denom, **kwargs: None
+    opt = _opt("-world_size", 2, "-gpu_ranks", 0, 1)
+    vocabs = support.load_vocabs(opt)
+    trainer = _trainer(opt, vocabs, rank)
+    steps, _ = _train(trainer, [[_batch(vocabs, rank)]], gather=onmt.utils.distributed.all_gather_list)
+    saver = types.SimpleNamespace(keep_checkpoint=1, last_saved_step=None, model=trainer.model)
+    try:
+        distributed._save_compared(lambda *args, **kwargs: "saved", saver, 1)
+        outcome = "saved"
+    except distributed.RanksDiverged as error:
+        outcome = str(error)
+    torch.save({"grads": steps[0]["grads"], "outcome": outcome}, f"{out}/rank{rank}.pt")
+    torch.distributed.destroy_process_group()
+
+
+def test_a_broken_all_reduce_fails_the_comparisons(ranks, tmp_path):
+    """The checks above fail when the all-reduce is broken: each rank's gradient is then its own batch's, not one
+    process's on both, and the ranks' comparison at the first checkpoint stops the run in one line."""
+    mp.start_processes(_rank_without_all_reduce, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2,
+                       start_method="spawn")
+    _, (single, _) = ranks
+    broken = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=False) for rank in range(2)]
+    for rank in broken:
+        assert rank["outcome"].startswith("step 1: the parameters of the 2 ranks differ (sha256 ")
+        assert "\n" not in rank["outcome"] and rank["outcome"].endswith("the gradient all-reduce is broken")
+        assert any(not torch.allclose(rank["grads"][name], expected, rtol=1e-6, atol=1e-9)
+                   for name, expected in single[0]["grads"].items())
