@@ -317,17 +317,27 @@ def _training_inputs(values):
 
 def update_passes(values, gpus, passes, config):
     """``(batch_size, accum_count)`` per GPU that keeps the config's one-GPU update (``batch_size`` x
-    ``accum_count``) over the GPUs ``gpus`` in ``passes`` passes each (None: the config's batch)."""
+    ``accum_count``) over the GPUs ``gpus`` in ``passes`` passes each (None: the config's batch).
+
+    Where the GPUs divide ``accum_count`` each GPU takes its part of the passes.  Where they do not (more GPUs
+    than passes: 4 GPUs for an update of one batch), each GPU does one pass of ``1/len(gpus)`` of the update,
+    which must then divide into whole batches.
+    """
     accum_total, batch, n_gpus = values.get("accum_count", [1])[0], int(values["batch_size"]), max(1, len(gpus))
-    if accum_total % n_gpus:
+    if accum_total % n_gpus == 0:
+        per_gpu = accum_total // n_gpus
+        passes = per_gpu if passes is None else passes
+        if passes < 1 or per_gpu % passes:
+            raise SystemExit(f"reproduce.py: --passes {passes} must divide the {per_gpu} passes per GPU of one "
+                             f"update (accum_count {accum_total} over {n_gpus} GPU(s))")
+        return batch * (per_gpu // passes), passes
+    update, unit = batch * accum_total, values.get("batch_type", "sents")
+    passes = 1 if passes is None else passes
+    if passes < 1 or update % (n_gpus * passes):
         raise SystemExit(f"reproduce.py: --gpus {','.join(map(str, gpus))} ({n_gpus} GPUs) does not divide "
-                         f"accum_count {accum_total} of {config}, so the paper's batch cannot be kept")
-    per_gpu = accum_total // n_gpus
-    passes = per_gpu if passes is None else passes
-    if passes < 1 or per_gpu % passes:
-        raise SystemExit(f"reproduce.py: --passes {passes} must divide the {per_gpu} passes per GPU of one update "
-                         f"(accum_count {accum_total} over {n_gpus} GPU(s))")
-    return batch * (per_gpu // passes), passes
+                         f"accum_count {accum_total} of {config}, and its update of {update} {unit} does not "
+                         f"divide into {n_gpus} x {passes} equal batches, so the paper's batch cannot be kept")
+    return update // (n_gpus * passes), passes
 
 
 def binarized_options(config, overrides=()):
@@ -873,10 +883,11 @@ def main(argv=None):
     parser.add_argument("table", nargs="?", choices=sorted(TABLES))
     parser.add_argument("--gpus", default="0",
                         help="comma-separated CUDA device ids to train on, e.g. 0,1,2,3 (default 0); their number "
-                             "must divide each config's accum_count; 'cpu' runs on the CPU")
+                             "must split each config's update into equal batches; 'cpu' runs on the CPU")
     parser.add_argument("--passes", type=int, default=None,
-                        help="batches per update on each GPU (default: the config's accum_count over the GPUs); "
-                             "fewer, larger batches with the same tokens per update, as GPU memory allows")
+                        help="batches per update on each GPU (default: the config's accum_count over the GPUs, or 1 "
+                             "where the GPUs outnumber it); fewer, larger batches with the same tokens per update, "
+                             "as GPU memory allows")
     parser.add_argument("--average", type=common.at_least(1), default=AVERAGE,
                         help=f"average the last N checkpoints and translate with the average (default {AVERAGE}; "
                              "1: translate the last checkpoint)")

@@ -590,6 +590,30 @@ def test_nist_table_is_scored_on_all_three_test_sets_with_big_rows_against_the_b
         reproduce.load_results(written["json"], table)
 
 
+UPDATE = re.compile(r"^# update: (.+): world_size (\d+), gpu_ranks ([\d ]+), accum_count (\d+), batch_size (\d+) "
+                    r"(\w+): (\d+) x (\d+) x (\d+) = (\d+) \w+ per update$")
+
+
+def _updates(table, gpus, capsys):
+    assert reproduce.main([table, "--dry-run", "--gpus", gpus]) == 0
+    return [UPDATE.match(line).groups() for line in capsys.readouterr().out.splitlines()
+            if line.startswith("# update: ")]
+
+
+@pytest.mark.parametrize("table", sorted(reproduce.TABLES))
+def test_every_table_plans_the_papers_update_on_4_and_8_gpus(table, capsys):
+    """docs/scale-out.md: the same tokens (or sentences) per update on 1, 4 and 8 GPUs, every rank listed."""
+    one = _updates(table, "0", capsys)
+    assert one and all(update[1:3] == ("1", "0") for update in one)
+    for n in (4, 8):
+        many = _updates(table, ",".join(map(str, range(n))), capsys)
+        assert [update[0] for update in many] == [update[0] for update in one]
+        for (label, world, ranks, accum, batch, unit, *product), single in zip(many, one):
+            assert (world, ranks.split()) == (str(n), [str(rank) for rank in range(n)]), label
+            assert [accum, world, batch, product[3]] == product[:3] + [single[-1]], label
+            assert int(accum) * n * int(batch) == int(single[-1]) and unit == single[5], label
+
+
 def test_passes_keep_the_tokens_of_an_update():
     row = reproduce.TABLES["li2019-table3"][0]  # 4096 tokens x accum_count 8
 
@@ -603,8 +627,12 @@ def test_passes_keep_the_tokens_of_an_update():
     assert batch_and_accum((0,), passes=1) == (32768, 1)
     assert batch_and_accum((0, 1), passes=2) == (8192, 2)
     assert batch_and_accum((0, 1, 2, 3)) == (4096, 2)
+    assert batch_and_accum(tuple(range(16))) == (2048, 1)  # more GPUs than passes: each a part of one batch
+    assert batch_and_accum(tuple(range(16)), passes=2) == (1024, 2)
     with pytest.raises(SystemExit, match="--passes 3 must divide"):
         reproduce.plan(row, (0,), passes=3)
+    with pytest.raises(SystemExit, match=r"update of 32768 tokens does not divide into 3 x 1 equal batches"):
+        reproduce.plan(row, (0, 1, 2))
 
 
 # ---------------------------------------------------------------- the paper's own metric in "ours - paper"
