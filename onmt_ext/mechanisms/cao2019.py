@@ -25,8 +25,8 @@ from onmt_ext.runtime import compile as ext_compile
 from onmt_ext.mechanisms import initialisation
 from onmt_ext.options import (EXT_TYPE, layers_check, option, options_without_effect, register_mechanism,
                               selected_layers, tensor_parallel_problems)
-from onmt_ext.mechanisms.routing import (_check_iterations, at_least_float32, coupling_coefficients, simple_routing,
-                              without_autocast)
+from onmt_ext.mechanisms.routing import (_check_iterations, at_least_float32, coupling_coefficients, prepare_kernels,
+                                         simple_routing, without_autocast)
 from onmt_ext.mechanisms.state import DecodingStateModule
 
 # OpenNMT-py fills masked scores with -1e18 before the softmax.
@@ -71,6 +71,7 @@ class CrossAggregation(nn.Module):
         initialisation.initialise(self)
 
     def forward(self, scores):
+        prepare_kernels(scores)  # before the core, which -ext_compile traces and a trace cannot import them
         return ext_compile.run(self.ext_compile, cross_aggregate, scores, self.head_weight if self.vertical else None,
                                self.horizontal, self.init, self.iterations, factor=self.factor)
 
@@ -251,6 +252,7 @@ class CausalCrossAggregation(CrossAggregation, DecodingStateModule):
 
     def forward(self, scores):
         head_weight = self.head_weight if self.vertical else None
+        prepare_kernels(scores)
         if not self.stepwise:
             return ext_compile.run(self.ext_compile, cross_aggregate, scores, head_weight, self.horizontal, self.init,
                                    self.iterations, causal=True, factor=self.factor)

@@ -15,6 +15,8 @@ mechanisms, for its training passes: :func:`compile_layers`.  Why, and when each
 
 import logging
 import os
+import tempfile
+import traceback
 import warnings
 from dataclasses import dataclass
 from functools import partial
@@ -121,11 +123,26 @@ def run(enabled, fn, *args, **kwargs):
             return _compiled_call(fn, args, kwargs)
         except CompilerFailure as error:
             _AUTO_FAILED.add(fn)
-            warnings.warn(f"-ext_compile auto: {error.what}; it runs eagerly from now on", stacklevel=2)
+            kept = _keep_traceback(error, fn)
+            warnings.warn(f"-ext_compile auto: {error.what}; it runs eagerly from now on"
+                          + (f" (traceback: {kept})" if kept else ""), stacklevel=2)
             return fn(*args, **kwargs)
     if not enabled:
         return fn(*args, **kwargs)
     return _compiled_call(fn, args, kwargs)
+
+
+def _keep_traceback(error, fn):
+    """Write ``error``'s whole traceback, the compiler's own included, to a new file in the system's temporary
+    directory (``onmt_ext_compile_<core>_*.txt``) for the one-line warning of ``-ext_compile auto`` to name;
+    returns its path, or None where it could not be written."""
+    try:
+        handle, path = tempfile.mkstemp(prefix=f"onmt_ext_compile_{fn.__name__}_", suffix=".txt")
+        with os.fdopen(handle, "w") as out:
+            out.write("".join(traceback.format_exception(error)))
+    except OSError:
+        return None
+    return path
 
 
 def _compiled_call(fn, args, kwargs):

@@ -13,6 +13,8 @@ For each core, on the CPU:
   full pass.
 """
 
+import pathlib
+import tempfile
 
 import pytest
 import torch
@@ -318,9 +320,11 @@ def test_auto_is_eager_where_it_does_not_compile(monkeypatch):
     assert ext_compile.run("auto", torch.neg, torch.ones(2)).tolist() == [-1, -1] and calls == [torch.neg]
 
 
-def test_auto_falls_back_to_eager_once_when_the_compiler_fails(monkeypatch):
+def test_auto_falls_back_to_eager_once_when_the_compiler_fails(monkeypatch, tmp_path):
     """A compiler failure under ``auto`` (which the user did not ask for) is one warning, then that core runs
-    eagerly for the rest of the process; with ``-ext_compile true`` the same failure stops the command."""
+    eagerly for the rest of the process; the warning names a file in the temporary directory that holds the
+    whole traceback.  With ``-ext_compile true`` the same failure stops the command."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setattr(ext_compile, "_AUTO_FAILED", set())
     monkeypatch.setattr(ext_compile, "_auto_compiles",
                         lambda fn, args: fn not in ext_compile._AUTO_FAILED)  # as on CUDA
@@ -330,8 +334,15 @@ def test_auto_falls_back_to_eager_once_when_the_compiler_fails(monkeypatch):
     scores = torch.randn(1, 2, 3, 3)
     expected = directional_softmax(scores, 2)
     with pytest.warns(UserWarning, match=r"^-ext_compile auto: torch.compile could not compile directional_softmax "
-                                         r"\(FakeBackendError: no C\+\+ compiler found\); it runs eagerly"):
+                                         r"\(FakeBackendError: no C\+\+ compiler found\); it runs eagerly") as caught:
         torch.testing.assert_close(ext_compile.run("auto", directional_softmax, scores, 2), expected)
+    message, = [str(w.message) for w in caught if str(w.message).startswith("-ext_compile auto")]
+    assert "\n" not in message and "(traceback: " in message, message
+    kept = pathlib.Path(message.rsplit("(traceback: ", 1)[1].rstrip(")"))
+    assert kept.parent == tmp_path and kept.name.startswith("onmt_ext_compile_directional_softmax_"), kept
+    text = kept.read_text()
+    assert text.startswith("Traceback") and "in broken" in text, text
+    assert "FakeBackendError: no C++ compiler found" in text and "CompilerFailure: -ext_compile" in text, text
     torch.testing.assert_close(ext_compile.run("auto", directional_softmax, scores, 2), expected)
     assert tries == [directional_softmax]  # tried once
     with pytest.raises(ext_compile.CompilerFailure, match="run with -ext_compile false$"):

@@ -8,6 +8,7 @@ Triton's compiled kernels.  The reference is :mod:`onmt_ext.mechanisms.routing` 
 """
 
 import os
+import sys
 import warnings
 
 import pytest
@@ -240,6 +241,66 @@ def test_shared_votes_route_in_the_chunked_kernels(case, device, kernel, monkeyp
     assert _chunked(monkeypatch) > before + 2
 
 
+#: every kind of routing the kernels take, as their callers call it: (method, normalize, weighted_mean, starting
+#: logits, layout); layout "block" (one program's block), "chunked" (MAX_BLOCK lowered) or "shared" (cao2019's
+#: horizontal votes)
+KINDS = {
+    "li2019-simple": ("simple", "outputs", True, False, "block"),
+    "cao2019-vertical": ("simple", "inputs", False, False, "block"),
+    "gret-init": ("simple", "inputs", False, True, "block"),
+    "li2019-em": ("em", None, False, False, "block"),
+    "chunked-outputs": ("simple", "outputs", True, True, "chunked"),
+    "chunked-inputs": ("simple", "inputs", False, False, "chunked"),
+    "cao2019-horizontal": ("simple", "inputs", False, True, "shared"),
+}
+
+
+def _padding(problems, n_in, generator, device):
+    """A padding mask ``(problems, I)``: each problem keeps a random prefix of its inputs, the first none."""
+    lengths = torch.randint(1, n_in + 1, (problems,), generator=generator)
+    lengths[0] = 0
+    return (torch.arange(n_in)[None, :] < lengths[:, None]).to(device)
+
+
+@pytest.mark.parametrize("kind, iterations", [
+    pytest.param(kind, iterations, marks=SLOW) if KINDS[kind][-1] != "block" and iterations > 1 else (kind, iterations)
+    for kind in KINDS for iterations in (1, 2, 3, 6)])
+def test_every_kind_at_every_iteration_count(kind, iterations, kernel, monkeypatch):
+    """Each kind of routing at T = 1, 2 (cao2019's routing weights route T - 1 times), 3 and 6, on a seeded random
+    shape with odd sizes and a padding mask, in values and gradients.  The chunked kinds above T = 1 take the
+    interpreter 5-30 s each (slow tier)."""
+    method, normalize, weighted, with_init, layout = KINDS[kind]
+    generator = torch.Generator().manual_seed(100 * list(KINDS).index(kind) + iterations)
+
+    def odd(low, high):
+        return 2 * int(torch.randint(low, high + 1, (1,), generator=generator)) + 1
+
+    if layout == "block":
+        n_in, n_out, n_dim = odd(1, 3), odd(1, 2), odd(0, 1)
+    else:  # the interpreter's time grows with the chunks and, for the backward pass, T (T + 1) / 2
+        n_in, n_out, n_dim = odd(1, 2), 3, odd(2, 3)
+        _chunked(monkeypatch)
+    groups, members = (2, 3) if layout == "shared" else (3, 1)
+    votes = (2 * torch.randn(groups, 1, n_in, n_out, n_dim, generator=generator)).to(DEVICE)
+    votes = (votes if layout == "shared" else votes[:, 0]).requires_grad_()
+    mask = _padding(groups * members, n_in, generator, DEVICE)
+    mask = mask.view(groups, members, n_in) if layout == "shared" else mask
+    if layout != "block":
+        assert not routing_triton.fits(votes, mask=mask) and routing_triton.fits(votes, chunked=True, mask=mask)
+    init = (torch.randn(*mask.shape, n_out, generator=generator).to(DEVICE).requires_grad_()
+            if with_init else None)
+    betas = [torch.randn(n_out, generator=generator).to(DEVICE).requires_grad_() for _ in range(2)]
+
+    def run(votes, init, beta_a, beta_u):
+        if method == "em":
+            return routing.em_routing(votes, iterations, mask=mask, beta_a=beta_a, beta_u=beta_u)
+        return routing.simple_routing(votes, iterations, normalize=normalize, weighted_mean=weighted,
+                                      init_logits=init, mask=mask)
+
+    check_against_reference(monkeypatch, run, (votes, init, *(betas if method == "em" else (None, None))),
+                            seed=iterations, unit=4e-6)
+
+
 def test_chunked_kernels_keep_only_their_inputs_for_backward(kernel, monkeypatch):
     """What the routing holds between the forward and the backward pass (the part of peak memory that grows with
     the batch): the kernels save their inputs only; the reference saves its masked copy of the votes and more."""
@@ -432,6 +493,77 @@ def test_compiled_core_keeps_the_kernel_as_one_call(kernel, monkeypatch):
     assert any("onmt_ext.routing_em" in graph for graph in graphs), graphs
 
 
+def _kernels_not_yet_imported(monkeypatch):
+    """As in a fresh process: the kernels' module is not imported until :func:`routing.prepare_kernels` (eager
+    code) imports it; inside a trace :func:`routing._load_kernels` returns None, as it does there."""
+    load = routing._load_kernels
+
+    def first_import():
+        if not torch.compiler.is_compiling():
+            sys.modules[routing._KERNEL_MODULE] = routing_triton
+        return load()
+
+    monkeypatch.delitem(sys.modules, routing._KERNEL_MODULE)
+    monkeypatch.setattr(routing, "_load_kernels", first_import)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
+def test_compiled_cao2019_core_routes_in_the_kernels(causal, kernel, monkeypatch):
+    """cao2019 with ``-ext_compile``: its module imports the kernels before its compiled core (as li2019's and
+    GRET's do), so both routings of the core's graph run in them, vertical in the one-block kernel, horizontal
+    (shared votes) in the chunked one, at two lengths, with the eager kernels' values and gradients and the
+    PyTorch code's (the decoder variant's full pass and a decoding step too)."""
+    from onmt_ext.mechanisms import cao2019
+    from onmt_ext.runtime import compile as ext_compile
+
+    _kernels_not_yet_imported(monkeypatch)
+    monkeypatch.setattr(ext_compile, "BACKEND", "aot_eager")
+    monkeypatch.setattr(ext_compile, "_COMPILED", {})
+    torch._dynamo.reset()
+    torch.manual_seed(4)
+    heads = 2
+    module = (cao2019.CausalCrossAggregation if causal else cao2019.CrossAggregation)(
+        heads, vertical=True, horizontal=True, init="self", iterations=2).to(DEVICE)
+    with torch.no_grad():
+        module.head_weight.normal_()
+    weight = module.head_weight
+    kernels = ("_simple_forward", "_simple_backward", "_chunked_forward", "_chunked_backward")
+
+    def run(scores, weight):
+        module.ext_compile = True
+        return (module(scores),)
+
+    def eager(scores, weight):
+        module.ext_compile = False
+        return (module(scores),)
+
+    for length in (5, 6):
+        scores = torch.randn(2, heads, length, length, device=DEVICE)
+        masked = torch.zeros(2, 1, length, length, dtype=torch.bool, device=DEVICE)
+        masked[1, ..., -2:] = True  # padding
+        if causal:
+            masked = masked | torch.ones(length, length, dtype=torch.bool, device=DEVICE).triu(1)
+        scores = scores.masked_fill(masked, -1e18).requires_grad_()
+        before = {name: routing_triton.LAUNCHES[name] for name in kernels}
+        compiled = _values_and_grads(run, (scores, weight), seed=18)
+        assert all(routing_triton.LAUNCHES[name] > before[name] for name in kernels), routing_triton.LAUNCHES
+        for got, want in zip(compiled, _values_and_grads(eager, (scores, weight), seed=18)):
+            torch.testing.assert_close(got, want, atol=0, rtol=0)
+        for got, want in zip(compiled, _reference(monkeypatch, _values_and_grads, eager, (scores, weight), seed=18)):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert ext_compile._COMPILED, "the core did not compile"
+    if causal:  # a decoding step: the one-block kernel routes both routings of one query
+        module.stepwise = True
+        module.ext_compile = True
+        module.decoding_state = {}
+        before = routing_triton.LAUNCHES["_simple_forward"]
+        with torch.no_grad():
+            for step in range(3):
+                module(torch.randn(2, heads, 1, step + 1, device=DEVICE))
+        assert routing_triton.LAUNCHES["_simple_forward"] >= before + 6
+
+
 # ----------------------------------------------------------------------------------------------------------
 # which path the routing core takes
 
@@ -459,11 +591,40 @@ def test_auto_keeps_cpu_tensors_on_the_reference(monkeypatch):
     assert calls == []
 
 
+def _as_if_on_cuda(monkeypatch):
+    """Make the routing core take every tensor for a CUDA tensor, so that its choice for CUDA is tested on a
+    machine without one (the kernels then run in the interpreter)."""
+    monkeypatch.setattr(routing, "_on_cuda", lambda tensor: True)
+
+
+def test_auto_takes_the_kernels_for_cuda_tensors(monkeypatch):
+    """``auto`` (unset) routes CUDA tensors through the kernels, each kind checked on first use, then used."""
+    monkeypatch.delenv(routing.KERNEL_VARIABLE, raising=False)
+    monkeypatch.setattr(routing, "_TRUSTED", {})
+    calls = []
+    for name in ("simple_routing", "em_routing"):
+        monkeypatch.setattr(routing_triton, name, lambda *args, fn=getattr(routing_triton, name), name=name:
+                            calls.append(name) or fn(*args))
+    votes = torch.randn(3, 4, 5, 2, device=DEVICE)
+    if DEVICE.type == "cpu":
+        assert routing._fused_kernels(votes) is None  # the CPU: the reference
+    _as_if_on_cuda(monkeypatch)
+    assert routing._fused_kernels(votes) is routing_triton
+    for _ in range(2):
+        routing.em_routing(votes, 2)
+        routing.simple_routing(votes, 2, normalize="inputs")
+    assert calls.count("em_routing") == calls.count("simple_routing") == 1 + 2  # the first-use check, the calls
+    assert all(routing._TRUSTED.values()) and len(routing._TRUSTED) == 2
+
+
 def test_torch_choice_keeps_every_device_on_the_reference(monkeypatch):
     monkeypatch.setenv(routing.KERNEL_VARIABLE, "torch")
     monkeypatch.setattr(routing, "_TRUSTED", {})
     calls = _forbid_kernels(monkeypatch)
-    routing.em_routing(torch.randn(3, 4, 5, 1, device=DEVICES[-1]), 2)
+    _as_if_on_cuda(monkeypatch)  # where ``auto`` would take the kernels
+    votes = torch.randn(3, 4, 5, 1, device=DEVICES[-1])
+    routing.em_routing(votes, 2)
+    routing.simple_routing(votes, 2, normalize="inputs")
     assert calls == []
 
 
