@@ -24,6 +24,9 @@ pytestmark = [pytest.mark.usefixtures("sample_data", "onmt_active"),
 
 CONFIG = "yaml_configs/smoke/foundation/ext_transformer.yaml"
 LINES = 40  # each rank's share (20 lines) is one bucket and one batch
+#: the corpus of the run with data workers: stock deals blocks of 4 lines to 2 x 2 workers in turn, block by block
+#: (``ParallelCorpus.load``: line i to the worker ``(i // 4) % 4``), so 32 = 2 x 4 x 4 lines give each 8
+WORKER_LINES = 32
 STEPS = 4
 RANKS = ("-world_size", 2, "-gpu_ranks", 0, 1)
 DIGEST = re.compile(r"onmt-ext: step (\d+): the 2 ranks hold identical parameters \(sha256 ([0-9a-f]{64})\)")
@@ -102,6 +105,7 @@ def runs(tmp_path_factory):
                 lines.append((src, tgt))
     for side, index in (("zh", 0), ("en", 1)):
         (base / f"train.{side}").write_text("".join(pair[index] for pair in lines), encoding="utf-8")
+        (base / f"workers.{side}").write_text("".join(pair[index] for pair in lines[:WORKER_LINES]), encoding="utf-8")
     common = ("-batch_size", 4096, "-bucket_size", LINES // 2, "-keep_checkpoint", 10, "-save_checkpoint_steps", 1)
     data = base / "train"
     logs = {"two": _train(base / "two", *RANKS, *common, "-train_steps", STEPS, data=data),
@@ -111,6 +115,9 @@ def runs(tmp_path_factory):
             "cached": _train(base / "cached", *RANKS, *common, "-train_steps", 2, "-ext_binarized_cache",
                              base / "cache", data=data)}
     logs["node0"], logs["node1"] = _two_nodes(base / "nodes", data, *common, "-train_steps", 2)
+    # two data workers per rank, as on the users' path: each worker a quarter of the corpus, one bucket and batch
+    logs["workers"] = _train(base / "workers", *RANKS, *common[:2], "-bucket_size", WORKER_LINES // 4, *common[4:],
+                             "-num_workers", 2, "-train_steps", 2, data=base / "workers")
     return base, logs
 
 
@@ -138,6 +145,17 @@ def test_two_nodes_read_disjoint_shares_that_cover_the_corpus(runs):
     assert shares == [set(_rows(_batches(base / "two", rank)[0])) for rank in (0, 1)]  # as the ranks of one node
     assert [step for step, _ in DIGEST.findall(logs["node0"])] == ["1", "2"], logs["node0"][-3000:]
     assert "reads its own share of the training corpora, by global rank" in logs["node0"]
+
+
+def test_with_data_workers_the_ranks_still_read_disjoint_shares_that_cover_the_corpus(runs):
+    """Two data workers per rank (``-num_workers 2``): stock deals each rank's share out to its workers; over two
+    steps each rank trains one batch of each worker, and together they are the corpus, each line once."""
+    base, logs = runs
+    assert [step for step, _ in DIGEST.findall(logs["workers"])] == ["1", "2"], logs["workers"][-3000:]
+    batches = [_batches(base / "workers", rank) for rank in (0, 1)]
+    assert [[len(batch["src"]) for batch in ranks] for ranks in batches] == [[WORKER_LINES // 4] * 2] * 2
+    rows = [row for ranks in batches for batch in ranks for row in _rows(batch)]
+    assert len(set(rows)) == len(rows) == WORKER_LINES  # no line twice, in one rank or across them
 
 
 def test_both_ranks_train_on_their_shares_of_one_binarised_copy(runs):
