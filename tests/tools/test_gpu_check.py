@@ -7,6 +7,7 @@ far above its defaults, so that a loaded machine slows it without cutting
 rows: every row must then be measured, with finite, positive figures.
 """
 
+import argparse
 import json
 import math
 import os
@@ -36,7 +37,8 @@ def _positive(value):
 def dry_run(tmp_path_factory):
     support.ensure_sample_data()
     out = tmp_path_factory.mktemp("gpu-check")
-    budgets = {"a": 150, "b": 600, "c": 240}  # far above the defaults (22, 112, 42 s): a slow machine cuts no row
+    # far above the parts' dry-run defaults (60, 125, 90 s): a slow machine cuts no row
+    budgets = {"a": 150, "b": 600, "c": 240}
     done = subprocess.run([*COMMAND, "--device", "cpu", "--tiny", "--fresh", "ext,stock,bin,layers",
                            "--compile-warmups", "1",  # (none by default in the dry run)
                            "--case-steps", "4",  # (the dry run's default is --steps's 2: here they differ)
@@ -152,11 +154,14 @@ def test_dry_run_measures_every_row(dry_run):
     assert len(repeats) == sum(math.ceil(len([row for row in in_process if row["case"] != "baseline"
                                               and row.get("part", row["mode"]) == part]) / 2)
                                for part in ("eager", "compiled"))
-    # the A/A control: three runs spread over the group (first of all, the eager part's last, the very last); its
-    # median and interval reported, and beside every other ratio of the group when outside its band
+    # the A/A control: three runs spread over the eager part (first of all, its middle, its last), where a cut
+    # budget cannot drop them; its median and interval reported, and beside every other ratio of the group when
+    # outside its band
     controls = [row for row in in_process if row["control"]]
     assert [row["run"] for row in controls] == [1, 2, 3] and in_process[1] is controls[0]
-    assert in_process[-2] is controls[-1] and in_process[-1].get("repeat_of")
+    eager = [row for row in in_process if row.get("part", row["mode"]) == "eager"]
+    assert eager[-2] is controls[-1] and eager[-1].get("repeat_of")
+    assert all(row.get("part", row["mode"]) == "compiled" for row in in_process[len(eager):])
     aa = sections["b"]["aa"]
     assert aa["runs"] == 3 and aa["ratios"] == [round(row["ratio"], 4) for row in controls]
     assert math.isclose(aa["median"], statistics.median(row["ratio"] for row in controls))
@@ -798,6 +803,76 @@ def test_a_failed_run_keeps_its_traceback_in_the_log(tmp_path, monkeypatch, caps
     assert "== gpu-check: run 'broken' failed:" in log and "in deep_failure" in log and "stride 144==324" in log
 
 
+class FakeEngine:
+    """Stands in for OpenNMT-py's inference engine: translates nothing, and raises at the ``fails``-th call of the
+    engine of a (model, group) that ``fails`` names."""
+
+    def __init__(self, argv, fails):
+        self.where = (argv[argv.index("-model") + 1], argv[argv.index("-group") + 1])
+        self.opt, self.calls, self.fails = argparse.Namespace(src=None), 0, fails
+
+    def infer_file(self):
+        self.calls += 1
+        if self.fails.get(self.where) == self.calls:
+            deep_translation_failure(*self.where)
+
+
+def deep_translation_failure(model, group):
+    raise RuntimeError(f"CUDA error in {model}\nCompile with TORCH_USE_CUDA_DSA to enable device-side assertions.")
+
+
+def test_a_failed_translation_is_its_own_row_and_the_other_cases_are_measured(tmp_path, monkeypatch, capsys):
+    """Issue 57: an exception in one translation ended section c's process, and every group and case after it was
+    reported failed, none named; now the case that raised is a failed row with its reason and the log that holds
+    its traceback (at its warm-up, or at a timed run), and the group's other cases are still measured.  Without its
+    baseline a group cannot pair a ratio: its rows say so."""
+    fails = {("broken", "translate-eager"): 1, ("late", "greedy-eager"): 3, ("base", "translate-compiled"): 1}
+    monkeypatch.setattr(child, "_warm_model_building", lambda: None)
+    monkeypatch.setattr(common, "inference_engine", lambda argv: FakeEngine(argv, fails))
+    monkeypatch.setattr(child.gc, "collect", lambda: 0)  # (the test process: nothing of the child's to collect)
+    monkeypatch.setattr(child.gc, "freeze", lambda: None)
+    source = tmp_path / "test.src"
+    source.write_text("a b\nc d\n", encoding="utf-8")
+    names = {"base": ("baseline", False), "aa": ("baseline, again (A/A control)", True), "broken": ("broken", False),
+             "late": ("late", False), "fine": ("fine", False)}
+    built = []
+    for key in ("translate-eager", "greedy-eager", "translate-compiled"):
+        jobs = {"key": key, "compiled": False, "baseline": "base", "passes": 3, "block": 2, "share": 1.0,
+                "deadline": time.monotonic() + 600, "sentences": 2, "source": str(source),
+                "jobs": [{"name": name, "checkpoint": name, "compiled": False,
+                          "argv": ["-model", name, "-group", key], "model_argv": ["-model", name]} for name in names]}
+        rows = [{"case": case, "mode": "eager", "search": key, "control": control, "label": name, "group": key,
+                 "target": None, "paper": None} for name, (case, control) in names.items()]
+        built.append((jobs, {"key": key, "search": key, "mode": "eager"}, rows))
+    (tmp_path / "jobs.json").write_text(json.dumps([jobs for jobs, _, _ in built]), encoding="utf-8")
+    runs = tmp_path / "runs.jsonl"
+    child.child_translate_many(tmp_path / "done.json", [tmp_path / "jobs.json", runs, "0", "10"], [])
+    entries = common.read_json_lines(runs)
+    args = argparse.Namespace(test_sentences=2, device="cpu")
+    status = {}
+    for jobs, group, rows in built:
+        translation.group_result(args, group, rows, jobs, entries, None, tmp_path / translation.TRANSLATE_LOG)
+        status[group["key"]] = group["status"], {row["case"]: row["status"] for row in rows}
+        by_case = {row["case"]: row for row in rows}
+        if group["key"] == "translate-eager":
+            broken = by_case["broken"]
+            assert broken["reason"] == ("RuntimeError: Compile with TORCH_USE_CUDA_DSA to enable device-side "
+                                        "assertions. (at its warm-up; traceback in translate.log)")
+            assert broken["log"] == str(tmp_path / "translate.log") and "ratio" not in broken
+            assert group["aa"]["runs"] == 3 and by_case["fine"]["aa_note"] == cases.aa_note(group["aa"])
+        if group["key"] == "greedy-eager":
+            assert by_case["late"]["reason"].endswith("(at its timed run 1; traceback in translate.log)")
+    assert status == {"translate-eager": ("ran", {"baseline": "measured", "baseline, again (A/A control)": "measured",
+                                                  "broken": "failed", "late": "measured", "fine": "measured"}),
+                      "greedy-eager": ("ran", {"baseline": "measured", "baseline, again (A/A control)": "measured",
+                                               "broken": "measured", "late": "failed", "fine": "measured"}),
+                      "translate-compiled": ("failed", dict.fromkeys(
+                          ["baseline", "baseline, again (A/A control)", "broken", "late", "fine"], "failed"))}
+    log = capsys.readouterr().err
+    assert "== gpu-check: translation of 'broken' in group 'translate-eager' failed:" in log
+    assert "in deep_translation_failure" in log and "CUDA error in late" in log and "CUDA error in base" in log
+
+
 def test_aa_summary_gives_the_median_its_interval_and_the_band():
     """Issue 57: one A/A run (0.911 on the H200) said nothing; three or more give a median and an interval, and a
     median outside 0.97-1.03 is said beside every ratio of its group."""
@@ -814,6 +889,69 @@ def test_aa_summary_gives_the_median_its_interval_and_the_band():
     assert cases.aa_summary([]) is None and cases.aa_note(None) == "no A/A run measured"
 
 
+def _decoding_runs(key, base, others, seconds, passes=3, block=2):
+    """A decoding group's entries as the translation process writes them: its plan, the timed runs of its
+    schedule (each ``seconds[name]`` long), its end."""
+    schedule = timed_runs.translation_schedule([base, *others], base, passes, block)
+    return [{"group": key, "phase": "plan", "sentences": 100, "estimate_s": 9.0, "chosen": others, "left_s": 30.0,
+             "costs": dict.fromkeys([base, *others], 1.0)},
+            *[{"group": key, "phase": "timed", "index": index, "name": name, "seconds": seconds[name],
+               "wall_s": seconds[name] + 0.01} for index, name in enumerate(schedule)],
+            {"group": key, "phase": "end", "seconds": 10.0, "ended": 10.0}]
+
+
+def test_the_markdown_report_flags_every_ratio_of_a_group_whose_aa_is_outside_its_band():
+    """Issue 57: where a group's A/A median lies outside 0.97-1.03 the report says so beside every ratio of that
+    group (tables and targets), and beside none of a group whose A/A lies within.  Hand-made measurements go
+    through the code that makes the report: section b's in-process rows (A/A 0.90) through training_ratios,
+    section c's beam-4 group (A/A 1.06) and greedy group (A/A 1.00) through group_result, then markdown."""
+    args = cli.parse_args(["--part", "train-cases", "--device", "cpu", "--tiny"])
+    (_, _, _, entries), = plan.training_plan(args, list(cases.MECHANISMS[:2]))
+    rows = [row for row, *_ in entries]
+    for ended, row in enumerate(rows):  # the baseline's runs 100 tok/s, the A/A's 90, the mechanisms' 80
+        speed = 100.0 if row["case"] == cases.BASELINE.label else 90.0 if row["control"] else 80.0
+        row.update(status="measured", tokens_per_s=speed, ended=float(ended), peak_memory_mb=100.0)
+    b = {"status": "ran", "rows": rows, "batch_tokens": [512, 2048], "case_batch_tokens": 512,
+         "aa": training.training_ratios(rows, cuda=False)}
+    assert b["aa"]["median"] == pytest.approx(0.9) and not b["aa"]["within"]
+    c = {"status": "ran", "groups": [], "rows": []}
+    base, aa, case = "baseline (eager)", "baseline, again (A/A control) (eager)", "li2019 EM (eager)"
+    for key, search, aa_seconds in (("translate-eager", "beam 4", 1 / 1.06), ("greedy-eager", "greedy", 1.0)):
+        group = {"key": key, "search": search, "mode": "eager", "command": "onmt_translate ..."}
+        group_rows = [{"case": label.removesuffix(" (eager)"), "mode": "eager", "search": search, "group": key,
+                       "control": label == aa, "label": label, "paper": None,
+                       "target": 0.97 if label == case and search == "beam 4" else None} for label in (base, aa, case)]
+        jobs = {"key": key, "compiled": False, "baseline": base}
+        translation.group_result(argparse.Namespace(test_sentences=100, device="cpu"), group, group_rows, jobs,
+                                 [{"phase": "meta", "backend": "eager"},
+                                  *_decoding_runs(key, base, [aa, case], {base: 1.0, aa: aa_seconds, case: 1.25})],
+                                 None, Path("translate.log"))
+        c["groups"].append(group)
+        c["rows"] += group_rows
+    sections = {"b": b, "c": c}
+    text = report.markdown({
+        "device": {"name": "cpu", "torch": torch.__version__, "cuda": None, "python": "3"}, "date": "2026-11-30",
+        "command": "python -m tools.gpu_check", "mode": "cpu-tiny", "seconds": 1.0, "compile_backend": "eager",
+        "commit": "test", "settings": {"sections": "bc"}, "parts": [], "sections": sections,
+        "targets": report.targets_table(sections, False, [512, 2048])})
+    table = [line for line in text.splitlines() if line.startswith("| ")]
+    training_note, beam_note = "(A/A 0.900: outside 0.97-1.03)", "(A/A 1.060: outside 0.97-1.03)"
+    flagged = [line for line in table if plan.IN_PROCESS in line and line.startswith(
+        ("| li2019", f"| {cases.HALF_WEIGHTS.label} |"))]
+    assert len(flagged) == 5 and all(training_note in line for line in flagged)  # 2 eager, 2 compiled, half weights
+    targets = [line for line in table if line.startswith("| training ratio, li2019")]
+    assert len(targets) == 2 and all(training_note in line for line in targets)
+    beam = [line for line in table if line.startswith("| li2019 EM | eager | beam 4 |")]
+    greedy = [line for line in table if line.startswith("| li2019 EM | eager | greedy |")]
+    assert len(beam) == len(greedy) == 1 and beam_note in beam[0] and "A/A" not in greedy[0]
+    assert "0.800" in greedy[0]  # (its ratio is there, without a flag)
+    decoding_target, = [line for line in table if line.startswith("| decoding ratio (beam 4), li2019 EM")]
+    assert beam_note in decoding_target
+    controls = [line for line in table if "A/A control" in line.split("|")[1] or line.startswith("| baseline |")]
+    assert controls and not any("outside" in line for line in controls)  # (the controls' own rows: no flag)
+    assert text.count("outside 0.97-1.03") == len(flagged) + len(targets) + 2
+
+
 def test_spread_places_the_aa_runs_across_the_group():
     assert plan.spread(list("abcd"), list("XYZ")) == list("XabYcdZ")
     assert plan.spread(list("abcdef"), list("XY")) == list("XabcdefY")
@@ -827,11 +965,13 @@ def test_the_in_process_plan_spreads_three_aa_runs_and_only_their_first_saves():
     rows = [row for row, *_ in entries]
     controls = [number for number, row in enumerate(rows) if row["control"]]
     assert (name, group) == ("b in-process", plan.IN_PROCESS) and len(controls) == 3
-    assert controls[0] == 1 and controls[-1] == len(rows) - 2  # right after the baseline's first run, and last
     compiled = [number for number, row in enumerate(rows) if row["mode"] == "compiled"]
-    assert controls[1] < compiled[0] < compiled[-1] < controls[2]  # the middle one at the end of the eager part
+    # right after the baseline's first run, amid the eager cases, and last of the eager part (before its last
+    # baseline run): none in the compiled part, which a short budget cuts first
+    assert controls[0] == 1 and controls[0] + 4 < controls[1] < controls[2] - 4 and controls[2] == compiled[0] - 2
+    assert rows[controls[2] + 1].get("repeat_of") and rows[controls[2] + 1]["part"] == "eager"
     assert len({row["key"] for row in rows}) == len(rows)
-    assert [rows[number].get("part", "eager") for number in controls] == ["eager", "eager", "compiled"]
+    assert [rows[number].get("part", "eager") for number in controls] == ["eager"] * 3
     assert all(rows[number]["reference"] == rows[0]["key"] for number in controls)
     assert len(plan.training_plan(cli.parse_args(["--part", "train-cases", "--aa-runs", "5"]),
                                        cases.MECHANISMS)[0][3]) > len(entries)

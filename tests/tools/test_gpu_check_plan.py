@@ -101,3 +101,19 @@ def test_every_part_names_known_stages_with_shares_at_most_one():
         assert all(0.0 <= gpu <= 1.0 and 0.0 <= tiny <= 1.0 for _, gpu, tiny, _ in part_stages), part
     assert set(plan.SPLITS) <= set(plan.PART_STAGES)
     assert all(set(parts) <= set(plan.PART_STAGES) for parts in plan.SPLITS.values())
+
+
+def test_a_cut_compiled_stage_leaves_the_aa_controls_three_runs():
+    """Issue 57: the compiled stage gets what the eager one leaves, so a short budget cuts it first (a cold compile
+    took more than 70 s on the H200), and the A/A control's third run, last of it, went with it; its runs are now
+    spread over the eager stage, so a compiled stage with no time at all still leaves three."""
+    args = cli.parse_args(["--part", "train-cases"])
+    stages = plan.part_stages(args, list(MECHANISMS), plan.COSTS["cuda"])
+    cut = [(name, 0.0, False, rows) if name == "b compiled" else (name, budget, cumulative, rows)
+           for name, budget, cumulative, rows in stages]
+    out, _ = plan.left_out(cut)
+    labels = [label for *_, rows in stages for label, _ in rows if label]
+    aa = [label for label in labels if "(A/A control)" in label]
+    compiled = [label for label in labels if ", compiled, " in label]
+    assert len(aa) == 3 and len(compiled) == len(MECHANISMS) and set(compiled) <= set(out)
+    assert not set(aa) & set(out)

@@ -35,6 +35,15 @@ def _parse_train_options(config, stock):
     return opt
 
 
+def _failed(what, error):
+    """Reports the exception being handled, ``error``, of ``what`` (a run, a translation): its full traceback into
+    the process's log (stderr), which the report names; returns its one-line reason (type and last line)."""
+    text = str(error).strip().splitlines()
+    print(f"== gpu-check: {what} failed:", file=sys.stderr, flush=True)
+    traceback.print_exc()
+    return f"{type(error).__name__}: {text[-1] if text else ''}"[:300]
+
+
 def child_train_many(result_file, head, argv):
     """Section b's training process: trains every job of the jobs file ``head[0]`` in turn through OpenNMT-py's
     own ``onmt_train`` code (``onmt.bin.train.train``), appending each run's figures to ``head[1]`` (JSON lines)
@@ -77,11 +86,8 @@ def child_train_many(result_file, head, argv):
             except WarmedUp as stop:
                 entry = {"key": job["key"], "status": "warmed up", "steps": stop.args[0]}
             except (Exception, SystemExit) as error:  # the run fails, the next one starts
-                text = str(error).strip().splitlines()
-                print(f"== gpu-check: run {job['key']!r} failed:", file=sys.stderr, flush=True)
-                traceback.print_exc()  # into the process's log, which the report names
                 entry = {"key": job["key"], "status": "failed", "traceback": True,
-                         "reason": f"{type(error).__name__}: {text[-1] if text else ''}"[:300]}
+                         "reason": _failed(f"run {job['key']!r}", error)}
             entry["seconds"], entry["ended"] = round(time.monotonic() - start, 1), time.monotonic()
             if entry["status"] in ("measured", "trained"):  # the process's first step (imports, compiling): paid once
                 once = (entry.get("first_step_s") or 0.0) if first_run else 0.0
@@ -117,8 +123,10 @@ def child_translate_many(result_file, head, argv):
     (compiled ones compile then) and once timed; the input is then repeated so that the fastest run takes
     ``head[2]`` seconds at least, the cases that fit are chosen in priority order (:func:`plan_cases`), and the
     timed schedule runs.  Every event is appended to ``head[1]`` (JSON lines) at once, so that a stop keeps what
-    was done.  The process may start early: it pays its one-off costs (imports, :func:`_warm_model_building`),
-    then waits for the jobs file, at most ``head[3]`` seconds."""
+    was done.  A case whose translation raises is left out of its group's later runs, with its traceback in this
+    process's log; the group goes on without it (without its baseline, the group ends).  The process may start
+    early: it pays its one-off costs (imports, :func:`_warm_model_building`), then waits for the jobs file, at
+    most ``head[3]`` seconds."""
     from onmt import model_builder
 
     from onmt_ext.runtime import compile as ext_compile
@@ -138,6 +146,14 @@ def child_translate_many(result_file, head, argv):
         common.append_json_line(runs_file, entry)
 
     record({"phase": "meta", "backend": ext_compile.BACKEND})
+    broken = set()  # (group, name) of each case whose translation failed in that group
+
+    def failed(name, group, error, index=None):
+        """A case's failed translation (its warm-up's, or timed run ``index``'s): its traceback into this process's
+        log, an entry naming the case; the group's other cases go on."""
+        broken.add((group, name))
+        record({"group": group, "phase": "failed", "name": name, "index": index, "traceback": True,
+                "reason": _failed(f"translation of {name!r} in group {group!r}", error)})
 
     def engine_for(job, group):
         """The job's engine; engines whose options differ only in the search share one loaded model."""
@@ -190,15 +206,23 @@ def child_translate_many(result_file, head, argv):
                         "longest_s": max(warm_s, default=0.0), "left_s": left})
                 break
             began_warm = time.monotonic()
-            warm, _ = once(job, source, key)
-            first[job["name"]], wall = once(job, source, key)
+            try:
+                warm, _ = once(job, source, key)
+                first[job["name"]], wall = once(job, source, key)
+            except (Exception, SystemExit) as error:  # this case fails, the group's others go on
+                failed(job["name"], key, error)
+                if job["name"] == base:
+                    break
+                continue
             overheads.append(wall - first[job["name"]])
             if job["name"] != base:
                 warm_s.append(time.monotonic() - began_warm)
             record({"group": key, "phase": "warmup", "name": job["name"], "seconds": warm,
                     "estimate": first[job["name"]]})
         if base not in first:
-            record({"group": key, "phase": "skipped", "reason": "budget (spent loading and warming up)"})
+            record({"group": key, "phase": "skipped", **(
+                {"status": "failed", "reason": "its baseline failed"} if (key, base) in broken
+                else {"reason": "budget (spent loading and warming up)"})})
             continue
         overhead = statistics.median(overheads)
         copies, costs = run_costs(first, min_run_s, overhead)
@@ -214,7 +238,15 @@ def child_translate_many(result_file, head, argv):
                                                                 group["block"])):
             if time.monotonic() > group_deadline:
                 break
-            seconds, wall = once(by_name[name], repeated, key)
+            if (key, name) in broken:  # (its earlier run failed: the case's later runs are left out)
+                continue
+            try:
+                seconds, wall = once(by_name[name], repeated, key)
+            except (Exception, SystemExit) as error:
+                failed(name, key, error, index)
+                if name == base:  # (no later ratio could be paired)
+                    break
+                continue
             record({"group": key, "phase": "timed", "index": index, "name": name, "seconds": seconds,
                     "wall_s": wall})
         record({"group": key, "phase": "end", "seconds": time.monotonic() - began, "ended": time.monotonic()})

@@ -59,7 +59,7 @@ PART_STAGES.update({name: PART_STAGES["decode"] for name in DECODE_GROUPS})
 SPLITS = {"all": ("props", "train", "decode"), "train": ("train-fresh", "train-cases"), "decode": tuple(DECODE_GROUPS)}
 #: each part's budget (section, GPU s, dry-run s): a part fits one device call of at most 5 minutes with the
 #: 40 s of staging (tools/gpu_stage.sh) and the check's own start and report
-PART_BUDGETS = {"props": ("a", 85.0, 22.0), "train": ("b", 240.0, 125.0), "decode": ("c", 240.0, 90.0)}
+PART_BUDGETS = {"props": ("a", 85.0, 60.0), "train": ("b", 240.0, 125.0), "decode": ("c", 240.0, 90.0)}
 
 
 class Schedule:
@@ -400,13 +400,14 @@ def training_plan(args, cases):
     eager.insert(sum(case.train_target is not None for case in cases), (half, HALF_WEIGHTS, "eager", {"replay": True}))
     compiled = [(_row(case, "compiled", IN_PROCESS, cases_batch, base_key, replay, "compiled", case.train_target,
                       case.paper_train), case, "compiled", {"replay": True}) for case in cases]
-    # the A/A control's runs spread over the group: the first before every case, the last after every compiled one
-    order = spread(eager + compiled, [control_run(run) for run in range(1, args.aa_runs + 1)])
-    boundary = next((number for number, entry in enumerate(order) if entry[2] == "compiled"), len(order))
-    for row, *_ in order[boundary:]:
-        row["part"] = "compiled"  # (the A/A runs there: eager runs in the compiled part's time)
-    in_process = [(first, BASELINE, "eager", {"replay": True}), *interleaved(order[:boundary], "eager"),
-                  *interleaved(order[boundary:], "compiled")]
+    # the A/A control's runs spread over the eager part, the first before every case and the last after every
+    # eager one: the compiled part gets only what the eager one leaves, so a short budget cuts it first, and an
+    # A/A run there was the one such a cut dropped
+    eager = spread(eager, [control_run(run) for run in range(1, args.aa_runs + 1)])
+    for row, *_ in compiled:
+        row["part"] = "compiled"
+    in_process = [(first, BASELINE, "eager", {"replay": True}), *interleaved(eager, "eager"),
+                  *interleaved(compiled, "compiled")]
     return fresh + [("b in-process", IN_PROCESS, {}, in_process)]
 
 

@@ -77,9 +77,11 @@ def _nearest(timed, index, base, step):
     return None
 
 
-def _group_figures(args, group, rows, jobs, runs, stopped):
-    """Fills ``group`` and its ``rows`` from the child's runs (those of this group)."""
+def _group_figures(args, group, rows, jobs, runs, stopped, log):
+    """Fills ``group`` and its ``rows`` from the child's runs (those of this group); a case whose translation
+    failed is its own row, failed, naming ``log``, which holds its traceback."""
     mine = [run for run in runs if run.get("group") == group["key"]]
+    failures = {run["name"]: run for run in mine if run["phase"] == "failed"}
     meta = next((run for run in runs if run.get("phase") == "meta"), None)
     group["compile"] = _compile_description(meta, jobs["compiled"])
     timed = [run for run in mine if run["phase"] == "timed"]
@@ -101,20 +103,28 @@ def _group_figures(args, group, rows, jobs, runs, stopped):
     if warm_stop:
         not_warmed = (f"budget: not warmed up (with {warm_stop['left_s']:.0f} s left, a warm-up as long as the "
                       f"group's longest, {warm_stop['longest_s']:.1f} s, would leave no room for its runs)")
+    base = jobs["baseline"]
     if skipped:
-        group.update(status="not run", reason=skipped["reason"])
+        group.update(status=skipped.get("status", "not run"), reason=skipped["reason"])
+    elif base in failures:
+        group.update(status="failed", reason="its baseline failed")
     elif ends and plan:
         group["status"] = "ran"
     elif stopped:
         group.update(status=stopped[0], reason=stopped[1])
     else:
         group.update(status="stopped", reason="budget (its share spent)")
-    base = jobs["baseline"]
     sentences = plan["sentences"] if plan else args.test_sentences
     speeds = [sentences / run["seconds"] for run in timed]
     for row in rows:
         label = row.pop("label")
         own = [index for index, run in enumerate(timed) if run["name"] == label]
+        if label in failures:
+            failure = failures[label]
+            when = "warm-up" if failure.get("index") is None else f"timed run {len(own) + 1}"
+            row.update(status="failed", reason=f"{failure['reason']} (at its {when}; traceback in {log.name})",
+                       log=str(log), runs=len(own))
+            continue
         if not own:
             if plan and label != base and label not in plan["chosen"]:
                 cost = plan["costs"].get(label)
@@ -144,6 +154,19 @@ def _group_figures(args, group, rows, jobs, runs, stopped):
                 row["met"] = row["ratio"] >= row["target"]
 
 
+def group_result(args, group, rows, jobs, runs, stopped, log):
+    """One decoding group's record and rows from the translation process's ``runs`` (:func:`_group_figures`),
+    with its A/A control's summary (``group["aa"]``) and, beside every other ratio, its note (:func:`aa_note`)."""
+    _group_figures(args, group, rows, jobs, runs, stopped, log)
+    aa = [row for row in rows if row.get("control")]  # its paired ratios, in running order
+    group["aa"] = aa_summary(aa[0].get("run_ratios") if aa else None)
+    for row in rows:
+        if row.get("ratio") is not None and row["case"] != BASELINE.label and not row.get("control"):
+            row["aa_note"] = aa_note(group["aa"])
+
+
+#: the translation process's log (in the work folder): its output, and the traceback of every failed translation
+TRANSLATE_LOG = "translate.log"
 #: the share of its part's time left each group of section c gets (greedy, the last of a part: all of it)
 GROUP_SHARES = {"translate": 0.85, "greedy": 1.0}
 
@@ -155,7 +178,7 @@ def start_section_c(args, work):
     jobs_file = work / "translate.jobs.json"
     jobs_file.unlink(missing_ok=True)
     env = {"ONMT_EXT_COMPILE_BACKEND": args.compile_backend} if args.compile_backend else {}
-    return common.Child("tools.gpu_check", "translate-many", [], work / "translate.log", args.threads,
+    return common.Child("tools.gpu_check", "translate-many", [], work / TRANSLATE_LOG, args.threads,
                         head=(jobs_file, work / "translate.runs.jsonl", args.min_run_seconds,
                               args.budget_b + args.budget_c), env=env)
 
@@ -213,12 +236,7 @@ def section_c(args, schedule, work, models, cases, result, child=None):
     ended = monotonic_now()
     runs = common.read_json_lines(runs_file)
     for jobs, group, rows in built:
-        _group_figures(args, group, rows, jobs, runs, stopped)
-        aa = [row for row in rows if row.get("control")]  # its paired ratios, in running order
-        group["aa"] = aa_summary(aa[0].get("run_ratios") if aa else None)
-        for row in rows:
-            if row.get("ratio") is not None and row["case"] != BASELINE.label and not row.get("control"):
-                row["aa_note"] = aa_note(group["aa"])
+        group_result(args, group, rows, jobs, runs, stopped, work / TRANSLATE_LOG)
         # a case without a checkpoint (its training run did not end) is reported, not dropped
         rows += [{"case": case.label, "mode": "eager" if case.control else group["mode"], "search": group["search"],
                   "group": group["key"], "control": case.control, "status": "not run", "reason": "no checkpoint "
