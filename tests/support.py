@@ -67,60 +67,21 @@ def autocast(device):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-#: the operators that read tensor data back to the host (a value, or an output size that depends on the data):
-#: on CUDA each one waits for the device
-HOST_READ_OPERATORS = ("_local_scalar_dense", "is_nonzero", "equal", "nonzero", "masked_select", "_unique2",
-                       "unique_consecutive", "unique_dim")
-
-
 @contextlib.contextmanager
 def host_reads():
-    """Collects, as ``(what, call site)`` strings in the list it yields, every read of tensor data back to the
-    host inside the block: the operators of :data:`HOST_READ_OPERATORS` (through a dispatch mode, which also
-    sees those inside torch's own C++ code, backward passes included), ``Tensor.tolist`` and ``Tensor.numpy``
-    (which bypass the dispatcher), and, on CUDA, every synchronisation torch's sync debug mode reports.  The call
-    site is the innermost frame in onmt or onmt_ext."""
-    import traceback
-    import warnings
-
-    from torch.utils._python_dispatch import TorchDispatchMode
+    """Collects, as ``what at call site`` strings in the list it yields (filled when the block ends), every read of
+    tensor data back to the host inside the block: what ``onmt_ext.runtime.hostsync.HostReads`` counts (the aten
+    operators of its ``HOST_READS``, through a dispatch mode that also sees those inside torch's own C++ code,
+    backward passes included, and ``Tensor.tolist``, ``cpu`` and ``numpy``), and, on CUDA, every synchronisation
+    torch's sync debug mode reports (``CUDA sync at call site``)."""
+    from onmt_ext.runtime.hostsync import HostReads, cuda_sync_warnings
 
     found = []
-
-    def site():
-        frames = [f for f in traceback.extract_stack()[:-2] if "/onmt" in f.filename and "tests/" not in f.filename]
-        return f"{frames[-1].filename.split('/')[-1]}:{frames[-1].lineno}" if frames else "torch"
-
-    class Reads(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func.overloadpacket.__name__ in HOST_READ_OPERATORS:
-                found.append(f"aten.{func.overloadpacket.__name__} at {site()}")
-            return func(*args, **(kwargs or {}))
-
-    def reading(name, method):
-        def read(tensor, *args, **kwargs):
-            found.append(f"Tensor.{name} at {site()}")
-            return method(tensor, *args, **kwargs)
-        return read
-
-    methods = {name: getattr(torch.Tensor, name) for name in ("tolist", "numpy")}
-    cuda = torch.cuda.is_available()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for name, method in methods.items():
-            setattr(torch.Tensor, name, reading(name, method))
-        if cuda:
-            torch.cuda.set_sync_debug_mode("warn")
-        try:
-            with Reads():
-                yield found
-        finally:
-            if cuda:
-                torch.cuda.set_sync_debug_mode("default")
-            for name, method in methods.items():
-                setattr(torch.Tensor, name, method)
-    found += [f"CUDA sync: {str(w.message).splitlines()[0]}" for w in caught
-              if "synchroniz" in str(w.message).lower()]
+    with contextlib.ExitStack() as stack:
+        synced = stack.enter_context(cuda_sync_warnings()) if torch.cuda.is_available() else []
+        reads = stack.enter_context(HostReads())
+        yield found
+    found += [f"{what} at {where}" for what, where in reads.reads] + [f"CUDA sync at {site}" for site in synced]
 
 
 def console_shard(items):

@@ -2,11 +2,12 @@
 
 A training step that reads a value of a device tensor on the host (``.item()``,
 ``float(t)``, ``.tolist()``, a tensor passed where a Python number is needed,
-as in ``torch.arange(0, lengths.max())``) waits for the GPU to finish all the
-work queued before it, so the host can never run ahead.  :class:`HostReads`
-counts such reads on any device, the CPU included (where they cost nothing,
-but show where a GPU would wait); :func:`cuda_sync_warnings` records where
-torch's own sync debug mode reports a synchronisation on a CUDA device.
+as in ``torch.arange(0, lengths.max())``) or runs an operator whose output size
+depends on the data (``x[mask]``, ``nonzero``, ``unique``: :data:`HOST_READS`)
+waits for the GPU to finish all the work queued before it, so the host can never
+run ahead.  :class:`HostReads` counts such reads on any device, the CPU included
+(where they cost nothing, but show where a GPU would wait); :func:`cuda_sync_warnings`
+records where torch's own sync debug mode reports a synchronisation on a CUDA device.
 """
 
 import traceback
@@ -20,6 +21,72 @@ from onmt_ext.patches import temporarily
 
 #: Tensor methods that copy values to the host without going through an aten operator on a CPU tensor.
 _PYTHON_READS = ("tolist", "cpu", "numpy")
+
+_MASKS = (torch.bool, torch.uint8)
+
+
+def _masks(indices):
+    return [i for i in indices or () if isinstance(i, torch.Tensor) and i.dtype in _MASKS]
+
+
+def _put_by_mask(a):
+    """The mask of an ``index_put`` that reads it on the host: a bool (or uint8) index, unless torch turns the put
+    into ``masked_fill_`` (no accumulation, one index, a mask, and one value on the CPU: ``x[mask] = 0.5``)."""
+    masks = _masks(a["indices"])
+    fill = (not a.get("accumulate") and len([i for i in a["indices"] if i is not None]) == len(masks) == 1
+            and a["values"].numel() == 1 and a["values"].device.type == "cpu"
+            and masks[0].device == a["self"].device)
+    return masks[0] if masks and not fill else None
+
+
+def _to_host(source, device, non_blocking):
+    """``source`` when copying it to the CPU from another device makes the host wait (not ``non_blocking``)."""
+    cpu = device is not None and torch.device(device).type == "cpu"
+    return source if cpu and source.device.type != "cpu" and not non_blocking else None
+
+
+#: The aten operators that read device data on the host (on CUDA each one waits for the device), by name: of the
+#: operator's arguments, by name, the tensor that is read, or None where these arguments read nothing.  A value
+#: (``_local_scalar_dense``: ``.item()``, ``float()``, ``bool()``; ``equal``, ``allclose``), or an output size that
+#: depends on the data: ``nonzero`` (and ``torch.where(cond)``, ``argwhere``), ``masked_select``, the ``unique``
+#: family, ``bincount``, ``histc`` without a range, ``repeat_interleave`` with a tensor of repeats and no
+#: ``output_size``, indexing with a bool or uint8 mask (``x[mask]``, and ``x[mask] = v`` unless ``v`` is one value
+#: on the CPU, which torch makes a ``masked_fill_``), and a blocking copy of a device tensor to the CPU.
+HOST_READS = {
+    "_local_scalar_dense": lambda a: a["self"],
+    "equal": lambda a: a["self"],
+    "allclose": lambda a: a["self"],
+    "nonzero": lambda a: a["self"],
+    "masked_select": lambda a: a["mask"],
+    "_unique": lambda a: a["self"],
+    "_unique2": lambda a: a["self"],
+    "unique_dim": lambda a: a["self"],
+    "unique_consecutive": lambda a: a["self"],
+    "unique_dim_consecutive": lambda a: a["self"],
+    "bincount": lambda a: a["self"],
+    "histc": lambda a: a["self"] if a.get("min", 0) == a.get("max", 0) else None,
+    "repeat_interleave": lambda a: a.get("repeats") if a.get("output_size") is None else None,
+    "index": lambda a: next(iter(_masks(a["indices"])), None),
+    "index_put": _put_by_mask,
+    "index_put_": _put_by_mask,
+    "_index_put_impl_": _put_by_mask,
+    "_to_copy": lambda a: _to_host(a["self"], a.get("device"), a.get("non_blocking")),
+    "copy_": lambda a: _to_host(a["src"], a["self"].device, a.get("non_blocking")),
+}
+
+
+def host_read(func, args=(), kwargs=None):
+    """``(what, tensor)`` when the aten operator ``func`` called with ``args`` and ``kwargs`` reads ``tensor``'s
+    data on the host (:data:`HOST_READS`; ``what`` is the operator's name, ``item`` for ``_local_scalar_dense``),
+    else None."""
+    name = func.overloadpacket.__name__
+    if name not in HOST_READS:
+        return None
+    named = {argument.name: value for argument, value in zip(func._schema.arguments, args)}
+    read = HOST_READS[name]({**named, **(kwargs or {})})
+    if not isinstance(read, torch.Tensor):
+        return None
+    return ("item" if name == "_local_scalar_dense" else name), read
 
 
 def _in_optimizer():
@@ -52,15 +119,16 @@ def _torch_path(filename):
 class HostReads(TorchDispatchMode):
     """Context manager recording every read of tensor values by the host while it is active.
 
-    ``reads`` lists ``(what, where)``: ``what`` is ``item`` for a scalar read
-    (``aten._local_scalar_dense``: ``.item()``, ``float()``, ``int()``,
-    ``bool()``, a tensor used as a Python number) or the method name for
-    ``.tolist()``, ``.cpu()`` and ``.numpy()``; ``where`` is the caller
-    outside torch.  ``device`` limits the count to tensors on that device type
-    (``None``: every tensor).  ``optimizer_counters=False`` leaves out the
-    scalar reads a ``torch.optim`` optimizer makes of CPU tensors inside its
-    own code: its step counters, which stay on the host on a GPU too (unless
-    it is fused or capturable), so they are no synchronisation there.
+    ``reads`` lists ``(what, where)``: ``what`` names the aten operator of
+    :data:`HOST_READS` (``item`` for a scalar read, ``aten._local_scalar_dense``:
+    ``.item()``, ``float()``, ``int()``, ``bool()``, a tensor used as a Python
+    number), or the method for ``.tolist()``, ``.cpu()`` and ``.numpy()``;
+    ``where`` is the caller outside torch.  ``device`` limits the count to
+    tensors on that device type (``None``: every tensor).
+    ``optimizer_counters=False`` leaves out the scalar reads a ``torch.optim``
+    optimizer makes of CPU tensors inside its own code: its step counters, which
+    stay on the host on a GPU too (unless it is fused or capturable), so they are
+    no synchronisation there.
     """
 
     def __init__(self, device=None, optimizer_counters=True):
@@ -69,14 +137,16 @@ class HostReads(TorchDispatchMode):
         self.optimizer_counters = optimizer_counters
         self.reads = []
         self._undo = None
+        self._in_method = 0  # inside a method of _PYTHON_READS, counted once as that method
 
     def _counts(self, tensor):
         return isinstance(tensor, torch.Tensor) and (self.device is None or tensor.device.type == self.device)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._local_scalar_dense.default and self._counts(args[0]) and (
-                self.optimizer_counters or args[0].device.type != "cpu" or not _in_optimizer()):
-            self.reads.append(("item", caller()))
+        read = None if self._in_method else host_read(func, args, kwargs)
+        if read is not None and self._counts(read[1]) and (
+                self.optimizer_counters or read[0] != "item" or read[1].device.type != "cpu" or not _in_optimizer()):
+            self.reads.append((read[0], caller()))
         return func(*args, **(kwargs or {}))
 
     def __enter__(self):
@@ -87,7 +157,11 @@ class HostReads(TorchDispatchMode):
                 def counted(tensor, *args, _stock=stock, _name=name, **kwargs):
                     if self._counts(tensor):
                         self.reads.append((_name, caller()))
-                    return _stock(tensor, *args, **kwargs)
+                    self._in_method += 1
+                    try:
+                        return _stock(tensor, *args, **kwargs)
+                    finally:
+                        self._in_method -= 1
 
                 swaps.enter_context(temporarily(torch.Tensor, name, counted))
             entered = super().__enter__()
