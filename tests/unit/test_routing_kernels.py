@@ -466,33 +466,6 @@ def test_leading_dimensions_and_empty_batches(kernel):
     assert out.shape == (2, 0, 5, 2) and logits.shape == (2, 0, 4, 5)
 
 
-def test_compiled_core_keeps_the_kernel_as_one_call(kernel, monkeypatch):
-    """``-ext_compile``: the custom operators trace into a full graph (dynamic shapes) and give the eager
-    kernels' values and gradients; Dynamo's graph holds the operator, not the routing's arithmetic."""
-    monkeypatch.setattr(li2019.RoutingAggregation, "ext_compile", True)
-    from onmt_ext.runtime import compile as ext_compile
-    monkeypatch.setattr(ext_compile, "BACKEND", "aot_eager")
-    monkeypatch.setattr(ext_compile, "_COMPILED", {})
-    torch._dynamo.reset()
-    torch.manual_seed(1)
-    module = li2019.RoutingAggregation(heads=2, d_model=8, capsules=8, method="em", iterations=2).to(DEVICE)
-    for length in (3, 4):
-        context = torch.randn(2, length, 8, device=DEVICE, requires_grad=True)
-        compiled = _values_and_grads(lambda c: (module(c),), (context,), seed=10)
-        module.ext_compile = False
-        eager = _values_and_grads(lambda c: (module(c),), (context,), seed=10)
-        module.ext_compile = True
-        for got, want in zip(compiled, eager):
-            torch.testing.assert_close(got, want, atol=0, rtol=0)
-    torch._dynamo.reset()
-    explained = torch._dynamo.explain(li2019.aggregate_heads)(
-        torch.randn(2, 3, 8, device=DEVICE), module.input_weight, module.input_bias, module.vote_weight, module.beta_a,
-        module.beta_u, heads=2, capsules=8, method="em", iterations=2, recompute=False)
-    graphs = [str(graph.graph) for graph in explained.graphs]
-    assert explained.graph_break_count == 0
-    assert any("onmt_ext.routing_em" in graph for graph in graphs), graphs
-
-
 def _kernels_not_yet_imported(monkeypatch):
     """As in a fresh process: the kernels' module is not imported until :func:`routing.prepare_kernels` (eager
     code) imports it; inside a trace :func:`routing._load_kernels` returns None, as it does there."""
@@ -505,6 +478,39 @@ def _kernels_not_yet_imported(monkeypatch):
 
     monkeypatch.delitem(sys.modules, routing._KERNEL_MODULE)
     monkeypatch.setattr(routing, "_load_kernels", first_import)
+
+
+def test_compiled_core_keeps_the_kernel_as_one_call(kernel, monkeypatch):
+    """``-ext_compile``: the custom operators trace into a full graph (dynamic shapes) and give the eager
+    kernels' values and gradients; Dynamo's graph holds the operator, not the routing's arithmetic.  In a process
+    that had not imported the kernels, li2019's module imports them before its compiled core, which launches them
+    (forward and backward) from its first call on."""
+    _kernels_not_yet_imported(monkeypatch)
+    monkeypatch.setattr(li2019.RoutingAggregation, "ext_compile", True)
+    from onmt_ext.runtime import compile as ext_compile
+    monkeypatch.setattr(ext_compile, "BACKEND", "aot_eager")
+    monkeypatch.setattr(ext_compile, "_COMPILED", {})
+    torch._dynamo.reset()
+    torch.manual_seed(1)
+    module = li2019.RoutingAggregation(heads=2, d_model=8, capsules=8, method="em", iterations=2).to(DEVICE)
+    kernels = ("_em_forward", "_em_backward")
+    for length in (3, 4):
+        context = torch.randn(2, length, 8, device=DEVICE, requires_grad=True)
+        before = {name: routing_triton.LAUNCHES[name] for name in kernels}
+        compiled = _values_and_grads(lambda c: (module(c),), (context,), seed=10)
+        assert all(routing_triton.LAUNCHES[name] > before[name] for name in kernels), routing_triton.LAUNCHES
+        module.ext_compile = False
+        eager = _values_and_grads(lambda c: (module(c),), (context,), seed=10)
+        module.ext_compile = True
+        for got, want in zip(compiled, eager):
+            torch.testing.assert_close(got, want, atol=0, rtol=0)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(li2019.aggregate_heads)(
+        torch.randn(2, 3, 8, device=DEVICE), module.input_weight, module.input_bias, module.vote_weight, module.beta_a,
+        module.beta_u, heads=2, capsules=8, method="em", iterations=2, recompute=False)
+    graphs = [str(graph.graph) for graph in explained.graphs]
+    assert explained.graph_break_count == 0
+    assert any("onmt_ext.routing_em" in graph for graph in graphs), graphs
 
 
 @pytest.mark.slow
@@ -562,6 +568,46 @@ def test_compiled_cao2019_core_routes_in_the_kernels(causal, kernel, monkeypatch
             for step in range(3):
                 module(torch.randn(2, heads, 1, step + 1, device=DEVICE))
         assert routing_triton.LAUNCHES["_simple_forward"] >= before + 6
+
+
+def test_compiled_gret_core_routes_in_the_kernels(kernel, monkeypatch):
+    """GRET with ``-ext_compile``: its module imports the kernels before its compiled core (global_summary), so
+    the core's routing runs in them in a process that had not imported them, at two lengths with padding, with
+    the eager kernels' values and gradients and the PyTorch code's."""
+    from onmt_ext.mechanisms import gret
+    from onmt_ext.runtime import compile as ext_compile
+
+    _kernels_not_yet_imported(monkeypatch)
+    monkeypatch.setattr(ext_compile, "BACKEND", "aot_eager")
+    monkeypatch.setattr(ext_compile, "_COMPILED", {})
+    torch._dynamo.reset()
+    torch.manual_seed(6)
+    module = gret.GlobalRepresentation(8, layers=2, capsules=2, iterations=3).to(DEVICE)
+    params = [p for name, p in module.named_parameters() if not name.startswith("gru.")]
+    kernels = ("_simple_forward", "_simple_backward")
+
+    def summary(compiled, keep):
+        def run(*hidden_and_params):
+            module.ext_compile = compiled
+            module.start()
+            for output in hidden_and_params[:2]:
+                module.observe(None, None, output)
+            return (module.summarise(keep),)
+        return run
+
+    for length in (5, 6):
+        hidden = [torch.randn(2, length, 8, device=DEVICE, requires_grad=True) for _ in range(2)]
+        keep = torch.ones(2, length, dtype=torch.bool, device=DEVICE)
+        keep[1, -2:] = False  # padding
+        before = {name: routing_triton.LAUNCHES[name] for name in kernels}
+        compiled = _values_and_grads(summary(True, keep), (*hidden, *params), seed=19)
+        assert all(routing_triton.LAUNCHES[name] > before[name] for name in kernels), routing_triton.LAUNCHES
+        for got, want in zip(compiled, _values_and_grads(summary(False, keep), (*hidden, *params), seed=19)):
+            torch.testing.assert_close(got, want, atol=0, rtol=0)
+        reference = _reference(monkeypatch, _values_and_grads, summary(False, keep), (*hidden, *params), seed=19)
+        for got, want in zip(compiled, reference):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert ext_compile._COMPILED, "the core did not compile"
 
 
 # ----------------------------------------------------------------------------------------------------------
