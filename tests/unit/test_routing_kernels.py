@@ -301,12 +301,23 @@ def test_every_kind_at_every_iteration_count(kind, iterations, kernel, monkeypat
                             seed=iterations, unit=4e-6)
 
 
-def test_chunked_kernels_keep_only_their_inputs_for_backward(kernel, monkeypatch):
+@pytest.mark.parametrize("layout, method", [("block", "simple-outputs"), ("block", "simple-inputs"), ("block", "em"),
+                                            ("chunked", "simple-outputs"), ("chunked", "simple-inputs")])
+def test_kernels_keep_only_their_inputs_for_backward(layout, method, kernel, monkeypatch):
     """What the routing holds between the forward and the backward pass (the part of peak memory that grows with
-    the batch): the kernels save their inputs only; the reference saves its masked copy of the votes and more."""
-    _chunked(monkeypatch)
+    the batch): the kernels, one-block and chunked, save their inputs only (votes, mask, EM's betas); the
+    reference saves its masked copy of the votes, the coupling of every iteration and more.  (EM has no chunked
+    kernel: a problem larger than a block routes in the reference.)"""
+    if layout == "chunked":
+        _chunked(monkeypatch)
     votes = torch.randn(3, 6, 3, 7, device=DEVICE, requires_grad=True)
     mask = _mask(3, 6, 5, DEVICE)
+    betas = [torch.zeros(3, device=DEVICE, requires_grad=True) for _ in range(2)]
+
+    def route():
+        if method == "em":
+            return routing.em_routing(votes, 2, mask=mask, beta_a=betas[0], beta_u=betas[1])
+        return routing.simple_routing(votes, 2, normalize=method.split("-")[1], mask=mask, need_logits=False)
 
     def saved_bytes():
         held = {}
@@ -316,13 +327,13 @@ def test_chunked_kernels_keep_only_their_inputs_for_backward(kernel, monkeypatch
             return tensor
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-            routing.simple_routing(votes, 2, normalize="inputs", mask=mask, need_logits=False)
+            route()
         return sum(held.values())
 
-    routing.simple_routing(votes, 2, normalize="inputs", mask=mask, need_logits=False)  # the first-use check
+    route()  # the first-use check
     fused = saved_bytes()
     reference = _reference(monkeypatch, saved_bytes)
-    assert fused == votes.numel() * 4 + mask.numel(), fused
+    assert fused == votes.numel() * 4 + mask.numel() + (2 * 3 * 4 if method == "em" else 0), fused
     assert reference > 2 * fused, (fused, reference)
 
 
