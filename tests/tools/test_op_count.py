@@ -11,6 +11,7 @@ import types
 import pytest
 import torch
 
+import support
 from tools import op_count, routing_memory
 
 
@@ -55,6 +56,28 @@ def test_the_fused_routing_kernels_launch_fewer_operators_than_the_reference(mon
         counts[choice] = sum(op_count.count(config, layers=1).values())
     baseline = sum(op_count.count("baseline/transformer_base_wmt17_zhen.yaml", layers=1).values())
     assert baseline < counts["triton"] < counts["torch"], (baseline, counts)
+
+
+def _recorded_through_pytorch():
+    """``{case: operators}`` of results/bench/ops-per-step.md's column "routing in PyTorch (the reference)"."""
+    table = (support.REPO / "results" / "bench" / "ops-per-step.md").read_text(encoding="utf-8")
+    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in table.splitlines()
+            if line.startswith("| ")]
+    return {cells[0]: int(cells[3]) for cells in rows if len(cells) == 5 and cells[3].isdigit()}
+
+
+def test_no_mechanism_issues_more_operators_per_training_pass_than_recorded(monkeypatch, onmt_active, sample_data):
+    """Issue 56's host-bound mechanisms are bound by how many operators the host issues: no case's training pass
+    (the PyTorch routing, this machine's path; at the papers' depth) may issue more operators, over the baseline's,
+    than results/bench/ops-per-step.md records.  A change that adds some must record the new count there."""
+    monkeypatch.setenv("ONMT_EXT_ROUTING_KERNEL", "torch")
+    recorded = _recorded_through_pytorch()
+    counts = {label: sum(op_count.count(config, layers=6).values()) for label, config in op_count.CASES}
+    for label, count in counts.items():
+        [(name, limit)] = [(name, ops) for name, ops in recorded.items() if name.startswith(label)]
+        ratio, allowed = count / counts["baseline"], limit / recorded["baseline"]
+        assert ratio <= allowed + 1e-9, f"{label}: {count} operators, {ratio:.3f} of the baseline's; {name} " \
+                                        f"records {limit}, {allowed:.3f}"
 
 
 def test_half_weights_remove_the_weight_casts_of_autocast(onmt_active, sample_data):
