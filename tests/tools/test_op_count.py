@@ -3,6 +3,8 @@ with ``--decode``, those of translation, split into the encoder and equal decodi
 
 Its counter is tools/routing_memory.py's too (the two once counted 1,628 and 1,616 operators for GRET's pass):
 every operator below autograd but views and detaches, operators that return no tensor or a list of them included.
+No case may issue more operators, over the baseline's, than results/bench/ops-per-step.md and
+ops-per-decoding-step.md record (issue 56: the host-bound mechanisms).
 """
 
 import json
@@ -58,6 +60,16 @@ def test_the_fused_routing_kernels_launch_fewer_operators_than_the_reference(mon
     assert baseline < counts["triton"] < counts["torch"], (baseline, counts)
 
 
+def _within_recorded(counts, recorded):
+    """Each case's count of ``counts`` over the baseline's is at most its recorded one's (``recorded``'s case whose
+    name starts with the case's label) over the recorded baseline's."""
+    for label, count in counts.items():
+        [(name, limit)] = [(name, ops) for name, ops in recorded.items() if name.startswith(label)]
+        ratio, allowed = count / counts["baseline"], limit / recorded["baseline"]
+        assert ratio <= allowed + 1e-9, f"{label}: {count} operators, {ratio:.3f} of the baseline's; {name} " \
+                                        f"records {limit}, {allowed:.3f}"
+
+
 def _recorded_through_pytorch():
     """``{case: operators}`` of results/bench/ops-per-step.md's column "routing in PyTorch (the reference)"."""
     table = (support.REPO / "results" / "bench" / "ops-per-step.md").read_text(encoding="utf-8")
@@ -72,12 +84,27 @@ def test_no_mechanism_issues_more_operators_per_training_pass_than_recorded(monk
     than results/bench/ops-per-step.md records.  A change that adds some must record the new count there."""
     monkeypatch.setenv("ONMT_EXT_ROUTING_KERNEL", "torch")
     recorded = _recorded_through_pytorch()
-    counts = {label: sum(op_count.count(config, layers=6).values()) for label, config in op_count.CASES}
-    for label, count in counts.items():
-        [(name, limit)] = [(name, ops) for name, ops in recorded.items() if name.startswith(label)]
-        ratio, allowed = count / counts["baseline"], limit / recorded["baseline"]
-        assert ratio <= allowed + 1e-9, f"{label}: {count} operators, {ratio:.3f} of the baseline's; {name} " \
-                                        f"records {limit}, {allowed:.3f}"
+    _within_recorded({label: sum(op_count.count(config, layers=6).values()) for label, config in op_count.CASES},
+                     recorded)
+
+
+def _recorded_beam_steps():
+    """``{case: operators per beam-4 decoding step}`` of results/bench/ops-per-decoding-step.md: its PyTorch
+    routing column where it was counted, else the kernels' (the same path for a case without routing)."""
+    table = (support.REPO / "results" / "bench" / "ops-per-decoding-step.md").read_text(encoding="utf-8")
+    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in table.splitlines()
+            if line.startswith("| ")]
+    return {cells[0]: float(cells[6].split()[0]) if cells[6][0].isdigit() else float(cells[1])
+            for cells in rows if len(cells) == 7 and cells[1].replace(".", "").isdigit()}
+
+
+def test_no_mechanism_issues_more_operators_per_decoding_step_than_recorded(monkeypatch, onmt_active, sample_data):
+    """The same for a beam-4 decoding step (issue 56's decoding target: 0.97 of the baseline's pace), against
+    results/bench/ops-per-decoding-step.md."""
+    monkeypatch.setenv("ONMT_EXT_ROUTING_KERNEL", "torch")
+    recorded = _recorded_beam_steps()
+    _within_recorded({label: op_count.decode_count(config, layers=6)["per_step"] for label, config in op_count.CASES},
+                     recorded)
 
 
 def test_half_weights_remove_the_weight_casts_of_autocast(onmt_active, sample_data):
