@@ -29,6 +29,8 @@ LINES = 40  # each rank's share (20 lines) is one bucket and one batch
 WORKER_LINES = 32
 STEPS = 4
 RANKS = ("-world_size", 2, "-gpu_ranks", 0, 1)
+#: every run: a report every step, no validation
+EVERY_STEP = ("-report_every", 1, "-valid_steps", 100)
 DIGEST = re.compile(r"onmt-ext: step (\d+): the 2 ranks hold identical parameters \(sha256 ([0-9a-f]{64})\)")
 REPORT = re.compile(r"Step +(\d+)/ *\d+; acc: .*; sents: +(\d+); bsz: +(\d+)/ *(\d+)/ *(\d+);")
 
@@ -54,7 +56,7 @@ def _train(folder, *extra, config=CONFIG, data=None, trace=True):
     folder.mkdir(parents=True, exist_ok=True)
     env = support.cli_env(**({"ONMT_EXT_TRACE_BATCHES": str(folder)} if trace else {}))
     result = support.run_cli("onmt_train", "-config", _config(folder, config, data), "-master_port", _free_port(),
-                             "-report_every", 1, "-valid_steps", 100, *extra, env=env)
+                             *EVERY_STEP, *extra, env=env)
     return result.stderr + result.stdout
 
 
@@ -68,8 +70,7 @@ def _two_nodes(base, data, *extra):
         folder = base / f"node{rank}"
         folder.mkdir(parents=True)
         argv = [str(support.BIN / "onmt_train"), "-config", str(_config(folder, data=data)), "-master_port",
-                str(port), "-world_size", "2", "-gpu_ranks", str(rank), "-report_every", "1", "-valid_steps", "100",
-                *map(str, extra)]
+                *map(str, (port, "-world_size", 2, "-gpu_ranks", rank, *EVERY_STEP, *extra))]
         processes.append(subprocess.Popen(argv, cwd=support.REPO, env=env, text=True, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT))
     logs = []
@@ -106,7 +107,8 @@ def runs(tmp_path_factory):
     for side, index in (("zh", 0), ("en", 1)):
         (base / f"train.{side}").write_text("".join(pair[index] for pair in lines), encoding="utf-8")
         (base / f"workers.{side}").write_text("".join(pair[index] for pair in lines[:WORKER_LINES]), encoding="utf-8")
-    common = ("-batch_size", 4096, "-bucket_size", LINES // 2, "-keep_checkpoint", 10, "-save_checkpoint_steps", 1)
+    saved = ("-batch_size", 4096, "-keep_checkpoint", 10, "-save_checkpoint_steps", 1)
+    common = (*saved, "-bucket_size", LINES // 2)
     data = base / "train"
     logs = {"two": _train(base / "two", *RANKS, *common, "-train_steps", STEPS, data=data),
             "one": _train(base / "one", *common, "-train_steps", 2, data=data),
@@ -116,8 +118,8 @@ def runs(tmp_path_factory):
                              base / "cache", data=data)}
     logs["node0"], logs["node1"] = _two_nodes(base / "nodes", data, *common, "-train_steps", 2)
     # two data workers per rank, as on the users' path: each worker a quarter of the corpus, one bucket and batch
-    logs["workers"] = _train(base / "workers", *RANKS, *common[:2], "-bucket_size", WORKER_LINES // 4, *common[4:],
-                             "-num_workers", 2, "-train_steps", 2, data=base / "workers")
+    logs["workers"] = _train(base / "workers", *RANKS, *saved, "-bucket_size", WORKER_LINES // 4, "-num_workers", 2,
+                             "-train_steps", 2, data=base / "workers")
     return base, logs
 
 

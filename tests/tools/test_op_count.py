@@ -70,12 +70,17 @@ def _within_recorded(counts, recorded):
                                         f"records {limit}, {allowed:.3f}"
 
 
+def _table_rows(name):
+    """The cells of each Markdown table row of results/bench/``name``."""
+    table = (support.REPO / "results" / "bench" / name).read_text(encoding="utf-8")
+    return [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in table.splitlines()
+            if line.startswith("| ")]
+
+
 def _recorded_through_pytorch():
     """``{case: operators}`` of results/bench/ops-per-step.md's column "routing in PyTorch (the reference)"."""
-    table = (support.REPO / "results" / "bench" / "ops-per-step.md").read_text(encoding="utf-8")
-    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in table.splitlines()
-            if line.startswith("| ")]
-    return {cells[0]: int(cells[3]) for cells in rows if len(cells) == 5 and cells[3].isdigit()}
+    return {cells[0]: int(cells[3]) for cells in _table_rows("ops-per-step.md")
+            if len(cells) == 5 and cells[3].isdigit()}
 
 
 def test_no_mechanism_issues_more_operators_per_training_pass_than_recorded(monkeypatch, onmt_active, sample_data):
@@ -91,11 +96,9 @@ def test_no_mechanism_issues_more_operators_per_training_pass_than_recorded(monk
 def _recorded_beam_steps():
     """``{case: operators per beam-4 decoding step}`` of results/bench/ops-per-decoding-step.md: its PyTorch
     routing column where it was counted, else the kernels' (the same path for a case without routing)."""
-    table = (support.REPO / "results" / "bench" / "ops-per-decoding-step.md").read_text(encoding="utf-8")
-    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in table.splitlines()
-            if line.startswith("| ")]
     return {cells[0]: float(cells[6].split()[0]) if cells[6][0].isdigit() else float(cells[1])
-            for cells in rows if len(cells) == 7 and cells[1].replace(".", "").isdigit()}
+            for cells in _table_rows("ops-per-decoding-step.md") if len(cells) == 7
+            and cells[1].replace(".", "").isdigit()}
 
 
 def test_no_mechanism_issues_more_operators_per_decoding_step_than_recorded(monkeypatch, onmt_active, sample_data):

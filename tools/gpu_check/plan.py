@@ -402,10 +402,9 @@ def training_plan(args, cases):
                       case.paper_train), case, "compiled", {"replay": True}) for case in cases]
     # the A/A control's runs spread over the eager part, the first before every case and the last after every
     # eager one: the compiled part gets only what the eager one leaves, so a short budget cuts it first, and an
-    # A/A run there was the one such a cut dropped
+    # A/A run there was the one such a cut dropped (a compiled case's part is its mode; a further baseline run
+    # is told its part by interleaved)
     eager = spread(eager, [control_run(run) for run in range(1, args.aa_runs + 1)])
-    for row, *_ in compiled:
-        row["part"] = "compiled"
     in_process = [(first, BASELINE, "eager", {"replay": True}), *interleaved(eager, "eager"),
                   *interleaved(compiled, "compiled")]
     return fresh + [("b in-process", IN_PROCESS, {}, in_process)]
