@@ -42,6 +42,8 @@
 #                 no CUDA (or fewer GPUs than GPUS) stops it before any data is prepared; WMT17 Zh-En tables
 #                 download the full corpus (WMT17_SMALL_DATA=1: News Commentary alone, on purpose);
 #                 rows train from their corpora binarised once under build/binarized/ (BINARIZED=0: the text);
+#                 two machines: NODES=2 NODE_RANK=0|1 MASTER_IP=<node 0> [MASTER_PORT=10000] on each
+#                 (docs/scale-out.md);
 #                 DRY_RUN=1 prints every command; reproduce-sample runs the chain on the CPU; reproduce-li2019,
 #                 reproduce-cao2019, reproduce-chen2019, reproduce-gret, reproduce-clause: all tables of a paper
 #   make paper-configs  rewrite yaml_configs/<paper>/ from tools/paper_configs.py
@@ -49,7 +51,7 @@
 # Variables: PYTHON (interpreter used to create the venv), VENV, TORCH (pip
 # requirement for torch; pick your CUDA build here, e.g.
 # TORCH="torch==2.13.0 --index-url <your torch index>"), SYSTEM_TORCH, WHEELS, OPTIONAL, FORCE, GPUS, GPU_CHECK_ARGS, AVERAGE, DRY_RUN, RESULTS_DIR,
-# BINARIZED, DATA_WORKERS, NIST_DIR, NIUTRANS_DIR, WMT17_EXTRA_DIR, WMT17_SMALL_DATA, BENCH_ARGS, COMPARE_ARGS.
+# NODES, NODE_RANK, MASTER_IP, MASTER_PORT, BINARIZED, DATA_WORKERS, NIST_DIR, NIUTRANS_DIR, WMT17_EXTRA_DIR, WMT17_SMALL_DATA, BENCH_ARGS, COMPARE_ARGS.
 
 SHELL := /bin/bash
 comma := ,
@@ -547,6 +549,8 @@ probe-li2019: | $(SETUP_STAMP)
 # The toy sample table runs on the CPU unless GPUS is given.
 table_gpus = $(if $(and $(filter sample-%,$(1)),$(filter file default,$(origin GPUS))),cpu,$(GPUS))
 table_args = --gpus $(call table_gpus,$(1)) --average $(AVERAGE) $(if $(PASSES),--passes $(PASSES)) \
+  $(if $(NODES),--nodes $(NODES)) $(if $(NODE_RANK),--node-rank $(NODE_RANK)) \
+  $(if $(MASTER_IP),--master-ip $(MASTER_IP)) $(if $(MASTER_PORT),--master-port $(MASTER_PORT)) \
   $(if $(filter 0,$(BINARIZED)),--from-text)
 preflight = $(PY) -m tools.reproduce $(1) --preflight $(call table_args,$(1)) $(if $(DRY_RUN),--dry-run) \
   $(if $(filter 1,$(WMT17_SMALL_DATA)),--small-data)

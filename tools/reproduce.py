@@ -5,6 +5,7 @@
 make runs), then the scoring and report.  Usage::
 
     python -m tools.reproduce TABLE (--preflight | --rules FILE | --dry-run) [--gpus 0,1,2,3] [--average 5]
+        [--nodes 2 --node-rank R --master-ip IP [--master-port PORT]]   # one of two machines
     python -m tools.reproduce TABLE [--gpus ...] [--average 5] [--results-dir DIR]   # score and report
     python -m tools.reproduce TABLE --report-only [--results-json FILE] [--results-dir DIR]
     python -m tools.reproduce --list
@@ -37,6 +38,10 @@ LANGS = {name: (task.src, task.tgt) for name, task in DATA_TASKS.items()}
 #: Length buckets (source words) of the by-length report of the clause tables (the paper's Tables 6-9 compare
 #: short, relatively short, relatively long and long sentences without giving bounds; these are ours).
 CLAUSE_BUCKETS = (10, 20, 30, 40)
+#: OpenNMT-py's ``-timeout`` (seconds) on several nodes: how long one node's ranks wait for the other's, at the
+#: start of each row's training and in each collective.  OpenNMT-py's 60 s would end a row whose ranks start
+#: minutes apart (a node still binarising or averaging); a dead node is noticed this much later.
+NODE_TIMEOUT = 1800
 #: Checkpoints averaged unless ``--average`` says otherwise.
 AVERAGE = 5
 #: OpenNMT-py's defaults (onmt/opts.py) of the checkpoint options, for a config that leaves them out.
@@ -255,11 +260,45 @@ def averaged_steps(values, average, config):
 
 @dataclass(frozen=True)
 class Step:
-    """One command of a row: a rule of :func:`make_rules`, ``output`` its target, ``inputs`` its prerequisites."""
+    """One command of a row: a rule of :func:`make_rules`, ``output`` its target, ``inputs`` its prerequisites;
+    with ``stamp`` the command writes no ``output``, which make touches once the command succeeded."""
 
     command: tuple
     output: Path
     inputs: tuple = ()
+    stamp: bool = False
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """The machines one table trains on together: ``count`` nodes, each with the same GPUs, this one ``rank``;
+    rank 0 is reached at ``ip``:``port``, writes the checkpoints, translates, scores and reports.  On node ``r``
+    of ``n`` GPUs, the training ranks are ``r * n ... r * n + n - 1`` of a world of ``count * n``."""
+
+    count: int = 1
+    rank: int = 0
+    ip: str = None
+    port: int = 10000
+
+    @property
+    def first(self):
+        """Whether this node holds global rank 0."""
+        return self.rank == 0
+
+    def ranks(self, gpus):
+        """The global ranks of this node's GPUs ``gpus``."""
+        return range(self.rank * len(gpus), (self.rank + 1) * len(gpus))
+
+    def options(self):
+        """``onmt_train``'s options that meet the other nodes (none on one node)."""
+        return [] if self.count == 1 else ["-master_ip", self.ip, "-master_port", self.port, "-timeout", NODE_TIMEOUT]
+
+    def suffix(self):
+        """The part of a file name that keeps this node's logs and stamps apart from another node's."""
+        return "" if self.count == 1 else f".node{self.rank}"
+
+
+ONE_NODE = Nodes()
 
 
 @dataclass(frozen=True)
@@ -315,15 +354,17 @@ def _training_inputs(values):
     return tuple(dict.fromkeys(Path(path) for path in paths))
 
 
-def update_passes(values, gpus, passes, config):
+def update_passes(values, gpus, passes, config, nodes=1):
     """``(batch_size, accum_count)`` per GPU that keeps the config's one-GPU update (``batch_size`` x
-    ``accum_count``) over the GPUs ``gpus`` in ``passes`` passes each (None: the config's batch).
+    ``accum_count``) over the GPUs ``gpus`` of each of ``nodes`` machines in ``passes`` passes each (None: the
+    config's batch).
 
     Where the GPUs divide ``accum_count`` each GPU takes its part of the passes.  Where they do not (more GPUs
     than passes: 4 GPUs for an update of one batch), each GPU does one pass of ``1/len(gpus)`` of the update,
     which must then divide into whole batches.
     """
-    accum_total, batch, n_gpus = values.get("accum_count", [1])[0], int(values["batch_size"]), max(1, len(gpus))
+    accum_total, batch = values.get("accum_count", [1])[0], int(values["batch_size"])
+    n_gpus = max(1, len(gpus)) * nodes
     if accum_total % n_gpus == 0:
         per_gpu = accum_total // n_gpus
         passes = per_gpu if passes is None else passes
@@ -334,7 +375,8 @@ def update_passes(values, gpus, passes, config):
     update, unit = batch * accum_total, values.get("batch_type", "sents")
     passes = 1 if passes is None else passes
     if passes < 1 or update % (n_gpus * passes):
-        raise SystemExit(f"reproduce.py: --gpus {','.join(map(str, gpus))} ({n_gpus} GPUs) does not divide "
+        where = f" on each of {nodes} nodes" if nodes > 1 else ""
+        raise SystemExit(f"reproduce.py: --gpus {','.join(map(str, gpus))}{where} ({n_gpus} GPUs) does not divide "
                          f"accum_count {accum_total} of {config}, and its update of {update} {unit} does not "
                          f"divide into {n_gpus} x {passes} equal batches, so the paper's batch cannot be kept")
     return update // (n_gpus * passes), passes
@@ -354,10 +396,14 @@ def binarized_options(config, overrides=()):
     return ["-ext_binarized_cache", BINARIZED]
 
 
-def plan(row, gpus=(0,), average=AVERAGE, passes=None, binarize=True):
+def plan(row, gpus=(0,), average=AVERAGE, passes=None, binarize=True, nodes=ONE_NODE):
     """The :class:`RowPlan` of one row trained on the CUDA devices ``gpus`` with ``average`` checkpoints averaged
     (``passes``: batches per update and GPU, see :func:`update_passes`), from binarised corpora where they can be
-    (:func:`binarized_options`) unless not ``binarize``."""
+    (:func:`binarized_options`) unless not ``binarize``.
+
+    On several :class:`Nodes` every node binarises its corpora first (a node still binarising when the other
+    starts would keep it waiting), and only the first averages and translates: the others train, with their
+    own log, and leave a stamp instead of checkpoints (OpenNMT-py saves on global rank 0 only)."""
     from onmt_ext.mechanisms.clause.split import translate_options
 
     values = common.config_values(row.config)  # with the row's overrides (``("-option", value, ...)``)
@@ -367,22 +413,31 @@ def plan(row, gpus=(0,), average=AVERAGE, passes=None, binarize=True):
         suffix = "_".join(str(part).lstrip("-") for part in row.overrides)
         save_model = save_model.parent.with_name(f"{save_model.parent.name}_{suffix}") / save_model.name
         sweep = ["-save_model", save_model, *row.overrides]
-    run_dir = save_model.parent
+    run_dir, node = save_model.parent, nodes.suffix()
     task = _task_of(row.config)
-    batch_size, accum_count = update_passes(values, gpus, passes, row.config)
+    batch_size, accum_count = update_passes(values, gpus, passes, row.config, nodes.count)
     checkpoints = tuple(Path(f"{save_model}_step_{step}.pt") for step in averaged_steps(values, average, row.config))
     steps = _clause_preparation(values, task)
-    devices = ["-world_size", len(gpus), "-gpu_ranks", *range(len(gpus))] if gpus else []
+    cache = binarized_options(row.config, row.overrides) if binarize else []
+    inputs = _training_inputs(values)
+    if cache and nodes.count > 1:
+        stamp = run_dir / f"binarized{node}.done"
+        steps.append(Step(("onmt_ext_binarize", "-config", f"yaml_configs/{row.config}", *row.overrides, *cache,
+                           "-log_file", run_dir / f"binarize{node}.log"), stamp, inputs, stamp=True))
+        inputs += (stamp,)
+    devices = ["-world_size", len(gpus) * nodes.count, "-gpu_ranks", *nodes.ranks(gpus), *nodes.options()] \
+        if gpus else []
     train = ["onmt_train", "-config", f"yaml_configs/{row.config}", *devices, "-accum_count", accum_count,
              *(["-batch_size", batch_size] if batch_size != int(values["batch_size"]) else []),
-             "-log_file", run_dir / "train.log", "-overwrite_checkpoints", *sweep,
-             *(binarized_options(row.config, row.overrides) if binarize else [])]
-    steps.append(Step(tuple(train), checkpoints[-1], _training_inputs(values)))
-    model = checkpoints[-1]
-    if average > 1:
-        model = run_dir / f"average_last{average}.pt"
+             "-log_file", run_dir / f"train{node}.log", "-overwrite_checkpoints", *sweep, *cache]
+    if not nodes.first:  # trains only: no checkpoint here, a stamp once its training ended
+        steps.append(Step(tuple(train), run_dir / f"train{node}.done", inputs, stamp=True))
+    else:
+        steps.append(Step(tuple(train), checkpoints[-1], inputs))
+    model = run_dir / f"average_last{average}.pt" if average > 1 else checkpoints[-1]
+    if average > 1 and nodes.first:
         steps.append(Step(("onmt_average_models", "-models", *checkpoints, "-output", model), model, checkpoints))
-    for _, prefix in test_sets(task):
+    for _, prefix in test_sets(task) if nodes.first else ():
         hypotheses = hypotheses_file(run_dir, prefix, model)
         test_source = DATA / task / f"{prefix}.bpe.{LANGS[task][0]}"
         log = run_dir / f"translate.{'' if prefix == 'test' else prefix + '.'}{model.stem}.log"
@@ -391,7 +446,8 @@ def plan(row, gpus=(0,), average=AVERAGE, passes=None, binarize=True):
                      "-batch_type", "tokens", *(["-gpu", 0] if gpus else []), "-log_file", log,
                      *translate_options(values)]  # the test source split as in training (clause attention)
         steps.append(Step(tuple(translate), hypotheses, (model, test_source)))
-    steps = tuple(Step(tuple(str(part) for part in step.command), step.output, step.inputs) for step in steps)
+    steps = tuple(Step(tuple(str(part) for part in step.command), step.output, step.inputs, step.stamp)
+                  for step in steps)
     return RowPlan(row, task, run_dir, int(values["train_steps"]), checkpoints, model,
                    hypotheses_file(run_dir, "test", model), steps)
 
@@ -530,16 +586,38 @@ def _scoring_inputs(task, by_length):
     return paths + ([DATA / task / f"test.bpe.{LANGS[task][0]}"] if by_length else [])
 
 
-def make_rules(table, plans, gpus):
+def _trainings(plans):
+    """The output (checkpoint or stamp) of every row's training, in the rows' order."""
+    return [step.output for p in plans for step in p.steps if step.command[0] == "onmt_train"]
+
+
+def _in_order(plans, nodes):
+    """The steps of ``plans`` in the order :func:`make_rules`' rules run them: on several nodes, every row up to
+    its training first."""
+    if nodes.count == 1:
+        return [step for p in plans for step in p.steps]
+    ends = [1 + next(i for i, step in enumerate(p.steps) if step.command[0] == "onmt_train") for p in plans]
+    return [step for p, end in zip(plans, ends) for step in p.steps[:end]] + \
+        [step for p, end in zip(plans, ends) for step in p.steps[end:]]
+
+
+def make_rules(table, plans, gpus, nodes=ONE_NODE):
     """The Makefile that runs the steps of ``plans`` on ``gpus`` (``make -f FILE BIN=<venv>/bin``): each step's
     output is a target with the files it reads as prerequisites, order-only for a training, so that a newer corpus
-    never overwrites finished checkpoints.  A missing data file or a failed command stops make with one line."""
+    never overwrites finished checkpoints.  A missing data file or a failed command stops make with one line.
+
+    On several ``nodes`` every row is trained before any is averaged or translated, on each node in the same
+    order, so that the nodes' ranks meet at each row's start; a node but the first only trains."""
     task = plans[0].task
-    targets = [p.hypotheses_of(i) for p in plans for i in range(len(test_sets(task)))]
+    targets = [p.hypotheses_of(i) for p in plans for i in range(len(test_sets(task)))] if nodes.first else []
+    first = _trainings(plans) if nodes.count > 1 else []
+    sources = [DATA / task / f"{prefix}.bpe.{LANGS[task][0]}" for _, prefix in test_sets(task)]
+    scoring = list(dict.fromkeys(_scoring_inputs(task, table.startswith("clause-")) + sources)) \
+        if nodes.first else []  # the data read after the trainings, checked before they start
     lines = [f"# {table}: written by python -m tools.reproduce --rules for make reproduce-{table}", ".DELETE_ON_ERROR:",
              ".NOTPARALLEL:",  # one step at a time: the rows share the devices
              f"export CUDA_VISIBLE_DEVICES := {','.join(map(str, gpus))}",
-             "all: " + " ".join(map(str, _scoring_inputs(task, table.startswith("clause-")) + targets))]
+             "all: " + " ".join(map(str, scoring + first + targets))]
     steps = {step.output: step for p in plans for step in p.steps}  # rows may share a step (a tagger)
     for output, step in steps.items():
         command = shlex.join(step.command).replace("$", "$$")
@@ -548,7 +626,8 @@ def make_rules(table, plans, gpus):
         lines += ["", f"{output}: {needs}", f"\t@mkdir -p {output.parent}",
                   f"\t$(BIN)/{command} || {{ echo 'reproduce.py: {step.command[0]} failed; "
                   + (f"its log: {log}" if log else "its messages are above") + "' >&2; exit 1; }"]
-    for p in plans:  # the checkpoints averaged besides the last one (the target of the training)
+        lines += [f"\t@touch {output}"] if step.stamp else []
+    for p in plans if nodes.first else ():  # the checkpoints averaged besides the last (the training's target)
         if len(p.checkpoints) > 1:
             lines += ["", f"{' '.join(map(str, p.checkpoints[:-1]))}: | {p.checkpoints[-1]}",
                       f"\t@test -f $@ || {{ echo 'reproduce.py: $@ is missing; delete {p.checkpoints[-1]} to train "
@@ -850,17 +929,36 @@ def _update_note(p):
 
     world, accum = int(option("-world_size", 1)), int(option("-accum_count", values.get("accum_count", [1])[0]))
     batch = int(option("-batch_size", values["batch_size"]))
-    ranks = " ".join(train[train.index("-gpu_ranks") + 1:train.index("-gpu_ranks") + 1 + world]) \
-        if "-gpu_ranks" in train else "none (CPU)"
+    after = train[train.index("-gpu_ranks") + 1:] if "-gpu_ranks" in train else []
+    ranks = " ".join(after[:next((i for i, part in enumerate(after) if part.startswith("-")), len(after))]) \
+        if after else "none (CPU)"
     unit = values.get("batch_type", "sents")
     return (f"# update: {p.row.label}: world_size {world}, gpu_ranks {ranks}, accum_count {accum}, batch_size "
             f"{batch} {unit}: {accum} x {world} x {batch} = {accum * world * batch} {unit} per update")
 
 
-def _dry_run_notes(table, plans, task, out_dir):
-    """The ``# update:``, ``# score:`` and ``# report:`` lines of a dry run."""
+def _node_note(table, nodes, gpus):
+    """The ``# nodes:`` line of a dry run on several nodes: what this node does and what the others must."""
+    ranks = nodes.ranks(gpus)
+    common_part = (f"# nodes: node {nodes.rank} of {nodes.count}, global ranks {ranks[0]}-{ranks[-1]} of "
+                   f"{nodes.count * len(gpus)}, meeting at {nodes.ip}:{nodes.port}; ")
+    if not nodes.first:
+        return common_part + ("this node only trains (no checkpoints here); node 0 averages, translates, scores "
+                              "and reports")
+    others = "NODE_RANK=1 on the other node" if nodes.count == 2 else \
+        f"NODE_RANK=1 ... {nodes.count - 1} on the other nodes"
+    return common_part + (f"start `make reproduce-{table}` with the same GPUS, NODES={nodes.count}, MASTER_IP and "
+                          f"MASTER_PORT and {others}, its data prepared (`make data-{table_task(table)}`), within "
+                          f"{NODE_TIMEOUT // 60} minutes")
+
+
+def _dry_run_notes(table, plans, task, out_dir, nodes=ONE_NODE):
+    """The ``# update:``, ``# score:`` and ``# report:`` lines of a dry run (on a node but the first: the
+    ``# update:`` lines only)."""
     src, tgt = LANGS[task]
     lines, configs = [_update_note(p) for p in plans], [p.row.config for p in plans]
+    if not nodes.first:
+        return lines
     for number, (_, prefix) in enumerate(test_sets(task)):
         refs, tok_refs = (", ".join(map(str, files)) for files in _reference_files(task, prefix))
         for index, p in enumerate(plans):
@@ -878,6 +976,26 @@ def _dry_run_notes(table, plans, task, out_dir):
     return lines
 
 
+def _nodes(parser, args, gpus):
+    """The :class:`Nodes` of the options, or a one-line parser error naming the option that does not fit."""
+    if args.nodes == 1:
+        given = [name for name, value in (("--node-rank", args.node_rank or None), ("--master-ip", args.master_ip),
+                                          ("--master-port", args.master_port)) if value is not None]
+        if given:
+            parser.error(f"{', '.join(given)} go{'es' if len(given) == 1 else ''} with --nodes above 1 "
+                         "(make's NODES=2 ...)")
+        return ONE_NODE
+    if args.report_only:
+        parser.error("--nodes goes with training, not --report-only (node 0 writes the report)")
+    if not gpus:
+        parser.error("--nodes needs CUDA devices (--gpus 0,1,...), not --gpus cpu")
+    if args.node_rank >= args.nodes:
+        parser.error(f"--node-rank {args.node_rank}: must be below --nodes {args.nodes} (0 to {args.nodes - 1})")
+    if not args.master_ip:
+        parser.error(f"--nodes {args.nodes} needs --master-ip, the address of node 0 (make's MASTER_IP)")
+    return Nodes(args.nodes, args.node_rank, args.master_ip, args.master_port or Nodes.port)
+
+
 def main(argv=None):
     parser = common.Parser(description=__doc__.split("\n")[0])
     parser.add_argument("table", nargs="?", choices=sorted(TABLES))
@@ -888,6 +1006,16 @@ def main(argv=None):
                         help="batches per update on each GPU (default: the config's accum_count over the GPUs, or 1 "
                              "where the GPUs outnumber it); fewer, larger batches with the same tokens per update, "
                              "as GPU memory allows")
+    parser.add_argument("--nodes", type=common.at_least(1), default=1,
+                        help="machines that train the table together, each with the GPUs --gpus (make's NODES; "
+                             "default 1); every node runs the same command with its own --node-rank")
+    parser.add_argument("--node-rank", type=common.at_least(0), default=0,
+                        help="this machine's place among --nodes, 0 to nodes-1 (make's NODE_RANK; default 0); node "
+                             "0 writes the checkpoints, translates, scores and reports, the others only train")
+    parser.add_argument("--master-ip", metavar="IP",
+                        help="with --nodes above 1: the address of node 0 that the others reach (make's MASTER_IP)")
+    parser.add_argument("--master-port", type=common.at_least(1), default=None, metavar="PORT",
+                        help="with --nodes above 1: a free port on node 0 (make's MASTER_PORT; default 10000)")
     parser.add_argument("--average", type=common.at_least(1), default=AVERAGE,
                         help=f"average the last N checkpoints and translate with the average (default {AVERAGE}; "
                              "1: translate the last checkpoint)")
@@ -926,6 +1054,7 @@ def main(argv=None):
         parser.error(f"--gpus: {exc}")
     if args.results_json is not None and not args.report_only:
         parser.error("--results-json goes with --report-only")
+    nodes = _nodes(parser, args, gpus)
     root, rules, results_json = (None if path is None else path.resolve()
                                  for path in (args.results_dir, args.rules, args.results_json))
     os.chdir(REPO)  # once the paths given, relative to the caller's directory, are resolved
@@ -934,7 +1063,7 @@ def main(argv=None):
     out_dir = results_dir(table, root)
     if args.preflight:  # the options against every row's config, then the devices and the corpus
         for row in rows:
-            plan(row, gpus, args.average, args.passes, not args.from_text)
+            plan(row, gpus, args.average, args.passes, not args.from_text, nodes)
         preflight(table, gpus, args.small_data, args.dry_run)
         return 0
     if args.report_only:
@@ -942,15 +1071,20 @@ def main(argv=None):
         rows_done, commands, data = load_results(source, table)
         data = data or {"ours": f"not recorded in {_show(source)}", "paper": paper_data(table, task)}
     else:
-        plans = [plan(row, gpus, args.average, args.passes, not args.from_text) for row in rows]
+        plans = [plan(row, gpus, args.average, args.passes, not args.from_text, nodes) for row in rows]
         if rules:
             rules.parent.mkdir(parents=True, exist_ok=True)
-            rules.write_text(make_rules(table, plans, gpus), encoding="utf-8")
+            rules.write_text(make_rules(table, plans, gpus, nodes), encoding="utf-8")
             return 0
         visible = ",".join(map(str, gpus))  # the shell lines that run the steps on the devices
-        commands = [f"CUDA_VISIBLE_DEVICES={visible} {shlex.join(command)}" for p in plans for command in p.commands]
+        commands = [f"CUDA_VISIBLE_DEVICES={visible} {shlex.join(step.command)}" for step in _in_order(plans, nodes)]
         if args.dry_run:
-            print("\n".join(commands + _dry_run_notes(table, plans, task, out_dir)))
+            notes = [_node_note(table, nodes, gpus)] if nodes.count > 1 else []
+            print("\n".join(commands + notes + _dry_run_notes(table, plans, task, out_dir, nodes)))
+            return 0
+        if not nodes.first:
+            print(f"reproduce.py: node {nodes.rank} of {nodes.count} has trained the rows of {table}; node 0 "
+                  f"({nodes.ip}) averages, translates, scores and writes the report")
             return 0
         clause = table.startswith("clause-")  # the paper's claim is about long sentences (Tables 6-9)
         from onmt_ext.integration.evaluation import EvaluationError

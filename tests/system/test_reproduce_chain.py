@@ -12,6 +12,7 @@ repository's.
 
 import json
 import shutil
+import socket
 import subprocess
 from pathlib import Path
 
@@ -133,3 +134,45 @@ def test_make_reproduce_sample_runs_every_step_and_reports(checkout, tmp_path, o
     steps = [line.split()[3] for line in redone.stdout.splitlines() if "-m tools.prepare_data " in line]
     assert steps == ["clean", "bpe"] and "onmt_build_vocab" in redone.stdout, redone.stdout
     assert "step clean is redone with the steps after it: its ratio changed" in redone.stderr
+
+
+def _free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_two_nodes_train_the_sample_table_together_through_their_rules(checkout, tmp_path, onmt_active):
+    """``make reproduce-sample-li2019 NODES=2 ...`` as two machines would run it: two checkouts, each with its
+    data, whose rules (``--rules``, as make writes them) run at once.  On this machine without CUDA each node's
+    one rank is a CPU process over gloo (docs/scale-out.md).  Node 1 trains every row with node 0 and keeps no
+    checkpoint; node 0 writes them, its log saying at each that both ranks hold the same parameters."""
+    assert _make(checkout, "data-sample_ende").returncode == 0
+    node1 = tmp_path / "node1"
+    shutil.copytree(checkout, node1, symlinks=True)
+    port, venv = _free_port(), support.REPO / ".venv" / "bin"
+    runs = []
+    for rank, root in ((0, checkout), (1, node1)):
+        rules = root / "build" / "two-nodes.mk"
+        written = subprocess.run([str(venv / "python"), "-m", "tools.reproduce", "sample-li2019", "--gpus", "0",
+                                  "--nodes", "2", "--node-rank", str(rank), "--master-ip", "127.0.0.1",
+                                  "--master-port", str(port), "--rules", str(rules)],
+                                 cwd=root, capture_output=True, text=True, timeout=120, env=support.cli_env())
+        assert written.returncode == 0, written.stderr
+        plans = [reproduce.plan(row, (0,), nodes=reproduce.Nodes(2, rank, "127.0.0.1", port))
+                 for row in reproduce.TABLES["sample-li2019"]]
+        goals = [] if rank else [str(p.checkpoints[-1]) for p in plans]  # node 0 translates on a GPU: not here
+        runs.append(subprocess.Popen(["make", "--no-print-directory", "-f", str(rules), f"BIN={venv}", *goals],
+                                     cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env=support.cli_env()))
+    outputs = [run.communicate(timeout=TIMEOUT)[0] for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], "\n".join(output[-3000:] for output in outputs)
+    for p in plans:  # the paths are the same in both checkouts
+        assert all((checkout / path).exists() for path in p.checkpoints)
+        assert not any((node1 / path).exists() for path in p.checkpoints)
+        assert (node1 / p.run_dir / "train.node1.done").exists()
+        assert (node1 / p.run_dir / "train.node1.log").exists()
+        log = (checkout / p.run_dir / "train.node0.log").read_text(encoding="utf-8")
+        assert f"step {p.train_steps}: the 2 ranks hold identical parameters" in log, log[-2000:]
+    averaged = _make(checkout, "-f", "build/two-nodes.mk", f"BIN={venv}", *(str(p.model) for p in plans))
+    assert averaged.returncode == 0, averaged.stderr[-3000:]

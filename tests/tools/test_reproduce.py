@@ -162,7 +162,8 @@ def test_missing_data_stops_before_anything_runs_naming_the_file_and_the_make_ta
     monkeypatch.chdir(tmp_path)
     plan = reproduce.plan(reproduce.TABLES["li2019-table3"][0], (0,), average=2)
     programs = _fake_programs(tmp_path, plan)
-    for path in plan.steps[0].inputs + (Path("build/data/wmt14_ende/test.bpe.en"), Path("build/data/wmt14_ende/test.de")):
+    data = Path("build/data/wmt14_ende")
+    for path in plan.steps[0].inputs + (data / "test.bpe.en", data / "test.de"):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("x\n")
     result = _run_rules(tmp_path, [plan], (0,), programs)  # test.tok.de, a reference of the scoring, is missing
@@ -177,7 +178,7 @@ def test_a_failing_command_ends_the_run_in_one_line_naming_its_log(tmp_path, mon
     plan = reproduce.plan(reproduce.TABLES["li2019-table3"][0], (0,), average=2)
     programs = _fake_programs(tmp_path, plan)
     (programs / "onmt_train").write_text("#!/bin/sh\nexit 3\n")
-    for path in plan.steps[0].inputs + tuple(reproduce._scoring_inputs("wmt14_ende", False)):
+    for path in plan.steps[0].inputs + tuple(reproduce._scoring_inputs("wmt14_ende", True)):  # with the source
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("x\n")
     result = _run_rules(tmp_path, [plan], (0,), programs)
@@ -541,7 +542,8 @@ def test_clause_table_scored_and_reported_from_hypotheses_on_disk(tmp_path, monk
         assert float(cell["chrF"]) == pytest.approx(score["chrf"], abs=0.005)
         assert cell["p"] == ("" if score["p_value"] is None else f"{score['p_value']:.3f} {score['marker']}".strip())
     assert f"CA with rule vs Transformer (plot: [{table}.ca_rule.by_length.png]" in markdown
-    assert json.loads(written["json"].read_text(encoding="utf-8"))["commands"] == ["CUDA_VISIBLE_DEVICES=0 onmt_train x"]
+    commands = json.loads(written["json"].read_text(encoding="utf-8"))["commands"]
+    assert commands == ["CUDA_VISIBLE_DEVICES=0 onmt_train x"]
 
 
 def test_nist_table_is_scored_on_all_three_test_sets_with_big_rows_against_the_big_baseline(tmp_path, monkeypatch):
@@ -633,6 +635,118 @@ def test_passes_keep_the_tokens_of_an_update():
         reproduce.plan(row, (0,), passes=3)
     with pytest.raises(SystemExit, match=r"update of 32768 tokens does not divide into 3 x 1 equal batches"):
         reproduce.plan(row, (0, 1, 2))
+
+
+# ---------------------------------------------------------------- two nodes
+
+NODE = ["--nodes", "2", "--master-ip", "10.0.0.1", "--master-port", "29400"]
+
+
+def _node_dry_run(table, rank, capsys):
+    assert reproduce.main([table, "--dry-run", "--gpus", "0,1,2,3", *NODE, "--node-rank", str(rank)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    return [shlex.split(line)[1:] for line in out if not line.startswith("#")], out
+
+
+@pytest.mark.parametrize("table", sorted(reproduce.TABLES))
+def test_every_table_plans_the_papers_update_on_two_nodes_of_4_gpus(table, capsys):
+    """docs/scale-out.md: two nodes of 4 GPUs hold the 8 ranks once between them, meet at node 0 and keep the
+    one-GPU update; only node 0 averages and translates, and each node logs to a file of its own."""
+    one = _updates(table, "0", capsys)
+    ranks, trained = [], []
+    for rank in (0, 1):
+        commands, out = _node_dry_run(table, rank, capsys)
+        updates = [UPDATE.match(line).groups() for line in out if line.startswith("# update: ")]
+        assert [update[0] for update in updates] == [update[0] for update in one]
+        assert all(update[1] == "8" and update[-1] == single[-1] for update, single in zip(updates, one)), table
+        assert {tuple(update[2].split()) for update in updates} == {tuple(map(str, range(4 * rank, 4 * rank + 4)))}
+        ranks.append(updates[0][2].split())
+        trains = [command for command in commands if command[0] == "onmt_train"]
+        trained.append([_option(command, "-config") for command in trains])
+        for command in trains:
+            assert _option(command, "-master_ip", 6) == ["10.0.0.1", "-master_port", "29400", "-timeout",
+                                                         str(reproduce.NODE_TIMEOUT), "-accum_count"]
+            assert _option(command, "-log_file")[0].endswith(f"/train.node{rank}.log")
+            if "-ext_binarized_cache" in command:  # binarised before the training, by a command of its own
+                binarize = commands[commands.index(command) - 1]
+                assert binarize[:3] == ["onmt_ext_binarize", "-config", _option(command, "-config")[0]]
+        tools = [command[0] for command in commands]
+        after = tools[max(i for i, tool in enumerate(tools) if tool == "onmt_train"):]
+        assert "onmt_translate" not in tools[:len(tools) - len(after)]  # every training before a translation
+        assert ("onmt_translate" in tools) == (rank == 0) and ("onmt_average_models" in tools) == (rank == 0)
+        assert any(line.startswith("# nodes: node ") for line in out)
+        assert any(line.startswith("# report: ") for line in out) == (rank == 0)
+    assert sorted(ranks[0] + ranks[1], key=int) == [str(rank) for rank in range(8)]
+    assert trained[0] == trained[1]  # the same rows in the same order: the nodes meet at each
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--nodes", "2", "--master-ip", "h", "--node-rank", "2"], "--node-rank 2: must be below --nodes 2"),
+    (["--nodes", "2"], "--nodes 2 needs --master-ip"),
+    (["--master-ip", "h"], "--master-ip goes with --nodes above 1"),
+    (["--node-rank", "1", "--master-port", "1"], "--node-rank, --master-port go with --nodes above 1"),
+    (["--nodes", "2", "--master-ip", "h", "--gpus", "cpu"], "--nodes needs CUDA devices"),
+    (["--nodes", "0"], "--nodes"),
+])
+def test_node_options_that_do_not_fit_are_one_line_each(args, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        reproduce.main(["li2019-table3", "--dry-run", *args])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def _node_programs(tmp_path, plans):
+    """Stand-ins that log their call: ``onmt_train`` writes the checkpoints only where it holds rank 0, as
+    OpenNMT-py does; ``onmt_ext_binarize`` writes nothing."""
+    programs = _fake_programs(tmp_path, plans[0])
+    cases = "".join(f"  *' yaml_configs/{p.row.config} '*) touch {' '.join(map(str, p.checkpoints))};;\n"
+                    for p in plans)
+    (programs / "onmt_train").write_text('#!/bin/sh\necho "onmt_train $2" >> calls\ncase " $* " in\n'
+                                         '  *" -gpu_ranks 0 "*) ;;\n  *) exit 0;;\nesac\n'
+                                         f'case " $* " in\n{cases}esac\n')
+    (programs / "onmt_ext_binarize").write_text('#!/bin/sh\necho "onmt_ext_binarize $2" >> calls\n')
+    (programs / "onmt_ext_binarize").chmod(0o755)
+    return programs
+
+
+def test_each_node_trains_every_row_first_and_only_node_0_translates(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rows, gpus = reproduce.TABLES["li2019-table3"][:2], (0, 1)
+    for path in reproduce._scoring_inputs("wmt14_ende", False):  # the references, not yet the test source
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("x\n")
+    for rank in (1, 0):
+        nodes = reproduce.Nodes(2, rank, "10.0.0.1")
+        plans = [reproduce.plan(row, gpus, average=2, nodes=nodes) for row in rows]
+        for path in {path for p in plans for path in p.steps[0].inputs}:  # binarising reads what training does
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("x\n")
+        (tmp_path / f"node{rank}").mkdir()
+        programs = _node_programs(tmp_path / f"node{rank}", plans)
+        rules = tmp_path / f"node{rank}.mk"
+        rules.write_text(reproduce.make_rules("li2019-table3", plans, gpus, nodes), encoding="utf-8")
+
+        def run():
+            return subprocess.run(["make", "--no-print-directory", "-f", str(rules), f"BIN={programs}"],
+                                  cwd=tmp_path, capture_output=True, text=True, timeout=60)
+
+        result = run()
+        if rank == 0:  # the test source, translated after every training, is checked before any starts
+            assert result.returncode != 0 and _calls(tmp_path) == []
+            assert "reproduce.py: build/data/wmt14_ende/test.bpe.en is missing" in result.stderr
+            Path("build/data/wmt14_ende/test.bpe.en").write_text("x\n")
+            result = run()
+        assert result.returncode == 0, result.stderr
+        trainings = [f"{tool} yaml_configs/{row.config}" for row in rows
+                     for tool in ("onmt_ext_binarize", "onmt_train")]
+        if rank:
+            assert _calls(tmp_path) == trainings
+            assert not any(path.exists() for p in plans for path in p.checkpoints)  # no checkpoint on node 1
+            assert all((p.run_dir / "train.node1.done").exists() for p in plans)
+        else:
+            assert _calls(tmp_path) == trainings + ["onmt_average_models 0,1", "onmt_translate 0,1"] * 2
+        assert run().returncode == 0 and _calls(tmp_path) == []  # up to date
 
 
 # ---------------------------------------------------------------- the paper's own metric in "ours - paper"
