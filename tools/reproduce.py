@@ -423,8 +423,12 @@ def plan(row, gpus=(0,), average=AVERAGE, passes=None, binarize=True, nodes=ONE_
     if cache and nodes.count > 1:
         stamp = run_dir / f"binarized{node}.done"
         steps.append(Step(("onmt_ext_binarize", "-config", f"yaml_configs/{row.config}", *row.overrides, *cache,
-                           "-log_file", run_dir / f"binarize{node}.log"), stamp, inputs, stamp=True))
+                           "-log_file", run_dir / f"binarize{node}.log"), stamp,
+                          tuple(path for path in inputs if str(path) != values.get("train_from")), stamp=True))
         inputs += (stamp,)
+    if nodes.count > 1:
+        steps, given = _shared_from_node_0(steps, values, nodes)
+        inputs += given
     devices = ["-world_size", len(gpus) * nodes.count, "-gpu_ranks", *nodes.ranks(gpus), *nodes.options()] \
         if gpus else []
     train = ["onmt_train", "-config", f"yaml_configs/{row.config}", *devices, "-accum_count", accum_count,
@@ -450,6 +454,39 @@ def plan(row, gpus=(0,), average=AVERAGE, passes=None, binarize=True, nodes=ONE_
                   for step in steps)
     return RowPlan(row, task, run_dir, int(values["train_steps"]), checkpoints, model,
                    hypotheses_file(run_dir, "test", model), steps)
+
+
+def _share_step(path, nodes):
+    """The step that gives ``path`` from node 0 to the others (:mod:`tools.node_share`): on node 0 its output is
+    a stamp beside the file, elsewhere the file itself."""
+    command = ("python", "-m", "tools.node_share", "--nodes", nodes.count, "--node-rank", nodes.rank, "--master-ip",
+               nodes.ip, "--master-port", nodes.port, "--timeout", NODE_TIMEOUT, path)
+    if nodes.first:
+        return Step(command, path.with_name(f"{path.name}.shared{nodes.suffix()}.done"), (path,), stamp=True)
+    return Step(command, path)
+
+
+def _shared_from_node_0(steps, values, nodes):
+    """A row's ``steps`` on one of several nodes, with the files that only node 0 makes given to the others:
+    the checkpoint a row fine-tunes from (``train_from``: OpenNMT-py saves on global rank 0 alone) and the clause
+    tagger (trained once, on node 0, so that every node splits its corpora alike).  Returns the steps and what
+    node 0's training must wait for: its giving of them, before it trains (the others wait to receive)."""
+    tagger, train_from = (Path(values[key]) if values.get(key) else None
+                          for key in ("clause_tagger_model", "train_from"))
+    given = []
+    for path in (tagger, train_from):
+        if path is None:
+            continue
+        share = _share_step(path, nodes)
+        made = next((i for i, step in enumerate(steps) if step.output == path), None)
+        if not nodes.first:  # received instead of made here (the tagger), or made nowhere else (a checkpoint)
+            steps = [step for step in steps if step.output != path]
+        elif made is not None:  # given before splitting with it, so that the other nodes split meanwhile
+            steps = [Step(step.command, step.output, step.inputs + (share.output,)) if path in step.inputs else step
+                     for step in steps]
+        steps.insert(len(steps) if made is None else made + nodes.first, share)
+        given += [share.output] if nodes.first else []
+    return steps, tuple(given)
 
 
 def hypotheses_file(run_dir, prefix, model):

@@ -668,7 +668,8 @@ def test_every_table_plans_the_papers_update_on_two_nodes_of_4_gpus(table, capsy
                                                          str(reproduce.NODE_TIMEOUT), "-accum_count"]
             assert _option(command, "-log_file")[0].endswith(f"/train.node{rank}.log")
             if "-ext_binarized_cache" in command:  # binarised before the training, by a command of its own
-                binarize = commands[commands.index(command) - 1]
+                binarize = next(earlier for earlier in reversed(commands[:commands.index(command)])
+                                if earlier[0] == "onmt_ext_binarize")
                 assert binarize[:3] == ["onmt_ext_binarize", "-config", _option(command, "-config")[0]]
         tools = [command[0] for command in commands]
         after = tools[max(i for i, tool in enumerate(tools) if tool == "onmt_train"):]
@@ -706,8 +707,62 @@ def _node_programs(tmp_path, plans):
                                          '  *" -gpu_ranks 0 "*) ;;\n  *) exit 0;;\nesac\n'
                                          f'case " $* " in\n{cases}esac\n')
     (programs / "onmt_ext_binarize").write_text('#!/bin/sh\necho "onmt_ext_binarize $2" >> calls\n')
-    (programs / "onmt_ext_binarize").chmod(0o755)
+    (programs / "python").write_text('#!/bin/sh\nfor last; do :; done\necho "$2 $6 $last" >> calls\n'
+                                     'case " $* " in *" --node-rank 0 "*) ;; *) echo x > "$last";; esac\n')
+    for name in ("onmt_ext_binarize", "python"):
+        (programs / name).chmod(0o755)
     return programs
+
+
+@pytest.mark.parametrize("table, shared", [("gret-main-wmt14_ende", "model_step_200000.pt"),
+                                           ("clause-table5", "signal_tagger.en.pt")])
+def test_files_only_node_0_makes_are_given_to_the_other_node_before_it_reads_them(table, shared, capsys):
+    """GRET's rows fine-tune from the baseline's checkpoint, which only node 0 has; the clause "study" rows split
+    with a tagger, which node 0 trains: node 0 gives each (tools.node_share) once it has it, node 1 receives it
+    before the step that reads it, and trains no tagger of its own."""
+    for rank in (0, 1):
+        commands, _ = _node_dry_run(table, rank, capsys)
+        tools = [command[0] if command[0] != "python" else command[2] for command in commands]
+        [share] = [i for i, tool in enumerate(tools) if tool == "tools.node_share"]
+        path = commands[share][-1]
+        assert path.endswith(f"/{shared}") and _option(commands[share], "--node-rank") == [str(rank)]
+        assert _option(commands[share], "--master-ip", 3) == ["10.0.0.1", "--master-port", "29400"]
+        if shared.startswith("signal_tagger"):
+            readers = [i for i, command in enumerate(commands) if "--tagger-model" in command]
+            assert readers and share < min(readers)
+            assert ("tools.train_signal_tagger" in tools[:share]) == (rank == 0)
+            assert "tools.train_signal_tagger" not in tools[share:]
+        else:
+            trainings = [i for i, tool in enumerate(tools) if tool == "onmt_train"]
+            assert trainings[0] < share < trainings[1], tools  # after the baseline, before the fine-tuning
+
+
+def test_node_1_receives_the_checkpoint_its_fine_tuning_reads_when_node_0_gives_it(tmp_path, monkeypatch):
+    """make's order on each node (a checkout each) of GRET's baseline and first fine-tuned row: node 0 trains the
+    baseline, gives its checkpoint, then fine-tunes; node 1 trains with it, receives the checkpoint, fine-tunes."""
+    rows, gpus = reproduce.TABLES["gret-main-wmt14_ende"][:2], (0, 1)
+    calls = {}
+    for rank in (1, 0):
+        root = tmp_path / f"node{rank}"
+        root.mkdir()
+        monkeypatch.chdir(root)
+        nodes = reproduce.Nodes(2, rank, "10.0.0.1")
+        plans = [reproduce.plan(row, gpus, average=1, nodes=nodes) for row in rows]
+        data = {path for step in plans[0].steps for path in step.inputs if reproduce.DATA in path.parents}
+        for path in data | set(reproduce._scoring_inputs("wmt14_ende", True)):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("x\n")
+        programs = _node_programs(root, plans)
+        rules = root / "steps.mk"
+        rules.write_text(reproduce.make_rules("gret-main-wmt14_ende", plans, gpus, nodes), encoding="utf-8")
+        result = subprocess.run(["make", "--no-print-directory", "-f", str(rules), f"BIN={programs}"], cwd=root,
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        calls[rank] = [call.split()[0] if "node_share" not in call else "node_share" for call in _calls(root)]
+        assert plans[0].checkpoints[-1].exists()  # received on node 1 (the stand-in), trained on node 0
+    assert calls[1] == ["onmt_ext_binarize", "onmt_train", "node_share", "onmt_ext_binarize", "onmt_train"]
+    assert calls[0] == ["onmt_ext_binarize", "onmt_train", "onmt_ext_binarize", "node_share", "onmt_train",
+                        "onmt_translate", "onmt_translate"]
 
 
 def test_each_node_trains_every_row_first_and_only_node_0_translates(tmp_path, monkeypatch):
