@@ -286,11 +286,13 @@ def test_dry_run_targets_have_issue_35s_rows(dry_run):
 
 @pytest.mark.slow
 def test_the_fresh_only_run_measures_the_users_path_rows_alone(tmp_path):
-    """``--sections b --fresh-only``, the first command of the next GPU session (docs/gpu-check.md): the three fresh
-    processes, the stock control among them, and nothing else, their tables packed."""
+    """``--sections b --fresh-only``, the first command of the next GPU session (docs/gpu-check.md): three fresh
+    processes, the stock control and the users'-path A/A control among them (the compiled layers' process: in the
+    module's dry run; with it this run took 145-157 s), and nothing else, their tables packed; the A/A's ratio at
+    each batch reported as such."""
     support.ensure_sample_data()
-    done = subprocess.run([*COMMAND, "--device", "cpu", "--tiny", "--sections", "b",
-                           "--fresh-only", "--fresh", "ext,stock,layers", "--budget-b", "300", "--out", str(tmp_path),
+    done = subprocess.run([*COMMAND, "--device", "cpu", "--tiny", "--sections", "b", "--fresh-only",
+                           "--fresh", "ext,stock,aa", "--budget-b", "300", "--out", str(tmp_path),
                            "--work", str(tmp_path / "w"),
                            "--commit", "test-commit", "--pack", str(tmp_path / "files.tgz")],
                           cwd=REPO, capture_output=True, text=True, timeout=420,
@@ -299,8 +301,13 @@ def test_the_fresh_only_run_measures_the_users_path_rows_alone(tmp_path):
     report = json.loads((tmp_path / "cpu-tiny.json").read_text(encoding="utf-8"))
     assert set(report["sections"]) == {"b"} and [part["part"] for part in report["parts"]] == ["b fresh"]
     rows = report["sections"]["b"]["rows"]
-    assert {row["group"] for row in rows} == {plan.FRESH_EXT, plan.FRESH_STOCK, plan.FRESH_LAYERS}
-    assert len(rows) == 6 and all(row["status"] == "measured" and _positive(row["tokens_per_s"]) for row in rows)
+    assert [row["group"] for row in rows] == [plan.FRESH_EXT] * 2 + [plan.FRESH_STOCK] * 2 + [plan.FRESH_AA] * 2
+    assert all(row["status"] == "measured" and _positive(row["tokens_per_s"]) for row in rows)
+    aa = {row["batch_tokens"]: row for row in rows if row["group"] == plan.FRESH_AA}
+    assert [(entry["batch_tokens"], entry["aa"]["ratios"]) for entry in report["sections"]["b"]["fresh_aa"]] == [
+        (batch, [round(aa[batch]["ratio"], 4)]) for batch in (512, 2048)]
+    assert "Users' path, A/A control (the onmt-ext baseline again" in (tmp_path / "cpu-tiny.md").read_text(
+        encoding="utf-8")
     with tarfile.open(tmp_path / "files.tgz") as archive:
         assert any(name.startswith("profiles/cpu-tiny/") for name in archive.getnames())
 
@@ -580,6 +587,24 @@ def test_stock_config_holds_stock_options_only(tmp_path, onmt_active, monkeypatc
         training.training_config(cases.MECHANISMS[0], "eager", args, tmp_path, {}, stock=True)
 
 
+def test_the_users_path_aa_control_trains_exts_config_in_a_process_of_its_own(tmp_path, onmt_active, monkeypatch):
+    """``--fresh ext,aa`` (issue 57): the A/A control's configs, as prepare_training writes them, are ext's at each
+    batch size, only their files (checkpoint, samples) apart; its process gets ext's environment."""
+    monkeypatch.setattr(timed_runs, "encode_file", lambda model, path, out, **_: (
+        out.parent.mkdir(parents=True, exist_ok=True), out.write_text("a b c\n" * 10, encoding="utf-8"), out)[-1])
+    args = cli.parse_args(["--part", "train-fresh", "--fresh", "aa,ext", "--device", "cpu", "--tiny", "--work",
+                           str(tmp_path)])
+    fresh = plan.training_plan(args, cases.MECHANISMS)
+    configs = training.prepare_training(args, tmp_path, fresh, {})
+    (_, ext_group, ext_env, ext), (_, aa_group, aa_env, aa) = fresh
+    assert (ext_group, aa_group, aa_env) == (plan.FRESH_EXT, plan.FRESH_AA, ext_env)
+    for (mine, *_), (theirs, *_) in zip(aa, ext, strict=True):
+        (path, _, options), (their_path, _, their_options) = configs[mine["key"]], configs[theirs["key"]]
+        assert path != their_path and options["batch_size"] == theirs["batch_tokens"]
+        assert set(options) == set(their_options)
+        assert {key for key in options if options[key] != their_options[key]} == {"save_model", "save_data"}
+
+
 def test_commit_is_the_projects_or_unknown(tmp_path, monkeypatch):
     monkeypatch.delenv(cli.COMMIT_ENV, raising=False)
     assert cli.project_commit("abc1234") == ("abc1234", "--commit")
@@ -684,10 +709,13 @@ def test_fresh_picks_the_fresh_processes_and_refuses_others(capsys):
     assert groups("--fresh", "bin,ext") == [plan.FRESH_EXT, plan.FRESH_BIN]
     assert groups("--fresh", "layers,stock, ext") == [plan.FRESH_EXT, plan.FRESH_STOCK,
                                                      plan.FRESH_LAYERS]
-    with pytest.raises(SystemExit) as stopped:
-        cli.parse_args(["--device", "cpu", "--tiny", "--fresh", "ext,fast"])
-    assert stopped.value.code == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("gpu_check.py: error: --fresh:")
+    assert groups("--fresh", "aa,layers,ext") == [plan.FRESH_EXT, plan.FRESH_AA, plan.FRESH_LAYERS]
+    for wrong in ("ext,fast", "ext,a/a"):
+        with pytest.raises(SystemExit) as stopped:
+            cli.parse_args(["--device", "cpu", "--tiny", "--fresh", wrong])
+        assert stopped.value.code == 2
+        assert capsys.readouterr().err == (
+            "gpu_check.py: error: --fresh: a comma-separated list of ext, stock, bin, aa, layers\n")  # one line
 
 
 def test_the_fresh_processes_leave_a_reserve_to_the_later_ones():
@@ -912,7 +940,7 @@ def test_the_markdown_report_flags_every_ratio_of_a_group_whose_aa_is_outside_it
         speed = 100.0 if row["case"] == cases.BASELINE.label else 90.0 if row["control"] else 80.0
         row.update(status="measured", tokens_per_s=speed, ended=float(ended), peak_memory_mb=100.0)
     b = {"status": "ran", "rows": rows, "batch_tokens": [512, 2048], "case_batch_tokens": 512,
-         "aa": training.training_ratios(rows, cuda=False)}
+         **training.training_ratios(rows, cuda=False)}
     assert b["aa"]["median"] == pytest.approx(0.9) and not b["aa"]["within"]
     c = {"status": "ran", "groups": [], "rows": []}
     base, aa, case = "baseline (eager)", "baseline, again (A/A control) (eager)", "li2019 EM (eager)"
@@ -950,6 +978,66 @@ def test_the_markdown_report_flags_every_ratio_of_a_group_whose_aa_is_outside_it
     controls = [line for line in table if "A/A control" in line.split("|")[1] or line.startswith("| baseline |")]
     assert controls and not any("outside" in line for line in controls)  # (the controls' own rows: no flag)
     assert text.count("outside 0.97-1.03") == len(flagged) + len(targets) + 2
+
+
+def _users_path_report(fresh, aa_ratios, aa_status="measured"):
+    """Section b of ``--part train --fresh <fresh>`` (the dry run's batches, 512 and 2048 tokens) with hand-made
+    speeds (stock 100 tok/s, ext 200, bin 190, layers 220; the A/A control ext's times ``aa_ratios[batch]``; in one
+    process an A/A within its band) through training_ratios, targets_table and markdown: ``(b, cells of each table
+    row, Markdown)``."""
+    args = cli.parse_args(["--part", "train", "--fresh", fresh, "--device", "cpu", "--tiny"])
+    rows = [row for *_, entries in plan.training_plan(args, list(cases.MECHANISMS[:2])) for row, *_ in entries]
+    speeds = {plan.FRESH_STOCK: 100.0, plan.FRESH_EXT: 200.0, plan.FRESH_BIN: 190.0, plan.FRESH_LAYERS: 220.0}
+    for ended, row in enumerate(rows):
+        if row["group"] == plan.FRESH_AA:
+            row.update(status=aa_status, tokens_per_s=200.0 * aa_ratios[row["batch_tokens"]])
+        else:
+            row.update(status="measured", tokens_per_s=speeds.get(row["group"], 80.0 if row["reference"] and not
+                                                                  row["control"] else 100.0))
+        row.update(ended=float(ended), peak_memory_mb=100.0)
+    b = {"status": "ran", "rows": rows, "batch_tokens": [512, 2048], "case_batch_tokens": 512,
+         **training.training_ratios(rows, cuda=False)}
+    assert b["aa"]["within"]  # (the in-process group's: flags nothing)
+    text = report.markdown({
+        "device": {"name": "cpu", "torch": torch.__version__, "cuda": None, "python": "3"}, "date": "2026-11-30",
+        "command": "python -m tools.gpu_check", "mode": "cpu-tiny", "seconds": 1.0, "compile_backend": "eager",
+        "commit": "test", "settings": {"sections": "b"}, "parts": [], "sections": {"b": b},
+        "targets": report.targets_table({"b": b}, False, [512, 2048])})
+    cells = [[cell.strip() for cell in line.split("|")[1:-1]] for line in text.splitlines() if line.startswith("| ")]
+    return b, cells, text
+
+
+def test_a_users_path_aa_outside_its_band_flags_the_users_path_ratios_of_its_batch_and_only_those():
+    """Issue 57: the users'-path A/A control (``--fresh ...,aa``) is the fresh rows' own: where its ratio at a batch
+    lies outside 0.97-1.03, every users'-path ratio at that batch says so (table and targets), and no other ratio;
+    within the band nothing is flagged; a run without it says so in one line."""
+    note = "A/A 1.100: outside 0.97-1.03"
+    b, cells, text = _users_path_report("ext,stock,bin,aa,layers", {512: 1.0, 2048: 1.1})
+    assert b["fresh_aa"] == [{"batch_tokens": 512, "aa": cases.aa_summary([1.0])},
+                             {"batch_tokens": 2048, "aa": cases.aa_summary([1.1])}]
+    assert ("Users' path, A/A control (the onmt-ext baseline again in a fresh process of its own, after the others "
+            "but the compiled layers, over ext's; band 0.97-1.03): 512 tokens 1.000, within; 2048 tokens 1.100, "
+            "OUTSIDE") in text
+    table = [row for row in cells if len(row) == 19]
+    flagged = [(row[2], row[4]) for row in table if note in row[7]]
+    assert sorted(flagged) == sorted((group, "2048") for group in (plan.FRESH_EXT, plan.FRESH_BIN, plan.FRESH_LAYERS))
+    targets = [row[0] for row in cells if len(row) == 4 and note in row[2]]
+    assert len(targets) == 2 and all("2048-token batches" in measure and "over stock" in measure for measure in targets)
+    assert text.count("outside 0.97-1.03") == len(flagged) + len(targets)  # (the A/A's own row and 512's: none)
+    assert {row.get("aa_note") for row in b["rows"] if row["group"] == plan.IN_PROCESS} == {None}
+
+    b, _, text = _users_path_report("ext,stock,bin,aa,layers", {512: 1.02, 2048: 0.98})
+    assert "512 tokens 1.020, within; 2048 tokens 0.980, within" in text
+    assert "outside" not in text.lower().replace("where outside or not measured", "")
+    assert all(row.get("aa_note") is None for row in b["rows"])
+
+    b, _, text = _users_path_report("ext,stock,aa", {512: 1.0, 2048: 1.0}, aa_status="not run")
+    assert "512 tokens no run measured; 2048 tokens no run measured" in text
+    assert {row["aa_note"] for row in b["rows"] if row["group"] == plan.FRESH_EXT} == {"no A/A run measured"}
+
+    b, _, text = _users_path_report("ext,stock", {})
+    assert b["fresh_aa"] is None and "A/A" not in "".join(row.get("aa_note") or "" for row in b["rows"])
+    assert "\nUsers' path: no A/A control in this run (`--fresh ...,aa` adds one)" in text
 
 
 def test_spread_places_the_aa_runs_across_the_group():
@@ -1081,14 +1169,14 @@ def test_a_part_that_does_not_fit_says_which_rows_and_offers_parts_that_measure_
         out, _ = plan.left_out(plan.part_stages(args, chosen, plan.COSTS["cuda"]))
         assert out and f"{len(out)} row(s) will not fit: {'; '.join(out)}. To measure every row, run instead: " in line
         offered = plan.split_parts(args, chosen, plan.COSTS["cuda"])
-        assert line.endswith(" and ".join(plan.part_command(p, c, cases.MECHANISMS) for p, c in offered))
+        assert line.endswith(" and ".join(plan.part_command(p, c, cases.MECHANISMS, f) for p, c, f in offered))
         covered = set()
-        for sub, sub_cases in offered:
+        for sub, sub_cases, _ in offered:
             sub_args, sub_chosen, sub_rows = _rows_of(sub, [plan.paper_of(case) for case in sub_cases])
             assert not plan.left_out(plan.part_stages(sub_args, sub_chosen, plan.COSTS["cuda"]))[0]
             covered |= sub_rows
         assert rows <= covered | {label for label in rows if "(run " in label}, sorted(rows - covered)
-    assert [part for part, _ in plan.split_parts(*_rows_of("train", None)[:2], plan.COSTS["cuda"])] == [
+    assert [part for part, _, _ in plan.split_parts(*_rows_of("train", None)[:2], plan.COSTS["cuda"])] == [
         "train-fresh", "train-cases"]
 
 

@@ -117,3 +117,58 @@ def test_a_cut_compiled_stage_leaves_the_aa_controls_three_runs():
     compiled = [label for label in labels if ", compiled, " in label]
     assert len(aa) == 3 and len(compiled) == len(MECHANISMS) and set(compiled) <= set(out)
     assert not set(aa) & set(out)
+
+
+def _fresh_plan(fresh):
+    args = cli.parse_args(["--part", "train-fresh", "--fresh", fresh])
+    return {group: entries for _, group, _, entries in plan.training_plan(args, list(MECHANISMS))}
+
+
+def test_the_users_path_aa_control_runs_only_when_asked_as_ext_again_after_every_process_but_the_layers():
+    """Issue 57: ``--fresh ...,aa`` trains the onmt-ext baseline again in a fresh process of its own, ext's config
+    at ext's batches, each row's ratio over ext's row at its batch; the default processes leave it out.  ext and
+    aa bracket the processes compared with ext's rows; the compiled layers stay last."""
+    assert plan.FRESH_AA not in _fresh_plan("ext,stock") and cli.parse_args([]).fresh == ["ext", "stock"]
+    processes = _fresh_plan("layers,aa,bin,stock,ext")
+    assert list(processes) == [plan.FRESH_EXT, plan.FRESH_STOCK, plan.FRESH_BIN, plan.FRESH_AA, plan.FRESH_LAYERS]
+    ext, aa = processes[plan.FRESH_EXT], processes[plan.FRESH_AA]
+    assert [row["batch_tokens"] for row, *_ in aa] == [row["batch_tokens"] for row, *_ in ext] == [8192, 32768]
+    for (mine, *config), (theirs, *their_config) in zip(aa, ext):
+        assert mine["control"] and not theirs["control"] and mine["reference"] == theirs["key"]
+        assert config == their_config and mine["data_path"] == theirs["data_path"]  # ext's config, mode, batches
+        assert mine["name"] != theirs["name"]  # (its own config file and checkpoint)
+    assert plan.FRESH_REFERENCE["aa"] == "ext"
+
+
+def test_the_plan_costs_the_aa_process_as_ext_and_fits_it_beside_ext_in_one_call():
+    """By the plan's estimate on a GPU: ``--part train-fresh --fresh ext,aa`` fits one call (as ext,bin does);
+    with stock as well it does not, and the calls offered keep each ratio's reference (aa's is ext)."""
+    costs = plan.COSTS["cuda"]
+    stages = {name: rows for name, _, _, rows in plan.part_stages(
+        cli.parse_args(["--part", "train-fresh", "--fresh", "ext,aa"]), list(MECHANISMS), costs)}
+    rows = dict(stages["b fresh"][1:3] + stages["b fresh"][4:6])  # (after each process's start-up)
+    assert len(rows) == 4 and {seconds for label, seconds in rows.items() if "A/A" in label} == {
+        seconds for label, seconds in rows.items() if "A/A" not in label}
+    for fresh, line in (("ext,aa", "every row fits"),
+                        ("aa,ext", "every row fits"),
+                        ("ext,stock,aa", "run instead: --part train-fresh --fresh ext,stock and --part train-fresh "
+                                         "--fresh ext,aa")):
+        args = cli.parse_args(["--part", "train-fresh", "--fresh", fresh])
+        text = plan.plan_line(args, list(MECHANISMS), MECHANISMS)
+        assert text.startswith("== gpu-check --part train-fresh --fresh ext,") and line in text, text
+
+
+def test_a_part_with_fresh_processes_offers_calls_that_name_them():
+    """A ``train`` or ``all`` whose ``--fresh`` is not the default is split into calls that name it: its
+    ``train-fresh`` by process (each with its ratios' reference), never by paper, whose rows it does not have."""
+    args = cli.parse_args(["--part", "train", "--fresh", "ext,stock,aa"])
+    assert plan.split_parts(args, list(MECHANISMS), plan.COSTS["cuda"]) == [
+        ("train-fresh", list(MECHANISMS), ["ext", "stock"]), ("train-fresh", list(MECHANISMS), ["ext", "aa"]),
+        ("train-cases", list(MECHANISMS), None)]
+    args = cli.parse_args(["--part", "all", "--fresh", "aa,ext"])
+    line = plan.plan_line(args, list(MECHANISMS), MECHANISMS)
+    assert line.startswith("== gpu-check --part all --fresh ext,aa: ") and (
+        "run instead: --part props and --part train-fresh --fresh ext,aa and --part train-cases and " in line)
+    args = cli.parse_args(["--part", "train"])  # the default processes: named by none
+    assert "run instead: --part train-fresh and --part train-cases" in plan.plan_line(args, list(MECHANISMS),
+                                                                                     MECHANISMS)

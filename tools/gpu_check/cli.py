@@ -28,8 +28,9 @@ from tools import common
 from tools.gpu_check.cases import MECHANISMS, REPO, TINY_MECHANISMS
 from tools.gpu_check.child import CHILDREN
 from tools.gpu_check.plan import (
-    BUDGETS, FRESH_BIN, FRESH_NAMES, GRACE_S, PART_STAGES, Schedule, TINY_BUDGETS, apply_part, checkpoint_plan,
-    fresh_deadlines, monotonic_now, paper_of, plan_line, run_steps, step_plan, training_plan, warm_up_plan,
+    BUDGETS, FRESH_BIN, FRESH_DEFAULT, FRESH_NAMES, GRACE_S, PART_STAGES, Schedule, TINY_BUDGETS, apply_part,
+    checkpoint_plan, fresh_deadlines, monotonic_now, paper_of, plan_line, run_steps, step_plan, training_plan,
+    warm_up_plan,
 )
 from tools.gpu_check.properties import finish_section_a, start_section_a
 from tools.gpu_check.report import markdown, report_name, targets_table
@@ -122,12 +123,13 @@ def parse_args(argv):
     parser.add_argument("--fresh-only", action="store_true",
                         help="section b's users'-path rows only (the fresh processes that --fresh names), with "
                              "all of section b's budget; no section c")
-    parser.add_argument("--fresh", default="ext,stock",
+    parser.add_argument("--fresh", default=",".join(FRESH_DEFAULT),
                         help="which of section b's fresh processes run, in this order: ext (the onmt-ext baseline), "
                              "stock (stock OpenNMT-py), bin (the onmt-ext baseline on binarised data from "
                              "-ext_binarized_cache, binarised while the earlier processes run; its ratio is over "
-                             "ext's), layers (-ext_compile_layers); bin and layers are off by default, as the default "
-                             "budget has no room for them; default ext,stock")
+                             "ext's), aa (the users'-path A/A control: the onmt-ext baseline again, its ratio over "
+                             "ext's), layers (-ext_compile_layers); bin, aa and layers are off by default, as the "
+                             f"default budget has no room for them; default {','.join(FRESH_DEFAULT)}")
     parser.add_argument("--commit", default=None,
                         help=f"the project's commit for the report (default ${COMMIT_ENV}, else git when this "
                              "checkout is a repository's root, else unknown)")
@@ -345,7 +347,7 @@ def main(argv=None):
         print(f"== gpu-check {part['part']}: {part['status']} in {part['seconds']:.0f} s (budget "
               f"{part['budget_s']:.0f} s)", flush=True)
     if "b" in sections:
-        sections["b"]["aa"] = training_ratios(sections["b"]["rows"], cuda)
+        sections["b"].update(training_ratios(sections["b"]["rows"], cuda))
         sections["b"]["status"] = section_b_status(sections["b"]["rows"])
     for letter in "bc":
         if letter in sections:

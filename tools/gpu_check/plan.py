@@ -162,7 +162,8 @@ def part_stages(args, cases, costs):
         for name, group, _, entries in plan:
             stage = "b fresh" if name == "b fresh" else "b eager"
             rows[stage].append((None, costs["process"]))
-            kind = {FRESH_EXT: "ext", FRESH_STOCK: "stock", FRESH_BIN: "ext", FRESH_LAYERS: "layers"}.get(group)
+            kind = {FRESH_EXT: "ext", FRESH_STOCK: "stock", FRESH_BIN: "ext", FRESH_AA: "ext",
+                    FRESH_LAYERS: "layers"}.get(group)
             for row, case, mode, _ in entries:
                 label = f"{row['case']}, {row['mode']}, {row['batch_tokens']}" + run_text(row)
                 if kind:
@@ -199,44 +200,61 @@ def apply_part(args, part):
     args.part = part
     if part != "all":
         args.sections, args.fresh_only = PART_STAGES[part][0], part == "train-fresh"
-        args.fresh = [] if part == "train-cases" else args.fresh or ["ext", "stock"]
+        args.fresh = [] if part == "train-cases" else args.fresh or list(FRESH_DEFAULT)
         section, gpu, tiny = PART_BUDGETS[part.split("-")[0]]
         if args.given_budgets.get(section) is None:
             setattr(args, f"budget_{section}", tiny if args.tiny else gpu)
     args.groups = [DECODE_GROUPS[part]] if part in DECODE_GROUPS else list(DECODE_GROUPS.values())
 
 
-def part_command(part, cases, everything):
+def part_command(part, cases, everything, fresh=None):
+    """``--part`` ``part`` as options: with ``--cases`` unless ``cases`` are ``everything``, ``--fresh`` if given."""
     papers = list(dict.fromkeys(map(paper_of, cases)))
-    return f"--part {part}" + ("" if len(cases) == len(everything) else f" --cases {','.join(papers)}")
+    return (f"--part {part}" + ("" if len(cases) == len(everything) else f" --cases {','.join(papers)}")
+            + (f" --fresh {','.join(fresh)}" if fresh else ""))
+
+
+def named_fresh(args):
+    """The ``--fresh`` list that a command of ``args``' part must name: its fresh processes where they are not the
+    default's (:data:`FRESH_DEFAULT`), in running order, else None (also for a part without any)."""
+    if "b" not in args.sections or not args.fresh or set(args.fresh) == set(FRESH_DEFAULT):
+        return None
+    return [name for name in FRESH_NAMES.values() if name in args.fresh]
 
 
 def split_parts(args, cases, costs):
-    """The parts (``[(part, cases)]``) that measure what ``args``' part does, each fitting its budget by the plan's
-    estimate: the part itself, else its :data:`SPLITS`, else its cases shared out by paper; a single paper that
-    still does not fit is offered as it is."""
-    def fits(part, chosen):
+    """The parts (``[(part, cases, fresh)]``) that measure what ``args``' part does, each fitting its budget by the
+    plan's estimate: the part itself, else its :data:`SPLITS`, else (``train-fresh``) its fresh processes in calls
+    (:func:`fresh_chunks`), else its cases shared out by paper; a single paper that still does not fit is offered
+    as it is.  ``fresh``: the ``--fresh`` list its command names (:func:`named_fresh`; every call of a split
+    ``train-fresh``), or None."""
+    def trial_of(part):
         trial = type(args)(**vars(args))
         apply_part(trial, part)
-        return not left_out(part_stages(trial, chosen, costs))[0]
+        return trial
+
+    def fits(part, chosen):
+        return not left_out(part_stages(trial_of(part), chosen, costs))[0]
 
     def split(part, chosen):
         if fits(part, chosen):
-            return [(part, chosen)]
+            return [(part, chosen, named_fresh(trial_of(part)))]
         if part in SPLITS:
             return [item for sub in SPLITS[part] for item in split(sub, chosen)]
+        if part == "train-fresh":  # (its rows do not depend on --cases)
+            return [(part, chosen, chunk) for chunk in fresh_chunks(trial_of(part), chosen, costs)]
         papers = [[case for case in chosen if paper_of(case) == name] for name in dict.fromkeys(map(paper_of, chosen))]
         for count in range(2, len(papers) + 1):
             chunks = share_papers(papers, count)
             if all(fits(part, chunk) for chunk in chunks):
                 break
-        return [(part, chunk) for chunk in chunks] if len(papers) > 1 else [(part, chosen)]
+        return [(part, chunk, None) for chunk in chunks] if len(papers) > 1 else [(part, chosen, None)]
 
     return split(args.part, cases)
 
 
-#: the fresh process whose rows a fresh process's ratios are over (``--fresh`` names)
-FRESH_REFERENCE = {"ext": "stock", "layers": "stock", "bin": "ext"}
+#: the fresh process whose rows a fresh process's ratios are over (``--fresh`` names; the rows' ``reference``)
+FRESH_REFERENCE = {"ext": "stock", "layers": "stock", "bin": "ext", "aa": "ext"}
 
 
 def fresh_chunks(args, cases, costs):
@@ -282,15 +300,11 @@ def plan_line(args, cases, everything):
     costs = COSTS["cuda" if args.device == "cuda" else "cpu"]
     stages = part_stages(args, cases, costs)
     out, seconds = left_out(stages)
-    head = f"== gpu-check {part_command(args.part, cases, everything)}: by the plan's estimate"
+    head = f"== gpu-check {part_command(args.part, cases, everything, named_fresh(args))}: by the plan's estimate"
     if not out:
         return f"{head} every row fits ({seconds:.0f} s of {sum(stage[1] for stage in stages):.0f})"
-    if args.part == "train-fresh":
-        offer = " and ".join(f"--part train-fresh --fresh {','.join(chunk)}"
-                             for chunk in fresh_chunks(args, cases, costs))
-    else:
-        offer = " and ".join(part_command(part, chosen, everything)
-                             for part, chosen in split_parts(args, cases, costs))
+    offer = " and ".join(part_command(part, chosen, everything, fresh)
+                         for part, chosen, fresh in split_parts(args, cases, costs))
     return (f"{head} {len(out)} row(s) will not fit: {'; '.join(out)}. To measure every row, run instead: {offer}")
 
 
@@ -318,11 +332,21 @@ FRESH_LAYERS, LAYERS = "onmt-ext -ext_compile_layers, fresh process", "layers co
 #: own, its ratio over the onmt-ext baseline's on the text; on request (``--fresh ext,bin``), as the part's
 #: default processes leave it no room
 FRESH_BIN = "onmt-ext -ext_binarized_cache, fresh process"
+#: the users'-path A/A control (issue 57): the onmt-ext baseline again, ext's config at ext's batches, in a fresh
+#: process of its own, its ratio over ext's; on request (``--fresh ext,aa``), as the default processes leave it no room
+FRESH_AA = "onmt-ext again (A/A control), fresh process"
 #: the share of the fresh part that each fresh process keeps for every one after it: the onmt-ext and stock
 #: baselines (issue 35's targets) take what they need, -ext_compile_layers (off by default) what is left
 FRESH_RESERVE = 0.2
-#: ``--fresh``'s name of each fresh process
-FRESH_NAMES = {FRESH_EXT: "ext", FRESH_STOCK: "stock", FRESH_BIN: "bin", FRESH_LAYERS: "layers"}
+#: ``--fresh``'s name of each fresh process, in running order.  The A/A control runs after every process but the
+#: compiled layers, so that ext and it bracket the processes compared with ext's rows (stock, bin): its ratio then
+#: spans the same stretch of the part (the host's drift, the binarising in the background, the page cache warmed
+#: by ext's workers), where right after ext it would give only the noise of two neighbouring runs; the compiled
+#: layers, the slowest to start, still get what the others leave
+FRESH_NAMES = {FRESH_EXT: "ext", FRESH_STOCK: "stock", FRESH_BIN: "bin", FRESH_AA: "aa", FRESH_LAYERS: "layers"}
+#: the fresh processes of ``--fresh``'s default (issue 35's targets); the others are left out, as the default budget
+#: has no room for them
+FRESH_DEFAULT = ["ext", "stock"]
 #: the untimed first training process on the machine (see :func:`warm_up_plan`)
 WARM_UP = "machine warm-up, fresh process"
 #: the process that trains section c's checkpoints when section b does not run (--part decode)
@@ -338,7 +362,8 @@ def _row(case, mode, group, batch, reference, data_path, name, target=None, pape
 
 def training_plan(args, cases):
     """Section b's processes and rows: ``[(part, group, environment, [(row, case, mode, config options)])]``: the
-    onmt-ext and the stock baseline each in a fresh process, then every case eager and compiled in one, with the
+    fresh processes that ``--fresh`` names, in :data:`FRESH_NAMES`'s order (each row's ratio over the row at its
+    batch of the process :data:`FRESH_REFERENCE` names), then every case eager and compiled in one, with the
     baseline with ``-ext_half_weights`` (:data:`HALF_WEIGHTS`) among the eager ones."""
     users = f"{args.num_workers} data workers (the users' path)"
     replay = "built ahead, no workers, replayed from memory"
@@ -348,22 +373,26 @@ def training_plan(args, cases):
     ext_case = Case("onmt-ext baseline", BASELINE.config, pre_encoded=True)
     cases_batch = args.case_batch_size
     base_key = f"{IN_PROCESS}|{BASELINE.label}|eager|{cases_batch}"
+    # per fresh process: the case its rows are named by, their mode, whether stock OpenNMT-py trains them, whether
+    # from binarised data, and the name of their configs (the A/A control: ext's config and batches again)
+    processes = {FRESH_EXT: (ext_case, "eager", False, False, "ext"),
+                 FRESH_STOCK: (stock_case, "eager", True, False, "stock"),
+                 FRESH_BIN: (ext_case, "eager", False, True, "ext_bin"),
+                 FRESH_AA: (timed_runs.control_case(ext_case), "eager", False, False, "ext_aa"),
+                 FRESH_LAYERS: (ext_case, LAYERS, False, False, "ext_layers")}
+    groups = {name: group for group, name in FRESH_NAMES.items()}
     fresh = []
-    for group, case, mode, stock, binarized in ((FRESH_EXT, ext_case, "eager", False, False),
-                                                (FRESH_STOCK, stock_case, "eager", True, False),
-                                                (FRESH_BIN, ext_case, "eager", False, True),
-                                                (FRESH_LAYERS, ext_case, LAYERS, False, False)):
+    for group, fresh_name in FRESH_NAMES.items():  # in running order
+        case, mode, stock, binarized, name = processes[group]
+        over = groups.get(FRESH_REFERENCE.get(fresh_name))  # the process whose rows its ratios are over
         rows = []
         for batch in ((paper, small) if mode == LAYERS else (small, paper)):  # (layers: the paper's batch first,
             # as the small batch's time, its compilation included, would be the estimate that may skip it)
-            # (binarised: against the onmt-ext baseline on the text, the same batches; else against stock)
-            reference = (None if stock else f"{FRESH_EXT}|{ext_case.label}|eager|{batch}" if binarized
-                         else f"{FRESH_STOCK}|{STOCK_LABEL}|eager|{batch}")
-            name = f"{'stock' if stock else 'ext'}{'_layers' if mode == LAYERS else ''}{'_bin' if binarized else ''}"
+            reference = over and f"{over}|{processes[over][0].label}|{processes[over][1]}|{batch}"
             path = f"{users[:-1]}, -ext_binarized_cache)" if binarized else users
             row = _row(case, mode, group, batch, reference, path, f"{name}_{batch}") | {"part": "fresh"}
             rows.append((row, BASELINE, mode, {"batch_size": batch, "stock": stock, "binarized": binarized}))
-        if FRESH_NAMES[group] in args.fresh:
+        if fresh_name in args.fresh:
             fresh.append(("b fresh", group, {"ONMT_EXT_DISABLE": "1"} if stock else {}, rows))
     if args.fresh_only:
         return fresh

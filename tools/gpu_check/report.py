@@ -7,7 +7,7 @@ import statistics
 
 from tools.common import fmt
 from tools.gpu_check.cases import (
-    BASELINE_BUSY_TARGET, BASELINE_TOKENS_TARGET, FIRST_STEP_TARGET_S, HALF_WEIGHTS, MECHANISMS,
+    AA_BAND, BASELINE_BUSY_TARGET, BASELINE_TOKENS_TARGET, FIRST_STEP_TARGET_S, HALF_WEIGHTS, MECHANISMS,
     MEMORY_TARGETS, STARTUP_OVERHEAD_TARGET_S, STOCK_SPEEDUP_TARGET, SYNCS_TARGET, USERS_PATH_TARGET, aa_text,
 )
 from tools.gpu_check.plan import (
@@ -71,7 +71,8 @@ def targets_table(sections, on_gpu, batch_tokens):
             ratio = measured(group, "onmt-ext baseline", batch, "ratio", mode)
             if batch == small or ratio is not None:
                 rows.append(_target(f"onmt-ext baseline{how} over stock OpenNMT-py, target tok/s, {batch}-token "
-                                    "batches, same config and run", STOCK_SPEEDUP_TARGET, ratio))
+                                    "batches, same config and run", STOCK_SPEEDUP_TARGET, ratio)
+                            | {"aa": train.get(f"{group}|onmt-ext baseline|{mode}|{batch}", {}).get("aa_note")})
     cases_batch = b.get("case_batch_tokens", small)
     in_process = measured(IN_PROCESS, "baseline", cases_batch, "tokens_per_s")
     for group, how in ((FRESH_EXT, ""), (FRESH_BIN, ", binarised data (-ext_binarized_cache)")):
@@ -166,6 +167,21 @@ def half_weights_text(rows, mode):
                    "speed or its numbers (those need a GPU run).")
 
 
+def users_path_aa_text(users):
+    """The report's line on the users'-path A/A control (``users``: :func:`training.users_path_aa`'s), or that this
+    run has none."""
+    if users is None:
+        return ("Users' path: no A/A control in this run (`--fresh ...,aa` adds one), so its ratios' run-to-run noise "
+                "is not measured.")
+    low, high = AA_BAND
+    shown = "; ".join(f"{entry['batch_tokens']} tokens " + (
+        "no run measured" if entry["aa"] is None else
+        f"{entry['aa']['median']:.3f}, {'within' if entry['aa']['within'] else 'OUTSIDE'}") for entry in users)
+    return (f"Users' path, A/A control (the onmt-ext baseline again in a fresh process of its own, after the others "
+            f"but the compiled layers, over ext's; band {low:g}-{high:g}): {shown} (where outside or not measured, "
+            "every users'-path ratio at that batch says so).")
+
+
 def markdown(report):
     info, sections = report["device"], report["sections"]
     lines = [f"# gpu-check: {info['name']}", "",
@@ -207,8 +223,8 @@ def markdown(report):
         lines += [f"## b. Training ({b['status']}, {b.get('seconds', 0):.0f} s; data and configs prepared in "
                   f"{b.get('prepare_s', 0):.0f} s, during section a)", "",
                   f"{b.get('steps_text', '')} Ratios: the onmt-ext baseline's rows over stock OpenNMT-py's at the "
-                  "same batch size (on binarised data, `-ext_binarized_cache`: over the onmt-ext baseline's on the "
-                  "text); "
+                  "same batch size (on binarised data, `-ext_binarized_cache`, and its A/A control's: over the "
+                  "onmt-ext baseline's on the text); "
                   "every other row over the baseline trained the same way in the same process "
                   "(`ratio` against `vs`). Syncs: per step between report steps over the measured steps "
                   f"({b.get('sync_kind', '')}). First step: from the model built to the end of step 1 (batches "
@@ -256,6 +272,8 @@ def markdown(report):
         if any(row["group"] == IN_PROCESS for row in b["rows"]):
             lines += ["", f"In one process, {aa_text(b.get('aa'))} (its runs spread over the group; on a GPU its "
                       "median should lie within the band, and where it does not, every ratio of the group says so)."]
+        if any(row.get("part") == "fresh" for row in b["rows"]):
+            lines += ["", users_path_aa_text(b.get("fresh_aa"))]
         half = half_weights_text(b["rows"], report["mode"])
         if half:
             lines += ["", half]

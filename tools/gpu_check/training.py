@@ -17,8 +17,8 @@ from tools import common
 from tools import timed_runs
 from tools.gpu_check.cases import HALF_WEIGHTS, MECHANISMS, REPO, TINY_LINES, aa_note, aa_summary
 from tools.gpu_check.plan import (
-    CHECKPOINTS, FRESH_EXT, GRACE_S, IN_PROCESS, LAYERS, MIN_START_S, TABLES_SHARE, WARM_UP, monotonic_now, run_steps,
-    step_plan,
+    CHECKPOINTS, FRESH_AA, FRESH_EXT, GRACE_S, IN_PROCESS, LAYERS, MIN_START_S, TABLES_SHARE, WARM_UP, monotonic_now,
+    run_steps, step_plan,
 )
 
 
@@ -341,8 +341,9 @@ def training_ratios(rows, cuda):
     """Each measured row's ratio to its reference (tokens/s and peak memory), and whether it meets its target (on a
     GPU only).  A reference with runs again in the same process (the in-process baseline) counts the runs nearest
     before and after the row, so that a drift of the machine's speed over the part cancels; the reference row
-    then shows the median of its runs.  Returns the in-process group's A/A summary (:func:`aa_summary`), whose
-    note (:func:`aa_note`) each of the group's other ratios gets when it is outside its band."""
+    then shows the median of its runs.  Returns ``{"aa": the in-process group's A/A summary (:func:`aa_summary`;
+    None without that group), "fresh_aa": the users' path's, per batch size (:func:`users_path_aa`)}``; each ratio
+    of a group whose A/A is outside its band gets its note (:func:`note_group`)."""
     by_key = {row["key"]: row for row in rows}
     runs = {}
     for row in rows:
@@ -374,13 +375,32 @@ def training_ratios(rows, cuda):
                 row["met"] = row["ratio"] >= row["target"]
     # the in-process group's A/A control (its runs spread over the group), beside every ratio of the group
     in_process = [row for row in rows if row["group"] == IN_PROCESS and row.get("reference")]
-    if not in_process:
-        return None
-    summary = aa_summary([row["ratio"] for row in in_process if row.get("control") and "ratio" in row])
-    for row in in_process:
-        if "ratio" in row and not row.get("control") and aa_note(summary):
-            row["aa_note"] = aa_note(summary)
+    summary = note_group(in_process) if in_process else None
+    return {"aa": summary, "fresh_aa": users_path_aa(rows)}
+
+
+def note_group(group):
+    """The A/A summary (:func:`aa_summary`) of the control rows among ``group`` (one group's rows with a
+    reference); each other ratio of the group gets its note (:func:`aa_note`) when the summary is outside its band
+    or has no measured run."""
+    summary = aa_summary([row["ratio"] for row in group if row.get("control") and "ratio" in row])
+    note = aa_note(summary)
+    for row in group:
+        if note and "ratio" in row and not row.get("control"):
+            row["aa_note"] = note
     return summary
+
+
+def users_path_aa(rows):
+    """The users'-path A/A control (``--fresh ...,aa``: the onmt-ext baseline again in a fresh process, its ratio
+    over ext's): ``[{"batch_tokens", "aa": its summary}]``, one per batch size, each flagging the users'-path ratios
+    of its batch (:func:`note_group`: a batch's noise need not be the other's); None where it was not planned.  One
+    ratio per batch size, so each summary's interval is that ratio."""
+    fresh = [row for row in rows if row.get("part") == "fresh" and row.get("reference")]
+    if not any(row["group"] == FRESH_AA for row in fresh):
+        return None
+    return [{"batch_tokens": batch, "aa": note_group([row for row in fresh if row["batch_tokens"] == batch])}
+            for batch in sorted({row["batch_tokens"] for row in fresh})]
 
 
 def section_b_status(rows):
