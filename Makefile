@@ -548,9 +548,11 @@ probe-li2019: | $(SETUP_STAMP)
 # the checks' failures as warnings and every command (the data preparation's with make -n), and runs nothing.
 # The toy sample table runs on the CPU unless GPUS is given.
 table_gpus = $(if $(and $(filter sample-%,$(1)),$(filter file default,$(origin GPUS))),cpu,$(GPUS))
+# NODE_RANK, MASTER_IP and MASTER_PORT from the environment (torchrun's, SLURM scripts') count only with NODES
+node_opt = $(if $(and $($(1)),$(or $(NODES),$(filter command line,$(origin $(1))))),$(2) $($(1)))
 table_args = --gpus $(call table_gpus,$(1)) --average $(AVERAGE) $(if $(PASSES),--passes $(PASSES)) \
-  $(if $(NODES),--nodes $(NODES)) $(if $(NODE_RANK),--node-rank $(NODE_RANK)) \
-  $(if $(MASTER_IP),--master-ip $(MASTER_IP)) $(if $(MASTER_PORT),--master-port $(MASTER_PORT)) \
+  $(if $(NODES),--nodes $(NODES)) $(call node_opt,NODE_RANK,--node-rank) \
+  $(call node_opt,MASTER_IP,--master-ip) $(call node_opt,MASTER_PORT,--master-port) \
   $(if $(filter 0,$(BINARIZED)),--from-text)
 preflight = $(PY) -m tools.reproduce $(1) --preflight $(call table_args,$(1)) $(if $(DRY_RUN),--dry-run) \
   $(if $(filter 1,$(WMT17_SMALL_DATA)),--small-data)

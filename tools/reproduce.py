@@ -273,7 +273,8 @@ class Step:
 class Nodes:
     """The machines one table trains on together: ``count`` nodes, each with the same GPUs, this one ``rank``;
     rank 0 is reached at ``ip``:``port``, writes the checkpoints, translates, scores and reports.  On node ``r``
-    of ``n`` GPUs, the training ranks are ``r * n ... r * n + n - 1`` of a world of ``count * n``."""
+    of ``n`` GPUs, the training ranks are ``r * n ... r * n + n - 1`` of a world of ``count * n``.  Each row of a
+    table meets at a port of its own (:meth:`for_row`), so that nodes at different rows never train together."""
 
     count: int = 1
     rank: int = 0
@@ -296,6 +297,14 @@ class Nodes:
     def suffix(self):
         """The part of a file name that keeps this node's logs and stamps apart from another node's."""
         return "" if self.count == 1 else f".node{self.rank}"
+
+    def log_suffix(self):
+        """:meth:`suffix` of a log: none on node 0, whose ``train.log`` the report reads."""
+        return "" if self.first else self.suffix()
+
+    def for_row(self, index):
+        """These nodes meeting at the port of row ``index`` of a table: ``port + index``."""
+        return self if self.count == 1 else Nodes(self.count, self.rank, self.ip, self.port + index)
 
 
 ONE_NODE = Nodes()
@@ -422,8 +431,9 @@ def plan(row, gpus=(0,), average=AVERAGE, passes=None, binarize=True, nodes=ONE_
     inputs = _training_inputs(values)
     if cache and nodes.count > 1:
         stamp = run_dir / f"binarized{node}.done"
-        steps.append(Step(("onmt_ext_binarize", "-config", f"yaml_configs/{row.config}", *row.overrides, *cache,
-                           "-log_file", run_dir / f"binarize{node}.log"), stamp,
+        fresh = ["-train_from", ""] if values.get("train_from") else []  # binarising reads the data alone
+        steps.append(Step(("onmt_ext_binarize", "-config", f"yaml_configs/{row.config}", *row.overrides, *fresh,
+                           *cache, "-log_file", run_dir / f"binarize{nodes.log_suffix()}.log"), stamp,
                           tuple(path for path in inputs if str(path) != values.get("train_from")), stamp=True))
         inputs += (stamp,)
     if nodes.count > 1:
@@ -433,7 +443,7 @@ def plan(row, gpus=(0,), average=AVERAGE, passes=None, binarize=True, nodes=ONE_
         if gpus else []
     train = ["onmt_train", "-config", f"yaml_configs/{row.config}", *devices, "-accum_count", accum_count,
              *(["-batch_size", batch_size] if batch_size != int(values["batch_size"]) else []),
-             "-log_file", run_dir / f"train{node}.log", "-overwrite_checkpoints", *sweep, *cache]
+             "-log_file", run_dir / f"train{nodes.log_suffix()}.log", "-overwrite_checkpoints", *sweep, *cache]
     if not nodes.first:  # trains only: no checkpoint here, a stamp once its training ended
         steps.append(Step(tuple(train), run_dir / f"train{node}.done", inputs, stamp=True))
     else:
@@ -640,8 +650,8 @@ def _in_order(plans, nodes):
 
 def make_rules(table, plans, gpus, nodes=ONE_NODE):
     """The Makefile that runs the steps of ``plans`` on ``gpus`` (``make -f FILE BIN=<venv>/bin``): each step's
-    output is a target with the files it reads as prerequisites, order-only for a training, so that a newer corpus
-    never overwrites finished checkpoints.  A missing data file or a failed command stops make with one line.
+    output is a target with the files it reads as prerequisites, order-only for a training (and its binarising),
+    so that a newer corpus never overwrites finished checkpoints.  A missing data file or a failed command stops make with one line.
 
     On several ``nodes`` every row is trained before any is averaged or translated, on each node in the same
     order, so that the nodes' ranks meet at each row's start; a node but the first only trains."""
@@ -659,7 +669,8 @@ def make_rules(table, plans, gpus, nodes=ONE_NODE):
     for output, step in steps.items():
         command = shlex.join(step.command).replace("$", "$$")
         log = step.command[step.command.index("-log_file") + 1] if "-log_file" in step.command else None
-        needs = ("| " if step.command[0] == "onmt_train" else "") + " ".join(map(str, step.inputs))
+        needs = ("| " if step.command[0] in ("onmt_train", "onmt_ext_binarize") else "") + \
+            " ".join(map(str, step.inputs))
         lines += ["", f"{output}: {needs}", f"\t@mkdir -p {output.parent}",
                   f"\t$(BIN)/{command} || {{ echo 'reproduce.py: {step.command[0]} failed; "
                   + (f"its log: {log}" if log else "its messages are above") + "' >&2; exit 1; }"]
@@ -976,17 +987,18 @@ def _update_note(p):
 
 def _node_note(table, nodes, gpus):
     """The ``# nodes:`` line of a dry run on several nodes: what this node does and what the others must."""
-    ranks = nodes.ranks(gpus)
+    ranks, rows = nodes.ranks(gpus), len(TABLES[table])
     common_part = (f"# nodes: node {nodes.rank} of {nodes.count}, global ranks {ranks[0]}-{ranks[-1]} of "
-                   f"{nodes.count * len(gpus)}, meeting at {nodes.ip}:{nodes.port}; ")
+                   f"{nodes.count * len(gpus)}, meeting at {nodes.ip}, ports {nodes.port}-{nodes.port + rows - 1} "
+                   "(one a row); ")
     if not nodes.first:
         return common_part + ("this node only trains (no checkpoints here); node 0 averages, translates, scores "
                               "and reports")
     others = "NODE_RANK=1 on the other node" if nodes.count == 2 else \
         f"NODE_RANK=1 ... {nodes.count - 1} on the other nodes"
-    return common_part + (f"start `make reproduce-{table}` with the same GPUS, NODES={nodes.count}, MASTER_IP and "
-                          f"MASTER_PORT and {others}, its data prepared (`make data-{table_task(table)}`), within "
-                          f"{NODE_TIMEOUT // 60} minutes")
+    return common_part + (f"prepare the data on every node first (`make data-{table_task(table)}`), then start "
+                          f"`make reproduce-{table}` with the same GPUS, NODES={nodes.count}, MASTER_IP and "
+                          f"MASTER_PORT and {others} within {NODE_TIMEOUT // 60} minutes")
 
 
 def _dry_run_notes(table, plans, task, out_dir, nodes=ONE_NODE):
@@ -1016,7 +1028,7 @@ def _dry_run_notes(table, plans, task, out_dir, nodes=ONE_NODE):
 def _nodes(parser, args, gpus):
     """The :class:`Nodes` of the options, or a one-line parser error naming the option that does not fit."""
     if args.nodes == 1:
-        given = [name for name, value in (("--node-rank", args.node_rank or None), ("--master-ip", args.master_ip),
+        given = [name for name, value in (("--node-rank", args.node_rank), ("--master-ip", args.master_ip),
                                           ("--master-port", args.master_port)) if value is not None]
         if given:
             parser.error(f"{', '.join(given)} go{'es' if len(given) == 1 else ''} with --nodes above 1 "
@@ -1026,11 +1038,19 @@ def _nodes(parser, args, gpus):
         parser.error("--nodes goes with training, not --report-only (node 0 writes the report)")
     if not gpus:
         parser.error("--nodes needs CUDA devices (--gpus 0,1,...), not --gpus cpu")
+    if args.node_rank is None:
+        others = "1 on the other" if args.nodes == 2 else f"1 ... {args.nodes - 1} on the others"
+        parser.error(f"--nodes {args.nodes} needs --node-rank, this machine's place: 0 on the one at --master-ip, "
+                     f"{others} (make's NODE_RANK)")
     if args.node_rank >= args.nodes:
         parser.error(f"--node-rank {args.node_rank}: must be below --nodes {args.nodes} (0 to {args.nodes - 1})")
     if not args.master_ip:
         parser.error(f"--nodes {args.nodes} needs --master-ip, the address of node 0 (make's MASTER_IP)")
-    return Nodes(args.nodes, args.node_rank, args.master_ip, args.master_port or Nodes.port)
+    port = args.master_port or Nodes.port
+    if port + len(TABLES[args.table]) - 1 > 65535:
+        parser.error(f"--master-port {port}: the rows of {args.table} meet at ports {port} to "
+                     f"{port + len(TABLES[args.table]) - 1}, above 65535")
+    return Nodes(args.nodes, args.node_rank, args.master_ip, port)
 
 
 def main(argv=None):
@@ -1046,13 +1066,15 @@ def main(argv=None):
     parser.add_argument("--nodes", type=common.at_least(1), default=1,
                         help="machines that train the table together, each with the GPUs --gpus (make's NODES; "
                              "default 1); every node runs the same command with its own --node-rank")
-    parser.add_argument("--node-rank", type=common.at_least(0), default=0,
-                        help="this machine's place among --nodes, 0 to nodes-1 (make's NODE_RANK; default 0); node "
-                             "0 writes the checkpoints, translates, scores and reports, the others only train")
+    parser.add_argument("--node-rank", type=common.at_least(0), default=None,
+                        help="with --nodes above 1: this machine's place among them, 0 to nodes-1 (make's "
+                             "NODE_RANK); node 0 writes the checkpoints, translates, scores and reports, the others "
+                             "only train")
     parser.add_argument("--master-ip", metavar="IP",
                         help="with --nodes above 1: the address of node 0 that the others reach (make's MASTER_IP)")
     parser.add_argument("--master-port", type=common.at_least(1), default=None, metavar="PORT",
-                        help="with --nodes above 1: a free port on node 0 (make's MASTER_PORT; default 10000)")
+                        help="with --nodes above 1: the first of the free ports on node 0 that the rows meet at, "
+                             "one a row (make's MASTER_PORT; default 10000)")
     parser.add_argument("--average", type=common.at_least(1), default=AVERAGE,
                         help=f"average the last N checkpoints and translate with the average (default {AVERAGE}; "
                              "1: translate the last checkpoint)")
@@ -1099,8 +1121,8 @@ def main(argv=None):
     task = table_task(table)
     out_dir = results_dir(table, root)
     if args.preflight:  # the options against every row's config, then the devices and the corpus
-        for row in rows:
-            plan(row, gpus, args.average, args.passes, not args.from_text, nodes)
+        for index, row in enumerate(rows):
+            plan(row, gpus, args.average, args.passes, not args.from_text, nodes.for_row(index))
         preflight(table, gpus, args.small_data, args.dry_run)
         return 0
     if args.report_only:
@@ -1108,7 +1130,8 @@ def main(argv=None):
         rows_done, commands, data = load_results(source, table)
         data = data or {"ours": f"not recorded in {_show(source)}", "paper": paper_data(table, task)}
     else:
-        plans = [plan(row, gpus, args.average, args.passes, not args.from_text, nodes) for row in rows]
+        plans = [plan(row, gpus, args.average, args.passes, not args.from_text, nodes.for_row(index))
+                 for index, row in enumerate(rows)]
         if rules:
             rules.parent.mkdir(parents=True, exist_ok=True)
             rules.write_text(make_rules(table, plans, gpus, nodes), encoding="utf-8")

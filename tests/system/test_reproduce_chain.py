@@ -159,8 +159,8 @@ def test_two_nodes_train_the_sample_table_together_through_their_rules(checkout,
                                   "--master-port", str(port), "--rules", str(rules)],
                                  cwd=root, capture_output=True, text=True, timeout=120, env=support.cli_env())
         assert written.returncode == 0, written.stderr
-        plans = [reproduce.plan(row, (0,), nodes=reproduce.Nodes(2, rank, "127.0.0.1", port))
-                 for row in reproduce.TABLES["sample-li2019"]]
+        plans = [reproduce.plan(row, (0,), nodes=reproduce.Nodes(2, rank, "127.0.0.1", port).for_row(index))
+                 for index, row in enumerate(reproduce.TABLES["sample-li2019"])]
         goals = [] if rank else [str(p.checkpoints[-1]) for p in plans]  # node 0 translates on a GPU: not here
         runs.append(subprocess.Popen(["make", "--no-print-directory", "-f", str(rules), f"BIN={venv}", *goals],
                                      cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -172,7 +172,7 @@ def test_two_nodes_train_the_sample_table_together_through_their_rules(checkout,
         assert not any((node1 / path).exists() for path in p.checkpoints)
         assert (node1 / p.run_dir / "train.node1.done").exists()
         assert (node1 / p.run_dir / "train.node1.log").exists()
-        log = (checkout / p.run_dir / "train.node0.log").read_text(encoding="utf-8")
+        log = (checkout / p.run_dir / "train.log").read_text(encoding="utf-8")
         assert f"step {p.train_steps}: the 2 ranks hold identical parameters" in log, log[-2000:]
     averaged = _make(checkout, "-f", "build/two-nodes.mk", f"BIN={venv}", *(str(p.model) for p in plans))
     assert averaged.returncode == 0, averaged.stderr[-3000:]

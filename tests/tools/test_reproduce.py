@@ -662,28 +662,33 @@ def test_every_table_plans_the_papers_update_on_two_nodes_of_4_gpus(table, capsy
         assert {tuple(update[2].split()) for update in updates} == {tuple(map(str, range(4 * rank, 4 * rank + 4)))}
         ranks.append(updates[0][2].split())
         trains = [command for command in commands if command[0] == "onmt_train"]
-        trained.append([_option(command, "-config") for command in trains])
-        for command in trains:
-            assert _option(command, "-master_ip", 6) == ["10.0.0.1", "-master_port", "29400", "-timeout",
-                                                         str(reproduce.NODE_TIMEOUT), "-accum_count"]
-            assert _option(command, "-log_file")[0].endswith(f"/train.node{rank}.log")
+        differ = {"-gpu_ranks": 4, "-log_file": 1}  # what differs between the nodes' commands (values)
+        trained.append([[word for i, word in enumerate(command)
+                         if not any(flag in command[max(0, i - n):i] for flag, n in differ.items())]
+                        for command in trains])
+        for index, command in enumerate(trains):  # each row at a port of its own
+            assert _option(command, "-master_ip", 6) == ["10.0.0.1", "-master_port", str(29400 + index),
+                                                         "-timeout", str(reproduce.NODE_TIMEOUT), "-accum_count"]
+            assert _option(command, "-log_file")[0].endswith("/train.log" if rank == 0 else "/train.node1.log")
             if "-ext_binarized_cache" in command:  # binarised before the training, by a command of its own
                 binarize = next(earlier for earlier in reversed(commands[:commands.index(command)])
                                 if earlier[0] == "onmt_ext_binarize")
                 assert binarize[:3] == ["onmt_ext_binarize", "-config", _option(command, "-config")[0]]
         tools = [command[0] for command in commands]
-        after = tools[max(i for i, tool in enumerate(tools) if tool == "onmt_train"):]
-        assert "onmt_translate" not in tools[:len(tools) - len(after)]  # every training before a translation
+        last = max(i for i, tool in enumerate(tools) if tool == "onmt_train")  # every training before the rest
+        assert not {"onmt_translate", "onmt_average_models"} & set(tools[:last]), tools
         assert ("onmt_translate" in tools) == (rank == 0) and ("onmt_average_models" in tools) == (rank == 0)
         assert any(line.startswith("# nodes: node ") for line in out)
         assert any(line.startswith("# report: ") for line in out) == (rank == 0)
     assert sorted(ranks[0] + ranks[1], key=int) == [str(rank) for rank in range(8)]
-    assert trained[0] == trained[1]  # the same rows in the same order: the nodes meet at each
+    assert trained[0] == trained[1]  # the same rows (sweeps' overrides too) in the same order: the nodes meet at each
 
 
 @pytest.mark.parametrize("args, message", [
     (["--nodes", "2", "--master-ip", "h", "--node-rank", "2"], "--node-rank 2: must be below --nodes 2"),
-    (["--nodes", "2"], "--nodes 2 needs --master-ip"),
+    (["--nodes", "2", "--node-rank", "0"], "--nodes 2 needs --master-ip"),
+    (["--nodes", "2", "--master-ip", "h"], "--nodes 2 needs --node-rank"),
+    (["--nodes", "2", "--node-rank", "0", "--master-ip", "h", "--master-port", "65530"], "above 65535"),
     (["--master-ip", "h"], "--master-ip goes with --nodes above 1"),
     (["--node-rank", "1", "--master-port", "1"], "--node-rank, --master-port go with --nodes above 1"),
     (["--nodes", "2", "--master-ip", "h", "--gpus", "cpu"], "--nodes needs CUDA devices"),
@@ -695,6 +700,23 @@ def test_node_options_that_do_not_fit_are_one_line_each(args, message, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_every_file_a_nodes_rules_read_is_data_or_made_by_a_rule(rank):
+    """On either node every table's rules make each file they read, but the prepared data; no binarising reads
+    a config's ``train_from`` (``onmt_ext_binarize`` refuses a fine-tuning's config)."""
+    for table, rows in reproduce.TABLES.items():
+        nodes = reproduce.Nodes(2, rank, "10.0.0.1")
+        plans = [reproduce.plan(row, (0, 1), nodes=nodes.for_row(index)) for index, row in enumerate(rows)]
+        steps = [step for p in plans for step in p.steps]
+        made = {step.output for step in steps} | {path for p in plans for path in p.checkpoints if rank == 0}
+        for step in steps:
+            unmade = [path for path in step.inputs if path not in made and reproduce.DATA not in path.parents]
+            assert not unmade, (table, rank, step.command[:4], unmade)
+            if step.command[0] == "onmt_ext_binarize" and reproduce.common.config_values(
+                    str(step.command[2]).removeprefix("yaml_configs/")).get("train_from"):
+                assert _option(list(step.command), "-train_from") == [""], (table, step.command)
 
 
 def _node_programs(tmp_path, plans):
@@ -726,7 +748,9 @@ def test_files_only_node_0_makes_are_given_to_the_other_node_before_it_reads_the
         [share] = [i for i, tool in enumerate(tools) if tool == "tools.node_share"]
         path = commands[share][-1]
         assert path.endswith(f"/{shared}") and _option(commands[share], "--node-rank") == [str(rank)]
-        assert _option(commands[share], "--master-ip", 3) == ["10.0.0.1", "--master-port", "29400"]
+        reader = next(command for command in commands[share:] if command[0] == "onmt_train")
+        assert _option(commands[share], "--master-ip", 3) == ["10.0.0.1", "--master-port",
+                                                              _option(reader, "-master_port")[0]]
         if shared.startswith("signal_tagger"):
             readers = [i for i, command in enumerate(commands) if "--tagger-model" in command]
             assert readers and share < min(readers)

@@ -27,8 +27,8 @@ def checkout(tmp_path_factory):
     return root
 
 
-def _make(root, *args, extra_dir=None):
-    env = support.cli_env()
+def _make(root, *args, extra_dir=None, **environment):
+    env = support.cli_env(**environment)
     env.pop("WMT17_SMALL_DATA", None)
     env.pop("WMT17_EXTRA_DIR", None)
     if extra_dir:
@@ -83,3 +83,20 @@ def test_a_papers_target_checks_every_table_before_the_first_one_prepares_data(c
     lines = [line for line in result.stderr.splitlines() if line.startswith("reproduce.py:")]
     assert len(lines) == 1 and lines[0].startswith(f"reproduce.py: WMT17_EXTRA_DIR={tmp_path} lacks train.zh")
     assert not (checkout / "build").exists() and "prepare_data" not in result.stdout
+
+
+def test_two_nodes_through_make_and_node_variables_of_other_tools_left_alone(checkout):
+    """NODES=2 with NODE_RANK and MASTER_IP (here from the environment) plans node 1's part; NODE_RANK and
+    MASTER_PORT exported for torchrun or SLURM do not touch a one-node table; NODES=2 without NODE_RANK is one
+    line (a second node 0 would wait 30 minutes for a node 1)."""
+    one = _make(checkout, "reproduce-li2019-table3", "DRY_RUN=1", MASTER_PORT="29500", NODE_RANK="3")
+    assert one.returncode == 0 and "-master_port" not in one.stdout and " onmt_train " in one.stdout, one.stderr
+    two = _make(checkout, "reproduce-li2019-table3", "DRY_RUN=1", "GPUS=0,1", "NODES=2", NODE_RANK="1",
+                MASTER_IP="10.0.0.1")
+    assert two.returncode == 0, two.stderr
+    assert "# nodes: node 1 of 2, global ranks 2-3 of 4, meeting at 10.0.0.1, ports 10000-10006" in two.stdout
+    assert " -world_size 4 -gpu_ranks 2 3 -master_ip 10.0.0.1 -master_port 10000 " in two.stdout
+    assert " onmt_translate " not in two.stdout and not (checkout / "build").exists()
+    missing = _make(checkout, "reproduce-li2019-table3", "DRY_RUN=1", "GPUS=0,1", "NODES=2", "MASTER_IP=h")
+    assert missing.returncode != 0 and "Traceback" not in missing.stderr
+    assert "reproduce.py: error: --nodes 2 needs --node-rank" in missing.stderr
