@@ -9,6 +9,7 @@ import contextlib
 import copy
 import functools
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -172,6 +173,13 @@ def cli_env(**extra):
     env.pop("ONMT_EXT_DISABLE", None)
     env.update(extra)
     return env
+
+
+def free_port():
+    """A TCP port of 127.0.0.1 that nothing listens on now (a master port for ranks or nodes)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def run_cli(command, *args, check=True, timeout=600, env=None):

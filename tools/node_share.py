@@ -28,7 +28,8 @@ CHUNK = 1 << 28
 
 
 def _broadcast_bytes(data, dist, torch):
-    """Node 0's ``data`` (bytes; elsewhere None) on every node: its length, then its bytes in chunks of CHUNK."""
+    """Node 0's ``data`` (bytes; elsewhere None) on every node: its length, then its bytes in chunks of CHUNK (node
+    0 gets its own ``data`` back, not a copy)."""
     size = torch.tensor([len(data) if data is not None else 0], dtype=torch.int64)
     dist.broadcast(size, 0)
     buffer = torch.empty(int(size), dtype=torch.uint8)
@@ -36,7 +37,7 @@ def _broadcast_bytes(data, dist, torch):
         buffer.numpy()[:] = numpy.frombuffer(data, dtype=numpy.uint8)
     for start in range(0, int(size), CHUNK):
         dist.broadcast(buffer[start:start + CHUNK], 0)
-    return buffer.numpy().tobytes()
+    return data if data is not None else buffer.numpy().tobytes()
 
 
 def share(path, nodes, rank, ip, port, timeout):
@@ -46,9 +47,7 @@ def share(path, nodes, rank, ip, port, timeout):
     import torch.distributed as dist
 
     path = Path(path)
-    data = None
-    if rank == 0:
-        data = path.read_bytes() if path.is_file() else None
+    data = path.read_bytes() if rank == 0 and path.is_file() else None
     dist.init_process_group("gloo", init_method=f"tcp://{ip}:{port}", world_size=nodes, rank=rank,
                             timeout=datetime.timedelta(seconds=timeout))
     try:

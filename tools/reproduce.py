@@ -333,6 +333,11 @@ class RowPlan:
         """The commands of the steps, as lists of strings."""
         return [list(step.command) for step in self.steps]
 
+    @property
+    def training(self):
+        """The row's ``onmt_train`` step."""
+        return next(step for step in self.steps if step.command[0] == "onmt_train")
+
 
 def _task_of(config):
     """The key of ``LANGS`` named in a config's file name."""
@@ -410,9 +415,10 @@ def plan(row, gpus=(0,), average=AVERAGE, passes=None, binarize=True, nodes=ONE_
     (``passes``: batches per update and GPU, see :func:`update_passes`), from binarised corpora where they can be
     (:func:`binarized_options`) unless not ``binarize``.
 
-    On several :class:`Nodes` every node binarises its corpora first (a node still binarising when the other
-    starts would keep it waiting), and only the first averages and translates: the others train, with their
-    own log, and leave a stamp instead of checkpoints (OpenNMT-py saves on global rank 0 only)."""
+    On several :class:`Nodes` every node binarises the row's corpora in a step before its training (a node still
+    binarising when the other starts would keep it waiting) and gets the files only node 0 makes from it
+    (:func:`_shared_from_node_0`); only the first averages and translates: the others train, with their own
+    log, and leave a stamp instead of checkpoints (OpenNMT-py saves on global rank 0 only)."""
     from onmt_ext.mechanisms.clause.split import translate_options
 
     values = common.config_values(row.config)  # with the row's overrides (``("-option", value, ...)``)
@@ -453,7 +459,7 @@ def plan(row, gpus=(0,), average=AVERAGE, passes=None, binarize=True, nodes=ONE_
         steps.append(Step(("onmt_average_models", "-models", *checkpoints, "-output", model), model, checkpoints))
     for _, prefix in test_sets(task) if nodes.first else ():
         hypotheses = hypotheses_file(run_dir, prefix, model)
-        test_source = DATA / task / f"{prefix}.bpe.{LANGS[task][0]}"
+        test_source = source_file(task, prefix)
         log = run_dir / f"translate.{'' if prefix == 'test' else prefix + '.'}{model.stem}.log"
         translate = ["onmt_translate", "-model", model, "-src", test_source, "-output", hypotheses,
                      "-beam_size", 4, "-length_penalty", "wu", "-alpha", 0.6, "-batch_size", 4096,
@@ -499,6 +505,11 @@ def _shared_from_node_0(steps, values, nodes):
     return steps, tuple(given)
 
 
+def source_file(task, prefix):
+    """The BPE'd source side of ``task``'s data file ``prefix`` (``test``, ``test_nist03``, ``train``...)."""
+    return DATA / task / f"{prefix}.bpe.{LANGS[task][0]}"
+
+
 def hypotheses_file(run_dir, prefix, model):
     """Where a row's translation of the test set ``prefix`` (``test``, ``test_nist03``...) with ``model`` goes."""
     return run_dir / f"{prefix}.{model.stem}.hyp.bpe"
@@ -511,7 +522,7 @@ def _clause_preparation(values, task):
     lang, tagger = values["clause_lang"], values.get("clause_tagger_model")
     steps = []
     if tagger:  # "CA with study": the signal-word tagger is trained first, on the training source
-        source = DATA / task / f"train.bpe.{LANGS[task][0]}"
+        source = source_file(task, "train")
         steps.append(Step(("python", "-m", "tools.train_signal_tagger", "--lang", lang, "--input", source,
                            "--output", tagger, "--max-sentences", 100000), Path(tagger), (source,)))
     if values.get("clause_presplit"):  # the sources the config reads: <file>.clause_<rule|study>
@@ -630,12 +641,7 @@ def training_data(task):
 def _scoring_inputs(task, by_length):
     """The data files the scoring reads: the references of every test set and, for ``by_length``, the test source."""
     paths = [path for _, prefix in test_sets(task) for files in _reference_files(task, prefix) for path in files]
-    return paths + ([DATA / task / f"test.bpe.{LANGS[task][0]}"] if by_length else [])
-
-
-def _trainings(plans):
-    """The output (checkpoint or stamp) of every row's training, in the rows' order."""
-    return [step.output for p in plans for step in p.steps if step.command[0] == "onmt_train"]
+    return paths + ([source_file(task, "test")] if by_length else [])
 
 
 def _in_order(plans, nodes):
@@ -643,7 +649,7 @@ def _in_order(plans, nodes):
     its training first."""
     if nodes.count == 1:
         return [step for p in plans for step in p.steps]
-    ends = [1 + next(i for i, step in enumerate(p.steps) if step.command[0] == "onmt_train") for p in plans]
+    ends = [1 + p.steps.index(p.training) for p in plans]
     return [step for p, end in zip(plans, ends) for step in p.steps[:end]] + \
         [step for p, end in zip(plans, ends) for step in p.steps[end:]]
 
@@ -651,14 +657,15 @@ def _in_order(plans, nodes):
 def make_rules(table, plans, gpus, nodes=ONE_NODE):
     """The Makefile that runs the steps of ``plans`` on ``gpus`` (``make -f FILE BIN=<venv>/bin``): each step's
     output is a target with the files it reads as prerequisites, order-only for a training (and its binarising),
-    so that a newer corpus never overwrites finished checkpoints.  A missing data file or a failed command stops make with one line.
+    so that a newer corpus never overwrites finished checkpoints.  A missing data file or a failed command stops
+    make with one line.
 
     On several ``nodes`` every row is trained before any is averaged or translated, on each node in the same
     order, so that the nodes' ranks meet at each row's start; a node but the first only trains."""
     task = plans[0].task
     targets = [p.hypotheses_of(i) for p in plans for i in range(len(test_sets(task)))] if nodes.first else []
-    first = _trainings(plans) if nodes.count > 1 else []
-    sources = [DATA / task / f"{prefix}.bpe.{LANGS[task][0]}" for _, prefix in test_sets(task)]
+    first = [p.training.output for p in plans] if nodes.count > 1 else []
+    sources = [source_file(task, prefix) for _, prefix in test_sets(task)]
     scoring = list(dict.fromkeys(_scoring_inputs(task, table.startswith("clause-")) + sources)) \
         if nodes.first else []  # the data read after the trainings, checked before they start
     lines = [f"# {table}: written by python -m tools.reproduce --rules for make reproduce-{table}", ".DELETE_ON_ERROR:",
@@ -713,7 +720,7 @@ def score(plans, table, by_length=False, test_set=0):
     from onmt_ext.integration import evaluation as ev
 
     task = table_task(table)
-    src, tgt = LANGS[task]
+    tgt = LANGS[task][1]
     prefix = test_sets(task)[test_set][1]
     metric = _metric(tgt)
     refs, tok_refs = map(ev.read_references, _reference_files(task, prefix))
@@ -728,7 +735,7 @@ def score(plans, table, by_length=False, test_set=0):
         results.append({"bleu": bleu.score, "tok_bleu": tok.score, "chrf": chrf.score, "signature": bleu.signature,
                         "tok_bleu_signature": tok.signature, "chrf_signature": chrf.signature,
                         "p_value": None, "marker": None})
-    sources = _remove_bpe(ev.read_hypotheses(DATA / task / f"{prefix}.bpe.{src}", "test source")) if by_length else []
+    sources = _remove_bpe(ev.read_hypotheses(source_file(task, prefix), "test source")) if by_length else []
     configs = [p.row.config for p in plans]
     tok = paper_metric(table, task)[0] == "tok_bleu"  # the marks in the paper's own metric
     bootstrap = {"metric": "tok-bleu" if tok else metric, "n_samples": BOOTSTRAP_SAMPLES, "seed": BOOTSTRAP_SEED}
@@ -969,7 +976,7 @@ def _show(path):
 
 def _update_note(p):
     """``# update:`` line of a dry run: a row's world size, gpu_ranks, accum_count and tokens per update."""
-    train = next(list(map(str, step.command)) for step in p.steps if str(step.command[0]) == "onmt_train")
+    train = list(p.training.command)
     values = common.config_values(p.row.config)
 
     def option(name, default):
@@ -1004,7 +1011,7 @@ def _node_note(table, nodes, gpus):
 def _dry_run_notes(table, plans, task, out_dir, nodes=ONE_NODE):
     """The ``# update:``, ``# score:`` and ``# report:`` lines of a dry run (on a node but the first: the
     ``# update:`` lines only)."""
-    src, tgt = LANGS[task]
+    tgt = LANGS[task][1]
     lines, configs = [_update_note(p) for p in plans], [p.row.config for p in plans]
     if not nodes.first:
         return lines
@@ -1015,7 +1022,7 @@ def _dry_run_notes(table, plans, task, out_dir, nodes=ONE_NODE):
             against = ("" if reference == index else f"; paired bootstrap in {paper_metric(table, task)[0]} against "
                        f"{plans[reference].row.label} ({plans[reference].hypotheses_of(number)})")
             if against and number == 0 and table.startswith("clause-"):
-                against += f"; by source length ({DATA / task / f'test.bpe.{src}'})"
+                against += f"; by source length ({source_file(task, 'test')})"
             lines.append(f"# score: {p.row.label}: {p.hypotheses_of(number)} (BPE removed, detokenized) with "
                          f"{_metric(tgt)} and chrF against {refs}, tok. BLEU against {tok_refs}{against}")
     base = _show(out_dir) / table
@@ -1047,9 +1054,9 @@ def _nodes(parser, args, gpus):
     if not args.master_ip:
         parser.error(f"--nodes {args.nodes} needs --master-ip, the address of node 0 (make's MASTER_IP)")
     port = args.master_port or Nodes.port
-    if port + len(TABLES[args.table]) - 1 > 65535:
-        parser.error(f"--master-port {port}: the rows of {args.table} meet at ports {port} to "
-                     f"{port + len(TABLES[args.table]) - 1}, above 65535")
+    last = port + len(TABLES[args.table]) - 1
+    if last > 65535:
+        parser.error(f"--master-port {port}: the rows of {args.table} meet at ports {port} to {last}, above 65535")
     return Nodes(args.nodes, args.node_rank, args.master_ip, port)
 
 

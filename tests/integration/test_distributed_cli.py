@@ -10,7 +10,6 @@ mechanism trains on two ranks in two models (``TOGETHER``); each one's own smoke
 
 import json
 import re
-import socket
 import subprocess
 
 import pytest
@@ -35,12 +34,6 @@ DIGEST = re.compile(r"onmt-ext: step (\d+): the 2 ranks hold identical parameter
 REPORT = re.compile(r"Step +(\d+)/ *\d+; acc: .*; sents: +(\d+); bsz: +(\d+)/ *(\d+)/ *(\d+);")
 
 
-def _free_port():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _config(folder, config=CONFIG, data=None):
     """``config`` with its outputs under ``folder`` (and its training corpus replaced by ``data``, a prefix)."""
     options = yaml.safe_load((support.REPO / config).read_text(encoding="utf-8"))
@@ -55,8 +48,8 @@ def _config(folder, config=CONFIG, data=None):
 def _train(folder, *extra, config=CONFIG, data=None, trace=True):
     folder.mkdir(parents=True, exist_ok=True)
     env = support.cli_env(**({"ONMT_EXT_TRACE_BATCHES": str(folder)} if trace else {}))
-    result = support.run_cli("onmt_train", "-config", _config(folder, config, data), "-master_port", _free_port(),
-                             *EVERY_STEP, *extra, env=env)
+    result = support.run_cli("onmt_train", "-config", _config(folder, config, data), "-master_port",
+                             support.free_port(), *EVERY_STEP, *extra, env=env)
     return result.stderr + result.stdout
 
 
@@ -64,7 +57,7 @@ def _two_nodes(base, data, *extra):
     """Two "nodes" of one rank each, as two ``onmt_train`` processes on this machine: ``-world_size 2`` with
     ``-gpu_ranks 0`` and ``-gpu_ranks 1``, one master port.  Each writes under its own folder; both trace their
     batches into ``base``.  Returns the two logs."""
-    port, processes = _free_port(), []
+    port, processes = support.free_port(), []
     env = support.cli_env(ONMT_EXT_TRACE_BATCHES=str(base))
     for rank in (0, 1):
         folder = base / f"node{rank}"

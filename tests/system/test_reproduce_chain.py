@@ -12,7 +12,6 @@ repository's.
 
 import json
 import shutil
-import socket
 import subprocess
 from pathlib import Path
 
@@ -136,12 +135,6 @@ def test_make_reproduce_sample_runs_every_step_and_reports(checkout, tmp_path, o
     assert "step clean is redone with the steps after it: its ratio changed" in redone.stderr
 
 
-def _free_port():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def test_two_nodes_train_the_sample_table_together_through_their_rules(checkout, tmp_path, onmt_active):
     """``make reproduce-sample-li2019 NODES=2 ...`` as two machines would run it: two checkouts, each with its
     data, whose rules (``--rules``, as make writes them) run at once.  On this machine without CUDA each node's
@@ -150,7 +143,7 @@ def test_two_nodes_train_the_sample_table_together_through_their_rules(checkout,
     assert _make(checkout, "data-sample_ende").returncode == 0
     node1 = tmp_path / "node1"
     shutil.copytree(checkout, node1, symlinks=True)
-    port, venv = _free_port(), support.REPO / ".venv" / "bin"
+    port, venv = support.free_port(), support.REPO / ".venv" / "bin"
     runs = []
     for rank, root in ((0, checkout), (1, node1)):
         rules = root / "build" / "two-nodes.mk"

@@ -1,7 +1,6 @@
 """tools/node_share.py: node 0 gives a file to the other nodes of a multi-node ``make reproduce-*``."""
 
 import os
-import socket
 import subprocess
 
 import pytest
@@ -9,12 +8,6 @@ import pytest
 import support
 
 from tools import node_share
-
-
-def _free_port():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 #: node_share's command line with broadcasts of ``CHUNK`` bytes (the first argument): the file's 3 MB then go in
@@ -25,7 +18,7 @@ COMMAND = ("import sys; from tools import node_share; node_share.CHUNK = int(sys
 
 def _nodes(tmp_path, name, chunk=65_536):
     """Run node 0 in ``tmp_path/node0`` and node 1 in ``tmp_path/node1`` at once, each asked for ``name``."""
-    port, runs = _free_port(), []
+    port, runs = support.free_port(), []
     env = dict(support.cli_env(), PYTHONPATH=str(support.REPO))
     for rank in (0, 1):
         (tmp_path / f"node{rank}").mkdir(exist_ok=True)
