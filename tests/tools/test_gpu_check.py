@@ -288,8 +288,8 @@ def test_dry_run_targets_have_issue_35s_rows(dry_run):
 def test_the_fresh_only_run_measures_the_users_path_rows_alone(tmp_path):
     """``--sections b --fresh-only``, the first command of the next GPU session (docs/gpu-check.md): three fresh
     processes, the stock control and the users'-path A/A control among them (the compiled layers' process: in the
-    module's dry run; with it this run took 145-157 s), and nothing else, their tables packed; the A/A's ratio at
-    each batch reported as such."""
+    module's dry run, as with it this run would take longer; docs/gpu-check.md), and nothing else, their tables
+    packed; the A/A's ratio at each batch reported as such."""
     support.ensure_sample_data()
     done = subprocess.run([*COMMAND, "--device", "cpu", "--tiny", "--sections", "b", "--fresh-only",
                            "--fresh", "ext,stock,aa", "--budget-b", "300", "--out", str(tmp_path),

@@ -544,7 +544,7 @@ def test_compiled_cao2019_core_routes_in_the_kernels(causal, backend, kernel, mo
     GRET's do), so both routings of the core's graph run in them, vertical in the one-block kernel, horizontal
     (shared votes) in the chunked one, at two lengths, with the eager kernels' values and gradients and the
     PyTorch code's (the decoder variant's full pass and a decoding step too).  Under Inductor only the decoder,
-    whose graph holds both routings too: the encoder's test already takes 157 s in this project's CPU CI."""
+    whose graph holds both routings too: the encoder's is already the slowest of these tests (docs/kernels.md)."""
     from onmt_ext.mechanisms import cao2019
     from onmt_ext.runtime import compile as ext_compile
 
