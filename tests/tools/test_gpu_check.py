@@ -716,6 +716,12 @@ def test_fresh_picks_the_fresh_processes_and_refuses_others(capsys):
         assert stopped.value.code == 2
         assert capsys.readouterr().err == (
             "gpu_check.py: error: --fresh: a comma-separated list of ext, stock, bin, aa, layers\n")  # one line
+    for alone, line in (("aa", "aa is a ratio"), ("stock,bin,aa", "bin and aa are ratios")):
+        with pytest.raises(SystemExit):  # measured for their ratio over ext's rows, which would be missing
+            cli.parse_args(["--device", "cpu", "--tiny", "--part", "train-fresh", "--fresh", alone])
+        assert capsys.readouterr().err == (
+            f"gpu_check.py: error: --fresh {alone}: {line} over the onmt-ext baseline's fresh process; name it too: "
+            f"--fresh ext,{alone}\n")
 
 
 def test_the_fresh_processes_leave_a_reserve_to_the_later_ones():

@@ -28,7 +28,7 @@ from tools import common
 from tools.gpu_check.cases import MECHANISMS, REPO, TINY_MECHANISMS
 from tools.gpu_check.child import CHILDREN
 from tools.gpu_check.plan import (
-    BUDGETS, FRESH_BIN, FRESH_DEFAULT, FRESH_NAMES, GRACE_S, PART_STAGES, Schedule, TINY_BUDGETS, apply_part,
+    BUDGETS, FRESH_BIN, FRESH_DEFAULT, FRESH_NAMES, FRESH_REFERENCE, GRACE_S, PART_STAGES, Schedule, TINY_BUDGETS, apply_part,
     checkpoint_plan, fresh_deadlines, monotonic_now, paper_of, plan_line, run_steps, step_plan, training_plan,
     warm_up_plan,
 )
@@ -128,7 +128,7 @@ def parse_args(argv):
                              "stock (stock OpenNMT-py), bin (the onmt-ext baseline on binarised data from "
                              "-ext_binarized_cache, binarised while the earlier processes run; its ratio is over "
                              "ext's), aa (the users'-path A/A control: the onmt-ext baseline again, its ratio over "
-                             "ext's), layers (-ext_compile_layers); bin, aa and layers are off by default, as the "
+                             "ext's; both need ext), layers (-ext_compile_layers); bin, aa and layers are off by default, as the "
                              f"default budget has no room for them; default {','.join(FRESH_DEFAULT)}")
     parser.add_argument("--commit", default=None,
                         help=f"the project's commit for the report (default ${COMMIT_ENV}, else git when this "
@@ -186,6 +186,11 @@ def parse_args(argv):
     args.fresh = [name.strip() for name in args.fresh.split(",") if name.strip()]
     if not args.fresh or set(args.fresh) - set(FRESH_NAMES.values()):
         parser.error(f"--fresh: a comma-separated list of {', '.join(FRESH_NAMES.values())}")
+    relative = [name for name in args.fresh if FRESH_REFERENCE.get(name) == "ext" and "ext" not in args.fresh]
+    if relative:  # their rows are there for their ratio over ext's
+        parser.error(f"--fresh {','.join(args.fresh)}: {' and '.join(relative)} "
+                     f"{'is a ratio' if len(relative) == 1 else 'are ratios'} over the onmt-ext baseline's fresh "
+                     f"process; name it too: --fresh ext,{','.join(args.fresh)}")
     if min(args.batch_size, args.paper_batch_size, args.case_batch_size, args.warmup_steps, args.steps,
            args.case_steps, args.profile_steps, args.test_sentences, args.translate_passes, args.translate_batch,
            args.translate_block, args.train_block, args.compile_warmup_steps, args.fresh_warmup_steps,
