@@ -14,6 +14,7 @@ Speed: on CUDA the fused kernels of :mod:`onmt_ext.mechanisms.routing_triton` ro
 (one program per problem; :func:`kernel_choice`, docs/kernels.md).
 """
 
+import contextlib
 import functools
 import importlib
 import math
@@ -228,7 +229,7 @@ def _kernels_trusted(kind, votes, fused, reference, extras, variant):
         method, settings = kind
         problem = (f"{method} ({', '.join(f'{name}={value}' for name, value in settings)}) routing of "
                    f"({', '.join(map(str, votes.shape[-3:]))}) votes in {votes.dtype} on {votes.device.type}")
-        failure = _isolated(_kernel_disagreement, votes, fused, reference, extras)
+        failure = _isolated(_kernel_disagreement, votes, fused, reference, extras, device=votes.device)
         if failure:
             warnings.warn(f"onmt-ext: the fused kernel for {problem} failed its first-use check ({failure}); this "
                           f"routing runs unfused (docs/kernels.md)")
@@ -236,15 +237,17 @@ def _kernels_trusted(kind, votes, fused, reference, extras, variant):
     return _TRUSTED[key]
 
 
-def _isolated(check, *args):
+def _isolated(check, *args, device=None):
     """``check(*args)`` in a thread of its own, with grad mode on and autocast off (thread-local states): the
-    caller's autograd context (a checkpoint's saved-tensor hooks, no_grad, autocast) sees nothing of it.
-    Returns its result, or the first line of what it raised."""
+    caller's autograd context (a checkpoint's saved-tensor hooks, no_grad, autocast) sees nothing of it.  On a
+    CUDA ``device`` the thread makes it current, as the caller's thread has it (a new thread's is GPU 0, where
+    Triton would launch the kernels of a rank on another GPU).  Returns its result, or the first line of what
+    it raised."""
     result = {}
 
     def target():
         try:
-            with torch.enable_grad():
+            with torch.enable_grad(), _current(device):
                 result["value"] = check(*args)
         except Exception as error:  # a kernel that does not compile on this device, or its launch
             text = str(error).strip()
@@ -254,6 +257,11 @@ def _isolated(check, *args):
     thread.start()
     thread.join()
     return result["value"]
+
+
+def _current(device):
+    """Context: ``device`` is the thread's current CUDA device (nothing for another device or None)."""
+    return torch.cuda.device(device) if device is not None and device.type == "cuda" else contextlib.nullcontext()
 
 
 def _kernel_disagreement(votes, fused, reference, extras):

@@ -80,7 +80,9 @@ def _problem(V, pid, s_p, s_i, s_o, s_d, Mask, n_in, n_out, n_dim, BI: tl.conste
     if HAS_MASK:
         keep = keep & (tl.load(Mask + pid * n_in + i, mask=i < n_in, other=0) != 0)
     inside = keep[:, None, None] & (o[None, :, None] < n_out) & (d[None, None, :] < n_dim)
-    offsets = pid * s_p + i[:, None, None] * s_i + o[None, :, None] * s_o + d[None, None, :] * s_d
+    # 64-bit offsets: Triton passes a stride below 2**31 as int32, and li2019's transposed votes have s_i = P * O * D
+    wide_i, wide_o, wide_d = i.to(tl.int64), o.to(tl.int64), d.to(tl.int64)
+    offsets = pid * s_p + wide_i[:, None, None] * s_i + wide_o[None, :, None] * s_o + wide_d[None, None, :] * s_d
     v = tl.load(V + offsets, mask=inside, other=0.0).to(tl.float32)
     return v, keep[:, None].to(tl.float32), (o < n_out)[None, :], (d < n_dim)[None, :], i, o, d
 
@@ -262,8 +264,9 @@ def _chunk(V, group, s_p, s_i, s_o, s_d, vkeep, n_in, n_out, n_dim, i, o, d):
     the problem and on the inputs ``vkeep`` ``[BI, 1]`` drops, and where they lie in a contiguous ``(G, I, O, D)``
     tensor.  A group is one problem, or the problems that share its votes (cao2019's horizontal routing)."""
     inside = (vkeep[:, :, None] > 0) & (o[None, :, None] < n_out) & (d[None, None, :] < n_dim)
-    v = tl.load(V + group * s_p + i[:, None, None] * s_i + o[None, :, None] * s_o + d[None, None, :] * s_d,
-                mask=inside, other=0.0).to(tl.float32)
+    wide_i, wide_o, wide_d = i.to(tl.int64), o.to(tl.int64), d.to(tl.int64)  # as in _problem
+    v = tl.load(V + group * s_p + wide_i[:, None, None] * s_i + wide_o[None, :, None] * s_o
+                + wide_d[None, None, :] * s_d, mask=inside, other=0.0).to(tl.float32)
     flat = ((group * n_in + i[:, None, None]) * n_out + o[None, :, None]) * n_dim + d[None, None, :]
     every = (i[:, None, None] < n_in) & (o[None, :, None] < n_out) & (d[None, None, :] < n_dim)
     return v, flat, every
@@ -665,10 +668,10 @@ def _simple_outputs(votes, need_logits, members):
 
 
 def _simple_gradients(votes, init):
-    """The votes' gradient (contiguous, the votes' dtype) and the starting logits' (float32; empty without them),
+    """The votes' gradient (their dtype) and the starting logits' (float32; empty without them), both contiguous,
     unfilled."""
     return (torch.empty(votes.shape, dtype=votes.dtype, device=votes.device),
-            torch.empty_like(init, dtype=torch.float32) if init is not None else votes.new_empty(0))
+            votes.new_empty(init.shape, dtype=torch.float32) if init is not None else votes.new_empty(0))
 
 
 def _chunked_call(kernel, programs, votes, mask, members, tensors, **constants):
@@ -689,6 +692,7 @@ def _chunked_call(kernel, programs, votes, mask, members, tensors, **constants):
 def _simple_op(votes: torch.Tensor, mask: Optional[torch.Tensor], init: Optional[torch.Tensor], iterations: int,
                inputs: bool, weighted: bool, need_logits: bool, members: int) -> tuple[torch.Tensor, torch.Tensor]:
     out, logits = _simple_outputs(votes, need_logits, members)
+    init = None if init is None else init.contiguous()  # the kernels index it as (P, I, O); a view may not be
     settings = dict(ITERATIONS=iterations, INPUTS=inputs, WEIGHTED=weighted, HAS_INIT=init is not None,
                     STORE_LOGITS=need_logits)
     if members == 1 and _one_block(votes):
@@ -709,7 +713,7 @@ def _simple_backward_op(votes: torch.Tensor, mask: Optional[torch.Tensor], init:
                         grad_out: torch.Tensor, grad_logits: Optional[torch.Tensor], iterations: int, inputs: bool,
                         weighted: bool, members: int) -> tuple[torch.Tensor, torch.Tensor]:
     grad_votes, grad_init = _simple_gradients(votes, init)
-    tensors = (init, grad_out.contiguous(), None if grad_logits is None else grad_logits.contiguous(), grad_votes)
+    tensors = (None if init is None else init.contiguous(), grad_out.contiguous(), None if grad_logits is None else grad_logits.contiguous(), grad_votes)
     settings = dict(ITERATIONS=iterations, INPUTS=inputs, WEIGHTED=weighted, HAS_INIT=init is not None,
                     HAS_GRAD_LOGITS=grad_logits is not None)
     if members == 1 and _one_block(votes):
@@ -833,7 +837,6 @@ def simple_routing(votes, iterations, normalize, weighted_mean, init_logits, mas
     init = None
     if init_logits is not None:
         init = init_logits.reshape(-1, n_in, n_out).to(torch.promote_types(init_logits.dtype, torch.float32))
-        init = init.contiguous()  # the kernels index it as (P, I, O); a view may not be
     out, logits = _simple_op(flat, flat_mask, init, int(iterations), normalize == "inputs", bool(weighted_mean),
                              bool(need_logits), members)
     return out.view(*lead, n_out, n_dim), logits.view(*lead, n_in, n_out) if need_logits else None

@@ -827,6 +827,34 @@ def test_the_kernels_compile_for_a_hopper_gpu(tmp_path, shape, kernels):
     assert all(0 < row["registers"] <= 255 for row in rows), rows
 
 
+def test_the_first_use_check_runs_on_the_votes_gpu(kernel, monkeypatch):
+    """The check runs in a thread of its own, whose current CUDA device is GPU 0 whatever the caller's; Triton
+    launches on the current device, so a rank on ``cuda:1`` would check its kernels on GPU 0 with GPU 1's
+    memory.  The thread makes the votes' device current (CUDA's device context faked here, as on the CPU)."""
+    import threading
+
+    entered = []
+
+    class Device:
+        def __init__(self, device):
+            self.device = device
+
+        def __enter__(self):
+            entered.append((threading.current_thread().name, self.device))
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(torch.cuda, "device", Device)
+    gpu = torch.device("cuda", 1)
+    assert routing._isolated(lambda: threading.current_thread().name, device=gpu) == "onmt-ext routing kernel check"
+    assert entered == [("onmt-ext routing kernel check", gpu)]
+    seen = []
+    monkeypatch.setattr(routing, "_isolated", lambda check, *args, device: seen.append(device))
+    routing.simple_routing(torch.randn(2, 5, 4, 3, device=DEVICE), 2, normalize="inputs")
+    assert seen == [DEVICE]  # the check is given the votes' device
+
+
 def test_one_first_use_check_serves_every_length_of_a_compiled_variant(kernel, monkeypatch):
     """GRET's and cao2019's problems grow with the sentence: a check per length would read values back to the
     host in training steps long after the first, so the check is made once per compiled kernel variant."""
