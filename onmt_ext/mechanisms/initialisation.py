@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from onmt_ext.mechanisms import routing
 from onmt_ext.runtime import compile as ext_compile
 from onmt_ext.patches import NEEDED, patch
 
@@ -209,4 +210,7 @@ def _build_model_initialised(stock, model_opt, opt, vocabs, checkpoint, *args, *
         initialise(model)
     if ext_compile.Compile.from_opt(opt).compile_layers:  # this run's option, not the checkpoint's: how it runs
         ext_compile.compile_layers(model)
+        parameter = next(model.parameters(), None)
+        if parameter is not None:  # cao2019 routes inside a layer's graph, whose trace cannot import the kernels
+            routing.prepare_kernels(parameter)
     return model

@@ -15,6 +15,7 @@ On the CPU, with ``aot_eager`` (the graphs Dynamo and AOTAutograd capture, run w
 """
 
 import copy
+import sys
 
 import pytest
 import torch
@@ -173,6 +174,26 @@ def test_the_option_reaches_the_model_onmt_train_builds(sample_data, onmt_active
         built = initialisation._build_model_initialised(lambda *args, **kwargs: model, opt, opt, None, None)
         wrapped = [type(layer).__name__ for layer in built.modules() if "forward" in vars(layer)]
         assert bool(wrapped) is on, wrapped
+
+
+def test_compiled_layers_import_the_routing_kernels_before_any_graph(sample_data, onmt_active, monkeypatch):
+    """cao2019's cross aggregation routes inside a compiled layer's graph, whose trace cannot import the fused
+    kernels: without an eager import first, every compiled training pass on CUDA routed in PyTorch.  The model
+    that ``onmt_train`` builds with compiled layers imports them where its device routes through them (CUDA,
+    taken here for the CPU's by ``routing._on_cuda``)."""
+    from onmt_ext.mechanisms import routing
+
+    loads = []
+    monkeypatch.delitem(sys.modules, routing._KERNEL_MODULE, raising=False)
+    monkeypatch.setattr(routing, "_load_kernels", lambda: loads.append(1))
+    monkeypatch.setattr(routing, "_on_cuda", lambda tensor: True)
+    monkeypatch.setenv("ONMT_EXT_ROUTING_KERNEL", "auto")
+    opt = support.load_train_opts(BASELINE, "-ext_compile_layers", "true")
+    for on in (False, True):
+        opt.ext_compile_layers = on
+        model = copy.deepcopy(_models(BASELINE)[0])
+        initialisation._build_model_initialised(lambda *args, **kwargs: model, opt, opt, None, None)
+        assert len(loads) == int(on), (on, loads)
 
 
 def test_a_layer_compile_failure_names_the_option(sample_data, onmt_active, monkeypatch):
