@@ -178,12 +178,14 @@ class HostReads(TorchDispatchMode):
 def cuda_sync_warnings(skip=()):
     """Record where torch's sync debug mode (``torch.cuda.set_sync_debug_mode``) warns of a synchronising call.
 
-    Yields the list that fills with the call site of each (see :func:`caller`; ``skip`` as there).
+    Yields the list that fills with the call site of each (see :func:`caller`; ``skip`` as there).  Every other
+    warning is shown as it would be outside (a kernel's failed first-use check, a compile fallback).
     """
     sites = []
     previous = torch.cuda.get_sync_debug_mode()
-    with warnings.catch_warnings(record=True) as caught, record_sync_sites(sites, skip) as hooked:
-        warnings.simplefilter("always")
+    shown = getattr(warnings, "_showwarnmsg_impl", None)
+    with warnings.catch_warnings(record=True) as caught, record_sync_sites(sites, skip, others=shown) as hooked:
+        warnings.filterwarnings("always", message=".*synchroniz")  # each sync, not once per line
         torch.cuda.set_sync_debug_mode("warn")
         try:
             yield sites
@@ -198,9 +200,10 @@ def _is_sync(message):
 
 
 @contextmanager
-def record_sync_sites(sites, skip=()):
+def record_sync_sites(sites, skip=(), others=None):
     """Context, inside ``warnings.catch_warnings(record=True)``: append the call site of every sync warning to
-    ``sites`` as it is issued (the recorded warnings keep only their messages); its exit undoes it.
+    ``sites`` as it is issued (the recorded warnings keep only their messages); ``others``, where given, shows
+    every other warning instead of its being recorded; its exit undoes it.
 
     Yields False on a Python whose warnings module has no such hook (then nothing is appended), else True.
     """
@@ -210,9 +213,10 @@ def record_sync_sites(sites, skip=()):
         return
 
     def with_site(message):
+        if not _is_sync(message.message):
+            return (others or record)(message)
         record(message)
-        if _is_sync(message.message):
-            sites.append(caller(skip))
+        sites.append(caller(skip))
 
     with temporarily(warnings, "_showwarnmsg_impl", with_site):
         yield True

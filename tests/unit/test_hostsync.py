@@ -114,3 +114,27 @@ def test_support_host_reads_reports_what_host_reads_counts():
         values[MASK].sum().item()
         assert reads == []  # (filled when the block ends)
     assert [read.split(" at ")[0] for read in reads] == ["index", "item"] and __file__ in reads[0], reads
+
+
+def test_cuda_sync_warnings_record_each_sync_and_show_every_other_warning(monkeypatch):
+    """gpu_check's meter counts a step's syncs inside :func:`cuda_sync_warnings` on CUDA: each sync warning is a
+    site, two from one line are two; any other warning (a kernel's failed first-use check) is shown as outside,
+    not recorded away.  torch's sync debug mode is faked (no CUDA here) and restored on leaving."""
+    import sys
+    import warnings
+
+    from onmt_ext.runtime import hostsync
+
+    modes = ["default"]
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: modes[-1])
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+    with warnings.catch_warnings(record=True) as outside:
+        warnings.simplefilter("default")
+        with hostsync.cuda_sync_warnings() as sites:
+            for _ in range(2):
+                warnings.warn("called a synchronizing CUDA operation")
+            line = sys._getframe().f_lineno - 1
+            warnings.warn("onmt-ext: the fused kernel ... failed its first-use check")
+    assert sites == [f"{__file__}:{line} (test_cuda_sync_warnings_record_each_sync_and_show_every_other_warning)"] * 2
+    assert [str(w.message) for w in outside] == ["onmt-ext: the fused kernel ... failed its first-use check"]
+    assert modes == ["default", "warn", "default"]
