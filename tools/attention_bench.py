@@ -12,8 +12,8 @@ as OpenNMT-py 3.5.1 calls ``scaled_dot_product_attention`` with the backends onm
 the other :data:`VARIANTS` (cuDNN; the decoder's ``is_causal`` alone; floors): the median of ``--repeats`` timed
 calls (CUDA events; perf_counter on the CPU), the ratio over stock, the host-clock time of a call at a shape not
 seen before (a backend's per-shape plan), and the agreement with stock at dropout 0 on the non-padding query rows.
-A variant that its backend cannot run is reported "not supported: <reason>".  ``--tiny``: the CPU's dry run.
-Writes PATH.json and PATH.md with ``--out``.  Method: docs/tools.md (attention_bench.py).
+A variant its backend cannot run is "not supported: <reason>".  ``--tiny``: the CPU's dry run.  ``--out``:
+PATH.json and PATH.md, rewritten after each attention of each shape.  Method: docs/tools.md (attention_bench.py).
 """
 
 import argparse
@@ -275,8 +275,9 @@ def measure(variant, problem, args, reference, fresh=tuple):
     return row, result
 
 
-def rows_of(args):
-    """Every (shape, attention, variant) row, each attention's stock first; ratio over stock filled in."""
+def rows_of(args, measured=lambda rows: None):
+    """Every (shape, attention, variant) row, each attention's stock first; ratio over stock filled in.
+    ``measured(rows)`` after each attention of each shape, with the rows so far."""
     import torch
 
     dtype = getattr(torch, args.dtype)
@@ -303,11 +304,13 @@ def rows_of(args):
             del problem
             if args.device == "cuda":
                 torch.cuda.empty_cache()
+            measured(rows)
     return rows
 
 
 def markdown(report):
-    """The report as markdown: the machine, the settings, and one table row per measured variant."""
+    """The report as markdown: the machine, the settings, which attentions of which shapes are not measured yet
+    (a run stopped early, or its report written after each attention), and one table row per measured variant."""
     where, setting = report["machine"], report["setting"]
     lines = [f"# Attention kernels, forward+backward of one call ({where['name']})", "",
              f"torch {where['torch']} (CUDA {where['cuda']}, cuDNN {where.get('cudnn')}); {setting['dtype']}, "
@@ -318,9 +321,15 @@ def markdown(report):
              f"shapes no call had before (a backend's per-shape plan included; training's batches vary in "
              f"shape).  Differences: max abs from stock at dropout 0, the output on non-padding query rows, the "
              f"gradients with no upstream gradient on padding rows.  Floor rows ignore key padding: their "
-             f"differences are expected.", "",
-             "| shape | attention | variant | ms | over stock | new shape ms | out | dq | dk | dv |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             f"differences are expected.", ""]
+    done = {(row["shape"], row["attention"]) for row in report["rows"]}
+    left = [f"{shape} {attention}" for shape in setting["shapes"] for attention in ATTENTIONS
+            if (shape, attention) not in done]
+    if left:
+        lines += [f"**Partial:** {len(done)} of {len(done) + len(left)} attentions measured (the run stopped early "
+                  f"or is still running); not measured: {', '.join(left)}.", ""]
+    lines += ["| shape | attention | variant | ms | over stock | new shape ms | out | dq | dk | dv |",
+              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for row in report["rows"]:
         why = next((text for text in row["torch_warnings"] if not text.endswith(":")), None)
         timing = (row["reason"] + (f" (torch: {why})" if why else "") if row["reason"]
@@ -357,7 +366,13 @@ def main(argv=None):
                "device": args.device,
                "lengths": f"uniform in [{LOW} L, L], padded at the end", "tiny": args.tiny,
                "timer": "CUDA events" if args.device == "cuda" else "time.perf_counter"}
-    return common.publish_bench(args, setting, rows_of(args), markdown)
+
+    def so_far(rows):  # a device call cut short keeps the attentions it measured
+        if args.out and len(rows) < len(args.shapes) * len(VARIANTS):
+            report = common.bench_report(args, setting, rows)
+            common.write_outputs(args.out, report, markdown(report))
+
+    return common.publish_bench(args, setting, rows_of(args, so_far), markdown)
 
 
 if __name__ == "__main__":

@@ -49,6 +49,44 @@ def test_the_dry_run_writes_every_row_with_a_figure_or_a_reason(tmp_path, capsys
     assert report["machine"]["torch"] == torch.__version__ and report["setting"]["tiny"]
     table = (tmp_path / "attention.md").read_text(encoding="utf-8")
     assert table.count("\n| ") == len(rows) + 1 and table in capsys.readouterr().out
+    assert "Partial" not in table
+
+
+def test_a_run_stopped_after_an_attention_keeps_what_it_measured(tmp_path, monkeypatch):
+    """The report is written again after each attention of each shape, so a device call stopped by its time limit
+    (``timeout``) keeps the attentions it measured, and says which it did not."""
+    stock, calls = ab.measure, []
+
+    def stopped_at_the_second_shape(variant, problem, *rest, **kwargs):
+        calls.append(variant)
+        if problem.q.size(0) == ab.TINY["shapes"][1][0]:
+            raise KeyboardInterrupt  # as a device call's time limit would stop it
+        return stock(variant, problem, *rest, **kwargs)
+
+    monkeypatch.setattr(ab, "measure", stopped_at_the_second_shape)
+    with pytest.raises(KeyboardInterrupt):
+        ab.main(["--tiny", "--device", "cpu", "--out", str(tmp_path / "attention")])
+    assert len(calls) == len(ab.VARIANTS) + 1
+    rows = json.loads((tmp_path / "attention.json").read_text(encoding="utf-8"))["rows"]
+    first, second = (f"{b}x{n}" for b, n in ab.TINY["shapes"])
+    assert [(row["shape"], row["attention"], row["variant"]) for row in rows] == [
+        (first, v.attention, v.name) for v in ab.VARIANTS]
+    text = (tmp_path / "attention.md").read_text(encoding="utf-8")
+    assert (f"**Partial:** 3 of 6 attentions measured (the run stopped early or is still running); not measured: "
+            f"{second} encoder self, {second} decoder self, {second} context.") in text
+    assert text.count("\n| ") == len(rows) + 1
+
+
+def test_a_cuda_run_without_a_device_stops_in_one_line(capsys):
+    """docs/gpu-check.md's device call asks for ``--device cuda``: on a machine whose torch sees no CUDA device it
+    stops at once with one line, instead of running at full size on the CPU."""
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    with pytest.raises(SystemExit) as stopped:
+        ab.main(["--device", "cuda", "--out", "never-written"])
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err
+    assert error == f"attention_bench.py: error: no CUDA device visible to torch {torch.__version__}\n"
 
 
 def test_fresh_shapes_are_new_and_nearest_first():

@@ -312,6 +312,35 @@ def test_the_fresh_only_run_measures_the_users_path_rows_alone(tmp_path):
         assert any(name.startswith("profiles/cpu-tiny/") for name in archive.getnames())
 
 
+def test_the_pack_holds_only_the_files_this_run_wrote(tmp_path, capsys):
+    """``--pack``: tools/gpu_stage.sh gives every call of a session the same work folder, and a later call's pack
+    held an earlier call's logs; only what the run wrote or rewrote after its start goes in."""
+    work, profiles = tmp_path / "work", tmp_path / "out" / "profiles" / "cpu-tiny-train-cases"
+    profiles.mkdir(parents=True)
+    work.mkdir()
+    earlier = [work / "properties-none.log", work / "properties-none.xml", work / "train-in-one-process.log",
+               work / "train-in-one-process.runs.jsonl", profiles / "old-run.txt", profiles / "rerun.txt"]
+    for path in earlier:  # an earlier call's files
+        path.write_text("earlier\n", encoding="utf-8")
+        os.utime(path, (time.time() - 3600,) * 2)
+    args = argparse.Namespace(work=work, profiles=profiles, pack=tmp_path / "out" / "files.tgz")
+    before = cli.packed_files(args)
+    assert set(before) == set(earlier)
+    (work / "train-in-one-process.log").write_text("this run\n", encoding="utf-8")  # rewritten
+    (work / "train-in-one-process.runs.jsonl").unlink()
+    (work / "train-in-one-process.runs.jsonl").write_text("{}\n", encoding="utf-8")  # removed, written again
+    (work / "translate.log").write_text("this run\n", encoding="utf-8")  # new
+    (work / "translate.jobs.json").write_text("{}\n", encoding="utf-8")  # (not a log: never packed)
+    (profiles / "rerun.txt").write_text("this run\n", encoding="utf-8")
+    cli.pack_files(args, before)
+    with tarfile.open(args.pack) as archive:
+        assert sorted(archive.getnames()) == [
+            "profiles/cpu-tiny-train-cases/rerun.txt", "work/train-in-one-process.log",
+            "work/train-in-one-process.runs.jsonl", "work/translate.log"]
+        assert archive.extractfile("work/train-in-one-process.log").read() == b"this run\n"
+    assert "this run's operator tables and logs also in" in capsys.readouterr().out
+
+
 def test_dry_run_defaults_keep_out_of_results():
     args = cli.parse_args(["--device", "cpu", "--tiny"])
     assert args.out == REPO / "build/gpu-check-tiny"
@@ -351,6 +380,53 @@ def test_busy_time_from_raw_events_equals_torchs_events():
     old = meter._merge([(event.time_range.start, event.time_range.end) for event in profiler.events()
                             if event.device_type == DeviceType.CPU and event.time_range.end > event.time_range.start])
     assert old > 0 and math.isclose(meter.busy_seconds(profiler, False), old / 1e6, rel_tol=1e-9)
+
+
+def test_a_run_that_raised_mid_step_leaves_no_sync_window_or_profiler_open_for_the_next(monkeypatch):
+    """A run that raises inside a counted, profiled step skips :meth:`Meter.end`; the next run's ``begin`` closes
+    what it left open, so that the process's later runs neither run under its window (on the CPU the HostReads
+    dispatch mode, on CUDA torch's sync debug mode, here a stand-in that records its exit) nor its profiler."""
+    import contextlib
+
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    from onmt_ext.runtime import hostsync
+
+    job = {"replay": False, "counted": [1, 1], "host_reads": True, "profile": [1, 1]}
+    measuring = meter.Meter(cuda=False)
+    measuring.begin(job)
+    measuring._step_begins(1)  # the run's step 1 fetched its batches ...
+    measuring._profile(1, start=True)  # ... and started, then raised: no _step_begins(None), no profiler stop
+    left_open = measuring.sync_window.context, measuring.window["profiler"]
+    try:
+        assert isinstance(_get_current_dispatch_mode(), hostsync.HostReads)
+        assert torch.autograd.profiler._is_profiler_enabled
+        measuring.begin(job)
+        assert _get_current_dispatch_mode() is None and not torch.autograd.profiler._is_profiler_enabled
+        assert measuring.sync_window is None and measuring.window == {}
+    finally:  # (without the fix: close them here, so that the later tests do not run under them)
+        if _get_current_dispatch_mode() is left_open[0]:
+            left_open[0].__exit__(None, None, None)
+        if torch.autograd.profiler._is_profiler_enabled:
+            left_open[1].__exit__(None, None, None)
+
+    exits = []
+
+    @contextlib.contextmanager
+    def sync_warnings(skip):
+        try:
+            yield []
+        finally:
+            exits.append(skip)
+
+    monkeypatch.setattr(hostsync, "cuda_sync_warnings", sync_warnings)
+    window = meter._SyncWindow(cuda=True)
+    window.open()
+    measuring.sync_window = window
+    measuring.begin(job)
+    assert exits == [meter.OWN_FILES] and measuring.sync_window is None
+    measuring.begin(job)  # (nothing left open: nothing closed twice)
+    assert exits == [meter.OWN_FILES]
 
 
 def test_operator_tables_wait_for_the_last_run_and_the_budget(monkeypatch):
@@ -1046,6 +1122,64 @@ def test_a_users_path_aa_outside_its_band_flags_the_users_path_ratios_of_its_bat
     assert "\nUsers' path: no A/A control in this run (`--fresh ...,aa` adds one)" in text
 
 
+def test_the_report_names_each_users_path_rows_process_and_the_stage_its_warm_ups_ran_in():
+    """``--part train-fresh --fresh ext,bin`` and ``ext,aa``: each users'-path row over time is named by its process
+    (bin's rows have ext's case name); the part line names ``--fresh``; the preparation, the machine warm-up and
+    the compiled-ahead processes ran in section a only where it ran, else in the part's ``b warm-up`` stage, else
+    (``--part all`` without a) before section b's runs."""
+    def markdown(fresh, sections="b", parts=("b warm-up", "b fresh")):
+        args = cli.parse_args(["--part", "train-fresh", "--fresh", fresh, "--device", "cpu", "--tiny"])
+        rows = [row for *_, entries in plan.training_plan(args, []) for row, *_ in entries]
+        for ended, row in enumerate(rows):
+            row.update(status="measured", tokens_per_s=100.0, ended=float(ended), peak_memory_mb=1.0,
+                       measure_steps=[5, 8], interval_points=[[6, 100.0], [8, 110.0]])
+        b = {"status": "ran", "rows": rows, "batch_tokens": [512, 2048], "case_batch_tokens": 512, "prepare_s": 3.0,
+             "warm_up": {"status": "measured", "batch_tokens": 512, "first_step_s": 1.0, "startup_s": 2.0},
+             "compile_warm_up": [{"case": "GRET", "status": "warmed up"}], "compile_warm_up_processes": 1,
+             **training.training_ratios(rows, cuda=False)}
+        a = {"status": "passed", "seconds": 1.0, "budget_s": 85.0, "runs": []}
+        return report.markdown({
+            "device": {"name": "cpu", "torch": torch.__version__, "cuda": None, "python": "3"}, "date": "2026-11-30",
+            "command": "python -m tools.gpu_check", "mode": "cpu-tiny", "seconds": 1.0, "compile_backend": "eager",
+            "commit": "test", "part": "train-fresh", "fresh": plan.named_fresh(args),
+            "settings": {"sections": sections, "compile_warmup_steps": 3},
+            "parts": [{"part": part, "budget_s": 1.0, "seconds": 1.0, "status": "ran"} for part in parts],
+            "sections": {"b": b, **({"a": a} if "a" in sections else {})}, "targets": []})
+
+    for fresh, other in (("ext,bin", plan.FRESH_BIN), ("ext,aa", plan.FRESH_AA)):
+        text = markdown(fresh)
+        over_time = [line for line in text.splitlines() if line.startswith("- ") and "steps 5-6: 100" in line]
+        assert len(over_time) == len(set(over_time)) == 4, over_time
+        assert [line.split(" tokens:")[0].rpartition(", ")[2] for line in over_time] == ["512", "2048"] * 2
+        assert all(f"({plan.FRESH_EXT}), " in line for line in over_time[:2])
+        assert all(f"({other}), " in line for line in over_time[2:])
+        assert f"\n- part: train-fresh --fresh {fresh} (sections b; " in text
+        assert "section a" not in text
+        assert "; data and configs prepared in 3 s, during the b warm-up stage)" in text
+        assert "untimed, before them (during the b warm-up stage), so that" in text
+        assert "Compiled ahead (1 untimed processes, during the b warm-up stage, the measured rows' " in text
+    assert "\n- part: train-fresh (sections b; " in markdown("ext,stock")
+    text = markdown("ext,stock", sections="ab", parts=("a", "b fresh"))
+    assert text.count("during section a") == 3 and "b warm-up stage" not in text
+    text = markdown("ext,stock", parts=("b fresh",))  # (--part all --sections b: no stage of their own)
+    assert text.count("before section b's measured runs") == 3 and "section a" not in text
+
+
+def test_the_compiled_rows_compiled_ahead_say_which_stage_they_share(tmp_path, monkeypatch, capsys):
+    """The line that starts the compile warm-ups names section a only where it runs."""
+    monkeypatch.setattr(training, "run_training_process", lambda *args: None)
+    for argv, when in ((["--part", "train-cases"], "during the b warm-up stage"), ([], "during section a"),
+                       (["--sections", "bc"], "before section b's measured runs")):
+        args = cli.parse_args([*argv, "--device", "cpu", "--tiny", "--compile-warmups", "1"])
+        entries = plan.training_plan(args, list(cases.TINY_MECHANISMS[:1]))
+        configs = {row["key"]: (tmp_path / "c.yaml", tmp_path / "m.pt", {}) for *_, rows in entries for row, *_ in rows}
+        threads, _ = training.start_compile_warm_up(args, tmp_path, entries, configs, plan.monotonic_now() + 60)
+        for thread in threads:
+            thread.join()
+        assert capsys.readouterr().out == (
+            f"== gpu-check b: compiling 1 compiled rows ahead in 1 process(es), untimed, {when}\n")
+
+
 def test_spread_places_the_aa_runs_across_the_group():
     assert plan.spread(list("abcd"), list("XYZ")) == list("XabYcdZ")
     assert plan.spread(list("abcdef"), list("XY")) == list("XabcdefY")
@@ -1147,6 +1281,16 @@ def test_parts_choose_sections_budgets_and_report_names(capsys):
     args = cli.parse_args(["--part", "decode-beam-eager", "--cases", "gret,li2019", "--device", "cpu", "--tiny"])
     assert args.cases == ["gret", "li2019"]
     assert report.report_name(info, args) == "cpu-tiny-decode-beam-eager-gret_li2019"
+    # a part's calls with other fresh processes than the default's write reports (and tables) of their own
+    named = {fresh: report.report_name(info, cli.parse_args(["--part", "train-fresh", "--fresh", fresh]))
+             for fresh in ("ext,stock", "stock,ext", "ext,aa", "aa,ext", "ext,bin")}
+    assert named == {"ext,stock": "NVIDIA_H200-train-fresh", "stock,ext": "NVIDIA_H200-train-fresh",
+                     "ext,aa": "NVIDIA_H200-train-fresh-ext-aa", "aa,ext": "NVIDIA_H200-train-fresh-ext-aa",
+                     "ext,bin": "NVIDIA_H200-train-fresh-ext-bin"}
+    for argv, name in ((["--part", "train", "--fresh", "bin,ext,stock", "--cases", "gret"], "train-ext-stock-bin-gret"),
+                       (["--part", "train-cases", "--fresh", "ext,aa"], "train-cases"),  # (no fresh process)
+                       (["--part", "all", "--fresh", "ext,aa"], "")):  # (--part all keeps the GPU's name)
+        assert report.report_name(info, cli.parse_args(argv)) == "NVIDIA_H200" + (name and f"-{name}")
     for wrong in (["--part", "train", "--sections", "b"], ["--cases", "li2019,vaswani"], ["--part", "bench"]):
         with pytest.raises(SystemExit):
             cli.parse_args(wrong)
@@ -1214,9 +1358,9 @@ def test_the_users_path_runs_skip_their_first_steps():
     assert text.startswith("steps 51-75: 2000; steps 76-100: 7000;") and text.endswith("steps 226-250: 37000")
 
 
-def test_a_decode_part_trains_its_checkpoints_without_measuring_them(tmp_path, monkeypatch):
+def test_a_decode_part_trains_its_checkpoints_without_measuring_them(tmp_path, monkeypatch, capsys):
     """--part decode...: section b does not run, so one process trains the baseline's, the A/A control's and each
-    case's checkpoint (status "trained", saved, nothing profiled or counted)."""
+    case's checkpoint (status "trained", saved, nothing profiled or counted), and says so as section c's."""
     args = cli.parse_args(["--part", "decode-greedy-eager", "--cases", "gret", "--device", "cpu", "--tiny"])
     (name, group, _, entries), = plan.checkpoint_plan(args, [cases.MECHANISMS[-1]])
     assert (name, group) == ("c checkpoints", plan.CHECKPOINTS)
@@ -1230,6 +1374,7 @@ def test_a_decode_part_trains_its_checkpoints_without_measuring_them(tmp_path, m
     assert [(job["checkpoint"], job["save"], job["profile"][1], job["profile_file"]) for job in seen["jobs"]] == [
         (True, True, 0, None)] * 3
     assert all(job["counted"][0] > job["counted"][1] for job in seen["jobs"])  # no step counted
+    assert "\n== gpu-check c: section c's checkpoints, one process: 3 runs (" in "\n" + capsys.readouterr().out
 
 
 def test_make_gpu_check_passes_part_through():

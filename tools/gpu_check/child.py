@@ -73,8 +73,8 @@ def child_train_many(result_file, head, argv):
                 continue
             record({"key": job["key"], "phase": "start"})
             start = time.monotonic()
-            meter.begin(job)
             try:
+                meter.begin(job)  # (which closes what a failed run before it left open)
                 opt = _parse_train_options(job["config"], stock)
                 train_command.train(opt)
                 if job.get("checkpoint"):  # section c's checkpoint alone: nothing measured

@@ -28,9 +28,9 @@ from tools import common
 from tools.gpu_check.cases import MECHANISMS, REPO, TINY_MECHANISMS
 from tools.gpu_check.child import CHILDREN
 from tools.gpu_check.plan import (
-    BUDGETS, FRESH_BIN, FRESH_DEFAULT, FRESH_NAMES, FRESH_REFERENCE, GRACE_S, PART_STAGES, Schedule, TINY_BUDGETS, apply_part,
-    checkpoint_plan, fresh_deadlines, monotonic_now, paper_of, plan_line, run_steps, step_plan, training_plan,
-    warm_up_plan,
+    BUDGETS, FRESH_BIN, FRESH_DEFAULT, FRESH_NAMES, FRESH_REFERENCE, GRACE_S, PART_STAGES, Schedule, TINY_BUDGETS,
+    apply_part, checkpoint_plan, fresh_deadlines, monotonic_now, named_fresh, paper_of, plan_line, run_steps,
+    step_plan, training_plan, warm_up_plan,
 )
 from tools.gpu_check.properties import finish_section_a, start_section_a
 from tools.gpu_check.report import markdown, report_name, targets_table
@@ -43,17 +43,37 @@ from tools.gpu_check.translation import section_c, section_c_status, start_secti
 COMMIT_ENV = "ONMT_EXT_COMMIT"
 
 
-def pack_files(args):
-    """``--pack``: the operator tables (as ``profiles/<report name>/...``) and the work logs of the child
-    processes (``work/...``) in one gzipped tar file."""
+#: the work folder's files that ``--pack`` takes: the child processes' logs, run records and pytest's JUnit files
+PACKED_SUFFIXES = (".log", ".jsonl", ".xml")
+
+
+def file_times(folder, suffixes=None):
+    """``{path: modification time in ns}`` of the files in ``folder`` (not its subfolders'), those ending in one
+    of ``suffixes`` where given; empty where ``folder`` does not exist."""
+    if not folder.is_dir():
+        return {}
+    return {path: path.stat().st_mtime_ns for path in folder.iterdir()
+            if path.is_file() and (suffixes is None or path.suffix in suffixes)}
+
+
+def packed_files(args):
+    """:func:`file_times` of what ``--pack`` takes: the operator tables of this report's name and the work
+    folder's logs, run records and JUnit files (:data:`PACKED_SUFFIXES`)."""
+    return file_times(args.profiles) | file_times(args.work, PACKED_SUFFIXES)
+
+
+def pack_files(args, before):
+    """``--pack``: the operator tables (as ``profiles/<report name>/...``) and the work files of the child
+    processes (``work/...``) in one gzipped tar file, those that this run wrote or rewrote: not in ``before``
+    (:func:`packed_files` at the run's start) or modified since.  The work folder is shared by the calls of a
+    session (tools/gpu_stage.sh gives each the same), and a later call's pack held an earlier call's logs."""
     args.pack.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(args.pack, "w:gz") as archive:
-        if args.profiles.is_dir():
-            archive.add(args.profiles, arcname=f"profiles/{args.profiles.name}")
-        for path in sorted(args.work.iterdir()):
-            if path.suffix in (".log", ".jsonl", ".xml"):
-                archive.add(path, arcname=f"work/{path.name}")
-    print(f"== gpu-check: operator tables and logs also in {args.pack}")
+        for path, modified in sorted(packed_files(args).items()):
+            if before.get(path) != modified:
+                where = f"profiles/{args.profiles.name}" if path.parent == args.profiles else "work"
+                archive.add(path, arcname=f"{where}/{path.name}")
+    print(f"== gpu-check: this run's operator tables and logs also in {args.pack}")
 
 
 def project_commit(given=None):
@@ -128,8 +148,8 @@ def parse_args(argv):
                              "stock (stock OpenNMT-py), bin (the onmt-ext baseline on binarised data from "
                              "-ext_binarized_cache, binarised while the earlier processes run; its ratio is over "
                              "ext's), aa (the users'-path A/A control: the onmt-ext baseline again, its ratio over "
-                             "ext's; both need ext), layers (-ext_compile_layers); bin, aa and layers are off by default, as the "
-                             f"default budget has no room for them; default {','.join(FRESH_DEFAULT)}")
+                             "ext's; both need ext), layers (-ext_compile_layers); bin, aa and layers are off by "
+                             f"default, as the default budget has no room for them; default {','.join(FRESH_DEFAULT)}")
     parser.add_argument("--commit", default=None,
                         help=f"the project's commit for the report (default ${COMMIT_ENV}, else git when this "
                              "checkout is a repository's root, else unknown)")
@@ -247,6 +267,7 @@ def main(argv=None):
     started, wall = datetime.datetime.now(datetime.timezone.utc), monotonic_now()
     info = common.device_info(args.device)
     args.profiles = args.out / "profiles" / report_name(info, args)  # the operator tables of the profiled steps
+    earlier = packed_files(args)  # an earlier call's files, which --pack leaves out
     print(f"== gpu-check on {info['name']} (torch {info['torch']}, CUDA {info['cuda']}); report into {args.out}",
           flush=True)
     everything = TINY_MECHANISMS if args.tiny else MECHANISMS
@@ -265,7 +286,7 @@ def main(argv=None):
     if checkpoints:
         began_checkpoints, checkpoints_deadline = monotonic_now(), schedule.deadline("c checkpoints")
     plan = training_plan(args, cases) if "b" in args.sections else checkpoint_plan(args, cases) if checkpoints else []
-    if plan:  # the data (SentencePiece'd, clause-split, repeated) and every config, while section a runs
+    if plan:  # the data (SentencePiece'd, clause-split, repeated) and every config, beside section a if it runs
         prepared = monotonic_now()
         repeat_cache = {}
         configs = prepare_training(args, args.work, plan, repeat_cache)
@@ -367,7 +388,8 @@ def main(argv=None):
         "command": "python -m tools.gpu_check " + shlex.join(argv), "commit": commit, "commit_from": commit_from,
         "compile_backend": args.compile_backend or "inductor (onmt-ext's default)",
         "settings": {key: str(value) for key, value in vars(args).items()},
-        "part": args.part, "cases": ", ".join(args.cases), "plan": planned.removeprefix("== gpu-check "),
+        "part": args.part, "fresh": named_fresh(args), "cases": ", ".join(args.cases),
+        "plan": planned.removeprefix("== gpu-check "),
         "parts": schedule.parts, "sections": sections,
     }
     report["targets"] = targets_table(sections, cuda, (args.batch_size, args.paper_batch_size))
@@ -378,7 +400,7 @@ def main(argv=None):
     print(markdown(report))
     print(f"== gpu-check: {args.out / name}.md and .json ({report['seconds']:.0f} s)")
     if args.pack:
-        pack_files(args)
+        pack_files(args, earlier)
     failed = any(run.get("status") == "failed" for run in sections.get("a", {}).get("runs", []))
     failed |= any(row.get("status") == "failed" for key in "bc" for row in sections.get(key, {}).get("rows", []))
     failed |= any(group.get("status") == "failed" for group in sections.get("c", {}).get("groups", []))

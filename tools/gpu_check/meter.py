@@ -109,7 +109,7 @@ class Meter:
 
         self.torch, self.cuda, self.job = torch, cuda, None
         self.reports, self.parameters, self.replayed_by_key, self.tables = [], {}, {}, []
-        self._stack = None
+        self._stack, self.sync_window, self.window = None, None, {}
 
     def __enter__(self):
         stack = contextlib.ExitStack()
@@ -119,6 +119,7 @@ class Meter:
         return self
 
     def __exit__(self, *exc):
+        self.abandon()
         stack, self._stack = self._stack, None
         return stack.__exit__(*exc)
 
@@ -226,7 +227,24 @@ class Meter:
         if self.cuda:
             self.torch.cuda.synchronize()
 
+    def abandon(self):
+        """Closes what a run that raised mid-step left open, its figures dropped: the synchronisation window (on
+        CUDA torch's sync debug mode and the warnings it catches, on the CPU the HostReads dispatch mode) and the
+        profiler, which would otherwise stay on for the process's later runs.  A run that ended closed both."""
+        window, self.sync_window = self.sync_window, None
+        profiler = self.window.get("profiler")
+        try:
+            if window is not None:
+                window.close()
+        finally:
+            if profiler is not None and "end" not in self.window:
+                self.window.pop("profiler")
+                profiler.__exit__(None, None, None)
+
     def begin(self, job):
+        """Starts a run of ``job``: the figures of the run before dropped (and what it left open closed:
+        :meth:`abandon`), the collector frozen for a replayed run, the peak memory reset."""
+        self.abandon()
         self.job, self.waits, self.began, self.build_s = job, {}, time.perf_counter(), None
         self.reports.clear()
         self.parameters.clear()

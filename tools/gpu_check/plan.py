@@ -82,6 +82,17 @@ class Schedule:
                            "status": status})
 
 
+def warm_up_when(sections, stages):
+    """When section b's preparation and warm-ups (the machine's, the compiled rows' compiled ahead) run, in words,
+    for a run of ``sections`` through the stages named ``stages``: beside section a where it runs, else in the
+    part's own ``b warm-up`` stage, else (``--part all`` without a) before the fresh processes."""
+    if "a" in sections:
+        return "during section a"
+    if "b warm-up" in stages:
+        return "during the b warm-up stage"
+    return "before section b's measured runs"
+
+
 def spread(entries, extras):
     """``entries`` with ``extras`` spread evenly among them: the first before all, the last after all (one extra:
     before all).  Places the A/A control's runs across the in-process group."""

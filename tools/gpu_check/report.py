@@ -11,16 +11,19 @@ from tools.gpu_check.cases import (
     MEMORY_TARGETS, STARTUP_OVERHEAD_TARGET_S, STOCK_SPEEDUP_TARGET, SYNCS_TARGET, USERS_PATH_TARGET, aa_text,
 )
 from tools.gpu_check.plan import (
-    FRESH_BIN, FRESH_EXT, FRESH_LAYERS, FRESH_STOCK, IN_PROCESS, LAYERS, STOCK_LABEL, TABLES_SHARE, paper_of, run_text,
+    FRESH_BIN, FRESH_EXT, FRESH_LAYERS, FRESH_STOCK, IN_PROCESS, LAYERS, STOCK_LABEL, TABLES_SHARE, named_fresh,
+    paper_of, run_text, warm_up_when,
 )
 
 
 def report_name(info, args):
-    """``<GPU model>`` (or ``cpu-tiny``, ``cpu``), then ``-<part>`` and ``-<papers>`` unless every one ran."""
+    """``<GPU model>`` (or ``cpu-tiny``, ``cpu``), then for a part other than ``all`` ``-<part>`` and its fresh
+    processes where ``--fresh`` is not the default (``-ext-aa``: :func:`named_fresh`), then ``-<papers>`` unless
+    every one ran: the reports of different calls of one part do not overwrite each other."""
     name = ("cpu-tiny" if args.tiny else "cpu") if args.device != "cuda" else (
         re.sub(r"[^A-Za-z0-9.+-]+", "_", info["name"]).strip("_") or "gpu")
     if args.part != "all":
-        name += f"-{args.part}"
+        name += f"-{args.part}" + "".join(f"-{fresh}" for fresh in named_fresh(args) or ())
     if len(args.cases) < len(set(map(paper_of, MECHANISMS))):
         name += "-" + "_".join(args.cases)
     return name
@@ -192,8 +195,10 @@ def markdown(report):
              f"- mode: {report['mode']}; total {report['seconds']:.0f} s; torch.compile backend of the compiled rows: "
              f"{report['compile_backend']}",
              f"- commit: {report.get('commit') or 'unknown'} ({report.get('commit_from', 'not known')})",
-             f"- part: {report.get('part', 'all')} (sections {report['settings'].get('sections')}; mechanisms of "
-             f"{report.get('cases', 'every paper')})", f"- before it started: {report.get('plan', 'no plan')}", "",
+             f"- part: {report.get('part', 'all')}"
+             + (f" --fresh {','.join(report['fresh'])}" if report.get("fresh") else "")
+             + f" (sections {report['settings'].get('sections')}; mechanisms of {report.get('cases', 'every paper')})",
+             f"- before it started: {report.get('plan', 'no plan')}", "",
              "## Time per part", "",
              "Parts run in this order; each has its share of its section's budget, and the compiled parts also get "
              "the time the parts before them left.", "",
@@ -220,8 +225,9 @@ def markdown(report):
             lines += ([""] + ["Failed tests:"] + failures if failures else []) + [""]
     b = sections.get("b")
     if b:
+        beside = warm_up_when(sections, [part["part"] for part in report["parts"]])
         lines += [f"## b. Training ({b['status']}, {b.get('seconds', 0):.0f} s; data and configs prepared in "
-                  f"{b.get('prepare_s', 0):.0f} s, during section a)", "",
+                  f"{b.get('prepare_s', 0):.0f} s, {beside})", "",
                   f"{b.get('steps_text', '')} Ratios: the onmt-ext baseline's rows over stock OpenNMT-py's at the "
                   "same batch size (on binarised data, `-ext_binarized_cache`, and its A/A control's: over the "
                   "onmt-ext baseline's on the text); "
@@ -277,8 +283,8 @@ def markdown(report):
         half = half_weights_text(b["rows"], report["mode"])
         if half:
             lines += ["", half]
-        over_time = [f"- {row['case']}, {row['batch_tokens']} tokens: {_over_time_text(row)}" for row in b["rows"]
-                     if row.get("part") == "fresh" and row.get("interval_points")]
+        over_time = [f"- {row['case']} ({row['group']}), {row['batch_tokens']} tokens: {_over_time_text(row)}"
+                     for row in b["rows"] if row.get("part") == "fresh" and row.get("interval_points")]
         if over_time:
             lines += ["", "Users'-path rows over time (target tok/s, the median of the report intervals in each span "
                       "of the measured steps; the first steps were not measured):", "", *over_time]
@@ -286,7 +292,7 @@ def markdown(report):
         if warm:
             lines += ["", f"Machine warm-up ({warm['status']}{': ' + warm['reason'] if warm.get('reason') else ''}):"
                       f" stock OpenNMT-py on {warm['batch_tokens']}-token batches in the machine's first training "
-                      "process, untimed, before them (beside section a), so that neither measured fresh process pays "
+                      f"process, untimed, before them ({beside}), so that neither measured fresh process pays "
                       "alone for loading the CUDA libraries and kernels. Its first step took "
                       f"{fmt(warm.get('first_step_s'), 2)} s and its start-up {fmt(warm.get('startup_s'), 1)} s."]
         ahead = b.get("compile_warm_up") or []
@@ -296,8 +302,8 @@ def markdown(report):
                      f"{': ' + row['reason'] if row.get('reason') else ''})"
                      for row in ahead if row.get("status") != "warmed up"]
             steps = report["settings"].get("compile_warmup_steps")
-            lines += ["", f"Compiled ahead ({b.get('compile_warm_up_processes')} untimed processes while section a "
-                      f"ran, the measured rows' own configs, {steps} steps each; the "
+            lines += ["", f"Compiled ahead ({b.get('compile_warm_up_processes')} untimed processes, {beside}, the "
+                      f"measured rows' own configs, {steps} steps each; the "
                       "measured compiled rows load what torch.compile cached on disk): "
                       f"{', '.join(done) or 'none'}." + (f" Not compiled ahead: {'; '.join(other)}." if other else "")]
         profiled = [row for row in b["rows"] if "profile_table" in row]

@@ -17,8 +17,8 @@ from tools import common
 from tools import timed_runs
 from tools.gpu_check.cases import HALF_WEIGHTS, MECHANISMS, REPO, TINY_LINES, aa_note, aa_summary
 from tools.gpu_check.plan import (
-    CHECKPOINTS, FRESH_AA, FRESH_EXT, GRACE_S, IN_PROCESS, LAYERS, MIN_START_S, TABLES_SHARE, WARM_UP, monotonic_now,
-    run_steps, step_plan,
+    CHECKPOINTS, FRESH_AA, FRESH_EXT, GRACE_S, IN_PROCESS, LAYERS, MIN_START_S, PART_STAGES, TABLES_SHARE, WARM_UP,
+    monotonic_now, run_steps, step_plan, warm_up_when,
 )
 
 
@@ -142,9 +142,10 @@ def deal_by_paper(entries, processes):
 def start_compile_warm_up(args, work, plan, configs, deadline):
     """Trains every compiled row of ``plan`` for ``--compile-warmup-steps`` steps, untimed, in
     ``--compile-warmups`` processes side by side (a paper's rows in one process: :func:`deal_by_paper`), until
-    the monotonic ``deadline`` (while section a runs).  torch.compile keeps what it generates on disk (Inductor's
-    FX graph and AOTAutograd caches, and Triton's kernels), so the measured compiled runs of section b load their
-    cores instead of compiling them.  Returns ``(threads, rows)``: one row per case, filled in place as its run ends."""
+    the monotonic ``deadline`` (beside section a, or in a part's ``b warm-up`` stage).  torch.compile keeps what it
+    generates on disk (Inductor's FX graph and AOTAutograd caches, and Triton's kernels), so the measured compiled
+    runs of section b load their cores instead of compiling them.  Returns ``(threads, rows)``: one row per case,
+    filled in place as its run ends."""
     compiled = [(row, case, mode, extra) for _, _, _, rows in plan for row, case, mode, extra in rows
                 if mode == "compiled" or mode == LAYERS and row["batch_tokens"] == args.batch_size]
     compiled.sort(key=lambda entry: entry[2] != LAYERS)  # the layers first (the small batch: the same graphs)
@@ -163,8 +164,9 @@ def start_compile_warm_up(args, work, plan, configs, deadline):
                                         {"compiled": deadline, "fresh": deadline}, args.compile_warmup_steps))
         thread.start()
         threads.append(thread)
+    when = warm_up_when(args.sections, [name for name, *_ in PART_STAGES[args.part][1]])
     print(f"== gpu-check b: compiling {len(entries)} compiled rows ahead in {len(shares)} process(es), untimed, "
-          "while section a runs", flush=True)
+          f"{when}", flush=True)
     return threads, [row for row, _, _, _ in entries]
 
 
@@ -295,7 +297,9 @@ def run_training_process(args, work, group, env, rows, configs, deadlines, stop_
     if seconds < MIN_START_S:
         stopped = "not run: budget"
     else:
-        print(f"== gpu-check b: {group}, {len(jobs)} runs in one process ({seconds:.0f} s at most)", flush=True)
+        section = "c" if group == CHECKPOINTS else "b"
+        print(f"== gpu-check {section}: {group}: {len(jobs)} run{'s' * (len(jobs) != 1)} ({seconds:.0f} s at most)",
+              flush=True)
         child_env = dict(env)
         if args.compile_backend:
             child_env["ONMT_EXT_COMPILE_BACKEND"] = args.compile_backend
