@@ -14,8 +14,8 @@
 # wheel of wheelhouse/ is installed (pip --no-index --no-deps; `make wheelhouse WHEEL_HAVE=<list>` leaves out
 # what the machine already has), onmt-ext (editable) and onmt-ext's start-up hook.  build/tatoeba/
 # signal_tagger.zh.pt need not be copied: the checked configs use the rule splitter, and if it is missing it
-# is trained here from build/tatoeba/train.zh (a few seconds, as `make data` does), since the test suite's
-# data check asks for it.  spaCy and fasttext are not in the wheelhouse; if `import onmt` still asked for
+# is trained here from build/tatoeba/train.zh (a few seconds, as `make data` does) when the check runs section
+# a (--part props or all), since the test suite's data check asks for it.  spaCy and fasttext are not in the wheelhouse; if `import onmt` still asked for
 # them, one-line stand-in modules are put on PYTHONPATH for the check.  Last, python -m tools.gpu_check --out
 # "$OUT"/gpu runs; with GPU_STAGE_PACK=1 its operator tables and work logs are also packed into one file,
 # "$OUT"/gpu-check-files.tgz (its --pack, for machines that hand back few files).  Variables: PYTHON (default python3),
@@ -79,7 +79,19 @@ for attempt in 1 2 3; do
 done
 "$VPY" -c "import onmt, onmt_ext.integration.plugin as p; assert p.is_active()" || fail "onmt-ext does not load in $VENV"
 
-if [ ! -f "$TAGGER" ]; then  # not copied: the same command as `make data`
+needs_tagger() {  # whether the check runs section a, whose test suite's data check asks for the tagger
+  local part=all sections=abc previous=
+  for arg in "$@"; do
+    case "$previous" in --part) part=$arg ;; --sections) sections=$arg ;; esac
+    case "$arg" in --part=*) part=${arg#--part=} ;; --sections=*) sections=${arg#--sections=} ;; esac
+    previous=$arg
+  done
+  [ "$part" = props ] || { [ "$part" = all ] && [[ "$sections" == *a* ]]; }
+}
+
+if [ ! -f "$TAGGER" ] && ! needs_tagger "$@"; then
+  echo "== gpu_stage: $TAGGER was not copied, and this part does not need it (only section a's tests read it)"
+elif [ ! -f "$TAGGER" ]; then  # not copied: the same command as `make data`
   echo "== gpu_stage: training $TAGGER from build/tatoeba/train.zh (it was not copied)"
   "$VPY" -m tools.train_signal_tagger --lang zh --input build/tatoeba/train.zh --output "$TAGGER" \
     >"$STAGE/tagger.log" 2>&1 ||

@@ -198,8 +198,15 @@ def test_gpu_stage_uses_the_torch_of_a_venv(machine, repo_copy, wheelhouse, tmp_
     assert seen["probe"] == os.path.join(own, f"{PROBE}.py")
     assert seen["path"].index(own) < seen["path"].index(str(site_packages(machine["venv"])))
     # the signal tagger was not transferred: staging trains it; the check itself did not run
-    assert (repo_copy / "build" / "tatoeba" / "signal_tagger.zh.pt").stat().st_size > 0
+    tagger = repo_copy / "build" / "tatoeba" / "signal_tagger.zh.pt"
+    assert tagger.stat().st_size > 0
     assert not (tmp_path / "stage" / "out").exists()
+    # a part without section a (whose tests alone read the tagger) is staged without training it
+    tagger.unlink()
+    for part in (["--part", "train-cases"], ["--part=decode-beam-eager"], ["--sections", "bc"]):
+        result = stage(repo_copy, machine["python"], tmp_path / "stage", wheelhouse, "--stage-only", *part)
+        assert result.returncode == 0 and "this part does not need it" in result.stdout, result.stdout
+        assert not tagger.exists()
 
 
 def test_make_setup_system_torch_uses_the_torch_of_a_venv(machine, repo_copy, wheelhouse, tmp_path):
