@@ -5,6 +5,7 @@ that also counts empty lines) and raises :class:`CorpusError` naming the corpus,
 source and target files of different line counts and for text that is not UTF-8.  :func:`install` runs it
 where OpenNMT-py validates its options, before anything is built, and
 
+* refuses a training corpus too small for the data workers' shares (:func:`check_shares`);
 * strips a leading byte-order mark when a corpus is read (logged);
 * skips, in training, validation and vocabulary corpora, every pair with an empty source or target (one warning
   per file; ``-skip_empty_level error`` stops instead, ``silent`` logs at info level);
@@ -272,11 +273,34 @@ def _load_without_bom(stock, self, offset=0, stride=1):
                 _logged.add(message)
                 logger.warning(message)
     for index, example in enumerate(stock(self, offset, stride)):
-        yield _strip_bom(example) if bom and index == 0 else example
+        # line 0 is the first example of offset 0's share alone (stock: lines i with (i // stride) % stride == offset)
+        yield _strip_bom(example) if bom and offset == 0 and index == 0 else example
+
+
+def check_shares(data, world_size, num_workers):
+    """Every training corpus of ``data`` (a ``-data`` dict) has a line in each of the ``world_size * num_workers``
+    shares that OpenNMT-py's data workers read (``ParallelCorpus.load``: share k takes lines i with
+    ``(i // S) % S == k``, so its first is line k·S); a :class:`CorpusError` in one line where one has none, which
+    stock's corpus mixer meets with an ``UnboundLocalError`` traceback."""
+    shares = max(1, world_size) * max(1, num_workers)
+    corpora = yaml.safe_load(data) if isinstance(data, str) else data
+    for name, entry in (corpora or {}).items():
+        src = entry.get("path_src") or entry.get("path_txt") if isinstance(entry, dict) else None
+        if shares == 1 or name == "valid" or not src or not os.path.isfile(src):
+            continue
+        lines = _scan_cached(src).lines
+        if lines <= (shares - 1) * shares:
+            raise CorpusError(
+                f"corpus {name!r}: its {lines} lines are too few for {shares} data shares (-world_size {world_size} "
+                f"× -num_workers {num_workers}): OpenNMT-py gives each share blocks of {shares} lines in turn, so "
+                f"the last share's first line would be line {(shares - 1) * shares + 1}; use fewer -num_workers "
+                "(0 reads in the training process) or a larger corpus", status=2)
 
 
 def _validate_data(stock, cls, opt):
     _check_data_option(opt.data, getattr(opt, "skip_empty_level", "warning"))
+    # (onmt_build_vocab's options have no data workers)
+    check_shares(opt.data, getattr(opt, "world_size", 1), getattr(opt, "num_workers", 0))
     return stock(cls, opt)
 
 
@@ -322,7 +346,8 @@ def install():
     patch(ArgumentParser, "_validate_data", _validate_data, kind=FIX,
           test="tests/integration/test_corpus_cli.py::test_train_refuses_misaligned_files_without_a_traceback",
           reason="reads every corpus once at start-up: files of different lengths are cut to the shorter without a "
-                 "word, a non-UTF-8 line ends in a traceback naming no file, empty lines go unreported")
+                 "word, a non-UTF-8 line ends in a traceback naming no file, empty lines go unreported, a corpus "
+                 "too small for the data workers' shares ends in an UnboundLocalError")
     # order 1: inside onmt_ext.integration.commands' layer (order 0), which ends a CorpusError in one line
     patch(translate_bin, "translate", _translate_checked, kind=FIX, order=1, test=tests +
           "test_translate_refuses_a_source_with_empty_lines_by_name",

@@ -5,6 +5,7 @@ tests/integration/test_corpus_cli.py.
 """
 
 import pytest
+import yaml
 
 from onmt_ext.runtime import corpus
 
@@ -119,6 +120,40 @@ def test_a_byte_order_mark_is_taken_off_the_first_example(onmt_active, tmp_path,
     assert examples[0]["src_original"].strip() == "你好"
     assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
         f"corpus 'c': byte-order mark at the start of {src} or {tgt} removed from the first line"]
+
+
+def test_only_the_files_first_line_loses_its_byte_order_mark_in_every_share(onmt_active, tmp_path):
+    """Each data worker and rank loads a share (stride, offset): the first example of a share other than offset
+    0's is not line 0, and a byte-order mark there (files joined by hand) is the line's own, as in one process."""
+    from onmt.inputters.text_corpus import ParallelCorpus
+
+    src = _write(tmp_path / "s", "\ufeffa\nb\n\ufeffc\nd\n".encode())
+    tgt = _write(tmp_path / "t", b"1\n2\n3\n4\n")
+    whole = [e["src"].rstrip("\n") for e in ParallelCorpus("c", str(src), str(tgt)).load()]
+    assert whole == ["a", "b", "\ufeffc", "d"]
+    shares = [[e["src"].rstrip("\n") for e in ParallelCorpus("c", str(src), str(tgt)).load(offset, 2)]
+              for offset in (0, 1)]
+    assert shares == [["a", "b"], ["\ufeffc", "d"]]
+
+
+def test_a_corpus_too_small_for_its_data_shares_is_named(tmp_path):
+    """With S = world_size x num_workers shares, OpenNMT-py's share k starts at line k·S: a corpus of at most
+    (S - 1)·S lines leaves the last share empty, which stock's mixer ends in an UnboundLocalError traceback."""
+    def data(lines):
+        src = _write(tmp_path / f"s{lines}", "".join(f"{i}\n" for i in range(lines)).encode())
+        return {"small": {"path_src": str(src), "path_tgt": str(src)}, "valid": {"path_src": str(tmp_path / "none")}}
+
+    corpus.check_shares(data(3), 1, 2)  # shares 0 and 1: lines 0-1 and 2
+    corpus.check_shares(data(2), 1, 0)  # one share: read in the training process
+    with pytest.raises(SystemExit) as stopped:
+        corpus.check_shares(data(2), 1, 2)
+    assert stopped.value.status == 2 and stopped.value.message == (
+        "corpus 'small': its 2 lines are too few for 2 data shares (-world_size 1 × -num_workers 2): OpenNMT-py "
+        "gives each share blocks of 2 lines in turn, so the last share's first line would be line 3; use fewer "
+        "-num_workers (0 reads in the training process) or a larger corpus")
+    corpus.check_shares(yaml.safe_dump(data(13)), 2, 2)  # as -data comes (YAML text); 4 shares need 13 lines
+    with pytest.raises(SystemExit, match=r"its 12 lines are too few for 4 data shares \(-world_size 2 × "):
+        corpus.check_shares(data(12), 2, 2)
 
 
 def test_missing_corpus_file_is_named(tmp_path):
