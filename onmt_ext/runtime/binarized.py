@@ -20,6 +20,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 
@@ -169,19 +170,53 @@ def _transform_options(transforms):
     return sorted({action.dest for action in parser._actions if action.dest != "help"})
 
 
+#: the libraries whose versions the transforms' output may depend on (their tokenisers, models and rules)
+LIBRARIES = ("sentencepiece", "pyonmttok", "subword-nmt", "jieba", "spacy")
+
+
+def _jsonable(value):
+    return json.loads(json.dumps(value, default=str))
+
+
+def _code(transforms):
+    """The sha256 of the module that defines each transform's class (onmt-ext's clause splitter keeps its rules
+    there), and the versions of :data:`LIBRARIES` (None where not installed)."""
+    from importlib import metadata
+
+    modules = {}
+    for transform in transforms.values():
+        module = sys.modules[type(transform).__module__]
+        with open(module.__file__, "rb") as source:
+            modules[module.__name__] = hashlib.sha256(source.read()).hexdigest()
+    versions = {}
+    for name in LIBRARIES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return {"modules": modules, "versions": versions}
+
+
 def fingerprint(opt, transforms, vocabs):
-    """What the binarised ids depend on, as JSON-able values: every training corpus's files and transforms, each
-    transform's arguments (its ``repr``) and the files its options name, and the vocabularies."""
+    """What the binarised ids depend on, as JSON-able values: every training corpus's files, transforms and other
+    settings (all of its entry but its weight, which only mixes), each transform's arguments (its ``repr``) and
+    the values of the options its class declares (a file they name: its stamp), the transforms' code and
+    libraries (:func:`_code`), and the vocabularies."""
     corpora = {}
     for name, entry in sorted(_training_corpora(opt).items()):
+        settings = {key: value for key, value in entry.items()
+                    if key not in ("path_src", "path_tgt", "transforms", "weight")}
         corpora[name] = {"src": _file_stamp(entry["path_src"]), "tgt": _file_stamp(entry["path_tgt"]),
-                         "transforms": [repr(transforms[t]) for t in entry.get("transforms") or [] if t in transforms]}
-    files = {}
+                         "transforms": [repr(transforms[t]) for t in entry.get("transforms") or [] if t in transforms],
+                         "settings": _jsonable(settings)}
+    files, options = {}, {}
     for key in _transform_options(transforms):
         value = getattr(opt, key, None)
         if isinstance(value, str) and os.path.isfile(value):
             files[key] = _file_stamp(value)
-    return {"format": FORMAT, "corpora": corpora, "files": files,
+        else:
+            options[key] = _jsonable(value)
+    return {"format": FORMAT, "corpora": corpora, "files": files, "options": options, "code": _code(transforms),
             "vocabs": {side: _vocab_digest(vocabs[side]) for side in ("src", "tgt")},
             "decoder_start_token": vocabs.get("decoder_start_token")}
 
@@ -550,7 +585,28 @@ def _from_binarized(stock, cls, corpora, transforms, vocabs, opt, task, *args, *
         _log(f"training corpora read from {directory}, binarised: " + ", ".join(
             f"{name} {entry['kept']:,} lines" for name, entry in sorted(manifest["corpora"].items())))
         corpora = {name: BinarizedCorpus(name, directory) for name in corpora}
+        _check_worker_shares(corpora, kwargs.get("stride", 1), kwargs.get("offset", 0), opt.num_workers)
     return stock(cls, corpora, transforms, vocabs, opt, task, *args, **kwargs)
+
+
+def _check_worker_shares(corpora, stride, offset, num_workers):
+    """A :class:`UsageError` where one of this rank's data workers (``num_workers`` of them, or the training
+    process itself) would read no kept line of any corpus: every line of its share empty or filtered, it would
+    never make a batch, and stock's mixer would restart the corpora for ever, logging each time."""
+    workers = max(1, num_workers)
+    shares = stride * workers  # a worker's share, as DynamicDatasetIter._init_datasets deals them
+    for worker in range(workers):
+        share = offset * workers + worker
+        kept = 0
+        for corpus in corpora.values():
+            state = corpus.arrays()["state"]
+            lines = np.arange(len(state))
+            kept += int(np.count_nonzero(state[(lines // shares) % shares == share] == KEPT))
+        if not kept:
+            raise UsageError(f"-ext_binarized: data worker {worker} of this rank (share {share} of the {shares} "
+                             "shares of the training lines) would read no pair that the filters keep, so it would "
+                             "never make a batch: check the length filters (-src_seq_length, -tgt_seq_length) and "
+                             "the corpora, or use fewer -num_workers")
 
 
 def _binarized_iterators(stock, corpora, transforms, corpora_info, skip_empty_level="warning", stride=1, offset=0):

@@ -174,6 +174,47 @@ def test_training_refuses_data_written_for_other_options(corpora, config, change
         batches(options(write_config(work, files, "changed.yaml", **change)), 1)
 
 
+def test_training_refuses_data_written_for_other_corpus_settings_or_code(corpora, config, monkeypatch):
+    """A corpus's own settings (those a transform reads from its entry: clean's src_tgt_ratio, the languages),
+    the transforms' code (onmt-ext's clause splitter keeps its rules in its module) and their libraries' versions
+    are part of what the ids depend on; a corpus's weight, which only mixes, is not."""
+    from onmt_ext.errors import UserError
+    from onmt_ext.runtime import binarized
+
+    work, _ = corpora
+    changed = yaml.safe_load(config.read_text(encoding="utf-8"))
+    changed["data"]["one"]["weight"] = 5
+    (work / "weight.yaml").write_text(yaml.safe_dump(changed), encoding="utf-8")
+    assert len(batches(options(work / "weight.yaml"), 1)) == 1  # the same ids
+    changed["data"]["one"]["src_tgt_ratio"] = 2
+    (work / "ratio.yaml").write_text(yaml.safe_dump(changed), encoding="utf-8")
+    with pytest.raises(UserError, match=r"\(corpora\.one\.settings\.src_tgt_ratio differ\)"):
+        batches(options(work / "ratio.yaml"), 1)
+    from onmt.transforms import get_transforms_cls
+
+    opt = options(config)
+    code = binarized.read_manifest(opt.ext_binarized)["fingerprint"]["code"]
+    assert set(code["modules"]) == {cls.__module__ for cls in get_transforms_cls(opt.transforms).values()}
+    assert set(code["versions"]) == set(binarized.LIBRARIES) and code["versions"]["sentencepiece"]
+    monkeypatch.setattr(binarized, "_code", lambda transforms: {**code, "versions": {**code["versions"],
+                                                                                      "sentencepiece": "0"}})
+    with pytest.raises(UserError, match=r"\(code\.versions\.sentencepiece differ\)"):
+        batches(opt, 1)
+
+
+def test_a_data_share_without_a_kept_pair_is_refused_not_waited_on(corpora, tmp_path):
+    """Where the filters keep no pair of a data worker's share, the worker would never make a batch and the
+    corpus mixer would restart the corpora for ever (one log line each time): refused in one line instead."""
+    from onmt_ext.errors import UsageError
+
+    _, files = corpora
+    config = write_config(tmp_path, files, src_seq_length=1, tgt_seq_length=1)  # every pair is longer
+    build(config)
+    with pytest.raises(UsageError, match=r"^-ext_binarized: data worker 0 of this rank \(share 0 of the 2 shares "
+                                         r"of the training lines\) would read no pair that the filters keep"):
+        batches(options(config, "-num_workers", "2"), 1)
+
+
 def test_training_refuses_a_corpus_changed_since(corpora, tmp_path):
     from onmt_ext.errors import UserError
 
