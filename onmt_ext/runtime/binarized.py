@@ -23,6 +23,7 @@ import shutil
 import sys
 import time
 from dataclasses import dataclass
+from importlib import metadata
 
 import numpy as np
 
@@ -181,8 +182,6 @@ def _jsonable(value):
 def _code(transforms):
     """The sha256 of the module that defines each transform's class (onmt-ext's clause splitter keeps its rules
     there), and the versions of :data:`LIBRARIES` (None where not installed)."""
-    from importlib import metadata
-
     modules = {}
     for transform in transforms.values():
         module = sys.modules[type(transform).__module__]
