@@ -15,9 +15,10 @@
 # what the machine already has), onmt-ext (editable) and onmt-ext's start-up hook.  build/tatoeba/
 # signal_tagger.zh.pt need not be copied: the checked configs use the rule splitter, and if it is missing it
 # is trained here from build/tatoeba/train.zh (a few seconds, as `make data` does) when the check runs section
-# a (--part props or all), since the test suite's data check asks for it.  spaCy and fasttext are not in the wheelhouse; if `import onmt` still asked for
-# them, one-line stand-in modules are put on PYTHONPATH for the check.  Last, python -m tools.gpu_check --out
-# "$OUT"/gpu runs; with GPU_STAGE_PACK=1 its operator tables and work logs are also packed into one file,
+# a (--part props or all), since the test suite's data check asks for it.  spaCy and fasttext are not in the
+# wheelhouse; if `import onmt` still asked for them, one-line stand-in modules are put on PYTHONPATH for the
+# check.  Last, python -m tools.gpu_check --out "$OUT"/gpu runs; with GPU_STAGE_PACK=1 its operator tables and
+# work logs are also packed into one file,
 # "$OUT"/gpu-check-files.tgz (its --pack, for machines that hand back few files).  Variables: PYTHON (default python3),
 # WHEELS (default wheelhouse), OUT (default results), STAGE (default build/gpu-stage: the venv and stand-ins),
 # GPU_STAGE_ONLY, GPU_STAGE_PACK.  Exit status: gpu_check.py's, or 2 when staging fails (one line,

@@ -713,7 +713,8 @@ def _simple_backward_op(votes: torch.Tensor, mask: Optional[torch.Tensor], init:
                         grad_out: torch.Tensor, grad_logits: Optional[torch.Tensor], iterations: int, inputs: bool,
                         weighted: bool, members: int) -> tuple[torch.Tensor, torch.Tensor]:
     grad_votes, grad_init = _simple_gradients(votes, init)
-    tensors = (None if init is None else init.contiguous(), grad_out.contiguous(), None if grad_logits is None else grad_logits.contiguous(), grad_votes)
+    tensors = (None if init is None else init.contiguous(), grad_out.contiguous(),
+               None if grad_logits is None else grad_logits.contiguous(), grad_votes)
     settings = dict(ITERATIONS=iterations, INPUTS=inputs, WEIGHTED=weighted, HAS_INIT=init is not None,
                     HAS_GRAD_LOGITS=grad_logits is not None)
     if members == 1 and _one_block(votes):

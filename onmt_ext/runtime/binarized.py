@@ -546,8 +546,7 @@ class BinarizedCorpusIterator:
         state, key = arrays["state"], arrays["src_key"]
         src_offsets, src_ids = arrays["src_offsets"], arrays["src_ids"]
         tgt_offsets, tgt_ids = arrays["tgt_offsets"], arrays["tgt_ids"]
-        lines = np.arange(len(state))
-        chosen = lines[(lines // self.stride) % self.stride == self.offset]  # stock's ParallelCorpus.load
+        chosen = _share(len(state), self.stride, self.offset)  # stock's ParallelCorpus.load
         for first in range(0, len(chosen), CHUNK):
             part = chosen[first:first + CHUNK]
             numbers = (np.arange(first, first + len(part)) * self.stride + self.offset).tolist()
@@ -596,11 +595,8 @@ def _check_worker_shares(corpora, stride, offset, num_workers):
     shares = stride * workers  # a worker's share, as DynamicDatasetIter._init_datasets deals them
     for worker in range(workers):
         share = offset * workers + worker
-        kept = 0
-        for corpus in corpora.values():
-            state = corpus.arrays()["state"]
-            lines = np.arange(len(state))
-            kept += int(np.count_nonzero(state[(lines // shares) % shares == share] == KEPT))
+        kept = sum(int(np.count_nonzero(state[_share(len(state), shares, share)] == KEPT))
+                   for state in (corpus.arrays()["state"] for corpus in corpora.values()))
         if not kept:
             raise UsageError(f"-ext_binarized: data worker {worker} of this rank (share {share} of the {shares} "
                              "shares of the training lines) would read no pair that the filters keep, so it would "

@@ -282,11 +282,13 @@ def check_shares(data, world_size, num_workers):
     shares that OpenNMT-py's data workers read (``ParallelCorpus.load``: share k takes lines i with
     ``(i // S) % S == k``, so its first is line k·S); a :class:`CorpusError` in one line where one has none, which
     stock's corpus mixer meets with an ``UnboundLocalError`` traceback."""
+    from onmt.constants import CorpusName
+
     shares = max(1, world_size) * max(1, num_workers)
     corpora = yaml.safe_load(data) if isinstance(data, str) else data
     for name, entry in (corpora or {}).items():
         src = entry.get("path_src") or entry.get("path_txt") if isinstance(entry, dict) else None
-        if shares == 1 or name == "valid" or not src or not os.path.isfile(src):
+        if shares == 1 or name == CorpusName.VALID or not src or not os.path.isfile(src):
             continue
         lines = _scan_cached(src).lines
         if lines <= (shares - 1) * shares:
