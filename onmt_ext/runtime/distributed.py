@@ -16,6 +16,7 @@ import copy
 import hashlib
 import json
 import os
+from datetime import timedelta
 
 import torch
 
@@ -59,6 +60,7 @@ def _train_said(stock, opt, *args, **kwargs):
 
 
 def _multi_init(stock, opt, device_id):
+    _TIMEOUT[:] = [opt.timeout]
     if cpu_ranks(opt):
         opt = copy.copy(opt)
         opt.gpu_backend = "gloo"
@@ -195,14 +197,18 @@ def _all_gather_list(stock, data, max_size=4096):
 
 #: the gloo group of every rank that :func:`_gathered_on_the_host` uses beside an NCCL world (made at its first call)
 _HOST_GROUP = []
+#: ``-timeout`` (seconds) of the world that ``multi_init`` made in this process, for :func:`host_group`
+_TIMEOUT = []
 
 
 def host_group():
     """A gloo process group of every rank, made once per process: its collectives move CPU tensors only.  Every
     rank must make it at the same point (``torch.distributed.new_group`` is collective); the first per-step
-    gather of ``Trainer.train`` is such a point."""
+    gather of ``Trainer.train`` is such a point.  It waits for a missing rank as long as the world does
+    (``-timeout``), not gloo's default of 30 minutes."""
     if not _HOST_GROUP:
-        _HOST_GROUP.append(torch.distributed.new_group(backend="gloo"))
+        timeout = timedelta(seconds=_TIMEOUT[0]) if _TIMEOUT else None
+        _HOST_GROUP.append(torch.distributed.new_group(backend="gloo", timeout=timeout))
     return _HOST_GROUP[0]
 
 
@@ -230,8 +236,8 @@ def install():
     test = f"{_TEST}::test_after_every_step_both_ranks_hold_the_parameters_of_the_checkpoint"
     patch(train, "train", _train_said, kind=FIX, order=1, reason=crash + ", and says so in one log line",
           test=f"{_TEST}::test_the_ranks_read_disjoint_shares_that_cover_the_corpus")
-    patch(distributed, "multi_init", _multi_init, kind=FIX, reason=crash + ": gloo in place of -gpu_backend",
-          test=test)
+    patch(distributed, "multi_init", _multi_init, kind=FIX, test=test,
+          reason=crash + ": gloo in place of -gpu_backend; -timeout kept for the host group (host_group)")
     patch(train_single, "configure_process", _configure_process, kind=FIX, test=test,
           reason=crash + ": no torch.cuda.set_device, and the cores shared among the ranks")
     for owner in (onmt.utils.misc, onmt.model_builder):  # the model builder calls the name it imported

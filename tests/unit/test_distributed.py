@@ -7,6 +7,8 @@ normalisation gathered from both ranks, the gradients all-reduced); one process 
 model on both batches at once (``-accum_count 2``).
 """
 
+from datetime import timedelta
+
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -194,3 +196,18 @@ def test_a_broken_all_reduce_fails_the_comparisons(ranks, tmp_path):
         assert "\n" not in rank["outcome"] and rank["outcome"].endswith("the gradient all-reduce is broken")
         assert any(not torch.allclose(rank["grads"][name], expected, rtol=1e-6, atol=1e-9)
                    for name, expected in single[0]["grads"].items())
+
+
+def test_the_host_group_waits_for_a_missing_rank_as_long_as_the_world(monkeypatch):
+    """-timeout bounds how long a rank waits for the others; the host group of the gathers beside NCCL must not
+    wait gloo's default 30 minutes instead when a rank has died."""
+    from onmt_ext.runtime import distributed
+
+    made = []
+    monkeypatch.setattr(distributed, "_HOST_GROUP", [])
+    monkeypatch.setattr(distributed, "_TIMEOUT", [])
+    monkeypatch.setattr(torch.distributed, "new_group", lambda **kwargs: made.append(kwargs) or "group")
+    opt = _opt("-timeout", 7)
+    assert distributed._multi_init(lambda opt, device_id: 0, opt, 0) == 0
+    assert distributed.host_group() == distributed.host_group() == "group"
+    assert made == [{"backend": "gloo", "timeout": timedelta(seconds=7)}]
