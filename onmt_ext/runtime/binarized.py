@@ -13,13 +13,18 @@ each example the same result every time qualify (:data:`DETERMINISTIC`); validat
 first when it is not there (:func:`cached`), so that a config needs no separate command.
 """
 
+import contextlib
 import copy
+import errno
 import fcntl
+import glob
 import hashlib
 import json
 import multiprocessing
 import os
+import re
 import shutil
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -229,29 +234,70 @@ def _differences(theirs, ours, where=""):
     return [] if theirs == ours else [where]
 
 
-def read_manifest(directory):
-    """The manifest of a binarised directory, or None when it has none; a :class:`UserError` when it is not
-    JSON or a corpus's arrays are missing (the directory was changed by hand)."""
+_AGAIN = "binarise again with onmt_ext_binarize ... -overwrite"
+
+
+def _not_a_directory(option, directory):
+    return UsageError(f"{option} {directory}: not a directory; name the directory that onmt_ext_binarize writes "
+                      "(it makes it)")
+
+
+def read_manifest(directory, option="-ext_binarized"):
+    """The manifest of a binarised directory, or None when it has none; a :class:`UserError` when it cannot be
+    read, is not JSON, or a corpus's arrays are missing or damaged (:func:`map_arrays`): a directory changed by
+    hand, a copy cut short; a :class:`UsageError` for a file in its place. ``option`` names it in messages."""
     path = os.path.join(directory, MANIFEST)
     try:
         with open(path, encoding="utf-8") as handle:
             manifest = json.load(handle)
     except FileNotFoundError:
         return None
+    except NotADirectoryError:
+        raise _not_a_directory(option, directory) from None
+    except OSError as error:
+        raise UserError(f"{option} {directory}: cannot read {MANIFEST} ({error.strerror}); check the permissions "
+                        f"there, or {_AGAIN}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise UserError(f"{path}: damaged ({error}); binarise again with onmt_ext_binarize ... -overwrite") from None
+        raise UserError(f"{path}: damaged ({error}); {_AGAIN}") from None
     missing = [f"{name}.{key}.npy" for name in manifest.get("corpora", {}) for key in ARRAYS
                if not os.path.isfile(os.path.join(directory, f"{name}.{key}.npy"))]
     if missing:
-        raise UserError(f"-ext_binarized {directory}: {', '.join(missing[:3])} missing; binarise again with "
-                        "onmt_ext_binarize ... -overwrite")
+        raise UserError(f"{option} {directory}: {', '.join(missing[:3])} missing; {_AGAIN}")
+    for name, counts in manifest.get("corpora", {}).items():
+        map_arrays(directory, name, counts, option)
     return manifest
+
+
+def map_arrays(directory, name, counts=None, option="-ext_binarized"):
+    """Corpus ``name``'s arrays (:data:`ARRAYS`) in ``directory``, memory-mapped (read as they are used); a
+    :class:`UserError` naming the file that cannot be read or is cut short, or (with the manifest's ``counts``)
+    whose length is not the one written."""
+    arrays = {}
+    for key in ARRAYS:
+        path = os.path.join(directory, f"{name}.{key}.npy")
+        try:
+            arrays[key] = np.load(path, mmap_mode="r")
+        except OSError as error:
+            raise UserError(f"{option} {directory}: cannot read {os.path.basename(path)} ({error.strerror}); check "
+                            f"the permissions there, or {_AGAIN}") from None
+        except (ValueError, EOFError) as error:  # numpy's for a header or data cut short
+            raise UserError(f"{option} {directory}: {os.path.basename(path)} is damaged ({error}); {_AGAIN}") from None
+    if counts and all(isinstance(counts.get(key), int) for key in ("lines", "src_tokens", "tgt_tokens")):
+        lines, tokens = counts["lines"], {side: counts[f"{side}_tokens"] for side in ("src", "tgt")}
+        wanted = {"state": lines, "src_key": lines, "src_offsets": lines + 1, "tgt_offsets": lines + 1,
+                  "src_ids": tokens["src"], "tgt_ids": tokens["tgt"]}
+        for key, length in wanted.items():
+            if arrays[key].shape != (length,) or (key.endswith("_ids") and int(
+                    arrays[f"{key[:3]}_offsets"][-1]) != length):
+                raise UserError(f"{option} {directory}: {name}.{key}.npy is damaged (shape {arrays[key].shape}, "
+                                f"manifest.json counts {length}); {_AGAIN}")
+    return arrays
 
 
 def check(directory, opt, transforms, vocabs):
     """The manifest of ``directory`` if it holds ``opt``'s training data as it is now; else a :class:`UserError`
     naming what differs and the command that rebuilds it."""
-    manifest = read_manifest(directory)
+    manifest = read_manifest(directory, "-ext_binarized")
     again = f"run onmt_ext_binarize -config <this config> (-ext_binarized {directory}) again"
     if manifest is None:
         raise UsageError(f"-ext_binarized {directory}: no binarised data there; run onmt_ext_binarize -config "
@@ -409,11 +455,15 @@ def build(opt, directory, overwrite=False, say=_log, processes=0):
     """
     opt, transforms, vocabs = _prepared(opt)
     wanted = fingerprint(opt, transforms, vocabs)
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise _not_a_directory("-ext_binarized", directory)
     manifest = _current(directory, wanted)
     if manifest is not None:
         say(f"{directory} already holds this config's training data, binarised: nothing to do")
         return manifest
-    if os.path.exists(directory) and not overwrite and os.listdir(directory):
+    with _writing("-ext_binarized", directory, "read it"):
+        held = os.path.exists(directory) and os.listdir(directory)
+    if held and not overwrite:
         raise UsageError(f"-ext_binarized {directory} already holds other files; add -overwrite to replace them")
     return _write(opt, transforms, vocabs, directory, wanted, say, processes)
 
@@ -477,26 +527,69 @@ def cached(root, opt, transforms, vocabs, say=_log, processes=0):
         manifest = _current(directory, wanted)
         if manifest is None:
             say(f"-ext_binarized_cache: binarising the training corpora into {directory}, once for this data")
-            manifest = _write(opt, transforms, vocabs, directory, wanted, say, processes)
+            manifest = _write(opt, transforms, vocabs, directory, wanted, say, processes, "-ext_binarized_cache",
+                              stale=glob.glob(glob.escape(directory) + ".partial-*"))  # (no other writer: locked)
     return directory, manifest
 
 
-def _write(opt, transforms, vocabs, directory, wanted, say, processes):
+@contextlib.contextmanager
+def _writing(option, directory, what):
+    """An ``OSError`` inside (a full disk, a read-only file system, permissions) as a :class:`UserError`:
+    ``<option> <directory>: cannot <what> (<reason>); <what to do>``."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno in (errno.ENOSPC, errno.EDQUOT):
+            advice = "free space on its file system, or choose a directory on another, and run again"
+        else:
+            advice = "check the permissions there, or choose another directory, and run again"
+        raise UserError(f"{option} {directory}: cannot {what} ({error.strerror or error}); {advice}") from None
+
+
+def _work_prefix(directory):
+    """``<directory>.partial-<host>-``: the start of the names of the work directories of this host's runs."""
+    return f"{directory.rstrip(os.sep)}.partial-{socket.gethostname()}-"
+
+
+def _dead_runs(directory):
+    """The work directories beside ``directory`` that runs of this host left when they were killed (their process
+    is gone): ``<directory>.partial-<host>-<pid>-<random>``."""
+    prefix, found = _work_prefix(directory), []
+    for path in glob.glob(glob.escape(prefix) + "*"):
+        run = re.fullmatch(r"(\d+)-[0-9a-f]{8}", path[len(prefix):])  # (not a host whose name goes on: node-1)
+        if run is None or int(run.group(1)) == os.getpid():
+            continue
+        try:
+            os.kill(int(run.group(1)), 0)
+        except ProcessLookupError:
+            found.append(path)
+        except OSError:  # (alive, another user's)
+            pass
+    return found
+
+
+def _write(opt, transforms, vocabs, directory, wanted, say, processes, option="-ext_binarized", stale=None):
     """Binarise ``opt``'s training corpora into ``directory`` (replacing what is there) under fingerprint
-    ``wanted``; returns the manifest."""
+    ``wanted``; returns the manifest. The files are written in a new work directory beside it,
+    ``<directory>.partial-<host>-<pid>-<random>`` (unique on a file system that several hosts share), moved in
+    when complete, and removed on failure; ``stale`` (default: :func:`_dead_runs`) lists earlier runs' work
+    directories to remove first. An ``OSError`` becomes a :class:`UserError` naming the file (``option``)."""
     from onmt.constants import CorpusTask
     from onmt.inputters.text_corpus import get_corpora
 
     corpora = get_corpora(opt, CorpusTask.TRAIN)
-    work = f"{directory.rstrip(os.sep)}.partial-{os.getpid()}"
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
+    for path in _dead_runs(directory) if stale is None else stale:
+        shutil.rmtree(path, ignore_errors=True)
+    work = f"{_work_prefix(directory)}{os.getpid()}-{os.urandom(4).hex()}"
+    with _writing(option, directory, "create a directory beside it"):
+        os.makedirs(work)
     keys, counts = {}, {}
     try:
         for name in sorted(corpora):
             arrays = _build_corpus(name, corpora[name], transforms, opt, vocabs, keys, say, processes)
             for key in ARRAYS:
-                np.save(os.path.join(work, f"{name}.{key}.npy"), arrays[key])
+                with _writing(option, directory, f"write {name}.{key}.npy there"):
+                    np.save(os.path.join(work, f"{name}.{key}.npy"), arrays[key])
             states = np.bincount(arrays["state"], minlength=3)
             counts[name] = {"lines": int(len(arrays["state"])), "kept": int(states[KEPT]),
                             "filtered": int(states[FILTERED]), "empty": int(states[ABSENT]),
@@ -504,11 +597,13 @@ def _write(opt, transforms, vocabs, directory, wanted, say, processes):
             say(f"corpus {name!r}: {counts[name]['kept']:,} of {counts[name]['lines']:,} lines kept "
                 f"({counts[name]['filtered']:,} filtered, {counts[name]['empty']:,} with an empty side)")
         manifest = {"fingerprint": wanted, "corpora": counts}
-        with open(os.path.join(work, MANIFEST), "w", encoding="utf-8") as handle:
-            json.dump(manifest, handle, indent=1)
-        if os.path.exists(directory):
-            shutil.rmtree(directory)
-        os.replace(work, directory)
+        with _writing(option, directory, f"write {MANIFEST} there"):
+            with open(os.path.join(work, MANIFEST), "w", encoding="utf-8") as handle:
+                json.dump(manifest, handle, indent=1)
+        with _writing(option, directory, "replace it"):
+            if os.path.exists(directory):
+                shutil.rmtree(directory)
+            os.replace(work, directory)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return manifest
@@ -522,8 +617,7 @@ class BinarizedCorpus:
 
     def arrays(self):
         if self._arrays is None:
-            self._arrays = {key: np.load(os.path.join(self.directory, f"{self.id}.{key}.npy"), mmap_mode="r")
-                            for key in ARRAYS}
+            self._arrays = map_arrays(self.directory, self.id)
         return self._arrays
 
     def __getstate__(self):  # to a spawned worker: the paths, not the mappings
@@ -531,6 +625,21 @@ class BinarizedCorpus:
 
     def __str__(self):
         return f"{type(self).__name__}({self.id}, {self.directory})"
+
+
+def _gather(offsets, ids, lines):
+    """``(block, starts, ends)``: the ids of ``lines`` (ascending line numbers) read at once, and each line's
+    start and end in ``block``. Only those lines' ids are read: with S shares a chunk's lines lie in runs of S
+    among S² lines, and the span from its first line to its last would be S times its own ids."""
+    starts, ends = offsets[lines], offsets[lines + 1]
+    lengths = ends - starts
+    inside = np.cumsum(lengths)
+    total = int(inside[-1]) if len(lines) else 0
+    if total and int(ends[-1]) - int(starts[0]) == total:  # no gap (one share): one slice
+        block = np.array(ids[int(starts[0]):int(ends[-1])])
+    else:  # position j of the block: ids[j + (start - start in the block) of its line]
+        block = np.asarray(ids[np.repeat(starts - (inside - lengths), lengths) + np.arange(total)])
+    return block, (inside - lengths).tolist(), inside.tolist()
 
 
 class BinarizedCorpusIterator:
@@ -551,13 +660,8 @@ class BinarizedCorpusIterator:
             part = chosen[first:first + CHUNK]
             numbers = (np.arange(first, first + len(part)) * self.stride + self.offset).tolist()
             states, keys = state[part].tolist(), key[part].tolist()
-            sides = []
-            for offsets, ids in ((src_offsets, src_ids), (tgt_offsets, tgt_ids)):
-                starts, ends = offsets[part], offsets[part + 1]
-                low = int(starts[0]) if len(part) else 0  # the chunk's ids read once, sliced per line
-                block = np.array(ids[low:int(ends[-1]) if len(part) else 0])
-                sides.append((block, (starts - low).tolist(), (ends - low).tolist()))
-            (src, src_starts, src_ends), (tgt, tgt_starts, tgt_ends) = sides
+            (src, src_starts, src_ends), (tgt, tgt_starts, tgt_ends) = (
+                _gather(offsets, ids, part) for offsets, ids in ((src_offsets, src_ids), (tgt_offsets, tgt_ids)))
             for number, kind, text, a, b, c, d in zip(numbers, states, keys, src_starts, src_ends, tgt_starts,
                                                        tgt_ends):
                 if kind == KEPT:

@@ -9,8 +9,8 @@ where OpenNMT-py validates its options, before anything is built, and
 * strips a leading byte-order mark when a corpus is read (logged);
 * skips, in training, validation and vocabulary corpora, every pair with an empty source or target (one warning
   per file; ``-skip_empty_level error`` stops instead, ``silent`` logs at info level);
-* refuses an ``onmt_translate -src`` with empty lines, naming them (a ``-tgt`` with empty lines is a warning).
-
+* refuses an ``onmt_translate -src`` with empty lines, naming them (a ``-tgt`` with empty lines is a warning);
+* in training, passes over a bucket of dropped pairs, and names corpora whose every pair is (:class:`NoKeptPair`).
 What stock OpenNMT-py 3.5.1 does instead: docs/differences-from-stock.md.
 """
 
@@ -47,6 +47,20 @@ class CorpusError(SystemExit):
     def __init__(self, message, status=1):
         super().__init__(f"error: {message}")
         self.message, self.status = message, status
+
+
+class NoKeptPair(CorpusError, RuntimeError):
+    """The transforms drop every training pair that one data worker reads: it would never make a batch (exit 2).
+
+    Also a ``RuntimeError``, so that a DataLoader worker hands it on (torch's worker loop passes Exceptions only);
+    the training process rebuilds it as ``NoKeptPair("Caught NoKeptPair ... Original Traceback ...")``
+    (``torch._utils.ExceptionWrapper.reraise``), whose last line holds the message, taken back here.
+    """
+
+    def __init__(self, message, status=2):
+        if message.startswith(f"Caught {type(self).__name__} "):
+            message = message.rstrip().rsplit("\n", 1)[-1].partition(": error: ")[2] or message
+        super().__init__(message, status)
 
 
 class FileScan(NamedTuple):
@@ -299,6 +313,60 @@ def check_shares(data, world_size, num_workers):
                 "(0 reads in the training process) or a larger corpus", status=2)
 
 
+def _bucket_or_empty(stock, task, bucket, **kwargs):
+    """``process`` of ``DynamicDatasetIter``: an empty list, not None, for a bucket whose pairs are all dropped."""
+    processed = stock(task, bucket, **kwargs)
+    return [] if processed is None else processed
+
+
+def _filters(iterator, name):
+    """``sentencepiece, filtertoolong: -src_seq_length 1, -tgt_seq_length 1``: the transforms of corpus ``name``."""
+    described = []
+    for transform in iterator.corpora_info.get(name, {}).get("transforms") or []:
+        found = iterator.transforms.get(transform)
+        if transform == "filtertoolong" and found is not None:
+            transform += f": -src_seq_length {found.src_seq_length}, -tgt_seq_length {found.tgt_seq_length}"
+        described.append(transform)
+    return ", ".join(described)
+
+
+def _kept_or_named(stock, self, tuple_bucket):
+    """``DynamicDatasetIter._tuple_to_json_with_tokIDs`` of training, watching for a worker that keeps nothing.
+
+    Until a bucket keeps a pair, it notes per corpus when the line numbers start again (the mixer read the
+    corpus through and restarted it). Once every corpus read (weight above 0) has restarted, the transforms drop
+    all that this worker reads (its share of the lines): :class:`NoKeptPair` names the corpora and their
+    filters, where stock would restart the corpora for ever, logging each time, and never make a batch.
+    """
+    bucket = stock(self, tuple_bucket)
+    if self.task != "train" or getattr(self, "_ext_kept", False):
+        return bucket
+    if bucket:
+        self._ext_kept = True
+        return bucket
+    last, restarted = self.__dict__.setdefault("_ext_last_lines", ({}, set()))
+    for example, _, name in tuple_bucket:
+        number = example["cid_line_number"]
+        if number <= last.get(name, -1):
+            restarted.add(name)
+        last[name] = number
+    mixer = getattr(self, "mixer", None)
+    weights = getattr(mixer, "weights", None) or dict.fromkeys(self.corpora, 1)
+    names = sorted(name for name, weight in weights.items() if weight > 0)  # (a corpus of weight 0 is not read)
+    if not names or not restarted.issuperset(names):
+        return bucket
+    first = getattr(mixer, "iterables", {}).get(names[0])
+    stride, offset = getattr(first, "stride", self.stride), getattr(first, "offset", self.offset)
+    share = f" of data share {offset} of {stride} (-world_size × -num_workers)" if stride > 1 else ""
+    fewer = ", or use fewer -num_workers" if stride > 1 else ""
+    if len(names) == 1:
+        raise NoKeptPair(f"corpus {names[0]!r}: its transforms ({_filters(self, names[0])}) drop every pair{share}, "
+                         f"so training would never get a batch: loosen the filters or check the corpus{fewer}")
+    listed = ", ".join(f"{name!r} ({_filters(self, name)})" for name in names)
+    raise NoKeptPair(f"corpora {listed}: their transforms drop every pair{share}, so training would never get a "
+                     f"batch: loosen the filters or check the corpora{fewer}")
+
+
 def _validate_data(stock, cls, opt):
     _check_data_option(opt.data, getattr(opt, "skip_empty_level", "warning"))
     # (onmt_build_vocab's options have no data workers)
@@ -331,10 +399,13 @@ def install():
     command before any model is built or any output file is created;
     ``ParallelCorpus.load`` drops a byte-order mark from the first line
     (logged); ``ParallelCorpusIterator._process`` skips the training and
-    validation pairs with an empty side.  Idempotent.
+    validation pairs with an empty side; ``DynamicDatasetIter``'s ``process``
+    gives a bucket of dropped pairs as empty, and its
+    ``_tuple_to_json_with_tokIDs`` names a worker that keeps no training pair
+    (:func:`_kept_or_named`).  Idempotent.
     """
     from onmt.bin import translate as translate_bin
-    from onmt.inputters import text_corpus
+    from onmt.inputters import dynamic_iterator, text_corpus
     from onmt.utils.parse import ArgumentParser
 
     tests = "tests/unit/test_corpus.py::"
@@ -350,6 +421,14 @@ def install():
           reason="reads every corpus once at start-up: files of different lengths are cut to the shorter without a "
                  "word, a non-UTF-8 line ends in a traceback naming no file, empty lines go unreported, a corpus "
                  "too small for the data workers' shares ends in an UnboundLocalError")
+    patch(dynamic_iterator, "process", _bucket_or_empty, kind=FIX, test=tests +
+          "test_a_bucket_whose_pairs_are_all_filtered_is_skipped",
+          reason="a bucket whose pairs a transform (filtertoolong) all drops ends training in a TypeError")
+    # order 1: inside onmt_ext.runtime.binarized's layer, which reads a binarised bucket without stock
+    patch(dynamic_iterator.DynamicDatasetIter, "_tuple_to_json_with_tokIDs", _kept_or_named, kind=FIX, order=1,
+          test=tests + "test_training_data_that_the_filters_drop_entirely_is_named_not_looped_on",
+          reason="where the transforms drop every pair a data worker reads, stock restarts the corpora for ever "
+                 "and never makes a batch")
     # order 1: inside onmt_ext.integration.commands' layer (order 0), which ends a CorpusError in one line
     patch(translate_bin, "translate", _translate_checked, kind=FIX, order=1, test=tests +
           "test_translate_refuses_a_source_with_empty_lines_by_name",

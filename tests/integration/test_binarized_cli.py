@@ -1,4 +1,5 @@
-"""``onmt_ext_binarize`` then ``onmt_train -ext_binarized`` with two spawned data workers trains as from the text."""
+"""``onmt_ext_binarize`` then ``onmt_train -ext_binarized`` with two spawned data workers trains as from the text; a
+damaged directory, or a file in its place, ends either command in one line."""
 
 import re
 import subprocess
@@ -35,3 +36,26 @@ def test_training_from_binarised_data_reports_what_the_text_gives(tmp_path):
     binarized, log = _train(tmp_path, "binarized", "-ext_binarized", str(directory))
     assert len(text) == 3 and binarized == text
     assert f"training corpora read from {directory}, binarised: corpus_1 21,977 lines" in log
+
+
+def test_a_damaged_directory_or_a_file_in_its_place_ends_in_one_line(tmp_path):
+    """An array cut short under an intact manifest stops onmt_train in one line, exit 1 (numpy's ValueError
+    traceback before); a file named as the directory stops onmt_ext_binarize in one line, exit 2, and is kept."""
+    directory = tmp_path / "bin"
+    done = support.run_cli("onmt_ext_binarize", "-config", support.REPO / CONFIG, "-ext_binarized", directory,
+                           "-save_data", tmp_path / "samples")
+    assert (directory / "manifest.json").is_file(), done.stderr[-2000:]
+    (directory / "corpus_1.tgt_ids.npy").write_bytes((directory / "corpus_1.tgt_ids.npy").read_bytes()[:1000])
+    failed = support.run_cli("onmt_train", "-config", support.REPO / CONFIG, "-ext_binarized", directory,
+                             "-save_model", tmp_path / "m", "-save_data", tmp_path / "samples", "-train_steps", 1,
+                             check=False)
+    assert support.one_error_line(failed, "onmt_train", 1) == (
+        f"onmt_train: error: -ext_binarized {directory}: corpus_1.tgt_ids.npy is damaged (mmap length is greater "
+        "than file size); binarise again with onmt_ext_binarize ... -overwrite")
+    (tmp_path / "file").write_text("x", encoding="utf-8")
+    failed = support.run_cli("onmt_ext_binarize", "-config", support.REPO / CONFIG, "-ext_binarized",
+                             tmp_path / "file", "-save_data", tmp_path / "samples", "-overwrite", check=False)
+    assert support.one_error_line(failed, "onmt_ext_binarize", 2).endswith(
+        f"-ext_binarized {tmp_path / 'file'}: not a directory; name the directory that onmt_ext_binarize writes "
+        "(it makes it)")
+    assert (tmp_path / "file").read_text(encoding="utf-8") == "x"

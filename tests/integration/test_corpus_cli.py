@@ -2,8 +2,10 @@
 
 Moved out of tests/unit/test_corpus.py (unit/ runs in-process only): ``onmt_train`` refuses training files of
 different lengths, and ``onmt_translate`` a source that is not UTF-8 before it loads a model, each with the files
-or the line named and no traceback.
+or the line named and no traceback; ``onmt_train`` names a corpus whose every pair the filters drop (slow).
 """
+
+import pytest
 
 import support
 
@@ -32,3 +34,16 @@ def test_translate_refuses_a_source_that_is_not_utf8_before_loading_anything(onm
     result = support.run_cli("onmt_translate", "-model", tmp_path / "never_read.pt", "-src", bad, "-output",
                              tmp_path / "out", check=False)
     assert f"{bad}, line 2: not UTF-8" in support.one_error_line(result, "onmt_translate", 1)
+
+
+@pytest.mark.slow  # onmt_train builds its model and starts two data workers
+def test_train_names_a_corpus_whose_every_pair_the_filters_drop(sample_data, onmt_active, tmp_path):
+    """Stock's data workers end in a ``TypeError`` traceback (a bucket of dropped pairs), or would restart the corpora
+    for ever: one line from the worker, through the DataLoader, naming the corpus and the filter's options."""
+    config = support.REPO / "yaml_configs/smoke/baseline/transformer_base_wmt14_ende.yaml"
+    result = support.run_cli("onmt_train", "-config", config, "-save_model", tmp_path / "m", "-save_data",
+                             tmp_path / "s", "-train_steps", 2, "-num_workers", 2, "-src_seq_length", 1,
+                             "-tgt_seq_length", 1, check=False, timeout=300)
+    assert support.one_error_line(result, "onmt_train", 2).endswith(
+        "-src_seq_length 1, -tgt_seq_length 1) drop every pair of data share 0 of 2 (-world_size × -num_workers), so "
+        "training would never get a batch: loosen the filters or check the corpus, or use fewer -num_workers")

@@ -1,8 +1,13 @@
 """Binarised training corpora (onmt_ext.runtime.binarized): the batches, in the order, that the text gives."""
 
+import errno
 import itertools
+import os
 import pickle
+import shutil
+import socket
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -241,8 +246,6 @@ def test_a_missing_directory_names_the_command(corpora, tmp_path):
 
 
 def test_a_directory_changed_by_hand_is_named_not_read(corpora, config, tmp_path):
-    import shutil
-
     from onmt_ext.errors import UserError
 
     _, files = corpora
@@ -256,6 +259,76 @@ def test_a_directory_changed_by_hand_is_named_not_read(corpora, config, tmp_path
     with pytest.raises(UserError, match=r"manifest\.json: damaged"):
         batches(options(changed), 1)
     assert build(changed, overwrite=True)["corpora"]["two"]["kept"] == 800  # -overwrite replaces it
+
+
+@pytest.mark.parametrize("damage", ["header", "data", "empty"])
+def test_a_damaged_array_file_is_named_not_a_traceback(corpora, config, tmp_path, damage):
+    """An array file cut short (a copy that stopped, a full disk) under an intact manifest: numpy's ValueError or
+    EOFError at the first read becomes one line naming the file; a cache in that state is written again."""
+    from onmt_ext.errors import UserError
+    from onmt_ext.runtime import binarized
+
+    _, files = corpora
+    copy = tmp_path / "bin"
+    shutil.copytree(options(config).ext_binarized, copy)
+    array = copy / "two.src_ids.npy"
+    os.truncate(array, {"header": 100, "data": array.stat().st_size - 40, "empty": 0}[damage])
+    with pytest.raises(UserError, match=r"^-ext_binarized .*bin: two\.src_ids\.npy is damaged \(.+\); binarise "
+                                        r"again with onmt_ext_binarize \.\.\. -overwrite$"):
+        batches(options(write_config(tmp_path, files)), 1)
+    assert binarized._current(str(copy), binarized.read_manifest(options(config).ext_binarized)["fingerprint"]) \
+        is None  # (what -ext_binarized_cache asks: a damaged directory is written again)
+
+
+def test_a_directory_that_cannot_be_read_or_is_a_file_is_named(corpora, config, tmp_path, monkeypatch):
+    """An unreadable manifest (permissions; the tests may run as root, so the error is made) and a file named as
+    the directory: one line each, not a PermissionError or NotADirectoryError traceback."""
+    from onmt_ext.errors import UsageError, UserError
+    from onmt_ext.runtime import binarized
+
+    _, files = corpora
+    (tmp_path / "file").write_text("x", encoding="utf-8")
+    with pytest.raises(UsageError, match=r"^-ext_binarized .*file: not a directory"):
+        batches(options(write_config(tmp_path, files, ext_binarized=str(tmp_path / "file"))), 1)
+    with pytest.raises(UsageError, match=r"^-ext_binarized .*file: not a directory"):
+        build(write_config(tmp_path, files, ext_binarized=str(tmp_path / "file")), overwrite=True)
+    assert (tmp_path / "file").read_text(encoding="utf-8") == "x"
+
+    def unreadable(path, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(binarized, "open", unreadable, raising=False)
+    with pytest.raises(UserError, match=r"^-ext_binarized .*: cannot read manifest\.json \(Permission denied\)"):
+        batches(options(config), 1)
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_a_failed_write_is_named_and_leaves_nothing_behind(corpora, tmp_path, monkeypatch, cache):
+    """A full disk (ENOSPC) while the arrays are written: one line naming the directory, the file and what to do,
+    and neither the directory nor its work directory left (the cache's lock file alone stays)."""
+    from onmt_ext.errors import UserError
+    from onmt_ext.runtime import binarized
+
+    _, files = corpora
+
+    def full(path, array):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(binarized.np, "save", full)
+    config = write_config(tmp_path, files)
+    option = "-ext_binarized_cache" if cache else "-ext_binarized"
+    with pytest.raises(UserError, match=rf"^{option} .*: cannot write one\.state\.npy there \(No space left on "
+                                        r"device\); free space on its file system, or choose a directory on "
+                                        "another, and run again$"):
+        if cache:
+            opt, transforms, vocabs = binarized._prepared(options(config, "-ext_binarized", ""))
+            binarized.cached(str(tmp_path / "cache"), opt, transforms, vocabs, say=lambda text: None)
+        else:
+            build(config)
+    left = sorted(path.name for path in tmp_path.rglob("*") if "partial" in path.name or path.name == "bin")
+    assert left == []
+    if cache:
+        assert [path.name for path in (tmp_path / "cache").iterdir() if not path.name.endswith(".lock")] == []
 
 
 @pytest.mark.parametrize("overrides, named", [
@@ -409,3 +482,123 @@ def test_a_config_is_judged_before_any_file_is_read(corpora, tmp_path, overrides
     opt, _ = train_parser().parse_known_args(["-config", str(config), *overrides])
     found = binarized.config_problems(opt)
     assert (found == []) if named is None else any(named in problem for problem in found), found
+
+
+# ---------------------------------------------------------------- reading a share, writing the directory
+
+
+class _Recording:
+    """An array that records the size of what each read (``[...]``) of it materialises."""
+
+    def __init__(self, array):
+        self.array, self.reads = array, []
+
+    def __len__(self):
+        return len(self.array)
+
+    def __getitem__(self, key):
+        found = self.array[key]
+        self.reads.append(found.size)
+        return found
+
+
+class _Corpus:
+    id = "c"
+
+    def __init__(self, arrays):
+        self._arrays = arrays
+
+    def arrays(self):
+        return self._arrays
+
+
+@pytest.mark.parametrize("stride, offset", [(1, 0), (2, 1), (4, 1), (5, 3), (64, 7)])
+def test_a_share_is_read_line_by_line_whatever_its_stride(monkeypatch, stride, offset):
+    """A worker's chunk of lines reads its lines' ids, not the whole span between its first and last line (with S
+    shares, S·CHUNK lines): each read is at most the chunk's own ids; the examples are those the arrays hold, in
+    stock's order and numbering, with filtered lines (None) and kept lines of no ids among them."""
+    import numpy as np
+
+    from onmt_ext.runtime import binarized
+
+    monkeypatch.setattr(binarized, "CHUNK", 8)
+    random = np.random.default_rng(stride * 100 + offset)
+    lines = 1000
+    state = random.choice([binarized.ABSENT, binarized.FILTERED, binarized.KEPT], lines, p=[0.1, 0.2, 0.7])
+    arrays = {"state": state.astype(np.int8), "src_key": random.integers(0, 50, lines)}
+    for side in ("src", "tgt"):
+        lengths = np.where(state == binarized.KEPT, random.integers(0, 6, lines), 0)
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        arrays[f"{side}_offsets"] = offsets
+        arrays[f"{side}_ids"] = _Recording(random.integers(0, 4000, int(offsets[-1])).astype(np.int32))
+    got = [(example and (example["cid_line_number"], example["src"]["src"], example["src"]["src_ids"].tolist(),
+                         example["tgt"]["tgt_ids"].tolist()), kind, name)
+           for example, kind, name in binarized.BinarizedCorpusIterator(_Corpus(arrays), stride, offset)]
+    chosen = [line for line in range(lines) if (line // stride) % stride == offset]
+
+    def ids(side, line):
+        offsets = arrays[f"{side}_offsets"]
+        return arrays[f"{side}_ids"].array[offsets[line]:offsets[line + 1]].tolist()
+
+    wanted = []
+    for position, line in enumerate(chosen):
+        if state[line] == binarized.KEPT:
+            example = (position * stride + offset, int(arrays["src_key"][line]), ids("src", line), ids("tgt", line))
+            wanted.append((example, binarized.BINARIZED, "c"))
+        elif state[line] == binarized.FILTERED:
+            wanted.append((None, binarized.BINARIZED, "c"))
+    assert got == wanted and any(example is None for example, _, _ in got) and len(got) > 8
+    for side in ("src", "tgt"):
+        limit = max(sum(len(ids(side, line)) for line in chosen[first:first + 8]) for first in range(0, len(chosen), 8))
+        assert max(arrays[f"{side}_ids"].reads) <= limit, side
+
+
+def _partials(folder):
+    return sorted(path.name for path in folder.iterdir() if ".partial-" in path.name)
+
+
+def test_the_work_directory_names_its_host_and_leaves_another_runs_alone(corpora, tmp_path, monkeypatch):
+    """On a shared file system two nodes' runs can have one pid: the work directory names the host as well (and is
+    made afresh, never emptied), so another node's run writing beside it keeps its directory; a directory of this
+    host's killed run (its process gone) is removed."""
+    import subprocess
+
+    from onmt_ext.runtime import binarized
+
+    _, files = corpora
+    monkeypatch.setattr(socket, "gethostname", lambda: "node-b")
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    others = [f"bin.partial-{os.getpid()}", f"bin.partial-node-a-{os.getpid()}-0000abcd",
+              "bin.partial-node-b-1-0000abcd", f"bin.partial-node-b-7-{gone}-0000abcd"]  # (host node-b-7)
+    for name in [*others, f"bin.partial-node-b-{gone}-0000abcd"]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "one.state.npy").write_bytes(b"writing")
+    seen, stock = [], binarized._build_corpus
+
+    def watched(*args, **kwargs):
+        seen.append(_partials(tmp_path))
+        return stock(*args, **kwargs)
+
+    monkeypatch.setattr(binarized, "_build_corpus", watched)
+    build(write_config(tmp_path, files))
+    (mine,) = set(seen[0]) - set(others)
+    assert mine.startswith(f"bin.partial-node-b-{os.getpid()}-")
+    assert _partials(tmp_path) == sorted(others)  # pid 1 lives: its directory is kept
+    assert all((tmp_path / name / "one.state.npy").read_bytes() == b"writing" for name in others)
+
+
+def test_the_cache_removes_what_killed_runs_left_of_its_key(config, tmp_path):
+    """Under the cache's lock no other run writes that key: any work directory of the key is what a killed run
+    left, and goes; another key's is left alone."""
+    from onmt_ext.runtime import binarized
+
+    opt, transforms, vocabs = binarized._prepared(options(config, "-ext_binarized", ""))
+    key = binarized.cache_key(binarized.fingerprint(opt, transforms, vocabs))
+    stale = [f"{key}.partial-{name}" for name in ("123", "node-a-123-x1", "node-b-9-x2")]
+    other = f"{'0' * 16}.partial-node-a-5-x3"
+    for name in [*stale, other]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "one.state.npy").write_bytes(b"killed")
+    directory = binarized.cached(str(tmp_path), opt, transforms, vocabs, say=lambda text: None)[0]
+    assert directory == str(tmp_path / key) and _partials(tmp_path) == [other]

@@ -4,6 +4,9 @@ The same checks through the real commands (onmt_train, onmt_translate) are in
 tests/integration/test_corpus_cli.py.
 """
 
+import itertools
+import sys
+
 import pytest
 import yaml
 
@@ -160,3 +163,102 @@ def test_missing_corpus_file_is_named(tmp_path):
     with pytest.raises(SystemExit, match=r"corpus 'corpus_1': path_tgt .*nope.en: no such file"):
         corpus._check_data_option({"corpus_1": {"path_src": str(_write(tmp_path / "a", b"x\n")),
                                                 "path_tgt": str(tmp_path / "nope.en")}})
+
+
+def _text_training(tmp_path, src_lines, tgt_lines, **changes):
+    """Options of the demo config training on ``src_lines``/``tgt_lines`` (no subwords: filtertoolong alone)."""
+    import support
+
+    config = yaml.safe_load((support.REPO / "yaml_configs/demo/tatoeba_zhen.yaml").read_text(encoding="utf-8"))
+    src = _write(tmp_path / "train.zh", "".join(f"{line}\n" for line in src_lines).encode())
+    tgt = _write(tmp_path / "train.en", "".join(f"{line}\n" for line in tgt_lines).encode())
+    config.update(src_vocab=str(support.TATOEBA / "vocab.zh"), tgt_vocab=str(support.TATOEBA / "vocab.en"),
+                  transforms=["filtertoolong"], save_data=str(tmp_path / "samples"),
+                  save_model=str(tmp_path / "model"), bucket_size=16, batch_size=256, num_workers=0,
+                  data={"corpus_1": {"path_src": str(src), "path_tgt": str(tgt), "weight": 1},
+                        "valid": {"path_src": str(support.TATOEBA / "valid.zh"),
+                                  "path_tgt": str(support.TATOEBA / "valid.en")}})
+    config.update(changes)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return _options(path)
+
+
+def _options(path):
+    import support
+    from onmt.utils.parse import ArgumentParser
+
+    opt = support.load_train_opts(path)
+    ArgumentParser.validate_train_opts(opt)
+    return opt
+
+
+def _batches(opt, count, stride=1, offset=0):
+    """The first ``count`` training batches of ``opt`` as a data worker of share ``offset`` of ``stride`` makes
+    them (in this process)."""
+    import torch
+    from onmt import train_single
+    from onmt.constants import CorpusTask
+    from onmt.inputters import dynamic_iterator
+    from onmt.inputters.text_corpus import get_corpora
+    from onmt.transforms import make_transforms
+
+    _, vocabs, transforms_cls = train_single._init_train(opt)
+    data = dynamic_iterator.DynamicDatasetIter.from_opt(
+        get_corpora(opt, CorpusTask.TRAIN), make_transforms(opt, transforms_cls, vocabs), vocabs, opt,
+        CorpusTask.TRAIN, False, torch.device("cpu"), stride=stride, offset=offset)
+    data.num_workers = 0
+    data._init_datasets(0)
+    return [batch for batch, _ in itertools.islice(data, count)]
+
+
+def _sample(count):
+    import support
+
+    return ([line.rstrip("\n") for line in (support.TATOEBA / name).open(encoding="utf-8")][:count]
+            for name in ("train.zh", "train.en"))
+
+
+def test_a_bucket_whose_pairs_are_all_filtered_is_skipped(onmt_active, sample_data, tmp_path):
+    """Stock's ``process`` gives None for a bucket whose pairs a transform drops, and the iterator then ends in a
+    ``TypeError``: the bucket is empty instead, and the next ones make the batches."""
+    src, tgt = _sample(100)
+    for line in range(40):  # the first buckets of 16: too long
+        src[line] = " ".join([src[line]] * 30)
+    assert len(_batches(_text_training(tmp_path, src, tgt, src_seq_length=40), 3)) == 3
+
+
+def test_training_data_that_the_filters_drop_entirely_is_named_not_looped_on(onmt_active, sample_data, tmp_path):
+    """Every pair too long: stock's iterator ends in a ``TypeError`` (or, once empty buckets pass, restarts the
+    corpora for ever, making no batch): one line instead, once every corpus has been read through, naming the
+    corpus and the filter's options; a data share whose pairs are all dropped is named too."""
+    src, tgt = _sample(40)
+    opt = _text_training(tmp_path, src, tgt, src_seq_length=1, tgt_seq_length=1)
+    with pytest.raises(corpus.NoKeptPair) as stopped:
+        _batches(opt, 1)
+    assert stopped.value.status == 2 and stopped.value.message == (
+        "corpus 'corpus_1': its transforms (filtertoolong: -src_seq_length 1, -tgt_seq_length 1) drop every pair, "
+        "so training would never get a batch: loosen the filters or check the corpus")
+    for line in range(len(src)):  # share 1 of 2 (lines 2, 3, 6, 7, ...: blocks of 2 in turn) too long
+        if (line // 2) % 2 == 1:
+            src[line] = " ".join([src[line]] * 30)
+    assert len(_batches(_text_training(tmp_path, src, tgt, src_seq_length=40), 1, 2, 0)) == 1
+    with pytest.raises(corpus.NoKeptPair, match=r"^error: corpus 'corpus_1': its transforms \(filtertoolong: "
+                                                 r"-src_seq_length 40, -tgt_seq_length 100\) drop every pair of "
+                                                 r"data share 1 of 2 \(-world_size × -num_workers\), .* or use "
+                                                 "fewer -num_workers$"):
+        _batches(_options(tmp_path / "config.yaml"), 1, 2, 1)
+
+
+def test_the_error_of_a_data_worker_reaches_the_training_process_as_one_line():
+    """torch's DataLoader hands a worker's exception on as its type called with ``Caught … Original Traceback …``
+    (``ExceptionWrapper.reraise``), and a worker hands on Exceptions only: the message comes back whole."""
+    from torch._utils import ExceptionWrapper
+
+    try:
+        raise corpus.NoKeptPair("corpus 'c': its transforms (x) drop every pair")
+    except corpus.NoKeptPair:
+        wrapped = ExceptionWrapper(sys.exc_info(), where="in DataLoader worker process 0")
+    with pytest.raises(corpus.NoKeptPair) as stopped:
+        wrapped.reraise()
+    assert (stopped.value.message, stopped.value.status) == ("corpus 'c': its transforms (x) drop every pair", 2)
