@@ -101,7 +101,7 @@ class HalfWeights:
 
     Args:
         model: the model being trained.
-        dtype: autocast's dtype (float16 under ``-model_dtype fp16``; the CPU tests use bfloat16).
+        dtype: autocast's dtype (float16 under ``-model_dtype fp16``; the CPU tests use both).
 
     ``refresh()`` after each optimizer step, ``collect()`` after each backward pass, ``clear()`` with each
     ``zero_grad``; the optimizer wrapper of :func:`install` calls them.  Each layer that

@@ -1,6 +1,7 @@
 """``-ext_half_weights`` (onmt_ext.runtime.half_weights): float16 copies of the Linear weights with float32 master
-weights give autocast's numbers, to the bit.  On this CPU machine autocast is the CPU's, in bfloat16: the same
-mechanism that CUDA's float16 autocast takes."""
+weights give autocast's numbers, to the bit.  On this CPU machine autocast is the CPU's, in bfloat16 and in float16:
+the same mechanism that CUDA's float16 autocast takes, float16 being the dtype that ``-model_dtype fp16`` gives the
+shadows on the GPU."""
 
 import argparse
 import copy
@@ -15,6 +16,8 @@ from onmt_ext.runtime.half_weights import HalfWeights
 
 pytestmark = pytest.mark.usefixtures("onmt_active")
 DTYPE = torch.bfloat16
+#: the shadows' dtypes tested: the CPU autocast's default, and float16, CUDA autocast's (-model_dtype fp16)
+DTYPES = pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 
 
 class _Toy(torch.nn.Module):
@@ -38,15 +41,16 @@ class _Toy(torch.nn.Module):
         return self.tied(x).float().log_softmax(-1)
 
 
-def _step(model, optimizer, half, seeds, autocast=True):
-    """One update from the micro-batches ``seeds`` (accumulated) under CPU autocast; returns the losses."""
+def _step(model, optimizer, half, seeds, autocast=True, dtype=DTYPE):
+    """One update from the micro-batches ``seeds`` (accumulated) under CPU autocast to ``dtype``; returns the
+    losses."""
     optimizer.zero_grad(set_to_none=True)
     if half is not None:
         half.clear()
     losses = []
     for seed in seeds:
         ids = torch.randint(0, 11, (3, 5), generator=torch.Generator().manual_seed(seed))
-        with torch.autocast("cpu", dtype=DTYPE, enabled=autocast):
+        with torch.autocast("cpu", dtype=dtype, enabled=autocast):
             loss = -model(ids).mean()
         loss.backward()
         if half is not None:
@@ -67,16 +71,17 @@ def _twins(read_directly=True):
 
 @pytest.mark.parametrize("read_directly", [True, False], ids=["a-weight-read-directly", "layers-only"])
 @pytest.mark.parametrize("accumulate", [1, 3])
-def test_half_weights_train_as_autocast_does_to_the_bit(accumulate, read_directly):
+@DTYPES
+def test_half_weights_train_as_autocast_does_to_the_bit(accumulate, read_directly, dtype):
     model, twin = _twins(read_directly)
-    half = HalfWeights(twin, DTYPE)
+    half = HalfWeights(twin, dtype)
     assert {id(m) for m in half.modules} == {id(twin.first), id(twin.second), id(twin.direct),
                                              id(twin.unused)}  # not the tied one
     optimizers = [torch.optim.Adam(net.parameters(), lr=0.01) for net in (model, twin)]
     for step in range(4):
         seeds = [10 * step + k for k in range(accumulate)]
-        expected = _step(model, optimizers[0], None, seeds)
-        got = _step(twin, optimizers[1], half, seeds)
+        expected = _step(model, optimizers[0], None, seeds, dtype=dtype)
+        got = _step(twin, optimizers[1], half, seeds, dtype=dtype)
         assert [torch.equal(a, b) for a, b in zip(expected, got)] == [True] * accumulate, step
         for (name, ours), theirs in zip(twin.named_parameters(), model.parameters()):
             assert ours.dtype == torch.float32 and torch.equal(ours, theirs), (step, name)
@@ -86,9 +91,11 @@ def test_half_weights_train_as_autocast_does_to_the_bit(accumulate, read_directl
         assert all(p.grad.data_ptr() != 0 and p.grad._base is half._grads for p in half.masters if p.grad is not None)
 
 
-def test_the_shadows_are_used_only_where_autocast_would_cast():
+@DTYPES
+def test_the_shadows_are_used_only_where_autocast_would_cast(dtype):
     model, twin = _twins()
-    half = HalfWeights(twin, DTYPE)
+    half = HalfWeights(twin, dtype)
+    other = torch.float16 if dtype == torch.bfloat16 else torch.bfloat16
     ids = torch.randint(0, 11, (2, 4), generator=torch.Generator().manual_seed(1))
     calls = []
     original = torch.nn.functional.linear
@@ -102,11 +109,11 @@ def test_the_shadows_are_used_only_where_autocast_would_cast():
         assert torch.equal(twin(ids), model(ids))  # no autocast: float32 parameters, stock's forward
         assert calls[:3] == [torch.float32] * 3
         calls.clear()
-        with torch.autocast("cpu", dtype=DTYPE):
+        with torch.autocast("cpu", dtype=dtype):
             twin(ids)
-        assert calls[:3] == [DTYPE] * 3  # the shadows, no cast
+        assert calls[:3] == [dtype] * 3  # the shadows, no cast
         calls.clear()
-        with torch.autocast("cpu", dtype=torch.float16):  # another dtype than the shadows': stock's forward
+        with torch.autocast("cpu", dtype=other):  # another dtype than the shadows': stock's forward
             twin(ids)
         assert calls[:3] == [torch.float32] * 3
 
@@ -213,6 +220,46 @@ def test_the_optimizer_gets_the_shadows_with_amp_only():
             warnings.simplefilter("ignore")  # torch's gradient scaler: no CUDA here
             optim = Optimizer.from_opt(support.build_model(opt, vocabs, seed=3), opt)
         assert optim.amp and hasattr(optim, "_onmt_ext_half_weights") == (on == "true")
+
+
+def _amp_optimizer(model, half_weights):
+    """OpenNMT-py's optimizer of ``model`` as ``-model_dtype fp16`` makes it for a GPU run: AMP's, with torch's
+    gradient scaler (which switches itself off without CUDA), and with ``-ext_half_weights`` the float16 shadows
+    that the option gives it."""
+    from onmt.utils.optimizers import Optimizer
+
+    opt = support.load_train_opts(CONFIG, "-model_dtype", "fp16", "-ext_half_weights", str(half_weights).lower())
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*GradScaler.*")  # no CUDA here
+        return Optimizer.from_opt(model, opt)
+
+
+@pytest.mark.parametrize("accumulate", [1, 3])
+def test_the_amp_optimizer_of_the_option_steps_in_float16_as_autocast_does(accumulate):
+    """``-model_dtype fp16 -ext_half_weights true``, the GPU's configuration, under float16 autocast (the CPU's
+    here, CUDA's on the GPU): OpenNMT-py's AMP optimizer holds float16 shadows, and through its zero_grad,
+    backward and step (onmt-ext's wrappers collect, refresh and clear them) the parameters after every step
+    equal those of AMP training without the option, to the bit."""
+    model, twin = _twins(read_directly=False)
+    expected, got = _amp_optimizer(model, False), _amp_optimizer(twin, True)
+    assert expected.amp and got.amp and not hasattr(expected, "_onmt_ext_half_weights")
+    half, before = got._onmt_ext_half_weights, copy.deepcopy(twin.first.weight)
+    assert half.dtype == torch.float16 and {id(m) for m in half.modules} == {
+        id(twin.first), id(twin.second), id(twin.direct), id(twin.unused)}
+    for step in range(3):
+        for net, optim in ((model, expected), (twin, got)):
+            optim.zero_grad(set_to_none=True)
+            for seed in range(10 * step, 10 * step + accumulate):
+                ids = torch.randint(0, 11, (3, 5), generator=torch.Generator().manual_seed(seed))
+                with torch.autocast("cpu", dtype=torch.float16):
+                    loss = -net(ids).mean()
+                optim.backward(loss)
+            optim.step()
+        for (name, ours), theirs in zip(twin.named_parameters(), model.parameters()):
+            assert ours.dtype == torch.float32 and torch.equal(ours, theirs), (step, name)
+    assert not torch.equal(twin.first.weight, before)  # (the steps moved the parameters)
+    assert half.collected == 3 * accumulate and all(s.grad is None for s in half.shadows)
+    assert all(torch.equal(s, m.to(torch.float16)) for s, m in zip(half.shadows, half.masters))  # refreshed
 
 
 def test_a_model_without_linear_layers_gets_no_shadows():
