@@ -5,12 +5,13 @@ that also counts empty lines) and raises :class:`CorpusError` naming the corpus,
 source and target files of different line counts and for text that is not UTF-8.  :func:`install` runs it
 where OpenNMT-py validates its options, before anything is built, and
 
-* refuses a training corpus too small for the data workers' shares (:func:`check_shares`);
+* refuses a training corpus too small for the data workers' shares (:func:`check_shares`), and a corpus, share or
+  validation set without a pair with text on both sides (:func:`check_pairs`);
 * strips a leading byte-order mark when a corpus is read (logged);
 * skips, in training, validation and vocabulary corpora, every pair with an empty source or target (one warning
   per file; ``-skip_empty_level error`` stops instead, ``silent`` logs at info level);
 * refuses an ``onmt_translate -src`` with empty lines, naming them (a ``-tgt`` with empty lines is a warning);
-* in training, passes over a bucket of dropped pairs, and names corpora whose every pair is (:class:`NoKeptPair`).
+* passes over a bucket of dropped pairs; names corpora whose every pair is, or a validation without a batch.
 What stock OpenNMT-py 3.5.1 does instead: docs/differences-from-stock.md.
 """
 
@@ -21,7 +22,7 @@ from typing import NamedTuple, Tuple
 
 import yaml
 
-from onmt_ext.patches import FIX, patch
+from onmt_ext.patches import FIX, is_ours, patch
 
 # OpenNMT-py is imported inside the functions: importing it while this module initialises would activate
 # onmt-ext (onmt_ext._autoload) before this module is whole.
@@ -33,6 +34,8 @@ _BEFORE_EMPTY_LINE = re.compile(r"\n(?=[^\S\n]*\n)")
 #: How many line numbers a message lists.
 SHOWN_LINES = 5
 _checked = {}
+#: :func:`_shares_with_text` of files and shares already read, by their keys.
+_shares_found = {}
 #: Messages already logged in this process (OpenNMT-py validates the data options more than once per run).
 _logged = set()
 
@@ -50,7 +53,8 @@ class CorpusError(SystemExit):
 
 
 class NoKeptPair(CorpusError, RuntimeError):
-    """The transforms drop every training pair that one data worker reads: it would never make a batch (exit 2).
+    """The transforms drop every training pair that one data worker reads (it would never make a batch), or every
+    validation pair (exit 2).
 
     Also a ``RuntimeError``, so that a DataLoader worker hands it on (torch's worker loop passes Exceptions only);
     the training process rebuilds it as ``NoKeptPair("Caught NoKeptPair ... Original Traceback ...")``
@@ -132,9 +136,13 @@ def scan_file(path):
     return FileScan(lines + (1 if tail_open else 0), has_bom, empty, tuple(shown))
 
 
-def _scan_cached(path):
+def _file_key(path):
     stat = os.stat(path)
-    key = (os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
+    return os.path.abspath(path), stat.st_size, stat.st_mtime_ns
+
+
+def _scan_cached(path):
+    key = _file_key(path)
     if key not in _checked:
         _checked[key] = scan_file(path)
     return _checked[key]
@@ -313,6 +321,87 @@ def check_shares(data, world_size, num_workers):
                 "(0 reads in the training process) or a larger corpus", status=2)
 
 
+def _has_text(line, number):
+    """Whether the raw ``line`` (bytes) of line ``number`` (0-based) is not empty as :func:`scan_file` counts: some
+    text once stripped of whitespace (and of a byte-order mark on line 0)."""
+    text = line.decode("utf-8")
+    return bool((text[1:] if number == 0 and text.startswith(_BOM) else text).strip())
+
+
+def _shares_with_text(src, tgt, shares):
+    """The data shares (0 to ``shares`` - 1; share k holds lines i with ``(i // shares) % shares == k``, as
+    :func:`check_shares` tells) in which a pair of ``src`` and ``tgt`` (files of as many lines) has text on both
+    sides. The files are read only when their empty lines (:func:`scan_file`) could fill a share, and only until
+    each share has such a pair."""
+    key = (_file_key(src), _file_key(tgt), shares)
+    if key in _shares_found:
+        return _shares_found[key]
+    src_scan, tgt_scan = _scan_cached(src), _scan_cached(tgt)
+    cycles, rest = divmod(src_scan.lines, shares * shares)
+    smallest = cycles * shares + min(shares, max(0, rest - (shares - 1) * shares))  # the last share's lines
+    found = set()
+    if src_scan.empty + tgt_scan.empty < smallest:
+        found = set(range(shares))
+    else:
+        with open(src, "rb") as src_lines, open(tgt, "rb") as tgt_lines:
+            for number, (source, target) in enumerate(zip(src_lines, tgt_lines)):
+                share = (number // shares) % shares
+                if share not in found and _has_text(source, number) and _has_text(target, number):
+                    found.add(share)
+                    if len(found) == shares:
+                        break
+    _shares_found[key] = found
+    return found
+
+
+def _weight(entry):
+    """A ``-data`` entry's weight as OpenNMT-py reads it (``int``; 1 when not given)."""
+    try:
+        return int(entry.get("weight", 1))
+    except (TypeError, ValueError):
+        return 1  # (None: stock's default; anything else stock refuses)
+
+
+def check_pairs(data, world_size, num_workers):
+    """Where the pairs with an empty side are skipped, every corpus of ``data`` (a ``-data`` dict) that training
+    reads (weight above 0) has a pair with text on both sides in each data share (:func:`check_shares`), and the
+    validation set one at all: a :class:`CorpusError` in one line where one has none (exit 1 for a corpus,
+    2 for a share). Stock's corpus mixer meets such a corpus with an ``UnboundLocalError`` or ``RuntimeError``
+    traceback, and a validation set without a batch divides by zero."""
+    from onmt.constants import CorpusName
+
+    shares = max(1, world_size) * max(1, num_workers)
+    corpora = yaml.safe_load(data) if isinstance(data, str) else data
+    for name, entry in (corpora or {}).items():
+        src = entry.get("path_src") if isinstance(entry, dict) else None
+        tgt = entry.get("path_tgt") or src if src else None  # (a language model's pairs: the line twice)
+        valid = name == CorpusName.VALID
+        if valid and isinstance(entry, dict) and _weight(entry) <= 0:
+            raise CorpusError(f"corpus {name!r}: weight {_weight(entry)}: OpenNMT-py reads the validation set "
+                              "weight times, so validation would never get a batch: leave its weight out", status=2)
+        if not src or not os.path.isfile(src) or not os.path.isfile(tgt) or (not valid and _weight(entry) <= 0):
+            continue
+        found = _shares_with_text(src, tgt, 1 if valid else shares)
+        if not found:
+            scans = [_scan_cached(path) for path in (src, tgt)]
+            files = (f"{src}: {scans[0].empty} of {scans[0].lines} lines empty; {tgt}: {scans[1].empty} of "
+                     f"{scans[1].lines}" if scans[0].lines else f"{src} and {tgt} are empty")
+            what, fix = (("validation", "leave the validation set out") if valid else
+                         ("training", "leave the corpus out (weight 0)"))
+            raise CorpusError(f"corpus {name!r}: no pair has text on both sides ({files}), and pairs with an empty "
+                              f"side are skipped, so {what} would never get a batch: check the files, or {fix}")
+        missing = sorted(set(range(shares)) - found) if not valid else []
+        if missing:
+            fewer = "use fewer -num_workers (0 reads in the training process), or " if num_workers > 1 else ""
+            listed = ", ".join(str(share) for share in missing[:SHOWN_LINES]) + (
+                ", …" if len(missing) > SHOWN_LINES else "")
+            raise CorpusError(
+                f"corpus {name!r}: no pair of data share{'s' if len(missing) > 1 else ''} {listed} of {shares} "
+                f"(-world_size {world_size} × -num_workers {num_workers}) has text on both sides, and pairs with an "
+                f"empty side are skipped, so {'those shares' if len(missing) > 1 else 'that share'} would never make "
+                f"a batch: {fewer}check the files ({src}, {tgt})", status=2)
+
+
 def _bucket_or_empty(stock, task, bucket, **kwargs):
     """``process`` of ``DynamicDatasetIter``: an empty list, not None, for a bucket whose pairs are all dropped."""
     processed = stock(task, bucket, **kwargs)
@@ -367,11 +456,58 @@ def _kept_or_named(stock, self, tuple_bucket):
                      f"batch: loosen the filters or check the corpora{fewer}")
 
 
+def _skipping_empty_pairs():
+    """True when :func:`_skip_empty_pairs` is in place (not under ``ONMT_EXT_RUNTIME=stock``, where a pair with an
+    empty side is read as one ``<unk>``)."""
+    from onmt.inputters.text_corpus import ParallelCorpusIterator
+
+    return is_ours(ParallelCorpusIterator._process)
+
+
 def _validate_data(stock, cls, opt):
     _check_data_option(opt.data, getattr(opt, "skip_empty_level", "warning"))
-    # (onmt_build_vocab's options have no data workers)
-    check_shares(opt.data, getattr(opt, "world_size", 1), getattr(opt, "num_workers", 0))
+    # (onmt_build_vocab's options have no data workers, nor training steps: it reads a corpus without pairs well)
+    shares = getattr(opt, "world_size", 1), getattr(opt, "num_workers", 0)
+    check_shares(opt.data, *shares)
+    if getattr(opt, "train_steps", None) is not None and _skipping_empty_pairs():
+        check_pairs(opt.data, *shares)
     return stock(cls, opt)
+
+
+def _dataset(iterable):
+    """The ``DynamicDatasetIter`` under a training/validation iterable (``OnDeviceDatasetIter``, ``DataLoader``),
+    or None."""
+    for _ in range(4):
+        if iterable is None or hasattr(iterable, "corpora_info"):
+            return iterable
+        inner = getattr(iterable, "data_iter", None)  # (not ``or``: a DataLoader's truth asks its dataset's len)
+        iterable = inner if inner is not None else getattr(iterable, "dataset", None)
+    return None
+
+
+def _valid_batches(valid_iter):
+    """The batches of ``valid_iter``; a :class:`NoKeptPair` naming the validation corpus and its filters when
+    there is none (read through: a data worker's part of the validation set may be empty)."""
+    given = False
+    for item in valid_iter:
+        given = True
+        yield item
+    if given:
+        return
+    dataset = _dataset(valid_iter)
+    names = sorted(getattr(dataset, "corpora", None) or ["valid"])
+    found = getattr(dataset, "corpora", {}).get(names[0])
+    where = f" ({found.src})" if isinstance(getattr(found, "src", None), (str, os.PathLike)) else ""
+    filters = _filters(dataset, names[0]) if dataset is not None else ""
+    dropped = f"its transforms ({filters}) drop every pair" if filters else "no pair reaches a batch"
+    raise NoKeptPair(f"corpus {names[0]!r}{where}: {dropped}, so validation gets no batch: loosen the filters, give "
+                     "the validation set transforms of its own (data: valid: transforms), or check the corpus")
+
+
+def _validated(stock, self, valid_iter, *args, **kwargs):
+    """``Trainer.validate`` that stops with one line (:func:`_valid_batches`) when the validation set gives no
+    batch, where stock's report would divide by zero in its perplexity."""
+    return stock(self, _valid_batches(valid_iter), *args, **kwargs)
 
 
 def _translate_checked(stock, opt, *args, **kwargs):
@@ -402,10 +538,12 @@ def install():
     validation pairs with an empty side; ``DynamicDatasetIter``'s ``process``
     gives a bucket of dropped pairs as empty, and its
     ``_tuple_to_json_with_tokIDs`` names a worker that keeps no training pair
-    (:func:`_kept_or_named`).  Idempotent.
+    (:func:`_kept_or_named`); ``Trainer.validate`` names a validation set
+    that gives no batch (:func:`_valid_batches`).  Idempotent.
     """
     from onmt.bin import translate as translate_bin
     from onmt.inputters import dynamic_iterator, text_corpus
+    from onmt.trainer import Trainer
     from onmt.utils.parse import ArgumentParser
 
     tests = "tests/unit/test_corpus.py::"
@@ -420,7 +558,8 @@ def install():
           test="tests/integration/test_corpus_cli.py::test_train_refuses_misaligned_files_without_a_traceback",
           reason="reads every corpus once at start-up: files of different lengths are cut to the shorter without a "
                  "word, a non-UTF-8 line ends in a traceback naming no file, empty lines go unreported, a corpus "
-                 "too small for the data workers' shares ends in an UnboundLocalError")
+                 "too small for the data workers' shares, or (empty pairs skipped) without a pair with text on both "
+                 "sides, ends in an UnboundLocalError or RuntimeError")
     patch(dynamic_iterator, "process", _bucket_or_empty, kind=FIX, test=tests +
           "test_a_bucket_whose_pairs_are_all_filtered_is_skipped",
           reason="a bucket whose pairs a transform (filtertoolong) all drops ends training in a TypeError")
@@ -429,6 +568,10 @@ def install():
           test=tests + "test_training_data_that_the_filters_drop_entirely_is_named_not_looped_on",
           reason="where the transforms drop every pair a data worker reads, stock restarts the corpora for ever "
                  "and never makes a batch")
+    patch(Trainer, "validate", _validated, kind=FIX, test=tests +
+          "test_a_validation_set_that_the_filters_drop_entirely_is_named",
+          reason="a validation set whose every pair the transforms drop gets no batch, and the report ends in a "
+                 "ZeroDivisionError")
     # order 1: inside onmt_ext.integration.commands' layer (order 0), which ends a CorpusError in one line
     patch(translate_bin, "translate", _translate_checked, kind=FIX, order=1, test=tests +
           "test_translate_refuses_a_source_with_empty_lines_by_name",

@@ -2,7 +2,8 @@
 
 Moved out of tests/unit/test_corpus.py (unit/ runs in-process only): ``onmt_train`` refuses training files of
 different lengths, and ``onmt_translate`` a source that is not UTF-8 before it loads a model, each with the files
-or the line named and no traceback; ``onmt_train`` names a corpus whose every pair the filters drop (slow).
+or the line named and no traceback; ``onmt_train`` names a corpus whose every pair the filters drop, refuses one
+whose every pair has an empty side at start-up, and names a validation set that the filters drop entirely (slow).
 """
 
 import pytest
@@ -47,3 +48,51 @@ def test_train_names_a_corpus_whose_every_pair_the_filters_drop(sample_data, onm
     assert support.one_error_line(result, "onmt_train", 2).endswith(
         "-src_seq_length 1, -tgt_seq_length 1) drop every pair of data share 0 of 2 (-world_size × -num_workers), so "
         "training would never get a batch: loosen the filters or check the corpus, or use fewer -num_workers")
+
+
+def _smoke_config(tmp_path, **paths):
+    """The smoke config with corpus files replaced: ``train_zh=...`` for ``build/tatoeba/train.zh`` and so on."""
+    config = tmp_path / "config.yaml"
+    text = (support.REPO / "yaml_configs/smoke/baseline/transformer_base_wmt14_ende.yaml").read_text(encoding="utf-8")
+    for key, path in paths.items():
+        text = text.replace(f"build/tatoeba/{key.replace('_', '.')}\n", f"{path}\n")
+    config.write_text(text, encoding="utf-8")
+    return config
+
+
+@pytest.mark.slow  # onmt_train's start-up
+def test_train_refuses_a_corpus_whose_every_pair_has_an_empty_side(sample_data, onmt_active, tmp_path):
+    """Pairs with an empty side are skipped; with none left, stock's corpus mixer ends in an ``UnboundLocalError``
+    traceback (or ``RuntimeError``, a generator raised ``StopIteration``): one line at start-up instead."""
+    src = tmp_path / "train.zh"
+    src.write_text("\n" * 30, encoding="utf-8")
+    tgt = tmp_path / "train.en"
+    tgt.write_text("".join((support.TATOEBA / "train.en").read_text(encoding="utf-8").splitlines(True)[:30]),
+                   encoding="utf-8")
+    result = support.run_cli("onmt_train", "-config", _smoke_config(tmp_path, train_zh=src, train_en=tgt),
+                             "-save_model", tmp_path / "m", "-save_data", tmp_path / "s", "-train_steps", 2,
+                             check=False, timeout=120)
+    assert support.one_error_line(result, "onmt_train", 1) == (
+        f"onmt_train: error: corpus 'corpus_1': no pair has text on both sides ({src}: 30 of 30 lines empty; {tgt}: "
+        "0 of 30), and pairs with an empty side are skipped, so training would never get a batch: check the files, "
+        "or leave the corpus out (weight 0)")
+    assert "number of parameters" not in result.stderr  # before any model is built
+
+
+@pytest.mark.slow  # onmt_train trains a step and starts a data worker
+def test_train_names_a_validation_set_whose_every_pair_the_filters_drop(sample_data, onmt_active, tmp_path):
+    """filtertoolong drops every validation pair: stock's first validation gets no batch and its report ends in a
+    ``ZeroDivisionError`` traceback; one line instead, from a validation read by a data worker too."""
+    lines = (support.TATOEBA / "valid.zh").read_text(encoding="utf-8").splitlines()[:20]
+    src = tmp_path / "valid.zh"
+    src.write_text("".join(" ".join([line] * 30) + "\n" for line in lines), encoding="utf-8")
+    tgt = tmp_path / "valid.en"
+    tgt.write_text("".join((support.TATOEBA / "valid.en").read_text(encoding="utf-8").splitlines(True)[:20]),
+                   encoding="utf-8")
+    result = support.run_cli("onmt_train", "-config", _smoke_config(tmp_path, valid_zh=src, valid_en=tgt),
+                             "-save_model", tmp_path / "m", "-save_data", tmp_path / "s", "-train_steps", 2,
+                             "-valid_steps", 1, "-src_seq_length", 40, "-num_workers", 1, check=False, timeout=120)
+    assert support.one_error_line(result, "onmt_train", 2) == (
+        f"onmt_train: error: corpus 'valid' ({src}): its transforms (sentencepiece, filtertoolong: -src_seq_length 40, "
+        "-tgt_seq_length 100) drop every pair, so validation gets no batch: loosen the filters, give the validation "
+        "set transforms of its own (data: valid: transforms), or check the corpus")

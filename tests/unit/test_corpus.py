@@ -262,3 +262,104 @@ def test_the_error_of_a_data_worker_reaches_the_training_process_as_one_line():
     with pytest.raises(corpus.NoKeptPair) as stopped:
         wrapped.reraise()
     assert (stopped.value.message, stopped.value.status) == ("corpus 'c': its transforms (x) drop every pair", 2)
+
+
+def _pairs(tmp_path, name, src_lines, tgt_lines):
+    """Files ``<name>.zh``/``<name>.en`` of ``src_lines``/``tgt_lines``, as a corpus entry of ``-data``."""
+    src = _write(tmp_path / f"{name}.zh", "".join(f"{line}\n" for line in src_lines).encode())
+    tgt = _write(tmp_path / f"{name}.en", "".join(f"{line}\n" for line in tgt_lines).encode())
+    return {"path_src": str(src), "path_tgt": str(tgt)}
+
+
+def test_a_corpus_whose_every_pair_has_an_empty_side_is_refused_at_start_up(onmt_active, sample_data, tmp_path):
+    """Pairs with an empty side are skipped; where that leaves a training corpus read (weight above 0), a data share
+    of one, or the validation set without a pair, stock's corpus mixer ends in an ``UnboundLocalError`` or
+    ``RuntimeError`` (``StopIteration``) traceback, and validation divides by zero: one line at start-up
+    instead (``_validate_data``, before any model is built), naming the corpus, its files and the share."""
+    import support
+
+    src, tgt = _sample(40)
+    # no line has both sides empty, yet every pair has one: sources 0, 2, ... empty, targets 1, 3, ... blank
+    holes = ["" if line % 2 == 0 else text for line, text in enumerate(src)]
+    blanks = [" \t" if line % 2 else text for line, text in enumerate(tgt)]
+    opt = _text_training(tmp_path, holes, blanks)
+    with pytest.raises(corpus.CorpusError) as stopped:
+        _batches(opt, 1)
+    zh, en = tmp_path / "train.zh", tmp_path / "train.en"
+    assert stopped.value.status == 1 and stopped.value.message == (
+        f"corpus 'corpus_1': no pair has text on both sides ({zh}: 20 of 40 lines empty; {en}: 20 of 40), and "
+        "pairs with an empty side are skipped, so training would never get a batch: check the files, or leave the "
+        "corpus out (weight 0)")
+    # a corpus of weight 0 is not read: no matter
+    valid = {"path_src": str(support.TATOEBA / "valid.zh"), "path_tgt": str(support.TATOEBA / "valid.en")}
+    data = {"corpus_1": {**_pairs(tmp_path, "good", src, tgt), "weight": 1},
+            "unread": {**_pairs(tmp_path, "holes", holes, blanks), "weight": 0}, "valid": valid}
+    assert len(_batches(_text_training(tmp_path, src, tgt, data=data), 1)) == 1
+    # a data share: lines 2, 3, 6, 7, ... (share 1 of 2) without a source
+    shared = ["" if (line // 2) % 2 == 1 else text for line, text in enumerate(src)]
+    opt = _text_training(tmp_path, shared, tgt, num_workers=2)
+    with pytest.raises(corpus.CorpusError) as stopped:
+        _batches(opt, 1, 2, 1)
+    assert stopped.value.status == 2 and stopped.value.message == (
+        "corpus 'corpus_1': no pair of data share 1 of 2 (-world_size 1 × -num_workers 2) has text on both sides, "
+        "and pairs with an empty side are skipped, so that share would never make a batch: use fewer -num_workers "
+        f"(0 reads in the training process), or check the files ({zh}, {en})")
+    # the validation set (one share: a data worker's part of it may be empty)
+    data = {"corpus_1": {**_pairs(tmp_path, "good", src, tgt), "weight": 1},
+            "valid": _pairs(tmp_path, "valid", holes, blanks)}
+    with pytest.raises(corpus.CorpusError) as stopped:
+        _batches(_text_training(tmp_path, src, tgt, data=data, num_workers=2), 1)
+    assert stopped.value.status == 1 and stopped.value.message.startswith(
+        f"corpus 'valid': no pair has text on both sides ({tmp_path / 'valid.zh'}: 20 of 40 lines empty; ") and \
+        stopped.value.message.endswith("so validation would never get a batch: check the files, or leave the "
+                                       "validation set out")
+    data["valid"] = {**valid, "weight": 0}  # stock's mixer reads the validation set weight times
+    with pytest.raises(corpus.CorpusError, match=r"^error: corpus 'valid': weight 0: OpenNMT-py reads the "):
+        _batches(_text_training(tmp_path, src, tgt, data=data), 1)
+    # -skip_empty_level error stops at the first empty line, as before
+    with pytest.raises(corpus.CorpusError, match=r"\(-skip_empty_level error\): remove those pairs"):
+        _batches(_text_training(tmp_path, holes, blanks, skip_empty_level="error"), 1)
+
+
+def _trainer(opt):
+    """A ``Trainer`` of ``opt`` with a small model, its vocabularies and transform classes."""
+    import torch
+    from onmt import train_single
+    from onmt.model_builder import build_model
+    from onmt.trainer import build_trainer
+    from onmt.utils.optimizers import Optimizer
+
+    _, vocabs, transforms_cls = train_single._init_train(opt)
+    torch.manual_seed(1)
+    model = build_model(opt, opt, vocabs, None, -1)
+    return build_trainer(opt, -1, model, vocabs, Optimizer.from_opt(model, opt)), vocabs, transforms_cls
+
+
+def test_a_validation_set_that_the_filters_drop_entirely_is_named(onmt_active, sample_data, tmp_path):
+    """filtertoolong applies to the validation set too: where it drops every validation pair, stock's validation
+    gets no batch and the report divides by zero (``ZeroDivisionError`` in ``Statistics.ppl``). The first
+    validation stops with one line naming the corpus, its file and its filters instead; a validation that gets
+    batches is stock's."""
+    from onmt import train_single
+    from onmt.constants import CorpusTask
+
+    src, tgt = _sample(40)
+    data = {"corpus_1": {**_pairs(tmp_path, "train", src, tgt), "weight": 1},
+            "valid": _pairs(tmp_path, "valid", [" ".join([line] * 30) for line in src[:20]], tgt[:20])}
+    opt = _text_training(tmp_path, src, tgt, data=data, src_seq_length=40, hidden_size=16, word_vec_size=16,
+                         transformer_ff=32, enc_layers=1, dec_layers=1)
+    trainer, vocabs, transforms_cls = _trainer(opt)
+    valid_iter = train_single.build_dynamic_dataset_iter(opt, transforms_cls, vocabs, task=CorpusTask.VALID)
+    with pytest.raises(corpus.NoKeptPair) as stopped:
+        trainer.validate(valid_iter)
+    assert stopped.value.status == 2 and stopped.value.message == (
+        f"corpus 'valid' ({tmp_path / 'valid.zh'}): its transforms (filtertoolong: -src_seq_length 40, "
+        "-tgt_seq_length 100) drop every pair, so validation gets no batch: loosen the filters, give the validation "
+        "set transforms of its own (data: valid: transforms), or check the corpus")
+    data["valid"] = _pairs(tmp_path, "kept", src[:20], tgt[:20])
+    opt = _text_training(tmp_path, src, tgt, data=data, src_seq_length=40, hidden_size=16, word_vec_size=16,
+                         transformer_ff=32, enc_layers=1, dec_layers=1)
+    trainer, vocabs, transforms_cls = _trainer(opt)
+    valid_iter = train_single.build_dynamic_dataset_iter(opt, transforms_cls, vocabs, task=CorpusTask.VALID)
+    stats = trainer.validate(valid_iter)
+    assert stats.n_words == sum(len(line.split()) + 1 for line in tgt[:20]) and stats.ppl() > 1
