@@ -324,6 +324,8 @@ def _combination_check(opt):
     if not used:
         return problems + options_without_effect(opt, Cao2019.specs[2:], "-cao2019_vertical and "
                                                  "-cao2019_horizontal are both false")
+    if not cao2019.dec_self:
+        problems += options_without_effect(opt, [Cao2019.spec_of["dec_layers"]], "-cao2019_dec_self is false")
     if cao2019.init != Cao2019.init and not cao2019.horizontal:  # set away from its default
         problems.append("-cao2019_init applies to the horizontal routing; it has no effect without "
                         "-cao2019_horizontal true")

@@ -20,7 +20,7 @@ import torch.nn as nn
 from onmt_ext.runtime import compile as ext_compile
 from onmt_ext.mechanisms import initialisation, normalisation
 from onmt_ext.errors import UsageError
-from onmt_ext.options import EXT_TYPE, option, options_without_effect, register_mechanism
+from onmt_ext.options import EXT_TYPE, model_size, option, options_without_effect, register_mechanism
 from onmt_ext.patches import NEEDED, patch
 from onmt_ext.mechanisms.routing import prepare_kernels, simple_routing
 from onmt_ext.mechanisms.state import DecodingStateModule
@@ -243,8 +243,13 @@ def _combination_check(opt):
         if getattr(opt, f"{side}_type", None) != EXT_TYPE:
             problems.append(f"-gret needs -{side}_type {EXT_TYPE} (the encoder builds the global state, the "
                             "decoder fuses it)")
-    if gret.pooling == "mean" and gret.capsule_dim:
-        problems.append("-gret_capsule_dim has no effect with -gret_pooling mean")
+    if gret.pooling == "mean":  # the masked mean: no capsules, no routing
+        problems += [f"-{spec.name} has no effect with -gret_pooling mean"
+                     for spec in (Gret.spec_of[name] for name in ("capsules", "iterations", "capsule_dim"))
+                     if getattr(opt, spec.name, spec.default) != spec.default]
+    elif gret.capsules >= 1 and not gret.capsule_dim and model_size(opt) % gret.capsules:
+        problems.append(f"-gret_capsules {gret.capsules} does not divide the model size {model_size(opt)} "
+                        "(d_c = d_model / K); set -gret_capsule_dim")
     return problems
 
 
@@ -276,9 +281,6 @@ def attach_encoder(encoder, config):
     gret = config.of(Gret)
     if not gret.enabled:
         return
-    if config.d_model % gret.capsules and not gret.capsule_dim:
-        raise ValueError(f"-gret_capsules {gret.capsules} does not divide d_model {config.d_model}; set "
-                         "-gret_capsule_dim")
     encoder.gret = GlobalRepresentation(config.d_model, len(encoder.transformer), gret.capsules,
                                         gret.capsule_dim or None, gret.iterations, gret.pooling, gret.layers,
                                         normalise=not normalisation.post_norm(config))

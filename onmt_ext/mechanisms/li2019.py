@@ -143,6 +143,11 @@ def _combination_check(opt):
                                            "-li2019_enc_self, -li2019_dec_self and -li2019_enc_dec are all 'concat'")
     if used:
         problems += tensor_parallel_problems(opt, "-li2019_* routing aggregation")
+        if li2019.enc_self == "concat":
+            problems += options_without_effect(opt, [Li2019.spec_of["enc_layers"]], "-li2019_enc_self is 'concat'")
+        if li2019.dec_self == "concat" and li2019.enc_dec == "concat":
+            problems += options_without_effect(opt, [Li2019.spec_of["dec_layers"]],
+                                               "-li2019_dec_self and -li2019_enc_dec are both 'concat'")
     if li2019.dec_self != "concat" and getattr(opt, "self_attn_type", "") == "average":
         problems.append("-li2019_dec_self needs multi-head decoder self-attention, not -self_attn_type average")
     return problems

@@ -211,12 +211,22 @@ def _opt(**kw):
     (dict(encoder_type="transformer", cao2019_vertical=True), "have no effect with -encoder_type 'transformer'"),
     (dict(cao2019_vertical=True, cao2019_dec_self=True, self_attn_type="average"), "-self_attn_type average"),
     (dict(cao2019_dec_self=True), "-cao2019_dec_self has no effect while"),
+    (dict(cao2019_vertical=True, cao2019_dec_layers=[1]), "-cao2019_dec_layers has no effect while -cao2019_dec_self "
+     "is false"),
     (dict(decoder_type="transformer", cao2019_vertical=True, cao2019_dec_self=True),
      "-cao2019_dec_self True has no effect with -decoder_type"),
 ])
 def test_option_checks(kw, message, onmt_active):
     problems = options.check_options(_opt(**kw))
     assert any(message in p for p in problems), problems
+
+
+@pytest.mark.parametrize("kw", [
+    dict(cao2019_vertical=True, cao2019_dec_self=True, cao2019_dec_layers=[2], cao2019_enc_layers=[1]),
+    dict(cao2019_horizontal=True, cao2019_init="self", cao2019_scale="model", cao2019_iterations=2),
+])
+def test_options_in_effect_are_accepted(kw, onmt_active):
+    assert options.check_options(_opt(**kw)) == []
 
 
 def _coupling_reference(scores, n, iterations, init):

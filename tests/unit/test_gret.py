@@ -160,7 +160,8 @@ def test_a_checkpoint_missing_stock_tensors_still_fails(sample_data, onmt_active
 
 
 def _opt(**kw):
-    base = dict(encoder_type="ext_transformer", decoder_type="ext_transformer", gret=False, gret_capsules=4,
+    base = dict(encoder_type="ext_transformer", decoder_type="ext_transformer", hidden_size=32, gret=False,
+                gret_capsules=4,
                 gret_iterations=3, gret_capsule_dim=0, gret_pooling="capsules", gret_layers="all", gret_gate=True)
     base.update(kw)
     return argparse.Namespace(**base)
@@ -173,10 +174,34 @@ def _opt(**kw):
     (dict(gret=True, gret_iterations=0), "-gret_iterations 0: must be >= 1"),
     (dict(gret=True, gret_capsules=0), "-gret_capsules 0: must be >= 1"),
     (dict(gret=True, gret_pooling="mean", gret_capsule_dim=16), "-gret_capsule_dim has no effect with"),
+    (dict(gret=True, gret_pooling="mean", gret_iterations=5), "-gret_iterations has no effect with -gret_pooling mean"),
+    (dict(gret=True, gret_pooling="mean", gret_capsules=3), "-gret_capsules has no effect with -gret_pooling mean"),
+    (dict(gret=True, gret_capsules=3), "-gret_capsules 3 does not divide the model size 32"),
 ])
 def test_option_checks(kw, message, onmt_active):
     problems = options.check_options(_opt(**kw))
     assert any(message in p for p in problems), problems
+
+
+@pytest.mark.parametrize("kw", [
+    dict(gret=True),
+    dict(gret=True, gret_capsules=3, gret_capsule_dim=8, gret_iterations=2, gret_layers="last", gret_gate=False),
+    dict(gret=True, gret_pooling="mean", gret_layers="last", gret_gate=False),
+])
+def test_options_in_effect_are_accepted(kw, onmt_active):
+    assert options.check_options(_opt(**kw)) == []
+
+
+def test_capsules_not_dividing_the_model_size_fail_at_option_validation(capsys, onmt_active):
+    """One line naming the option from option validation, not a ValueError from inside model building; with mean
+    pooling (no capsules) only "no effect" is said, not the divisibility."""
+    for pooling, message in (("capsules", "-gret_capsules 3 does not divide the model size 32"),
+                             ("mean", "-gret_capsules has no effect with -gret_pooling mean")):
+        with pytest.raises(SystemExit) as exit_info:
+            support.load_train_opts(SMOKE, *EXT, "-gret", "true", "-gret_capsules", "3", "-gret_pooling", pooling)
+        assert exit_info.value.code == 2
+        errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+        assert len(errors) == 1 and message in errors[0], errors
 
 
 def _reference_summary(module, hidden, keep):

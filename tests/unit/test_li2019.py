@@ -53,6 +53,10 @@ def _opt(**kw):
     (dict(li2019_enc_self="em", li2019_iterations=0), "-li2019_iterations 0: must be >= 1"),
     (dict(li2019_iterations=5), "-li2019_iterations has no effect while"),
     (dict(li2019_recompute=False), "-li2019_recompute has no effect while"),
+    (dict(li2019_dec_self="em", li2019_enc_layers=[1]),
+     "-li2019_enc_layers has no effect while -li2019_enc_self is 'concat'"),
+    (dict(li2019_enc_self="em", li2019_dec_layers=[1]),
+     "-li2019_dec_layers has no effect while -li2019_dec_self and -li2019_enc_dec are both 'concat'"),
     (dict(ext_compile=True), "-ext_compile has no effect without an onmt-ext mechanism"),
     (dict(li2019_dec_self="simple", self_attn_type="average"), "needs multi-head decoder self-attention"),
     (dict(encoder_type="transformer", li2019_enc_self="em"), "-li2019_enc_self 'em' has no effect with -encoder_type"),
@@ -64,6 +68,16 @@ def test_option_checks(kw, message, onmt_active):
 
 def test_defaults_are_clean(onmt_active):
     assert options.check_options(_opt()) == []
+
+
+@pytest.mark.parametrize("kw", [
+    dict(li2019_enc_self="em", li2019_enc_layers=[1], li2019_capsules=4, li2019_iterations=2),
+    dict(li2019_dec_self="em", li2019_dec_layers=[2], li2019_recompute=False),
+    dict(li2019_enc_dec="simple", li2019_dec_layers=[1]),
+    dict(li2019_enc_self="em", li2019_enc_dec="em", li2019_enc_layers=[2], li2019_dec_layers=[1]),
+])
+def test_layer_lists_of_a_routed_side_are_accepted(kw, onmt_active):
+    assert options.check_options(_opt(**kw)) == []
 
 
 # ------------------------------------------------------------------ memory: recomputing the routing in backward
