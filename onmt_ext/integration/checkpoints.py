@@ -15,13 +15,15 @@
   different models; :func:`average` averages tied tensors once (stock: twice).
 """
 
+import argparse
 import os
+import sys
 
 import torch
 
 from onmt_ext import __version__
 from onmt_ext.integration import preprocessing
-from onmt_ext.integration.commands import in_command, run_main, step_checkpoints
+from onmt_ext.integration.commands import in_command, run_main, same_file, step_checkpoints, writable_file_problems
 from onmt_ext.runtime.compile import Compile
 from onmt_ext.errors import UsageError, UserError, user_error
 from onmt_ext.options import EXT_TYPE, OPTION_SPECS, choice_problems, validate
@@ -120,12 +122,15 @@ def _load_checkpoint(stock, ckpt_path):
     try:
         checkpoint = stock(ckpt_path)
     except Exception as error:  # torch.load: UnpicklingError, RuntimeError (zip), EOFError, KeyError, ...
-        if not isinstance(error, (torch.serialization.pickle.UnpicklingError, RuntimeError, EOFError, KeyError,
-                                  AttributeError, ValueError, IndexError, TypeError)):
+        if isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError)) or not isinstance(
+                error, (torch.serialization.pickle.UnpicklingError, RuntimeError, EOFError, KeyError, AttributeError,
+                        ValueError, IndexError, TypeError, OSError)):  # OSError: EINVAL of a truncated zip
             raise
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
         if "weights_only" in first or "WeightsUnpickler" in first or len(first) > 160:
             first = type(error).__name__
+        if isinstance(error, OSError):  # torch's zip reader on a cut-off file: "[Errno 22] Invalid argument"
+            first = f"truncated or damaged: {type(error).__name__} {first}"
         raise user_error(f"{ckpt_path} is not an OpenNMT-py checkpoint that this onmt-ext can read ({first}); "
                          "give a <model>_step_N.pt file written by onmt_train", type(error)) from None
     if checkpoint is not None and not (isinstance(checkpoint, dict) and "model" in checkpoint and "opt" in checkpoint):
@@ -460,6 +465,40 @@ def _average_checked(stock, model_files, fp32=False):
     return average(model_files, fp32)
 
 
+def average_output_problems(models, output):
+    """Why ``onmt_average_models`` cannot write ``-output`` (empty: it can): its directory must exist (stock: a
+    FileNotFoundError traceback after averaging), and it must not be one of ``-models`` (stock overwrites it)."""
+    problems = writable_file_problems("-output", output)
+    if not problems and any(same_file(output, path) for path in models or ()):
+        problems = [f"-output {output}: is one of -models; give another -output (averaging would overwrite it)"]
+    return problems
+
+
+def _average_arguments(argv):
+    """``(models, output)`` of an ``onmt_average_models`` command line as stock's parser reads it, or None."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    parser.add_argument("-models", "-m", nargs="+", default=[])
+    parser.add_argument("-output", "-o")
+    try:
+        known, _ = parser.parse_known_args(argv)
+    except (argparse.ArgumentError, SystemExit):  # stock's own parser says what is wrong
+        return None
+    return known.models, known.output
+
+
+def _average_main(stock, *args, **kwargs):
+    """``onmt.bin.average_models.main``: its errors in one line (:func:`run_main`), and its ``-output`` checked
+    (:func:`average_output_problems`) before any checkpoint is read."""
+    def checked():
+        arguments = _average_arguments(sys.argv[1:])
+        problems = average_output_problems(*arguments) if arguments and arguments[1] else []
+        if problems:
+            raise UsageError("\n".join(problems))
+        return stock(*args, **kwargs)
+
+    return run_main(checked)
+
+
 def install():
     """Register the checks (the ``load_state_dict`` check as the first layer, before :func:`check_checkpoints`' and GRET's)."""
     import onmt.train_single as train_single
@@ -481,5 +520,7 @@ def install():
                  "or KeyError traceback (or average unrelated tensors); tied weights (-share_decoder_embeddings) "
                  "are averaged twice, so the target embeddings and generator come out wrong",
           test="tests/integration/test_checkpoints_cli.py::test_average_models_mistakes_get_one_line")
-    patch(average_models, "main", run_main, kind=FIX, reason="onmt_average_models' errors end in one line",
-          test="tests/integration/test_checkpoints_cli.py::test_average_models_mistakes_get_one_line")
+    patch(average_models, "main", _average_main, kind=FIX,
+          reason="onmt_average_models' errors end in one line; an -output in a missing directory ends in a "
+                 "FileNotFoundError traceback after averaging, and an -output that is one of -models overwrites it",
+          test="tests/integration/test_user_errors.py::test_outputs_onto_inputs_and_broken_files_get_one_line")

@@ -212,17 +212,86 @@ def _build_vocab_checked(stock, opt, *args, **kwargs):
     return stock(opt, *args, **kwargs)
 
 
+def _vocabulary_line_problem(number, line, counted):
+    """Why line ``number`` of a vocabulary file is not one OpenNMT-py reads as meant (None: it is).
+
+    ``counted``: the file has counts (its first line is ``token<whitespace>digits``, as stock decides).
+    """
+    if line.endswith("\r"):  # (stock's first-line test then sees no count, and reads whole lines as tokens)
+        return (f"line {number} ends in a carriage return (Windows line endings); convert the file "
+                "(dos2unix) or rebuild it with onmt_build_vocab")
+    if not line.strip():
+        return f"line {number} is empty; remove it (every line holds one token and its count)"
+    fields = line.split(None, 1)  # as stock's _read_vocab_file splits
+    if len(fields) == 2 and not fields[1].isdecimal() and _SCORE.fullmatch(fields[1]):
+        return (f"line {number}: this looks like a sentencepiece .vocab (scores, not counts: {line[:40]!r}); "
+                "use onmt_build_vocab's vocabulary (onmt_build_vocab -config <your config> writes it)")
+    if counted and (len(fields) != 2 or not fields[1].isdecimal()):
+        return (f"line {number} is not `token<TAB>count` ({line[:40]!r}); use onmt_build_vocab's vocabulary "
+                "(onmt_build_vocab -config <your config> writes it)")
+    if not counted and len(fields) != 1:
+        if number == 1:
+            return (f"line 1 is not `token<TAB>count` ({line[:40]!r}): is it a corpus? use onmt_build_vocab's "
+                    "vocabulary (onmt_build_vocab -config <your config> writes it)")
+        return (f"line {number} is not a token ({line[:40]!r}: whitespace in it), while line 1 has no count; "
+                "use onmt_build_vocab's vocabulary (onmt_build_vocab -config <your config> writes it)")
+    return None
+
+
+#: A sentencepiece ``.vocab`` score (a float, mostly negative), where OpenNMT-py expects a count.
+_SCORE = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+
+
+def vocabulary_problem(path):
+    """Why OpenNMT-py would misread the vocabulary file ``path`` (None: it reads it as meant).
+
+    Stock ``_read_vocab_file`` reads ``token<TAB>count`` lines (onmt_build_vocab's), or one token per line
+    when its first line has no count; it ends in an IndexError on an empty file, a UnicodeDecodeError on a
+    binary one, and silently trains on a sentencepiece ``.vocab`` or a corpus.  Every line is split (cheap).
+    """
+    with open(path, "rb") as handle:
+        data = handle.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        number = data.count(b"\n", 0, error.start) + 1
+        return (f"line {number} is not UTF-8 text (byte {error.start}); is it a "
+                "vocabulary? onmt_build_vocab -config <your config> writes one")
+    lines = text.split("\n")[:-1]  # as stock: what follows the last newline is not read
+    if not text.strip() or not lines:
+        return "the file is empty; onmt_build_vocab -config <your config> writes the vocabulary"
+    first = lines[0].split(None, 1)
+    counted = len(first) == 2 and first[-1].isdigit()
+    for number, line in enumerate(lines, 1):
+        problem = _vocabulary_line_problem(number, line, counted)
+        if problem:
+            return problem
+    return None
+
+
 def missing_vocabularies(opt):
-    """A message for each of ``-src_vocab``/``-tgt_vocab`` that names no file."""
-    return [f"-{key} {path}: no such file (onmt_build_vocab -config <your config> writes it)"
-            for key, path in (("src_vocab", opt.src_vocab), ("tgt_vocab", opt.tgt_vocab))
-            if path and not os.path.isfile(path)]
+    """A message for each of ``-src_vocab``/``-tgt_vocab`` that names no file, or one OpenNMT-py would misread
+    (:func:`vocabulary_problem`)."""
+    problems, seen = [], set()
+    for key, path in (("src_vocab", opt.src_vocab), ("tgt_vocab", opt.tgt_vocab)):
+        if not path:
+            continue
+        if not os.path.isfile(path):
+            problems.append(f"-{key} {path}: no such file (onmt_build_vocab -config <your config> writes it)")
+            continue
+        if os.path.realpath(path) in seen:  # -share_vocab, or the same file for both
+            continue
+        seen.add(os.path.realpath(path))
+        problem = vocabulary_problem(path)
+        if problem:
+            problems.append(f"-{key} {path}: {problem}")
+    return problems
 
 
 def _train_checked(stock, opt, *args, **kwargs):
     """``onmt.bin.train.train``: refuse missing vocabularies and a -save_model that holds another run's files."""
     _check_machine(opt, distributed.cpu_ranks(opt))
-    problems = train_step.adam_eps_problems(opt)
+    problems = train_step.adam_eps_problems(opt) + log_file_problems(opt)
     if not getattr(opt, "train_from", None) or getattr(opt, "update_vocab", False):  # (resumed: the checkpoint's)
         problems += missing_vocabularies(opt)
     if problems:
@@ -236,23 +305,81 @@ def _train_checked(stock, opt, *args, **kwargs):
     return _run_command(stock, opt, *args, **kwargs)
 
 
-def output_problems(opt):
-    """Why ``onmt_translate`` cannot write its ``-output`` file (empty: it can).
+def writable_file_problems(option, path):
+    """Why ``path``, a file the command would write (``-output``, ``-log_file``), cannot be written (empty: it can).
 
     Its directory must exist (onmt-ext creates none: a misspelt path would get a tree of its own) and the path
-    must not be a directory.  Stock opens the file only after loading the model, and ends in a traceback.
+    must not be a directory.
     """
-    output = getattr(opt, "output", None)
-    if not isinstance(output, str) or not output:
+    if not isinstance(path, str) or not path:
         return []
-    if os.path.isdir(output):
-        return [f"-output {output}: is a directory; give the path of a file in it"]
-    folder = os.path.dirname(output)
+    if os.path.isdir(path):
+        return [f"{option} {path}: is a directory; give the path of a file in it"]
+    folder = os.path.dirname(path)
     if folder and not os.path.isdir(folder):
         if os.path.exists(folder):
-            return [f"-output {output}: {folder} is not a directory"]
-        return [f"-output {output}: directory {folder} does not exist; create it first"]
+            return [f"{option} {path}: {folder} is not a directory"]
+        return [f"{option} {path}: directory {folder} does not exist; create it first"]
     return []
+
+
+def same_file(one, other):
+    """True when the paths ``one`` and ``other`` name one file (a link or another spelling too)."""
+    if not isinstance(one, (str, os.PathLike)) or not isinstance(other, (str, os.PathLike)) or not one or not other:
+        return False
+    try:
+        return os.path.samefile(one, other)
+    except OSError:  # one of them does not exist (yet)
+        return os.path.realpath(one) == os.path.realpath(other)
+
+
+def _clash_problems(option, path, inputs):
+    """A message when ``path`` (what ``option`` writes) is one of ``inputs`` (``(option, path)`` pairs)."""
+    if not isinstance(path, str) or not path:
+        return []
+    for name, other in inputs:
+        if same_file(path, other):
+            return [f"{option} {path}: is the {name} file; give another {option}"]
+    return []
+
+
+def _training_inputs(opt):
+    """``(option, path)`` of the files ``onmt_train`` reads: -train_from, the vocabularies and the corpora."""
+    inputs = [("-train_from", getattr(opt, "train_from", None)), ("-src_vocab", getattr(opt, "src_vocab", None)),
+              ("-tgt_vocab", getattr(opt, "tgt_vocab", None))]
+    data = getattr(opt, "data", None)
+    for name, corpus in (data.items() if isinstance(data, dict) else ()):
+        for key in ("path_src", "path_tgt", "path_align"):
+            if isinstance(corpus, dict) and corpus.get(key):
+                inputs.append((f"-data {name} {key}", corpus[key]))
+    return inputs
+
+
+def _translation_inputs(opt):
+    """``(option, path)`` of the files ``onmt_translate`` reads: -model (each), -src and -tgt."""
+    models = getattr(opt, "models", None) or []
+    return [("-model", path) for path in ([models] if isinstance(models, str) else models)] + \
+        [("-src", getattr(opt, "src", None)), ("-tgt", getattr(opt, "tgt", None))]
+
+
+def log_file_problems(opt, inputs=None):
+    """Why ``-log_file`` cannot be written, or would be written into one of ``inputs`` (default: the files
+    ``onmt_train`` reads); stock ends in a FileNotFoundError traceback, or appends log lines to the input."""
+    log_file = getattr(opt, "log_file", None)
+    return (writable_file_problems("-log_file", log_file)
+            or _clash_problems("-log_file", log_file, _training_inputs(opt) if inputs is None else inputs))
+
+
+def output_problems(opt):
+    """Why ``onmt_translate`` cannot write its ``-output`` and ``-log_file`` files (empty: it can).
+
+    See :func:`writable_file_problems`; neither may be one of the files it reads (-model, -src, -tgt: stock
+    empties them) nor the other.  Stock opens ``-output`` only after loading the model, and ends in a traceback.
+    """
+    output = getattr(opt, "output", None)
+    inputs = _translation_inputs(opt)
+    problems = writable_file_problems("-output", output) or _clash_problems("-output", output, inputs)
+    return problems + log_file_problems(opt, inputs + [("-output", output)])
 
 
 def _translate_checked(stock, opt, *args, **kwargs):
@@ -289,7 +416,9 @@ def one_line_errors():
         patch(module, "main", run_main, kind=MESSAGE, reason=reason, test=test)
     patch(train, "train", _train_checked, kind=FIX, test="tests/integration/test_user_errors.py::"
           "test_training_into_another_runs_checkpoints_is_refused",
-          reason="a missing -src_vocab ends in a long traceback; training into a -save_model of another run "
+          reason="a missing -src_vocab ends in a long traceback (an empty or binary one too; a sentencepiece .vocab "
+                 "or a corpus is trained on as if it were a vocabulary); a -log_file in a missing directory ends in "
+                 "a traceback; training into a -save_model of another run "
                  "overwrites its checkpoints silently; Ctrl-C ends in a bare KeyboardInterrupt traceback; "
                  + machine)
     patch(build_vocab, "build_vocab_main", _build_vocab_checked, kind=MESSAGE, reason=machine, test=machine_test)
@@ -297,4 +426,5 @@ def one_line_errors():
     patch(translate, "translate", _translate_checked, kind=MESSAGE, order=0,
           test="tests/unit/test_plugin.py::test_all_empty_translations_give_a_warning",
           reason="a translation whose every line is empty ends without a word; an -output in a directory that "
-                 "does not exist ends in a FileNotFoundError traceback after the model is loaded; " + machine)
+                 "does not exist ends in a FileNotFoundError traceback after the model is loaded; an -output that is "
+                 "the -model, -src or -tgt file empties it (a -log_file appends to it); " + machine)

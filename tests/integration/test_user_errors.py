@@ -393,3 +393,47 @@ def test_clause_split_option_checks_exit_by_the_convention(sample_data, onmt_act
             (("-clause_tagger_model", corrupt), 1, f"clause_split: -clause_tagger_model {corrupt}: not a readable")):
         result = support.run_cli("onmt_build_vocab", "-config", config, "-n_sample", 10, *args, check=False)
         assert _one_error_line(result, "onmt_build_vocab", status).startswith(f"onmt_build_vocab: error: {message}")
+
+
+# audit ---------------------------------------------------------------- outputs onto inputs, broken input files
+
+
+@pytest.mark.slow
+def test_outputs_onto_inputs_and_broken_files_get_one_line(trained, tmp_path):
+    """An -output or -log_file that is an input, a -log_file in a missing directory, a truncated checkpoint, a
+    sentencepiece .vocab as -src_vocab and onmt_average_models' -output: one line each, nothing overwritten."""
+    model = tmp_path / "model.pt"
+    model.write_bytes((trained / "model_step_2.pt").read_bytes())
+    size, src = model.stat().st_size, _source(tmp_path)
+    text = src.read_bytes()
+
+    def translate(*extra):
+        return support.run_cli("onmt_translate", "-model", model, "-src", src, *extra, check=False)
+
+    line = _one_error_line(translate("-output", model), "onmt_translate", 2)
+    assert line == f"onmt_translate: error: -output {model}: is the -model file; give another -output"
+    assert _one_error_line(translate("-output", src), "onmt_translate", 2).endswith("is the -src file; give "
+                                                                                    "another -output")
+    line = _one_error_line(translate("-output", tmp_path / "hyp", "-log_file", src), "onmt_translate", 2)
+    assert line.endswith(f"-log_file {src}: is the -src file; give another -log_file")
+    line = _one_error_line(translate("-output", tmp_path / "hyp", "-log_file", tmp_path / "no" / "log"),
+                           "onmt_translate", 2)
+    assert line.endswith(f"-log_file {tmp_path / 'no' / 'log'}: directory {tmp_path / 'no'} does not exist; "
+                         "create it first")
+    assert model.stat().st_size == size and src.read_bytes() == text and not (tmp_path / "hyp").exists()
+    truncated = tmp_path / "truncated.pt"
+    for cut in (5000, size // 2, size * 99 // 100):
+        truncated.write_bytes(model.read_bytes()[:cut])
+        result = support.run_cli("onmt_translate", "-model", truncated, "-src", src, "-output", tmp_path / "hyp",
+                                 check=False)
+        assert f"error: {truncated} is not an OpenNMT-py checkpoint" in _one_error_line(result, "onmt_translate", 1)
+    result = _train(tmp_path, "-log_file", tmp_path / "no" / "train.log", check=False)
+    assert _one_error_line(result, "onmt_train", 2).endswith(f"directory {tmp_path / 'no'} does not exist; "
+                                                            "create it first")
+    result = _train(tmp_path, "-src_vocab", support.TATOEBA / "spm.zh.vocab", check=False)
+    assert "this looks like a sentencepiece .vocab" in _one_error_line(result, "onmt_train", 2)
+    for output, message in ((model, "is one of -models; give another -output (averaging would overwrite it)"),
+                            (tmp_path / "no" / "avg.pt", f"directory {tmp_path / 'no'} does not exist")):
+        result = support.run_cli("onmt_average_models", "-models", model, "-output", output, check=False)
+        assert f"error: -output {output}: {message}" in _one_error_line(result, "onmt_average_models", 2)
+    assert model.stat().st_size == size
