@@ -160,6 +160,9 @@ def _usage_error(parser, args, message):
         where = _where_set(name, args, _config_locations(args))
         if where != "on the command line":
             message = f"key '{name}' {where}: {match.group(2)}"
+        elif match.group(2).startswith("ignored explicit argument"):  # -position_encoding=false
+            message = (f"-{name} takes no value ({match.group(2).split(' ', 3)[-1]}): write -{name} alone to turn "
+                       "it on; the command line cannot turn off a switch that a config sets: edit the config")
     elif message.startswith("Couldn't parse config file"):  # configargparse's, over PyYAML's error
         message += tab_indentation_hint(message)
     parser.exit(2, f"{parser.prog}: error: {' '.join(message.split())}\n")
@@ -197,6 +200,67 @@ def unknown_option_messages(unknown, valid_names, args):
     return messages
 
 
+#: Keys of a corpus entry of ``data:`` that OpenNMT-py 3.5.1 reads (onmt-ext adds none): ``_validate_data`` and
+#: ``ParallelCorpus`` read the paths, weight and transforms, the prefix and suffix transforms their strings, and the
+#: clean and normalize transforms their per-corpus settings (``_get_opt``).
+CORPUS_KEYS = frozenset({
+    "path_src", "path_tgt", "path_txt", "path_align", "weight", "transforms",
+    "src_prefix", "tgt_prefix", "src_suffix", "tgt_suffix",
+    "src_eq_tgt", "same_char", "same_word", "scripts_ok", "scripts_nok", "src_tgt_ratio", "avg_tok_min",
+    "avg_tok_max", "langid",
+    "src_lang", "tgt_lang", "penn", "norm_quote_commas", "norm_numbers", "pre_replace_unicode_punct",
+    "post_remove_control_chars",
+})
+
+
+def corpus_key_messages(path):
+    """``unknown key 'weigth' in corpus 'corpus_1' of data in <path>, line N; did you mean 'weight'?`` for each key
+    of a corpus entry of the config's ``data:`` that OpenNMT-py does not read (:data:`CORPUS_KEYS`; stock ignores
+    it silently), and for a corpus entry that is not a mapping."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            root = yaml.compose(handle)
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return []
+    data = next((value for key, value in getattr(root, "value", []) if isinstance(root, yaml.MappingNode)
+                 and key.value == "data"), None)
+    if not isinstance(data, yaml.MappingNode):
+        return []
+    messages = []
+    for name, entry in data.value:
+        if not isinstance(entry, yaml.MappingNode):
+            messages.append(f"corpus {name.value!r} of data in {path}, line {name.start_mark.line + 1}: must be a "
+                            "mapping of keys such as path_src, path_tgt and weight")
+            continue
+        for key, _ in entry.value:
+            if key.value not in CORPUS_KEYS:
+                close = difflib.get_close_matches(str(key.value), sorted(CORPUS_KEYS), n=1, cutoff=0.6)
+                hint = (f"; did you mean {close[0]!r}?" if close
+                        else f"; a corpus takes {', '.join(sorted(CORPUS_KEYS))}")
+                messages.append(f"unknown key {key.value!r} in corpus {name.value!r} of data in {path}, line "
+                                f"{key.start_mark.line + 1}{hint}")
+    return messages
+
+
+def _flag_value_messages(parser, argv, unknown):
+    """``(messages, leftovers)``: each value written after a switch that takes none (``-position_encoding false``),
+    named with the switch; ``leftovers`` is ``unknown`` without those values (argparse leaves them over)."""
+    messages, unknown = [], list(unknown)
+    for flag, value in zip(argv, argv[1:]):
+        action = parser._option_string_actions.get(flag)
+        if action is None or action.nargs != 0 or value.startswith("-") or value not in unknown:
+            continue
+        unknown.remove(value)
+        name = flag.lstrip("-")
+        if action.const is True and action.default is False:  # store_true
+            how = (f"write {flag} alone to turn it on; it is off unless given, and the command line cannot turn "
+                   f"off a '{name}: true' of a config: edit the config")
+        else:
+            how = f"write {flag} alone"
+        messages.append(f"{flag} takes no value (got {value!r}): {how}")
+    return messages, unknown
+
+
 def _misspelt_dashes(parser, unknown):
     """Leftover tokens that name one of this parser's options with the wrong dashes.
 
@@ -223,24 +287,62 @@ _POSITIVE_STOCK_OPTIONS = ("report_every", "valid_steps", "accum_count", "world_
                            "max_length")
 
 
+#: Stock probabilities (every element, for a list such as ``dropout``) that must be in [0, 1): torch refuses values
+#: outside [0, 1] with a traceback, and 1 drops every unit (dropout) or every target word (label_smoothing).
+_PROBABILITY_STOCK_OPTIONS = ("dropout", "attention_dropout", "label_smoothing")
+#: ``-decay_method`` values whose schedule divides by ``-warmup_steps`` (``warmup_steps ** -1.5``); rsqrt takes
+#: ``max(step, warmup_steps)`` and none ignores it, so they take any value.
+_WARMUP_DECAY_METHODS = ("noam", "noamwd")
+
+
+def _values(opt, name):
+    """``opt.<name>`` as a list (empty when ``opt`` has no such option or it is None)."""
+    value = getattr(opt, name, None)
+    return list(value) if isinstance(value, (list, tuple)) else [] if value is None else [value]
+
+
+def _rank_problems(opt):
+    """``onmt_train -world_size N`` (N > 1) with no ``-gpu_ranks``: stock spawns one process per ``-gpu_ranks``
+    entry, so none, and exits 0 without training, on GPUs as on CPUs."""
+    world_size = getattr(opt, "world_size", 1)
+    if not hasattr(opt, "train_steps") or not isinstance(world_size, int) or world_size <= 1 or opt.gpu_ranks:
+        return []
+    return [f"-world_size {world_size} needs -gpu_ranks (without them no process trains): give this node's "
+            f"ranks, -gpu_ranks {' '.join(map(str, range(world_size)))} on one node (docs/scale-out.md), or drop "
+            "-world_size to train in one process"]
+
+
 def stock_option_problems(opt):
     """Messages for stock options that OpenNMT-py 3.5.1 would accept and then crash on (empty: none).
 
     Each of :data:`_POSITIVE_STOCK_OPTIONS` that ``opt`` has must be at least 1
     (every element, for a list such as ``accum_count``), and ``-n_best`` cannot
     exceed ``-beam_size``: beam search keeps only ``beam_size`` finished
-    hypotheses per sentence.
+    hypotheses per sentence.  Each of :data:`_PROBABILITY_STOCK_OPTIONS` must be
+    in [0, 1); ``-learning_rate`` cannot be negative (torch's optimizers refuse
+    it); ``-warmup_steps`` must be at least 1 with a ``-decay_method`` of
+    :data:`_WARMUP_DECAY_METHODS` (a division by zero at the first step);
+    ``onmt_train -world_size`` above 1 needs ``-gpu_ranks`` (:func:`_rank_problems`).
     """
     problems = []
     for name in _POSITIVE_STOCK_OPTIONS:
-        value = getattr(opt, name, None)
-        values = value if isinstance(value, (list, tuple)) else [] if value is None else [value]
+        values = _values(opt, name)
         if any(item < 1 for item in values):
             problems.append(f"-{name} {' '.join(map(str, values))}: must be >= 1")
     n_best, beam_size = getattr(opt, "n_best", None), getattr(opt, "beam_size", None)
     if n_best is not None and beam_size is not None and 1 <= beam_size < n_best:
         problems.append(f"-n_best {n_best}: must be <= -beam_size ({beam_size})")
-    return problems
+    for name in _PROBABILITY_STOCK_OPTIONS:
+        values = _values(opt, name)
+        if any(not 0 <= item < 1 for item in values):
+            problems.append(f"-{name} {' '.join(map(str, values))}: must be >= 0 and < 1 (each value)")
+    if any(item < 0 for item in _values(opt, "learning_rate")):
+        problems.append(f"-learning_rate {opt.learning_rate}: must be >= 0")
+    decay_method = getattr(opt, "decay_method", None)
+    if decay_method in _WARMUP_DECAY_METHODS and any(item < 1 for item in _values(opt, "warmup_steps")):
+        problems.append(f"-warmup_steps {opt.warmup_steps}: must be >= 1 with -decay_method {decay_method} "
+                        "(its schedule divides by it)")
+    return problems + _rank_problems(opt)
 
 
 def environment_problems():
@@ -294,7 +396,10 @@ def _strict_parse_known_args(stock, self, args=None, namespace=None, **kwargs):
     names = _option_names(self)
     if names & {"train_steps", "n_sample"}:  # onmt_train / onmt_build_vocab
         names = names | _shared_config_names()
-    problems = unknown_option_messages(unknown, names, argv) + _misspelt_dashes(self, unknown)
+    problems, leftovers = _flag_value_messages(self, argv, unknown)
+    problems += unknown_option_messages(leftovers, names, argv) + _misspelt_dashes(self, unknown)
+    if "data" in names:  # onmt_train / onmt_build_vocab
+        problems += [m for path in _config_paths(argv) for m in corpus_key_messages(path)]
     if argv:
         problems += stock_option_problems(opt) + environment_problems()
     if hasattr(opt, "encoder_type") and argv:

@@ -47,15 +47,34 @@ def _rank_name():
     return str(torch.distributed.get_rank()) if torch.distributed.is_initialized() else "single"
 
 
+def waiting_line(opt):
+    """The log line of a node that holds only some of the ranks (``len(-gpu_ranks) < -world_size``, legal: each
+    node of a multi-node run gives its own ranks): its ranks wait for the others at ``-master_ip:-master_port``,
+    up to ``-timeout`` seconds, before the run fails; None when this node holds every rank."""
+    ranks = list(getattr(opt, "gpu_ranks", None) or [])
+    world_size = getattr(opt, "world_size", 1)
+    if not ranks or world_size <= len(ranks):
+        return None
+    return (f"onmt-ext: this node runs ranks {' '.join(map(str, ranks))} of -world_size {world_size}: they wait "
+            f"up to -timeout {opt.timeout} s for the other {world_size - len(ranks)} at {opt.master_ip}:"
+            f"{opt.master_port} (start the other nodes, or give -gpu_ranks {' '.join(map(str, range(world_size)))} "
+            "to run them all here; docs/scale-out.md)")
+
+
 def _train_said(stock, opt, *args, **kwargs):
-    """``onmt.bin.train.train``: one log line when the ranks are CPU processes."""
-    if cpu_ranks(opt):
+    """``onmt.bin.train.train``: one log line when the ranks are CPU processes, and one when this node holds only
+    some of the ranks (:func:`waiting_line`)."""
+    waiting = waiting_line(opt)
+    if cpu_ranks(opt) or waiting:
         from onmt.utils.logging import init_logger, logger
 
         init_logger(opt.log_file)
-        logger.info(f"onmt-ext: this torch sees no CUDA device: -world_size {opt.world_size} -gpu_ranks "
-                    f"{' '.join(map(str, opt.gpu_ranks))} run as {len(opt.gpu_ranks)} CPU processes over gloo "
-                    f"(-gpu_backend {opt.gpu_backend} is not used; docs/scale-out.md)")
+        if cpu_ranks(opt):
+            logger.info(f"onmt-ext: this torch sees no CUDA device: -world_size {opt.world_size} -gpu_ranks "
+                        f"{' '.join(map(str, opt.gpu_ranks))} run as {len(opt.gpu_ranks)} CPU processes over gloo "
+                        f"(-gpu_backend {opt.gpu_backend} is not used; docs/scale-out.md)")
+        if waiting:
+            logger.info(waiting)
     return stock(opt, *args, **kwargs)
 
 

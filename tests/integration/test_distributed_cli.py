@@ -227,3 +227,22 @@ def test_the_mechanisms_together_train_on_two_ranks(config, tmp_path):
 @pytest.mark.parametrize("config", MECHANISMS)
 def test_every_mechanism_trains_on_two_ranks(config, tmp_path):
     _two_steps_on_two_ranks(config, tmp_path)
+
+
+def test_each_node_says_which_ranks_it_waits_for(runs):
+    """A node of -world_size 2 that runs one rank waits for the other at -master_ip:-master_port; it says so."""
+    _, logs = runs
+    for rank, other in ((0, 1), (1, 0)):
+        assert (f"onmt-ext: this node runs ranks {rank} of -world_size 2: they wait up to -timeout 60 s for the other "
+                f"1 at localhost:") in logs[f"node{rank}"], logs[f"node{rank}"][-3000:]
+    assert "this node runs ranks" not in logs["two"]
+
+
+def test_several_ranks_without_gpu_ranks_are_refused_in_one_line(tmp_path):
+    """Stock spawns one process per -gpu_ranks entry: with none it trains nothing and exits 0."""
+    result = support.run_cli("onmt_train", "-config", _config(tmp_path), "-world_size", 2, "-train_steps", 2,
+                             check=False)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.startswith("onmt_train: error: -world_size 2 needs -gpu_ranks (without them no process "
+                                    "trains): give this node's ranks, -gpu_ranks 0 1 on one node")
+    assert result.stderr.count("\n") == 1 and not (tmp_path / "model_step_2.pt").exists()

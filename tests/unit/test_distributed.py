@@ -211,3 +211,18 @@ def test_the_host_group_waits_for_a_missing_rank_as_long_as_the_world(monkeypatc
     assert distributed._multi_init(lambda opt, device_id: 0, opt, 0) == 0
     assert distributed.host_group() == distributed.host_group() == "group"
     assert made == [{"backend": "gloo", "timeout": timedelta(seconds=7)}]
+
+
+def test_a_node_with_some_of_the_ranks_says_it_waits_for_the_others():
+    """-world_size 2 -gpu_ranks 0 is one node of two (legal: each node gives its own ranks); without the other it
+    waits -timeout seconds in silence and then fails, so it says whom it waits for, where, and how long."""
+    from argparse import Namespace
+
+    from onmt_ext.runtime.distributed import waiting_line
+
+    opt = Namespace(world_size=2, gpu_ranks=[0], timeout=60, master_ip="localhost", master_port=10000)
+    assert waiting_line(opt) == ("onmt-ext: this node runs ranks 0 of -world_size 2: they wait up to -timeout 60 s "
+                                 "for the other 1 at localhost:10000 (start the other nodes, or give -gpu_ranks 0 1 "
+                                 "to run them all here; docs/scale-out.md)")
+    assert waiting_line(Namespace(world_size=2, gpu_ranks=[0, 1])) is None
+    assert waiting_line(Namespace(world_size=1, gpu_ranks=[])) is None
