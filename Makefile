@@ -268,7 +268,7 @@ $(TATOEBA)/vocab.en: $(TATOEBA)/stats.json $(DEMO_CONFIG) | $(SETUP_STAMP)
 # The "CA with study" smoke configs split the Chinese sample with a tagger trained on the rules' labels.
 $(TATOEBA)/signal_tagger.zh.pt: $(TATOEBA)/stats.json tools/train_signal_tagger.py | $(SETUP_STAMP)
 	@echo "== data: training the Chinese signal-word tagger (CA with study) on $(TATOEBA)/train.zh"
-	$(PY) -m tools.train_signal_tagger --lang zh --input $(TATOEBA)/train.zh --output $@
+	$(PY) -m tools.train_signal_tagger --lang zh --input $(TATOEBA)/train.zh --output $@ --overwrite
 
 # ---------------------------------------------------------------- paper corpora
 # make data-<task>: download (resumable, checksummed), extract, tokenize (sacremoses / jieba), clean, BPE
@@ -429,7 +429,7 @@ cao2019-weights: $(TATOEBA)/vocab.en | $(SETUP_STAMP)
 # sample's newstest2014) and Chinese (the Tatoeba sample) -> results/clause/split_speed.txt
 SPLIT_SPEED := results/clause/split_speed.txt
 $(WMT14)/signal_tagger.en.pt: $(WMT14)/spm.de.model tools/train_signal_tagger.py | $(SETUP_STAMP)
-	$(PY) -m tools.train_signal_tagger --lang en --input $(WMT14)/train.en --output $@
+	$(PY) -m tools.train_signal_tagger --lang en --input $(WMT14)/train.en --output $@ --overwrite
 
 split-speed: $(WMT14)/signal_tagger.en.pt $(TATOEBA)/signal_tagger.zh.pt | $(SETUP_STAMP)
 	@mkdir -p $(dir $(SPLIT_SPEED))
@@ -554,7 +554,19 @@ table_args = --gpus $(call table_gpus,$(1)) --average $(AVERAGE) $(if $(PASSES),
   $(if $(NODES),--nodes $(NODES)) $(call node_opt,NODE_RANK,--node-rank) \
   $(call node_opt,MASTER_IP,--master-ip) $(call node_opt,MASTER_PORT,--master-port) \
   $(if $(filter 0,$(BINARIZED)),--from-text)
-preflight = $(PY) -m tools.reproduce $(1) --preflight $(call table_args,$(1)) $(if $(DRY_RUN),--dry-run) \
+# the make variables of the tables, checked first, in a dry run too: one line naming the variable, exit status 2
+# (BINARIZED and WMT17_SMALL_DATA: 1, 0 or unset, as prepare_data.py takes WMT17_SMALL_DATA; GPUS: ids and commas)
+reproduce_var_error = $(strip \
+  $(if $(filter-out 0 1,$(BINARIZED)),BINARIZED=$(BINARIZED): set it to 1 (binarised data$(comma) the default) or 0 \
+    (train from the text)$(comma) or unset it, \
+  $(if $(filter-out 0 1,$(WMT17_SMALL_DATA)),WMT17_SMALL_DATA=$(WMT17_SMALL_DATA): set it to 1 (the small data$(comma) \
+    on purpose) or 0$(comma) or unset it, \
+  $(if $(word 2,$(GPUS)),GPUS=$(GPUS): separate the CUDA device ids with commas$(comma) e.g. \
+    GPUS=$(subst $(eval) ,$(comma),$(strip $(GPUS)))))))
+reproduce_var_check = $(if $(reproduce_var_error),printf '%s\n' \
+  $(call sq,make: error: $(reproduce_var_error)) >&2; exit 2;)
+preflight = $(reproduce_var_check) $(PY) -m tools.reproduce $(1) --preflight $(call table_args,$(1)) \
+  $(if $(DRY_RUN),--dry-run) \
   $(if $(filter 1,$(WMT17_SMALL_DATA)),--small-data)
 $(addprefix reproduce-,$(REPRODUCE_TABLES)): reproduce-%: | $(SETUP_STAMP)
 	@$(call preflight,$*)

@@ -20,8 +20,12 @@ from tools.gret_probe import _read_lines, _subword, encoded_batches, load_model
 ROUTINGS = ("vertical", "horizontal")
 
 
+PROG = "cao2019_weights.py"
+
+
 def _fail(message):
-    raise SystemExit(f"cao2019_weights.py: {message}")
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def _layers(model):
@@ -94,7 +98,7 @@ def markdown(reports, thresholds):
 
 
 def main(argv=None):
-    parser = common.Parser(description=__doc__.split("\n")[0])
+    parser = common.Parser(prog=PROG, description=__doc__.split("\n")[0])
     parser.add_argument("-model", required=True, nargs="+", help="checkpoints trained with cross aggregation")
     parser.add_argument("-src", required=True, help="source sentences to encode")
     parser.add_argument("--src-subword-model", help="SentencePiece model applied to the source text")
@@ -108,15 +112,15 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if any(not 0 < th < 1 for th in args.thresholds):
         parser.error("--thresholds must lie between 0 and 1")
-    sentences = _read_lines(args.src, _subword(args.src_subword_model))
+    sentences = _read_lines(args.src, _subword(args.src_subword_model, prog=PROG), prog=PROG)
     if args.limit:
         sentences = sentences[: args.limit]
     if not sentences:
-        _fail(f"{args.src} has no sentences")
+        _fail(f"-src {args.src}: no sentences")
     iterations = sorted(set(args.iterations))
     reports = []
     for checkpoint in args.model:
-        model, vocabs, model_opt = load_model(checkpoint)
+        model, vocabs, model_opt = load_model(checkpoint, prog=PROG)
         shares = near_zero_shares(model, vocabs, sentences, iterations, args.thresholds)
         reports.append({"model": str(checkpoint), "trained_iterations": int(model_opt.cao2019_iterations),
                         "sentences": len(sentences), "thresholds": args.thresholds,

@@ -10,11 +10,28 @@ How it works and why: docs/tools.md (clause_split_corpus.py).
 """
 
 import multiprocessing
+import os
 import sys
 import time
 
 from tools import common
 from tools.clause_split_speed import _opts, read_lines
+
+
+def output_problem(source, output, overwrite=True):
+    """Why ``--output`` ``output`` cannot be written for ``--input`` ``source`` (one line naming the option), or
+    None: it is the input file (the same file, by any path), a directory, in a directory that does not exist, or,
+    without ``overwrite``, an existing file (``--overwrite`` replaces it)."""
+    if os.path.isdir(output):
+        return f"--output {output}: is a directory; name the file to write"
+    if os.path.exists(output) and os.path.exists(source) and os.path.samefile(source, output):
+        return f"--output {output}: is the --input file, which it would replace; choose another path"
+    parent = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(parent):
+        return f"--output {output}: no directory {parent}; create it first or choose another path"
+    if not overwrite and os.path.lexists(output):
+        return f"--output {output}: already exists; add --overwrite to replace it, or choose another path"
+    return None
 
 
 def main(argv=None):
@@ -32,6 +49,10 @@ def main(argv=None):
     for name in ("bucket", "jobs"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be positive, got {getattr(args, name)}")
+    problem = output_problem(args.input, args.output)
+    if problem:
+        print(f"clause_split_corpus: error: {problem}", file=sys.stderr)
+        return 2
     try:
         lines = read_lines(args.input, None, 0)
     except (OSError, UnicodeDecodeError) as exc:
@@ -46,6 +67,20 @@ def main(argv=None):
     _TRANSFORMS = transforms
     buckets = [lines[first:first + args.bucket] for first in range(0, len(lines), args.bucket)]
     start = time.perf_counter()
+    try:
+        _write(args, buckets)
+    except OSError as exc:
+        print(f"clause_split_corpus: error: --output {args.output}: cannot write ({exc.strerror or exc})",
+              file=sys.stderr)
+        return 2
+    seconds = time.perf_counter() - start
+    print(f"clause_split_corpus: {len(lines)} lines -> {args.output} in {seconds:.1f} s "
+          f"({len(lines) / max(seconds, 1e-9):.0f} sentences/s)", file=sys.stderr)
+    return 0
+
+
+def _write(args, buckets):
+    """Write the split of ``buckets`` to ``args.output``, in ``args.jobs`` processes."""
     with open(args.output, "w", encoding="utf-8") as out:
         if args.jobs == 1 or len(buckets) < 2:
             for bucket in buckets:
@@ -54,10 +89,6 @@ def main(argv=None):
             with multiprocessing.get_context("fork").Pool(min(args.jobs, len(buckets))) as pool:
                 for text in pool.imap(_split_bucket, buckets):
                     out.write(text)
-    seconds = time.perf_counter() - start
-    print(f"clause_split_corpus: {len(lines)} lines -> {args.output} in {seconds:.1f} s "
-          f"({len(lines) / max(seconds, 1e-9):.0f} sentences/s)", file=sys.stderr)
-    return 0
 
 
 #: the transforms of :func:`main` (SentencePiece if asked for, then clause_split), which forked workers inherit

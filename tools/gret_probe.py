@@ -19,19 +19,30 @@ from tools import common
 KINDS = ("global", "last", "average")
 
 
-def _fail(message):
-    raise SystemExit(f"gret_probe.py: {message}")
+#: the name in this module's error lines; tools that use its helpers pass their own (``prog=``)
+PROG = "gret_probe.py"
 
 
-def _read_lines(path, processor):
+def _fail(message, prog=PROG):
+    """One line on stderr, ``<prog>: error: <message>``, and exit status 2 (bad input, named in ``message``)."""
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _reason(error):
+    return error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+
+
+def _read_lines(path, processor, option="-src", prog=PROG):
+    """The lines of ``path`` (the value of ``option``), split into tokens or, with ``processor``, subword pieces."""
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as error:
-        _fail(f"cannot read {path}: {error}")
+        _fail(f"{option} {path}: cannot read ({_reason(error)})", prog)
     return [line.split() if processor is None else processor.encode(line, out_type=str) for line in lines]
 
 
-def _subword(path):
+def _subword(path, option="--src-subword-model", prog=PROG):
     if not path:
         return None
     import sentencepiece as spm
@@ -39,10 +50,10 @@ def _subword(path):
     try:
         return spm.SentencePieceProcessor(model_file=str(path))
     except (OSError, RuntimeError) as error:
-        _fail(f"cannot load the SentencePiece model {path}: {error}")
+        _fail(f"{option} {path}: cannot load the SentencePiece model ({error})", prog)
 
 
-def load_model(checkpoint):
+def load_model(checkpoint, option="-model", prog=PROG):
     """The checkpoint's model (eval mode, CPU) and its vocabularies."""
     import onmt  # noqa: F401  (loads onmt-ext through its start-up hook)
     import torch
@@ -51,7 +62,7 @@ def load_model(checkpoint):
     from onmt.utils.parse import ArgumentParser
 
     if not Path(checkpoint).is_file():
-        _fail(f"no checkpoint at {checkpoint}")
+        _fail(f"{option} {checkpoint}: no checkpoint there", prog)
     state = torch.load(checkpoint, map_location="cpu")
     model_opt = ArgumentParser.ckpt_model_opts(state["opt"])
     ArgumentParser.update_model_opts(model_opt)
@@ -173,9 +184,10 @@ def main(argv=None):
     parser.add_argument("--top-k", type=common.at_least(1), nargs="+", default=[1, 5, 10])
     parser.add_argument("--out", type=Path, help="write the result as JSON")
     args = parser.parse_args(argv)
-    src_sp, tgt_sp = _subword(args.src_subword_model), _subword(args.tgt_subword_model)
-    train_src, train_tgt = _read_lines(args.src, src_sp), _read_lines(args.tgt, tgt_sp)
-    test_src, test_tgt = _read_lines(args.test_src, src_sp), _read_lines(args.test_tgt, tgt_sp)
+    src_sp, tgt_sp = _subword(args.src_subword_model), _subword(args.tgt_subword_model, "--tgt-subword-model")
+    train_src, train_tgt = _read_lines(args.src, src_sp), _read_lines(args.tgt, tgt_sp, "-tgt")
+    test_src = _read_lines(args.test_src, src_sp, "-test_src")
+    test_tgt = _read_lines(args.test_tgt, tgt_sp, "-test_tgt")
     for a, b, name in ((train_src, train_tgt, "-src/-tgt"), (test_src, test_tgt, "-test_src/-test_tgt")):
         if len(a) != len(b):
             _fail(f"{name} have different line counts ({len(a)} and {len(b)})")

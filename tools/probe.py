@@ -130,7 +130,7 @@ def load_checkpoint(checkpoint):
     """A trained NMT checkpoint's model (eval mode, CPU) and vocabularies: the one place that loads one here."""
     from tools import gret_probe
 
-    return gret_probe.load_model(checkpoint)
+    return gret_probe.load_model(checkpoint, "--checkpoint", "probe.py")
 
 
 def make_probe(encoder, inputs, nhid, classes, dropout):
@@ -258,7 +258,7 @@ def checkpoint_features(loaded, splits, subword_model=None):
     from tools import gret_probe
 
     model, vocabs, _ = loaded
-    processor = gret_probe._subword(subword_model)
+    processor = gret_probe._subword(subword_model, "--src-subword-model", "probe.py")
     pieces = (lambda s: s) if processor is None else (lambda s: processor.encode(" ".join(s), out_type=str))
     return {p: gret_probe.features(model, vocabs, [pieces(s) for s in splits[p][0]], "average") for p in PARTITIONS}
 

@@ -524,7 +524,7 @@ def _clause_preparation(values, task):
     if tagger:  # "CA with study": the signal-word tagger is trained first, on the training source
         source = source_file(task, "train")
         steps.append(Step(("python", "-m", "tools.train_signal_tagger", "--lang", lang, "--input", source,
-                           "--output", tagger, "--max-sentences", 100000), Path(tagger), (source,)))
+                           "--output", tagger, "--max-sentences", 100000, "--overwrite"), Path(tagger), (source,)))
     if values.get("clause_presplit"):  # the sources the config reads: <file>.clause_<rule|study>
         for corpus in values["data"].values():
             split = corpus["path_src"]
@@ -589,6 +589,9 @@ def preflight(table, gpus, small_data, dry_run):
     """The device and corpus problems of ``table``, before any data is prepared: SystemExit with one line each,
     or with ``dry_run`` warnings on stderr."""
     problems = [p for p in (device_problem(gpus), corpus_problem(table, small_data)) if p]
+    if not gpus and not table.startswith("sample-"):  # GPUS=cpu: allowed, but a paper table would take months
+        print(f"reproduce.py: warning: GPUS=cpu trains {table}'s paper-size models on the CPU, meant for the toy "
+              "sample tables only; name CUDA device ids, e.g. GPUS=0 or GPUS=0,1", file=sys.stderr)
     if small_data and table_task(table) != FULL_CORPUS_TASK:
         print(f"reproduce.py: note: WMT17_SMALL_DATA applies to WMT17 Zh-En tables only; {table} trains on "
               f"{table_task(table)}", file=sys.stderr)

@@ -15,6 +15,7 @@ import sys
 import time
 
 from tools import common
+from tools.clause_split_corpus import output_problem
 
 
 class UsageError(Exception):
@@ -119,6 +120,7 @@ def build_parser():
     p.add_argument("--column", type=common.at_least(0), default=None,
                    help="take the N-th tab-separated field of each line (0-based; cmn.txt: 0 English, 1 Chinese)")
     p.add_argument("--output", required=True, help="where to write the tagger (a torch file)")
+    p.add_argument("--overwrite", action="store_true", help="replace --output if it exists (default: refuse)")
     p.add_argument("--max-sentences", type=common.at_least(1), default=5000, help="use the first N sentences (default 5000)")
     p.add_argument("--epochs", type=common.at_least(1), default=6, help="passes over the training words (default 6)")
     p.add_argument("--lr", type=float, default=0.05, help="Adam learning rate (default 0.05)")
@@ -134,6 +136,9 @@ def main(argv=None):
     try:
         if not args.lr > 0:
             raise UsageError(f"--lr must be positive, got {args.lr}")
+        problem = output_problem(args.input, args.output, args.overwrite)
+        if problem:
+            raise UsageError(problem)
         import torch
 
         from onmt_ext.mechanisms.clause.split import DEFAULT_SPACY_MODEL, ClauseSplitError, ClauseSplitter
@@ -161,7 +166,7 @@ def main(argv=None):
         try:
             tagger.save(args.output)
         except OSError as exc:
-            raise UsageError(f"{args.output}: cannot write: {exc.strerror or exc}") from None
+            raise UsageError(f"--output {args.output}: cannot write ({exc.strerror or exc})") from None
     except UsageError as exc:
         print(f"train_signal_tagger: error: {exc}", file=sys.stderr)
         return 2

@@ -465,7 +465,38 @@ def build(opt, directory, overwrite=False, say=_log, processes=0):
         held = os.path.exists(directory) and os.listdir(directory)
     if held and not overwrite:
         raise UsageError(f"-ext_binarized {directory} already holds other files; add -overwrite to replace them")
+    if held:
+        _check_replaceable(opt, directory)
     return _write(opt, transforms, vocabs, directory, wanted, say, processes)
+
+
+def _read_files(opt):
+    """The files that ``opt`` reads, as real paths: every option value that names an existing file (the corpora of
+    every ``data:`` entry, validation included, the vocabularies, the subword models, ...)."""
+    values = [value for value in vars(opt).values() if isinstance(value, str)]
+    for corpus in (getattr(opt, "data", None) or {}).values():
+        values += [value for value in (corpus or {}).values() if isinstance(value, str)] if isinstance(
+            corpus, dict) else []
+    return sorted({os.path.realpath(value) for value in values if value and os.path.isfile(value)})
+
+
+def _check_replaceable(opt, directory):
+    """A :class:`UsageError` unless ``directory`` holds only what :func:`build` writes (its manifest and ``*.npy``
+    array files, no folder): ``-overwrite`` replaces the whole directory, so it never deletes a user's files, above
+    all a file that ``opt`` reads (a corpus, a vocabulary, a subword model)."""
+    root = os.path.realpath(directory)
+    inside = [path for path in _read_files(opt) if os.path.commonpath([root, path]) == root]
+    if inside:
+        raise UsageError(f"-ext_binarized {directory} holds {inside[0]}, which the config reads; -overwrite would "
+                         "delete it: choose a directory of its own for the binarised data")
+    with _writing("-ext_binarized", directory, "read it"):
+        foreign = sorted(name for name in os.listdir(directory) if not (
+            (name == MANIFEST or name.endswith(".npy")) and os.path.isfile(os.path.join(directory, name))
+            and not os.path.islink(os.path.join(directory, name))))
+    if foreign:
+        raise UsageError(f"-ext_binarized {directory} holds {foreign[0]}, which onmt_ext_binarize did not write; "
+                         "-overwrite replaces only earlier binarised data (manifest.json, *.npy): move it away "
+                         "or choose another directory")
 
 
 def _prepared(opt):

@@ -388,3 +388,14 @@ def test_pre_encoded_copies_follow_their_corpus_and_model(tmp_path, monkeypatch)
     timed_runs._use_pre_encoded_data(head, work, repeat=2, lines=1)  # the dry run's lines: copies apart
     assert Path(head["data"]["corpus_1"]["path_src"]).read_text(encoding="utf-8") == "y\ny\n"
     assert Path(head["data"]["corpus_1"]["path_src"]).name == "train.zh.spread1.sp.v2"
+
+
+def test_cao2019_weights_names_itself_and_the_option_of_an_unreadable_source(tmp_path, capsys):
+    """The helpers it shares with gret_probe.py write their errors under cao2019_weights.py's name, naming -src."""
+    from tools import cao2019_weights
+
+    with pytest.raises(SystemExit) as error:
+        cao2019_weights.main(["-model", str(tmp_path / "m.pt"), "-src", str(tmp_path / "missing")])
+    err = capsys.readouterr().err
+    assert error.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"cao2019_weights.py: error: -src {tmp_path / 'missing'}: cannot read"), err

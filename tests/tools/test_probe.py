@@ -180,3 +180,18 @@ def test_unknown_task_or_model_is_one_line(tmp_path):
     with pytest.raises(SystemExit, match=r"no probing data at .*sentence_length.txt"):
         probe.main(["run", "--data", str(tmp_path), "--tasks", "SeLen", "--device", "cpu", "--out",
                     str(tmp_path / "o")])
+
+
+def test_the_checkpoint_helpers_name_the_calling_tool_and_its_option(tmp_path, capsys):
+    """gret_probe.py's helpers, shared by probe.py, say which tool and which option: one line, exit 2."""
+    from tools import gret_probe
+
+    missing = tmp_path / "missing.pt"
+    for call, said in ((lambda: probe.load_checkpoint(str(missing)), f"probe.py: error: --checkpoint {missing}: "),
+                       (lambda: gret_probe.main(["-model", str(missing), "-src", str(missing), "-tgt", "t",
+                                                 "-test_src", "s", "-test_tgt", "t"]),
+                        f"gret_probe.py: error: -src {missing}: cannot read")):
+        with pytest.raises(SystemExit) as error:
+            call()
+        err = capsys.readouterr().err
+        assert error.value.code == 2 and err.count("\n") == 1 and err.startswith(said), err

@@ -80,7 +80,8 @@ def test_a_papers_target_checks_every_table_before_the_first_one_prepares_data(c
     once, not after its first three tables have prepared their data and trained."""
     result = _make(checkout, "reproduce-li2019", "GPUS=cpu", extra_dir=tmp_path)
     assert result.returncode != 0 and "Traceback" not in result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.startswith("reproduce.py:")]
+    lines = [line for line in result.stderr.splitlines()  # (GPUS=cpu's warnings aside: tables on the CPU)
+             if line.startswith("reproduce.py:") and not line.startswith("reproduce.py: warning: GPUS=cpu")]
     assert len(lines) == 1 and lines[0].startswith(f"reproduce.py: WMT17_EXTRA_DIR={tmp_path} lacks train.zh")
     assert not (checkout / "build").exists() and "prepare_data" not in result.stdout
 
@@ -100,3 +101,20 @@ def test_two_nodes_through_make_and_node_variables_of_other_tools_left_alone(che
     missing = _make(checkout, "reproduce-li2019-table3", "DRY_RUN=1", "GPUS=0,1", "NODES=2", "MASTER_IP=h")
     assert missing.returncode != 0 and "Traceback" not in missing.stderr
     assert "reproduce.py: error: --nodes 2 needs --node-rank" in missing.stderr
+
+
+@pytest.mark.parametrize("variable, said", [
+    ("BINARIZED=no", "BINARIZED=no: set it to 1"), ("BINARIZED=false", "BINARIZED=false: set it to 1"),
+    ("GPUS=0 1", "GPUS=0 1: separate the CUDA device ids with commas, e.g. GPUS=0,1"),
+    ("WMT17_SMALL_DATA=yes", "WMT17_SMALL_DATA=yes: set it to 1"),
+])
+def test_a_make_variable_of_another_spelling_is_named_in_one_line_in_a_dry_run_too(checkout, variable, said):
+    result = _make(checkout, "reproduce-sample-li2019", "DRY_RUN=1", variable)
+    errors = [line for line in result.stderr.splitlines() if "error" in line and "***" not in line]
+    assert result.returncode == 2 and errors == [f"make: error: {said}" + errors[0][len(said) + 13:]], result.stderr
+    assert " onmt_train " not in result.stdout and not (checkout / "build").exists()
+
+
+def test_gpus_cpu_on_a_paper_table_is_explained(checkout):
+    result = _make(checkout, "reproduce-li2019-table2", "GPUS=cpu", "DRY_RUN=1")
+    assert "reproduce.py: warning: GPUS=cpu trains li2019-table2's paper-size models on the CPU" in result.stderr

@@ -154,3 +154,38 @@ def test_make_dry_run_prints_the_data_preparation_and_every_row(tmp_path):
     assert out.count("CUDA_VISIBLE_DEVICES=0 onmt_average_models ") == rows
     assert out.count("CUDA_VISIBLE_DEVICES=0 onmt_translate ") == rows
     assert not any(tmp_path.iterdir())  # nothing written
+
+
+# ---------------------------------------------------------------- outputs the clause tools refuse to write
+def _tool(module, *argv):
+    return subprocess.run([sys.executable, "-m", module, *map(str, argv)], cwd=REPO, capture_output=True, text=True)
+
+
+def test_clause_split_corpus_names_an_output_it_cannot_write_or_that_is_its_input(tmp_path):
+    """An --output in a missing directory is one line, not a FileNotFoundError traceback; the --input file itself
+    (by any path) is refused, not replaced."""
+    source = tmp_path / "src.en"
+    source.write_text("one line\n", encoding="utf-8")
+    (tmp_path / "link.en").symlink_to(source)
+    for output, said in ((tmp_path / "nodir" / "x", "no directory"), (source, "is the --input file"),
+                         (tmp_path / "link.en", "is the --input file")):
+        done = _tool("tools.clause_split_corpus", "--lang", "en", "--input", source, "--output", output)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert done.stderr.startswith(f"clause_split_corpus: error: --output {output}: {said}"), done.stderr
+    assert source.read_text(encoding="utf-8") == "one line\n" and not (tmp_path / "nodir").exists()
+
+
+def test_train_signal_tagger_refuses_an_existing_output_without_overwrite(tmp_path):
+    """An existing --output (its own --input above all) is not silently replaced: one line, exit 2, before any
+    tagging; --overwrite replaces another file, but never the input."""
+    source = tmp_path / "src.en"
+    source.write_text("The cat sat because it was tired .\n", encoding="utf-8")
+    kept = tmp_path / "tagger.pt"
+    kept.write_bytes(b"mine")
+    for output, extra, said in ((kept, (), "already exists; add --overwrite"),
+                                (source, (), "is the --input file"), (source, ("--overwrite",), "is the --input file"),
+                                (tmp_path / "nodir" / "t.pt", ("--overwrite",), "no directory")):
+        done = _tool("tools.train_signal_tagger", "--lang", "en", "--input", source, "--output", output, *extra)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert done.stderr.startswith(f"train_signal_tagger: error: --output {output}: {said}"), done.stderr
+    assert kept.read_bytes() == b"mine" and source.read_text(encoding="utf-8").startswith("The cat")

@@ -602,3 +602,38 @@ def test_the_cache_removes_what_killed_runs_left_of_its_key(config, tmp_path):
         (tmp_path / name / "one.state.npy").write_bytes(b"killed")
     directory = binarized.cached(str(tmp_path), opt, transforms, vocabs, say=lambda text: None)[0]
     assert directory == str(tmp_path / key) and _partials(tmp_path) == [other]
+
+
+@pytest.mark.parametrize("held", ["corpus", "valid", "vocab", "subword", "other"])
+def test_overwrite_never_replaces_a_directory_of_the_users_files(corpora, config, tmp_path, held):
+    """-overwrite replaces the whole directory: it is refused, in one line naming a file, where the directory holds
+    a file the config reads (a training or validation corpus, a vocabulary, a subword model) or anything else
+    that onmt_ext_binarize did not write; everything there is left as it was."""
+    from onmt_ext.errors import UsageError
+
+    _, files = corpora
+    data = tmp_path / "data"
+    data.mkdir()
+    kept = data / {"corpus": "one.zh", "valid": "valid.en", "vocab": "vocab.en", "subword": "spm.zh.model",
+                   "other": "notes.txt"}[held]
+    shutil.copy(files["one.zh"], kept)
+    config = yaml.safe_load(open(config, encoding="utf-8"))
+    config["ext_binarized"] = str(data)
+    if held == "corpus":
+        config["data"]["one"]["path_src"] = str(kept)
+    elif held == "valid":
+        config["data"]["valid"]["path_tgt"] = str(kept)
+    elif held == "vocab":
+        shutil.copy(config["tgt_vocab"], kept)
+        config["tgt_vocab"] = str(kept)
+    elif held == "subword":
+        shutil.copy(config["src_subword_model"], kept)
+        config["src_subword_model"] = str(kept)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    before = kept.read_bytes()
+    named = r"which the config reads; -overwrite would delete it" if held != "other" else \
+        r"which onmt_ext_binarize did not write; -overwrite replaces only earlier binarised data"
+    with pytest.raises(UsageError, match=rf"^-ext_binarized .*data holds .*{kept.name}, {named}"):
+        build(path, overwrite=True)
+    assert sorted(os.listdir(data)) == [kept.name] and kept.read_bytes() == before
