@@ -284,7 +284,7 @@ def _misspelt_dashes(parser, unknown):
 #: Counts of stock OpenNMT-py options that 3.5.1 takes without a check and then fails on deep inside (a
 #: modulo by zero, an empty range, an index past a list) when they are below 1.
 _POSITIVE_STOCK_OPTIONS = ("report_every", "valid_steps", "accum_count", "world_size", "beam_size", "n_best",
-                           "max_length")
+                           "max_length", "batch_size", "valid_batch_size")
 
 
 #: Stock probabilities (every element, for a list such as ``dropout``) that must be in [0, 1): torch refuses values
@@ -318,7 +318,8 @@ def stock_option_problems(opt):
     Each of :data:`_POSITIVE_STOCK_OPTIONS` that ``opt`` has must be at least 1
     (every element, for a list such as ``accum_count``), and ``-n_best`` cannot
     exceed ``-beam_size``: beam search keeps only ``beam_size`` finished
-    hypotheses per sentence.  Each of :data:`_PROBABILITY_STOCK_OPTIONS` must be
+    hypotheses per sentence; nor ``-min_length`` ``-max_length``, and
+    ``onmt_build_vocab -n_sample 0`` asserts.  Each of :data:`_PROBABILITY_STOCK_OPTIONS` must be
     in [0, 1); ``-learning_rate`` cannot be negative (torch's optimizers refuse
     it); ``-warmup_steps`` must be at least 1 with a ``-decay_method`` of
     :data:`_WARMUP_DECAY_METHODS` (a division by zero at the first step);
@@ -332,6 +333,11 @@ def stock_option_problems(opt):
     n_best, beam_size = getattr(opt, "n_best", None), getattr(opt, "beam_size", None)
     if n_best is not None and beam_size is not None and 1 <= beam_size < n_best:
         problems.append(f"-n_best {n_best}: must be <= -beam_size ({beam_size})")
+    min_length, max_length = getattr(opt, "min_length", None), getattr(opt, "max_length", None)
+    if isinstance(min_length, int) and isinstance(max_length, int) and 1 <= max_length < min_length:
+        problems.append(f"-min_length {min_length}: must be <= -max_length ({max_length})")
+    if getattr(opt, "n_sample", None) == 0 and not hasattr(opt, "train_steps"):  # onmt_build_vocab asserts
+        problems.append("-n_sample 0: give -1 to read every line, or a positive number of lines")
     for name in _PROBABILITY_STOCK_OPTIONS:
         values = _values(opt, name)
         if any(not 0 <= item < 1 for item in values):

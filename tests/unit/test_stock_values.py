@@ -19,6 +19,9 @@ SMOKE = support.REPO / "yaml_configs/smoke/li2019/em_all_components.yaml"
     ("label_smoothing", 1.5, "-label_smoothing 1.5: must be >= 0 and < 1 (each value)"),
     ("label_smoothing", -0.1, "-label_smoothing -0.1: must be >= 0 and < 1 (each value)"),
     ("learning_rate", -1.0, "-learning_rate -1.0: must be >= 0"),
+    ("batch_size", 0, "-batch_size 0: must be >= 1"),
+    ("valid_batch_size", 0, "-valid_batch_size 0: must be >= 1"),
+    ("n_sample", 0, "-n_sample 0: give -1 to read every line, or a positive number of lines"),
 ])
 def test_impossible_stock_values_are_refused_by_name(option, value, message):
     from onmt_ext.integration.parsing import stock_option_problems
@@ -138,3 +141,14 @@ def test_a_value_joined_to_a_switch_names_the_switch(onmt_active, capsys):
 def test_a_stray_value_elsewhere_is_still_reported(onmt_active, capsys):
     err = _refused(onmt_active, capsys, "-config", SMOKE, "-train_steps", "2", "stray")
     assert "unexpected value 'stray' (no option takes it)" in err
+
+
+def test_a_minimum_length_above_the_maximum_is_refused():
+    """``onmt_translate -min_length 10 -max_length 5`` stopped every output at 5 tokens without a word."""
+    from onmt_ext.integration.parsing import stock_option_problems
+
+    assert stock_option_problems(Namespace(min_length=10, max_length=5)) == [
+        "-min_length 10: must be <= -max_length (5)"]
+    assert stock_option_problems(Namespace(min_length=20, max_length=20)) == []
+    assert stock_option_problems(Namespace(min_length=0, max_length=250, n_sample=-1)) == []
+    assert stock_option_problems(Namespace(n_sample=0, train_steps=10)) == []  # onmt_train: no samples dumped
