@@ -382,10 +382,23 @@ def output_problems(opt):
     return problems + log_file_problems(opt, inputs + [("-output", output)])
 
 
+def phrase_table_problems(opt):
+    """Why ``onmt_translate``'s ``-phrase_table`` would be ignored (empty: it is used, or not given): stock skips a
+    file that does not exist without a word, and reads the table only to replace ``<unk>`` (``-replace_unk``)."""
+    table = getattr(opt, "phrase_table", "")
+    if not table:
+        return []
+    if not os.path.isfile(table):
+        return [f"-phrase_table {table}: no such file"]
+    if not getattr(opt, "replace_unk", False):
+        return [f"-phrase_table {table} has no effect without -replace_unk (it replaces <unk> only)"]
+    return []
+
+
 def _translate_checked(stock, opt, *args, **kwargs):
-    """``onmt.bin.translate.translate``: one-line errors, a check of ``-output`` before anything is loaded, and a
-    warning when every translation is empty."""
-    problems = output_problems(opt)
+    """``onmt.bin.translate.translate``: one-line errors, a check of ``-output`` (and ``-phrase_table``) before
+    anything is loaded, and a warning when every translation is empty."""
+    problems = output_problems(opt) + phrase_table_problems(opt)
     if problems:
         raise UsageError("\n".join(problems))
     _check_machine(opt)
@@ -427,4 +440,5 @@ def one_line_errors():
           test="tests/unit/test_plugin.py::test_all_empty_translations_give_a_warning",
           reason="a translation whose every line is empty ends without a word; an -output in a directory that "
                  "does not exist ends in a FileNotFoundError traceback after the model is loaded; an -output that is "
-                 "the -model, -src or -tgt file empties it (a -log_file appends to it); " + machine)
+                 "the -model, -src or -tgt file empties it (a -log_file appends to it); a missing -phrase_table, "
+                 "or one without -replace_unk, is ignored without a word; " + machine)

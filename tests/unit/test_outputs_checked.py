@@ -134,3 +134,17 @@ def test_average_models_output_is_checked(onmt_active, tmp_path):
         [f"-output {models[1]}: is one of -models; give another -output (averaging would overwrite it)"]
     assert average_output_problems(models, str(tmp_path)) == \
         [f"-output {tmp_path}: is a directory; give the path of a file in it"]
+
+
+def test_a_phrase_table_that_would_be_ignored_is_named(onmt_active, tmp_path):
+    """Stock skips a -phrase_table that names no file without a word, and reads one only with -replace_unk."""
+    from onmt_ext.integration.commands import phrase_table_problems
+
+    table = tmp_path / "table.txt"
+    assert phrase_table_problems(_translate_opt(tmp_path, phrase_table="", replace_unk=False)) == []
+    assert phrase_table_problems(_translate_opt(tmp_path, phrase_table=str(table), replace_unk=True)) == [
+        f"-phrase_table {table}: no such file"]
+    table.write_text("猫|||cat\n", encoding="utf-8")
+    assert phrase_table_problems(_translate_opt(tmp_path, phrase_table=str(table), replace_unk=False)) == [
+        f"-phrase_table {table} has no effect without -replace_unk (it replaces <unk> only)"]
+    assert phrase_table_problems(_translate_opt(tmp_path, phrase_table=str(table), replace_unk=True)) == []
