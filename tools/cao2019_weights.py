@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from tools import common
+from tools import common, gret_probe
 from tools.gret_probe import _read_lines, _subword, encoded_batches, load_model
 
 ROUTINGS = ("vertical", "horizontal")
@@ -24,8 +24,7 @@ PROG = "cao2019_weights.py"
 
 
 def _fail(message):
-    print(f"{PROG}: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
+    gret_probe._fail(message, PROG)
 
 
 def _layers(model):

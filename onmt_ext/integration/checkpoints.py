@@ -16,6 +16,7 @@
 """
 
 import argparse
+import errno
 import os
 import sys
 
@@ -129,7 +130,7 @@ def _load_checkpoint(stock, ckpt_path):
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
         if "weights_only" in first or "WeightsUnpickler" in first or len(first) > 160:
             first = type(error).__name__
-        if isinstance(error, OSError):  # torch's zip reader on a cut-off file: "[Errno 22] Invalid argument"
+        if isinstance(error, OSError) and error.errno == errno.EINVAL:  # torch's zip reader on a cut-off file
             first = f"truncated or damaged: {type(error).__name__} {first}"
         raise user_error(f"{ckpt_path} is not an OpenNMT-py checkpoint that this onmt-ext can read ({first}); "
                          "give a <model>_step_N.pt file written by onmt_train", type(error)) from None

@@ -20,7 +20,7 @@ import torch
 
 from onmt_ext.runtime import distributed, train_step
 from onmt_ext.runtime.compat import MissingPackageError, missing_package_problems, torch_setup_command
-from onmt_ext.runtime.corpus import CorpusError
+from onmt_ext.runtime.corpus import CorpusError, corpora_of
 from onmt_ext.errors import UsageError, UserError
 from onmt_ext.options import OptionError
 from onmt_ext.patches import FIX, MESSAGE, patch
@@ -222,6 +222,10 @@ def _vocabulary_line_problem(number, line, counted):
                 "(dos2unix) or rebuild it with onmt_build_vocab")
     if not line.strip():
         return f"line {number} is empty; remove it (every line holds one token and its count)"
+    if counted and line[:1].isspace():
+        return (f"line {number} holds an empty or whitespace token ({line[:40]!r}), which OpenNMT-py cannot read "
+                "back: onmt_build_vocab writes one from a corpus with double spaces or other whitespace (U+3000) "
+                "between words; clean the corpus and build the vocabulary again")
     fields = line.split(None, 1)  # as stock's _read_vocab_file splits
     if len(fields) == 2 and not fields[1].isdecimal() and _SCORE.fullmatch(fields[1]):
         return (f"line {number}: this looks like a sentencepiece .vocab (scores, not counts: {line[:40]!r}); "
@@ -258,8 +262,10 @@ def vocabulary_problem(path):
         return (f"line {number} is not UTF-8 text (byte {error.start}); is it a "
                 "vocabulary? onmt_build_vocab -config <your config> writes one")
     lines = text.split("\n")[:-1]  # as stock: what follows the last newline is not read
-    if not text.strip() or not lines:
+    if not text.strip():
         return "the file is empty; onmt_build_vocab -config <your config> writes the vocabulary"
+    if not lines:
+        return "its only line has no newline at its end, and OpenNMT-py reads no line without one; add a newline"
     first = lines[0].split(None, 1)
     counted = len(first) == 2 and first[-1].isdigit()
     for number, line in enumerate(lines, 1):
@@ -274,7 +280,7 @@ def missing_vocabularies(opt):
     (:func:`vocabulary_problem`)."""
     problems, seen = [], set()
     for key, path in (("src_vocab", opt.src_vocab), ("tgt_vocab", opt.tgt_vocab)):
-        if not path:
+        if not path or (key == "tgt_vocab" and getattr(opt, "share_vocab", False)):  # (stock reads -src_vocab only)
             continue
         if not os.path.isfile(path):
             problems.append(f"-{key} {path}: no such file (onmt_build_vocab -config <your config> writes it)")
@@ -347,8 +353,7 @@ def _training_inputs(opt):
     """``(option, path)`` of the files ``onmt_train`` reads: -train_from, the vocabularies and the corpora."""
     inputs = [("-train_from", getattr(opt, "train_from", None)), ("-src_vocab", getattr(opt, "src_vocab", None)),
               ("-tgt_vocab", getattr(opt, "tgt_vocab", None))]
-    data = getattr(opt, "data", None)
-    for name, corpus in (data.items() if isinstance(data, dict) else ()):
+    for name, corpus in corpora_of(getattr(opt, "data", None)).items():  # (onmt_train checks before validation)
         for key in ("path_src", "path_tgt", "path_align"):
             if isinstance(corpus, dict) and corpus.get(key):
                 inputs.append((f"-data {name} {key}", corpus[key]))

@@ -161,8 +161,7 @@ def _usage_error(parser, args, message):
         if where != "on the command line":
             message = f"key '{name}' {where}: {match.group(2)}"
         elif match.group(2).startswith("ignored explicit argument"):  # -position_encoding=false
-            message = (f"-{name} takes no value ({match.group(2).split(' ', 3)[-1]}): write -{name} alone to turn "
-                       "it on; the command line cannot turn off a switch that a config sets: edit the config")
+            message = _switch_value_message(parser, f"-{name}", match.group(2).split(" ", 3)[-1])
     elif message.startswith("Couldn't parse config file"):  # configargparse's, over PyYAML's error
         message += tab_indentation_hint(message)
     parser.exit(2, f"{parser.prog}: error: {' '.join(message.split())}\n")
@@ -226,8 +225,10 @@ def corpus_key_messages(path):
                  and key.value == "data"), None)
     if not isinstance(data, yaml.MappingNode):
         return []
-    messages = []
+    messages, loader = [], yaml.SafeLoader("")
     for name, entry in data.value:
+        if isinstance(entry, yaml.MappingNode):
+            loader.flatten_mapping(entry)  # a merge key (<<: *anchor) brings the anchor's keys, as safe_load reads
         if not isinstance(entry, yaml.MappingNode):
             messages.append(f"corpus {name.value!r} of data in {path}, line {name.start_mark.line + 1}: must be a "
                             "mapping of keys such as path_src, path_tgt and weight")
@@ -251,14 +252,20 @@ def _flag_value_messages(parser, argv, unknown):
         if action is None or action.nargs != 0 or value.startswith("-") or value not in unknown:
             continue
         unknown.remove(value)
-        name = flag.lstrip("-")
-        if action.const is True and action.default is False:  # store_true
-            how = (f"write {flag} alone to turn it on; it is off unless given, and the command line cannot turn "
-                   f"off a '{name}: true' of a config: edit the config")
-        else:
-            how = f"write {flag} alone"
-        messages.append(f"{flag} takes no value (got {value!r}): {how}")
+        messages.append(_switch_value_message(parser, flag, repr(value)))
     return messages, unknown
+
+
+def _switch_value_message(parser, flag, value):
+    """``-x takes no value (got 'v'): ...`` for ``flag``, a switch of ``parser`` (no arguments) written with
+    ``value`` (as shown: quoted); a ``store_true`` switch is told how it turns on, and that it cannot turn off."""
+    action = parser._option_string_actions.get(flag)
+    if action is not None and action.const is True and action.default is False:  # store_true
+        how = (f"write {flag} alone to turn it on; it is off unless given, and the command line cannot turn "
+               f"off a '{flag.lstrip('-')}: true' of a config: edit the config")
+    else:
+        how = f"write {flag} alone"
+    return f"{flag} takes no value (got {value}): {how}"
 
 
 def _misspelt_dashes(parser, unknown):
@@ -319,7 +326,7 @@ def stock_option_problems(opt):
     (every element, for a list such as ``accum_count``), and ``-n_best`` cannot
     exceed ``-beam_size``: beam search keeps only ``beam_size`` finished
     hypotheses per sentence; nor ``-min_length`` ``-max_length``, and
-    ``onmt_build_vocab -n_sample 0`` asserts.  Each of :data:`_PROBABILITY_STOCK_OPTIONS` must be
+    ``onmt_build_vocab -n_sample`` other than -1 or above 1 asserts.  Each of :data:`_PROBABILITY_STOCK_OPTIONS` must be
     in [0, 1); ``-learning_rate`` cannot be negative (torch's optimizers refuse
     it); ``-warmup_steps`` must be at least 1 with a ``-decay_method`` of
     :data:`_WARMUP_DECAY_METHODS` (a division by zero at the first step);
@@ -336,8 +343,10 @@ def stock_option_problems(opt):
     min_length, max_length = getattr(opt, "min_length", None), getattr(opt, "max_length", None)
     if isinstance(min_length, int) and isinstance(max_length, int) and 1 <= max_length < min_length:
         problems.append(f"-min_length {min_length}: must be <= -max_length ({max_length})")
-    if getattr(opt, "n_sample", None) == 0 and not hasattr(opt, "train_steps"):  # onmt_build_vocab asserts
-        problems.append("-n_sample 0: give -1 to read every line, or a positive number of lines")
+    n_sample = getattr(opt, "n_sample", None)
+    if isinstance(n_sample, int) and n_sample != -1 and n_sample < 2 and not hasattr(opt, "train_steps"):
+        problems.append(f"-n_sample {n_sample}: give -1 to read every line, or a number of lines above 1 "
+                        "(onmt_build_vocab asserts)")
     for name in _PROBABILITY_STOCK_OPTIONS:
         values = _values(opt, name)
         if any(not 0 <= item < 1 for item in values):
@@ -403,7 +412,7 @@ def _strict_parse_known_args(stock, self, args=None, namespace=None, **kwargs):
     if names & {"train_steps", "n_sample"}:  # onmt_train / onmt_build_vocab
         names = names | _shared_config_names()
     problems, leftovers = _flag_value_messages(self, argv, unknown)
-    problems += unknown_option_messages(leftovers, names, argv) + _misspelt_dashes(self, unknown)
+    problems += unknown_option_messages(leftovers, names, argv) + _misspelt_dashes(self, leftovers)
     if "data" in names:  # onmt_train / onmt_build_vocab
         problems += [m for path in _config_paths(argv) for m in corpus_key_messages(path)]
     if argv:

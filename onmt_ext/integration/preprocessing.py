@@ -20,10 +20,9 @@ import os
 import re
 import sys
 
-import yaml
-
 from onmt_ext.errors import UsageError
 from onmt_ext.patches import FIX, patch
+from onmt_ext.runtime.corpus import corpora_of
 
 # OpenNMT-py (and onmt_ext.integration.zh_segment, which imports it) is imported inside the functions: importing it
 # while this module initialises would activate onmt-ext (onmt_ext._autoload) before this module is whole.  torch too:
@@ -83,10 +82,7 @@ def trained_on_segmented_chinese(model_opt):
     recorded = getattr(model_opt, SEGMENTED_KEY, None)
     if recorded is not None:
         return recorded or None
-    data = getattr(model_opt, "data", None) or {}
-    if isinstance(data, str):  # as parsed; onmt_train's validation (whose result the checkpoint keeps) reads it
-        data = yaml.safe_load(data)
-    for name, corpus in (data if isinstance(data, dict) else {}).items():
+    for name, corpus in corpora_of(getattr(model_opt, "data", None)).items():  # (text as parsed, or a dict)
         path = corpus.get("path_src") if name != "valid" and isinstance(corpus, dict) else None
         share = segmented_share(path) if path else None
         if share and share[1] and share[0] >= _SHARE * share[1]:

@@ -83,16 +83,13 @@ def source_lines(infer_iter):
 def training_length(model_opt):
     """The longest source a checkpoint's options ``model_opt`` trained on, in tokens after its transforms: its
     ``-src_seq_length`` when ``filtertoolong`` was applied to every training corpus; None when not known."""
-    import yaml
+    from onmt_ext.runtime.corpus import corpora_of
 
     if model_opt is None:
         return None
     default = list(getattr(model_opt, "transforms", None) or [])
-    data = getattr(model_opt, "data", None) or {}
-    if isinstance(data, str):  # as parsed (the validated options a checkpoint keeps hold the dict)
-        data = yaml.safe_load(data) or {}
-    corpora = [corpus for name, corpus in data.items() if name != "valid" and isinstance(corpus, dict)] \
-        if isinstance(data, dict) else []
+    corpora = [corpus for name, corpus in corpora_of(getattr(model_opt, "data", None)).items()
+               if name != "valid" and isinstance(corpus, dict)]  # (text as parsed, or the validated dict)
     lists = [corpus["transforms"] if corpus.get("transforms") is not None else default for corpus in corpora]
     if not all("filtertoolong" in names for names in lists or [default]):
         return None

@@ -244,9 +244,9 @@ def _combination_check(opt):
             problems.append(f"-gret needs -{side}_type {EXT_TYPE} (the encoder builds the global state, the "
                             "decoder fuses it)")
     if gret.pooling == "mean":  # the masked mean: no capsules, no routing
-        problems += [f"-{spec.name} has no effect with -gret_pooling mean"
-                     for spec in (Gret.spec_of[name] for name in ("capsules", "iterations", "capsule_dim"))
-                     if getattr(opt, spec.name, spec.default) != spec.default]
+        problems += options_without_effect(opt, [Gret.spec_of[name] for name in ("capsules", "iterations",
+                                                                                 "capsule_dim")],
+                                           "-gret_pooling is mean")
     elif gret.capsules >= 1 and not gret.capsule_dim and model_size(opt) % gret.capsules:
         problems.append(f"-gret_capsules {gret.capsules} does not divide the model size {model_size(opt)} "
                         "(d_c = d_model / K); set -gret_capsule_dim")

@@ -35,7 +35,7 @@ import numpy as np
 from onmt_ext.errors import UsageError, UserError
 from onmt_ext.options import option, register_mechanism
 from onmt_ext.patches import SPEED, patch, runtime_choice
-from onmt_ext.runtime.corpus import check_corpus
+from onmt_ext.runtime.corpus import check_corpus, corpora_of
 
 # OpenNMT-py is imported inside the functions: importing it while this module initialises would activate
 # onmt-ext (onmt_ext._autoload) before this module is whole.
@@ -145,14 +145,12 @@ def config_problems(opt):
     ``onmt.utils.parse.ArgumentParser`` leaves it before ``validate_train_opts``), with no file read: each
     transform is made from the options without its warm-up (which loads its models and needs the vocabularies),
     and a corpus without ``transforms`` takes the config's, as validation gives it."""
-    import yaml
     from onmt.transforms import get_transforms_cls
 
     opt = copy.copy(opt)
-    data = yaml.safe_load(opt.data) if isinstance(opt.data, str) else opt.data
     opt.data = {name: {**entry, "transforms": list(opt.transforms if entry.get("transforms") is None
                                                    else entry["transforms"])}
-                for name, entry in (data or {}).items()}
+                for name, entry in corpora_of(opt.data).items()}
     names = set(opt.transforms).union(*(entry["transforms"] for entry in opt.data.values()))
     return problems(opt, {name: cls(opt) for name, cls in get_transforms_cls(sorted(names)).items()})
 

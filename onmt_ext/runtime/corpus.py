@@ -259,14 +259,20 @@ def _strip_bom(example):
     return example
 
 
+def corpora_of(data):
+    """The corpora of a ``-data`` value as a dict: OpenNMT-py holds the YAML text until it validates the options,
+    the dict after (empty for None or for text that is not a mapping)."""
+    corpora = yaml.safe_load(data) if isinstance(data, str) else data
+    return corpora if isinstance(corpora, dict) else {}
+
+
 def _check_data_option(data, skip_empty_level="warning"):
     """Check every corpus of a ``-data`` value (YAML text or dict) that names files on disk.
 
     Parallel corpora (``path_src``/``path_tgt``) also get their empty lines
     reported at ``skip_empty_level`` (:func:`report_empty_lines`).
     """
-    corpora = yaml.safe_load(data) if isinstance(data, str) else data
-    for name, entry in (corpora or {}).items():
+    for name, entry in corpora_of(data).items():
         if not isinstance(entry, dict):
             continue
         src_key = "path_src" if entry.get("path_src") else "path_txt"
@@ -307,8 +313,7 @@ def check_shares(data, world_size, num_workers):
     from onmt.constants import CorpusName
 
     shares = max(1, world_size) * max(1, num_workers)
-    corpora = yaml.safe_load(data) if isinstance(data, str) else data
-    for name, entry in (corpora or {}).items():
+    for name, entry in corpora_of(data).items():
         src = entry.get("path_src") or entry.get("path_txt") if isinstance(entry, dict) else None
         if shares == 1 or name == CorpusName.VALID or not src or not os.path.isfile(src):
             continue
@@ -371,8 +376,7 @@ def check_pairs(data, world_size, num_workers):
     from onmt.constants import CorpusName
 
     shares = max(1, world_size) * max(1, num_workers)
-    corpora = yaml.safe_load(data) if isinstance(data, str) else data
-    for name, entry in (corpora or {}).items():
+    for name, entry in corpora_of(data).items():
         src = entry.get("path_src") if isinstance(entry, dict) else None
         tgt = entry.get("path_tgt") or src if src else None  # (a language model's pairs: the line twice)
         valid = name == CorpusName.VALID
@@ -466,8 +470,10 @@ def _skipping_empty_pairs():
 
 def _validate_data(stock, cls, opt):
     _check_data_option(opt.data, getattr(opt, "skip_empty_level", "warning"))
-    # (onmt_build_vocab's options have no data workers, nor training steps: it reads a corpus without pairs well)
-    shares = getattr(opt, "world_size", 1), getattr(opt, "num_workers", 0)
+    # (onmt_build_vocab's options have no data workers, nor training steps: it reads a corpus without pairs well);
+    # tensor-parallel ranks read the whole corpus each (train_single's stride 1)
+    data_parallel = getattr(opt, "parallel_mode", "data_parallel") == "data_parallel"
+    shares = getattr(opt, "world_size", 1) if data_parallel else 1, getattr(opt, "num_workers", 0)
     check_shares(opt.data, *shares)
     if getattr(opt, "train_steps", None) is not None and _skipping_empty_pairs():
         check_pairs(opt.data, *shares)

@@ -4,6 +4,7 @@ The same checks through the real commands (onmt_train, onmt_translate) are in
 tests/integration/test_corpus_cli.py.
 """
 
+import argparse
 import itertools
 import sys
 
@@ -157,6 +158,13 @@ def test_a_corpus_too_small_for_its_data_shares_is_named(tmp_path):
     corpus.check_shares(yaml.safe_dump(data(13)), 2, 2)  # as -data comes (YAML text); 4 shares need 13 lines
     with pytest.raises(SystemExit, match=r"its 12 lines are too few for 4 data shares \(-world_size 2 × "):
         corpus.check_shares(data(12), 2, 2)
+    # tensor-parallel ranks each read the whole corpus (stock's stride 1): only the data workers share it
+    small = {"small": data(3)["small"]}
+    opt = argparse.Namespace(data=small, world_size=2, num_workers=2, parallel_mode="tensor_parallel")
+    assert corpus._validate_data(lambda cls, opt: "validated", None, opt) == "validated"
+    opt.parallel_mode = "data_parallel"
+    with pytest.raises(SystemExit, match=r"its 3 lines are too few for 4 data shares"):
+        corpus._validate_data(lambda cls, opt: "validated", None, opt)
 
 
 def test_missing_corpus_file_is_named(tmp_path):

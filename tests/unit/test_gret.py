@@ -173,9 +173,10 @@ def _opt(**kw):
     (dict(gret=True, decoder_type="transformer"), "-gret needs -decoder_type ext_transformer"),
     (dict(gret=True, gret_iterations=0), "-gret_iterations 0: must be >= 1"),
     (dict(gret=True, gret_capsules=0), "-gret_capsules 0: must be >= 1"),
-    (dict(gret=True, gret_pooling="mean", gret_capsule_dim=16), "-gret_capsule_dim has no effect with"),
-    (dict(gret=True, gret_pooling="mean", gret_iterations=5), "-gret_iterations has no effect with -gret_pooling mean"),
-    (dict(gret=True, gret_pooling="mean", gret_capsules=3), "-gret_capsules has no effect with -gret_pooling mean"),
+    (dict(gret=True, gret_pooling="mean", gret_capsule_dim=16), "-gret_capsule_dim has no effect while"),
+    (dict(gret=True, gret_pooling="mean", gret_iterations=5),
+     "-gret_iterations has no effect while -gret_pooling is mean"),
+    (dict(gret=True, gret_pooling="mean", gret_capsules=3), "-gret_capsules has no effect while -gret_pooling is mean"),
     (dict(gret=True, gret_capsules=3), "-gret_capsules 3 does not divide the model size 32"),
 ])
 def test_option_checks(kw, message, onmt_active):
@@ -196,7 +197,7 @@ def test_capsules_not_dividing_the_model_size_fail_at_option_validation(capsys, 
     """One line naming the option from option validation, not a ValueError from inside model building; with mean
     pooling (no capsules) only "no effect" is said, not the divisibility."""
     for pooling, message in (("capsules", "-gret_capsules 3 does not divide the model size 32"),
-                             ("mean", "-gret_capsules has no effect with -gret_pooling mean")):
+                             ("mean", "-gret_capsules has no effect while -gret_pooling is mean")):
         with pytest.raises(SystemExit) as exit_info:
             support.load_train_opts(SMOKE, *EXT, "-gret", "true", "-gret_capsules", "3", "-gret_pooling", pooling)
         assert exit_info.value.code == 2

@@ -57,6 +57,25 @@ def test_a_log_file_in_a_missing_directory_is_refused(onmt_active, tmp_path):
     clash = argparse.Namespace(log_file=str(vocab), src_vocab=str(vocab), tgt_vocab=None, train_from=None,
                                data={"corpus_1": {"path_src": str(tmp_path / "x")}})
     assert log_file_problems(clash) == [f"-log_file {vocab}: is the -src_vocab file; give another -log_file"]
+    # onmt_train checks before OpenNMT-py validates the options, while -data is still the config's YAML text
+    corpus = tmp_path / "train.en"
+    text = argparse.Namespace(log_file=str(corpus), src_vocab=None, tgt_vocab=None, train_from=None,
+                              data=f"corpus_1: {{path_src: {tmp_path / 'train.zh'}, path_tgt: {corpus}}}")
+    assert log_file_problems(text) == [
+        f"-log_file {corpus}: is the -data corpus_1 path_tgt file; give another -log_file"]
+
+
+def test_a_shared_vocabulary_leaves_the_target_vocabulary_unread(onmt_active, tmp_path):
+    """With -share_vocab stock reads -src_vocab only: a leftover -tgt_vocab is not judged."""
+    from onmt_ext.integration.commands import missing_vocabularies
+
+    good, other = tmp_path / "vocab.txt", tmp_path / "spm.vocab"
+    good.write_text("a\t3\n", encoding="utf-8")
+    other.write_text("<unk>\t0\n\u2581a\t-1.5\n", encoding="utf-8")
+    opt = argparse.Namespace(src_vocab=str(good), tgt_vocab=str(other), share_vocab=True)
+    assert missing_vocabularies(opt) == []
+    opt.share_vocab = False
+    assert len(missing_vocabularies(opt)) == 1
 
 
 def _vocab_opt(src, tgt=None):
@@ -72,6 +91,8 @@ def _vocab_opt(src, tgt=None):
     (b"a\t3\nb two\t2\n", "line 2 is not `token<TAB>count`"),
     (b"a\t3\r\nb\t2\r\n", "line 1 ends in a carriage return"),
     (b"a\nb\nc d\n", "line 3 is not a token"),
+    ("a\t3\n\t7\n\u3000\t2\n".encode(), "line 2 holds an empty or whitespace token"),  # a corpus' double spaces
+    (b"a\t3", "its only line has no newline at its end"),
 ])
 def test_a_vocabulary_of_another_format_is_named_with_its_line(onmt_active, tmp_path, content, expected):
     from onmt_ext.integration.commands import missing_vocabularies
@@ -86,9 +107,9 @@ def test_a_vocabulary_of_another_format_is_named_with_its_line(onmt_active, tmp_
 def test_valid_vocabularies_are_accepted(onmt_active, sample_data, tmp_path):
     from onmt_ext.integration.commands import missing_vocabularies
 
-    shared = support.REPO.parent.parent / "shared" / "opennmt-py-3.5.1-data"
+    shared = support.REPO.parent / "shared" / "opennmt-py-3.5.1-data"
     paths = [sample_data / "vocab.zh", sample_data / "vocab.en"]
-    paths += [path for path in (shared / "vocab-train.src", shared / "ggnnsrcvocab.txt") if path.is_file()]
+    paths += [shared / name for name in ("vocab-train.src", "vocab-train.tgt", "ggnnsrcvocab.txt", "ggnntgtvocab.txt")]
     plain = tmp_path / "plain"
     plain.write_text("<unk>\n<blank>\n\u2581我\n", encoding="utf-8")  # tokens without counts (stock reads them)
     for path in paths + [plain]:

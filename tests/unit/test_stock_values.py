@@ -21,7 +21,12 @@ SMOKE = support.REPO / "yaml_configs/smoke/li2019/em_all_components.yaml"
     ("learning_rate", -1.0, "-learning_rate -1.0: must be >= 0"),
     ("batch_size", 0, "-batch_size 0: must be >= 1"),
     ("valid_batch_size", 0, "-valid_batch_size 0: must be >= 1"),
-    ("n_sample", 0, "-n_sample 0: give -1 to read every line, or a positive number of lines"),
+    ("n_sample", 0, "-n_sample 0: give -1 to read every line, or a number of lines above 1 (onmt_build_vocab "
+                    "asserts)"),
+    ("n_sample", 1, "-n_sample 1: give -1 to read every line, or a number of lines above 1 (onmt_build_vocab "
+                    "asserts)"),
+    ("n_sample", -2, "-n_sample -2: give -1 to read every line, or a number of lines above 1 (onmt_build_vocab "
+                     "asserts)"),
 ])
 def test_impossible_stock_values_are_refused_by_name(option, value, message):
     from onmt_ext.integration.parsing import stock_option_problems
@@ -135,7 +140,8 @@ def test_a_value_after_a_switch_names_the_switch(onmt_active, capsys, value):
 
 def test_a_value_joined_to_a_switch_names_the_switch(onmt_active, capsys):
     err = _refused(onmt_active, capsys, "-config", SMOKE, "-position_encoding=false")
-    assert "error: -position_encoding takes no value ('false')" in err and err.count("\n") == 1
+    assert "error: -position_encoding takes no value (got 'false'): write -position_encoding alone" in err
+    assert err.count("\n") == 1
 
 
 def test_a_stray_value_elsewhere_is_still_reported(onmt_active, capsys):
@@ -152,3 +158,17 @@ def test_a_minimum_length_above_the_maximum_is_refused():
     assert stock_option_problems(Namespace(min_length=20, max_length=20)) == []
     assert stock_option_problems(Namespace(min_length=0, max_length=250, n_sample=-1)) == []
     assert stock_option_problems(Namespace(n_sample=0, train_steps=10)) == []  # onmt_train: no samples dumped
+
+
+def test_a_corpus_merged_from_an_anchor_is_read_as_yaml_reads_it(tmp_path):
+    """A merge key (``<<: *common``) brings the anchor's keys into the corpus, as OpenNMT-py's safe_load reads it:
+    not an unknown key '<<', and the merged keys are judged too."""
+    from onmt_ext.integration.parsing import corpus_key_messages
+
+    config = tmp_path / "c.yaml"
+    config.write_text("common: &common\n  weight: 1\n  transforms: [filtertoolong]\n"
+                      "data:\n  c:\n    <<: *common\n    path_src: a\n    path_tgt: b\n")
+    assert corpus_key_messages(config) == []
+    config.write_text("common: &common\n  weigth: 1\ndata:\n  c:\n    <<: *common\n    path_src: a\n")
+    assert [message.split(";")[0] for message in corpus_key_messages(config)] == [
+        f"unknown key 'weigth' in corpus 'c' of data in {config}, line 2"]
