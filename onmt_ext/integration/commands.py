@@ -14,6 +14,7 @@ import glob
 import os
 import re
 import shlex
+import signal
 import sys
 
 import torch
@@ -23,7 +24,7 @@ from onmt_ext.runtime.compat import MissingPackageError, missing_package_problem
 from onmt_ext.runtime.corpus import CorpusError, corpora_of
 from onmt_ext.errors import UsageError, UserError
 from onmt_ext.options import OptionError
-from onmt_ext.patches import FIX, MESSAGE, patch
+from onmt_ext.patches import FIX, MESSAGE, patch, record
 
 # OpenNMT-py (and onmt_ext.mechanisms.clause.split, which imports it) is imported inside the functions: importing it
 # while this module initialises would activate onmt-ext (onmt_ext._autoload) before this module is whole.
@@ -75,25 +76,52 @@ def _one_line(prog, text):
     return "\n".join(lines)
 
 
-def _run_command(stock, *args, **kwargs):
-    """The stock ``main``/``train``/``translate`` of a command, ending every known error in one line per problem.
-
-    Usage errors exit 2, run-time errors 1; Ctrl-C in ``onmt_train`` names the
-    last checkpoint and the command that resumes from it (exit 130).
-    """
+def _told_errors():
+    """The errors that end a command in one line (:func:`_told`), besides :class:`UserError` and
+    :class:`CorpusError` (``SystemExit`` subclasses)."""
     from onmt.modules.embeddings import SequenceTooLongError
 
     from onmt_ext.mechanisms.clause.split import ClauseSplitError
 
+    return SequenceTooLongError, MissingPackageError, ClauseSplitError, OptionError
+
+
+def _told(error):
+    """``(text, exit status)`` of an error that ends a command in one line per problem (:func:`_told_errors`)."""
+    if isinstance(error, (UserError, CorpusError)):
+        return getattr(error, "message", error.code), getattr(error, "status", 1)
+    return str(error), getattr(error, "status", 1)  # ClauseSplitError's: 2 for an option's value
+
+
+#: Starts what a training rank hands its parent through stock's error queue for one line: ``<this> <status>\n<text>``
+_RANK_ERROR = "onmt-ext: a rank's error, exit status"
+
+
+def _rank_error(error):
+    """``(text, exit status)`` where ``error`` is stock's ``ErrorHandler`` exception carrying a rank's error told
+    by :func:`_spawned_train`; else None."""
+    text = str(error)
+    start = text.find(_RANK_ERROR)
+    if start < 0:
+        return None
+    status, _, told = text[start + len(_RANK_ERROR):].partition("\n")
+    return told, int(status) if status.strip().isdigit() else 1
+
+
+def _run_command(stock, *args, **kwargs):
+    """The stock ``main``/``train``/``translate`` of a command, ending every known error in one line per problem.
+
+    Usage errors exit 2, run-time errors 1; Ctrl-C in ``onmt_train`` names the
+    last checkpoint and the command that resumes from it (exit 130).  A training
+    rank's error reaches here through stock's error queue (:func:`_spawned_train`).
+    """
     prog = COMMANDS.get(stock.__module__, os.path.basename(sys.argv[0]))
     try:
         return stock(*args, **kwargs)
-    except (UserError, CorpusError) as error:
-        sys.stderr.write(_one_line(prog, getattr(error, "message", error.code)) + "\n")
-        raise SystemExit(getattr(error, "status", 1)) from None
-    except (SequenceTooLongError, MissingPackageError, ClauseSplitError, OptionError) as error:
-        sys.stderr.write(_one_line(prog, error) + "\n")
-        raise SystemExit(getattr(error, "status", 1)) from None  # ClauseSplitError's: 2 for an option's value
+    except (UserError, CorpusError, *_told_errors()) as error:
+        text, status = _told(error)
+        sys.stderr.write(_one_line(prog, text) + "\n")
+        raise SystemExit(status) from None
     except SystemExit as error:
         if isinstance(error.code, str):  # sys.exit("message") somewhere: one line with the command's name
             sys.stderr.write(_one_line(prog, error.code) + "\n")
@@ -102,9 +130,47 @@ def _run_command(stock, *args, **kwargs):
     except KeyboardInterrupt:
         _end_interrupted(prog, args)
     except Exception as error:
+        told = _rank_error(error)
+        if told:
+            sys.stderr.write(_one_line(prog, told[0]) + "\n")
+            raise SystemExit(told[1]) from None
         if not _caused_by_interrupt(error):
             raise
         _end_interrupted(prog, args)  # Ctrl-C inside torch.save's writer surfaces as its RuntimeError
+
+
+def spawned_rank(process_fn, opt, device_id, error_queue):
+    """A training rank's process (``onmt_train -world_size N``): stock's ``spawned_train``, except that an error
+    that ends a command in one line (:func:`_told`) goes to the parent through stock's error queue as that line,
+    with the rank (:func:`_rank_error` reads it there).
+
+    Stock passes the parent only an ``Exception``'s traceback; a :class:`UserError` is a ``SystemExit``, which its
+    ``except`` lets through: the rank printed the message and the parent's run exited 0.  The rank then ignores
+    Ctrl-C: the parent stops every rank with it once one has failed, and this one is ending anyway.  A module
+    function, not a patch layer: the spawned process finds its target by name.
+    """
+    from onmt.utils.distributed import spawned_train
+
+    rank = opt.gpu_ranks[device_id]
+
+    def tell(error):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # before the parent hears of it and stops the ranks
+        text, status = _told(error)
+        lines = [f"rank {rank}: {line.strip()}" for line in str(text).strip().splitlines() if line.strip()]
+        error_queue.put((rank, f"{_RANK_ERROR} {status}\n" + "\n".join(lines)))
+
+    def process(*args, **kwargs):
+        try:
+            return process_fn(*args, **kwargs)
+        except (UserError, CorpusError, *_told_errors()) as error:
+            tell(error)
+
+    try:
+        return spawned_train(process, opt, device_id, error_queue)
+    except (UserError, CorpusError) as error:  # from multi_init, before process_fn
+        tell(error)
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def run_main(stock, *args, **kwargs):
@@ -440,6 +506,14 @@ def one_line_errors():
                  "overwrites its checkpoints silently; Ctrl-C ends in a bare KeyboardInterrupt traceback; "
                  + machine)
     patch(build_vocab, "build_vocab_main", _build_vocab_checked, kind=MESSAGE, reason=machine, test=machine_test)
+    if train.spawned_train is not spawned_rank:  # the name onmt_train spawns (a process finds it by name)
+        stock_rank = train.spawned_train
+        train.spawned_train = spawned_rank
+        record("onmt.bin.train.spawned_train", kind=FIX, undo=lambda: setattr(train, "spawned_train", stock_rank),
+               test="tests/integration/test_user_errors.py::test_a_ranks_error_ends_the_run_in_one_line",
+               reason="a training rank's one-line error (a SystemExit) passes stock's except Exception: the rank "
+                      "prints it and the parent's run exits 0; its other known errors reach the parent as a "
+                      "traceback")
     # order 0: runs before onmt_ext.runtime.corpus's source checks (order 1), so that their errors end in one line
     patch(translate, "translate", _translate_checked, kind=MESSAGE, order=0,
           test="tests/unit/test_plugin.py::test_all_empty_translations_give_a_warning",

@@ -20,6 +20,7 @@ from datetime import timedelta
 
 import torch
 
+from onmt_ext.errors import UserError
 from onmt_ext.patches import FIX, SPEED, patch, record
 
 # OpenNMT-py is imported inside the functions: importing it while this module initialises would activate
@@ -79,11 +80,20 @@ def _train_said(stock, opt, *args, **kwargs):
 
 
 def _multi_init(stock, opt, device_id):
+    """``multi_init``: gloo on CPU ranks, ``-timeout`` kept for :func:`host_group`, and a rendezvous that the other
+    ranks never reached (torch's ``DistError`` traceback after ``-timeout``) as one line."""
     _TIMEOUT[:] = [opt.timeout]
     if cpu_ranks(opt):
         opt = copy.copy(opt)
         opt.gpu_backend = "gloo"
-    return stock(opt, device_id)
+    try:
+        return stock(opt, device_id)
+    except torch.distributed.DistError as error:
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise UserError(f"-world_size {opt.world_size}: the ranks did not all meet at {opt.master_ip}:"
+                        f"{opt.master_port} within -timeout {opt.timeout} s ({first}); start every node's onmt_train "
+                        "with the same -world_size, -master_ip and -master_port, or give this node every rank "
+                        f"(-gpu_ranks {' '.join(map(str, range(opt.world_size)))})") from None
 
 
 def _configure_process(stock, opt, device_id):

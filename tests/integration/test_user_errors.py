@@ -437,3 +437,24 @@ def test_outputs_onto_inputs_and_broken_files_get_one_line(trained, tmp_path):
         result = support.run_cli("onmt_average_models", "-models", model, "-output", output, check=False)
         assert f"error: -output {output}: {message}" in _one_error_line(result, "onmt_average_models", 2)
     assert model.stat().st_size == size
+
+
+# ranks ---------------------------------------------------------------- an error inside a training rank
+
+
+@pytest.mark.slow  # two CPU ranks start, and a rendezvous times out
+def test_a_ranks_error_ends_the_run_in_one_line(trained, tmp_path):
+    """A rank's UserError (a SystemExit) passed stock's ``except Exception``: the rank printed it and the run exited
+    0. It now ends the run in one line with the rank and the error's status; so does a rendezvous that the other
+    ranks never reach (torch's DistStoreError traceback after -timeout)."""
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes((trained / "model_step_2.pt").read_bytes()[:5000])
+    result = _train(tmp_path / "ranks", "-world_size", 2, "-gpu_ranks", 0, 1, "-train_from", cut, "-master_port",
+                    10317, check=False, steps=4)
+    assert _one_error_line(result, "onmt_train", 1).startswith(
+        f"onmt_train: error: rank 0: {cut} is not an OpenNMT-py checkpoint") or \
+        _one_error_line(result, "onmt_train", 1).startswith(f"onmt_train: error: rank 1: {cut} is not")
+    result = _train(tmp_path / "alone", "-world_size", 2, "-gpu_ranks", 0, "-timeout", 3, "-master_port", 10318,
+                    check=False)
+    assert _one_error_line(result, "onmt_train", 1).startswith(
+        "onmt_train: error: rank 0: -world_size 2: the ranks did not all meet at localhost:10318 within -timeout 3 s")

@@ -7,6 +7,7 @@ normalisation gathered from both ranks, the gradients all-reduced); one process 
 model on both batches at once (``-accum_count 2``).
 """
 
+import signal
 from datetime import timedelta
 
 import pytest
@@ -226,3 +227,62 @@ def test_a_node_with_some_of_the_ranks_says_it_waits_for_the_others():
                                  "to run them all here; docs/scale-out.md)")
     assert waiting_line(Namespace(world_size=2, gpu_ranks=[0, 1])) is None
     assert waiting_line(Namespace(world_size=1, gpu_ranks=[])) is None
+
+
+def test_a_rendezvous_the_other_ranks_never_reach_ends_in_one_line(monkeypatch):
+    """torch's DistStoreError after -timeout (a node whose other nodes never started) is a UserError naming the
+    address, the timeout and what to start."""
+    from onmt_ext.errors import UserError
+    from onmt_ext.runtime import distributed
+
+    monkeypatch.setattr(distributed, "_TIMEOUT", [])
+
+    def never_met(opt, device_id):
+        raise torch.distributed.DistStoreError("Timed out after 6 seconds waiting for clients. 1/2 clients joined.")
+
+    opt = _opt("-world_size", 2, "-gpu_ranks", 0, "-timeout", 5, "-master_port", 10555)
+    with pytest.raises(UserError) as stopped:
+        distributed._multi_init(never_met, opt, 0)
+    assert stopped.value.message == (
+        "-world_size 2: the ranks did not all meet at localhost:10555 within -timeout 5 s (Timed out after 6 seconds "
+        "waiting for clients. 1/2 clients joined.); start every node's onmt_train with the same -world_size, "
+        "-master_ip and -master_port, or give this node every rank (-gpu_ranks 0 1)")
+
+
+def test_a_ranks_one_line_error_reaches_the_parent_and_fails_the_run(monkeypatch, capsys):
+    """A UserError is a SystemExit, which stock's spawned_train lets through: the rank printed it and the parent's
+    run exited 0. The rank hands it to the parent through stock's error queue instead, and the parent's command
+    ends in that line with the error's status."""
+    import onmt.utils.distributed
+
+    from onmt_ext.errors import UsageError, UserError
+    from onmt_ext.integration import commands
+
+    told = []
+    queue = type("Queue", (), {"put": lambda self, item: told.append(item)})()
+    monkeypatch.setattr(onmt.utils.distributed, "multi_init", lambda opt, device_id: opt.gpu_ranks[device_id])
+    opt = _opt("-world_size", 2, "-gpu_ranks", 0, 1)
+    handler = signal.getsignal(signal.SIGINT)
+    try:
+        def broken(opt, device_id):
+            raise UsageError("-train_from x.pt: first line\nsecond line")
+
+        assert commands.spawned_rank(broken, opt, 1, queue) is None
+        monkeypatch.setattr(onmt.utils.distributed, "multi_init",
+                            lambda opt, device_id: (_ for _ in ()).throw(UserError("no rendezvous")))
+        commands.spawned_rank(lambda opt, device_id: None, opt, 0, queue)  # (raised in multi_init)
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    assert [rank for rank, _ in told] == [1, 0]
+    # the parent: stock's ErrorHandler raises an Exception that carries the rank's text
+    def parent(opt):
+        raise Exception("\n\n-- Tracebacks above this line can probably\n be ignored --\n\n" + told[0][1])
+
+    parent.__module__ = "onmt.bin.train"
+    with pytest.raises(SystemExit) as stopped:
+        commands._run_command(parent, opt)
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err == ("onmt_train: error: rank 1: -train_from x.pt: first line\n"
+                                       "onmt_train: error: rank 1: second line\n")
+    assert commands._rank_error(Exception(told[1][1])) == ("rank 0: no rendezvous", 1)
+    assert commands._rank_error(Exception("another error")) is None
