@@ -375,8 +375,10 @@ def test_study_tagger_trains_loads_and_splits(tmp_path, tatoeba, en, capsys):
     assert "was trained for 'en', but -clause_lang is 'zh'" in _validation_error(
         _opts(tmp_path, "-clause_tagger_model", model, "-clause_lang", "zh"))
     assert train_signal_tagger.main(["--lang", "en", "--input", str(tmp_path / "nope.txt"),
-                                     "--output", str(model)]) == 2
+                                     "--output", str(tmp_path / "other.pt")]) == 2
     assert f"{tmp_path / 'nope.txt'}: cannot read" in capsys.readouterr().err
+    assert train_signal_tagger.main(["--lang", "en", "--input", str(corpus), "--output", str(model)]) == 2
+    assert "already exists; add --overwrite" in capsys.readouterr().err  # the tagger trained above is kept
 
 
 # ---------------------------------------------------------------------------
