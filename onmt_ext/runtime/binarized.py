@@ -35,7 +35,7 @@ import numpy as np
 from onmt_ext.errors import UsageError, UserError
 from onmt_ext.options import option, register_mechanism
 from onmt_ext.patches import SPEED, patch, runtime_choice
-from onmt_ext.runtime.corpus import check_corpus, corpora_of
+from onmt_ext.runtime.corpus import check_corpus, corpora_of, share_of
 
 # OpenNMT-py is imported inside the functions: importing it while this module initialises would activate
 # onmt-ext (onmt_ext._autoload) before this module is whole.
@@ -310,7 +310,7 @@ def check(directory, opt, transforms, vocabs):
 def _share(lines, stride, offset):
     """The line numbers (0-based, in order) that stock's ``ParallelCorpus.load`` reads at ``stride``/``offset``."""
     numbers = np.arange(lines)
-    return numbers[(numbers // stride) % stride == offset]
+    return numbers[share_of(numbers, stride) == offset]
 
 
 def _binarize_share(name, corpus, transforms, opt, vocabs, lines, stride=1, offset=0, say=None):

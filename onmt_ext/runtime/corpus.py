@@ -301,14 +301,19 @@ def _load_without_bom(stock, self, offset=0, stride=1):
                 _logged.add(message)
                 logger.warning(message)
     for index, example in enumerate(stock(self, offset, stride)):
-        # line 0 is the first example of offset 0's share alone (stock: lines i with (i // stride) % stride == offset)
+        # line 0 is the first example of offset 0's share alone (share_of)
         yield _strip_bom(example) if bom and offset == 0 and index == 0 else example
+
+
+def share_of(number, shares):
+    """The data share of line ``number`` (0-based; an int or an integer array) among ``shares`` as OpenNMT-py's
+    ``ParallelCorpus.load`` deals them: blocks of ``shares`` lines in turn, line i to share ``(i // S) % S``."""
+    return (number // shares) % shares
 
 
 def check_shares(data, world_size, num_workers):
     """Every training corpus of ``data`` (a ``-data`` dict) has a line in each of the ``world_size * num_workers``
-    shares that OpenNMT-py's data workers read (``ParallelCorpus.load``: share k takes lines i with
-    ``(i // S) % S == k``, so its first is line k·S); a :class:`CorpusError` in one line where one has none, which
+    shares that OpenNMT-py's data workers read (:func:`share_of`; share k's first line is line k·S); a :class:`CorpusError` in one line where one has none, which
     stock's corpus mixer meets with an ``UnboundLocalError`` traceback."""
     from onmt.constants import CorpusName
 
@@ -334,10 +339,9 @@ def _has_text(line, number):
 
 
 def _shares_with_text(src, tgt, shares):
-    """The data shares (0 to ``shares`` - 1; share k holds lines i with ``(i // shares) % shares == k``, as
-    :func:`check_shares` tells) in which a pair of ``src`` and ``tgt`` (files of as many lines) has text on both
-    sides. The files are read only when their empty lines (:func:`scan_file`) could fill a share, and only until
-    each share has such a pair."""
+    """The data shares (0 to ``shares`` - 1, :func:`share_of`) in which a pair of ``src`` and ``tgt`` (files of as
+    many lines) has text on both sides. The files are read only when their empty lines (:func:`scan_file`) could
+    fill a share, and only until each share has such a pair."""
     key = (_file_key(src), _file_key(tgt), shares)
     if key in _shares_found:
         return _shares_found[key]
@@ -350,7 +354,7 @@ def _shares_with_text(src, tgt, shares):
     else:
         with open(src, "rb") as src_lines, open(tgt, "rb") as tgt_lines:
             for number, (source, target) in enumerate(zip(src_lines, tgt_lines)):
-                share = (number // shares) % shares
+                share = share_of(number, shares)
                 if share not in found and _has_text(source, number) and _has_text(target, number):
                     found.add(share)
                     if len(found) == shares:

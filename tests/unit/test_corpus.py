@@ -371,3 +371,18 @@ def test_a_validation_set_that_the_filters_drop_entirely_is_named(onmt_active, s
     valid_iter = train_single.build_dynamic_dataset_iter(opt, transforms_cls, vocabs, task=CorpusTask.VALID)
     stats = trainer.validate(valid_iter)
     assert stats.n_words == sum(len(line.split()) + 1 for line in tgt[:20]) and stats.ppl() > 1
+
+
+@pytest.mark.parametrize("shares", [1, 2, 3, 8])
+def test_share_of_deals_lines_as_stock_loads_them(onmt_active, shares):
+    """corpus.share_of, which the share checks and the binarised cache read, against stock's ParallelCorpus.load."""
+    from onmt.inputters.text_corpus import ParallelCorpus
+
+    from onmt_ext.runtime import binarized
+
+    lines = [f"line {number}" for number in range(3 * shares * shares + 2)]
+    for share in range(shares):
+        loaded = [int(example["src"].split()[1]) for example in
+                  ParallelCorpus("train", lines, lines).load(offset=share, stride=shares)]
+        assert loaded == [n for n in range(len(lines)) if corpus.share_of(n, shares) == share]
+        assert loaded == binarized._share(len(lines), shares, share).tolist()
