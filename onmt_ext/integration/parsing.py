@@ -293,6 +293,13 @@ def _misspelt_dashes(parser, unknown):
 _POSITIVE_STOCK_OPTIONS = ("report_every", "valid_steps", "accum_count", "world_size", "beam_size", "n_best",
                            "max_length", "batch_size", "valid_batch_size")
 
+#: Stock model sizes with -1 as their default, "not given": OpenNMT-py applies one only when it is above 0 (to both
+#: sides' sizes), so 0 or a value below -1 is silently ignored and the sides' own sizes or defaults train.
+_UNSET_OR_POSITIVE_STOCK_OPTIONS = ("hidden_size", "word_vec_size", "layers")
+#: Stock model sizes that model building divides by or allocates with, and fails on deep inside when below 1.
+_POSITIVE_SIZE_STOCK_OPTIONS = ("heads", "enc_hid_size", "dec_hid_size", "src_word_vec_size", "tgt_word_vec_size",
+                                "transformer_ff")
+
 
 #: Stock probabilities (every element, for a list such as ``dropout``) that must be in [0, 1): torch refuses values
 #: outside [0, 1] with a traceback, and 1 drops every unit (dropout) or every target word (label_smoothing).
@@ -322,8 +329,10 @@ def _rank_problems(opt):
 def stock_option_problems(opt):
     """Messages for stock options that OpenNMT-py 3.5.1 would accept and then crash on (empty: none).
 
-    Each of :data:`_POSITIVE_STOCK_OPTIONS` that ``opt`` has must be at least 1
-    (every element, for a list such as ``accum_count``), and ``-n_best`` cannot
+    Each of :data:`_POSITIVE_STOCK_OPTIONS` and :data:`_POSITIVE_SIZE_STOCK_OPTIONS`
+    that ``opt`` has must be at least 1 (every element, for a list such as
+    ``accum_count``); each of :data:`_UNSET_OR_POSITIVE_STOCK_OPTIONS` -1 or at
+    least 1; and ``-n_best`` cannot
     exceed ``-beam_size``: beam search keeps only ``beam_size`` finished
     hypotheses per sentence; nor ``-min_length`` ``-max_length``, and
     ``onmt_build_vocab -n_sample`` other than -1 or above 1 asserts.  Each of :data:`_PROBABILITY_STOCK_OPTIONS` must be
@@ -333,10 +342,15 @@ def stock_option_problems(opt):
     ``onmt_train -world_size`` above 1 needs ``-gpu_ranks`` (:func:`_rank_problems`).
     """
     problems = []
-    for name in _POSITIVE_STOCK_OPTIONS:
+    for name in _POSITIVE_STOCK_OPTIONS + _POSITIVE_SIZE_STOCK_OPTIONS:
         values = _values(opt, name)
         if any(item < 1 for item in values):
             problems.append(f"-{name} {' '.join(map(str, values))}: must be >= 1")
+    for name in _UNSET_OR_POSITIVE_STOCK_OPTIONS:
+        value = getattr(opt, name, None)
+        if isinstance(value, int) and value != -1 and value < 1:
+            problems.append(f"-{name} {value}: must be >= 1, or -1 (its default) to keep the encoder's and "
+                            "decoder's own values; OpenNMT-py would ignore it")
     n_best, beam_size = getattr(opt, "n_best", None), getattr(opt, "beam_size", None)
     if n_best is not None and beam_size is not None and 1 <= beam_size < n_best:
         problems.append(f"-n_best {n_best}: must be <= -beam_size ({beam_size})")

@@ -21,6 +21,13 @@ SMOKE = support.REPO / "yaml_configs/smoke/li2019/em_all_components.yaml"
     ("learning_rate", -1.0, "-learning_rate -1.0: must be >= 0"),
     ("batch_size", 0, "-batch_size 0: must be >= 1"),
     ("valid_batch_size", 0, "-valid_batch_size 0: must be >= 1"),
+    ("heads", 0, "-heads 0: must be >= 1"),
+    ("transformer_ff", 0, "-transformer_ff 0: must be >= 1"),
+    ("enc_hid_size", 0, "-enc_hid_size 0: must be >= 1"),
+    ("hidden_size", 0, "-hidden_size 0: must be >= 1, or -1 (its default) to keep the encoder's and decoder's own "
+                       "values; OpenNMT-py would ignore it"),
+    ("layers", -3, "-layers -3: must be >= 1, or -1 (its default) to keep the encoder's and decoder's own values; "
+                   "OpenNMT-py would ignore it"),
     ("n_sample", 0, "-n_sample 0: give -1 to read every line, or a number of lines above 1 (onmt_build_vocab "
                     "asserts)"),
     ("n_sample", 1, "-n_sample 1: give -1 to read every line, or a number of lines above 1 (onmt_build_vocab "
@@ -38,6 +45,7 @@ def test_impossible_stock_values_are_refused_by_name(option, value, message):
     ("dropout", [0.0, 0.3]), ("attention_dropout", [0.1]), ("label_smoothing", 0.0), ("label_smoothing", 0.1),
     ("learning_rate", 0.0), ("learning_rate", 2.0), ("keep_checkpoint", -1), ("keep_checkpoint", -5),
     ("keep_checkpoint", 0), ("keep_checkpoint", 3),  # (0: stock saves none, on purpose)
+    ("hidden_size", -1), ("hidden_size", 512), ("word_vec_size", -1), ("layers", 6), ("heads", 8),
 ])
 def test_possible_stock_values_pass(option, value):
     from onmt_ext.integration.parsing import stock_option_problems
