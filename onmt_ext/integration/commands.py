@@ -16,6 +16,7 @@ import re
 import shlex
 import signal
 import sys
+import warnings
 
 import torch
 
@@ -360,9 +361,29 @@ def missing_vocabularies(opt):
     return problems
 
 
+#: What torch says, twice and without naming the option, when ``-model_dtype fp16`` trains on the CPU.
+_CPU_HALF_WARNINGS = (r"torch\.cuda\.amp\.GradScaler is enabled, but CUDA is not available",
+                      r"CUDA is not available or torch_xla is imported\. Disabling autocast")
+
+
+def cpu_half_warning(opt, cpu_ranks=False):
+    """The line that replaces torch's warnings when ``-model_dtype fp16`` trains on the CPU (no ``-gpu_ranks``, or
+    CPU ranks): stock then trains in float32, its mixed precision being CUDA's; None otherwise."""
+    if getattr(opt, "model_dtype", None) != "fp16" or (getattr(opt, "gpu_ranks", None) and not cpu_ranks):
+        return None
+    return ("onmt_train: warning: -model_dtype fp16: this run trains on the CPU, in float32 (mixed precision is "
+            "CUDA's); give -gpu_ranks to train on GPUs, or -model_dtype fp32 to say so")
+
+
 def _train_checked(stock, opt, *args, **kwargs):
     """``onmt.bin.train.train``: refuse missing vocabularies and a -save_model that holds another run's files."""
-    _check_machine(opt, distributed.cpu_ranks(opt))
+    cpu_ranks = distributed.cpu_ranks(opt)
+    _check_machine(opt, cpu_ranks)
+    half = cpu_half_warning(opt, cpu_ranks)
+    if half:
+        sys.stderr.write(half + "\n")
+        for message in _CPU_HALF_WARNINGS:
+            warnings.filterwarnings("ignore", message=message, category=UserWarning)
     problems = train_step.adam_eps_problems(opt) + log_file_problems(opt)
     if not getattr(opt, "train_from", None) or getattr(opt, "update_vocab", False):  # (resumed: the checkpoint's)
         problems += missing_vocabularies(opt)

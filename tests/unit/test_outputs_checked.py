@@ -169,3 +169,17 @@ def test_a_phrase_table_that_would_be_ignored_is_named(onmt_active, tmp_path):
     assert phrase_table_problems(_translate_opt(tmp_path, phrase_table=str(table), replace_unk=False)) == [
         f"-phrase_table {table} has no effect without -replace_unk (it replaces <unk> only)"]
     assert phrase_table_problems(_translate_opt(tmp_path, phrase_table=str(table), replace_unk=True)) == []
+
+
+def test_half_precision_on_the_cpu_is_named_once():
+    """-model_dtype fp16 without GPU ranks trains in float32: one line names the option, in place of torch's two
+    unnamed warnings (GradScaler's and autocast's)."""
+    from argparse import Namespace
+
+    from onmt_ext.integration import commands
+
+    line = commands.cpu_half_warning(Namespace(model_dtype="fp16", gpu_ranks=[]))
+    assert line.startswith("onmt_train: warning: -model_dtype fp16: this run trains on the CPU, in float32")
+    assert commands.cpu_half_warning(Namespace(model_dtype="fp16", gpu_ranks=[0, 1]), cpu_ranks=True) == line
+    assert commands.cpu_half_warning(Namespace(model_dtype="fp16", gpu_ranks=[0])) is None
+    assert commands.cpu_half_warning(Namespace(model_dtype="fp32", gpu_ranks=[])) is None
