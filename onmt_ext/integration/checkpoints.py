@@ -26,6 +26,7 @@ from onmt_ext import __version__
 from onmt_ext.integration import preprocessing
 from onmt_ext.integration.commands import in_command, run_main, same_file, step_checkpoints, writable_file_problems
 from onmt_ext.runtime.compile import Compile
+from onmt_ext.runtime.corpus import not_a_file
 from onmt_ext.errors import UsageError, UserError, user_error
 from onmt_ext.options import EXT_TYPE, OPTION_SPECS, choice_problems, validate
 from onmt_ext.integration.parsing import train_parser
@@ -119,7 +120,7 @@ def _load_checkpoint(stock, ckpt_path):
     they caught before.
     """
     if ckpt_path and not os.path.isfile(ckpt_path) and in_command():  # elsewhere: stock's FileNotFoundError
-        raise UsageError(f"{ckpt_path}: no such checkpoint file")
+        raise UsageError(f"{ckpt_path}: {not_a_file(ckpt_path, 'checkpoint file')}")
     try:
         checkpoint = stock(ckpt_path)
     except Exception as error:  # torch.load: UnpicklingError, RuntimeError (zip), EOFError, KeyError, ...
@@ -402,7 +403,7 @@ def average_problems(paths):
     """
     missing = [path for path in paths if not os.path.isfile(path)]
     if missing:
-        return [f"-models {path}: no such checkpoint file" for path in missing]
+        return [f"-models {path}: {not_a_file(path, 'checkpoint file')}" for path in missing]
     problems, first = [], None
     for path in paths:
         try:
@@ -461,7 +462,7 @@ def _average_checked(stock, model_files, fp32=False):
     averages tied tensors twice)."""
     problems = average_problems(model_files)
     if problems:  # a missing file is a usage error (exit 2); files that cannot be averaged, a run-time one (exit 1)
-        missing = all(problem.endswith(": no such checkpoint file") for problem in problems)
+        missing = all(problem.endswith(" checkpoint file") for problem in problems)  # (none, or a directory)
         raise (UsageError if missing else UserError)("\n".join(problems))
     return average(model_files, fp32)
 

@@ -22,7 +22,7 @@ import torch
 
 from onmt_ext.runtime import distributed, train_step
 from onmt_ext.runtime.compat import MissingPackageError, missing_package_problems, torch_setup_command
-from onmt_ext.runtime.corpus import CorpusError, corpora_of
+from onmt_ext.runtime.corpus import CorpusError, corpora_of, not_a_file
 from onmt_ext.errors import UsageError, UserError
 from onmt_ext.options import OptionError
 from onmt_ext.patches import FIX, MESSAGE, patch, record
@@ -481,7 +481,7 @@ def phrase_table_problems(opt):
     if not table:
         return []
     if not os.path.isfile(table):
-        return [f"-phrase_table {table}: no such file"]
+        return [f"-phrase_table {table}: {not_a_file(table)}"]
     if not getattr(opt, "replace_unk", False):
         return [f"-phrase_table {table} has no effect without -replace_unk (it replaces <unk> only)"]
     return []

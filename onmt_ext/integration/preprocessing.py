@@ -22,7 +22,7 @@ import sys
 
 from onmt_ext.errors import UsageError
 from onmt_ext.patches import FIX, patch
-from onmt_ext.runtime.corpus import corpora_of
+from onmt_ext.runtime.corpus import corpora_of, not_a_file
 
 # OpenNMT-py (and onmt_ext.integration.zh_segment, which imports it) is imported inside the functions: importing it
 # while this module initialises would activate onmt-ext (onmt_ext._autoload) before this module is whole.  torch too:
@@ -149,7 +149,7 @@ def adopt_training(opt, model_opt):
         value = getattr(opt, dest, None)
         if dest.endswith(_FILE_SUFFIXES) and isinstance(value, str) and value and not os.path.isfile(value):
             origin = " (from training)" if dest in copied else ""
-            missing.append(f"{_flag(dest, value)}{origin}: no such file")
+            missing.append(f"{_flag(dest, value)}{origin}: {not_a_file(value)}")
     opt.transforms = transforms
     return transforms, copied, missing
 
@@ -199,7 +199,7 @@ def subword_model_problems(opt, model_opt=None):
                     f"{'them' if len(missing) > 1 else 'it'}{own}"]
         return [f"-transforms {given[0]} needs {named}: give the {given[0]} model{'s' if len(missing) > 1 else ''} "
                 f"that training used{own}"]
-    return [f"{_flag(dest, getattr(opt, dest))}: no such file"
+    return [f"{_flag(dest, getattr(opt, dest))}: {not_a_file(getattr(opt, dest))}"
             + (f" (the model was trained with {trained[dest]})" if dest in trained else "")
             for dest in dests if not os.path.isfile(getattr(opt, dest))]
 

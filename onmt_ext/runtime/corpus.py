@@ -279,7 +279,7 @@ def _check_data_option(data, skip_empty_level="warning"):
         src, tgt = entry.get(src_key), entry.get("path_tgt")
         for key, path in ((src_key, src), ("path_tgt", tgt)):
             if path is not None and not os.path.isfile(path):
-                raise CorpusError(f"corpus {name!r}: {key} {path}: no such file", status=2)
+                raise CorpusError(f"corpus {name!r}: {key} {path}: {not_a_file(path)}", status=2)
         if src is not None:
             check_corpus(name, src, tgt)
             if src_key == "path_src":
@@ -303,6 +303,12 @@ def _load_without_bom(stock, self, offset=0, stride=1):
     for index, example in enumerate(stock(self, offset, stride)):
         # line 0 is the first example of offset 0's share alone (share_of)
         yield _strip_bom(example) if bom and offset == 0 and index == 0 else example
+
+
+def not_a_file(path, what="file"):
+    """Why ``path``, which is no regular file, cannot be read as a ``what``: ``no such <what>``, or ``is a directory,
+    not a <what>``."""
+    return f"is a directory, not a {what}" if os.path.isdir(path) else f"no such {what}"
 
 
 def share_of(number, shares):
@@ -525,7 +531,7 @@ def _translate_checked(stock, opt, *args, **kwargs):
     src, tgt = getattr(opt, "src", None), getattr(opt, "tgt", None)
     for key, path in (("-src", src), ("-tgt", tgt)):
         if path and path != "-" and not os.path.isfile(path):
-            raise CorpusError(f"{key} {path}: no such file", status=2)
+            raise CorpusError(f"{key} {path}: {not_a_file(path)}", status=2)
     if src and src != "-":
         lines, _ = check_corpus("-src/-tgt" if tgt else "-src", src, tgt or None)
         if lines == 0:

@@ -386,3 +386,15 @@ def test_share_of_deals_lines_as_stock_loads_them(onmt_active, shares):
                   ParallelCorpus("train", lines, lines).load(offset=share, stride=shares)]
         assert loaded == [n for n in range(len(lines)) if corpus.share_of(n, shares) == share]
         assert loaded == binarized._share(len(lines), shares, share).tolist()
+
+
+def test_a_directory_given_as_a_file_is_named_so(onmt_active, tmp_path):
+    """-src, a corpus path, a checkpoint or a transform's model naming a directory: said, not "no such file"."""
+    from onmt_ext.integration import checkpoints
+
+    assert corpus.not_a_file(str(tmp_path)) == "is a directory, not a file"
+    assert corpus.not_a_file(str(tmp_path / "none"), "checkpoint file") == "no such checkpoint file"
+    with pytest.raises(corpus.CorpusError, match=f"corpus 'train': path_src {tmp_path}: is a directory, not a file"):
+        corpus._check_data_option({"train": {"path_src": str(tmp_path), "path_tgt": str(tmp_path)}})
+    assert checkpoints.average_problems([str(tmp_path)]) == [f"-models {tmp_path}: is a directory, not a checkpoint "
+                                                             "file"]
