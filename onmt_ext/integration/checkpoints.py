@@ -502,7 +502,8 @@ def _average_main(stock, *args, **kwargs):
 
 
 def install():
-    """Register the checks (the ``load_state_dict`` check as the first layer, before :func:`check_checkpoints`' and GRET's)."""
+    """Register the checks (the ``load_state_dict`` check as the first layer, before :func:`check_checkpoints`' and
+    GRET's)."""
     import onmt.train_single as train_single
     from onmt.bin import average_models
     from onmt.models.model import BaseModel

@@ -319,8 +319,9 @@ def share_of(number, shares):
 
 def check_shares(data, world_size, num_workers):
     """Every training corpus of ``data`` (a ``-data`` dict) has a line in each of the ``world_size * num_workers``
-    shares that OpenNMT-py's data workers read (:func:`share_of`; share k's first line is line k·S); a :class:`CorpusError` in one line where one has none, which
-    stock's corpus mixer meets with an ``UnboundLocalError`` traceback."""
+    shares that OpenNMT-py's data workers read (:func:`share_of`; share k's first line is line k·S); a
+    :class:`CorpusError` in one line where one has none, which stock's corpus mixer meets with an
+    ``UnboundLocalError`` traceback."""
     from onmt.constants import CorpusName
 
     shares = max(1, world_size) * max(1, num_workers)
