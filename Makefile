@@ -522,11 +522,11 @@ paper-configs:
 	$(PYTHON) -m tools.paper_configs
 
 # all tables of a paper: every table's checks (devices, options, corpus) first, so that a table that cannot run
-# stops the target before any data is prepared or any earlier table trains
+# stops the target before any data is prepared or any earlier table trains (and once: not again per table)
 paper_tables = $(filter $(if $(filter chen2019,$(1)),chen2019-table%,$(1)-%),$(REPRODUCE_TABLES))
 reproduce-li2019 reproduce-cao2019 reproduce-chen2019 reproduce-gret reproduce-clause: reproduce-%: | $(SETUP_STAMP)
 	@$(foreach table,$(call paper_tables,$*),$(call preflight,$(table)) && ) true
-	@$(MAKE) --no-print-directory $(addprefix reproduce-,$(call paper_tables,$*))
+	@$(MAKE) --no-print-directory $(addprefix reproduce-,$(call paper_tables,$*)) PAPER_PREFLIGHT_DONE=1
 # not a paper: the whole chain on the shipped WMT14 sample, on the CPU, in about a minute
 reproduce-sample: GPUS = cpu
 reproduce-sample: AVERAGE = 5
@@ -569,7 +569,7 @@ preflight = $(reproduce_var_check) $(PY) -m tools.reproduce $(1) --preflight $(c
   $(if $(DRY_RUN),--dry-run) \
   $(if $(filter 1,$(WMT17_SMALL_DATA)),--small-data)
 $(addprefix reproduce-,$(REPRODUCE_TABLES)): reproduce-%: | $(SETUP_STAMP)
-	@$(call preflight,$*)
+	@$(if $(PAPER_PREFLIGHT_DONE),,$(call preflight,$*))
 	@task=$$($(PY) -m tools.reproduce $* --task); \
 	  $(MAKE) --no-print-directory $(if $(DRY_RUN),-n) data-$$task
 	$(PY) -m tools.reproduce $* $(call table_args,$*) $(if $(DRY_RUN),--dry-run,--rules build/reproduce/$*.mk && \

@@ -118,3 +118,11 @@ def test_a_make_variable_of_another_spelling_is_named_in_one_line_in_a_dry_run_t
 def test_gpus_cpu_on_a_paper_table_is_explained(checkout):
     result = _make(checkout, "reproduce-li2019-table2", "GPUS=cpu", "DRY_RUN=1")
     assert "reproduce.py: warning: GPUS=cpu trains li2019-table2's paper-size models on the CPU" in result.stderr
+
+
+def test_a_papers_target_warns_of_the_cpu_once_per_table(checkout):
+    """GPUS=cpu on a paper's tables: each table's warning once (its checks ran in the paper target, not again in the
+    table's own)."""
+    result = _make(checkout, "reproduce-li2019", "GPUS=cpu", "DRY_RUN=1")
+    warned = [line for line in result.stderr.splitlines() if line.startswith("reproduce.py: warning: GPUS=cpu")]
+    assert len(warned) == len(set(warned)) == 4, result.stderr
