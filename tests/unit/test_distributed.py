@@ -3,8 +3,8 @@ batches.
 
 Two ranks are started with torch.multiprocessing (no console command: tests/integration/test_distributed_cli.py
 runs ``onmt_train``).  Each trains onmt-ext's step on its own batch as ``Trainer.train`` drives it (the
-normalisation gathered from both ranks, the gradients all-reduced); one process in this test trains the same
-model on both batches at once (``-accum_count 2``).
+normalisation gathered from both ranks, the gradients all-reduced); one more process trains the same model on
+both batches at once (``-accum_count 2``).
 """
 
 import signal
@@ -96,16 +96,26 @@ def _rank(rank, init_file, out):
     torch.distributed.destroy_process_group()
 
 
+def _one_process(_, out):
+    """One process trained on both batches of every step (``-accum_count 2``); like the ranks, a fresh process, so
+    that what earlier tests left in the test process cannot tell the two sides apart."""
+    import onmt  # noqa: F401  (activates onmt-ext through the start-up hook)
+
+    opt = _opt("-accum_count", 2)
+    vocabs = support.load_vocabs(opt)
+    one = _train(_trainer(opt, vocabs, -1), [[_batch(vocabs, 2 * s), _batch(vocabs, 2 * s + 1)]
+                                             for s in range(STEPS)])
+    torch.save(one, f"{out}/one.pt")
+
+
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     """What each of two CPU ranks saw, and one process trained on both batches of every step."""
     out = tmp_path_factory.mktemp("ranks")
     mp.start_processes(_rank, args=(str(out / "init"), str(out)), nprocs=2, start_method="spawn")
-    opt = _opt("-accum_count", 2)
-    vocabs = support.load_vocabs(opt)
-    one = _train(_trainer(opt, vocabs, -1), [[_batch(vocabs, 2 * s), _batch(vocabs, 2 * s + 1)]
-                                             for s in range(STEPS)])
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)], one
+    mp.start_processes(_one_process, args=(str(out),), nprocs=1, start_method="spawn")
+    return ([torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)],
+            torch.load(out / "one.pt", weights_only=False))
 
 
 def test_the_gradient_and_the_parameters_equal_one_process_fed_both_batches(ranks):
