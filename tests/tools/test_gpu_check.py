@@ -501,8 +501,12 @@ def test_console_shares_cover_the_console_checks_once():
 
 
 def test_targets_name_the_batch_sizes_without_section_b():
-    """A run of section a alone still names the batches of issue 35's targets (it wrote "None tokens")."""
-    measures = [row["measure"] for row in report.targets_table({}, False, (512, 2048))]
+    """A run of section a alone lists no target (they are the other parts', named in one line of its report); rows
+    of section b without its batch sizes take them from the options (it wrote "None tokens")."""
+    assert report.targets_table({}, False, (512, 2048)) == []
+    args = cli.parse_args(["--part", "train-fresh", "--device", "cpu", "--tiny"])
+    rows = [row for *_, entries in plan.training_plan(args, []) for row, *_ in entries]
+    measures = [row["measure"] for row in report.targets_table({"b": {"rows": rows}}, False, (512, 2048))]
     assert not any("None" in measure for measure in measures), measures
     assert any("2048-token batches" in measure for measure in measures)
     assert any("512 tokens" in measure for measure in measures)

@@ -5,14 +5,15 @@ import math
 import re
 import statistics
 
+from tools import timed_runs
 from tools.common import fmt
 from tools.gpu_check.cases import (
-    AA_BAND, BASELINE_BUSY_TARGET, BASELINE_TOKENS_TARGET, FIRST_STEP_TARGET_S, HALF_WEIGHTS, MECHANISMS,
+    AA_BAND, BASELINE, BASELINE_BUSY_TARGET, BASELINE_TOKENS_TARGET, FIRST_STEP_TARGET_S, HALF_WEIGHTS, MECHANISMS,
     MEMORY_TARGETS, STARTUP_OVERHEAD_TARGET_S, STOCK_SPEEDUP_TARGET, SYNCS_TARGET, USERS_PATH_TARGET, aa_text,
 )
 from tools.gpu_check.plan import (
-    FRESH_BIN, FRESH_EXT, FRESH_LAYERS, FRESH_STOCK, IN_PROCESS, LAYERS, STOCK_LABEL, TABLES_SHARE, named_fresh,
-    paper_of, run_text, warm_up_when,
+    DECODE_GROUPS, FRESH_BIN, FRESH_EXT, FRESH_LAYERS, FRESH_STOCK, IN_PROCESS, LAYERS, STOCK_LABEL, TABLES_SHARE,
+    named_fresh, paper_of, part_command, run_text, warm_up_when,
 )
 
 
@@ -35,87 +36,188 @@ def _met(row):
     return " (met)" if row["met"] else " (NOT met)"
 
 
-def _target(measure, target, measured, at_least=True):
+def _target(measure, target, measured, at_least=True, why=None):
     met = None if measured is None else (measured >= target if at_least else measured <= target)
-    return {"measure": measure, "target": f"{'>=' if at_least else '<='} {target:g}", "measured": measured,
-            "met": met}
+    row = {"measure": measure, "target": f"{'>=' if at_least else '<='} {target:g}", "measured": measured, "met": met}
+    if measured is None:
+        row["reason"] = why or "not measured"
+    return row
+
+
+def _status_text(row):
+    return row.get("status", "not run") + (f": {row['reason']}" if row.get("reason") else "")
 
 
 def targets_table(sections, on_gpu, batch_tokens):
-    """The targets of issues 29 (decoding, training ratios) and 35 (the GPU-bound baseline) beside what this run
-    measured (met: None off a GPU, where they do not apply); ``batch_tokens``: the small and the paper's batch
-    (section b's, which names them when it ran)."""
+    """The targets of issues 29 (decoding, training ratios) and 35 (the GPU-bound baseline) that this run planned
+    to measure, beside what it measured (met: None off a GPU, where they do not apply).  A target is listed when
+    the rows that measure it are among this run's rows, whatever became of them: one not measured says why
+    (``reason``: its row's status, or its reference's); the other parts' targets are left to
+    :func:`other_parts_text`.  ``batch_tokens``: the small and the paper's batch (section b's, when it ran)."""
     rows = []
-    b, c = sections.get("b", {}), sections.get("c", {})
+    b, c = sections.get("b", {}), sections.get("c")
     train = {row["key"]: row for row in b.get("rows", [])}
-
-    def measured(group, case, batch, field, mode="eager"):
-        row = train.get(f"{group}|{case}|{mode}|{batch}", {})
-        return row.get(field) if row.get("status") == "measured" else None
-
     small, paper = b.get("batch_tokens", batch_tokens)
-    tokens = measured(FRESH_EXT, "onmt-ext baseline", paper, "tokens_per_s")
-    rows.append(_target(f"baseline target tok/s, {paper}-token batches in one pass (the paper's update), the "
-                        "config's model_dtype, onmt-ext, users' data path", BASELINE_TOKENS_TARGET, tokens))
-    binarized = measured(FRESH_BIN, "onmt-ext baseline", paper, "tokens_per_s")
-    if binarized is not None:
-        rows.append(_target(f"baseline target tok/s, {paper}-token batches in one pass, binarised data "
-                            "(-ext_binarized_cache), users' data path", BASELINE_TOKENS_TARGET, binarized))
+    cases_batch = b.get("case_batch_tokens", small)
+
+    def key(group, case, batch, mode="eager"):
+        return f"{group}|{case}|{mode}|{batch}"
+
+    def measured(row_key, field):
+        """``(the field of the row where it was measured, else None; why not)``."""
+        row = train[row_key]
+        if row.get("status") != "measured":
+            return None, _status_text(row)
+        if row.get(field) is None:
+            reference = train.get(row.get("reference") or "")
+            if field == "ratio" and reference and reference.get("status") != "measured":
+                return None, f"its reference, {reference['case']} ({reference['group']}), {_status_text(reference)}"
+            return None, f"its row has no {field}"
+        return row[field], None
+
+    def add(measure, target, row_key, field, at_least=True, **extra):
+        if row_key in train:  # (a row of this run: planned, whatever became of it)
+            value, why = measured(row_key, field)
+            rows.append(_target(measure, target, value, at_least, why) | extra)
+
+    ext_case = "onmt-ext baseline"
+
+    def ext(batch):
+        return key(FRESH_EXT, ext_case, batch)
+
+    add(f"baseline target tok/s, {paper}-token batches in one pass (the paper's update), the config's model_dtype, "
+        "onmt-ext, users' data path", BASELINE_TOKENS_TARGET, ext(paper), "tokens_per_s")
+    add(f"baseline target tok/s, {paper}-token batches in one pass, binarised data (-ext_binarized_cache), users' "
+        "data path", BASELINE_TOKENS_TARGET, key(FRESH_BIN, ext_case, paper), "tokens_per_s")
     for group, mode, how in ((FRESH_EXT, "eager", ""), (FRESH_LAYERS, LAYERS, ", -ext_compile_layers")):
         if mode == LAYERS:
-            rows.append(_target(f"baseline target tok/s, {paper}-token batches in one pass{how}, users' data path",
-                                BASELINE_TOKENS_TARGET, measured(group, "onmt-ext baseline", paper, "tokens_per_s",
-                                                                 mode)))
+            add(f"baseline target tok/s, {paper}-token batches in one pass{how}, users' data path",
+                BASELINE_TOKENS_TARGET, key(group, ext_case, paper, mode), "tokens_per_s")
         for field, what in (("busy_share", "profiled steps"),
                             ("busy_share_unprofiled", "kernel time of the profiled steps over the unprofiled step")):
-            rows.append(_target(f"GPU busy share of the baseline's step{how} ({what}; {paper} tokens)",
-                                BASELINE_BUSY_TARGET, measured(group, "onmt-ext baseline", paper, field, mode)))
+            add(f"GPU busy share of the baseline's step{how} ({what}; {paper} tokens)", BASELINE_BUSY_TARGET,
+                key(group, ext_case, paper, mode), field)
         for batch in (small, paper):
-            ratio = measured(group, "onmt-ext baseline", batch, "ratio", mode)
-            if batch == small or ratio is not None:
-                rows.append(_target(f"onmt-ext baseline{how} over stock OpenNMT-py, target tok/s, {batch}-token "
-                                    "batches, same config and run", STOCK_SPEEDUP_TARGET, ratio)
-                            | {"aa": train.get(f"{group}|onmt-ext baseline|{mode}|{batch}", {}).get("aa_note")})
-    cases_batch = b.get("case_batch_tokens", small)
-    in_process = measured(IN_PROCESS, "baseline", cases_batch, "tokens_per_s")
+            row_key = key(group, ext_case, batch, mode)
+            if train.get(row_key, {}).get("reference") in train:  # (its ratio's stock row is this run's too)
+                add(f"onmt-ext baseline{how} over stock OpenNMT-py, target tok/s, {batch}-token batches, same config "
+                    "and run", STOCK_SPEEDUP_TARGET, row_key, "ratio", aa=train[row_key].get("aa_note"))
+    in_process = key(IN_PROCESS, BASELINE.label, cases_batch)
     for group, how in ((FRESH_EXT, ""), (FRESH_BIN, ", binarised data (-ext_binarized_cache)")):
-        users = measured(group, "onmt-ext baseline", cases_batch, "tokens_per_s")
-        if cases_batch in (small, paper) and (group == FRESH_EXT or users is not None):
-            rows.append(_target(f"baseline's users' data path{how} over its in-process run (replayed batches), target "
-                                f"tok/s, {cases_batch}-token batches, same run", USERS_PATH_TARGET,
-                                None if users is None or not in_process else users / in_process))
-    syncs = [value for batch in (small, paper)
-             if (value := measured(FRESH_EXT, "onmt-ext baseline", batch, "syncs_per_step")) is not None]
-    rows.append(_target("host-device synchronisations per step between report steps (onmt-ext baseline, most "
-                        "over its users'-path runs)", SYNCS_TARGET, max(syncs) if syncs else None, at_least=False))
-    rows.append(_target(f"first step after the model is built, s (onmt-ext baseline, {small} tokens, fresh process)",
-                        FIRST_STEP_TARGET_S, measured(FRESH_EXT, "onmt-ext baseline", small, "first_step_s"),
-                        at_least=False))
-    ext_start = measured(FRESH_EXT, "onmt-ext baseline", small, "startup_s")
-    stock_start = measured(FRESH_STOCK, STOCK_LABEL, small, "startup_s")
-    overhead = None if ext_start is None or stock_start is None else ext_start - stock_start
-    rows.append(_target("start-up overhead of onmt-ext over stock, s (process start to the end of the first step)",
-                        STARTUP_OVERHEAD_TARGET_S, overhead, at_least=False))
+        users = key(group, ext_case, cases_batch)
+        if users in train and in_process in train:
+            (speed, why), (base, base_why) = measured(users, "tokens_per_s"), measured(in_process, "tokens_per_s")
+            rows.append(_target(f"baseline's users' data path{how} over its in-process run (replayed batches), "
+                                f"target tok/s, {cases_batch}-token batches, same run", USERS_PATH_TARGET,
+                                None if speed is None or not base else speed / base, why=why or (
+                                    base_why and f"the in-process baseline {base_why}")))
+    planned = [ext(batch) for batch in (small, paper) if ext(batch) in train]
+    if planned:
+        syncs = [measured(row_key, "syncs_per_step") for row_key in planned]
+        values = [value for value, _ in syncs if value is not None]
+        rows.append(_target("host-device synchronisations per step between report steps (onmt-ext baseline, most "
+                            "over its users'-path runs)", SYNCS_TARGET, max(values) if values else None,
+                            at_least=False, why=syncs[0][1]))
+    add(f"first step after the model is built, s (onmt-ext baseline, {small} tokens, fresh process)",
+        FIRST_STEP_TARGET_S, ext(small), "first_step_s", at_least=False)
+    stock = key(FRESH_STOCK, STOCK_LABEL, small)
+    if ext(small) in train and stock in train:
+        (ext_start, why), (stock_start, stock_why) = measured(ext(small), "startup_s"), measured(stock, "startup_s")
+        rows.append(_target("start-up overhead of onmt-ext over stock, s (process start to the end of the first "
+                            "step)", STARTUP_OVERHEAD_TARGET_S,
+                            None if ext_start is None or stock_start is None else ext_start - stock_start,
+                            at_least=False, why=why or (stock_why and f"stock's row {stock_why}")))
     for case in MECHANISMS:  # the targets are the default path's: compiled where -ext_compile auto compiles
         mode = "compiled" if case.compiles_by_default else "eager"
-        key = f"{IN_PROCESS}|{case.label}|{mode}|{cases_batch}"
-        if case.train_target is not None and key in train:
-            rows.append(_target(f"training ratio, {case.label}, default path: {mode} ({cases_batch} tokens)",
-                                case.train_target, measured(IN_PROCESS, case.label, cases_batch, "ratio", mode))
-                        | {"aa": train[key].get("aa_note")})
+        if case.train_target is not None:
+            row_key = key(IN_PROCESS, case.label, cases_batch, mode)
+            add(f"training ratio, {case.label}, default path: {mode} ({cases_batch} tokens)", case.train_target,
+                row_key, "ratio", aa=train.get(row_key, {}).get("aa_note"))
     for case, most in MEMORY_TARGETS:
-        if f"{IN_PROCESS}|{case.label}|eager|{cases_batch}" in train:
-            rows.append(_target(f"peak memory over the baseline's, {case.label} ({cases_batch} tokens)", most,
-                                measured(IN_PROCESS, case.label, cases_batch, "memory_ratio"), at_least=False))
-    for row in c.get("rows", []):
+        add(f"peak memory over the baseline's, {case.label} ({cases_batch} tokens)", most,
+            key(IN_PROCESS, case.label, cases_batch), "memory_ratio", at_least=False)
+    for row in (c or {}).get("rows", []):
         if row.get("target") is not None:
-            interval = row.get("ratio_interval")
             rows.append(_target(f"decoding ratio (beam 4), {row['case']}, {row['mode']}", row["target"],
-                                row.get("ratio")) | {"interval": interval, "aa": row.get("aa_note")})
+                                row.get("ratio"), why=_status_text(row) if row.get("status") != "measured" else
+                                "no ratio (no baseline run on each side of its runs)")
+                        | {"interval": row.get("ratio_interval"), "aa": row.get("aa_note")})
+    if c and not c.get("rows") and c.get("reason") != "--fresh-only":  # (its rows were never made: say so once)
+        rows.append({"measure": "decoding ratios (beam 4) of this run's cases (section c)",
+                     "target": ">= " + " or ".join(f"{target:g}" for target in sorted(
+                         {case.translate_target for case in MECHANISMS if case.translate_target})) + " (by case)",
+                     "measured": None, "met": None,
+                     "reason": f"section c {_status_text(c)}"})
     if not on_gpu:
         for row in rows:
             row["met"] = None
     return rows
+
+
+def other_parts_text(report):
+    """The line under the targets table on the targets that this run did not plan and other parts measure, each
+    with the ``--part`` options that measure it (:func:`part_command`); None when it planned every one.  From the
+    report's rows (section b's are its plan), its part and its papers (``cases``)."""
+    sections = report["sections"]
+    rows = sections.get("b", {}).get("rows", [])
+    groups, labels = {row["group"] for row in rows}, {row["case"] for row in rows if row["group"] == IN_PROCESS}
+    decoding = [case for case in MECHANISMS if case.translate_target is not None]
+    papers = [name.strip() for name in (report.get("cases") or "").split(",") if name.strip()]
+    part = report.get("part", "all")
+    beam = set()
+    if "c" in sections and sections["c"].get("reason") != "--fresh-only":
+        beam = {key.split("-")[1] for key in ([DECODE_GROUPS[part]] if part in DECODE_GROUPS
+                                              else DECODE_GROUPS.values()) if key.startswith("translate-")}
+    others = []  # (what, part, its cases, its --fresh)
+    if FRESH_EXT not in groups:
+        others.append(("the onmt-ext baseline on the users' path (tok/s, busy share, syncs, first step) and over "
+                       "stock OpenNMT-py (speed, start-up)", "train-fresh", MECHANISMS, None))
+    elif FRESH_STOCK not in groups:
+        others.append(("the onmt-ext baseline over stock OpenNMT-py (speed, start-up)", "train-fresh", MECHANISMS,
+                       None))
+    if FRESH_BIN not in groups:
+        others.append(("the onmt-ext baseline on binarised data", "train-fresh", MECHANISMS, ["ext", "bin"]))
+    if FRESH_LAYERS not in groups:
+        others.append(("the onmt-ext baseline with -ext_compile_layers", "train-fresh", MECHANISMS,
+                       ["stock", "layers"]))
+    if not {FRESH_EXT, IN_PROCESS} <= groups:
+        others.append(("the users' path over the in-process run", "train", MECHANISMS, None))
+    trained = {paper_of(case) for case in MECHANISMS if case.label in labels}
+    untrained = [case for case in MECHANISMS if paper_of(case) not in trained]
+    if untrained:
+        others.append(("the training ratios and peak memory", "train-cases", untrained, None))
+    for mode in ("eager", "compiled"):
+        left = [case for case in decoding if mode not in beam or (papers and paper_of(case) not in papers)]
+        if left:
+            others.append((f"the decoding ratios (beam 4), {mode}", f"decode-beam-{mode}", left, None))
+    by_command = {}
+    for what, name, chosen, fresh in others:
+        everything = decoding if name.startswith("decode") else MECHANISMS
+        by_command.setdefault(part_command(name, chosen, everything, fresh), []).append(what)
+    return "Other parts measure the other targets: " + "; ".join(
+        f"{', '.join(whats)}: `{command}`" for command, whats in by_command.items()) + "." if others else None
+
+
+#: what :func:`tools.timed_runs.control_case` adds to the name of the baseline it repeats
+CONTROL_WORDS = timed_runs.control_case(BASELINE).label.removeprefix(BASELINE.label)
+
+
+def case_text(row):
+    """A section b row's case in the report, beside its process (``group``): the users'-path A/A control's
+    process already says it is the baseline again as an A/A control, so its case is named by the baseline alone
+    (it read "onmt-ext baseline, again (A/A control) (onmt-ext again (A/A control), fresh process)")."""
+    if row.get("control") and CONTROL_WORDS.lstrip(", ") in row["group"]:
+        return row["case"].removesuffix(CONTROL_WORDS)
+    return row["case"]
+
+
+def _runs_text(runs):
+    """`` (runs 1, 2 and 3)`` after the name of a config that several runs of a case trained, `` (run 2)`` after one
+    that a further run alone trained, else empty (``runs``: their ``run``, None for a case run once)."""
+    numbers = [str(run) for run in runs if run]
+    if len(numbers) > 1:
+        return f" (runs {', '.join(numbers[:-1])} and {numbers[-1]})"
+    return f" (run {numbers[0]})" if numbers and numbers[0] != "1" else ""
 
 
 def _interval_text(interval):
@@ -256,7 +358,7 @@ def markdown(report):
             vs = by_key[row["reference"]]["case"] if row.get("reference") in by_key else "itself"
             if row.get("reference_runs"):
                 vs += " (its runs before and after)"
-            case = row["case"]
+            case = case_text(row)
             if row.get("repeat_of"):
                 case, vs = f"{case} (run {row['run']})", "the baseline's median"
             elif row.get("control") and row.get("run"):
@@ -283,7 +385,7 @@ def markdown(report):
         half = half_weights_text(b["rows"], report["mode"])
         if half:
             lines += ["", half]
-        over_time = [f"- {row['case']} ({row['group']}), {row['batch_tokens']} tokens: {_over_time_text(row)}"
+        over_time = [f"- {case_text(row)} ({row['group']}), {row['batch_tokens']} tokens: {_over_time_text(row)}"
                      for row in b["rows"] if row.get("part") == "fresh" and row.get("interval_points")]
         if over_time:
             lines += ["", "Users'-path rows over time (target tok/s, the median of the report intervals in each span "
@@ -313,11 +415,16 @@ def markdown(report):
                   f"{len(profiled)} profiled runs)."]
         lines += ["", "Host-device synchronisation call sites over the counted steps (top 5 per run; on CUDA the "
                   "Python caller of each sync warning):", ""]
-        lines += [f"- {row['case']}{run_text(row)}, {row['mode']}, {row['group']}, {row['batch_tokens']}: "
+        lines += [f"- {case_text(row)}{run_text(row)}, {row['mode']}, {row['group']}, {row['batch_tokens']}: "
                   f"{_sites_text(row)}" for row in b["rows"] if row.get("status") == "measured"]
         lines += ["", "Configs trained:", ""]
-        lines += [f"- {row['case']}, {row['mode']}, {row['group']}, {row['batch_tokens']}: `{row['command']}`"
-                  for row in b["rows"] if row.get("command") and not row.get("repeat_of")]
+        configs = {}  # (the A/A control's runs train one config: named once, with its runs)
+        for row in b["rows"]:
+            if row.get("command") and not row.get("repeat_of"):
+                configs.setdefault((case_text(row), row["mode"], row["group"], row["batch_tokens"], row["command"]),
+                                   []).append(row.get("run"))
+        lines += [f"- {case}{_runs_text(runs)}, {mode}, {group}, {batch}: `{command}`"
+                  for (case, mode, group, batch, command), runs in configs.items()]
         lines.append("")
     c = sections.get("c")
     if c:
@@ -365,11 +472,18 @@ def markdown(report):
     lines += ["## Targets (issues 29 and 35)", ""]
     if not on_gpu:
         lines += ["The targets are for one H100/H200; off a GPU they are shown, not judged.", ""]
-    lines += ["| measure | target | measured | met |", "|---|---:|---:|---|"]
+    if report["targets"]:
+        lines += ["| measure | target | measured | met |", "|---|---:|---:|---|"]
+    else:
+        lines.append("This run measures none of them.")
     for row in report["targets"]:
-        met = ("n/a (not a GPU run)" if not on_gpu else "n/a (not measured)") if row["met"] is None else (
-            "met" if row["met"] else "NOT met")
+        met = "met" if row["met"] else "NOT met"
+        if row["measured"] is None:
+            met = f"n/a (not measured: {row.get('reason') or 'unknown'})"
+        elif row["met"] is None:
+            met = "n/a (not a GPU run)"
         shown = fmt(row["measured"], 3) + (f" [{_interval_text(row['interval'])}]" if "interval" in row else "")
         shown += f" ({row['aa']})" if row.get("aa") else ""
         lines.append(f"| {row['measure']} | {row['target']} | {shown} | {met} |")
-    return "\n".join(lines) + "\n"
+    elsewhere = other_parts_text(report)
+    return "\n".join(lines + (["", elsewhere] if elsewhere else [])) + "\n"
