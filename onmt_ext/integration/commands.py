@@ -11,11 +11,13 @@ refuses missing vocabularies and a ``-save_model`` holding another run's checkpo
 
 import contextvars
 import glob
+import multiprocessing
 import os
 import re
 import shlex
 import signal
 import sys
+import time
 import warnings
 
 import torch
@@ -94,13 +96,14 @@ def _told(error):
     return str(error), getattr(error, "status", 1)  # ClauseSplitError's: 2 for an option's value
 
 
-#: Starts what a training rank hands its parent through stock's error queue for one line: ``<this> <status>\n<text>``
+#: Starts what a rank (training or translation) hands its parent through stock's error queue for one line:
+#: ``<this> <status>\n<text>``
 _RANK_ERROR = "onmt-ext: a rank's error, exit status"
 
 
 def _rank_error(error):
     """``(text, exit status)`` where ``error`` is stock's ``ErrorHandler`` exception carrying a rank's error told
-    by :func:`_spawned_train`; else None."""
+    by :func:`_tell_parent` (:func:`spawned_rank`, :func:`spawned_translation_rank`); else None."""
     text = str(error)
     start = text.find(_RANK_ERROR)
     if start < 0:
@@ -113,8 +116,8 @@ def _run_command(stock, *args, **kwargs):
     """The stock ``main``/``train``/``translate`` of a command, ending every known error in one line per problem.
 
     Usage errors exit 2, run-time errors 1; Ctrl-C in ``onmt_train`` names the
-    last checkpoint and the command that resumes from it (exit 130).  A training
-    rank's error reaches here through stock's error queue (:func:`_spawned_train`).
+    last checkpoint and the command that resumes from it (exit 130).  A rank's
+    error reaches here through stock's error queue (:func:`_tell_parent`).
     """
     prog = COMMANDS.get(stock.__module__, os.path.basename(sys.argv[0]))
     try:
@@ -134,44 +137,142 @@ def _run_command(stock, *args, **kwargs):
         told = _rank_error(error)
         if told:
             sys.stderr.write(_one_line(prog, told[0]) + "\n")
+            _stop_ranks(_ranks_of(error))
             raise SystemExit(told[1]) from None
         if not _caused_by_interrupt(error):
             raise
         _end_interrupted(prog, args)  # Ctrl-C inside torch.save's writer surfaces as its RuntimeError
 
 
+#: How long (seconds) the other ranks have to end on stock's Ctrl-C once one has failed (:func:`_stop_ranks`)
+_RANKS_GRACE = 10
+
+
+def _ranks_of(error):
+    """The process ids of the ranks that stock's ``ErrorHandler`` stopped with Ctrl-C while raising ``error`` (in
+    its ``signal_handler``, a frame of ``error``'s traceback); empty when another raised it."""
+    from onmt.utils.distributed import ErrorHandler
+
+    trace, pids = error.__traceback__, []
+    while trace is not None:
+        handler = trace.tb_frame.f_locals.get("self")
+        if isinstance(handler, ErrorHandler):
+            pids = list(handler.children_pids)
+        trace = trace.tb_next
+    return pids
+
+
+def _stop_ranks(pids):
+    """End the ranks ``pids`` (child processes of this one) once one has failed.
+
+    Stock's ``ErrorHandler`` sends each rank Ctrl-C and raises in the parent, which then waits for every rank at
+    exit.  A rank can miss that Ctrl-C (seen, rarely: the rank went on, and the parent waited for it for ever); one
+    still running after :data:`_RANKS_GRACE` seconds is terminated.
+    """
+    deadline = time.monotonic() + _RANKS_GRACE
+    ranks = [child for child in multiprocessing.active_children() if child.pid in pids]
+    for rank in ranks:
+        rank.join(max(0.0, deadline - time.monotonic()))
+    for rank in ranks:
+        if rank.is_alive():
+            rank.terminate()
+            rank.join(5)
+            if rank.is_alive():
+                rank.kill()
+
+
+def _told_types():
+    """The errors that end a command in one line (:func:`_told`)."""
+    return (UserError, CorpusError, *_told_errors())
+
+
+def _tell_parent(error_queue, rank, error):
+    """Hand ``error``, one of :func:`_told_types`, to the parent through stock's error queue as ``rank R: ...``
+    lines after :data:`_RANK_ERROR` and its status (:func:`_rank_error` reads them there).
+
+    The rank ignores Ctrl-C from here on: the parent stops every rank with it once one has failed (stock's
+    ``ErrorHandler``), and this one is ending anyway.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # before the parent hears of it and stops the ranks
+    text, status = _told(error)
+    lines = [f"rank {rank}: {line.strip()}" for line in str(text).strip().splitlines() if line.strip()]
+    error_queue.put((rank, f"{_RANK_ERROR} {status}\n" + "\n".join(lines)))
+
+
 def spawned_rank(process_fn, opt, device_id, error_queue):
     """A training rank's process (``onmt_train -world_size N``): stock's ``spawned_train``, except that an error
     that ends a command in one line (:func:`_told`) goes to the parent through stock's error queue as that line,
-    with the rank (:func:`_rank_error` reads it there).
+    with the rank (:func:`_tell_parent`).
 
     Stock passes the parent only an ``Exception``'s traceback; a :class:`UserError` is a ``SystemExit``, which its
-    ``except`` lets through: the rank printed the message and the parent's run exited 0.  The rank then ignores
-    Ctrl-C: the parent stops every rank with it once one has failed, and this one is ending anyway.  A module
-    function, not a patch layer: the spawned process finds its target by name.
+    ``except`` lets through: the rank printed the message and the parent's run exited 0.  A module function, not a
+    patch layer: the spawned process finds its target by name.
     """
     from onmt.utils.distributed import spawned_train
 
     rank = opt.gpu_ranks[device_id]
 
-    def tell(error):
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # before the parent hears of it and stops the ranks
-        text, status = _told(error)
-        lines = [f"rank {rank}: {line.strip()}" for line in str(text).strip().splitlines() if line.strip()]
-        error_queue.put((rank, f"{_RANK_ERROR} {status}\n" + "\n".join(lines)))
-
     def process(*args, **kwargs):
         try:
             return process_fn(*args, **kwargs)
-        except (UserError, CorpusError, *_told_errors()) as error:
-            tell(error)
+        except _told_types() as error:
+            _tell_parent(error_queue, rank, error)
 
     try:
         return spawned_train(process, opt, device_id, error_queue)
     except (UserError, CorpusError) as error:  # from multi_init, before process_fn
-        tell(error)
+        _tell_parent(error_queue, rank, error)
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+class _TellingQueue:
+    """Stock's error queue as :func:`spawned_translation_rank` hands it to stock's ``spawned_infer``: what stock's
+    ``except Exception`` puts there while it handles an error of :func:`_told_types` (a known error, or a
+    :class:`UserError` that is also stock's type, :func:`onmt_ext.errors.user_error`) goes as that error's lines
+    (:func:`_tell_parent`); anything else as stock put it (its traceback).  Either way the rank is ending: it ignores
+    the Ctrl-C with which the parent then stops the ranks (no KeyboardInterrupt traceback of its own)."""
+
+    def __init__(self, queue):
+        self.queue = queue
+
+    def put(self, item):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        error = sys.exc_info()[1]  # stock puts inside its except block: the error it handles
+        if isinstance(error, _told_types()):
+            return _tell_parent(self.queue, item[0], error)
+        return self.queue.put(item)
+
+
+def spawned_translation_rank(opt, device_id, error_queue, queue_instruct, queue_result):
+    """A translation rank's process (``onmt_translate -world_size N``): stock's ``spawned_infer``, except that an
+    error that ends a command in one line (:func:`_told`) goes to the parent through stock's error queue as that
+    line, with the rank (:func:`_tell_parent`), as in :func:`spawned_rank`.
+
+    Stock's ``except Exception`` lets a :class:`UserError` (a ``SystemExit``) through: the rank printed the message
+    and the parent waited for its translation for ever.  The known errors that are an ``Exception`` it caught, and
+    the parent ended in their traceback; they reach this queue through :class:`_TellingQueue`.  A module function:
+    the spawned process finds its target by name.
+    """
+    from onmt.utils.distributed import spawned_infer
+
+    try:
+        return spawned_infer(opt, device_id, _TellingQueue(error_queue), queue_instruct, queue_result)
+    except (UserError, CorpusError) as error:  # SystemExits: stock's except Exception lets them through
+        ranks = opt.gpu_ranks
+        _tell_parent(error_queue, ranks[device_id] if device_id < len(ranks) else device_id, error)
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _replace_rank_target(owner, name, target, *, test, reason):
+    """``owner.<name>``, the function that a command's ranks run (found by name in the spawned process), becomes
+    ``target``; recorded in the registry, undone by putting stock's back."""
+    if getattr(owner, name) is target:
+        return
+    stock = getattr(owner, name)
+    setattr(owner, name, target)
+    record(f"{owner.__name__}.{name}", kind=FIX, undo=lambda: setattr(owner, name, stock), test=test, reason=reason)
 
 
 def run_main(stock, *args, **kwargs):
@@ -509,6 +610,7 @@ def _translate_checked(stock, opt, *args, **kwargs):
 
 
 def one_line_errors():
+    from onmt import inference_engine
     from onmt.bin import build_vocab, train, translate
 
     reason = ("errors a user causes end in one line `<command>: error: ...` (usage: exit 2, run time: exit 1); "
@@ -527,14 +629,17 @@ def one_line_errors():
                  "overwrites its checkpoints silently; Ctrl-C ends in a bare KeyboardInterrupt traceback; "
                  + machine)
     patch(build_vocab, "build_vocab_main", _build_vocab_checked, kind=MESSAGE, reason=machine, test=machine_test)
-    if train.spawned_train is not spawned_rank:  # the name onmt_train spawns (a process finds it by name)
-        stock_rank = train.spawned_train
-        train.spawned_train = spawned_rank
-        record("onmt.bin.train.spawned_train", kind=FIX, undo=lambda: setattr(train, "spawned_train", stock_rank),
-               test="tests/integration/test_user_errors.py::test_a_ranks_error_ends_the_run_in_one_line",
-               reason="a training rank's one-line error (a SystemExit) passes stock's except Exception: the rank "
-                      "prints it and the parent's run exits 0; its other known errors reach the parent as a "
-                      "traceback")
+    _replace_rank_target(train, "spawned_train", spawned_rank,  # the name onmt_train spawns
+                         test="tests/integration/test_user_errors.py::test_a_ranks_error_ends_the_run_in_one_line",
+                         reason="a training rank's one-line error (a SystemExit) passes stock's except Exception: "
+                                "the rank prints it and the parent's run exits 0; its other known errors reach the "
+                                "parent as a traceback")
+    _replace_rank_target(inference_engine, "spawned_infer", spawned_translation_rank,  # InferenceEnginePY spawns it
+                         test="tests/unit/test_translation_ranks.py::"
+                              "test_a_translation_ranks_one_line_error_reaches_the_parent_and_fails_the_run",
+                         reason="a translation rank's one-line error (a SystemExit) passes stock's except "
+                                "Exception: the rank prints it and the parent waits for its translation for ever; "
+                                "its other known errors reach the parent as a traceback")
     # order 0: runs before onmt_ext.runtime.corpus's source checks (order 1), so that their errors end in one line
     patch(translate, "translate", _translate_checked, kind=MESSAGE, order=0,
           test="tests/unit/test_plugin.py::test_all_empty_translations_give_a_warning",

@@ -317,9 +317,19 @@ def _values(opt, name):
 
 def _rank_problems(opt):
     """``onmt_train -world_size N`` (N > 1) with no ``-gpu_ranks``: stock spawns one process per ``-gpu_ranks``
-    entry, so none, and exits 0 without training, on GPUs as on CPUs."""
+    entry, so none, and exits 0 without training, on GPUs as on CPUs.  ``onmt_translate -world_size N`` spawns N
+    ranks on this node, rank k reading ``-gpu_ranks``' entry k: with fewer entries a rank fails inside stock's own
+    error handler, and the others wait for it."""
     world_size = getattr(opt, "world_size", 1)
-    if not hasattr(opt, "train_steps") or not isinstance(world_size, int) or world_size <= 1 or opt.gpu_ranks:
+    if not isinstance(world_size, int) or world_size <= 1:
+        return []
+    if not hasattr(opt, "train_steps"):
+        ranks = list(getattr(opt, "gpu_ranks", None) or [])
+        if "gpu_ranks" not in vars(opt) or len(ranks) == world_size:
+            return []
+        return [f"-world_size {world_size} needs one -gpu_ranks entry per rank in onmt_translate, which runs them "
+                f"all on this node (got {len(ranks)}): -gpu_ranks {' '.join(map(str, range(world_size)))}"]
+    if opt.gpu_ranks:
         return []
     return [f"-world_size {world_size} needs -gpu_ranks (without them no process trains): give this node's "
             f"ranks, -gpu_ranks {' '.join(map(str, range(world_size)))} on one node (docs/scale-out.md), or drop "

@@ -90,8 +90,9 @@ def _multi_init(stock, opt, device_id):
         return stock(opt, device_id)
     except torch.distributed.DistError as error:
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        command = "onmt_train" if hasattr(opt, "train_steps") else "onmt_translate"
         raise UserError(f"-world_size {opt.world_size}: the ranks did not all meet at {opt.master_ip}:"
-                        f"{opt.master_port} within -timeout {opt.timeout} s ({first}); start every node's onmt_train "
+                        f"{opt.master_port} within -timeout {opt.timeout} s ({first}); start every node's {command} "
                         "with the same -world_size, -master_ip and -master_port, or give this node every rank "
                         f"(-gpu_ranks {' '.join(map(str, range(opt.world_size)))})") from None
 

@@ -78,7 +78,20 @@ def test_training_on_several_ranks_without_ranks_is_refused():
     assert message.startswith("-world_size 2 needs -gpu_ranks") and "-gpu_ranks 0 1" in message
     assert stock_option_problems(Namespace(train_steps=2, world_size=2, gpu_ranks=[0])) == []  # one of two nodes
     assert stock_option_problems(Namespace(train_steps=2, world_size=1, gpu_ranks=[])) == []
-    assert stock_option_problems(Namespace(beam_size=5, world_size=2, gpu_ranks=[])) == []  # onmt_translate
+
+
+
+@pytest.mark.parametrize("ranks", [[], [0], [0, 1, 2]])
+def test_translation_ranks_need_one_gpu_rank_each(ranks):
+    """onmt_translate -world_size N spawns N ranks on this node, rank k on -gpu_ranks' entry k: with fewer, a rank
+    failed inside stock's own error handler and the others waited for it."""
+    from onmt_ext.integration.parsing import stock_option_problems
+
+    assert stock_option_problems(Namespace(beam_size=5, world_size=2, gpu_ranks=ranks)) == [
+        f"-world_size 2 needs one -gpu_ranks entry per rank in onmt_translate, which runs them all on this node (got "
+        f"{len(ranks)}): -gpu_ranks 0 1"]
+    assert stock_option_problems(Namespace(beam_size=5, world_size=2, gpu_ranks=[0, 1])) == []
+    assert stock_option_problems(Namespace(beam_size=5, world_size=1, gpu_ranks=[])) == []
 
 
 def _refused(onmt_active, capsys, *args):
