@@ -569,7 +569,7 @@ preflight = $(reproduce_var_check) $(PY) -m tools.reproduce $(1) --preflight $(c
   $(if $(DRY_RUN),--dry-run) \
   $(if $(filter 1,$(WMT17_SMALL_DATA)),--small-data)
 $(addprefix reproduce-,$(REPRODUCE_TABLES)): reproduce-%: | $(SETUP_STAMP)
-	@$(if $(PAPER_PREFLIGHT_DONE),,$(call preflight,$*))
+	@$(if $(and $(PAPER_PREFLIGHT_DONE),$(filter-out 0,$(MAKELEVEL))),,$(call preflight,$*))
 	@task=$$($(PY) -m tools.reproduce $* --task); \
 	  $(MAKE) --no-print-directory $(if $(DRY_RUN),-n) data-$$task
 	$(PY) -m tools.reproduce $* $(call table_args,$*) $(if $(DRY_RUN),--dry-run,--rules build/reproduce/$*.mk && \

@@ -134,10 +134,10 @@ def _run_command(stock, *args, **kwargs):
     except KeyboardInterrupt:
         _end_interrupted(prog, args)
     except Exception as error:
+        _stop_ranks(_ranks_of(error))  # (a rank's error, one-line or not: the others must not outlive it)
         told = _rank_error(error)
         if told:
             sys.stderr.write(_one_line(prog, told[0]) + "\n")
-            _stop_ranks(_ranks_of(error))
             raise SystemExit(told[1]) from None
         if not _caused_by_interrupt(error):
             raise
@@ -211,6 +211,8 @@ def spawned_rank(process_fn, opt, device_id, error_queue):
     from onmt.utils.distributed import spawned_train
 
     rank = opt.gpu_ranks[device_id]
+    if cpu_half_warning(opt, distributed.cpu_ranks(opt)):  # (a spawned process starts without the parent's filters)
+        _quiet_cpu_half()
 
     def process(*args, **kwargs):
         try:
@@ -451,7 +453,8 @@ def missing_vocabularies(opt):
         if not path or (key == "tgt_vocab" and getattr(opt, "share_vocab", False)):  # (stock reads -src_vocab only)
             continue
         if not os.path.isfile(path):
-            problems.append(f"-{key} {path}: no such file (onmt_build_vocab -config <your config> writes it)")
+            problems.append(f"-{key} {path}: {not_a_file(path)}" + (
+                "" if os.path.isdir(path) else " (onmt_build_vocab -config <your config> writes it)"))
             continue
         if os.path.realpath(path) in seen:  # -share_vocab, or the same file for both
             continue
@@ -469,11 +472,22 @@ _CPU_HALF_WARNINGS = (r"torch\.cuda\.amp\.GradScaler is enabled, but CUDA is not
 
 def cpu_half_warning(opt, cpu_ranks=False):
     """The line that replaces torch's warnings when ``-model_dtype fp16`` trains on the CPU (no ``-gpu_ranks``, or
-    CPU ranks): stock then trains in float32, its mixed precision being CUDA's; None otherwise."""
+    CPU ranks: :func:`onmt_ext.runtime.distributed.cpu_ranks`): stock then trains in float32, its mixed precision
+    being CUDA's; None otherwise."""
     if getattr(opt, "model_dtype", None) != "fp16" or (getattr(opt, "gpu_ranks", None) and not cpu_ranks):
         return None
+    if cpu_ranks:
+        return ("onmt_train: warning: -model_dtype fp16: these ranks train on the CPU (this torch sees no CUDA "
+                "device), in float32 (mixed precision is CUDA's); -model_dtype fp32 says so")
     return ("onmt_train: warning: -model_dtype fp16: this run trains on the CPU, in float32 (mixed precision is "
             "CUDA's); give -gpu_ranks to train on GPUs, or -model_dtype fp32 to say so")
+
+
+def _quiet_cpu_half():
+    """Filter torch's own warnings of ``-model_dtype fp16`` on the CPU in this process (:func:`cpu_half_warning`
+    has said it once, naming the option)."""
+    for message in _CPU_HALF_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=UserWarning)
 
 
 def _train_checked(stock, opt, *args, **kwargs):
@@ -483,8 +497,7 @@ def _train_checked(stock, opt, *args, **kwargs):
     half = cpu_half_warning(opt, cpu_ranks)
     if half:
         sys.stderr.write(half + "\n")
-        for message in _CPU_HALF_WARNINGS:
-            warnings.filterwarnings("ignore", message=message, category=UserWarning)
+        _quiet_cpu_half()
     problems = train_step.adam_eps_problems(opt) + log_file_problems(opt)
     if not getattr(opt, "train_from", None) or getattr(opt, "update_vocab", False):  # (resumed: the checkpoint's)
         problems += missing_vocabularies(opt)

@@ -296,9 +296,11 @@ _POSITIVE_STOCK_OPTIONS = ("report_every", "valid_steps", "accum_count", "world_
 #: Stock model sizes with -1 as their default, "not given": OpenNMT-py applies one only when it is above 0 (to both
 #: sides' sizes), so 0 or a value below -1 is silently ignored and the sides' own sizes or defaults train.
 _UNSET_OR_POSITIVE_STOCK_OPTIONS = ("hidden_size", "word_vec_size", "layers")
-#: Stock model sizes that model building divides by or allocates with, and fails on deep inside when below 1.
-_POSITIVE_SIZE_STOCK_OPTIONS = ("heads", "enc_hid_size", "dec_hid_size", "src_word_vec_size", "tgt_word_vec_size",
-                                "transformer_ff")
+#: Stock model sizes that model building divides by or allocates with, and fails on deep inside when below 1;
+#: each with the option that replaces it when that is above 0 (stock's ``update_model_opts``), or None.
+_POSITIVE_SIZE_STOCK_OPTIONS = {"heads": None, "transformer_ff": None, "enc_hid_size": "hidden_size",
+                                "dec_hid_size": "hidden_size", "src_word_vec_size": "word_vec_size",
+                                "tgt_word_vec_size": "word_vec_size"}
 
 
 #: Stock probabilities (every element, for a list such as ``dropout``) that must be in [0, 1): torch refuses values
@@ -325,7 +327,7 @@ def _rank_problems(opt):
         return []
     if not hasattr(opt, "train_steps"):
         ranks = list(getattr(opt, "gpu_ranks", None) or [])
-        if "gpu_ranks" not in vars(opt) or len(ranks) == world_size:
+        if "gpu_ranks" not in vars(opt) or len(ranks) >= world_size:
             return []
         return [f"-world_size {world_size} needs one -gpu_ranks entry per rank in onmt_translate, which runs them "
                 f"all on this node (got {len(ranks)}): -gpu_ranks {' '.join(map(str, range(world_size)))}"]
@@ -336,13 +338,28 @@ def _rank_problems(opt):
             "-world_size to train in one process"]
 
 
+def model_size_problems(opt):
+    """Stock model sizes out of range (empty: none): each of :data:`_UNSET_OR_POSITIVE_STOCK_OPTIONS` -1 or at least
+    1, and each of :data:`_POSITIVE_SIZE_STOCK_OPTIONS` at least 1 unless the option that replaces it is given."""
+    problems = []
+    for name, replaced_by in _POSITIVE_SIZE_STOCK_OPTIONS.items():
+        value = getattr(opt, name, None)
+        if isinstance(value, int) and value < 1 and not getattr(opt, replaced_by or "", -1) > 0:
+            problems.append(f"-{name} {value}: must be >= 1")
+    for name in _UNSET_OR_POSITIVE_STOCK_OPTIONS:
+        value = getattr(opt, name, None)
+        if isinstance(value, int) and value != -1 and value < 1:
+            problems.append(f"-{name} {value}: must be >= 1, or -1 (its default) to keep the encoder's and "
+                            "decoder's own values; OpenNMT-py would ignore it")
+    return problems
+
+
 def stock_option_problems(opt):
     """Messages for stock options that OpenNMT-py 3.5.1 would accept and then crash on (empty: none).
 
-    Each of :data:`_POSITIVE_STOCK_OPTIONS` and :data:`_POSITIVE_SIZE_STOCK_OPTIONS`
-    that ``opt`` has must be at least 1 (every element, for a list such as
-    ``accum_count``); each of :data:`_UNSET_OR_POSITIVE_STOCK_OPTIONS` -1 or at
-    least 1; and ``-n_best`` cannot
+    The model sizes of :func:`model_size_problems`; each of
+    :data:`_POSITIVE_STOCK_OPTIONS` that ``opt`` has must be at least 1 (every
+    element, for a list such as ``accum_count``); and ``-n_best`` cannot
     exceed ``-beam_size``: beam search keeps only ``beam_size`` finished
     hypotheses per sentence; nor ``-min_length`` ``-max_length``, and
     ``onmt_build_vocab -n_sample`` other than -1 or above 1 asserts.  Each of :data:`_PROBABILITY_STOCK_OPTIONS` must be
@@ -351,16 +368,11 @@ def stock_option_problems(opt):
     :data:`_WARMUP_DECAY_METHODS` (a division by zero at the first step);
     ``onmt_train -world_size`` above 1 needs ``-gpu_ranks`` (:func:`_rank_problems`).
     """
-    problems = []
-    for name in _POSITIVE_STOCK_OPTIONS + _POSITIVE_SIZE_STOCK_OPTIONS:
+    problems = model_size_problems(opt)
+    for name in _POSITIVE_STOCK_OPTIONS:
         values = _values(opt, name)
         if any(item < 1 for item in values):
             problems.append(f"-{name} {' '.join(map(str, values))}: must be >= 1")
-    for name in _UNSET_OR_POSITIVE_STOCK_OPTIONS:
-        value = getattr(opt, name, None)
-        if isinstance(value, int) and value != -1 and value < 1:
-            problems.append(f"-{name} {value}: must be >= 1, or -1 (its default) to keep the encoder's and "
-                            "decoder's own values; OpenNMT-py would ignore it")
     n_best, beam_size = getattr(opt, "n_best", None), getattr(opt, "beam_size", None)
     if n_best is not None and beam_size is not None and 1 <= beam_size < n_best:
         problems.append(f"-n_best {n_best}: must be <= -beam_size ({beam_size})")
@@ -441,8 +453,8 @@ def _strict_parse_known_args(stock, self, args=None, namespace=None, **kwargs):
         problems += [m for path in _config_paths(argv) for m in corpus_key_messages(path)]
     if argv:
         problems += stock_option_problems(opt) + environment_problems()
-    if hasattr(opt, "encoder_type") and argv:
-        problems += check_options(opt) + save_format_problems(opt)
+    if hasattr(opt, "encoder_type") and argv:  # (onmt-ext's checks read the sizes: not with sizes out of range)
+        problems += ([] if model_size_problems(opt) else check_options(opt)) + save_format_problems(opt)
     if problems:
         self.exit(2, "".join(f"{self.prog}: error: {p}\n" for p in problems))
     return opt, [u for u in unknown if u.lstrip("-").split("=", 1)[0] in names]

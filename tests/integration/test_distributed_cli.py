@@ -246,3 +246,12 @@ def test_several_ranks_without_gpu_ranks_are_refused_in_one_line(tmp_path):
     assert result.stderr.startswith("onmt_train: error: -world_size 2 needs -gpu_ranks (without them no process "
                                     "trains): give this node's ranks, -gpu_ranks 0 1 on one node")
     assert result.stderr.count("\n") == 1 and not (tmp_path / "model_step_2.pt").exists()
+
+
+@pytest.mark.slow
+def test_half_precision_on_cpu_ranks_is_one_warning_line(tmp_path):
+    """-model_dtype fp16 on CPU ranks trains in float32: one line names the option; torch's GradScaler and autocast
+    warnings (once per rank, from processes that do not inherit the parent's filters) are not printed."""
+    log = _train(tmp_path, *RANKS, "-train_steps", 1, "-model_dtype", "fp16", trace=False)
+    assert log.count("onmt_train: warning: -model_dtype fp16: these ranks train on the CPU") == 1, log[-3000:]
+    assert "GradScaler" not in log and "Disabling autocast" not in log, log[-3000:]

@@ -43,7 +43,7 @@ def _report(argv, mode="cpu-tiny", status=None, decoded=None, c=None):
     result = {"device": DEVICE, "date": "", "command": "python -m tools.gpu_check", "mode": mode, "seconds": 1.0,
               "compile_backend": "eager", "commit": "test", "part": args.part, "fresh": plan.named_fresh(args),
               "cases": ", ".join(args.cases), "settings": {"sections": args.sections}, "parts": [],
-              "sections": sections, "targets": report.targets_table(sections, mode == "cuda", (512, 2048))}
+              "sections": sections, "targets": report.targets_table(sections, mode == "cuda", (512, 2048), args.part)}
     return result, report.markdown(result)
 
 
@@ -147,6 +147,8 @@ def test_a_decoding_part_lists_its_groups_targets_and_says_why_when_its_section_
     (measure, _, shown, met), = _targets(text)[0]
     assert measure.startswith("decoding ratios (beam 4)") and shown == "n/a"
     assert met == "n/a (not measured: section c not run: section b trained no baseline checkpoint)"
+    _, text = _report(["--part", "decode-greedy-eager"], c=c)  # (greedy decoding has no target)
+    assert _targets(text)[0] == []
 
 
 def test_each_aa_control_is_named_once_and_its_runs_apart():

@@ -180,6 +180,16 @@ def test_half_precision_on_the_cpu_is_named_once():
 
     line = commands.cpu_half_warning(Namespace(model_dtype="fp16", gpu_ranks=[]))
     assert line.startswith("onmt_train: warning: -model_dtype fp16: this run trains on the CPU, in float32")
-    assert commands.cpu_half_warning(Namespace(model_dtype="fp16", gpu_ranks=[0, 1]), cpu_ranks=True) == line
+    ranks = commands.cpu_half_warning(Namespace(model_dtype="fp16", gpu_ranks=[0, 1]), cpu_ranks=True)
+    assert ranks.startswith("onmt_train: warning: -model_dtype fp16: these ranks train on the CPU") and ranks != line
     assert commands.cpu_half_warning(Namespace(model_dtype="fp16", gpu_ranks=[0])) is None
     assert commands.cpu_half_warning(Namespace(model_dtype="fp32", gpu_ranks=[])) is None
+
+
+def test_a_directory_given_as_a_vocabulary_is_named_so(tmp_path):
+    from argparse import Namespace
+
+    from onmt_ext.integration import commands
+
+    assert commands.missing_vocabularies(Namespace(src_vocab=str(tmp_path), tgt_vocab=None)) == [
+        f"-src_vocab {tmp_path}: is a directory, not a file"]

@@ -81,7 +81,7 @@ def test_training_on_several_ranks_without_ranks_is_refused():
 
 
 
-@pytest.mark.parametrize("ranks", [[], [0], [0, 1, 2]])
+@pytest.mark.parametrize("ranks", [[], [0]])
 def test_translation_ranks_need_one_gpu_rank_each(ranks):
     """onmt_translate -world_size N spawns N ranks on this node, rank k on -gpu_ranks' entry k: with fewer, a rank
     failed inside stock's own error handler and the others waited for it."""
@@ -91,6 +91,7 @@ def test_translation_ranks_need_one_gpu_rank_each(ranks):
         f"-world_size 2 needs one -gpu_ranks entry per rank in onmt_translate, which runs them all on this node (got "
         f"{len(ranks)}): -gpu_ranks 0 1"]
     assert stock_option_problems(Namespace(beam_size=5, world_size=2, gpu_ranks=[0, 1])) == []
+    assert stock_option_problems(Namespace(beam_size=5, world_size=2, gpu_ranks=[0, 1, 2])) == []  # (2 read)
     assert stock_option_problems(Namespace(beam_size=5, world_size=1, gpu_ranks=[])) == []
 
 
@@ -193,3 +194,23 @@ def test_a_corpus_merged_from_an_anchor_is_read_as_yaml_reads_it(tmp_path):
     config.write_text("common: &common\n  weigth: 1\ndata:\n  c:\n    <<: *common\n    path_src: a\n")
     assert [message.split(";")[0] for message in corpus_key_messages(config)] == [
         f"unknown key 'weigth' in corpus 'c' of data in {config}, line 2"]
+
+
+def test_a_sides_size_that_the_shared_size_replaces_passes():
+    """Stock replaces -enc_hid_size/-dec_hid_size with -hidden_size, and the sides' word vector sizes with
+    -word_vec_size, when those are above 0: the sides' own values are then never read."""
+    from onmt_ext.integration.parsing import stock_option_problems
+
+    assert stock_option_problems(Namespace(enc_hid_size=0, dec_hid_size=0, hidden_size=512)) == []
+    assert stock_option_problems(Namespace(src_word_vec_size=0, word_vec_size=512)) == []
+    assert stock_option_problems(Namespace(src_word_vec_size=0, word_vec_size=-1)) == ["-src_word_vec_size 0: must be "
+                                                                                       ">= 1"]
+
+
+@pytest.mark.parametrize("size, shown", [("-hidden_size", "-hidden_size 0: must be >= 1, or -1"),
+                                         ("-heads", "-heads 0: must be >= 1")])
+def test_a_model_size_out_of_range_is_said_once_and_alone(onmt_active, capsys, size, shown):
+    """onmt-ext's own checks read the sizes: with one out of range they would add a line on a size the user never
+    gave (li2019's capsules against stock's default 500) or say -heads again."""
+    message = _refused(onmt_active, capsys, "-config", SMOKE, size, 0)
+    assert len(message.strip().splitlines()) == 1 and shown in message, message

@@ -119,9 +119,10 @@ def test_a_translation_ranks_rendezvous_error_and_bug(monkeypatch, capsys):
     assert commands._rank_error(Exception(told[0][1])) is None
 
 
-def _deaf_rank():
-    """A rank that missed its Ctrl-C: it ignores SIGINT and waits."""
+def _deaf_rank(ready):
+    """A rank that missed its Ctrl-C: it ignores SIGINT, says so (``ready``, an Event) and waits."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ready.set()
     time.sleep(120)
 
 
@@ -133,11 +134,12 @@ def test_a_rank_that_misses_its_ctrl_c_is_terminated(monkeypatch, capsys):
 
     monkeypatch.setattr(commands, "_RANKS_GRACE", 0.5)
     fork = multiprocessing.get_context("fork")
-    deaf, bystander = fork.Process(target=_deaf_rank), fork.Process(target=_deaf_rank)
+    ready = [fork.Event(), fork.Event()]
+    deaf, bystander = (fork.Process(target=_deaf_rank, args=(event,)) for event in ready)
     deaf.start()
     bystander.start()
     try:
-        time.sleep(0.5)  # (their SIGINT ignored)
+        assert all(event.wait(60) for event in ready)  # (their SIGINT ignored)
         told = [(1, commands._RANK_ERROR + " 1\nrank 1: a rank's error")]
         assert _parent_ends(told, capsys, ranks=[deaf.pid]) == (1, "onmt_translate: error: rank 1: a rank's error\n")
         assert not deaf.is_alive() and deaf.exitcode == -signal.SIGTERM

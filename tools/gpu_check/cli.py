@@ -392,7 +392,7 @@ def main(argv=None):
         "plan": planned.removeprefix("== gpu-check "),
         "parts": schedule.parts, "sections": sections,
     }
-    report["targets"] = targets_table(sections, cuda, (args.batch_size, args.paper_batch_size))
+    report["targets"] = targets_table(sections, cuda, (args.batch_size, args.paper_batch_size), args.part)
     args.out.mkdir(parents=True, exist_ok=True)
     name = report_name(info, args)
     (args.out / f"{name}.json").write_text(json.dumps(report, indent=1, default=str) + "\n", encoding="utf-8")

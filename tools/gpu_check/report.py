@@ -48,12 +48,18 @@ def _status_text(row):
     return row.get("status", "not run") + (f": {row['reason']}" if row.get("reason") else "")
 
 
-def targets_table(sections, on_gpu, batch_tokens):
+def _plans_beam(part):
+    """Whether ``part`` (``--part``) decodes with beam 4, whose rows have targets (greedy's have none)."""
+    return part not in DECODE_GROUPS or DECODE_GROUPS[part].startswith("translate-")
+
+
+def targets_table(sections, on_gpu, batch_tokens, part="all"):
     """The targets of issues 29 (decoding, training ratios) and 35 (the GPU-bound baseline) that this run planned
     to measure, beside what it measured (met: None off a GPU, where they do not apply).  A target is listed when
     the rows that measure it are among this run's rows, whatever became of them: one not measured says why
     (``reason``: its row's status, or its reference's); the other parts' targets are left to
-    :func:`other_parts_text`.  ``batch_tokens``: the small and the paper's batch (section b's, when it ran)."""
+    :func:`other_parts_text`.  ``batch_tokens``: the small and the paper's batch (section b's, when it ran);
+    ``part``: the run's ``--part``."""
     rows = []
     b, c = sections.get("b", {}), sections.get("c")
     train = {row["key"]: row for row in b.get("rows", [])}
@@ -142,7 +148,7 @@ def targets_table(sections, on_gpu, batch_tokens):
                                 row.get("ratio"), why=_status_text(row) if row.get("status") != "measured" else
                                 "no ratio (no baseline run on each side of its runs)")
                         | {"interval": row.get("ratio_interval"), "aa": row.get("aa_note")})
-    if c and not c.get("rows") and c.get("reason") != "--fresh-only":  # (its rows were never made: say so once)
+    if c and not c.get("rows") and c.get("reason") != "--fresh-only" and _plans_beam(part):  # (never made: say so)
         rows.append({"measure": "decoding ratios (beam 4) of this run's cases (section c)",
                      "target": ">= " + " or ".join(f"{target:g}" for target in sorted(
                          {case.translate_target for case in MECHANISMS if case.translate_target})) + " (by case)",
