@@ -462,7 +462,7 @@ def _average_checked(stock, model_files, fp32=False):
     averages tied tensors twice)."""
     problems = average_problems(model_files)
     if problems:  # a missing file is a usage error (exit 2); files that cannot be averaged, a run-time one (exit 1)
-        missing = all(problem.endswith(" checkpoint file") for problem in problems)  # (none, or a directory)
+        missing = not all(os.path.isfile(path) for path in model_files)  # (average_problems: then those alone)
         raise (UsageError if missing else UserError)("\n".join(problems))
     return average(model_files, fp32)
 

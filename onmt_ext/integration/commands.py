@@ -80,13 +80,13 @@ def _one_line(prog, text):
 
 
 def _told_errors():
-    """The errors that end a command in one line (:func:`_told`), besides :class:`UserError` and
-    :class:`CorpusError` (``SystemExit`` subclasses)."""
+    """The errors that end a command in one line (:func:`_told`): :class:`UserError` and :class:`CorpusError`
+    (``SystemExit`` subclasses), and known ``Exception`` types."""
     from onmt.modules.embeddings import SequenceTooLongError
 
     from onmt_ext.mechanisms.clause.split import ClauseSplitError
 
-    return SequenceTooLongError, MissingPackageError, ClauseSplitError, OptionError
+    return UserError, CorpusError, SequenceTooLongError, MissingPackageError, ClauseSplitError, OptionError
 
 
 def _told(error):
@@ -122,7 +122,7 @@ def _run_command(stock, *args, **kwargs):
     prog = COMMANDS.get(stock.__module__, os.path.basename(sys.argv[0]))
     try:
         return stock(*args, **kwargs)
-    except (UserError, CorpusError, *_told_errors()) as error:
+    except _told_errors() as error:
         text, status = _told(error)
         sys.stderr.write(_one_line(prog, text) + "\n")
         raise SystemExit(status) from None
@@ -181,13 +181,8 @@ def _stop_ranks(pids):
                 rank.kill()
 
 
-def _told_types():
-    """The errors that end a command in one line (:func:`_told`)."""
-    return (UserError, CorpusError, *_told_errors())
-
-
 def _tell_parent(error_queue, rank, error):
-    """Hand ``error``, one of :func:`_told_types`, to the parent through stock's error queue as ``rank R: ...``
+    """Hand ``error``, one of :func:`_told_errors`, to the parent through stock's error queue as ``rank R: ...``
     lines after :data:`_RANK_ERROR` and its status (:func:`_rank_error` reads them there).
 
     The rank ignores Ctrl-C from here on: the parent stops every rank with it once one has failed (stock's
@@ -217,7 +212,7 @@ def spawned_rank(process_fn, opt, device_id, error_queue):
     def process(*args, **kwargs):
         try:
             return process_fn(*args, **kwargs)
-        except _told_types() as error:
+        except _told_errors() as error:
             _tell_parent(error_queue, rank, error)
 
     try:
@@ -230,7 +225,7 @@ def spawned_rank(process_fn, opt, device_id, error_queue):
 
 class _TellingQueue:
     """Stock's error queue as :func:`spawned_translation_rank` hands it to stock's ``spawned_infer``: what stock's
-    ``except Exception`` puts there while it handles an error of :func:`_told_types` (a known error, or a
+    ``except Exception`` puts there while it handles an error of :func:`_told_errors` (a known error, or a
     :class:`UserError` that is also stock's type, :func:`onmt_ext.errors.user_error`) goes as that error's lines
     (:func:`_tell_parent`); anything else as stock put it (its traceback).  Either way the rank is ending: it ignores
     the Ctrl-C with which the parent then stops the ranks (no KeyboardInterrupt traceback of its own)."""
@@ -241,7 +236,7 @@ class _TellingQueue:
     def put(self, item):
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         error = sys.exc_info()[1]  # stock puts inside its except block: the error it handles
-        if isinstance(error, _told_types()):
+        if isinstance(error, _told_errors()):
             return _tell_parent(self.queue, item[0], error)
         return self.queue.put(item)
 

@@ -45,6 +45,7 @@ def _target(measure, target, measured, at_least=True, why=None):
 
 
 def _status_text(row):
+    """A row's (or section's) ``status``, and ``: <reason>`` when it has one."""
     return row.get("status", "not run") + (f": {row['reason']}" if row.get("reason") else "")
 
 
@@ -327,7 +328,7 @@ def markdown(report):
                 dtype = run["dtype"] + (f" ({run['share']})" if run.get("share") else "")
                 lines.append(f"| {dtype} | {fmt(run.get('passed'))} | {fmt(run.get('failed'))} | "
                              f"{fmt(run.get('errors'))} | {fmt(run.get('skipped'))} | {fmt(run.get('seconds'), 1)} "
-                             f"| {run['status']}{': ' + run['reason'] if run.get('reason') else ''} | "
+                             f"| {_status_text(run)} | "
                              f"`{run['command']}` |")
             failures = [f"- {run['dtype']}: {name}" for run in a["runs"] for name in run.get("failures", [])]
             lines += ([""] + ["Failed tests:"] + failures if failures else []) + [""]
@@ -381,8 +382,7 @@ def markdown(report):
                 f"({fmt(row.get('busy_share_unprofiled'))}) | {fmt(row.get('data_wait_share'), 3)} | "
                 f"{fmt(row.get('step_ms'), 1)} "
                 f"| {fmt(row.get('syncs_per_step'), 1)} | {fmt(row.get('first_step_s'), 2)} | "
-                f"{fmt(row.get('startup_s'), 1)} | {peak} | {row['status']}"
-                f"{': ' + row['reason'] if row.get('reason') else ''} |")
+                f"{fmt(row.get('startup_s'), 1)} | {peak} | {_status_text(row)} |")
         if any(row["group"] == IN_PROCESS for row in b["rows"]):
             lines += ["", f"In one process, {aa_text(b.get('aa'))} (its runs spread over the group; on a GPU its "
                       "median should lie within the band, and where it does not, every ratio of the group says so)."]
@@ -398,7 +398,7 @@ def markdown(report):
                       "of the measured steps; the first steps were not measured):", "", *over_time]
         warm = b.get("warm_up")
         if warm:
-            lines += ["", f"Machine warm-up ({warm['status']}{': ' + warm['reason'] if warm.get('reason') else ''}):"
+            lines += ["", f"Machine warm-up ({_status_text(warm)}):"
                       f" stock OpenNMT-py on {warm['batch_tokens']}-token batches in the machine's first training "
                       f"process, untimed, before them ({beside}), so that neither measured fresh process pays "
                       "alone for loading the CUDA libraries and kernels. Its first step took "
@@ -406,8 +406,7 @@ def markdown(report):
         ahead = b.get("compile_warm_up") or []
         if ahead:
             done = [row["case"] for row in ahead if row.get("status") == "warmed up"]
-            other = [f"{row['case']} ({row.get('status', 'not run')}"
-                     f"{': ' + row['reason'] if row.get('reason') else ''})"
+            other = [f"{row['case']} ({_status_text(row)})"
                      for row in ahead if row.get("status") != "warmed up"]
             steps = report["settings"].get("compile_warmup_steps")
             lines += ["", f"Compiled ahead ({b.get('compile_warm_up_processes')} untimed processes, {beside}, the "
@@ -465,7 +464,7 @@ def markdown(report):
             for row in c["rows"]:
                 ratio = fmt(row.get("ratio"), 3) + (f" (>= {row['target']:.2f}){_met(row)}" if row["target"]
                                                      else "") + (f" ({row['aa_note']})" if row.get("aa_note") else "")
-                status = row["status"] + (f": {row['reason']}" if row.get("reason") else "")
+                status = _status_text(row)
                 lines.append(f"| {row['case']} | {row['mode']} | {row['search']} | "
                              f"{fmt(row.get('sentences_per_s'), 1)} | {ratio} | "
                              f"{_interval_text(row.get('ratio_interval'))} | {row.get('runs', 0)} | {status} |")
