@@ -4,11 +4,13 @@
 Usage::
 
     python -m tools.clause_split_corpus --lang en --input train.bpe.en --output train.bpe.en.clause_rule
-        [--levels 6] [--tagger-model FILE] [--subword-model spm.model] [--bucket 256] [--jobs 1]
+        [--levels 6] [--tagger-model FILE] [--spacy-model NAME] [--subword-model spm.model] [--bucket 256] [--jobs 1]
 
-How it works and why: docs/tools.md (clause_split_corpus.py).
+Beside the output, ``<output>.clause_split.json`` records the options it was split with; training with
+``-clause_presplit`` checks them against its own.  How it works and why: docs/tools.md (clause_split_corpus.py).
 """
 
+import json
 import multiprocessing
 import os
 import sys
@@ -41,6 +43,7 @@ def main(argv=None):
     p.add_argument("--output", required=True, help="where to write the split lines")
     p.add_argument("--levels", type=int, default=6, help="-clause_levels (default 6)")
     p.add_argument("--tagger-model", default="", help="-clause_tagger_model (default: the rules)")
+    p.add_argument("--spacy-model", default="", help="-clause_spacy_model (default: the transform's)")
     p.add_argument("--subword-model", default="", help="SentencePiece model applied first (default: none)")
     p.add_argument("--bucket", type=int, default=256, help="sentences per batch_apply call (default 256)")
     p.add_argument("--jobs", type=int, default=1,
@@ -60,8 +63,12 @@ def main(argv=None):
         return 2
     args.column, args.limit = None, 0
     from onmt.transforms import make_transforms
+    from onmt_ext.mechanisms.clause.split import RECORD_SUFFIX, ClauseSplitOptions, split_record
 
     opts, classes = _opts(args)
+    record = args.output + RECORD_SUFFIX  # how the output was split; an old one goes first, as it may not hold
+    if os.path.lexists(record):
+        os.remove(record)
     transforms = make_transforms(opts, classes, None)
     global _TRANSFORMS
     _TRANSFORMS = transforms
@@ -69,6 +76,9 @@ def main(argv=None):
     start = time.perf_counter()
     try:
         _write(args, buckets)
+        with open(record, "w", encoding="utf-8") as out:
+            json.dump(split_record(ClauseSplitOptions.from_opts(opts), args.subword_model), out, indent=1)
+            out.write("\n")
     except OSError as exc:
         print(f"clause_split_corpus: error: --output {args.output}: cannot write ({exc.strerror or exc})",
               file=sys.stderr)

@@ -33,6 +33,8 @@ def _opts(args):
     argv = ["-clause_lang", args.lang] + ([] if args.levels is None else ["-clause_levels", str(args.levels)])
     if args.tagger_model:
         argv += ["-clause_tagger_model", args.tagger_model]
+    if args.spacy_model:
+        argv += ["-clause_spacy_model", args.spacy_model]
     if args.subword_model:
         argv += ["-src_subword_model", args.subword_model, "-tgt_subword_model", args.subword_model]
     opts = parser.parse_args(argv)
@@ -63,6 +65,7 @@ def main(argv=None):
     p.add_argument("--limit", type=int, default=0, help="first N lines only (0: all)")
     p.add_argument("--levels", type=int, help="-clause_levels (default: the transform's)")
     p.add_argument("--tagger-model", default="", help="-clause_tagger_model (default: the rules)")
+    p.add_argument("--spacy-model", default="", help="-clause_spacy_model (default: the transform's)")
     p.add_argument("--subword-model", default="", help="SentencePiece model applied first (default: none)")
     p.add_argument("--bucket", type=int, default=256, help="examples per batch_apply call (default 256)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")

@@ -11,6 +11,7 @@ transforms.  Translation runs follow :func:`translation_schedule`, each between 
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -178,6 +179,11 @@ def repeated_file(path, copies, varied=False):
             text *= copies
         partial.write_text(text, encoding="utf-8")
         partial.replace(repeated)
+    from onmt_ext.mechanisms.clause.split import RECORD_SUFFIX  # imports OpenNMT-py: only here
+
+    record = path.with_name(path.name + RECORD_SUFFIX)  # a clause split's record holds for its copies too
+    if record.is_file():
+        shutil.copyfile(record, repeated.with_name(repeated.name + RECORD_SUFFIX))
     return repeated
 
 

@@ -395,6 +395,51 @@ def test_clause_split_option_checks_exit_by_the_convention(sample_data, onmt_act
         assert _one_error_line(result, "onmt_build_vocab", status).startswith(f"onmt_build_vocab: error: {message}")
 
 
+def test_a_presplit_source_is_checked_against_the_options_it_was_split_with(sample_data, onmt_active, tmp_path):
+    """-clause_presplit: the record tools/clause_split_corpus.py writes beside its output is checked against the
+    run's -clause_* options (one line naming them, exit 2); a file without one gets a warning that its split is not
+    checked; a subword transform before clause_split, which would cut the markers in the file, is refused."""
+    source, split = tmp_path / "valid.zh", tmp_path / "valid.zh.clause"
+    for side in ("zh", "en"):
+        lines = (support.TATOEBA / f"valid.{side}").read_text(encoding="utf-8").splitlines(True)[:40]
+        (tmp_path / f"valid.{side}").write_text("".join(lines), encoding="utf-8")
+    support.run_cli(sys.executable, "-m", "tools.clause_split_corpus", "--lang", "zh", "--levels", 4,
+                    "--input", source, "--output", split)
+    config = tmp_path / "clause.yaml"
+    config.write_text(textwrap.dedent(f"""\
+        save_data: {tmp_path}/samples
+        src_vocab: {tmp_path}/vocab.src
+        tgt_vocab: {tmp_path}/vocab.tgt
+        overwrite: true
+        data:
+          corpus_1:
+            path_src: {split}
+            path_tgt: {tmp_path}/valid.en
+        transforms: [clause_split]
+        clause_lang: zh
+        clause_presplit: true
+        """), encoding="utf-8")
+
+    def build(*args):
+        return support.run_cli("onmt_build_vocab", "-config", config, "-n_sample", -1, *args, check=False)
+
+    done = build("-clause_levels", 4)
+    assert done.returncode == 0 and "clause_split" not in done.stderr.replace("Transform/ClauseSplit", ""), \
+        done.stderr
+    assert (tmp_path / "vocab.src").is_file()
+    message = (f"clause_split: -clause_presplit: corpus 'corpus_1': {split} was split with -clause_levels 4, "
+               f"but this run has -clause_levels 6;")
+    assert _one_error_line(build(), "onmt_build_vocab", 2).startswith(f"onmt_build_vocab: error: {message}")
+    said = _one_error_line(build("-clause_levels", 4, "-clause_lang", "en"), "onmt_build_vocab", 2)
+    assert "was split with -clause_lang 'zh', -clause_spacy_model ''" in said, said
+    said = _one_error_line(build("-clause_levels", 4, *SPM[:2], "clause_split"), "onmt_build_vocab", 2)
+    assert "-clause_presplit: -transforms put sentencepiece before clause_split" in said, said
+    (tmp_path / "valid.zh.clause.clause_split.json").unlink()
+    done = build("-clause_levels", 4)
+    notes = [line for line in done.stderr.splitlines() if "clause_split.json" in line]
+    assert done.returncode == 0 and len(notes) == 1 and f"{split} has no .clause_split.json beside it" in notes[0]
+
+
 # audit ---------------------------------------------------------------- outputs onto inputs, broken input files
 
 

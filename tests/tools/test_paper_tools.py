@@ -322,8 +322,11 @@ def test_repeated_training_sources_are_varied_copies_that_a_batch_keeps(tmp_path
     assert timed_runs.varied_line("▁嗨", 3) == "▁嗨"  # one piece: nothing to vary
     source = tmp_path / "train.sp.zh"
     source.write_text("a b c\nd e\n", encoding="utf-8")
+    (tmp_path / "train.sp.zh.clause_split.json").write_text('{"levels": 4}', encoding="utf-8")
     varied = timed_runs.repeated_file(source, 3, varied=True)
     assert varied.read_text(encoding="utf-8") == "a b c\nd e\nb c a\ne d\nc a b\ne d\n"
+    copied = tmp_path / "train.sp.zh.v3.clause_split.json"  # the clause split's record, which -clause_presplit reads
+    assert copied.read_text(encoding="utf-8") == '{"levels": 4}'
     assert timed_runs.repeated_file(source, 3).read_text(encoding="utf-8") == "a b c\nd e\n" * 3
 
 

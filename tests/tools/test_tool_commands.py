@@ -113,6 +113,8 @@ def test_presplit_corpus_equals_the_transform_on_the_fly(tmp_path, sample_data):
                     "--input", source, "--output", out, "--levels", "4"], cwd=REPO, check=True, capture_output=True)
     written = out.read_text(encoding="utf-8").split("\n")[:-1]
     assert len(written) == len(lines) and written[-1] == ""
+    record = json.loads((tmp_path / ("src.zh.clause" + cs.RECORD_SUFFIX)).read_text(encoding="utf-8"))
+    assert record == cs.split_record(cs.ClauseSplitOptions(lang="zh", levels=4))  # what -clause_presplit checks
     on_the_fly = cs.ClauseSplitTransform.__new__(cs.ClauseSplitTransform)
     on_the_fly.splitter, on_the_fly.presplit = cs.ClauseSplitter("zh", 4), False
     expected = []

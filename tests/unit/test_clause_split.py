@@ -2,9 +2,11 @@
 study tagger, registration."""
 
 import importlib
+import json
 import pickle
 import textwrap
 
+import numpy as np
 import pytest
 
 import support
@@ -457,6 +459,35 @@ def test_registered_with_options_and_reimport_is_harmless():
         cs.__dict__.update(before)
         cs.install()
     assert AVAILABLE_TRANSFORMS["clause_split"] is registered
+
+
+def test_a_presplit_record_knows_its_tagger_by_content(tmp_path):
+    """presplit_checks: the record's tagger is the run's when their contents agree, by whatever path; a tagger file
+    changed since the split, or the rules where a tagger split the file, is a problem naming the file."""
+    tagger = tmp_path / "tagger.pt"
+    cs.SignalTagger(np.zeros((8, 7)), "zh").save(tagger)
+    split = tmp_path / "train.zh.clause"
+    split.write_text("a b\n", encoding="utf-8")
+    record = cs.split_record(cs.ClauseSplitOptions(lang="zh", levels=3, tagger_model=str(tagger)))
+    assert record["spacy_model"] == "" and len(record["tagger_sha256"]) == 64
+    (tmp_path / ("train.zh.clause" + cs.RECORD_SUFFIX)).write_text(json.dumps(record), encoding="utf-8")
+
+    def checks(**options):
+        options = {"clause_presplit": True, "clause_lang": "zh", "clause_levels": 3, **options}
+        return cs.presplit_checks(_Namespace(transforms=["clause_split"], data={"c": {"path_src": str(split)}},
+                                             **options))
+
+    other = tmp_path / "copy" / "tagger.pt"
+    other.parent.mkdir()
+    other.write_bytes(tagger.read_bytes())
+    assert checks(clause_tagger_model=str(tagger)) == checks(clause_tagger_model=str(other)) == ([], [])
+    problems, _ = checks()
+    assert len(problems) == 1 and f"was split with -clause_tagger_model {str(tagger)!r}" in problems[0][1]
+    cs.SignalTagger(np.ones((8, 7)), "zh").save(tagger)
+    problems, _ = checks(clause_tagger_model=str(tagger))
+    assert len(problems) == 1 and f"{split} was split by an earlier content of -clause_tagger_model" in problems[0][1]
+    assert cs.presplit_checks(_Namespace(transforms=["clause_split"], data={"c": {"path_src": str(split)}})) == (
+        [], [])  # without -clause_presplit, nothing is read
 
 
 class _Namespace:

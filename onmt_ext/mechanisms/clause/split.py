@@ -14,8 +14,10 @@ Pure functions for the encoder (no OpenNMT-py needed): :func:`is_marker`, :func:
 :func:`strip_markers`, :func:`clause_ids` (eq. 3).  Rules, subwords, taggers: docs/clause.md.
 """
 
+import hashlib
 import html
 import importlib.util
+import json
 import logging
 import os
 import re
@@ -38,6 +40,7 @@ from onmt_ext.patches import NEEDED, add_entry
 import onmt.transforms
 from onmt.transforms import AVAILABLE_TRANSFORMS  # noqa: F401  (tools read it from here)
 from onmt.transforms.transform import ObservableStats, Transform
+from onmt.utils.logging import logger
 
 # spaCy and jieba are imported where a tagger is first loaded: spaCy is optional (without it only -clause_lang en
 # fails, in one line), and jieba.posseg takes most of a second to load its dictionary.
@@ -255,8 +258,9 @@ class ClauseSplitOptions:
     spacy_model: str = option(DEFAULT_SPACY_MODEL, "spaCy pipeline (installed package name or directory) that tags "
                                                    "English sources.")
     presplit: bool = option(False, "The source files already carry the markers (split once, offline, by "
-                                   "tools/clause_split_corpus.py with the same -clause_* options): pass them through "
-                                   "instead of tagging every sentence again in every epoch.")
+                                   "tools/clause_split_corpus.py with the same -clause_* options, which are checked "
+                                   "against the record it writes beside each file): pass them through instead of "
+                                   "tagging every sentence again in every epoch.")
 
     PREFIX = "clause_"
 
@@ -697,12 +701,14 @@ def translate_options(config, subword_transforms=()):
 
 
 def _transform_lists(opts):
-    """``(where, list)`` of every transform list in ``opts`` (default list and per corpus)."""
+    """``(where, list)`` of every transform list in ``opts``: the default list, and each corpus's own unless it is
+    the default (OpenNMT-py gives the default to each corpus without one: a problem of it is said once)."""
     lists = [("-transforms", list(getattr(opts, "transforms", None) or []))]
     data = getattr(opts, "data", None)
     if isinstance(data, dict):
         for name, corpus in data.items():
-            if isinstance(corpus, dict) and corpus.get("transforms") is not None:
+            if isinstance(corpus, dict) and corpus.get("transforms") is not None \
+                    and list(corpus["transforms"]) != lists[0][1]:
                 lists.append((f"the transforms of corpus {name!r}", list(corpus["transforms"])))
     return lists
 
@@ -739,6 +745,99 @@ def option_checks(opts):
     if getattr(opts, "lambda_align", 0.0) and getattr(opts, "lambda_align", 0.0) > 0:
         problems.append((2, f"{TRANSFORM_NAME} inserts source tokens and cannot keep -lambda_align alignments"))
     return problems
+
+
+# ---------------------------------------------------------------------------
+# Pre-split files: how they were split, beside them
+
+#: Beside each file tools/clause_split_corpus.py writes, ``<file>`` + this: the options it was split with (JSON)
+RECORD_SUFFIX = ".clause_split.json"
+_RECORDED = ("lang", "levels", "tagger_model", "spacy_model")
+
+
+def split_record(split, subword_model=""):
+    """What a pre-split file records of its split: the options of ``split`` (a :class:`ClauseSplitOptions`) that
+    decide the markers, with the tagger file also by content (``tagger_sha256``, "" for the rules), and the
+    SentencePiece model applied first (``subword_model``, a path or ""); a dict for JSON."""
+    tagger = split.tagger_model or ""
+    return {"lang": split.lang, "levels": split.levels, "tagger_model": tagger,
+            "tagger_sha256": _file_sha256(tagger) if tagger and os.path.isfile(tagger) else "",
+            "spacy_model": split.spacy_model if split.lang == "en" else "", "subword_model": subword_model or ""}
+
+
+def _file_sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _split_sources(opts):
+    """``(where, path)`` of every source file ``opts`` puts through ``clause_split``: each corpus of ``-data`` whose
+    transforms (its own, else ``-transforms``) list it, and onmt_translate's ``-src``."""
+    default = list(getattr(opts, "transforms", None) or [])
+    data = getattr(opts, "data", None)
+    for name, corpus in (data.items() if isinstance(data, dict) else ()):
+        if isinstance(corpus, dict) and corpus.get("path_src"):
+            names = corpus["transforms"] if corpus.get("transforms") is not None else default
+            if TRANSFORM_NAME in names:
+                yield f"corpus {name!r}", str(corpus["path_src"])
+    src = getattr(opts, "src", None)
+    if isinstance(src, str) and TRANSFORM_NAME in default:
+        yield "-src", src
+
+
+def presplit_checks(opts):
+    """``(problems, notes)`` of ``-clause_presplit`` in ``opts`` (both empty without it).
+
+    problems: ``(status, message)``: a subword transform listed before ``clause_split`` (it would cut the markers
+    in the files into pieces), or a source whose record (:data:`RECORD_SUFFIX`) says it was split with other
+    options than ``opts`` gives; notes: one line for each source without a record, whose split cannot be checked.
+    """
+    split = ClauseSplitOptions.from_opts(opts)
+    if not split.presplit:
+        return [], []
+    problems, notes = [], []
+    for where, names in _transform_lists(opts):
+        if TRANSFORM_NAME in names:
+            early = [n for n in _SUBWORD_TRANSFORMS if n in names and names.index(n) < names.index(TRANSFORM_NAME)]
+            if early:
+                problems.append((2, f"-clause_presplit: {where} put {', '.join(early)} before {TRANSFORM_NAME}, "
+                                    f"which would cut the markers already in the files into pieces; cut the corpus "
+                                    f"into subwords before splitting it (tools/clause_split_corpus.py "
+                                    f"--subword-model) and list [{TRANSFORM_NAME}, filtertoolong]"))
+    for where, path in _split_sources(opts):
+        if not os.path.isfile(path):
+            continue  # OpenNMT-py or onmt_ext names a missing corpus file
+        try:
+            with open(path + RECORD_SUFFIX, encoding="utf-8") as stream:
+                record = json.load(stream)
+        except FileNotFoundError:
+            notes.append(f"-clause_presplit: {where}: {path} has no {RECORD_SUFFIX} beside it (written by "
+                         f"tools/clause_split_corpus.py), so that it was split with this run's -clause_* options "
+                         f"is not checked")
+            continue
+        except (OSError, ValueError) as exc:
+            problems.append((1, f"-clause_presplit: {path}{RECORD_SUFFIX}: cannot read ({exc}); split {path} "
+                                f"again with tools/clause_split_corpus.py"))
+            continue
+        record, wanted = record if isinstance(record, dict) else {}, split_record(split)
+        differ = [name for name in _RECORDED if record.get(name, "") != wanted[name]]
+        same_tagger = record.get("tagger_sha256", "") == wanted["tagger_sha256"]
+        if "tagger_model" in differ and wanted["tagger_model"] and same_tagger:
+            differ.remove("tagger_model")  # the same tagger file, by another path
+        if differ:
+            said = ", ".join(f"-clause_{name} {record.get(name, '')!r}" for name in differ)
+            given = ", ".join(f"-clause_{name} {wanted[name]!r}" for name in differ)
+            problems.append((2, f"-clause_presplit: {where}: {path} was split with {said}, but this run has "
+                                f"{given}; split it again with this run's options (tools/clause_split_corpus.py, "
+                                f"docs/clause.md) or give the ones it was split with"))
+        elif not same_tagger:
+            problems.append((2, f"-clause_presplit: {where}: {path} was split by an earlier content of "
+                                f"-clause_tagger_model {wanted['tagger_model']}, which has changed since; split it "
+                                f"again with tools/clause_split_corpus.py"))
+    return problems, notes
 
 
 # ---------------------------------------------------------------------------
@@ -781,8 +880,14 @@ class ClauseSplitTransform(Transform):
     @classmethod
     def _validate_options(cls, opts):
         """Stop with one clear message per bad option, file or transform order (no traceback); inside a command,
-        exit 2 when one of them is a usage error, else 1 (:func:`option_checks`)."""
+        exit 2 when one of them is a usage error, else 1 (:func:`option_checks`, :func:`presplit_checks`, whose notes
+        are logged as warnings)."""
         problems = option_checks(opts)
+        notes = []
+        if not problems:  # the tagger file loads: a pre-split file's record can be checked against it
+            problems, notes = presplit_checks(opts)
+        for note in notes:
+            logger.warning(f"{TRANSFORM_NAME}: {note}")
         if problems:
             error = UsageError if any(status == 2 for status, _ in problems) else UserError
             raise error("\n".join(f"{TRANSFORM_NAME}: error: {message}" for _, message in problems))
