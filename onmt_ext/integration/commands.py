@@ -493,7 +493,8 @@ def _train_checked(stock, opt, *args, **kwargs):
     if half:
         sys.stderr.write(half + "\n")
         _quiet_cpu_half()
-    problems = train_step.adam_eps_problems(opt) + log_file_problems(opt)
+    problems = train_step.adam_eps_problems(opt) + log_file_problems(opt) + \
+        checkpoint_problems([("-train_from", getattr(opt, "train_from", None))])
     if not getattr(opt, "train_from", None) or getattr(opt, "update_vocab", False):  # (resumed: the checkpoint's)
         problems += missing_vocabularies(opt)
     if problems:
@@ -563,6 +564,13 @@ def _translation_inputs(opt):
         [("-src", getattr(opt, "src", None)), ("-tgt", getattr(opt, "tgt", None))]
 
 
+def checkpoint_problems(inputs):
+    """One line for each ``(option, path)`` of ``inputs`` whose path is given and names no checkpoint file (the
+    loader, which does not know the option, would name only the path)."""
+    return [f"{option} {path}: {not_a_file(path, 'checkpoint file')}" for option, path in inputs
+            if path and not os.path.isfile(path)]
+
+
 def log_file_problems(opt, inputs=None):
     """Why ``-log_file`` cannot be written, or would be written into one of ``inputs`` (default: the files
     ``onmt_train`` reads); stock ends in a FileNotFoundError traceback, or appends log lines to the input."""
@@ -599,7 +607,8 @@ def phrase_table_problems(opt):
 def _translate_checked(stock, opt, *args, **kwargs):
     """``onmt.bin.translate.translate``: one-line errors, a check of ``-output`` (and ``-phrase_table``) before
     anything is loaded, and a warning when every translation is empty."""
-    problems = output_problems(opt) + phrase_table_problems(opt)
+    models = [(option, path) for option, path in _translation_inputs(opt) if option == "-model"]
+    problems = checkpoint_problems(models) + output_problems(opt) + phrase_table_problems(opt)
     if problems:
         raise UsageError("\n".join(problems))
     _check_machine(opt)

@@ -133,7 +133,16 @@ def test_a_model_file_that_is_no_checkpoint_is_named(sample_data, onmt_active, t
     assert "weights_only" not in result.stderr
     result = support.run_cli("onmt_translate", "-model", tmp_path / "missing.pt", "-src", _source(tmp_path),
                              "-output", tmp_path / "hyp", check=False)
-    assert _one_error_line(result, "onmt_translate", 2).endswith(f"{tmp_path / 'missing.pt'}: no such checkpoint file")
+    said = _one_error_line(result, "onmt_translate", 2)
+    assert said == f"onmt_translate: error: -model {tmp_path / 'missing.pt'}: no such checkpoint file"
+    result = support.run_cli("onmt_translate", "-model", tmp_path, "-src", _source(tmp_path), "-output",
+                             tmp_path / "hyp", check=False)  # a directory: named with its option, as by onmt_train
+    said = _one_error_line(result, "onmt_translate", 2)
+    assert said == f"onmt_translate: error: -model {tmp_path}: is a directory, not a checkpoint file"
+    result = support.run_cli("onmt_train", "-config", CONFIG, "-train_from", tmp_path, "-save_model",
+                             tmp_path / "run" / "model", check=False)
+    said = _one_error_line(result, "onmt_train", 2)
+    assert said == f"onmt_train: error: -train_from {tmp_path}: is a directory, not a checkpoint file"
 
 
 # 6 ------------------------------------------------------------------ misspelled vocabulary path
