@@ -580,10 +580,19 @@ def _work_prefix(directory):
     return f"{directory.rstrip(os.sep)}.partial-{socket.gethostname()}-"
 
 
+#: Seconds after which an old-format work directory ``<directory>.partial-<pid>`` (no host in its name: written
+#: by onmt-ext before it named the host) counts as a killed run's, whichever host made it
+OLD_FORMAT_AGE = 24 * 3600
+
+
 def _dead_runs(directory):
     """The work directories beside ``directory`` that runs of this host left when they were killed (their process
-    is gone): ``<directory>.partial-<host>-<pid>-<random>``."""
-    prefix, found = _work_prefix(directory), []
+    is gone): ``<directory>.partial-<host>-<pid>-<random>``; and old-format ones, ``<directory>.partial-<pid>``,
+    untouched for :data:`OLD_FORMAT_AGE` (their host is unknown, so their process cannot be asked)."""
+    old = f"{directory.rstrip(os.sep)}.partial-"
+    found = [path for path in glob.glob(glob.escape(old) + "*") if re.fullmatch(r"\d+", path[len(old):])
+             and time.time() - os.path.getmtime(path) > OLD_FORMAT_AGE]
+    prefix = _work_prefix(directory)
     for path in glob.glob(glob.escape(prefix) + "*"):
         run = re.fullmatch(r"(\d+)-[0-9a-f]{8}", path[len(prefix):])  # (not a host whose name goes on: node-1)
         if run is None or int(run.group(1)) == os.getpid():

@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -560,7 +561,7 @@ def _partials(folder):
 def test_the_work_directory_names_its_host_and_leaves_another_runs_alone(corpora, tmp_path, monkeypatch):
     """On a shared file system two nodes' runs can have one pid: the work directory names the host as well (and is
     made afresh, never emptied), so another node's run writing beside it keeps its directory; a directory of this
-    host's killed run (its process gone) is removed."""
+    host's killed run (its process gone) is removed, and so is an old-format one (no host) untouched for a day."""
     import subprocess
 
     from onmt_ext.runtime import binarized
@@ -571,9 +572,12 @@ def test_the_work_directory_names_its_host_and_leaves_another_runs_alone(corpora
                           check=True).stdout.strip()
     others = [f"bin.partial-{os.getpid()}", f"bin.partial-node-a-{os.getpid()}-0000abcd",
               "bin.partial-node-b-1-0000abcd", f"bin.partial-node-b-7-{gone}-0000abcd"]  # (host node-b-7)
-    for name in [*others, f"bin.partial-node-b-{gone}-0000abcd"]:
+    old = f"bin.partial-{gone}"  # an old-format name (no host), untouched for longer than OLD_FORMAT_AGE: goes
+    for name in [*others, f"bin.partial-node-b-{gone}-0000abcd", old]:
         (tmp_path / name).mkdir()
         (tmp_path / name / "one.state.npy").write_bytes(b"writing")
+    then = time.time() - binarized.OLD_FORMAT_AGE - 60
+    os.utime(tmp_path / old, (then, then))
     seen, stock = [], binarized._build_corpus
 
     def watched(*args, **kwargs):
@@ -584,7 +588,7 @@ def test_the_work_directory_names_its_host_and_leaves_another_runs_alone(corpora
     build(write_config(tmp_path, files))
     (mine,) = set(seen[0]) - set(others)
     assert mine.startswith(f"bin.partial-node-b-{os.getpid()}-")
-    assert _partials(tmp_path) == sorted(others)  # pid 1 lives: its directory is kept
+    assert _partials(tmp_path) == sorted(others)  # pid 1 lives: its directory is kept; a recent old-format one too
     assert all((tmp_path / name / "one.state.npy").read_bytes() == b"writing" for name in others)
 
 
