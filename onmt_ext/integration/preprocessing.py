@@ -106,6 +106,14 @@ def checkpoint_options(path):
     return checkpoint.get("opt") if isinstance(checkpoint, dict) else None
 
 
+def transform_attribute(name, attribute):
+    """A transform's tuple ``attribute`` (``training_files_options``, ``not_file_options``; empty when the transform
+    or the attribute is unknown)."""
+    from onmt.transforms import AVAILABLE_TRANSFORMS
+
+    return tuple(getattr(AVAILABLE_TRANSFORMS.get(name), attribute, ()))
+
+
 def transform_defaults(name):
     """``{dest: default}`` of the options transform ``name`` adds (empty for an unknown transform)."""
     from onmt.transforms import AVAILABLE_TRANSFORMS
@@ -129,23 +137,26 @@ def _flag(name, value):
 
 
 def adopt_training(opt, model_opt):
-    """Give ``opt`` (no ``-transforms``) the shaping transforms of ``model_opt`` and their options.
+    """Give ``opt`` (no ``-transforms``) the shaping transforms of ``model_opt`` and their options, but those of
+    training's files (``-clause_presplit``: this source is split on the fly).
 
     Returns ``(transforms, copied, missing)``: the transforms now in
     ``opt.transforms``, ``{option: value}`` taken from training, and one
     message per file option whose file is not here.
     """
     transforms = shaping(getattr(model_opt, "transforms", None))
-    copied, missing = {}, []
+    copied, missing, not_files = {}, [], set()
     for name in transforms:
+        kept = transform_attribute(name, "training_files_options")  # (e.g. -clause_presplit: of training's files)
+        not_files.update(transform_attribute(name, "not_file_options"))
         for dest, default in transform_defaults(name).items():
-            if not hasattr(model_opt, dest) or getattr(opt, dest, default) != default:
-                continue  # unknown to the checkpoint, or set by the user
+            if dest in kept or not hasattr(model_opt, dest) or getattr(opt, dest, default) != default:
+                continue  # of training's files, unknown to the checkpoint, or set by the user
             value = getattr(model_opt, dest)
             if value != default:
                 copied[dest] = value
             setattr(opt, dest, value)
-    for dest in sorted({d for name in transforms for d in transform_defaults(name)}):
+    for dest in sorted({d for name in transforms for d in transform_defaults(name)} - not_files):
         value = getattr(opt, dest, None)
         if dest.endswith(_FILE_SUFFIXES) and isinstance(value, str) and value and not os.path.isfile(value):
             origin = " (from training)" if dest in copied else ""

@@ -76,6 +76,21 @@ def test_missing_transforms_are_taken_from_the_checkpoint(sample_data, onmt_acti
     assert _transforms_of(opt) == ["sentencepiece"] and opt.src_subword_model == str(other)
 
 
+def test_a_clause_models_split_is_taken_from_the_checkpoint_and_done_on_the_fly(sample_data, onmt_active, tmp_path,
+                                                                                capsys):
+    """A clause-attention model's clause_split and its options are adopted like its subword model: its spaCy
+    pipeline is a package name, not a file that must be here (every clause model failed so); a model trained on
+    pre-split files (-clause_presplit) gets its raw source split on the fly, not passed through unsplit."""
+    _copy_spm(sample_data, tmp_path)
+    path, _ = _checkpoint(tmp_path, "-transforms", "sentencepiece", "clause_split", "filtertoolong",
+                          "-clause_lang", "zh", "-clause_levels", 4, "-clause_presplit")
+    opt = _translate_opt("-model", path)
+    assert _transforms_of(opt)[-2:] == ["sentencepiece", "clause_split"]
+    assert (opt.clause_lang, opt.clause_levels, opt.clause_presplit) == ("zh", 4, False)
+    said = capsys.readouterr().err
+    assert "-clause_lang zh -clause_levels 4" in said and "presplit" not in said and "spacy" not in said, said
+
+
 def test_a_subword_model_that_is_not_here_stops_translation_in_one_line(sample_data, onmt_active, tmp_path):
     from onmt_ext.errors import UsageError
 

@@ -868,6 +868,12 @@ class ClauseSplitTransform(Transform):
     once; the result equals ``apply`` one example at a time.
     """
 
+    #: Options that describe training's files, not how a source is shaped: onmt_translate, adopting a model's
+    #: preprocessing for a raw source, leaves them at their defaults (the source is split on the fly)
+    training_files_options = (ClauseSplitOptions.PREFIX + "presplit",)
+    #: Options ending in ``_model`` that name no file to check: an installed spaCy pipeline (or a directory)
+    not_file_options = (ClauseSplitOptions.PREFIX + "spacy_model",)
+
     @classmethod
     def add_options(cls, parser):
         """Options of ``clause_split`` (group "Transform/ClauseSplit")."""
