@@ -4,13 +4,13 @@
 #                 Transformer on the CPU, translate the test set, score it
 #   make length-demo  clause attention vs. baseline on the shipped WMT14 En-De sample, BLEU by
 #                 source length with per-bucket significance and a plot (CPU)
-#   make test     the default test tier: unit tests and fast integration tests, about 8 minutes on a
+#   make test     the default test tier: unit tests and fast integration tests, 7-19 minutes on a
 #                 2-core CPU (runs setup and data preparation first; tests/README.md)
 #   make test-all every test: the default tier and the slow one (system tests, trainings through the
 #                 CLI, the whole decoding-property suite); what CI runs
 #   make smoke    train every config of yaml_configs/smoke/ for a few steps
-#   make compare  baseline vs one config per paper and a combination, 3 seeds, on the CPU, trained until the
-#                 baseline's validation perplexity plateaus; learning curves (at most 2 hours; docs/compare.md)
+#   make compare  baseline vs one config per paper and a combination, 6 seeds, on the CPU, trained until the
+#                 baseline's validation perplexity plateaus; learning curves (at most 5.5 hours; docs/compare.md)
 #   make scale    long translation runs and long training sentences per mechanism (results/scale/)
 #   make split-speed  clause_split sentences/s with rules and a trained tagger, English and Chinese
 #   make cao2019-weights  share of near-zero routing weights of cross aggregation for T = 1..5, from
@@ -457,12 +457,12 @@ run_pytest = status=0; OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) -
 	if [ $$status -eq 5 ]; then echo "make $@: error: pytest selected no test" >&2; exit 1; fi; exit $$status
 
 test: data | $(SETUP_STAMP)
-	@echo "== test: the default tier, about 1,600 tests in $(TEST_WORKERS) workers: 7-17 minutes on 2 idle CPU cores," \
+	@echo "== test: the default tier, about 1,800 tests in $(TEST_WORKERS) workers: 7-19 minutes on 2 idle CPU cores," \
 	  "by the machine (results/tests/README.md); pytest's percentage counts them"
 	@$(call run_pytest,-m "not slow" tests)
 
 test-all: data | $(SETUP_STAMP)
-	@echo "== test-all: both tiers, about 2,250 tests in $(TEST_WORKERS) workers: 25-61 minutes on 2 idle CPU cores," \
+	@echo "== test-all: both tiers, about 2,450 tests in $(TEST_WORKERS) workers: 25-61 minutes on 2 idle CPU cores," \
 	  "by the machine (results/tests/README.md); pytest's percentage counts them"
 	@$(call run_pytest,tests)
 
