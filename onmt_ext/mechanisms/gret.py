@@ -303,7 +303,8 @@ def load_with_new_parameters(stock_load):
     baseline, as GRET is trained), the checkpoint's tensors are loaded, the
     missing ones are initialised as in a model trained from scratch (each by
     its stated rule, see :func:`_initialise`), and both lists are
-    logged.  Any other missing tensor still fails as in stock OpenNMT-py.
+    logged.  Non-persistent buffers, which no checkpoint holds, are left as built, without a word.  Any other
+    missing tensor still fails as in stock OpenNMT-py.
     """
 
     def load_state_dict(self, checkpoint, *args, strict=True, **kwargs):
@@ -313,16 +314,19 @@ def load_with_new_parameters(stock_load):
         problem = layer_norm_problem({name for name, _ in _tensors(self)}, names)
         if problem:
             raise UsageError(problem)
+        never_saved = _never_saved(self)
         missing = [name for name, _ in _tensors(self) if name not in names]
-        new = [name for name in missing if initialisation.added_by_mechanism(self, name)]
-        if not missing or len(new) != len(missing):
+        saved_missing = [name for name in missing if name not in never_saved]
+        new = [name for name in saved_missing if initialisation.added_by_mechanism(self, name)]
+        if not missing or len(new) != len(saved_missing):
             return stock_load(self, checkpoint, *args, strict=strict, **kwargs)
-        _initialise(self, new)
-        from onmt.utils.logging import logger
+        if new:
+            _initialise(self, new)
+            from onmt.utils.logging import logger
 
-        loaded = len(list(_tensors(self))) - len(new)
-        logger.info("onmt-ext: %d tensors loaded from the checkpoint; %d new tensors of onmt-ext mechanisms "
-                    "initialised: %s", loaded, len(new), ", ".join(new))
+            loaded = len(list(_tensors(self))) - len(never_saved) - len(new)
+            logger.info("onmt-ext: %d tensors loaded from the checkpoint; %d new tensors of onmt-ext mechanisms "
+                        "initialised: %s", loaded, len(new), ", ".join(new))
         return stock_load(self, checkpoint, *args, strict=False, **kwargs)
 
     return load_state_dict
@@ -352,6 +356,13 @@ def layer_norm_problem(model_names, checkpoint_names):
 def _tensors(model):
     yield from model.named_parameters()
     yield from model.named_buffers()
+
+
+def _never_saved(model):
+    """The names of ``model``'s non-persistent buffers, which no checkpoint holds (clause attention's marker
+    tables, rebuilt from the vocabulary); OpenNMT-py's strict load asks the checkpoint for them all the same."""
+    return {f"{prefix}.{name}" if prefix else name for prefix, module in model.named_modules()
+            for name, _ in module.named_buffers(recurse=False) if name in module._non_persistent_buffers_set}
 
 
 def _initialise(model, names):

@@ -123,6 +123,22 @@ def _checkpoint_of(model):
     return {"model": state, "generator": {k: v.clone() for k, v in model.generator.state_dict().items()}}
 
 
+def test_a_clause_models_own_checkpoint_loads_strictly_without_new_tensors(sample_data, onmt_active, caplog):
+    """Clause attention's marker tables are non-persistent buffers, rebuilt from the vocabulary: a checkpoint
+    never holds them, and loading one is no fine-tuning from a baseline (it said "3 new tensors initialised")."""
+    config = "yaml_configs/smoke/clause/transformer_base_niutrans_enzh_ca_rule.yaml"
+    opt = support.load_train_opts(config)
+    vocabs = support.load_vocabs(opt)
+    trained = support.build_model(opt, vocabs, seed=4)
+    checkpoint = _checkpoint_of(trained)
+    model = support.build_model(opt, vocabs, seed=5)
+    caplog.set_level(logging.INFO)
+    model.load_state_dict(checkpoint)
+    assert not [r.getMessage() for r in caplog.records if "new tensors" in r.getMessage()]
+    for (name, mine), (_, theirs) in zip(model.state_dict().items(), trained.state_dict().items()):
+        assert torch.equal(mine, theirs), name
+
+
 def test_loading_a_baseline_checkpoint_initialises_only_the_new_tensors(sample_data, onmt_active, caplog):
     vocabs = support.load_vocabs(support.load_train_opts(SMOKE))
     baseline = support.build_model(support.load_train_opts(SMOKE), vocabs, seed=4)
