@@ -19,7 +19,7 @@ def binarize(argv=None):
     from onmt.utils.logging import init_logger, logger
     from onmt.utils.parse import ArgumentParser
 
-    from onmt_ext.integration.commands import missing_vocabularies
+    from onmt_ext.integration.commands import log_file_problems, missing_vocabularies
     from onmt_ext.integration.parsing import train_parser
     from onmt_ext.runtime import binarized
 
@@ -33,6 +33,9 @@ def binarize(argv=None):
     if not (options.binarized or options.binarized_cache):
         raise UsageError("-ext_binarized: name the directory to write (in the config, where onmt_train reads it), "
                          "or -ext_binarized_cache the directory to write under")
+    problems = log_file_problems(opt)  # (init_logger: a traceback on a directory, log lines into an input)
+    if problems:
+        raise UsageError("\n".join(problems))
     init_logger(opt.log_file or None)
     ArgumentParser.validate_train_opts(opt)
     missing = missing_vocabularies(opt)

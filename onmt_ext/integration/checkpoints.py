@@ -467,12 +467,25 @@ def _average_checked(stock, model_files, fp32=False):
     return average(model_files, fp32)
 
 
+def _is_checkpoint(path):
+    """True when ``path`` holds an OpenNMT-py checkpoint (a dict with a model and options; read lazily)."""
+    try:
+        checkpoint = _load_lazily(path)
+    except Exception:  # UnpicklingError, RuntimeError (zip), EOFError, ...: no checkpoint
+        return False
+    return isinstance(checkpoint, dict) and {"model", "opt"} <= set(checkpoint)
+
+
 def average_output_problems(models, output):
     """Why ``onmt_average_models`` cannot write ``-output`` (empty: it can): its directory must exist (stock: a
-    FileNotFoundError traceback after averaging), and it must not be one of ``-models`` (stock overwrites it)."""
+    FileNotFoundError traceback after averaging), it must not be one of ``-models``, and an existing file there must
+    be a checkpoint (stock replaces whatever is there: a corpus, a config)."""
     problems = writable_file_problems("-output", output)
     if not problems and any(same_file(output, path) for path in models or ()):
         problems = [f"-output {output}: is one of -models; give another -output (averaging would overwrite it)"]
+    if not problems and os.path.exists(output) and not (os.path.isfile(output) and _is_checkpoint(output)):
+        problems = [f"-output {output}: exists and is not an OpenNMT-py checkpoint; give another -output (averaging "
+                    "replaces only a checkpoint), or remove the file first"]
     return problems
 
 

@@ -22,6 +22,7 @@ import warnings
 
 import torch
 
+from onmt_ext.integration import preprocessing
 from onmt_ext.runtime import distributed, train_step
 from onmt_ext.runtime.compat import MissingPackageError, missing_package_problems, torch_setup_command
 from onmt_ext.runtime.corpus import CorpusError, corpora_of, not_a_file
@@ -371,8 +372,24 @@ def _check_machine(opt, cpu_ranks=False):
         raise UserError("\n".join(lacking))
 
 
+def vocabulary_output_problems(opt):
+    """Why ``onmt_build_vocab`` may not write ``-src_vocab``/``-tgt_vocab`` (empty: it may): neither may be a file
+    it reads (a corpus, -config, a transform's file); with ``-overwrite`` stock replaces that file by a vocabulary."""
+    inputs = [(name, path) for name, path in _training_inputs(opt) if name not in ("-src_vocab", "-tgt_vocab")]
+    problems = []
+    for key in ("src_vocab", "tgt_vocab"):
+        if key == "tgt_vocab" and getattr(opt, "share_vocab", False):  # (stock writes -src_vocab only)
+            continue
+        problems += _clash_problems(f"-{key}", getattr(opt, key, None), inputs)
+    return problems
+
+
 def _build_vocab_checked(stock, opt, *args, **kwargs):
-    """``onmt.bin.build_vocab.build_vocab_main`` after :func:`_check_machine`."""
+    """``onmt.bin.build_vocab.build_vocab_main`` after :func:`_check_machine` and
+    :func:`vocabulary_output_problems`."""
+    problems = vocabulary_output_problems(opt)
+    if problems:
+        raise UsageError("\n".join(problems))
     _check_machine(opt)
     return stock(opt, *args, **kwargs)
 
@@ -494,7 +511,7 @@ def _train_checked(stock, opt, *args, **kwargs):
         sys.stderr.write(half + "\n")
         _quiet_cpu_half()
     problems = train_step.adam_eps_problems(opt) + log_file_problems(opt) + \
-        checkpoint_problems([("-train_from", getattr(opt, "train_from", None))])
+        checkpoint_problems([("-train_from", getattr(opt, "train_from", None))]) + directory_problems(opt)
     if not getattr(opt, "train_from", None) or getattr(opt, "update_vocab", False):  # (resumed: the checkpoint's)
         problems += missing_vocabularies(opt)
     if problems:
@@ -526,6 +543,36 @@ def writable_file_problems(option, path):
     return []
 
 
+def _blocking_file(path):
+    """The nearest existing one of ``path`` and the folders above it, when that is not a directory (None: it is a
+    directory, or none of them exists): creating the directory ``path`` would fail on it."""
+    path = os.path.normpath(path)
+    while path and not os.path.exists(path):
+        parent = os.path.dirname(path)
+        path = "" if parent == path else parent
+    return path if path and not os.path.isdir(path) else None
+
+
+def directory_problems(opt):
+    """Why ``onmt_train`` cannot create the directories it writes into (empty: it can): that of ``-save_model``'s
+    checkpoints and, with ``-tensorboard``, ``-tensorboard_log_dir``, where a path is a file (stock: a
+    FileExistsError traceback after building the data and model, or a NotADirectoryError)."""
+    problems = []
+    save_model = getattr(opt, "save_model", None)
+    folder = os.path.dirname(save_model) if isinstance(save_model, str) else ""
+    blocking = _blocking_file(folder) if folder else None
+    if blocking:
+        problems.append(f"-save_model {save_model}: {blocking} is a file, not a directory; give a -save_model in a "
+                        "directory")
+    log_dir = getattr(opt, "tensorboard_log_dir", None)
+    blocking = _blocking_file(log_dir) if getattr(opt, "tensorboard", False) and isinstance(log_dir, str) else None
+    if blocking:
+        where = "is a file" if blocking == os.path.normpath(log_dir) else f"{blocking} is a file"
+        problems.append(f"-tensorboard_log_dir {log_dir}: {where}, not a directory; give a directory (onmt_train "
+                        "creates it)")
+    return problems
+
+
 def same_file(one, other):
     """True when the paths ``one`` and ``other`` name one file (a link or another spelling too)."""
     if not isinstance(one, (str, os.PathLike)) or not isinstance(other, (str, os.PathLike)) or not one or not other:
@@ -546,22 +593,55 @@ def _clash_problems(option, path, inputs):
     return []
 
 
+#: Option names (suffixes) of a transform that name a file it reads (a subword model or BPE codes, a vocabulary, a
+#: translation memory, a tagger); those a transform lists as ``not_file_options`` name other things.
+_TRANSFORM_FILE_SUFFIXES = ("_model", "_vocab", "_path")
+
+
+def transform_file_inputs(opt, transforms):
+    """``(option, path)`` of the files that ``transforms`` (names) read, as ``opt`` gives them: each option of theirs
+    named like a file (:data:`_TRANSFORM_FILE_SUFFIXES`) whose value is an existing file."""
+    inputs = []
+    for name in dict.fromkeys(transforms or ()):
+        skipped = preprocessing.transform_attribute(name, "not_file_options")
+        for dest in preprocessing.transform_defaults(name):
+            value = getattr(opt, dest, None)
+            if dest.endswith(_TRANSFORM_FILE_SUFFIXES) and dest not in skipped and isinstance(value, str) \
+                    and value and os.path.isfile(value) and (f"-{dest}", value) not in inputs:
+                inputs.append((f"-{dest}", value))
+    return inputs
+
+
 def _training_inputs(opt):
-    """``(option, path)`` of the files ``onmt_train`` reads: -train_from, the vocabularies and the corpora."""
-    inputs = [("-train_from", getattr(opt, "train_from", None)), ("-src_vocab", getattr(opt, "src_vocab", None)),
-              ("-tgt_vocab", getattr(opt, "tgt_vocab", None))]
+    """``(option, path)`` of the files ``onmt_train`` reads: -config, -train_from, the vocabularies, the corpora and
+    the files of their transforms."""
+    inputs = [("-config", getattr(opt, "config", None)), ("-train_from", getattr(opt, "train_from", None)),
+              ("-src_vocab", getattr(opt, "src_vocab", None)), ("-tgt_vocab", getattr(opt, "tgt_vocab", None))]
+    transforms = list(getattr(opt, "transforms", None) or [])
     for name, corpus in corpora_of(getattr(opt, "data", None)).items():  # (onmt_train checks before validation)
         for key in ("path_src", "path_tgt", "path_align"):
             if isinstance(corpus, dict) and corpus.get(key):
                 inputs.append((f"-data {name} {key}", corpus[key]))
-    return inputs
+        if isinstance(corpus, dict) and isinstance(corpus.get("transforms"), list):
+            transforms += corpus["transforms"]
+    return inputs + transform_file_inputs(opt, transforms)
 
 
 def _translation_inputs(opt):
-    """``(option, path)`` of the files ``onmt_translate`` reads: -model (each), -src and -tgt."""
+    """``(option, path)`` of the files ``onmt_translate`` reads: -config, -model (each), -src, -tgt and the files of
+    the transforms: those of -transforms, or without it those that the first model's training used (which
+    onmt-ext applies, :mod:`onmt_ext.integration.preprocessing`)."""
     models = getattr(opt, "models", None) or []
-    return [("-model", path) for path in ([models] if isinstance(models, str) else models)] + \
+    models = [models] if isinstance(models, str) else list(models)
+    inputs = [("-config", getattr(opt, "config", None))] + [("-model", path) for path in models] + \
         [("-src", getattr(opt, "src", None)), ("-tgt", getattr(opt, "tgt", None))]
+    transforms = getattr(opt, "transforms", None)
+    if transforms:
+        return inputs + transform_file_inputs(opt, transforms)
+    model_opt = preprocessing.checkpoint_options(models[0]) if models else None
+    trained = preprocessing.shaping(getattr(model_opt, "transforms", None)) if model_opt is not None else []
+    # (onmt-ext gives opt training's values later, for the options left at their defaults)
+    return inputs + transform_file_inputs(opt, trained) + transform_file_inputs(model_opt, trained)
 
 
 def checkpoint_problems(inputs):
@@ -575,6 +655,8 @@ def log_file_problems(opt, inputs=None):
     """Why ``-log_file`` cannot be written, or would be written into one of ``inputs`` (default: the files
     ``onmt_train`` reads); stock ends in a FileNotFoundError traceback, or appends log lines to the input."""
     log_file = getattr(opt, "log_file", None)
+    if not log_file:
+        return []
     return (writable_file_problems("-log_file", log_file)
             or _clash_problems("-log_file", log_file, _training_inputs(opt) if inputs is None else inputs))
 
@@ -587,8 +669,35 @@ def output_problems(opt):
     """
     output = getattr(opt, "output", None)
     inputs = _translation_inputs(opt)
-    problems = writable_file_problems("-output", output) or _clash_problems("-output", output, inputs)
+    problems = writable_file_problems("-output", output) or _clash_problems("-output", output, inputs) or \
+        stream_output_problems("-output", output)
     return problems + log_file_problems(opt, inputs + [("-output", output)])
+
+
+def stream_output_problems(option, path):
+    """Why ``onmt_translate`` cannot write its ``option`` to ``path``, an existing file that is not a regular file
+    (empty: it can, or ``path`` is none such): stock opens it for reading and writing, which needs a file it can
+    seek in (/dev/null is one); a pipe or a terminal (/dev/stdout) ends in an io.UnsupportedOperation traceback
+    after the model is loaded.  Opened without blocking, nothing written."""
+    if not isinstance(path, str) or not path or not os.path.exists(path) or os.path.isfile(path) \
+            or os.path.isdir(path):
+        return []
+    try:
+        handle = os.open(path, os.O_WRONLY | os.O_NONBLOCK)  # (a pipe without a reader: ENXIO)
+    except OSError:
+        seekable = False
+    else:
+        try:
+            os.lseek(handle, 0, os.SEEK_CUR)
+            seekable = True
+        except OSError:  # ESPIPE: a pipe, a terminal
+            seekable = False
+        finally:
+            os.close(handle)
+    if seekable:
+        return []
+    return [f"{option} {path}: is a pipe or a terminal, not a file; onmt_translate writes {option} only into a file "
+            "it can seek in: give a file and read it after (cat)"]
 
 
 def phrase_table_problems(opt):
@@ -642,10 +751,14 @@ def one_line_errors():
           "test_training_into_another_runs_checkpoints_is_refused",
           reason="a missing -src_vocab ends in a long traceback (an empty or binary one too; a sentencepiece .vocab "
                  "or a corpus is trained on as if it were a vocabulary); a -log_file in a missing directory ends in "
-                 "a traceback; training into a -save_model of another run "
+                 "a traceback, one that is the -config or a transform's file gets log lines appended; a -save_model "
+                 "or -tensorboard_log_dir under a file ends in a traceback after the model is built; training into a "
+                 "-save_model of another run "
                  "overwrites its checkpoints silently; Ctrl-C ends in a bare KeyboardInterrupt traceback; "
                  + machine)
-    patch(build_vocab, "build_vocab_main", _build_vocab_checked, kind=MESSAGE, reason=machine, test=machine_test)
+    patch(build_vocab, "build_vocab_main", _build_vocab_checked, kind=FIX, test=machine_test,
+          reason="a -src_vocab/-tgt_vocab that is a corpus (or the -config, a transform's file) is replaced by a "
+                 "vocabulary with -overwrite; " + machine)
     _replace_rank_target(train, "spawned_train", spawned_rank,  # the name onmt_train spawns
                          test="tests/integration/test_user_errors.py::test_a_ranks_error_ends_the_run_in_one_line",
                          reason="a training rank's one-line error (a SystemExit) passes stock's except Exception: "
@@ -662,5 +775,7 @@ def one_line_errors():
           test="tests/unit/test_plugin.py::test_all_empty_translations_give_a_warning",
           reason="a translation whose every line is empty ends without a word; an -output in a directory that "
                  "does not exist ends in a FileNotFoundError traceback after the model is loaded; an -output that is "
-                 "the -model, -src or -tgt file empties it (a -log_file appends to it); a missing -phrase_table, "
+                 "the -model, -src, -tgt, -config or a transform's file (also one of the checkpoint's transforms) "
+                 "empties it (a -log_file appends to it); an -output that is a pipe or a terminal (/dev/stdout) ends "
+                 "in an io.UnsupportedOperation traceback; a missing -phrase_table, "
                  "or one without -replace_unk, is ignored without a word; " + machine)

@@ -4,9 +4,11 @@ Stock OpenNMT-py drops unknown YAML keys silently, and argparse's prefix matchin
 option.  :func:`make_parsing_strict` wraps ``ArgumentParser.parse_known_args`` so that a command parsing its own
 command line (or a parser :func:`strict` marked) refuses, in one line each with exit 2 and the closest valid key:
 unknown or misspelt options (:func:`unknown_option_messages`, naming the YAML file and line), repeated YAML keys
-(:func:`duplicate_key_messages`), stock counts below 1 (:func:`stock_option_problems`) and onmt-ext's own option
-checks; a config that YAML cannot parse for a tab in its indentation gets the file and line
-(:func:`tab_indentation_hint`).  One YAML may serve both ``onmt_build_vocab`` and ``onmt_train``.
+(:func:`duplicate_key_messages`), YAML keys without a value (:func:`empty_value_messages`), bad ``data:`` corpora
+(:func:`corpus_key_messages`), stock counts below 1 (:func:`stock_option_problems`), onmt_train options that stock
+ignores or asserts on (:func:`training_option_problems`) and onmt-ext's own option checks; a config that YAML
+cannot parse for a tab in its indentation gets the file and line (:func:`tab_indentation_hint`).  One YAML may
+serve both ``onmt_build_vocab`` and ``onmt_train``.
 :func:`train_parser` and :func:`parse_train_config` parse as ``onmt_train`` does, for onmt-ext's tools and tests.
 """
 
@@ -20,6 +22,7 @@ import yaml
 from onmt_ext.integration.command_line import repeated_option_messages
 from onmt_ext.integration.commands import in_command
 from onmt_ext.runtime.compat import save_format_problems
+from onmt_ext.runtime.corpus import corpora_of, data_problems, no_training_corpus_message, weight_problem
 from onmt_ext.options import check_options
 from onmt_ext.patches import FIX, NEEDED, patch
 
@@ -94,6 +97,42 @@ def duplicate_key_messages(path):
         elif isinstance(node, yaml.SequenceNode):
             stack.extend((prefix, item) for item in node.value)
     return sorted(messages)
+
+
+_NULL_TAG = "tag:yaml.org,2002:null"
+
+
+def _has_no_value(node):
+    """Whether a YAML value node is null (``key:``, ``key: ~``, ``key: null``) or an empty string (``key: ""``)."""
+    return isinstance(node, yaml.ScalarNode) and (node.tag == _NULL_TAG or node.value == "")
+
+
+def empty_value_messages(path):
+    """``key 'gret' in <path>, line N has no value: ...`` for each top-level key of a YAML config written without a
+    value (``gret:``, ``gret: ~``, ``gret: null``, ``gret: ""``): configargparse drops such a key without a word, so
+    the option keeps its default; also for a key of a ``data:`` corpus with a null value, which OpenNMT-py reads
+    as not given (``transforms:`` gives the top-level -transforms, not none)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            root = yaml.compose(handle)
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return []
+    if not isinstance(root, yaml.MappingNode):
+        return []
+    messages = []
+    for key, value in root.value:
+        if _has_no_value(value):
+            messages.append(f"key {key.value!r} in {path}, line {key.start_mark.line + 1} has no value: the option "
+                            "would keep its default without a word; give a value or delete the line")
+        elif key.value == "data" and isinstance(value, yaml.MappingNode):
+            for name, entry in value.value:
+                for inner, setting in entry.value if isinstance(entry, yaml.MappingNode) else ():
+                    if isinstance(setting, yaml.ScalarNode) and setting.tag == _NULL_TAG:
+                        none = " ('transforms: []' for none)" if inner.value == "transforms" else ""
+                        messages.append(f"key {inner.value!r} in corpus {name.value!r} of data in {path}, line "
+                                        f"{inner.start_mark.line + 1} has no value: OpenNMT-py would read it as not "
+                                        f"given; give a value{none} or delete the line")
+    return messages
 
 
 def _config_paths(args):
@@ -212,17 +251,54 @@ CORPUS_KEYS = frozenset({
 })
 
 
+def _transform_names():
+    """The transforms OpenNMT-py knows (with onmt-ext's, once active): those ``-transforms`` and a corpus's
+    ``transforms`` may name."""
+    from onmt.transforms import AVAILABLE_TRANSFORMS
+
+    return sorted(AVAILABLE_TRANSFORMS)
+
+
+def unknown_transform_message(name, where):
+    """``unknown transform 'x' <where>; did you mean 'y'?`` (the closest known transform, if any)."""
+    close = difflib.get_close_matches(str(name), _transform_names(), n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else f"; the transforms are {', '.join(_transform_names())}"
+    return f"unknown transform {name!r} {where}{hint}"
+
+
+def _corpus_value_messages(name, entry, path, loader):
+    """The bad ``weight`` and unknown ``transforms`` of corpus ``name`` (its YAML node ``entry``) of ``path``."""
+    messages = []
+    for key, value in entry.value:
+        where = f"corpus {name.value!r} of data in {path}, line {key.start_mark.line + 1}"
+        if key.value == "weight" and not _has_no_value(value):
+            problem = weight_problem(loader.construct_object(value, deep=True))
+            if problem:
+                messages.append(f"{where}: {problem}")
+        elif key.value == "transforms" and isinstance(value, yaml.SequenceNode):
+            known = set(_transform_names())
+            messages += [unknown_transform_message(item.value, f"in {where}") for item in value.value
+                         if isinstance(item, yaml.ScalarNode) and item.value not in known]
+    return messages
+
+
 def corpus_key_messages(path):
     """``unknown key 'weigth' in corpus 'corpus_1' of data in <path>, line N; did you mean 'weight'?`` for each key
     of a corpus entry of the config's ``data:`` that OpenNMT-py does not read (:data:`CORPUS_KEYS`; stock ignores
-    it silently), and for a corpus entry that is not a mapping."""
+    it silently), for a corpus entry that is not a mapping, a ``data:`` that is not a mapping, a corpus ``weight``
+    that is not a whole number >= 0 and a corpus ``transforms`` entry that names no transform (stock: a
+    traceback)."""
     try:
         with open(path, encoding="utf-8") as handle:
             root = yaml.compose(handle)
     except (OSError, yaml.YAMLError, UnicodeDecodeError):
         return []
-    data = next((value for key, value in getattr(root, "value", []) if isinstance(root, yaml.MappingNode)
-                 and key.value == "data"), None)
+    key, data = next(((key, value) for key, value in getattr(root, "value", []) if isinstance(root, yaml.MappingNode)
+                      and key.value == "data"), (None, None))
+    if data is not None and not isinstance(data, yaml.MappingNode) and not _has_no_value(data):
+        return [f"data in {path}, line {key.start_mark.line + 1}: must be a mapping of corpora, each with path_src, "
+                "path_tgt and weight (corpus_1: {path_src: ..., path_tgt: ..., weight: 1}), not a "
+                f"{'list' if isinstance(data, yaml.SequenceNode) else 'single value'}"]
     if not isinstance(data, yaml.MappingNode):
         return []
     messages, loader = [], yaml.SafeLoader("")
@@ -240,7 +316,121 @@ def corpus_key_messages(path):
                         else f"; a corpus takes {', '.join(sorted(CORPUS_KEYS))}")
                 messages.append(f"unknown key {key.value!r} in corpus {name.value!r} of data in {path}, line "
                                 f"{key.start_mark.line + 1}{hint}")
+        messages += _corpus_value_messages(name, entry, path, loader)
     return messages
+
+
+def _corpus_locations(args):
+    """``{corpus name: "in <config>, line N"}`` for the corpora of the ``data:`` of the config files in ``args``."""
+    where = {}
+    for path in _config_paths(args):
+        try:
+            with open(path, encoding="utf-8") as handle:
+                root = yaml.compose(handle)
+        except (OSError, yaml.YAMLError, UnicodeDecodeError):
+            continue
+        for key, value in root.value if isinstance(root, yaml.MappingNode) else ():
+            if key.value == "data" and isinstance(value, yaml.MappingNode):
+                for name, _ in value.value:
+                    where.setdefault(name.value, f"in {path}, line {name.start_mark.line + 1}")
+    return where
+
+
+def _steps_problems(opt):
+    """Lists of values that must match their ``*_steps`` (stock asserts, naming the wrong option for -dropout)."""
+    problems = []
+    for name, steps in (("dropout", "dropout_steps"), ("attention_dropout", "dropout_steps"),
+                        ("accum_count", "accum_steps")):
+        values, at = _values(opt, name), _values(opt, steps)
+        if hasattr(opt, name) and hasattr(opt, steps) and len(values) != len(at):
+            problems.append(f"-{name} has {len(values)} value{'s' * (len(values) != 1)} but -{steps} has {len(at)} "
+                            f"({' '.join(map(str, at))}): give one -{name} value per -{steps} value (-{name} value "
+                            f"k applies from step -{steps}[k])")
+    if getattr(opt, "update_vocab", False):
+        if not getattr(opt, "train_from", None):
+            problems.append("-update_vocab needs -train_from (it updates the vocabularies of the checkpoint trained "
+                            "from)")
+        elif getattr(opt, "reset_optim", "none") not in ("states", "all"):
+            problems.append(f"-update_vocab needs -reset_optim states or all (got {opt.reset_optim}): the optimizer's "
+                            "state does not fit the new vocabularies")
+    return problems
+
+
+def _data_of(opt):
+    """``opt.data`` read (YAML text until OpenNMT-py validates it), or None where it is no YAML (the data check of
+    onmt_ext.runtime.corpus names that)."""
+    try:
+        return yaml.safe_load(opt.data) if isinstance(getattr(opt, "data", None), str) else getattr(opt, "data", None)
+    except yaml.YAMLError:
+        return None
+
+
+def _data_problems(opt, argv):
+    """``-data`` of onmt_train: a corpus with path_src but no path_tgt for a seq2seq model (stock trains a language
+    model on the source, ``data_task lm``, without a word), and no training corpus with a weight above 0."""
+    data = _data_of(opt)
+    corpora = corpora_of(data)
+    if data is None and isinstance(getattr(opt, "data", None), str):
+        return data_problems(opt.data)[:1]  # (not YAML)
+    if not isinstance(data, dict) or any(not isinstance(entry, dict) or weight_problem(entry.get("weight"))
+                                         for entry in corpora.values()):
+        return []  # (corpus_key_messages names those)
+    data_where = _where_set("data", argv, _config_locations(argv))
+    where = _corpus_locations(argv) if data_where != "on the command line" else {}
+    problems = []
+    if getattr(opt, "model_task", "seq2seq") == "seq2seq":
+        for name, entry in corpora.items():
+            if entry.get("path_src") and not entry.get("path_tgt"):
+                problems.append(
+                    f"corpus {name!r} of data {where.get(name, 'on the command line')}: path_src without path_tgt: "
+                    f"OpenNMT-py would train this -model_task seq2seq model (-encoder_type "
+                    f"{getattr(opt, 'encoder_type', '?')}) as a language model on the source alone: give path_tgt")
+    if not any(name != "valid" and (entry.get("weight") is None or entry["weight"] > 0)
+               for name, entry in corpora.items()):
+        problems.append(no_training_corpus_message(corpora, f" {data_where}"))
+    return problems
+
+
+def training_option_problems(opt, argv):
+    """Messages for onmt_train options that stock OpenNMT-py 3.5.1 takes and then ignores, loops on or asserts on
+    (empty: none): a negative ``-train_steps`` (no end),
+    ``-save_checkpoint_steps`` below 0 (saves every k steps), ``-tensorboard_log_dir`` without ``-tensorboard``,
+    ``-early_stopping`` without a ``valid`` corpus, lists that do not match their steps, ``-update_vocab``
+    without ``-train_from`` (:func:`_steps_problems`) and ``-data``'s corpora (:func:`_data_problems`)."""
+    if not hasattr(opt, "train_steps"):
+        return []
+    problems = []
+    if isinstance(opt.train_steps, int) and opt.train_steps < 0:
+        problems.append(f"-train_steps {opt.train_steps}: must be >= 1 (or 0: no end); OpenNMT-py would train "
+                        "for ever")
+    save_steps = getattr(opt, "save_checkpoint_steps", 0)
+    if isinstance(save_steps, int) and save_steps < 0:
+        problems.append(f"-save_checkpoint_steps {save_steps}: must be >= 1, or 0 to save at the end only; "
+                        f"OpenNMT-py would save every {-save_steps} step{'s' * (save_steps != -1)}")
+    given = set(_config_locations(argv)) | {a.lstrip("-").split("=", 1)[0] for a in argv if a.startswith("-")}
+    if "tensorboard_log_dir" in given and not getattr(opt, "tensorboard", False):
+        problems.append("-tensorboard_log_dir has no effect without -tensorboard")
+    corpora = corpora_of(_data_of(opt))
+    if getattr(opt, "early_stopping", 0) > 0 and corpora and "valid" not in corpora:
+        problems.append(f"-early_stopping {opt.early_stopping} has no effect without a 'valid' corpus in -data "
+                        "(it counts validations that do not improve)")
+    return problems + _steps_problems(opt) + _data_problems(opt, argv)
+
+
+_NOTED = set()
+
+
+def _note_no_end(parser, opt):
+    """One line on stderr (once per process) for ``onmt_train -train_steps 0``, for which stock's trainer has no
+    step limit (``train_steps > 0 and step >= train_steps`` never holds), and one for ``-keep_checkpoint 0``, with
+    which it saves no checkpoint: both are stock's on purpose, and said."""
+    notes = {"train_steps": (0, "-train_steps 0: the run has no end; stop it with Ctrl-C, or let -early_stopping "
+                                "end it"),
+             "keep_checkpoint": (0, "-keep_checkpoint 0: this run saves no checkpoint (-1 keeps them all)")}
+    for name, (value, note) in notes.items():
+        if getattr(opt, name, None) == value and name not in _NOTED:
+            _NOTED.add(name)
+            sys.stderr.write(f"{parser.prog}: note: {note}\n")
 
 
 def _flag_value_messages(parser, argv, unknown):
@@ -434,7 +624,7 @@ def _strict_parse_known_args(stock, self, args=None, namespace=None, **kwargs):
     # Abbreviations make a misspelled YAML key or option silently set another option.
     self.allow_abbrev = False
     argv = list(sys.argv[1:] if args is None else args)
-    problems = [m for path in _config_paths(argv) for m in duplicate_key_messages(path)]
+    problems = [m for path in _config_paths(argv) for m in duplicate_key_messages(path) + empty_value_messages(path)]
     if args is None:  # the command's own command line (a helper's override list may repeat on purpose)
         problems += repeated_option_messages(self, argv)
     if problems:
@@ -452,11 +642,13 @@ def _strict_parse_known_args(stock, self, args=None, namespace=None, **kwargs):
     if "data" in names:  # onmt_train / onmt_build_vocab
         problems += [m for path in _config_paths(argv) for m in corpus_key_messages(path)]
     if argv:
-        problems += stock_option_problems(opt) + environment_problems()
+        problems += stock_option_problems(opt) + training_option_problems(opt, argv) + environment_problems()
     if hasattr(opt, "encoder_type") and argv:  # (onmt-ext's checks read the sizes: not with sizes out of range)
         problems += ([] if model_size_problems(opt) else check_options(opt)) + save_format_problems(opt)
     if problems:
         self.exit(2, "".join(f"{self.prog}: error: {p}\n" for p in problems))
+    if args is None:
+        _note_no_end(self, opt)
     return opt, [u for u in unknown if u.lstrip("-").split("=", 1)[0] in names]
 
 

@@ -306,9 +306,14 @@ def _load_without_bom(stock, self, offset=0, stride=1):
 
 
 def not_a_file(path, what="file"):
-    """Why ``path``, which is no regular file, cannot be read as a ``what``: ``no such <what>``, or ``is a directory,
-    not a <what>``."""
-    return f"is a directory, not a {what}" if os.path.isdir(path) else f"no such {what}"
+    """Why ``path``, which is no regular file, cannot be read as a ``what``: ``no such <what>``, ``is a directory,
+    not a <what>``, or that it is a pipe or a device (/dev/stdin), which onmt-ext cannot read twice."""
+    if os.path.isdir(path):
+        return f"is a directory, not a {what}"
+    if os.path.exists(path):  # a pipe, a terminal, a device: what is read from it once is gone
+        return (f"is a pipe or a device, not a regular {what}; onmt-ext reads its input files more than once (it "
+                "checks them first), which a pipe cannot give: write it to a file first")
+    return f"no such {what}"
 
 
 def share_of(number, shares):
@@ -370,12 +375,72 @@ def _shares_with_text(src, tgt, shares):
     return found
 
 
-def _weight(entry):
-    """A ``-data`` entry's weight as OpenNMT-py reads it (``int``; 1 when not given)."""
+def weight_problem(weight):
+    """Why ``weight``, a corpus's ``weight`` as YAML reads it, cannot be used (None: it can, or it is not given).
+
+    OpenNMT-py's corpus mixer reads a corpus ``range(weight)`` times per round: a weight must be a whole number,
+    0 (not read) or above; another value ends training in a traceback, and a negative one reads as 0.
+    """
+    if weight is None or (isinstance(weight, int) and not isinstance(weight, bool) and weight >= 0):
+        return None
+    return f"weight {weight!r}: must be a whole number >= 0 (how many of its examples to take per round; 0 leaves " \
+           "the corpus out)"
+
+
+def _weight(entry, name="?"):
+    """A ``-data`` entry's weight as OpenNMT-py reads it (``int``; 1 when not given); :class:`CorpusError` (exit 2)
+    naming corpus ``name`` for a weight that :func:`weight_problem` refuses."""
+    problem = weight_problem(entry.get("weight"))
+    if problem:
+        raise CorpusError(f"corpus {name!r}: {problem}", status=2)
+    weight = entry.get("weight")
+    return 1 if weight is None else weight
+
+
+def data_problems(data, training=True):
+    """Why a ``-data`` value (YAML text or dict) cannot be read, as one-line messages (empty: it can): not a mapping
+    of corpora, a corpus that is not a mapping, a bad weight (:func:`weight_problem`), and (``training``) no
+    training corpus of weight above 0, where stock fails with an ``AttributeError``, a ``TypeError`` or an
+    ``UnboundLocalError`` traceback (a mixer without a corpus never gives a batch)."""
+    from onmt.constants import CorpusName
+
     try:
-        return int(entry.get("weight", 1))
-    except (TypeError, ValueError):
-        return 1  # (None: stock's default; anything else stock refuses)
+        corpora = yaml.safe_load(data) if isinstance(data, str) else data
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        at = f" at column {mark.column + 1}" if mark is not None and mark.line == 0 else ""
+        return [f"-data {data!r}: not a YAML mapping of corpora ({getattr(error, 'problem', None) or 'unreadable'}"
+                f"{at})"]
+    if corpora is None:
+        return []
+    if not isinstance(corpora, dict):
+        return [f"-data {corpora!r}: must be a mapping of corpora, each with path_src, path_tgt and weight "
+                "(data: {corpus_1: {path_src: ..., path_tgt: ..., weight: 1}, valid: {...}})"]
+    problems, training_weights = [], []
+    for name, entry in corpora.items():
+        if not isinstance(entry, dict):
+            problems.append(f"corpus {name!r} of -data: must be a mapping of keys such as path_src, path_tgt and "
+                            "weight")
+            continue
+        problem = weight_problem(entry.get("weight"))
+        if problem:
+            problems.append(f"corpus {name!r}: {problem}")
+        elif name != CorpusName.VALID:
+            training_weights.append(_weight(entry, name))
+    if training and not problems and not any(weight > 0 for weight in training_weights):
+        problems.append(no_training_corpus_message(corpora))
+    return problems
+
+
+def no_training_corpus_message(corpora, where=""):
+    """``-data`` (set ``where``, e.g. `` in <config>, line N``) holds no training corpus of weight above 0."""
+    from onmt.constants import CorpusName
+
+    named = [name for name in corpora if name != CorpusName.VALID]
+    held = (f"its training corpora ({', '.join(map(repr, named))}) all have weight 0" if named
+            else "it holds no corpus but 'valid'" if corpora else "it holds no corpus")
+    return (f"-data{where}: no training corpus with a weight above 0 ({held}), so training would never get a batch: "
+            "add one (corpus_1: {path_src: ..., path_tgt: ..., weight: 1}) or give one a weight above 0")
 
 
 def check_pairs(data, world_size, num_workers):
@@ -391,10 +456,10 @@ def check_pairs(data, world_size, num_workers):
         src = entry.get("path_src") if isinstance(entry, dict) else None
         tgt = entry.get("path_tgt") or src if src else None  # (a language model's pairs: the line twice)
         valid = name == CorpusName.VALID
-        if valid and isinstance(entry, dict) and _weight(entry) <= 0:
-            raise CorpusError(f"corpus {name!r}: weight {_weight(entry)}: OpenNMT-py reads the validation set "
+        if valid and isinstance(entry, dict) and _weight(entry, name) <= 0:
+            raise CorpusError(f"corpus {name!r}: weight {_weight(entry, name)}: OpenNMT-py reads the validation set "
                               "weight times, so validation would never get a batch: leave its weight out", status=2)
-        if not src or not os.path.isfile(src) or not os.path.isfile(tgt) or (not valid and _weight(entry) <= 0):
+        if not src or not os.path.isfile(src) or not os.path.isfile(tgt) or (not valid and _weight(entry, name) <= 0):
             continue
         found = _shares_with_text(src, tgt, 1 if valid else shares)
         if not found:
@@ -480,6 +545,9 @@ def _skipping_empty_pairs():
 
 
 def _validate_data(stock, cls, opt):
+    problems = data_problems(opt.data, training=getattr(opt, "train_steps", None) is not None)
+    if problems:
+        raise CorpusError(problems[0], status=2)
     _check_data_option(opt.data, getattr(opt, "skip_empty_level", "warning"))
     # (onmt_build_vocab's options have no data workers, nor training steps: it reads a corpus without pairs well);
     # tensor-parallel ranks read the whole corpus each (train_single's stride 1)

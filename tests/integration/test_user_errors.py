@@ -107,9 +107,10 @@ def test_an_empty_source_file_is_named_and_no_output_is_created(trained, tmp_pat
 
 def test_an_output_in_a_missing_directory_is_refused_before_the_model_is_read(sample_data, onmt_active, tmp_path):
     """Stock: the model is loaded, then a 30-line traceback ending in FileNotFoundError.  onmt-ext creates no
-    directory (a misspelt path would get a tree of its own): one line, exit 2, before the model is read (it does
-    not even exist here)."""
+    directory (a misspelt path would get a tree of its own): one line, exit 2, before the model is read (it
+    is no checkpoint here: read, it would be refused)."""
     never_read = tmp_path / "never_read.pt"
+    never_read.write_bytes(b"not a checkpoint")
     for output, message in (
             (tmp_path / "out" / "hyp.en", f"directory {tmp_path / 'out'} does not exist; create it first"),
             (tmp_path, "is a directory; give the path of a file in it"),
@@ -512,3 +513,31 @@ def test_a_ranks_error_ends_the_run_in_one_line(trained, tmp_path):
                     check=False)
     assert _one_error_line(result, "onmt_train", 1).startswith(
         "onmt_train: error: rank 0: -world_size 2: the ranks did not all meet at localhost:10318 within -timeout 3 s")
+
+
+# outputs onto more inputs ---------------------------------------------- a transform's file, a pipe, a terminal
+
+
+def test_outputs_onto_a_transforms_file_or_a_pipe_and_a_piped_source_get_one_line(trained, tmp_path):
+    """-output onto a transform's file emptied the sentencepiece model; -output /dev/stdout (a pipe) ended in an
+    io.UnsupportedOperation traceback; -src /dev/stdin (a pipe) was called `no such file`."""
+    model, src = trained / "model_step_2.pt", _source(tmp_path)
+    spm = tmp_path / "spm.en.model"
+    spm.write_bytes((support.TATOEBA / "spm.en.model").read_bytes())
+    size = spm.stat().st_size
+    result = support.run_cli("onmt_translate", "-model", model, "-src", src, "-output", spm, "-transforms",
+                             "sentencepiece", "-src_subword_model", support.TATOEBA / "spm.zh.model",
+                             "-tgt_subword_model", spm, check=False)
+    assert _one_error_line(result, "onmt_translate", 2) == \
+        f"onmt_translate: error: -output {spm}: is the -tgt_subword_model file; give another -output"
+    assert spm.stat().st_size == size
+    result = support.run_cli("onmt_translate", "-model", model, "-src", src, "-output", "/dev/stdout", check=False)
+    assert _one_error_line(result, "onmt_translate", 2).startswith(
+        "onmt_translate: error: -output /dev/stdout: is a pipe or a terminal, not a file")
+    piped = subprocess.run([str(support.BIN / "onmt_translate"), "-model", str(model), "-src", "/dev/stdin",
+                            "-output", str(tmp_path / "hyp")], input=src.read_text(encoding="utf-8"),
+                           cwd=support.REPO, capture_output=True, text=True, timeout=600, env=support.cli_env())
+    assert _one_error_line(piped, "onmt_translate", 2).startswith(
+        "onmt_translate: error: -src /dev/stdin: is a pipe or a device, not a regular file; onmt-ext reads its input "
+        "files more than once")
+    assert not (tmp_path / "hyp").exists()

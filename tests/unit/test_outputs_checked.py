@@ -3,6 +3,7 @@
 onmt_average_models' -output (onmt_ext.integration.commands and checkpoints, in process)."""
 
 import argparse
+import os
 
 import pytest
 import torch
@@ -193,3 +194,152 @@ def test_a_directory_given_as_a_vocabulary_is_named_so(tmp_path):
 
     assert commands.missing_vocabularies(Namespace(src_vocab=str(tmp_path), tgt_vocab=None)) == [
         f"-src_vocab {tmp_path}: is a directory, not a file"]
+
+
+# ---------------------------------------------------------------- the config, transforms' files, streams, folders
+
+
+def _train_opt(tmp_path, **values):
+    base = dict(log_file="", config=None, train_from=None, src_vocab=None, tgt_vocab=None, data={}, transforms=[])
+    return argparse.Namespace(**{**base, **values})
+
+
+def test_the_config_and_the_transforms_files_are_inputs_too(onmt_active, tmp_path):
+    """-log_file (and -output) may not be the -config, nor a file a transform reads: stock appends log lines to the
+    config (the next run cannot parse it) or to the sentencepiece model, and empties a model given as -output."""
+    from onmt_ext.integration.commands import log_file_problems, output_problems
+
+    _files(tmp_path)
+    config, spm, tagger, codes = (tmp_path / name for name in ("run.yaml", "spm.zh.model", "tagger.pt", "codes"))
+    for path in (config, spm, tagger, codes):
+        path.write_bytes(b"mine\n")
+    assert log_file_problems(_train_opt(tmp_path, log_file=str(config), config=str(config))) == [
+        f"-log_file {config}: is the -config file; give another -log_file"]
+    spm_opt = _train_opt(tmp_path, log_file=str(spm), transforms=["sentencepiece"], src_subword_model=str(spm))
+    assert log_file_problems(spm_opt) == [f"-log_file {spm}: is the -src_subword_model file; give another -log_file"]
+    bpe = _train_opt(tmp_path, log_file=str(codes), data={"c": {"path_src": "x", "transforms": ["bpe"]}},
+                     tgt_subword_model=str(codes))  # a corpus's own transforms too
+    assert log_file_problems(bpe) == [f"-log_file {codes}: is the -tgt_subword_model file; give another -log_file"]
+    tagged = _train_opt(tmp_path, log_file=str(tagger), transforms=["clause_split"], clause_tagger_model=str(tagger))
+    assert log_file_problems(tagged) == [
+        f"-log_file {tagger}: is the -clause_tagger_model file; give another -log_file"]
+    # a transform not in use reads nothing
+    assert log_file_problems(_train_opt(tmp_path, log_file=str(spm), src_subword_model=str(spm))) == []
+    translate = _translate_opt(tmp_path, config=str(config), log_file=str(config), transforms=[])
+    assert output_problems(translate) == [f"-log_file {config}: is the -config file; give another -log_file"]
+    translate = _translate_opt(tmp_path, output=str(spm), transforms=["sentencepiece"], src_subword_model=str(spm))
+    assert output_problems(translate) == [f"-output {spm}: is the -src_subword_model file; give another -output"]
+    assert all(path.read_bytes() == b"mine\n" for path in (config, spm, tagger, codes))
+
+
+def test_an_output_onto_a_file_of_the_checkpoints_transforms_is_refused(onmt_active, tmp_path):
+    """Without -transforms onmt_translate applies the model's training transforms with their files: an -output
+    onto the sentencepiece model training recorded would empty it."""
+    from onmt_ext.integration.commands import output_problems
+
+    _files(tmp_path)
+    spm = tmp_path / "spm.en.model"
+    spm.write_bytes(b"mine\n")
+    model = tmp_path / "model.pt"
+    torch.save({"model": {}, "opt": argparse.Namespace(transforms=["sentencepiece", "filtertoolong"],
+                                                       src_subword_model=None, tgt_subword_model=str(spm))}, model)
+    opt = _translate_opt(tmp_path, output=str(spm), transforms=[])
+    assert output_problems(opt) == [f"-output {spm}: is the -tgt_subword_model file; give another -output"]
+    assert output_problems(_translate_opt(tmp_path, transforms=[])) == []
+
+
+def test_build_vocab_may_not_write_a_vocabulary_onto_a_corpus(onmt_active, tmp_path):
+    """onmt_build_vocab -src_vocab <a corpus> -overwrite replaced the corpus by a vocabulary."""
+    from onmt_ext.integration.commands import vocabulary_output_problems
+
+    corpus = tmp_path / "train.zh"
+    corpus.write_text("我 爱 你\n", encoding="utf-8")
+    data = f"corpus_1: {{path_src: {corpus}, path_tgt: {tmp_path / 'train.en'}}}"  # the YAML text, unvalidated
+    opt = _train_opt(tmp_path, data=data, src_vocab=str(corpus), tgt_vocab=str(tmp_path / "vocab.en"))
+    assert vocabulary_output_problems(opt) == [
+        f"-src_vocab {corpus}: is the -data corpus_1 path_src file; give another -src_vocab"]
+    opt = _train_opt(tmp_path, data=data, src_vocab=str(tmp_path / "v"), tgt_vocab=str(tmp_path / "train.en"))
+    assert vocabulary_output_problems(opt) == [
+        f"-tgt_vocab {tmp_path / 'train.en'}: is the -data corpus_1 path_tgt file; give another -tgt_vocab"]
+    opt.share_vocab = True  # stock writes -src_vocab alone
+    assert vocabulary_output_problems(opt) == []
+
+
+def test_directories_that_a_file_blocks_are_refused(onmt_active, tmp_path):
+    """A -save_model under a file ended in a FileExistsError traceback after the data and model were built, a
+    -tensorboard_log_dir that is a file in a NotADirectoryError."""
+    from onmt_ext.integration.commands import directory_problems
+
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    opt = argparse.Namespace(save_model=str(afile / "sub" / "model"), tensorboard=False, tensorboard_log_dir=None)
+    assert directory_problems(opt) == [f"-save_model {afile / 'sub' / 'model'}: {afile} is a file, not a directory; "
+                                       "give a -save_model in a directory"]
+    opt = argparse.Namespace(save_model=str(tmp_path / "new" / "model"), tensorboard=True,
+                             tensorboard_log_dir=str(afile))
+    assert directory_problems(opt) == [f"-tensorboard_log_dir {afile}: is a file, not a directory; give a directory "
+                                       "(onmt_train creates it)"]
+    opt.tensorboard = False
+    assert directory_problems(opt) == []
+    assert directory_problems(argparse.Namespace(save_model="model", tensorboard=True,
+                                                 tensorboard_log_dir=str(tmp_path / "runs" / "x"))) == []
+
+
+def test_an_output_that_cannot_be_seeked_in_is_refused(onmt_active, tmp_path):
+    """Stock opens -output for reading and writing: a pipe or a terminal (-output /dev/stdout | head) ended in an
+    io.UnsupportedOperation traceback after the model was loaded; /dev/null still works."""
+    from onmt_ext.integration.commands import output_problems, stream_output_problems
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert output_problems(_translate_opt(tmp_path, output=str(fifo))) == [
+        f"-output {fifo}: is a pipe or a terminal, not a file; onmt_translate writes -output only into a file it can "
+        "seek in: give a file and read it after (cat)"]
+    read, write = os.pipe()
+    try:
+        assert stream_output_problems("-output", f"/proc/self/fd/{write}")  # a pipe with a reader: /dev/stdout | head
+    finally:
+        os.close(read)
+        os.close(write)
+    assert stream_output_problems("-output", os.devnull) == []
+    assert stream_output_problems("-output", str(tmp_path / "hyp")) == []
+
+
+def test_binarize_checks_its_log_file_first(onmt_active, tmp_path):
+    """onmt_ext_binarize -log_file <a directory> ended in an IsADirectoryError traceback."""
+    from onmt_ext.errors import UsageError
+    from onmt_ext.integration.binarize import binarize
+
+    config = support.REPO / "yaml_configs/smoke/foundation/ext_transformer.yaml"
+    with pytest.raises(UsageError) as caught:
+        binarize(["-config", str(config), "-ext_binarized", str(tmp_path / "bin"), "-log_file", str(tmp_path)])
+    assert caught.value.message == f"-log_file {tmp_path}: is a directory; give the path of a file in it"
+    assert not (tmp_path / "bin").exists()
+
+
+def test_average_models_replaces_only_a_checkpoint(onmt_active, tmp_path):
+    """onmt_average_models -output <the user's corpus> replaced it without a word; a checkpoint is still replaced."""
+    from onmt_ext.integration.checkpoints import average_output_problems
+
+    models = [str(tmp_path / "a.pt")]
+    _tiny_checkpoint(models[0])
+    corpus, old = tmp_path / "a.zh", tmp_path / "avg.pt"
+    corpus.write_text("我 爱 你\n", encoding="utf-8")
+    _tiny_checkpoint(old)
+    assert average_output_problems(models, str(corpus)) == [
+        f"-output {corpus}: exists and is not an OpenNMT-py checkpoint; give another -output (averaging replaces "
+        "only a checkpoint), or remove the file first"]
+    assert average_output_problems(models, str(old)) == []
+
+
+def test_a_pipe_given_as_an_input_file_is_named_as_such(tmp_path):
+    """`cat t.zh | onmt_translate -src /dev/stdin` said `no such file`: onmt-ext reads -src more than once (its
+    checks, then the translation), which a pipe cannot give."""
+    from onmt_ext.runtime.corpus import not_a_file
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert not_a_file(str(fifo)) == ("is a pipe or a device, not a regular file; onmt-ext reads its input files more "
+                                     "than once (it checks them first), which a pipe cannot give: write it to a file "
+                                     "first")
+    assert not_a_file(str(tmp_path / "none")) == "no such file"
