@@ -75,10 +75,20 @@ PATHS = {"save_data", "save_model", "config", "log_file"}
 
 
 def _layer_options():
-    """Every option that only chooses layers or their number (``enc_layers``, ``li2019_enc_layers``...)."""
+    """Every option that only chooses layers or their number (``enc_layers``, ``li2019_enc_layers``...): lists of
+    layer numbers, not ``gret_layers`` (which layers GRET aggregates: a code path) or ``ext_compile_layers``."""
     from onmt_ext.options import OPTION_SPECS
 
-    return {"enc_layers", "dec_layers", "layers"} | {spec.name for spec in OPTION_SPECS if spec.name.endswith("_layers")}
+    return {"enc_layers", "dec_layers", "layers"} | {
+        spec.name for spec in OPTION_SPECS if spec.name.endswith("_layers") and spec.type is int and spec.nargs}
+
+
+def test_layer_selections_are_the_lists_of_layer_numbers():
+    """Configs that differ only in which layers a mechanism takes are one model's variants; ``gret_layers`` (which
+    layers GRET aggregates) and ``ext_compile_layers`` choose code paths, which a representative must cover."""
+    layers = _layer_options()
+    assert {"enc_layers", "li2019_enc_layers", "clause_attention_layers", "cao2019_dec_layers"} <= layers
+    assert not {"gret_layers", "ext_compile_layers"} & layers
 
 
 def _raw_signature(config, ignore):

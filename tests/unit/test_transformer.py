@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import yaml
 
 import support
 from onmt_ext.mechanisms.state import DecodingStateModule, stateful_modules
@@ -10,17 +11,30 @@ STOCK = "yaml_configs/smoke/baseline/transformer_base_wmt14_ende.yaml"
 EXT = ("-encoder_type", "ext_transformer", "-decoder_type", "ext_transformer")
 
 
-def _models(sample_data):
-    stock_opt = support.load_train_opts(STOCK)
-    ext_opt = support.load_train_opts(STOCK, *EXT)
+def _models(sample_data, config=STOCK):
+    stock_opt = support.load_train_opts(config)
+    ext_opt = support.load_train_opts(config, *EXT)
     vocabs = support.load_vocabs(stock_opt)
     stock = support.build_model(stock_opt, vocabs, seed=3)
     ext = support.build_model(ext_opt, vocabs, seed=4)
     return stock, ext, vocabs
 
 
-def test_same_parameters_and_bitwise_same_outputs(sample_data, onmt_active):
-    stock, ext, vocabs = _models(sample_data)
+@pytest.mark.parametrize("config, edits", [
+    (STOCK, {}),
+    (STOCK, {"position_encoding": False, "max_relative_positions": 8}),  # relative positions (Shaw et al.)
+    (STOCK, {"self_attn_type": "average"}),  # the average attention network in the decoder
+    (STOCK, {"self_attn_type": "scaled-dot"}),
+    ("yaml_configs/smoke/chen2019/transformer_base_nist_zhen_baseline.yaml", {}),
+], ids=["base", "relative-positions", "average-attention", "scaled-dot", "nist-zhen"])
+def test_same_parameters_and_bitwise_same_outputs(sample_data, onmt_active, tmp_path, config, edits):
+    """Every mechanism off: the parameters and the outputs (full pass and step by step) of stock's, for stock's
+    own variants of the Transformer too (``edits``: options of the config changed)."""
+    if edits:
+        changed = tmp_path / "config.yaml"
+        changed.write_text(yaml.safe_dump({**support.read_yaml(config), **edits}), encoding="utf-8")
+        config = changed
+    stock, ext, vocabs = _models(sample_data, config)
     from onmt_ext.integration.transformer import ExtTransformerDecoder, ExtTransformerEncoder
 
     assert isinstance(ext.encoder, ExtTransformerEncoder) and isinstance(ext.decoder, ExtTransformerDecoder)
