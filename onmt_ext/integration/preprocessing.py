@@ -136,15 +136,16 @@ def _flag(name, value):
     return f"-{name} {value}"
 
 
-def adopt_training(opt, model_opt):
+def adopt_training(opt, model_opt, only=None):
     """Give ``opt`` (no ``-transforms``) the shaping transforms of ``model_opt`` and their options, but those of
     training's files (``-clause_presplit``: this source is split on the fly).
 
-    Returns ``(transforms, copied, missing)``: the transforms now in
+    ``only``: these of them alone (a source cut into subwords already takes the ones after the subword
+    transform).  Returns ``(transforms, copied, missing)``: the transforms now in
     ``opt.transforms``, ``{option: value}`` taken from training, and one
     message per file option whose file is not here.
     """
-    transforms = shaping(getattr(model_opt, "transforms", None))
+    transforms = [name for name in shaping(getattr(model_opt, "transforms", None)) if only is None or name in only]
     copied, missing, not_files = {}, [], set()
     for name in transforms:
         kept = transform_attribute(name, "training_files_options")  # (e.g. -clause_presplit: of training's files)
@@ -228,8 +229,16 @@ def _transforms_of_training(stock, cls, opt):
     subwords = any(name in SUBWORD for name in trained.split())
     words = trained_on_segmented_chinese(model_opt) if subwords and "jieba" not in trained.split() else None
     if not opt.transforms and shaping(model_opt.transforms) and holds_subword_marks(opt.src):
-        sys.stderr.write(f"onmt_translate: -src {opt.src} holds subword pieces already: translated as it is, "
-                         f"without the model's -transforms {' '.join(shaping(model_opt.transforms))}\n")
+        later = [name for name in shaping(model_opt.transforms) if name not in SUBWORD and name != "jieba"]
+        skipped = [name for name in shaping(model_opt.transforms) if name not in later]
+        transforms, copied, missing = adopt_training(opt, model_opt, only=later) if later else ([], {}, [])
+        if missing:
+            raise UsageError(f"{model} was trained with -transforms {trained}; but {'; '.join(missing)} (give "
+                             f"-transforms {' '.join(transforms)} with the files' paths here)")
+        options = "".join(f" {_flag(k, v)}" for k, v in copied.items())
+        said = f": translated without the model's -transforms {' '.join(skipped)}" if skipped else ""
+        said += f"; applying its -transforms {' '.join(transforms)}{options}" if transforms else ""
+        sys.stderr.write(f"onmt_translate: -src {opt.src} holds subword pieces already{said}\n")
     elif not opt.transforms and shaping(model_opt.transforms):
         transforms, copied, missing = adopt_training(opt, model_opt)
         if missing:

@@ -80,7 +80,8 @@ def test_a_clause_models_split_is_taken_from_the_checkpoint_and_done_on_the_fly(
                                                                                 capsys):
     """A clause-attention model's clause_split and its options are adopted like its subword model: its spaCy
     pipeline is a package name, not a file that must be here (every clause model failed so); a model trained on
-    pre-split files (-clause_presplit) gets its raw source split on the fly, not passed through unsplit."""
+    pre-split files (-clause_presplit) gets its raw source split on the fly, not passed through unsplit; a source
+    in pieces already skips the subword model but is still split."""
     _copy_spm(sample_data, tmp_path)
     path, _ = _checkpoint(tmp_path, "-transforms", "sentencepiece", "clause_split", "filtertoolong",
                           "-clause_lang", "zh", "-clause_levels", 4, "-clause_presplit")
@@ -89,6 +90,14 @@ def test_a_clause_models_split_is_taken_from_the_checkpoint_and_done_on_the_fly(
     assert (opt.clause_lang, opt.clause_levels, opt.clause_presplit) == ("zh", 4, False)
     said = capsys.readouterr().err
     assert "-clause_lang zh -clause_levels 4" in said and "presplit" not in said and "spacy" not in said, said
+    encoded = tmp_path / "test.sp.zh"  # cut into pieces already (as the paper configs' BPE'd test sources): split
+    encoded.write_text(" ".join(spm_pieces(tmp_path).encode("我 今天 很 高兴 。", out_type=str)) + "\n",
+                       encoding="utf-8")
+    opt = _translate_opt("-model", path, "-src", encoded)
+    assert _transforms_of(opt) == ["clause_split"] and (opt.clause_lang, opt.clause_levels) == ("zh", 4)
+    assert capsys.readouterr().err == (f"onmt_translate: -src {encoded} holds subword pieces already: translated "
+                                       "without the model's -transforms sentencepiece; applying its -transforms "
+                                       "clause_split -clause_lang zh -clause_levels 4\n")
 
 
 def test_a_subword_model_that_is_not_here_stops_translation_in_one_line(sample_data, onmt_active, tmp_path):
@@ -246,4 +255,6 @@ def test_a_source_encoded_beforehand_is_translated_as_it_is(sample_data, onmt_ac
     encoded.write_text(" ".join(spm_pieces(tmp_path).encode("我 今天 很 高兴 。", out_type=str)) + "\n",
                        encoding="utf-8")
     assert _transforms_of(_translate_opt("-model", path, "-src", encoded)) == []
-    assert f"-src {encoded} holds subword pieces already: translated as it is" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert f"-src {encoded} holds subword pieces already: translated without the model's -transforms " \
+           "sentencepiece\n" in said, said
