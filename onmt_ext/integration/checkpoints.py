@@ -478,12 +478,12 @@ def _is_checkpoint(path):
 
 def average_output_problems(models, output):
     """Why ``onmt_average_models`` cannot write ``-output`` (empty: it can): its directory must exist (stock: a
-    FileNotFoundError traceback after averaging), it must not be one of ``-models``, and an existing file there must
-    be a checkpoint (stock replaces whatever is there: a corpus, a config)."""
+    FileNotFoundError traceback after averaging), it must not be one of ``-models``, and an existing regular file
+    there must be a checkpoint (stock replaces whatever is there: a corpus, a config)."""
     problems = writable_file_problems("-output", output)
     if not problems and any(same_file(output, path) for path in models or ()):
         problems = [f"-output {output}: is one of -models; give another -output (averaging would overwrite it)"]
-    if not problems and os.path.exists(output) and not (os.path.isfile(output) and _is_checkpoint(output)):
+    if not problems and os.path.isfile(output) and not _is_checkpoint(output):  # (/dev/null: written as by stock)
         problems = [f"-output {output}: exists and is not an OpenNMT-py checkpoint; give another -output (averaging "
                     "replaces only a checkpoint), or remove the file first"]
     return problems

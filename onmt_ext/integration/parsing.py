@@ -22,7 +22,8 @@ import yaml
 from onmt_ext.integration.command_line import repeated_option_messages
 from onmt_ext.integration.commands import in_command
 from onmt_ext.runtime.compat import save_format_problems
-from onmt_ext.runtime.corpus import corpora_of, data_problems, no_training_corpus_message, weight_problem
+from onmt_ext.runtime.corpus import (corpora_of, corpus_weight, data_problems, no_training_corpus_message,
+                                     weight_problem)
 from onmt_ext.options import check_options
 from onmt_ext.patches import FIX, NEEDED, patch
 
@@ -123,7 +124,8 @@ def empty_value_messages(path):
     for key, value in root.value:
         if _has_no_value(value):
             messages.append(f"key {key.value!r} in {path}, line {key.start_mark.line + 1} has no value: the option "
-                            "would keep its default without a word; give a value or delete the line")
+                            "would keep its default, or be an empty text, without a word; give a value or delete "
+                            "the line")
         elif key.value == "data" and isinstance(value, yaml.MappingNode):
             for name, entry in value.value:
                 for inner, setting in entry.value if isinstance(entry, yaml.MappingNode) else ():
@@ -385,7 +387,7 @@ def _data_problems(opt, argv):
                     f"corpus {name!r} of data {where.get(name, 'on the command line')}: path_src without path_tgt: "
                     f"OpenNMT-py would train this -model_task seq2seq model (-encoder_type "
                     f"{getattr(opt, 'encoder_type', '?')}) as a language model on the source alone: give path_tgt")
-    if not any(name != "valid" and (entry.get("weight") is None or entry["weight"] > 0)
+    if not any(name != "valid" and corpus_weight(entry, name) > 0
                for name, entry in corpora.items()):
         problems.append(no_training_corpus_message(corpora, f" {data_where}"))
     return problems
@@ -394,8 +396,7 @@ def _data_problems(opt, argv):
 def training_option_problems(opt, argv):
     """Messages for onmt_train options that stock OpenNMT-py 3.5.1 takes and then ignores, loops on or asserts on
     (empty: none): a negative ``-train_steps`` (no end),
-    ``-save_checkpoint_steps`` below 0 (saves every k steps), ``-tensorboard_log_dir`` without ``-tensorboard``,
-    ``-early_stopping`` without a ``valid`` corpus, lists that do not match their steps, ``-update_vocab``
+    ``-save_checkpoint_steps`` below 0 (saves every k steps), lists that do not match their steps, ``-update_vocab``
     without ``-train_from`` (:func:`_steps_problems`) and ``-data``'s corpora (:func:`_data_problems`)."""
     if not hasattr(opt, "train_steps"):
         return []
@@ -407,29 +408,38 @@ def training_option_problems(opt, argv):
     if isinstance(save_steps, int) and save_steps < 0:
         problems.append(f"-save_checkpoint_steps {save_steps}: must be >= 1, or 0 to save at the end only; "
                         f"OpenNMT-py would save every {-save_steps} step{'s' * (save_steps != -1)}")
+    return problems + _steps_problems(opt) + _data_problems(opt, argv)
+
+
+def training_option_notes(opt, argv):
+    """Lines to say of onmt_train options that stock takes on purpose or leaves unused without harm (a shared
+    config's leftovers): ``-train_steps 0`` (no end), ``-keep_checkpoint 0`` (no checkpoint),
+    ``-tensorboard_log_dir`` without ``-tensorboard`` and ``-early_stopping`` without a ``valid`` corpus."""
+    if not hasattr(opt, "train_steps"):
+        return []
+    notes = []
+    if opt.train_steps == 0:
+        notes.append("-train_steps 0: the run has no end; stop it with Ctrl-C, or let -early_stopping end it")
+    if getattr(opt, "keep_checkpoint", -1) == 0:
+        notes.append("-keep_checkpoint 0: this run saves no checkpoint (-1 keeps them all)")
     given = set(_config_locations(argv)) | {a.lstrip("-").split("=", 1)[0] for a in argv if a.startswith("-")}
     if "tensorboard_log_dir" in given and not getattr(opt, "tensorboard", False):
-        problems.append("-tensorboard_log_dir has no effect without -tensorboard")
+        notes.append("-tensorboard_log_dir has no effect without -tensorboard")
     corpora = corpora_of(_data_of(opt))
     if getattr(opt, "early_stopping", 0) > 0 and corpora and "valid" not in corpora:
-        problems.append(f"-early_stopping {opt.early_stopping} has no effect without a 'valid' corpus in -data "
-                        "(it counts validations that do not improve)")
-    return problems + _steps_problems(opt) + _data_problems(opt, argv)
+        notes.append(f"-early_stopping {opt.early_stopping} has no effect without a 'valid' corpus in -data (it "
+                     "counts validations that do not improve)")
+    return notes
 
 
 _NOTED = set()
 
 
-def _note_no_end(parser, opt):
-    """One line on stderr (once per process) for ``onmt_train -train_steps 0``, for which stock's trainer has no
-    step limit (``train_steps > 0 and step >= train_steps`` never holds), and one for ``-keep_checkpoint 0``, with
-    which it saves no checkpoint: both are stock's on purpose, and said."""
-    notes = {"train_steps": (0, "-train_steps 0: the run has no end; stop it with Ctrl-C, or let -early_stopping "
-                                "end it"),
-             "keep_checkpoint": (0, "-keep_checkpoint 0: this run saves no checkpoint (-1 keeps them all)")}
-    for name, (value, note) in notes.items():
-        if getattr(opt, name, None) == value and name not in _NOTED:
-            _NOTED.add(name)
+def _say_notes(parser, opt, argv):
+    """Each of :func:`training_option_notes` on stderr, once per process (a tool may parse several times)."""
+    for note in training_option_notes(opt, argv):
+        if note not in _NOTED:
+            _NOTED.add(note)
             sys.stderr.write(f"{parser.prog}: note: {note}\n")
 
 
@@ -648,7 +658,7 @@ def _strict_parse_known_args(stock, self, args=None, namespace=None, **kwargs):
     if problems:
         self.exit(2, "".join(f"{self.prog}: error: {p}\n" for p in problems))
     if args is None:
-        _note_no_end(self, opt)
+        _say_notes(self, opt, argv)
     return opt, [u for u in unknown if u.lstrip("-").split("=", 1)[0] in names]
 
 

@@ -261,8 +261,11 @@ def _strip_bom(example):
 
 def corpora_of(data):
     """The corpora of a ``-data`` value as a dict: OpenNMT-py holds the YAML text until it validates the options,
-    the dict after (empty for None or for text that is not a mapping)."""
-    corpora = yaml.safe_load(data) if isinstance(data, str) else data
+    the dict after (empty for None, for text that is not a mapping and for text that is no YAML)."""
+    try:
+        corpora = yaml.safe_load(data) if isinstance(data, str) else data
+    except yaml.YAMLError:  # (data_problems names it)
+        return {}
     return corpora if isinstance(corpora, dict) else {}
 
 
@@ -375,26 +378,39 @@ def _shares_with_text(src, tgt, shares):
     return found
 
 
+def _stock_int(weight):
+    """The ``int`` OpenNMT-py makes of a corpus weight (``int(weight)``), or None where that fails."""
+    try:
+        return int(weight)
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
 def weight_problem(weight):
     """Why ``weight``, a corpus's ``weight`` as YAML reads it, cannot be used (None: it can, or it is not given).
 
-    OpenNMT-py's corpus mixer reads a corpus ``range(weight)`` times per round: a weight must be a whole number,
-    0 (not read) or above; another value ends training in a traceback, and a negative one reads as 0.
+    OpenNMT-py reads a weight with ``int()`` (``1.0`` and ``"2"`` are 1 and 2) and takes a corpus's examples
+    ``range(weight)`` times per round: text that is no number ends training in a traceback, a fractional weight
+    is cut without a word (2.5 reads as 2, 0.5 as 0) and a negative one reads as 0.
     """
-    if weight is None or (isinstance(weight, int) and not isinstance(weight, bool) and weight >= 0):
+    if weight is None:
         return None
+    value = None if isinstance(weight, bool) else _stock_int(weight)
+    if value is not None and value >= 0 and not (isinstance(weight, float) and weight != value):
+        return None
+    cut = f"; OpenNMT-py would read it as {value}" if isinstance(weight, float) and value is not None else ""
     return f"weight {weight!r}: must be a whole number >= 0 (how many of its examples to take per round; 0 leaves " \
-           "the corpus out)"
+           f"the corpus out){cut}"
 
 
-def _weight(entry, name="?"):
+def corpus_weight(entry, name="?"):
     """A ``-data`` entry's weight as OpenNMT-py reads it (``int``; 1 when not given); :class:`CorpusError` (exit 2)
     naming corpus ``name`` for a weight that :func:`weight_problem` refuses."""
     problem = weight_problem(entry.get("weight"))
     if problem:
         raise CorpusError(f"corpus {name!r}: {problem}", status=2)
     weight = entry.get("weight")
-    return 1 if weight is None else weight
+    return 1 if weight is None else int(weight)
 
 
 def data_problems(data, training=True):
@@ -426,7 +442,7 @@ def data_problems(data, training=True):
         if problem:
             problems.append(f"corpus {name!r}: {problem}")
         elif name != CorpusName.VALID:
-            training_weights.append(_weight(entry, name))
+            training_weights.append(corpus_weight(entry, name))
     if training and not problems and not any(weight > 0 for weight in training_weights):
         problems.append(no_training_corpus_message(corpora))
     return problems
@@ -456,10 +472,11 @@ def check_pairs(data, world_size, num_workers):
         src = entry.get("path_src") if isinstance(entry, dict) else None
         tgt = entry.get("path_tgt") or src if src else None  # (a language model's pairs: the line twice)
         valid = name == CorpusName.VALID
-        if valid and isinstance(entry, dict) and _weight(entry, name) <= 0:
-            raise CorpusError(f"corpus {name!r}: weight {_weight(entry, name)}: OpenNMT-py reads the validation set "
+        weight = corpus_weight(entry, name) if isinstance(entry, dict) else 1
+        if valid and weight <= 0:
+            raise CorpusError(f"corpus {name!r}: weight {weight}: OpenNMT-py reads the validation set "
                               "weight times, so validation would never get a batch: leave its weight out", status=2)
-        if not src or not os.path.isfile(src) or not os.path.isfile(tgt) or (not valid and _weight(entry, name) <= 0):
+        if not src or not os.path.isfile(src) or not os.path.isfile(tgt) or (not valid and weight <= 0):
             continue
         found = _shares_with_text(src, tgt, 1 if valid else shares)
         if not found:

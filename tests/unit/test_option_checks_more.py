@@ -1,7 +1,7 @@
 """onmt_train options and config values that stock OpenNMT-py 3.5.1 takes silently (no checkpoint, no end, a key
 without a value, a corpus without a target) or meets with a traceback (a bad corpus weight, no training corpus,
 an unknown corpus transform, lists that do not match their steps): each refused in one line naming the option,
-or the config file, line and corpus."""
+or the config file, line and corpus; what stock means on purpose or leaves unused without harm, noted."""
 
 from argparse import Namespace
 
@@ -47,9 +47,6 @@ def test_the_defaults_pass():
                               "trained from)"),
     (dict(update_vocab=True, train_from="m.pt"), "-update_vocab needs -reset_optim states or all (got none): the "
                                                  "optimizer's state does not fit the new vocabularies"),
-    (dict(early_stopping=2, data=repr({"corpus_1": {"path_src": "a", "path_tgt": "b"}})),
-     "-early_stopping 2 has no effect without a 'valid' corpus in -data (it counts validations that do not "
-     "improve)"),
 ])
 def test_training_options_that_stock_ignores_or_asserts_on_are_named(values, message):
     assert _problems(**values) == [message]
@@ -62,12 +59,27 @@ def test_the_dropout_steps_message_names_attention_dropout_too():
         "-attention_dropout has 1 value but -dropout_steps has 2 (0 100)"]
 
 
-def test_a_tensorboard_log_dir_without_tensorboard_has_no_effect(tmp_path):
-    assert _problems(["-tensorboard_log_dir", "X"]) == ["-tensorboard_log_dir has no effect without -tensorboard"]
-    assert _problems(["-tensorboard_log_dir", "X", "-tensorboard"], tensorboard=True) == []
+def _notes(argv=(), **values):
+    from onmt_ext.integration.parsing import training_option_notes
+
+    return training_option_notes(_train_opt(**values), list(argv))
+
+
+def test_options_stock_leaves_unused_without_harm_are_noted_not_refused(tmp_path):
+    """A shared config's leftovers (a -tensorboard_log_dir for runs with -tensorboard, an -early_stopping for runs
+    with a validation set) and stock's 0s are said in a note; the run goes on."""
+    assert _notes() == [] and _problems(["-tensorboard_log_dir", "X"], early_stopping=2) == []
+    assert _notes(["-tensorboard_log_dir", "X"]) == ["-tensorboard_log_dir has no effect without -tensorboard"]
+    assert _notes(["-tensorboard_log_dir", "X", "-tensorboard"], tensorboard=True) == []
     config = tmp_path / "c.yaml"
     config.write_text("tensorboard_log_dir: runs/onmt\n")
-    assert _problems(["-config", str(config)]) == ["-tensorboard_log_dir has no effect without -tensorboard"]
+    assert _notes(["-config", str(config)]) == ["-tensorboard_log_dir has no effect without -tensorboard"]
+    assert _notes(early_stopping=2, data=repr({"corpus_1": {"path_src": "a", "path_tgt": "b"}})) == [
+        "-early_stopping 2 has no effect without a 'valid' corpus in -data (it counts validations that do not "
+        "improve)"]
+    assert _notes(train_steps=0, keep_checkpoint=0) == [
+        "-train_steps 0: the run has no end; stop it with Ctrl-C, or let -early_stopping end it",
+        "-keep_checkpoint 0: this run saves no checkpoint (-1 keeps them all)"]
 
 
 def test_only_onmt_train_is_checked():
@@ -110,7 +122,7 @@ def test_keys_without_a_value_are_named_with_the_file_and_line(tmp_path):
                      ("transforms", "9")]
     messages = empty_value_messages(config)
     assert messages[0] == (f"key 'li2019_enc_self' in {config}, line 1 has no value: the option would keep its "
-                           "default without a word; give a value or delete the line")
+                           "default, or be an empty text, without a word; give a value or delete the line")
     assert messages[-1] == (f"key 'transforms' in corpus 'corpus_1' of data in {config}, line 9 has no value: "
                             "OpenNMT-py would read it as not given; give a value ('transforms: []' for none) or "
                             "delete the line")
@@ -134,7 +146,7 @@ def test_data_that_is_not_a_mapping_is_refused(tmp_path):
         "(corpus_1: {path_src: ..., path_tgt: ..., weight: 1}), not a single value"]
 
 
-@pytest.mark.parametrize("weight", ["high", "1.5", "-1", "true", "'2'"])
+@pytest.mark.parametrize("weight", ["high", "1.5", "-1", "true", "'2.0'"])
 def test_a_bad_corpus_weight_is_refused_with_the_file_and_line(tmp_path, weight):
     from onmt_ext.integration.parsing import corpus_key_messages
 
@@ -142,8 +154,19 @@ def test_a_bad_corpus_weight_is_refused_with_the_file_and_line(tmp_path, weight)
     config.write_text(f"data:\n  corpus_1:\n    path_src: a\n    weight: {weight}\n")
     (message,) = corpus_key_messages(config)
     assert message.startswith(f"corpus 'corpus_1' of data in {config}, line 4: weight ")
-    assert message.endswith(": must be a whole number >= 0 (how many of its examples to take per round; 0 leaves "
-                            "the corpus out)")
+    assert ": must be a whole number >= 0 (how many of its examples to take per round; 0 leaves the corpus " \
+           "out)" in message
+    assert message.endswith("; OpenNMT-py would read it as 1") == (weight == "1.5")
+
+
+@pytest.mark.parametrize("weight", ["1", "1.0", "'2'", "0"])
+def test_a_weight_stock_reads_as_a_whole_number_passes(tmp_path, weight):
+    """OpenNMT-py reads a weight with int(): 1.0 and "2" are weights it takes as they are."""
+    from onmt_ext.integration.parsing import corpus_key_messages
+
+    config = tmp_path / "c.yaml"
+    config.write_text(f"data:\n  corpus_1:\n    path_src: a\n    weight: {weight}\n")
+    assert corpus_key_messages(config) == []
 
 
 def test_an_unknown_corpus_transform_is_named_with_the_closest(onmt_active, tmp_path):
@@ -156,13 +179,14 @@ def test_an_unknown_corpus_transform_is_named_with_the_closest(onmt_active, tmp_
 
 
 def test_corpus_weights_are_checked_where_the_data_is_validated():
-    from onmt_ext.runtime.corpus import CorpusError, _weight, data_problems, weight_problem
+    from onmt_ext.runtime.corpus import CorpusError, corpus_weight, data_problems, weight_problem
 
-    assert weight_problem(None) is weight_problem(0) is weight_problem(3) is None
-    assert all(weight_problem(bad) for bad in ("high", 1.5, -1, True, "2"))
-    assert _weight({}) == 1 and _weight({"weight": 0}) == 0
+    assert weight_problem(None) is weight_problem(0) is weight_problem(3) is weight_problem(2.0) is None
+    assert weight_problem("2") is None  # (stock's int("2"))
+    assert all(weight_problem(bad) for bad in ("high", 1.5, -1, True, "2.0"))
+    assert corpus_weight({}) == 1 and corpus_weight({"weight": 0}) == 0 and corpus_weight({"weight": "2"}) == 2
     with pytest.raises(CorpusError) as raised:
-        _weight({"weight": "high"}, "corpus_1")
+        corpus_weight({"weight": "high"}, "corpus_1")
     assert raised.value.status == 2 and raised.value.message.startswith("corpus 'corpus_1': weight 'high': ")
     assert data_problems("build/tatoeba/train.zh")[0].startswith("-data 'build/tatoeba/train.zh': must be a mapping")
     assert data_problems(repr({"valid": {"path_src": "a"}}))[0].startswith("-data: no training corpus")
@@ -175,9 +199,9 @@ def test_train_steps_0_and_keep_checkpoint_0_are_noted_once(capsys, monkeypatch)
 
     monkeypatch.setattr(parsing, "_NOTED", set())
     parser = Namespace(prog="onmt_train")
-    parsing._note_no_end(parser, Namespace(train_steps=0, keep_checkpoint=-1))
-    parsing._note_no_end(parser, Namespace(train_steps=0, keep_checkpoint=0))
-    parsing._note_no_end(parser, Namespace(train_steps=5, keep_checkpoint=0))
+    parsing._say_notes(parser, _train_opt(train_steps=0, keep_checkpoint=-1), [])
+    parsing._say_notes(parser, _train_opt(train_steps=0, keep_checkpoint=0), [])
+    parsing._say_notes(parser, _train_opt(train_steps=5, keep_checkpoint=0), [])
     assert capsys.readouterr().err == (
         "onmt_train: note: -train_steps 0: the run has no end; stop it with Ctrl-C, or let -early_stopping end it\n"
         "onmt_train: note: -keep_checkpoint 0: this run saves no checkpoint (-1 keeps them all)\n")

@@ -330,6 +330,7 @@ def test_average_models_replaces_only_a_checkpoint(onmt_active, tmp_path):
         f"-output {corpus}: exists and is not an OpenNMT-py checkpoint; give another -output (averaging replaces "
         "only a checkpoint), or remove the file first"]
     assert average_output_problems(models, str(old)) == []
+    assert average_output_problems(models, os.devnull) == []  # (a dry run's average, written as stock writes it)
 
 
 def test_a_pipe_given_as_an_input_file_is_named_as_such(tmp_path):
