@@ -32,6 +32,7 @@ def test_train_refuses_misaligned_files_without_a_traceback(sample_data, onmt_ac
 def test_translate_refuses_a_source_that_is_not_utf8_before_loading_anything(onmt_active, tmp_path):
     bad = tmp_path / "bad.zh"
     bad.write_bytes("你好\n".encode() + "再见\n".encode("gb18030"))
+    (tmp_path / "never_read.pt").write_bytes(b"not a checkpoint")  # (read, it would be refused)
     result = support.run_cli("onmt_translate", "-model", tmp_path / "never_read.pt", "-src", bad, "-output",
                              tmp_path / "out", check=False)
     assert f"{bad}, line 2: not UTF-8" in support.one_error_line(result, "onmt_translate", 1)
