@@ -556,12 +556,17 @@ def _blocking_file(path):
 def directory_problems(opt):
     """Why ``onmt_train`` cannot create the directories it writes into (empty: it can): that of ``-save_model``'s
     checkpoints and, with ``-tensorboard``, ``-tensorboard_log_dir``, where a path is a file (stock: a
-    FileExistsError traceback after building the data and model, or a NotADirectoryError)."""
+    FileExistsError traceback after building the data and model, or a NotADirectoryError); and a ``-save_model``
+    that is a directory (stock writes ``<dir>_step_N.pt`` beside it, or ``<dir>/_step_N.pt``)."""
     problems = []
     save_model = getattr(opt, "save_model", None)
     folder = os.path.dirname(save_model) if isinstance(save_model, str) else ""
     blocking = _blocking_file(folder) if folder else None
-    if blocking:
+    if isinstance(save_model, str) and save_model and os.path.isdir(save_model):
+        problems.append(f"-save_model {save_model}: is a directory, but -save_model is the checkpoints' path prefix "
+                        f"(<prefix>_step_N.pt, beside the directory or as hidden _step_N.pt in it): give "
+                        f"{os.path.join(save_model, 'model')}")
+    elif blocking:
         problems.append(f"-save_model {save_model}: {blocking} is a file, not a directory; give a -save_model in a "
                         "directory")
     log_dir = getattr(opt, "tensorboard_log_dir", None)

@@ -267,7 +267,8 @@ def test_build_vocab_may_not_write_a_vocabulary_onto_a_corpus(onmt_active, tmp_p
 
 def test_directories_that_a_file_blocks_are_refused(onmt_active, tmp_path):
     """A -save_model under a file ended in a FileExistsError traceback after the data and model were built, a
-    -tensorboard_log_dir that is a file in a NotADirectoryError."""
+    -tensorboard_log_dir that is a file in a NotADirectoryError; a -save_model that is a directory wrote its
+    checkpoints beside it."""
     from onmt_ext.integration.commands import directory_problems
 
     afile = tmp_path / "afile"
@@ -283,6 +284,10 @@ def test_directories_that_a_file_blocks_are_refused(onmt_active, tmp_path):
     assert directory_problems(opt) == []
     assert directory_problems(argparse.Namespace(save_model="model", tensorboard=True,
                                                  tensorboard_log_dir=str(tmp_path / "runs" / "x"))) == []
+    for given in (str(tmp_path), str(tmp_path) + os.sep):  # a directory: stock's checkpoints land beside it
+        (problem,) = directory_problems(argparse.Namespace(save_model=given, tensorboard=False))
+        assert problem.startswith(f"-save_model {given}: is a directory, but -save_model is the checkpoints' path "
+                                  "prefix") and problem.endswith(f"give {os.path.join(given, 'model')}")
 
 
 def test_an_output_that_cannot_be_seeked_in_is_refused(onmt_active, tmp_path):
