@@ -628,6 +628,24 @@ def _parses_strictly(parser, args):
     return getattr(parser, _STRICT, False)
 
 
+#: Keys that only a training config sets: onmt_translate given such a config says so once, not per key
+_TRAINING_ONLY_KEYS = ("data", "save_model", "train_steps")
+
+
+def training_config_messages(leftovers, names, argv):
+    """One line when a command that trains nothing (onmt_translate: no ``data`` among its ``names``) was given a
+    training config, whose every training key would otherwise be an unknown option of its own line."""
+    if "data" in names:
+        return []
+    keys = [key for key in (item.lstrip("-").split("=", 1)[0] for item in leftovers) if key in _TRAINING_ONLY_KEYS]
+    configs = _config_paths(argv)
+    if not keys or not configs:
+        return []
+    return [f"-config {configs[0]} is a training config (it sets {', '.join(dict.fromkeys(keys))}): this command "
+            "takes its own options (-model, -src, -output, the search); give them on the command line or in a "
+            "config of their own"]
+
+
 def _strict_parse_known_args(stock, self, args=None, namespace=None, **kwargs):
     if not _parses_strictly(self, args):
         return stock(self, args, namespace, **kwargs)
@@ -648,7 +666,8 @@ def _strict_parse_known_args(stock, self, args=None, namespace=None, **kwargs):
     if names & {"train_steps", "n_sample"}:  # onmt_train / onmt_build_vocab
         names = names | _shared_config_names()
     problems, leftovers = _flag_value_messages(self, argv, unknown)
-    problems += unknown_option_messages(leftovers, names, argv) + _misspelt_dashes(self, leftovers)
+    problems += training_config_messages(leftovers, names, argv) or \
+        unknown_option_messages(leftovers, names, argv) + _misspelt_dashes(self, leftovers)
     if "data" in names:  # onmt_train / onmt_build_vocab
         problems += [m for path in _config_paths(argv) for m in corpus_key_messages(path)]
     if argv:

@@ -249,6 +249,17 @@ def test_a_missing_src_and_a_bad_config_value_are_one_line(sample_data, onmt_act
     assert len(result.stderr.splitlines()) == 1, result.stderr[-3000:]
 
 
+def test_a_training_config_given_to_onmt_translate_is_one_line(sample_data, onmt_active, tmp_path):
+    """Each training key of the config was an unknown option of its own line: 39 lines for the toy config."""
+    result = support.run_cli("onmt_translate", "-config", CONFIG, "-model", tmp_path / "m.pt", "-src",
+                             tmp_path / "s", check=False)
+    assert _one_error_line(result, "onmt_translate", 2) == (
+        f"onmt_translate: error: -config {CONFIG} is a training config (it sets save_model, data, train_steps): "
+        "this command takes its own options (-model, -src, -output, the search); give them on the command line or "
+        "in a config of their own")
+    assert len(result.stderr.splitlines()) == 1, result.stderr[-3000:]
+
+
 def test_a_wrong_routing_kernel_choice_is_one_line(sample_data, onmt_active, tmp_path):
     """``ONMT_EXT_ROUTING_KERNEL`` (docs/kernels.md) with a value it cannot take stops the command before it
     starts, naming the variable and its values, instead of a traceback from the first routing call."""
