@@ -599,22 +599,16 @@ def _clash_problems(option, path, inputs):
 
 
 #: Option names (suffixes) of a transform that name a file it reads (a subword model or BPE codes, a vocabulary, a
-#: translation memory, a tagger); those a transform lists as ``not_file_options`` name other things.
+#: translation memory, a tagger): what an output may not be written over
 _TRANSFORM_FILE_SUFFIXES = ("_model", "_vocab", "_path")
 
 
 def transform_file_inputs(opt, transforms):
     """``(option, path)`` of the files that ``transforms`` (names) read, as ``opt`` gives them: each option of theirs
-    named like a file (:data:`_TRANSFORM_FILE_SUFFIXES`) whose value is an existing file."""
-    inputs = []
-    for name in dict.fromkeys(transforms or ()):
-        skipped = preprocessing.transform_attribute(name, "not_file_options")
-        for dest in preprocessing.transform_defaults(name):
-            value = getattr(opt, dest, None)
-            if dest.endswith(_TRANSFORM_FILE_SUFFIXES) and dest not in skipped and isinstance(value, str) \
-                    and value and os.path.isfile(value) and (f"-{dest}", value) not in inputs:
-                inputs.append((f"-{dest}", value))
-    return inputs
+    that names a file (:func:`preprocessing.file_options`) whose value is an existing file."""
+    values = ((dest, getattr(opt, dest, None))
+              for dest in preprocessing.file_options(transforms or (), _TRANSFORM_FILE_SUFFIXES))
+    return [(f"-{dest}", value) for dest, value in values if isinstance(value, str) and value and os.path.isfile(value)]
 
 
 def _training_inputs(opt):
@@ -666,14 +660,15 @@ def log_file_problems(opt, inputs=None):
             or _clash_problems("-log_file", log_file, _training_inputs(opt) if inputs is None else inputs))
 
 
-def output_problems(opt):
+def output_problems(opt, inputs=None):
     """Why ``onmt_translate`` cannot write its ``-output`` and ``-log_file`` files (empty: it can).
 
-    See :func:`writable_file_problems`; neither may be one of the files it reads (-model, -src, -tgt: stock
-    empties them) nor the other.  Stock opens ``-output`` only after loading the model, and ends in a traceback.
+    See :func:`writable_file_problems`; neither may be one of the files it reads (``inputs``, default
+    :func:`_translation_inputs`: -model, -src, -tgt, ...; stock empties them) nor the other.  Stock opens ``-output``
+    only after loading the model, and ends in a traceback.
     """
     output = getattr(opt, "output", None)
-    inputs = _translation_inputs(opt)
+    inputs = _translation_inputs(opt) if inputs is None else inputs
     problems = writable_file_problems("-output", output) or _clash_problems("-output", output, inputs) or \
         stream_output_problems("-output", output)
     return problems + log_file_problems(opt, inputs + [("-output", output)])
@@ -721,8 +716,9 @@ def phrase_table_problems(opt):
 def _translate_checked(stock, opt, *args, **kwargs):
     """``onmt.bin.translate.translate``: one-line errors, a check of ``-output`` (and ``-phrase_table``) before
     anything is loaded, and a warning when every translation is empty."""
-    models = [(option, path) for option, path in _translation_inputs(opt) if option == "-model"]
-    problems = checkpoint_problems(models) + output_problems(opt) + phrase_table_problems(opt)
+    inputs = _translation_inputs(opt)  # (reads the first model's options: once)
+    models = [(option, path) for option, path in inputs if option == "-model"]
+    problems = checkpoint_problems(models) + output_problems(opt, inputs) + phrase_table_problems(opt)
     if problems:
         raise UsageError("\n".join(problems))
     _check_machine(opt)

@@ -59,13 +59,19 @@ def _shared_config_names():
     return _SHARED_CONFIG_NAMES
 
 
-def _config_key_lines(path):
-    """Map each top-level key of a YAML config to its 1-based line number."""
+def _composed(path):
+    """The YAML node tree of the config file ``path`` (line numbers included), or None where it cannot be read or
+    parsed (the stock parse names that)."""
     try:
         with open(path, encoding="utf-8") as handle:
-            node = yaml.compose(handle)
+            return yaml.compose(handle)
     except (OSError, yaml.YAMLError, UnicodeDecodeError):
-        return {}
+        return None
+
+
+def _config_key_lines(path):
+    """Map each top-level key of a YAML config to its 1-based line number."""
+    node = _composed(path)
     if not isinstance(node, yaml.MappingNode):
         return {}
     return {key.value: key.start_mark.line + 1 for key, _ in node.value}
@@ -76,12 +82,7 @@ def duplicate_key_messages(path):
 
     PyYAML keeps the last value of a repeated key without a word.
     """
-    try:
-        with open(path, encoding="utf-8") as handle:
-            root = yaml.compose(handle)
-    except (OSError, yaml.YAMLError, UnicodeDecodeError):
-        return []
-    messages, stack = [], [("", root)]
+    messages, stack = [], [("", _composed(path))]
     while stack:
         prefix, node = stack.pop()
         if isinstance(node, yaml.MappingNode):
@@ -113,11 +114,7 @@ def empty_value_messages(path):
     value (``gret:``, ``gret: ~``, ``gret: null``, ``gret: ""``): configargparse drops such a key without a word, so
     the option keeps its default; also for a key of a ``data:`` corpus with a null value, which OpenNMT-py reads
     as not given (``transforms:`` gives the top-level -transforms, not none)."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            root = yaml.compose(handle)
-    except (OSError, yaml.YAMLError, UnicodeDecodeError):
-        return []
+    root = _composed(path)
     if not isinstance(root, yaml.MappingNode):
         return []
     messages = []
@@ -290,11 +287,7 @@ def corpus_key_messages(path):
     it silently), for a corpus entry that is not a mapping, a ``data:`` that is not a mapping, a corpus ``weight``
     that is not a whole number >= 0 and a corpus ``transforms`` entry that names no transform (stock: a
     traceback)."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            root = yaml.compose(handle)
-    except (OSError, yaml.YAMLError, UnicodeDecodeError):
-        return []
+    root = _composed(path)
     key, data = next(((key, value) for key, value in getattr(root, "value", []) if isinstance(root, yaml.MappingNode)
                       and key.value == "data"), (None, None))
     if data is not None and not isinstance(data, yaml.MappingNode) and not _has_no_value(data):
@@ -326,11 +319,7 @@ def _corpus_locations(args):
     """``{corpus name: "in <config>, line N"}`` for the corpora of the ``data:`` of the config files in ``args``."""
     where = {}
     for path in _config_paths(args):
-        try:
-            with open(path, encoding="utf-8") as handle:
-                root = yaml.compose(handle)
-        except (OSError, yaml.YAMLError, UnicodeDecodeError):
-            continue
+        root = _composed(path)
         for key, value in root.value if isinstance(root, yaml.MappingNode) else ():
             if key.value == "data" and isinstance(value, yaml.MappingNode):
                 for name, _ in value.value:

@@ -114,6 +114,17 @@ def transform_attribute(name, attribute):
     return tuple(getattr(AVAILABLE_TRANSFORMS.get(name), attribute, ()))
 
 
+def file_options(names, suffixes=_FILE_SUFFIXES):
+    """The options of the transforms ``names`` that name a file they read (ending in ``suffixes``), each once, in
+    order; not those a transform lists as ``not_file_options`` (``-clause_spacy_model``: a package's name)."""
+    options = {}
+    for name in names:
+        skipped = transform_attribute(name, "not_file_options")
+        options.update(dict.fromkeys(dest for dest in transform_defaults(name)
+                                     if dest.endswith(suffixes) and dest not in skipped))
+    return list(options)
+
+
 def transform_defaults(name):
     """``{dest: default}`` of the options transform ``name`` adds (empty for an unknown transform)."""
     from onmt.transforms import AVAILABLE_TRANSFORMS
@@ -146,10 +157,9 @@ def adopt_training(opt, model_opt, only=None):
     message per file option whose file is not here.
     """
     transforms = [name for name in shaping(getattr(model_opt, "transforms", None)) if only is None or name in only]
-    copied, missing, not_files = {}, [], set()
+    copied, missing = {}, []
     for name in transforms:
         kept = transform_attribute(name, "training_files_options")  # (e.g. -clause_presplit: of training's files)
-        not_files.update(transform_attribute(name, "not_file_options"))
         for dest, default in transform_defaults(name).items():
             if dest in kept or not hasattr(model_opt, dest) or getattr(opt, dest, default) != default:
                 continue  # of training's files, unknown to the checkpoint, or set by the user
@@ -157,9 +167,9 @@ def adopt_training(opt, model_opt, only=None):
             if value != default:
                 copied[dest] = value
             setattr(opt, dest, value)
-    for dest in sorted({d for name in transforms for d in transform_defaults(name)} - not_files):
+    for dest in sorted(file_options(transforms)):
         value = getattr(opt, dest, None)
-        if dest.endswith(_FILE_SUFFIXES) and isinstance(value, str) and value and not os.path.isfile(value):
+        if isinstance(value, str) and value and not os.path.isfile(value):
             origin = " (from training)" if dest in copied else ""
             missing.append(f"{_flag(dest, value)}{origin}: {not_a_file(value)}")
     opt.transforms = transforms
@@ -174,9 +184,9 @@ def mismatches(opt, model_opt):
                 f"{' '.join(model_opt.transforms)}, so its source was shaped by "
                 f"{' '.join(trained) or 'none of ' + ', '.join(SHAPING)}, not by {' '.join(given) or 'nothing'}"]
     problems = []
-    for dest in sorted({d for name in given for d in transform_defaults(name)}):
+    for dest in sorted(file_options(given)):
         mine, theirs = getattr(opt, dest, None), getattr(model_opt, dest, None)
-        if not (dest.endswith(_FILE_SUFFIXES) and isinstance(mine, str) and isinstance(theirs, str)):
+        if not (isinstance(mine, str) and isinstance(theirs, str)):
             continue
         if mine != theirs and os.path.isfile(mine) and os.path.isfile(theirs) \
                 and not filecmp.cmp(mine, theirs, shallow=False):
