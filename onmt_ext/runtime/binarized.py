@@ -539,7 +539,8 @@ def cached(root, opt, transforms, vocabs, say=_log, processes=0):
     """``(directory, manifest)``: the directory under ``root`` that holds ``opt``'s training data binarised,
     :func:`build` into it first if it does not yet (or is damaged), and its manifest, which is current. Processes
     that ask for it at once (ranks, two runs) wait on a lock beside it: the first binarises, the others read. Only
-    ``root/<key>``, its lock file and its work directory while it is written are touched."""
+    ``root/<key>``, its lock file and its work directory while it is written are touched. Where the file system has
+    no locks (:data:`_NO_LOCKS`), a directory filled before is read, and none is written: a :class:`UserError`."""
     wanted = fingerprint(opt, transforms, vocabs)
     key = cache_key(wanted)
     directory = os.path.join(root, key)
@@ -550,9 +551,22 @@ def cached(root, opt, transforms, vocabs, say=_log, processes=0):
         manifest = _current(directory, wanted)
         if manifest is not None:  # a cache filled before, read-only now: read it
             return directory, manifest
-        raise UserError(f"-ext_binarized_cache {root}: cannot write there ({error.strerror})") from None
+        raise UserError(f"-ext_binarized_cache {root}: cannot write there ({error.strerror or error}); "
+                        f"{_advice(error)}") from None
     with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        except OSError as error:
+            if error.errno not in _NO_LOCKS:
+                raise
+            manifest = _current(directory, wanted)
+            if manifest is not None:  # filled before: reading it needs no lock (a current directory is never rewritten)
+                return directory, manifest
+            raise UserError(f"-ext_binarized_cache {root}: cannot lock {os.path.basename(lock.name)} ("
+                            f"{error.strerror or error}): its file system does not support the file locks that keep "
+                            "runs sharing the cache apart; choose a -ext_binarized_cache directory on a local disk, or "
+                            "write the data once with onmt_ext_binarize -ext_binarized DIR and train with "
+                            "-ext_binarized DIR") from None
         manifest = _current(directory, wanted)
         if manifest is None:
             say(f"-ext_binarized_cache: binarising the training corpora into {directory}, once for this data")
@@ -568,11 +582,23 @@ def _writing(option, directory, what):
     try:
         yield
     except OSError as error:
-        if error.errno in (errno.ENOSPC, errno.EDQUOT):
-            advice = "free space on its file system, or choose a directory on another, and run again"
-        else:
-            advice = "check the permissions there, or choose another directory, and run again"
-        raise UserError(f"{option} {directory}: cannot {what} ({error.strerror or error}); {advice}") from None
+        raise UserError(f"{option} {directory}: cannot {what} ({error.strerror or error}); {_advice(error)}") from None
+
+
+#: ``flock``'s errors where the file system has no locks (Lustre without ``-o flock``: ENOSYS; FUSE: EOPNOTSUPP;
+#: NFS without its lock service: ENOLCK); its others (EBADF, EINVAL) are a bug here and are raised as they are
+_NO_LOCKS = (errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOLCK, errno.ENOSYS)
+
+
+def _advice(error):
+    """What to do about ``error``, an ``OSError`` of writing binarised data."""
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "free space on its file system, or choose a directory on another, and run again"
+    if error.errno in (errno.ENOTDIR, errno.EEXIST):
+        return "a file stands on that path where a directory is needed: choose another directory, and run again"
+    if error.errno == errno.EROFS:
+        return "its file system is read-only: choose a directory on another, and run again"
+    return "check the permissions there, or choose another directory, and run again"
 
 
 def _work_prefix(directory):
@@ -585,13 +611,21 @@ def _work_prefix(directory):
 OLD_FORMAT_AGE = 24 * 3600
 
 
+def _untouched_for(path, seconds):
+    """Whether ``path`` was last modified more than ``seconds`` ago (False where it is gone: its run removed it)."""
+    try:
+        return time.time() - os.path.getmtime(path) > seconds
+    except FileNotFoundError:
+        return False
+
+
 def _dead_runs(directory):
     """The work directories beside ``directory`` that runs of this host left when they were killed (their process
     is gone): ``<directory>.partial-<host>-<pid>-<random>``; and old-format ones, ``<directory>.partial-<pid>``,
     untouched for :data:`OLD_FORMAT_AGE` (their host is unknown, so their process cannot be asked)."""
     old = f"{directory.rstrip(os.sep)}.partial-"
     found = [path for path in glob.glob(glob.escape(old) + "*") if re.fullmatch(r"\d+", path[len(old):])
-             and time.time() - os.path.getmtime(path) > OLD_FORMAT_AGE]
+             and _untouched_for(path, OLD_FORMAT_AGE)]
     prefix = _work_prefix(directory)
     for path in glob.glob(glob.escape(prefix) + "*"):
         run = re.fullmatch(r"(\d+)-[0-9a-f]{8}", path[len(prefix):])  # (not a host whose name goes on: node-1)

@@ -296,10 +296,11 @@ def _load_without_bom(stock, self, offset=0, stride=1):
     bom = False
     if isinstance(self.src, (str, os.PathLike)) and os.path.isfile(self.src):
         tgt = self.tgt if isinstance(self.tgt, (str, os.PathLike)) and os.path.isfile(self.tgt) else None
-        bom = any(_starts_with_bom(path) for path in (self.src, tgt) if path is not None)
+        marked = [str(path) for path in (self.src, tgt) if path is not None and _starts_with_bom(path)]
+        bom = bool(marked)
         if bom:
-            message = (f"corpus {self.id!r}: byte-order mark at the start of {self.src}"
-                       + (f" or {tgt}" if tgt else "") + " removed from the first line")
+            message = (f"corpus {self.id!r}: byte-order mark at the start of {' and '.join(marked)} removed from the "
+                       "first line")
             if message not in _logged:
                 _logged.add(message)
                 logger.warning(message)
@@ -522,7 +523,8 @@ def _kept_or_named(stock, self, tuple_bucket):
     Until a bucket keeps a pair, it notes per corpus when the line numbers start again (the mixer read the
     corpus through and restarted it). Once every corpus read (weight above 0) has restarted, the transforms drop
     all that this worker reads (its share of the lines): :class:`NoKeptPair` names the corpora and their
-    filters, where stock would restart the corpora for ever, logging each time, and never make a batch.
+    filters (or a source file without text, :func:`_without_source_text`), where stock would restart the corpora
+    for ever, logging each time, and never make a batch.
     """
     bucket = stock(self, tuple_bucket)
     if self.task != "train" or getattr(self, "_ext_kept", False):
@@ -545,12 +547,34 @@ def _kept_or_named(stock, self, tuple_bucket):
     stride, offset = getattr(first, "stride", self.stride), getattr(first, "offset", self.offset)
     share = f" of data share {offset} of {stride} (-world_size × -num_workers)" if stride > 1 else ""
     fewer = ", or use fewer -num_workers" if stride > 1 else ""
+    empty = {name: _without_source_text(self, name, stride, offset) for name in names}
+    if len(names) == 1 and empty[names[0]]:
+        src = empty[names[0]]
+        within, fewer = ((f" in data share {offset} of {stride} (-world_size × -num_workers)", fewer)
+                         if stride > 1 and _shares_with_text(src, src, 1) else ("", ""))
+        raise NoKeptPair(f"corpus {names[0]!r}: no source line of {src}{within} has text, and OpenNMT-py leaves out a "
+                         f"pair with an empty source, so training would never get a batch: check the corpus{fewer}")
     if len(names) == 1:
         raise NoKeptPair(f"corpus {names[0]!r}: its transforms ({_filters(self, names[0])}) drop every pair{share}, "
                          f"so training would never get a batch: loosen the filters or check the corpus{fewer}")
+    if any(empty.values()):
+        listed = ", ".join(f"{name!r} ({f'no source text in {empty[name]}' if empty[name] else _filters(self, name)})"
+                           for name in names)
+        raise NoKeptPair(f"corpora {listed}: every pair is left out{share}, so training would never get a batch: "
+                         f"check the corpora or loosen the filters{fewer}")
     listed = ", ".join(f"{name!r} ({_filters(self, name)})" for name in names)
     raise NoKeptPair(f"corpora {listed}: their transforms drop every pair{share}, so training would never get a "
                      f"batch: loosen the filters or check the corpora{fewer}")
+
+
+def _without_source_text(iterator, name, stride, offset):
+    """The source file of corpus ``name`` if none of its lines in data share ``offset`` of ``stride`` has text (stock's
+    ``process`` leaves out a pair with an empty source; with onmt-ext's runtime :func:`check_pairs` refuses such a
+    corpus at start-up), else None. Asked once, when training stops: the file is read at most once."""
+    src = getattr(iterator.corpora.get(name), "src", None)
+    if not isinstance(src, (str, os.PathLike)) or not os.path.isfile(src):
+        return None
+    return None if offset in _shares_with_text(src, src, max(1, stride)) else src
 
 
 def _skipping_empty_pairs():
