@@ -4,14 +4,16 @@ Stock OpenNMT-py drops unknown YAML keys silently, and argparse's prefix matchin
 option.  :func:`make_parsing_strict` wraps ``ArgumentParser.parse_known_args`` so that a command parsing its own
 command line (or a parser :func:`strict` marked) refuses, in one line each with exit 2 and the closest valid key:
 unknown or misspelt options (:func:`unknown_option_messages`, naming the YAML file and line), repeated YAML keys
-(:func:`duplicate_key_messages`), YAML keys without a value (:func:`empty_value_messages`), bad ``data:`` corpora
-(:func:`corpus_key_messages`), stock counts below 1 (:func:`stock_option_problems`), onmt_train options that stock
-ignores or asserts on (:func:`training_option_problems`) and onmt-ext's own option checks; a config that YAML
+(:func:`duplicate_key_messages`), YAML keys without a value (:func:`empty_value_messages`) or with a list for one
+value (:func:`list_value_messages`), bad corpora of a ``data:`` (:func:`corpus_key_messages`) or ``-data``
+(:func:`command_line_data_messages`), stock counts below 1 (:func:`stock_option_problems`), onmt_train options that
+stock ignores or asserts on (:func:`training_option_problems`) and onmt-ext's own option checks; a config that YAML
 cannot parse for a tab in its indentation gets the file and line (:func:`tab_indentation_hint`).  One YAML may
-serve both ``onmt_build_vocab`` and ``onmt_train``.
+serve both commands; options it sets for transforms a run does not use get a note (:func:`transform_option_notes`).
 :func:`train_parser` and :func:`parse_train_config` parse as ``onmt_train`` does, for onmt-ext's tools and tests.
 """
 
+import argparse
 import difflib
 import functools
 import re
@@ -21,6 +23,7 @@ import yaml
 
 from onmt_ext.integration.command_line import repeated_option_messages
 from onmt_ext.integration.commands import in_command
+from onmt_ext.integration.preprocessing import transform_defaults
 from onmt_ext.runtime.compat import save_format_problems
 from onmt_ext.runtime.corpus import (corpora_of, corpus_weight, data_problems, no_training_corpus_message,
                                      weight_problem)
@@ -112,8 +115,8 @@ def _has_no_value(node):
 def empty_value_messages(path):
     """``key 'gret' in <path>, line N has no value: ...`` for each top-level key of a YAML config written without a
     value (``gret:``, ``gret: ~``, ``gret: null``, ``gret: ""``): configargparse drops such a key without a word, so
-    the option keeps its default; also for a key of a ``data:`` corpus with a null value, which OpenNMT-py reads
-    as not given (``transforms:`` gives the top-level -transforms, not none)."""
+    the option keeps its default; also for a key of a ``data:`` corpus with a null value
+    (:func:`_empty_corpus_value_messages`)."""
     root = _composed(path)
     if not isinstance(root, yaml.MappingNode):
         return []
@@ -123,14 +126,63 @@ def empty_value_messages(path):
             messages.append(f"key {key.value!r} in {path}, line {key.start_mark.line + 1} has no value: the option "
                             "would keep its default, or be an empty text, without a word; give a value or delete "
                             "the line")
-        elif key.value == "data" and isinstance(value, yaml.MappingNode):
-            for name, entry in value.value:
-                for inner, setting in entry.value if isinstance(entry, yaml.MappingNode) else ():
-                    if isinstance(setting, yaml.ScalarNode) and setting.tag == _NULL_TAG:
-                        none = " ('transforms: []' for none)" if inner.value == "transforms" else ""
-                        messages.append(f"key {inner.value!r} in corpus {name.value!r} of data in {path}, line "
-                                        f"{inner.start_mark.line + 1} has no value: OpenNMT-py would read it as not "
-                                        f"given; give a value{none} or delete the line")
+        elif key.value == "data":
+            messages += _empty_corpus_value_messages(value, _in_config(path))
+    return messages
+
+
+def _empty_corpus_value_messages(data, where):
+    """``key 'x' in corpus 'c' of <where> has no value: ...`` for each key of a corpus of ``data`` (a ``-data`` YAML
+    node; ``where(node)``, :func:`_in_config` or :func:`_on_command_line`, says where) with a null value, which
+    OpenNMT-py reads as not given (``transforms:`` gives the top-level -transforms, not none)."""
+    messages = []
+    for name, entry in data.value if isinstance(data, yaml.MappingNode) else ():
+        for inner, setting in entry.value if isinstance(entry, yaml.MappingNode) else ():
+            if isinstance(setting, yaml.ScalarNode) and setting.tag == _NULL_TAG:
+                none = " ('transforms: []' for none)" if inner.value == "transforms" else ""
+                line = "key" if where is _on_command_line else "line"
+                messages.append(f"key {inner.value!r} in corpus {name.value!r} of {where(inner)} has no value: "
+                                f"OpenNMT-py would read it as not given; give a value{none} or delete the {line}")
+    return messages
+
+
+def _in_config(path):
+    """``where(node)`` for a node of the ``data:`` of config ``path``: ``data in <path>, line N``."""
+    return lambda node: f"data in {path}, line {node.start_mark.line + 1}"
+
+
+def _on_command_line(node):
+    """``where(node)`` for a node of a ``-data`` given on the command line."""
+    return "-data on the command line"
+
+
+def _takes_a_list(action):
+    """Whether configargparse gives an option with ``action`` a YAML list (its test in
+    ``convert_item_to_command_line_arg``): an ``append`` action, or ``nargs`` ``+``, ``*`` or above 1."""
+    return isinstance(action, argparse._AppendAction) or action.nargs in ("+", "*") or \
+        (isinstance(action.nargs, int) and action.nargs > 1)
+
+
+def list_value_messages(parser, args):
+    """``key 'heads' in <config>, line N: takes one value, not a list ([4]); write heads: 4`` for each top-level key
+    of the config files in ``args`` that is an option of ``parser`` taking one value (or a switch) and is written
+    as a YAML list, unless the command line sets that option (configargparse then drops the key).  configargparse
+    says ``heads can't be set to a list '[4]' unless its action type is changed to 'append'...``, naming no file,
+    and fails an assertion (a traceback) for a switch."""
+    messages, given = [], _command_line_names(args)
+    for path in _config_paths(args):
+        root = _composed(path)
+        for key, value in root.value if isinstance(root, yaml.MappingNode) else ():
+            action = parser._option_string_actions.get(f"-{key.value}") or \
+                parser._option_string_actions.get(f"--{key.value}")
+            if not isinstance(value, yaml.SequenceNode) or action is None or _takes_a_list(action) or \
+                    key.value in given:
+                continue
+            items = [item.value if isinstance(item, yaml.ScalarNode) else "..." for item in value.value]
+            fix = f"write {key.value}: {items[0]}" if len(value.value) == 1 and items[0] != "..." else \
+                f"give it one value ({key.value}: <value>)"
+            messages.append(f"key {key.value!r} in {path}, line {key.start_mark.line + 1}: takes one value, not a "
+                            f"list ([{', '.join(items)}]); {fix}")
     return messages
 
 
@@ -154,9 +206,14 @@ def _config_locations(args):
     return key_lines
 
 
+def _command_line_names(args):
+    """The names (without dashes) of the options written on the command line ``args``."""
+    return {a.lstrip("-").split("=", 1)[0] for a in args if a.startswith("-")}
+
+
 def _where_set(name, args, key_lines):
     """``in <config>, line N`` when option ``name`` comes from a config file, else ``on the command line``."""
-    if name in key_lines and not any(a.lstrip("-").split("=", 1)[0] == name for a in args):
+    if name in key_lines and name not in _command_line_names(args):
         path, line = key_lines[name]
         return f"in {path}, line {line}"
     return "on the command line"
@@ -265,53 +322,76 @@ def unknown_transform_message(name, where):
     return f"unknown transform {name!r} {where}{hint}"
 
 
-def _corpus_value_messages(name, entry, path, loader):
-    """The bad ``weight`` and unknown ``transforms`` of corpus ``name`` (its YAML node ``entry``) of ``path``."""
+def _corpus_value_messages(name, entry, where, loader):
+    """The bad ``weight`` and ``transforms`` of corpus ``name`` (its YAML node ``entry``) of ``where``: a
+    ``transforms`` that is no list, or names no transform (stock: a traceback)."""
     messages = []
     for key, value in entry.value:
-        where = f"corpus {name.value!r} of data in {path}, line {key.start_mark.line + 1}"
+        at = f"corpus {name.value!r} of {where(key)}"
         if key.value == "weight" and not _has_no_value(value):
             problem = weight_problem(loader.construct_object(value, deep=True))
             if problem:
-                messages.append(f"{where}: {problem}")
-        elif key.value == "transforms" and isinstance(value, yaml.SequenceNode):
+                messages.append(f"{at}: {problem}")
+        elif key.value == "transforms" and isinstance(value, (yaml.SequenceNode, yaml.ScalarNode)) \
+                and not _has_no_value(value):
+            items = value.value if isinstance(value, yaml.SequenceNode) else [value]
+            if isinstance(value, yaml.ScalarNode):  # (stock reads each letter of the text as a transform)
+                messages.append(f"{at}: transforms {value.value!r} is not a list: write transforms: [{value.value}]")
             known = set(_transform_names())
-            messages += [unknown_transform_message(item.value, f"in {where}") for item in value.value
+            messages += [unknown_transform_message(item.value, f"in {at}") for item in items
                          if isinstance(item, yaml.ScalarNode) and item.value not in known]
     return messages
 
 
 def corpus_key_messages(path):
-    """``unknown key 'weigth' in corpus 'corpus_1' of data in <path>, line N; did you mean 'weight'?`` for each key
-    of a corpus entry of the config's ``data:`` that OpenNMT-py does not read (:data:`CORPUS_KEYS`; stock ignores
-    it silently), for a corpus entry that is not a mapping, a ``data:`` that is not a mapping, a corpus ``weight``
-    that is not a whole number >= 0 and a corpus ``transforms`` entry that names no transform (stock: a
-    traceback)."""
+    """``unknown key 'weigth' in corpus 'corpus_1' of data in <path>, line N; did you mean 'weight'?`` and the other
+    problems of :func:`data_node_messages` in the ``data:`` of the config file ``path``."""
     root = _composed(path)
     key, data = next(((key, value) for key, value in getattr(root, "value", []) if isinstance(root, yaml.MappingNode)
                       and key.value == "data"), (None, None))
-    if data is not None and not isinstance(data, yaml.MappingNode) and not _has_no_value(data):
-        return [f"data in {path}, line {key.start_mark.line + 1}: must be a mapping of corpora, each with path_src, "
-                "path_tgt and weight (corpus_1: {path_src: ..., path_tgt: ..., weight: 1}), not a "
-                f"{'list' if isinstance(data, yaml.SequenceNode) else 'single value'}"]
-    if not isinstance(data, yaml.MappingNode):
+    return data_node_messages(data, _in_config(path), key) if data is not None else []
+
+
+def command_line_data_messages(text):
+    """The problems of :func:`_empty_corpus_value_messages` and :func:`data_node_messages` in a ``-data`` given on
+    the command line (YAML text), each naming ``-data on the command line``; none for text that is no YAML (the
+    data check of onmt_ext.runtime.corpus names that)."""
+    try:
+        data = yaml.compose(text) if isinstance(text, str) else None
+    except yaml.YAMLError:
         return []
+    if data is None:
+        return []
+    return _empty_corpus_value_messages(data, _on_command_line) + data_node_messages(data, _on_command_line)
+
+
+def data_node_messages(data, where, key=None):
+    """Problems of ``data``, the YAML node of a ``-data`` (``where(node)`` says where a node is: :func:`_in_config`
+    or :func:`_on_command_line`; ``key``, the node of the ``data:`` key): a key of a corpus entry that OpenNMT-py
+    does not read (:data:`CORPUS_KEYS`; stock ignores it silently), a corpus entry that is not a mapping, a
+    ``data`` that is not a mapping, and a corpus ``weight`` or ``transforms`` that :func:`_corpus_value_messages`
+    refuses."""
+    if not isinstance(data, yaml.MappingNode):
+        if _has_no_value(data):
+            return []
+        return [f"{where(key)}: must be a mapping of corpora, each with path_src, path_tgt and weight (corpus_1: "
+                "{path_src: ..., path_tgt: ..., weight: 1}), not a "
+                f"{'list' if isinstance(data, yaml.SequenceNode) else 'single value'}"]
     messages, loader = [], yaml.SafeLoader("")
     for name, entry in data.value:
         if isinstance(entry, yaml.MappingNode):
             loader.flatten_mapping(entry)  # a merge key (<<: *anchor) brings the anchor's keys, as safe_load reads
         if not isinstance(entry, yaml.MappingNode):
-            messages.append(f"corpus {name.value!r} of data in {path}, line {name.start_mark.line + 1}: must be a "
-                            "mapping of keys such as path_src, path_tgt and weight")
+            messages.append(f"corpus {name.value!r} of {where(name)}: must be a mapping of keys such as path_src, "
+                            "path_tgt and weight")
             continue
-        for key, _ in entry.value:
-            if key.value not in CORPUS_KEYS:
-                close = difflib.get_close_matches(str(key.value), sorted(CORPUS_KEYS), n=1, cutoff=0.6)
+        for inner, _ in entry.value:
+            if inner.value not in CORPUS_KEYS:
+                close = difflib.get_close_matches(str(inner.value), sorted(CORPUS_KEYS), n=1, cutoff=0.6)
                 hint = (f"; did you mean {close[0]!r}?" if close
                         else f"; a corpus takes {', '.join(sorted(CORPUS_KEYS))}")
-                messages.append(f"unknown key {key.value!r} in corpus {name.value!r} of data in {path}, line "
-                                f"{key.start_mark.line + 1}{hint}")
-        messages += _corpus_value_messages(name, entry, path, loader)
+                messages.append(f"unknown key {inner.value!r} in corpus {name.value!r} of {where(inner)}{hint}")
+        messages += _corpus_value_messages(name, entry, where, loader)
     return messages
 
 
@@ -365,7 +445,7 @@ def _data_problems(opt, argv):
         return data_problems(opt.data)[:1]  # (not YAML)
     if not isinstance(data, dict) or any(not isinstance(entry, dict) or weight_problem(entry.get("weight"))
                                          for entry in corpora.values()):
-        return []  # (corpus_key_messages names those)
+        return []  # (corpus_key_messages and command_line_data_messages name those)
     data_where = _where_set("data", argv, _config_locations(argv))
     where = _corpus_locations(argv) if data_where != "on the command line" else {}
     problems = []
@@ -411,7 +491,7 @@ def training_option_notes(opt, argv):
         notes.append("-train_steps 0: the run has no end; stop it with Ctrl-C, or let -early_stopping end it")
     if getattr(opt, "keep_checkpoint", -1) == 0:
         notes.append("-keep_checkpoint 0: this run saves no checkpoint (-1 keeps them all)")
-    given = set(_config_locations(argv)) | {a.lstrip("-").split("=", 1)[0] for a in argv if a.startswith("-")}
+    given = set(_config_locations(argv)) | _command_line_names(argv)
     if "tensorboard_log_dir" in given and not getattr(opt, "tensorboard", False):
         notes.append("-tensorboard_log_dir has no effect without -tensorboard")
     corpora = corpora_of(_data_of(opt))
@@ -421,12 +501,64 @@ def training_option_notes(opt, argv):
     return notes
 
 
+#: Transform options that onmt_build_vocab -learn_subwords reads itself: it learns a -src_subword_type model at
+#: -src_subword_model, whatever the transforms.
+_READ_BY_LEARN_SUBWORDS = ("src_subword_type", "src_subword_model")
+
+
+@functools.lru_cache(maxsize=4)
+def _options_of_transforms(transforms):
+    """``{option: ([transform, ...], default)}`` of the options that the ``(name, class)`` pairs ``transforms`` add."""
+    owners = {}
+    for name, _ in sorted(transforms):
+        for dest, default in transform_defaults(name).items():
+            owners.setdefault(dest, ([], default))[0].append(name)
+    return owners
+
+
+def _transforms_used(opt):
+    """The transforms a run of onmt_train or onmt_build_vocab applies: ``-transforms`` and each corpus's
+    ``transforms`` (None where one of those is no list: the checks name it)."""
+    used = set(_values(opt, "transforms"))
+    for entry in corpora_of(getattr(opt, "data", None)).values():
+        names = entry.get("transforms") if isinstance(entry, dict) else None
+        if names is not None and not isinstance(names, list):
+            return None
+        used.update(map(str, names or ()))
+    return used
+
+
+def transform_option_notes(opt, argv):
+    """``-src_seq_length (in c.yaml, line 7) is an option of the filtertoolong transform, which this run does not
+    use; it is ignored`` for each transform option that the user set (``argv`` or its config files) to a value
+    other than its default, when the run (onmt_train, onmt_build_vocab: those with ``-data``) applies none of the
+    transforms that read it.  A shared config carries options for transforms a run does not use: a note, not an
+    error.  onmt_translate is left out: without ``-transforms`` it takes the checkpoint's transforms."""
+    from onmt.transforms import AVAILABLE_TRANSFORMS
+
+    used = _transforms_used(opt) if hasattr(opt, "data") else None
+    if used is None:
+        return []
+    key_lines = _config_locations(argv)
+    given = set(key_lines) | _command_line_names(argv)
+    exempt = _READ_BY_LEARN_SUBWORDS if getattr(opt, "learn_subwords", False) else ()
+    notes = []
+    for name, (owners, default) in sorted(_options_of_transforms(tuple(AVAILABLE_TRANSFORMS.items())).items()):
+        if name not in given or used.intersection(owners) or name in exempt or getattr(opt, name, default) == default:
+            continue
+        of = (f"the {owners[0]} transform, which this run does not use" if len(owners) == 1 else
+              f"the {', '.join(owners[:-1])} and {owners[-1]} transforms, none of which this run uses")
+        notes.append(f"-{name} ({_where_set(name, argv, key_lines)}) is an option of {of}; it is ignored")
+    return notes
+
+
 _NOTED = set()
 
 
 def _say_notes(parser, opt, argv):
-    """Each of :func:`training_option_notes` on stderr, once per process (a tool may parse several times)."""
-    for note in training_option_notes(opt, argv):
+    """Each of :func:`training_option_notes` and :func:`transform_option_notes` on stderr, once per process (a tool
+    may parse several times)."""
+    for note in training_option_notes(opt, argv) + transform_option_notes(opt, argv):
         if note not in _NOTED:
             _NOTED.add(note)
             sys.stderr.write(f"{parser.prog}: note: {note}\n")
@@ -642,6 +774,7 @@ def _strict_parse_known_args(stock, self, args=None, namespace=None, **kwargs):
     self.allow_abbrev = False
     argv = list(sys.argv[1:] if args is None else args)
     problems = [m for path in _config_paths(argv) for m in duplicate_key_messages(path) + empty_value_messages(path)]
+    problems += list_value_messages(self, argv)
     if args is None:  # the command's own command line (a helper's override list may repeat on purpose)
         problems += repeated_option_messages(self, argv)
     if problems:
@@ -659,6 +792,8 @@ def _strict_parse_known_args(stock, self, args=None, namespace=None, **kwargs):
         unknown_option_messages(leftovers, names, argv) + _misspelt_dashes(self, leftovers)
     if "data" in names:  # onmt_train / onmt_build_vocab
         problems += [m for path in _config_paths(argv) for m in corpus_key_messages(path)]
+        if "data" in _command_line_names(argv):
+            problems += command_line_data_messages(opt.data)
     if argv:
         problems += stock_option_problems(opt) + training_option_problems(opt, argv) + environment_problems()
     if hasattr(opt, "encoder_type") and argv:  # (onmt-ext's checks read the sizes: not with sizes out of range)
