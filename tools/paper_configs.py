@@ -271,8 +271,9 @@ PAPERS = (
     # Table 2 of the clause paper: batch size (sentences) and epochs per task; Table 1: training pairs.  One GPU.
     Paper("clause", "Clause attention based on signal words division (anonymous), CA with rule and with study",
           ("niutrans_enzh", "wmt16_ende", "wmt15_envi"), _clause_rows(), sizes=("base",),
-          batch_note="clause paper Table 2: batch size in sentences, trained for its epochs "
-                     "(train_steps = epochs x training pairs of Table 1 / batch size), one GPU",
+          batch_note="clause paper Table 2: batch size in sentences and the paper's number of updates "
+                     "(train_steps = epochs x training pairs of Table 1 / batch size; our corpora differ, so "
+                     "the epochs do: docs/clause.md), one GPU",
           task_options={"niutrans_enzh": _epochs(200, 380, 80000), "wmt16_ende": _epochs(256, 1600, 20000),
                         "wmt15_envi": _epochs(160, 168, 100000)},
           vocab_size=0, vocab_note="the clause paper says nothing of subwords or vocabularies: the task's 32K BPE "

@@ -178,6 +178,29 @@ def test_translation_must_split_as_training(onmt_active):
                for p in translation_split_problems(same, argparse.Namespace(**{**vars(trained), "clause_levels": 2})))
 
 
+def test_translation_must_split_with_the_tagger_of_training(tmp_path, onmt_active):
+    """Another tagger file is refused by content, not by path: a copy passes; a file gone since training is not
+    compared (the model may have moved to another machine)."""
+    from onmt_ext.mechanisms.clause.attention import translation_split_problems
+
+    trained_tagger, copy, other = tmp_path / "t.pt", tmp_path / "copy.pt", tmp_path / "other.pt"
+    trained_tagger.write_bytes(b"weights 1")
+    copy.write_bytes(b"weights 1")
+    other.write_bytes(b"weights 2")
+    trained = argparse.Namespace(clause_attention=True, transforms=["clause_split"], clause_lang="zh",
+                                 clause_levels=6, clause_tagger_model=str(trained_tagger))
+
+    def problems(tagger):
+        return translation_split_problems(argparse.Namespace(**{**vars(trained), "clause_tagger_model": str(tagger)}),
+                                          trained)
+
+    assert problems(trained_tagger) == [] and problems(copy) == []
+    assert problems(other) == [f"-clause_tagger_model {str(other)!r} is not the tagger training used: its contents "
+                               f"differ from {str(trained_tagger)!r}"]
+    trained_tagger.unlink()
+    assert problems(other) == []
+
+
 def _reference(scores, ids, p):
     """Eq. 4-5 written out: one masked softmax per level, mixed from the finest level to the global one."""
     mixed = None

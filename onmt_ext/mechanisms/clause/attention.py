@@ -347,7 +347,7 @@ def translation_split_problems(opt, model_opt):
         trained = getattr(model_opt, "transforms", None) or []
         return [f"this model has clause attention: translate with the transforms it was trained with "
                 f"(-transforms {' '.join(trained)}) and the same -clause_* options"]
-    from onmt_ext.mechanisms.clause.split import ClauseSplitOptions  # imports OpenNMT-py (see above)
+    from onmt_ext.mechanisms.clause.split import ClauseSplitOptions, different_taggers  # imports OpenNMT-py
 
     now, trained = ClauseSplitOptions.from_opts(opt), ClauseSplitOptions.from_opts(model_opt)
     problems = [f"-clause_{name} {getattr(now, name)!r} differs from training ({getattr(trained, name)!r})"
@@ -355,6 +355,9 @@ def translation_split_problems(opt, model_opt):
     if bool(now.tagger_model) != bool(trained.tagger_model):
         problems.append(f"-clause_tagger_model {now.tagger_model!r}: training used "
                         f"{trained.tagger_model or 'the rules (no tagger)'!r}")
+    elif now.tagger_model and different_taggers(now.tagger_model, trained.tagger_model):
+        problems.append(f"-clause_tagger_model {now.tagger_model!r} is not the tagger training used: its contents "
+                        f"differ from {trained.tagger_model!r}")
     return problems
 
 

@@ -765,6 +765,14 @@ def split_record(split, subword_model=""):
             "spacy_model": split.spacy_model if split.lang == "en" else "", "subword_model": subword_model or ""}
 
 
+def different_taggers(path, trained):
+    """Whether the tagger files ``path`` and ``trained`` differ in content; False where either is not a file here
+    (a model moved to another machine: the tagger of its training cannot be read)."""
+    if path == trained or not (os.path.isfile(path) and os.path.isfile(trained)):
+        return False
+    return _file_sha256(path) != _file_sha256(trained)
+
+
 def _file_sha256(path):
     digest = hashlib.sha256()
     with open(path, "rb") as stream:
