@@ -76,6 +76,7 @@ def _li2019_rows():
         enc6,
     )
     return (
+        Row("baseline", "Tables 2-4: the Transformer baseline (concat + linear), post-norm as every other row", {}),
         Row("simple_enc_self", "Table 2 row 3: simple routing in encoder self-attention, all layers",
             {"li2019_enc_self": "simple"}),
         Row("em_enc_self", "Table 2 row 4 = Table 3 row 2: EM routing in encoder self-attention, all layers",

@@ -122,11 +122,11 @@ def test_sets(task):
 
 
 def _rows(prefix, entries):
-    """The rows of ``(label, suffix, paper BLEU)`` entries, each training ``<prefix>_<suffix>.yaml`` (suffix None:
-    the shared ``baseline/<name of prefix>.yaml``); a tuple of BLEU scores has one per test set (TEST_SETS)."""
+    """The rows of ``(label, suffix, paper BLEU)`` entries, each training ``<prefix>_<suffix>.yaml``; a tuple of BLEU
+    scores has one per test set (TEST_SETS)."""
     rows = []
     for label, suffix, bleu in entries:
-        config = f"baseline/{Path(prefix).name}.yaml" if suffix is None else f"{prefix}_{suffix}.yaml"
+        config = f"{prefix}_{suffix}.yaml"
         first, *more = bleu if isinstance(bleu, tuple) else (bleu,)
         rows.append(TableRow(label, config, first, paper_more=tuple(more)))
     return tuple(rows)
@@ -144,25 +144,25 @@ _GRET_MAIN = (("Transformer", "baseline", None), ("+ GRET", "gret", None))
 #: The rows of every table, named ``<paper>-<table>``; a row is tested against the first one of its model size.
 TABLES = {
     "li2019-table2": _rows("li2019/transformer_base_wmt14_ende", (
-        ("2 baseline (concat + linear)", None, 27.31), ("3 simple routing, enc-self", "simple_enc_self", 27.98),
+        ("2 baseline (concat + linear)", "baseline", 27.31), ("3 simple routing, enc-self", "simple_enc_self", 27.98),
         ("4 EM routing, enc-self", "em_enc_self", 28.28), ("5 EM routing, enc-dec", "em_enc_dec", 27.94),
         ("6 EM routing, dec-self", "em_dec_self", 28.15),
         ("7 EM routing, enc-self + dec-self", "em_enc_self_dec_self", 28.45),
         ("8 EM routing, all three", "em_all", 28.47),
     )),
     "li2019-table3": _rows("li2019/transformer_base_wmt14_ende", (
-        ("1 none", None, 27.31), ("2 [1-6]", "em_enc_self", 28.28), ("3 [4-6]", "em_enc_self_layers_4-6", 28.26),
+        ("1 none", "baseline", 27.31), ("2 [1-6]", "em_enc_self", 28.28), ("3 [4-6]", "em_enc_self_layers_4-6", 28.26),
         ("4 [1-3]", "em_enc_self_layers_1-3", 28.27), ("5 [1,2]", "em_enc_self_layers_1-2", 28.26),
         ("6 [6]", "em_enc_self_layers_6", 27.68), ("7 [1]", "em_enc_self_layers_1", 27.75),
     )),
     "li2019-table4-wmt14_ende": _rows("li2019/transformer_base_wmt14_ende", (
-        ("Transformer-Base", None, 27.31), ("+ Effective Aggregation", "em_enc_self_layers_1-2", 28.26),
+        ("Transformer-Base", "baseline", 27.31), ("+ Effective Aggregation", "em_enc_self_layers_1-2", 28.26),
     )) + _rows("li2019/transformer_big_wmt14_ende", (
-        ("Transformer-Big", None, 28.58), ("+ Effective Aggregation", "em_enc_self_layers_1-2", 28.96))),
+        ("Transformer-Big", "baseline", 28.58), ("+ Effective Aggregation", "em_enc_self_layers_1-2", 28.96))),
     "li2019-table4-wmt17_zhen": _rows("li2019/transformer_base_wmt17_zhen", (
-        ("Transformer-Base", None, 24.13), ("+ Effective Aggregation", "em_enc_self_layers_1-2", 24.68),
+        ("Transformer-Base", "baseline", 24.13), ("+ Effective Aggregation", "em_enc_self_layers_1-2", 24.68),
     )) + _rows("li2019/transformer_big_wmt17_zhen", (
-        ("Transformer-Big", None, 24.56), ("+ Effective Aggregation", "em_enc_self_layers_1-2", 25.00))),
+        ("Transformer-Big", "baseline", 24.56), ("+ Effective Aggregation", "em_enc_self_layers_1-2", 25.00))),
     "cao2019-table1": _rows("cao2019/transformer_base_wmt17_zhen", (
         ("1 Transformer-Base", "baseline", 24.28), ("2 + horizontal, zero init.", "horizontal_zero", 24.76),
         ("3 + horizontal, self init.", "horizontal_self", 24.88),

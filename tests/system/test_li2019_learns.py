@@ -13,13 +13,15 @@ from onmt_ext.runtime import train_log
 pytestmark = pytest.mark.slow
 
 STEPS = 600
-BASELINE = "yaml_configs/smoke/baseline/transformer_base_wmt17_zhen.yaml"
+# li2019's own baseline row: post-norm, as the routing rows (a stock pre-norm baseline would mix in that change)
+BASELINE = "yaml_configs/smoke/li2019/transformer_base_wmt17_zhen_baseline.yaml"
 # EM, the paper's default aggregation (simple routing measured 89.4 under the same settings;
 # left out to keep `make test` within its time budget)
 ROUTING = {
     "em_enc_self": "yaml_configs/smoke/li2019/transformer_base_wmt17_zhen_em_enc_self.yaml",
 }
-# learning at all: the English vocabulary has 4,000 entries (measured: 94.5 after 600 steps)
+# learning at all: the English vocabulary has 4,000 entries (measured: 94.5 after 600 steps with the stock
+# pre-norm baseline config this test used before; the post-norm one passes too)
 BASELINE_MAX_PPL = 120.0
 TOLERANCE = 1.02  # "at least as well", up to 2% of noise (measured: EM 90.4)
 

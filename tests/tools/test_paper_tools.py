@@ -22,7 +22,7 @@ def test_committed_paper_configs_are_what_the_generator_writes(capsys):
 
 
 def test_generator_check_reports_a_hand_edited_config(tmp_path, monkeypatch):
-    path = next(iter(paper_configs.generated()))
+    path = next(path for path, text in paper_configs.generated().items() if "li2019_enc" in text)
     edited = tmp_path / "edited.yaml"
     edited.write_text(path.read_text(encoding="utf-8").replace("li2019_enc", "li2019_X", 1), encoding="utf-8")
     monkeypatch.setattr(paper_configs, "generated", lambda: {edited: path.read_text(encoding="utf-8")})
@@ -39,7 +39,7 @@ def test_cao2019_has_table_1_on_zhen_and_table_2_on_both_tasks():
 
 def test_li2019_has_every_table_row_at_both_sizes_and_tasks():
     names = {p.stem for p in (support.REPO / "yaml_configs/li2019").glob("*.yaml")}
-    assert len(names) == 11 * 2 * 2
+    assert len(names) == 12 * 2 * 2  # the baseline and 11 routing rows
     for size in ("base", "big"):
         for task in ("wmt14_ende", "wmt17_zhen"):
             assert f"transformer_{size}_{task}_em_enc_self_layers_1-2" in names  # Effective Aggregation
@@ -165,6 +165,10 @@ def test_reproduction_plan_uses_existing_configs_and_the_papers_batch(table, cap
     mechanisms = {spec.name: spec.default for spec in OPTION_SPECS if not spec.name.startswith("ext_")}
     assert mechanisms and all(first.get(name, default) == default for name, default in mechanisms.items())
     assert first["encoder_type"] == ("ext_transformer" if first.get("ext_layer_norm") == "post" else "transformer")
+    # each row differs from the baseline by its mechanism only: the same layer-norm placement in every row (li2019's
+    # post-norm rows were once tested against the shared pre-norm baseline/ configs)
+    norms = {row.config: config.get("ext_layer_norm", "pre") for row, config in zip(rows, configs)}
+    assert len(set(norms.values())) == 1, norms
 
 
 def test_reproduction_rejects_a_gpu_count_that_breaks_the_batch():
