@@ -133,8 +133,9 @@ def _chen2019_rows():
     toy = {"chen2019_dim": 16}  # d_model 32, 4 heads: two whole heads for RPEHead, half of each head for MPRHead
     rows = [
         Row("baseline", "Tables 1-3: the Transformer baseline", {}),
-        Row("relative_pe", "Tables 1-2: +Relative PE (Shaw et al. 2018) through OpenNMT-py's max_relative_positions",
-            {}, base="rpr"),
+        Row("relative_pe", "Tables 1-2: +Relative PE (Shaw et al. 2018) through OpenNMT-py's max_relative_positions, "
+            "the embeddings scaled by sqrt(d) as in every other row", {"chen2019_scale_without_pe": ["enc", "dec"]},
+            base="rpr"),
         Row("disan", "Table 1: +DiSAN, directional self-attention in the encoder (onmt_ext/mechanisms/disan.py says "
             "what is implemented)", {"disan_enc": True}),
         Row("no_pe_dec", "Table 3: Transformer - PE of Dec", {"chen2019_pe_off": ["dec"]}),

@@ -547,6 +547,24 @@ def _combination_check(opt):
         kind = "encoder" if side == "enc" else "decoder"
         if getattr(opt, f"{kind}_type", None) != EXT_TYPE:
             problems.append(f"-chen2019_pe_off {side} needs -{kind}_type {EXT_TYPE}")
+    problems += _scale_without_pe_problems(opt, chen2019)
+    return problems
+
+
+def _scale_without_pe_problems(opt, chen2019):
+    """``-chen2019_scale_without_pe`` names stock sides of onmt-ext's type that have no absolute encoding."""
+    problems = []
+    sides = chen2019.scale_without_pe
+    if sides and getattr(opt, "position_encoding", False):
+        problems.append(f"-chen2019_scale_without_pe {sides} has no effect with -position_encoding true, whose "
+                        "encoding already scales the embeddings (Table 3's ablations: -chen2019_pe_off)")
+    for side in sides:
+        kind = "encoder" if side == "enc" else "decoder"
+        if getattr(opt, f"{kind}_type", None) != EXT_TYPE:
+            problems.append(f"-chen2019_scale_without_pe {side} needs -{kind}_type {EXT_TYPE}")
+        if getattr(chen2019, side) != "none":
+            problems.append(f"-chen2019_scale_without_pe {side} has no effect with -chen2019_{side} "
+                            f"{getattr(chen2019, side)}, whose scale is -chen2019_scale")
     return problems
 
 
@@ -575,6 +593,11 @@ class Chen2019:
                        "uniform, biases zero) or pytorch (U(-1/sqrt(units), 1/sqrt(units)))", choices=INITS)
     pe_off: List[str] = option([], "chen2019 Table 3 ablations: sides (enc, dec) without the sinusoidal position "
                                "encoding (stock OpenNMT-py embeddings without it)", choices=SIDES)
+    scale_without_pe: List[str] = option([], "chen2019 Tables 1-2, +Relative PE: stock sides (enc, dec) without "
+                                         "an absolute position encoding (-position_encoding false, relative "
+                                         "positions instead) whose embeddings keep the sqrt(d) scale of Vaswani "
+                                         "et al. sec. 3.4, which OpenNMT-py applies with the encoding only",
+                                         choices=SIDES)
 
 
 def _attach(module, config, side, layer_norm_name, layers):
@@ -586,6 +609,8 @@ def _attach(module, config, side, layer_norm_name, layers):
     if layout == "none":
         if embeddings.position_encoding and not pe_on:  # Table 3 ablation: no PE; the sqrt(d) scale stays
             embeddings.make_embedding.pe = EmbeddingScale(embeddings.make_embedding.pe.dim)
+        elif not embeddings.position_encoding and side in chen2019.scale_without_pe:  # +Relative PE: the scale stays
+            embeddings.make_embedding.add_module("scale", EmbeddingScale(embeddings.embedding_size))
         return
     module.embeddings = RecurrentPositionalEmbeddings(
         embeddings, config.heads, chen2019.dim, layout, chen2019.rnn, bidirectional=side == "enc",

@@ -252,6 +252,30 @@ def test_pe_off_on_both_sides_is_the_stock_model_without_the_encoding_but_with_i
                                   support.full_forward(model, src, src_len, tgt)[0])
 
 
+def test_relative_pe_row_is_the_stock_relative_model_with_the_embedding_scale(sample_data, onmt_active):
+    """Tables 1-2's +Relative PE row: stock OpenNMT-py drops Vaswani et al.'s sqrt(d) with -position_encoding false
+    (it lives in PositionalEncoding), so the row fed the first layer embeddings ~sqrt(d) smaller than every other
+    row's; with -chen2019_scale_without_pe the model is the stock relative-position model, its embeddings scaled."""
+    opt = support.load_train_opts("yaml_configs/smoke/chen2019/transformer_base_wmt14_ende_relative_pe.yaml")
+    assert opt.chen2019_scale_without_pe == ["enc", "dec"] and not opt.position_encoding
+    vocabs = support.load_vocabs(opt)
+    model = support.build_model(opt, vocabs, seed=5)
+    stock = support.build_model(support.load_train_opts("yaml_configs/smoke/baseline/transformer_base_rpr_wmt14_ende"
+                                                        ".yaml"), vocabs, seed=5)
+    assert stock.encoder.embeddings.position_encoding is False
+    assert model.state_dict().keys() == stock.state_dict().keys()
+    src, src_len, tgt = support.random_batch(vocabs, [6, 3], [4, 6], seed=2)
+    with torch.no_grad():
+        unscaled = support.full_forward(stock, src, src_len, tgt)
+        for side in (stock.encoder, stock.decoder):
+            side.embeddings.forward = (lambda plain: lambda source, step=None: plain(source, step=step) *
+                                       opt.word_vec_size ** 0.5)(side.embeddings.forward)
+        for mine, theirs, plain in zip(support.full_forward(model, src, src_len, tgt),
+                                       support.full_forward(stock, src, src_len, tgt), unscaled):
+            torch.testing.assert_close(mine, theirs, atol=1e-6, rtol=1e-6)
+            assert not torch.allclose(mine, plain)
+
+
 def test_only_the_listed_side_loses_its_position_encoding(sample_data, onmt_active):
     from onmt.modules.embeddings import PositionalEncoding
 
@@ -285,6 +309,7 @@ def _opt(**kw):
     base = dict(encoder_type="ext_transformer", decoder_type="ext_transformer", enc_layers=2, dec_layers=2, layers=-1,
                 hidden_size=32, enc_hid_size=32, heads=4, position_encoding=True, chen2019_enc="none",
                 chen2019_dec="none", chen2019_dim=0, chen2019_rnn="rnn", chen2019_heads="full", chen2019_pe_off=[],
+                chen2019_scale_without_pe=[],
                 parallel_residual=False, parallel_mode="data_parallel", world_size=1, n_src_feats=0)
     base.update(kw)
     return argparse.Namespace(**base)
@@ -304,6 +329,11 @@ def _opt(**kw):
      "-chen2019_recurrence projected with -chen2019_rnn sru: the projected recurrence (eq. 6 as written) needs"),
     (dict(chen2019_pe_off=["dec"], position_encoding=False), "has no effect with -position_encoding false"),
     (dict(chen2019_pe_off=["enc"], encoder_type="transformer"), "-chen2019_pe_off enc needs -encoder_type"),
+    (dict(chen2019_scale_without_pe=["dec"]), "has no effect with -position_encoding true"),
+    (dict(chen2019_scale_without_pe=["enc"], position_encoding=False, encoder_type="transformer"),
+     "-chen2019_scale_without_pe enc needs -encoder_type"),
+    (dict(chen2019_scale_without_pe=["enc"], position_encoding=False, chen2019_enc="rpehead", chen2019_dim=16),
+     "-chen2019_scale_without_pe enc has no effect with -chen2019_enc rpehead"),
     (dict(chen2019_enc="rpehead", chen2019_dim=16, n_src_feats=1), "does not support source word features"),
     (dict(chen2019_enc="rpehead", chen2019_dim=16, chen2019_heads="restricted", parallel_residual=True),
      "-parallel_residual"),
