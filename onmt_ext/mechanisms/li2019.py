@@ -9,10 +9,10 @@ the output capsules concatenated.  :class:`RoutingAggregation` replaces the
 ``final_linear`` of a ``MultiHeadedAttention``, which every attention path
 applies (the decoding cache's too); each position is aggregated on its own.
 
-Options: ``li2019_enc_self``, ``li2019_dec_self``, ``li2019_enc_dec``
-(``concat`` = stock, ``simple``, ``em``), ``li2019_enc_layers`` /
-``li2019_dec_layers`` (1-based; empty: all), ``li2019_capsules`` (N; 0:
-d_model), ``li2019_iterations`` (T), ``li2019_recompute`` (default on).
+Options: ``li2019_enc_self``, ``li2019_dec_self``, ``li2019_enc_dec`` (``concat`` = stock, ``simple``, ``em``),
+``li2019_enc_layers`` / ``li2019_dec_layers`` (1-based; empty: all), ``li2019_capsules`` (N; 0: d_model),
+``li2019_iterations`` (T), ``li2019_recompute`` (default on), EM's open choices ``li2019_em_density``,
+``li2019_em_lambda`` and ``li2019_em_min_var`` (docs/li2019.md).
 """
 
 from dataclasses import dataclass
@@ -25,7 +25,8 @@ from onmt_ext.runtime import compile as ext_compile
 from onmt_ext.options import (layers_check, model_size, option, options_without_effect, register_mechanism,
                               selected_layers, tensor_parallel_problems)
 from onmt_ext.mechanisms import initialisation
-from onmt_ext.mechanisms.routing import em_routing, prepare_kernels, recompute_in_backward, simple_routing
+from onmt_ext.mechanisms.routing import (em_routing, linear_inverse_temperature, prepare_kernels,
+                                         recompute_in_backward, simple_routing)
 
 METHODS = ("concat", "simple", "em")
 
@@ -41,6 +42,8 @@ class RoutingAggregation(nn.Module):
         iterations: routing iterations T.
         recompute: in training, keep only the inputs for the backward pass
             and run the computation again there (see :func:`aggregate_heads`).
+        em: EM's choices (:class:`EmChoices`); the defaults: product density,
+            lambda 1, variance floor 1e-4.
 
     ``forward(context)`` maps the concatenated heads ``(batch, len, d)`` to
     ``(batch, len, d)`` through :func:`aggregate_heads` (compiled with
@@ -52,7 +55,7 @@ class RoutingAggregation(nn.Module):
     #: another graph; the core still compiles on its own with ``-ext_compile``
     layer_graph_boundary = True
 
-    def __init__(self, heads, d_model, capsules, method, iterations=3, recompute=True):
+    def __init__(self, heads, d_model, capsules, method, iterations=3, recompute=True, em=None):
         super().__init__()
         if method not in ("simple", "em"):
             raise ValueError(f"routing method must be 'simple' or 'em', got {method!r}")
@@ -60,6 +63,7 @@ class RoutingAggregation(nn.Module):
             raise ValueError(f"d_model {d_model} must be divisible by heads {heads} and capsules {capsules}")
         self.heads, self.d_model, self.capsules = heads, d_model, capsules
         self.method, self.iterations, self.recompute = method, iterations, bool(recompute)
+        self.em = em or EmChoices()
         dim_per_head = d_model // heads
         # f_h (eq. 5): one (dim_per_head -> d_model) map per head
         self.input_weight = nn.Parameter(torch.empty(heads, dim_per_head, d_model))
@@ -83,11 +87,11 @@ class RoutingAggregation(nn.Module):
         return ext_compile.run(self.ext_compile, aggregate_heads, context, self.input_weight, self.input_bias,
                                self.vote_weight, getattr(self, "beta_a", None), getattr(self, "beta_u", None),
                                heads=self.heads, capsules=self.capsules, method=self.method,
-                               iterations=self.iterations, recompute=self.recompute)
+                               iterations=self.iterations, recompute=self.recompute, em=self.em)
 
 
 def aggregate_heads(context, input_weight, input_bias, vote_weight, beta_a, beta_u, *, heads, capsules, method,
-                    iterations, recompute=True):
+                    iterations, recompute=True, em=None):
     """The computation of :class:`RoutingAggregation` on its parameters (eq. 5-12).
 
     ``context`` ``(batch, len, d)`` holds the H heads side by side; returns
@@ -103,7 +107,7 @@ def aggregate_heads(context, input_weight, input_bias, vote_weight, beta_a, beta
     (:func:`~onmt_ext.mechanisms.routing.recompute_in_backward`; same gradients, bitwise;
     memory: docs/li2019.md).
     """
-    kwargs = dict(heads=heads, capsules=capsules, method=method, iterations=iterations)
+    kwargs = dict(heads=heads, capsules=capsules, method=method, iterations=iterations, em=em or EmChoices())
     if recompute:
         return recompute_in_backward(_aggregate_heads, context, input_weight, input_bias, vote_weight, beta_a,
                                      beta_u, **kwargs)
@@ -111,7 +115,7 @@ def aggregate_heads(context, input_weight, input_bias, vote_weight, beta_a, beta
 
 
 def _aggregate_heads(context, input_weight, input_bias, vote_weight, beta_a, beta_u, *, heads, capsules, method,
-                     iterations):
+                     iterations, em):
     """:func:`aggregate_heads` itself, every tensor kept for backward."""
     batch, length, d_model = context.shape
     positions = batch * length
@@ -122,8 +126,37 @@ def _aggregate_heads(context, input_weight, input_bias, vote_weight, beta_a, bet
     if method == "simple":
         out, _ = simple_routing(votes, iterations, normalize="outputs", weighted_mean=True, need_logits=False)
     else:
-        out, _ = em_routing(votes, iterations, beta_a=beta_a, beta_u=beta_u)
+        out, _ = em_routing(votes, iterations, beta_a=beta_a, beta_u=beta_u, density=em.density,
+                            inverse_temperature=em.schedule(), min_var=em.min_var)
     return out.reshape(batch, length, d_model)
+
+
+@dataclass(frozen=True)
+class EmChoices:
+    """EM routing's choices that li2019 leaves open (NOTES.md; docs/li2019.md), as :func:`em_routing` takes them.
+
+    ``density``: ``"product"`` (Hinton et al.) or ``"sum"`` (eq. 12's text); ``inverse_temperature``: ``()``
+    (lambda = 1 throughout), ``(a,)`` (a throughout) or ``(a, b)`` (rising linearly from a to b); ``min_var``: the
+    variance floor.  The defaults are the fused kernels' case (docs/kernels.md); any other runs in PyTorch.
+    """
+
+    density: str = "product"
+    inverse_temperature: tuple = ()
+    min_var: float = 1e-4
+
+    def schedule(self):
+        """:func:`em_routing`'s ``inverse_temperature``: None (lambda = 1) or a linear schedule."""
+        if self.inverse_temperature in ((), (1.0,)):
+            return None
+        return linear_inverse_temperature(self.inverse_temperature[0], self.inverse_temperature[-1])
+
+
+def _lambda_check(value, opt):
+    if len(value) > 2:
+        return "takes at most two values: lambda throughout, or at the first and the last iteration"
+    if any(not v > 0 for v in value):
+        return "must be > 0"
+    return None
 
 
 def _capsules_check(value, opt):
@@ -145,6 +178,10 @@ def _combination_check(opt):
         problems += tensor_parallel_problems(opt, "-li2019_* routing aggregation")
         if li2019.enc_self == "concat":
             problems += options_without_effect(opt, [Li2019.spec_of["enc_layers"]], "-li2019_enc_self is 'concat'")
+        if "em" not in (li2019.enc_self, li2019.dec_self, li2019.enc_dec):
+            problems += options_without_effect(opt, [Li2019.spec_of[name] for name in ("em_density", "em_lambda",
+                                                                                        "em_min_var")],
+                                               "no component uses EM routing (-li2019_* em)")
         if li2019.dec_self == "concat" and li2019.enc_dec == "concat":
             problems += options_without_effect(opt, [Li2019.spec_of["dec_layers"]],
                                                "-li2019_dec_self and -li2019_enc_dec are both 'concat'")
@@ -186,12 +223,23 @@ class Li2019:
     recompute: bool = option(True, "li2019: in training, keep only the routing's inputs for the backward pass and "
                              "run the routing again there (same gradients, a fraction of the memory, one more "
                              "forward pass of the routing); false keeps every routing tensor")
+    em_density: str = option("product", "li2019 EM (eq. 12): the density of a vote under an output capsule: product "
+                             "of the per-dimension Gaussian densities (Hinton et al.) or their sum (eq. 12's text)",
+                             choices=("product", "sum"))
+    em_lambda: List[float] = option([], "li2019 EM: the inverse temperature lambda of the activation: none given: 1 "
+                                    "throughout; one value: that value throughout; two: rising linearly from the "
+                                    "first iteration's to the last's (Hinton et al.'s suggestion)",
+                                    check=_lambda_check)
+    em_min_var: float = option(1e-4, "li2019 EM: the floor added to every variance (keeps a collapsed capsule's "
+                               "densities and gradients finite)",
+                               check=lambda v, opt: None if v > 0 else "must be > 0")
 
 
 def _aggregator(config, method):
     li2019 = config.of(Li2019)
+    em = EmChoices(li2019.em_density, tuple(li2019.em_lambda), li2019.em_min_var)
     return RoutingAggregation(config.heads, config.d_model, li2019.capsules or config.d_model, method,
-                              li2019.iterations, li2019.recompute)
+                              li2019.iterations, li2019.recompute, em)
 
 
 def attach_encoder(encoder, config):

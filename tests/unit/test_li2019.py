@@ -41,7 +41,8 @@ def _opt(**kw):
     base = dict(encoder_type="ext_transformer", decoder_type="ext_transformer", enc_layers=2, dec_layers=2, layers=-1,
                 hidden_size=32, enc_hid_size=32, li2019_enc_self="concat", li2019_dec_self="concat",
                 li2019_enc_dec="concat", li2019_enc_layers=[], li2019_dec_layers=[], li2019_capsules=0,
-                li2019_iterations=3, li2019_recompute=True, ext_compile=False, self_attn_type="scaled-dot",
+                li2019_iterations=3, li2019_recompute=True, li2019_em_density="product", li2019_em_lambda=[],
+                li2019_em_min_var=1e-4, ext_compile=False, self_attn_type="scaled-dot",
                 parallel_mode="data_parallel", world_size=1)
     base.update(kw)
     return argparse.Namespace(**base)
@@ -58,6 +59,11 @@ def _opt(**kw):
     (dict(li2019_enc_self="em", li2019_dec_layers=[1]),
      "-li2019_dec_layers has no effect while -li2019_dec_self and -li2019_enc_dec are both 'concat'"),
     (dict(ext_compile=True), "-ext_compile has no effect without an onmt-ext mechanism"),
+    (dict(li2019_enc_self="em", li2019_em_lambda=[1.0, 2.0, 3.0]), "-li2019_em_lambda [1.0, 2.0, 3.0]: takes at most"),
+    (dict(li2019_enc_self="em", li2019_em_lambda=[0.0]), "-li2019_em_lambda [0.0]: must be > 0"),
+    (dict(li2019_enc_self="em", li2019_em_min_var=0.0), "-li2019_em_min_var 0.0: must be > 0"),
+    (dict(li2019_enc_self="simple", li2019_em_density="sum"),
+     "-li2019_em_density has no effect while no component uses EM routing"),
     (dict(li2019_dec_self="simple", self_attn_type="average"), "needs multi-head decoder self-attention"),
     (dict(encoder_type="transformer", li2019_enc_self="em"), "-li2019_enc_self 'em' has no effect with -encoder_type"),
 ])
@@ -192,3 +198,31 @@ def test_translation_does_not_recompute(sample_data, onmt_active, monkeypatch):
         enc_out, lengths = support.start_decoding(model, src, src_len)
         stepwise = support.decode_steps(model, tgt, enc_out, lengths, 0, tgt.size(1))
     torch.testing.assert_close(stepwise, full, atol=1e-5, rtol=0)
+
+
+def test_em_choices_reach_the_routing(sample_data, onmt_active, monkeypatch):
+    """NOTES.md asks for EM's open choices to be configurable: each -li2019_em_* option reaches every EM router, and
+    the router passes it to the routing core (whose arguments are tested in test_routing.py)."""
+    from onmt_ext.mechanisms import li2019
+    from onmt_ext.mechanisms.routing import linear_inverse_temperature
+
+    opt = support.load_train_opts(SMOKE, *EXT, "-li2019_enc_self", "em", "-li2019_enc_dec", "simple",
+                                  "-li2019_em_density", "sum", "-li2019_em_lambda", "1", "3",
+                                  "-li2019_em_min_var", "0.01")
+    model = support.build_model(opt, support.load_vocabs(opt))
+    routers = [m for m in model.modules() if isinstance(m, RoutingAggregation)]
+    assert {m.em for m in routers if m.method == "em"} == {li2019.EmChoices("sum", (1.0, 3.0), 0.01)}
+    assert li2019.EmChoices().schedule() is None and li2019.EmChoices(inverse_temperature=(1.0,)).schedule() is None
+    torch.manual_seed(0)
+    context, module = torch.randn(2, 3, 16), RoutingAggregation(heads=4, d_model=16, capsules=8, method="em")
+    with torch.no_grad():
+        default = module(context)
+        module.em = li2019.EmChoices("sum", (1.0, 3.0), 0.01)
+        calls, core = [], li2019.em_routing
+        monkeypatch.setattr(li2019, "em_routing", lambda *args, **kwargs: calls.append(kwargs) or core(*args, **kwargs))
+        chosen = module(context)
+    [kwargs] = calls
+    assert kwargs["density"] == "sum" and kwargs["min_var"] == 0.01
+    expected = linear_inverse_temperature(1.0, 3.0)
+    assert [kwargs["inverse_temperature"](t, 3) for t in range(3)] == [expected(t, 3) for t in range(3)] == [1, 2, 3]
+    assert not torch.allclose(chosen, default)
