@@ -4,6 +4,8 @@
   keeps the last value without a word); called by the strict parse of :mod:`onmt_ext.integration.parsing`.
 * :func:`existing_vocab_messages`: ``onmt_build_vocab`` counts the whole sample and only then stops with a
   32-line ``OSError`` traceback when a vocabulary file exists and ``-overwrite`` is not given.
+* :func:`empty_count_message`: a sample of which no token was counted on one side (the transforms dropped every
+  pair) gave empty vocabularies and exit 0; ``onmt_train`` refused them one command later.
 """
 
 import argparse
@@ -59,11 +61,37 @@ def _build_vocab_checked(stock, opts, *args, **kwargs):
     return stock(opts, *args, **kwargs)
 
 
+def empty_count_message(opts, src_counter, tgt_counter):
+    """The message when no token of one side of ``opts``'s sample was counted (None otherwise): the vocabulary
+    written would be empty, which ``onmt_train`` refuses."""
+    empty = [side for side, counter in (("source", src_counter), ("target", tgt_counter)) if not counter]
+    if not empty:
+        return None
+    transforms = ", ".join(getattr(opts, "transforms", None) or []) or "none"
+    return (f"no {' and no '.join(empty)} token was counted in the sample (-n_sample {opts.n_sample}): every pair was "
+            f"left out by the transforms (-transforms: {transforms}; a corpus may list its own) or has an empty "
+            "side, so the vocabulary would be empty: loosen the filters (-src_seq_length, -tgt_seq_length) or check "
+            "the corpora; nothing was written")
+
+
+def _counted_checked(stock, opts, *args, **kwargs):
+    """``onmt.bin.build_vocab.build_vocab``: the counts, refused when a side has none."""
+    counters = stock(opts, *args, **kwargs)
+    message = empty_count_message(opts, counters[0], counters[1])
+    if message:
+        raise UsageError(message)
+    return counters
+
+
 def install():
-    """Register the ``onmt_build_vocab`` check."""
+    """Register the ``onmt_build_vocab`` checks."""
     from onmt.bin import build_vocab
 
     patch(build_vocab, "build_vocab_main", _build_vocab_checked, kind=FIX, order=1,  # after the machine check
           reason="rerunning onmt_build_vocab without -overwrite counts the whole sample, then ends in a 32-line "
                  "OSError traceback",
           test="tests/integration/test_checkpoints_cli.py::test_build_vocab_rerun_without_overwrite_gets_one_line")
+    patch(build_vocab, "build_vocab", _counted_checked, kind=FIX,
+          reason="a sample whose every pair the transforms drop gave empty vocabularies and exit 0; onmt_train "
+                 "refused them one command later",
+          test="tests/integration/test_checkpoints_cli.py::test_build_vocab_refuses_a_sample_without_tokens")
