@@ -220,6 +220,8 @@ def _where_set(name, args, key_lines):
 
 
 _ARGUMENT_ERROR = re.compile(r"^argument (\S+): (.*)$", re.S)
+#: configargparse's error for a config's switch whose value is no boolean (``tensorboard: maybe``)
+_SWITCH_VALUE_ERROR = re.compile(r"Unexpected value for ([\w-]+): (.*)$", re.S)
 #: Where PyYAML's error messages point: ``in "<file>", line N, column M``.
 _YAML_MARK = re.compile(r'in "([^"]+)", line (\d+), column \d+')
 
@@ -257,6 +259,9 @@ def _usage_error(parser, args, message):
             message = f"key '{name}' {where}: {match.group(2)}"
         elif match.group(2).startswith("ignored explicit argument"):  # -position_encoding=false
             message = _switch_value_message(parser, f"-{name}", match.group(2).split(" ", 3)[-1])
+    elif _SWITCH_VALUE_ERROR.match(message):  # configargparse's, naming no file
+        name, rest = _SWITCH_VALUE_ERROR.match(message).groups()
+        message = f"key '{name}' {_where_set(name, args, _config_locations(args))}: unexpected value {rest}"
     elif message.startswith("Couldn't parse config file"):  # configargparse's, over PyYAML's error
         message += tab_indentation_hint(message)
     parser.exit(2, f"{parser.prog}: error: {' '.join(message.split())}\n")

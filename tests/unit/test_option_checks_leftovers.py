@@ -91,6 +91,18 @@ def test_a_list_for_an_option_that_takes_one_value_names_the_file_and_line(onmt_
     train_parser().parse_known_args(["-config", str(config), *given])  # configargparse drops the key: no message
 
 
+def test_a_switch_whose_value_is_no_boolean_names_the_file_and_line(onmt_active, capsys, tmp_path):
+    """configargparse: 'Unexpected value for tensorboard: 'maybe'. Expecting ...', naming no file and line."""
+    from onmt_ext.integration.parsing import train_parser
+
+    config = tmp_path / "c.yaml"
+    text = "".join(line for line in SMOKE.read_text().splitlines(True) if not line.startswith("tensorboard:"))
+    config.write_text(text + "tensorboard: maybe\n")
+    assert _refused(train_parser(), ["-config", config], capsys) == [
+        f"key 'tensorboard' in {config}, line {text.count(chr(10)) + 1}: unexpected value 'maybe'. Expecting 'true', "
+        "'false', 'yes', 'no', 'on', 'off', '1' or '0'"]
+
+
 def test_options_that_take_lists_keep_their_lists(onmt_active, tmp_path):
     from onmt_ext.integration.parsing import list_value_messages, train_parser
 
