@@ -774,10 +774,13 @@ def _check_worker_shares(corpora, stride, offset, num_workers):
         kept = sum(int(np.count_nonzero(state[_share(len(state), shares, share)] == KEPT))
                    for state in (corpus.arrays()["state"] for corpus in corpora.values()))
         if not kept:
-            raise UsageError(f"-ext_binarized: data worker {worker} of this rank (share {share} of the {shares} "
-                             "shares of the training lines) would read no pair that the filters keep, so it would "
-                             "never make a batch: check the length filters (-src_seq_length, -tgt_seq_length) and "
-                             "the corpora, or use fewer -num_workers")
+            names = ", ".join(repr(name) for name in corpora)
+            who = (f"data worker {worker} of this rank (share {share} of the {shares} shares of the training lines)"
+                   if shares > 1 else "training")
+            fewer = ", or use fewer -num_workers" if workers > 1 else ""
+            raise UsageError(f"-ext_binarized: {who} would read no pair of the corpora ({names}) that the filters "
+                             "keep, so it would never make a batch: check the length filters (-src_seq_length, "
+                             f"-tgt_seq_length) and the corpora{fewer}")
 
 
 def _binarized_iterators(stock, corpora, transforms, corpora_info, skip_empty_level="warning", stride=1, offset=0):

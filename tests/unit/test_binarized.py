@@ -217,8 +217,13 @@ def test_a_data_share_without_a_kept_pair_is_refused_not_waited_on(corpora, tmp_
     config = write_config(tmp_path, files, src_seq_length=1, tgt_seq_length=1)  # every pair is longer
     build(config)
     with pytest.raises(UsageError, match=r"^-ext_binarized: data worker 0 of this rank \(share 0 of the 2 shares "
-                                         r"of the training lines\) would read no pair that the filters keep"):
+                                         r"of the training lines\) would read no pair of the corpora \('one', "
+                                         r"'two'\) that the filters keep, .*, or use fewer -num_workers$"):
         batches(options(config, "-num_workers", "2"), 1)
+    # one share: no worker to name, and fewer workers would not help
+    with pytest.raises(UsageError, match=r"^-ext_binarized: training would read no pair of the corpora \('one', "
+                                         r"'two'\) that the filters keep, .* and the corpora$"):
+        batches(options(config, "-num_workers", "0"), 1)
 
 
 def test_training_refuses_a_corpus_changed_since(corpora, tmp_path):
