@@ -24,6 +24,7 @@ import torch
 
 from onmt_ext import __version__
 from onmt_ext.integration import preprocessing
+from onmt_ext.mechanisms.clause import attention as clause_attention
 from onmt_ext.integration.commands import in_command, run_main, same_file, step_checkpoints, writable_file_problems
 from onmt_ext.runtime.compile import Compile
 from onmt_ext.runtime.corpus import not_a_file
@@ -55,7 +56,7 @@ REPLACING = {
 #: Attribute onmt-ext adds to the saved model options: the version that wrote the checkpoint.
 VERSION_KEY = "onmt_ext_version"
 #: What onmt-ext records in the options a checkpoint saves, beside the options themselves.
-RECORDS = (VERSION_KEY, preprocessing.SEGMENTED_KEY)
+RECORDS = (VERSION_KEY, preprocessing.SEGMENTED_KEY, clause_attention.TAGGER_KEY)
 #: Attributes OpenNMT-py 3.5.1 itself sets on the options it saves that are not ``onmt_train`` options
 #: (found by reading its sources: train_single, report_manager, loss, parse, inputters).
 STOCK_INTERNAL = {"brnn", "data_task", "cuda", "fp32", "gpu", "int8", "model_task", "models", "src", "tgt",
@@ -76,6 +77,7 @@ def _validate_model_opts(stock, cls, model_opt):
     validate(model_opt)
     setattr(model_opt, VERSION_KEY, __version__)  # saved with the checkpoint
     preprocessing.record_training_source(model_opt)  # so is whether its source was segmented Chinese
+    clause_attention.record_tagger(model_opt)  # and the contents of the signal tagger that split it
 
 
 def check_on_model_validation():
@@ -83,8 +85,8 @@ def check_on_model_validation():
 
     patch(ArgumentParser, "validate_model_opts", _validate_model_opts, kind=NEEDED,
           reason="checks onmt-ext's options wherever OpenNMT-py validates model options (also those of a "
-                 "checkpoint) and records in the checkpoint the onmt-ext version and whether its source was "
-                 "segmented Chinese",
+                 "checkpoint) and records in the checkpoint the onmt-ext version, whether its source was "
+                 "segmented Chinese and its clause tagger's SHA-256",
           test="tests/unit/test_options.py::test_checkpoint_with_invalid_options_fails_on_load")
 
 

@@ -179,26 +179,38 @@ def test_translation_must_split_as_training(onmt_active):
 
 
 def test_translation_must_split_with_the_tagger_of_training(tmp_path, onmt_active):
-    """Another tagger file is refused by content, not by path: a copy passes; a file gone since training is not
-    compared (the model may have moved to another machine)."""
-    from onmt_ext.mechanisms.clause.attention import translation_split_problems
+    """The tagger is checked by the contents it had in training (recorded in the checkpoint), not by its path: a
+    copy passes, a file retrained in place since is refused, a file elsewhere with training's contents passes,
+    and a tagger that is not here is not compared."""
+    from onmt_ext.mechanisms.clause.attention import TAGGER_KEY, record_tagger, translation_split_problems
 
-    trained_tagger, copy, other = tmp_path / "t.pt", tmp_path / "copy.pt", tmp_path / "other.pt"
-    trained_tagger.write_bytes(b"weights 1")
-    copy.write_bytes(b"weights 1")
+    tagger, backup, other = tmp_path / "t.pt", tmp_path / "backup.pt", tmp_path / "other.pt"
+    tagger.write_bytes(b"weights 1")
+    backup.write_bytes(b"weights 1")
     other.write_bytes(b"weights 2")
     trained = argparse.Namespace(clause_attention=True, transforms=["clause_split"], clause_lang="zh",
-                                 clause_levels=6, clause_tagger_model=str(trained_tagger))
+                                 clause_levels=6, clause_tagger_model=str(tagger))
+    record_tagger(trained)  # at training (ArgumentParser.validate_model_opts)
+    assert len(getattr(trained, TAGGER_KEY)) == 64
+    record_tagger(trained)  # a checkpoint's record is kept
 
-    def problems(tagger):
-        return translation_split_problems(argparse.Namespace(**{**vars(trained), "clause_tagger_model": str(tagger)}),
+    def problems(path):
+        return translation_split_problems(argparse.Namespace(**{**vars(trained), "clause_tagger_model": str(path)}),
                                           trained)
 
-    assert problems(trained_tagger) == [] and problems(copy) == []
-    assert problems(other) == [f"-clause_tagger_model {str(other)!r} is not the tagger training used: its contents "
-                               f"differ from {str(trained_tagger)!r}"]
-    trained_tagger.unlink()
-    assert problems(other) == []
+    refused = (f"-clause_tagger_model {str(other)!r} is not the tagger training used: its contents differ from "
+               f"those of {str(tagger)!r} when the model was trained")
+    assert problems(tagger) == [] and problems(backup) == [] and problems(other) == [refused]
+    tagger.write_bytes(b"weights 2")  # retrained in place since: the same path no longer passes
+    assert problems(tagger) == [refused.replace(str(other), str(tagger))] and problems(backup) == []
+    assert problems(tmp_path / "gone.pt") == []
+    rules = argparse.Namespace(**{**vars(trained), "clause_tagger_model": ""})
+    delattr(rules, TAGGER_KEY)
+    record_tagger(rules)
+    assert getattr(rules, TAGGER_KEY) == ""
+    stock = argparse.Namespace(clause_attention=False)
+    record_tagger(stock)
+    assert not hasattr(stock, TAGGER_KEY)
 
 
 def _reference(scores, ids, p):

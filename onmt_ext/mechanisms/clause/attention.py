@@ -14,6 +14,7 @@ Attention (eq. 4-5): from the masked scores ``E`` ``(batch, heads, len, len)``, 
 """
 
 import contextlib
+import os
 from dataclasses import dataclass
 from typing import List
 
@@ -337,6 +338,18 @@ def attach_encoder(encoder, config):
 
 #: clause_split options that must be the same at translation as in training.
 _SPLIT_OPTIONS = ("lang", "levels")
+#: Saved in a checkpoint's options at training: the SHA-256 of the signal tagger its source was split with (""
+#: for the rules), so that translation checks the tagger file by content, wherever it is now.
+TAGGER_KEY = "onmt_ext_clause_tagger_sha256"
+
+
+def record_tagger(model_opt):
+    """Store the tagger's SHA-256 (:data:`TAGGER_KEY`) in the options of a clause-attention model, unless they hold
+    it already (a checkpoint's; one written before the record gets its tagger file as it reads now)."""
+    if Clause.from_opt(model_opt).attention and getattr(model_opt, TAGGER_KEY, None) is None:
+        from onmt_ext.mechanisms.clause.split import ClauseSplitOptions, tagger_sha256  # imports OpenNMT-py
+
+        setattr(model_opt, TAGGER_KEY, tagger_sha256(ClauseSplitOptions.from_opts(model_opt).tagger_model))
 
 
 def translation_split_problems(opt, model_opt):
@@ -347,7 +360,7 @@ def translation_split_problems(opt, model_opt):
         trained = getattr(model_opt, "transforms", None) or []
         return [f"this model has clause attention: translate with the transforms it was trained with "
                 f"(-transforms {' '.join(trained)}) and the same -clause_* options"]
-    from onmt_ext.mechanisms.clause.split import ClauseSplitOptions, different_taggers  # imports OpenNMT-py
+    from onmt_ext.mechanisms.clause.split import ClauseSplitOptions, tagger_sha256  # imports OpenNMT-py
 
     now, trained = ClauseSplitOptions.from_opts(opt), ClauseSplitOptions.from_opts(model_opt)
     problems = [f"-clause_{name} {getattr(now, name)!r} differs from training ({getattr(trained, name)!r})"
@@ -355,9 +368,10 @@ def translation_split_problems(opt, model_opt):
     if bool(now.tagger_model) != bool(trained.tagger_model):
         problems.append(f"-clause_tagger_model {now.tagger_model!r}: training used "
                         f"{trained.tagger_model or 'the rules (no tagger)'!r}")
-    elif now.tagger_model and different_taggers(now.tagger_model, trained.tagger_model):
+    elif now.tagger_model and getattr(model_opt, TAGGER_KEY, "") and os.path.isfile(now.tagger_model) \
+            and tagger_sha256(now.tagger_model) != getattr(model_opt, TAGGER_KEY):
         problems.append(f"-clause_tagger_model {now.tagger_model!r} is not the tagger training used: its contents "
-                        f"differ from {trained.tagger_model!r}")
+                        f"differ from those of {trained.tagger_model!r} when the model was trained")
     return problems
 
 

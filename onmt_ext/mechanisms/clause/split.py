@@ -761,16 +761,13 @@ def split_record(split, subword_model=""):
     SentencePiece model applied first (``subword_model``, a path or ""); a dict for JSON."""
     tagger = split.tagger_model or ""
     return {"lang": split.lang, "levels": split.levels, "tagger_model": tagger,
-            "tagger_sha256": _file_sha256(tagger) if tagger and os.path.isfile(tagger) else "",
+            "tagger_sha256": tagger_sha256(tagger),
             "spacy_model": split.spacy_model if split.lang == "en" else "", "subword_model": subword_model or ""}
 
 
-def different_taggers(path, trained):
-    """Whether the tagger files ``path`` and ``trained`` differ in content; False where either is not a file here
-    (a model moved to another machine: the tagger of its training cannot be read)."""
-    if path == trained or not (os.path.isfile(path) and os.path.isfile(trained)):
-        return False
-    return _file_sha256(path) != _file_sha256(trained)
+def tagger_sha256(path):
+    """The SHA-256 of tagger file ``path`` ("" for none, or where it is not a file here)."""
+    return _file_sha256(path) if path and os.path.isfile(path) else ""
 
 
 def _file_sha256(path):
