@@ -21,7 +21,7 @@ TYINGS = {"all": (True, True), "decoder": (False, True), "none": (False, False)}
 
 # config (relative to yaml_configs/) -> (paper's total, paper's vocabulary size, where the paper gives it)
 PAPER_TOTALS = {
-    "baseline/transformer_base_wmt14_ende.yaml": (88.0e6, 32000, "li2019 Tables 2-4"),
+    "li2019/transformer_base_wmt14_ende_baseline.yaml": (88.0e6, 32000, "li2019 Tables 2-4"),
     "li2019/transformer_base_wmt14_ende_simple_enc_self.yaml": (100.6e6, 32000, "li2019 Table 2 row 3"),
     "li2019/transformer_base_wmt14_ende_em_enc_self.yaml": (100.6e6, 32000, "li2019 Tables 2-3"),
     "li2019/transformer_base_wmt14_ende_em_enc_dec.yaml": (100.6e6, 32000, "li2019 Table 2 row 5"),
@@ -33,11 +33,11 @@ PAPER_TOTALS = {
     "li2019/transformer_base_wmt14_ende_em_enc_self_layers_1-2.yaml": (92.2e6, 32000, "li2019 Table 3"),
     "li2019/transformer_base_wmt14_ende_em_enc_self_layers_6.yaml": (90.1e6, 32000, "li2019 Table 3"),
     "li2019/transformer_base_wmt14_ende_em_enc_self_layers_1.yaml": (90.1e6, 32000, "li2019 Table 3"),
-    "baseline/transformer_big_wmt14_ende.yaml": (264e6, 32000, "li2019 Table 4"),
+    "li2019/transformer_big_wmt14_ende_baseline.yaml": (264e6, 32000, "li2019 Table 4"),
     "li2019/transformer_big_wmt14_ende_em_enc_self_layers_1-2.yaml": (297e6, 32000, "li2019 Table 4"),
-    "baseline/transformer_base_wmt17_zhen.yaml": (108e6, 32000, "li2019 Table 4"),
+    "li2019/transformer_base_wmt17_zhen_baseline.yaml": (108e6, 32000, "li2019 Table 4"),
     "li2019/transformer_base_wmt17_zhen_em_enc_self_layers_1-2.yaml": (112e6, 32000, "li2019 Table 4"),
-    "baseline/transformer_big_wmt17_zhen.yaml": (304e6, 32000, "li2019 Table 4"),
+    "li2019/transformer_big_wmt17_zhen_baseline.yaml": (304e6, 32000, "li2019 Table 4"),
     "li2019/transformer_big_wmt17_zhen_em_enc_self_layers_1-2.yaml": (337e6, 32000, "li2019 Table 4"),
     # chen2019 (sec. 5.1: "the vocabulary size was set as 32K")
     "chen2019/transformer_base_wmt14_ende_baseline.yaml": (97.35e6, 32000, "chen2019 Table 1"),
@@ -89,14 +89,18 @@ def count_parameters(opt, vocab_size):
 
 
 def baseline_of(opt):
-    """A copy of ``opt`` with every onmt-ext option off and stock model types."""
+    """A copy of ``opt`` with every mechanism off: the paper's baseline row.  The Transformer's own onmt-ext options
+    (``-ext_*``: its layer-norm placement) are kept, and with them onmt-ext's model types; where they are all at
+    their defaults, the types are stock's."""
     from onmt_ext.options import OPTION_SPECS
 
     base = copy.deepcopy(opt)
     for spec in OPTION_SPECS:
-        setattr(base, spec.name, spec.default)
-    base.encoder_type = "transformer" if opt.encoder_type == "ext_transformer" else opt.encoder_type
-    base.decoder_type = "transformer" if opt.decoder_type == "ext_transformer" else opt.decoder_type
+        if not spec.name.startswith("ext_"):
+            setattr(base, spec.name, spec.default)
+    if all(getattr(base, spec.name, spec.default) == spec.default for spec in OPTION_SPECS):
+        base.encoder_type = "transformer" if opt.encoder_type == "ext_transformer" else opt.encoder_type
+        base.decoder_type = "transformer" if opt.decoder_type == "ext_transformer" else opt.decoder_type
     return base
 
 

@@ -543,12 +543,16 @@ def _combination_check(opt):
     pe_off = chen2019.pe_off
     if pe_off and not getattr(opt, "position_encoding", False):
         problems.append(f"-chen2019_pe_off {pe_off} has no effect with -position_encoding false")
-    for side in pe_off:
-        kind = "encoder" if side == "enc" else "decoder"
-        if getattr(opt, f"{kind}_type", None) != EXT_TYPE:
-            problems.append(f"-chen2019_pe_off {side} needs -{kind}_type {EXT_TYPE}")
+    problems += _ext_type_problems(opt, "-chen2019_pe_off", pe_off)
     problems += _scale_without_pe_problems(opt, chen2019)
     return problems
+
+
+def _ext_type_problems(opt, option, sides):
+    """``<option> enc needs -encoder_type ext_transformer`` for each of ``sides`` of a stock model type."""
+    kinds = [("encoder" if side == "enc" else "decoder", side) for side in sides]
+    return [f"{option} {side} needs -{kind}_type {EXT_TYPE}" for kind, side in kinds
+            if getattr(opt, f"{kind}_type", None) != EXT_TYPE]
 
 
 def _scale_without_pe_problems(opt, chen2019):
@@ -558,10 +562,8 @@ def _scale_without_pe_problems(opt, chen2019):
     if sides and getattr(opt, "position_encoding", False):
         problems.append(f"-chen2019_scale_without_pe {sides} has no effect with -position_encoding true, whose "
                         "encoding already scales the embeddings (Table 3's ablations: -chen2019_pe_off)")
+    problems += _ext_type_problems(opt, "-chen2019_scale_without_pe", sides)
     for side in sides:
-        kind = "encoder" if side == "enc" else "decoder"
-        if getattr(opt, f"{kind}_type", None) != EXT_TYPE:
-            problems.append(f"-chen2019_scale_without_pe {side} needs -{kind}_type {EXT_TYPE}")
         if getattr(chen2019, side) != "none":
             problems.append(f"-chen2019_scale_without_pe {side} has no effect with -chen2019_{side} "
                             f"{getattr(chen2019, side)}, whose scale is -chen2019_scale")

@@ -142,12 +142,12 @@ def test_build_vocab_rerun_without_overwrite_gets_one_line(sample_data, onmt_act
 
 def test_build_vocab_refuses_a_sample_without_tokens(sample_data, onmt_active, tmp_path):
     """Filters that leave out every pair gave empty vocabularies and exit 0 (onmt_train refused them later)."""
-    args = ("-config", STOCK, "-save_data", tmp_path / "samples", "-n_sample", 50, "-src_vocab", tmp_path / "vocab.src",
-            "-tgt_vocab", tmp_path / "vocab.tgt")
+    args = ("-config", STOCK, "-save_data", tmp_path / "samples", "-n_sample", 50,
+            "-src_vocab", tmp_path / "vocab.src", "-tgt_vocab", tmp_path / "vocab.tgt")
     result = support.run_cli("onmt_build_vocab", *args, "-src_seq_length", 1, "-tgt_seq_length", 1, check=False)
     assert _one_error_line(result, "onmt_build_vocab", 2).startswith(
-        "onmt_build_vocab: error: no source and no target token was counted in the sample (-n_sample 50): every pair was left out by the "
-        "transforms (-transforms: sentencepiece, filtertoolong;")
+        "onmt_build_vocab: error: no source and no target token was counted in the sample (-n_sample 50): every "
+        "pair was left out by the transforms (-transforms: sentencepiece, filtertoolong;")
     assert not (tmp_path / "vocab.src").exists() and not (tmp_path / "vocab.tgt").exists()
     support.run_cli("onmt_build_vocab", *args)  # the same sample with the config's filters: counted and written
     assert (tmp_path / "vocab.src").stat().st_size > 0

@@ -9,7 +9,7 @@ import support
 
 from tools import param_report
 
-BASE = support.REPO / "yaml_configs/baseline/transformer_base_wmt14_ende.yaml"
+BASE = support.REPO / "yaml_configs/li2019/transformer_base_wmt14_ende_baseline.yaml"
 EXT = ["-encoder_type", "ext_transformer", "-decoder_type", "ext_transformer"]
 
 # parameters the paper adds to its 88.0M Transformer-Base (li2019 Tables 2 and 3)
@@ -69,19 +69,20 @@ def _mismatches(rows):
 def test_each_papers_baselines_use_the_tying_closest_to_the_papers_totals(onmt_active, capsys):
     """Issue 37: the papers' totals at their 32K vocabularies decide the embedding tying: untied on WMT14 En-De
     and WMT17 Zh-En (li2019 Base 88.0M, chen2019 Base 97.35M), decoder-tied on NIST Zh-En (chen2019 77.94M)."""
-    keys = [key for key in param_report.PAPER_TOTALS if key.startswith("baseline/") or key.endswith("_baseline.yaml")]
+    keys = [key for key in param_report.PAPER_TOTALS if key.endswith("_baseline.yaml")]
     assert len(keys) == 8
     rows = param_report.paper_match([support.REPO / "yaml_configs" / key for key in keys])
     assert not _mismatches(rows)
-    closest = {Path(row[0]).name: (row[5], row[4][row[5]], row[2]) for row in rows}
-    li2019 = closest["transformer_base_wmt14_ende.yaml"]
+    closest = {Path(row[0]).relative_to(support.REPO / "yaml_configs").as_posix(): (row[5], row[4][row[5]], row[2])
+               for row in rows}
+    li2019 = closest["li2019/transformer_base_wmt14_ende_baseline.yaml"]
     assert li2019[0] == "none" and abs(li2019[1] - li2019[2]) <= 0.07 * li2019[2]
-    chen2019 = closest["transformer_base_wmt14_ende_baseline.yaml"]
+    chen2019 = closest["chen2019/transformer_base_wmt14_ende_baseline.yaml"]
     assert chen2019[0] == "none" and abs(chen2019[1] - chen2019[2]) <= 0.05 * chen2019[2]
-    nist = closest["transformer_base_nist_zhen_baseline.yaml"]
+    nist = closest["chen2019/transformer_base_nist_zhen_baseline.yaml"]
     assert nist[0] == "decoder" and abs(nist[1] - nist[2]) <= 0.02 * nist[2]
     assert param_report.main(["--paper", "--markdown", str(support.REPO / "yaml_configs" / keys[0])]) == 0
-    assert "| none | none | 0 to 34,291 entries |" in capsys.readouterr().out
+    assert "| none | none | 0 to 34,293 entries |" in capsys.readouterr().out
 
 
 def test_the_tying_verdict_flips_where_the_papers_total_lies_midway(onmt_active):
