@@ -462,7 +462,7 @@ test: data | $(SETUP_STAMP)
 	@$(call run_pytest,-m "not slow" tests)
 
 test-all: data | $(SETUP_STAMP)
-	@echo "== test-all: both tiers, about 2,550 tests in $(TEST_WORKERS) workers: 22-61 minutes on 2 idle CPU cores," \
+	@echo "== test-all: both tiers, about 2,600 tests in $(TEST_WORKERS) workers: 22-61 minutes on 2 idle CPU cores," \
 	  "by the machine (results/tests/README.md); pytest's percentage counts them"
 	@$(call run_pytest,tests)
 

@@ -211,7 +211,7 @@ def test_the_last_checkpoints_of_a_row_are_averaged():
 
 
 def test_averaging_more_checkpoints_than_the_config_keeps_is_refused():
-    with pytest.raises(SystemExit, match=r"baseline/transformer_base_wmt14_ende\.yaml sets keep_checkpoint: 10"):
+    with pytest.raises(SystemExit, match=r"li2019/transformer_base_wmt14_ende_baseline\.yaml sets keep_checkpoint: 10"):
         reproduce.main(["li2019-table3", "--dry-run", "--average", "11"])
     values = {"train_steps": 20, "save_checkpoint_steps": 5}
     assert reproduce.averaged_steps({**values, "keep_checkpoint": -1}, 4, "x.yaml") == [5, 10, 15, 20]
