@@ -197,9 +197,12 @@ def _parsed_features(config):
 
 
 def _stock_ignore():
+    """What the stock-options comparison leaves out: paths, layer choices, onmt-ext's options and transform features,
+    and what onmt-ext records in the options beside them (the clause tagger's hash follows its path, a feature)."""
+    from onmt_ext.integration.checkpoints import RECORDS
     from onmt_ext.options import OPTION_SPECS
 
-    return PATHS | _layer_options() | {spec.name for spec in OPTION_SPECS} | set(_TRANSFORM_FEATURES)
+    return PATHS | _layer_options() | {spec.name for spec in OPTION_SPECS} | set(_TRANSFORM_FEATURES) | set(RECORDS)
 
 
 def _fast_configs(configs):
