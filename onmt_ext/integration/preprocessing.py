@@ -226,6 +226,17 @@ def subword_model_problems(opt, model_opt=None):
             for dest in dests if not os.path.isfile(getattr(opt, dest))]
 
 
+def _adopted(opt, model_opt, model, only=None):
+    """:func:`adopt_training` from checkpoint ``model``, refused in one line where a file it names is not here;
+    ``(transforms, the copied options as flags)``."""
+    transforms, copied, missing = adopt_training(opt, model_opt, only)
+    if missing:
+        raise UsageError(f"{model} was trained with -transforms {' '.join(model_opt.transforms)}; its source must be "
+                         f"preprocessed the same way, but {'; '.join(missing)} (give -transforms "
+                         f"{' '.join(transforms)} with the files' paths here)")
+    return transforms, "".join(f" {_flag(k, v)}" for k, v in copied.items())
+
+
 def _transforms_of_training(stock, cls, opt):
     """``ArgumentParser._get_all_transform_translate``: training's shaping transforms, or a check of the given ones."""
     model = (getattr(opt, "models", None) or [None])[0]
@@ -241,21 +252,12 @@ def _transforms_of_training(stock, cls, opt):
     if not opt.transforms and shaping(model_opt.transforms) and holds_subword_marks(opt.src):
         later = [name for name in shaping(model_opt.transforms) if name not in SUBWORD and name != "jieba"]
         skipped = [name for name in shaping(model_opt.transforms) if name not in later]
-        transforms, copied, missing = adopt_training(opt, model_opt, only=later) if later else ([], {}, [])
-        if missing:
-            raise UsageError(f"{model} was trained with -transforms {trained}; but {'; '.join(missing)} (give "
-                             f"-transforms {' '.join(transforms)} with the files' paths here)")
-        options = "".join(f" {_flag(k, v)}" for k, v in copied.items())
+        transforms, options = _adopted(opt, model_opt, model, later) if later else ([], "")
         said = f": translated without the model's -transforms {' '.join(skipped)}" if skipped else ""
         said += f"; applying its -transforms {' '.join(transforms)}{options}" if transforms else ""
         sys.stderr.write(f"onmt_translate: -src {opt.src} holds subword pieces already{said}\n")
     elif not opt.transforms and shaping(model_opt.transforms):
-        transforms, copied, missing = adopt_training(opt, model_opt)
-        if missing:
-            raise UsageError(f"{model} was trained with -transforms {trained}; its source must be "
-                             f"preprocessed the same way, but {'; '.join(missing)} (give -transforms "
-                             f"{' '.join(transforms)} with the files' paths here)")
-        options = "".join(f" {_flag(k, v)}" for k, v in copied.items())
+        transforms, options = _adopted(opt, model_opt, model)
         if words:
             opt.transforms, opt.jieba_keep_segmented = ["jieba", *transforms], True
             options += (f" -jieba_keep_segmented (its training source {words} is Chinese segmented into words; "
