@@ -523,7 +523,7 @@ def _kept_or_named(stock, self, tuple_bucket):
     Until a bucket keeps a pair, it notes per corpus when the line numbers start again (the mixer read the
     corpus through and restarted it). Once every corpus read (weight above 0) has restarted, the transforms drop
     all that this worker reads (its share of the lines): :class:`NoKeptPair` names the corpora and their
-    filters (or a source file without text, :func:`_without_source_text`), where stock would restart the corpora
+    filters (or a source file without text, :func:`_source_text_shares`), where stock would restart the corpora
     for ever, logging each time, and never make a batch.
     """
     bucket = stock(self, tuple_bucket)
@@ -547,11 +547,12 @@ def _kept_or_named(stock, self, tuple_bucket):
     stride, offset = getattr(first, "stride", self.stride), getattr(first, "offset", self.offset)
     share = f" of data share {offset} of {stride} (-world_size × -num_workers)" if stride > 1 else ""
     fewer = ", or use fewer -num_workers" if stride > 1 else ""
-    empty = {name: _without_source_text(self, name, stride, offset) for name in names}
+    texts = {name: _source_text_shares(self, name, stride) for name in names}
+    empty = {name: src if src is not None and offset not in found else None for name, (src, found) in texts.items()}
     if len(names) == 1 and empty[names[0]]:
-        src = empty[names[0]]
+        src, found = texts[names[0]]
         within, fewer = ((f" in data share {offset} of {stride} (-world_size × -num_workers)", fewer)
-                         if stride > 1 and _shares_with_text(src, src, 1) else ("", ""))
+                         if found else ("", ""))  # (other shares hold text)
         raise NoKeptPair(f"corpus {names[0]!r}: no source line of {src}{within} has text, and OpenNMT-py leaves out a "
                          f"pair with an empty source, so training would never get a batch: check the corpus{fewer}")
     if len(names) == 1:
@@ -567,14 +568,15 @@ def _kept_or_named(stock, self, tuple_bucket):
                      f"batch: loosen the filters or check the corpora{fewer}")
 
 
-def _without_source_text(iterator, name, stride, offset):
-    """The source file of corpus ``name`` if none of its lines in data share ``offset`` of ``stride`` has text (stock's
-    ``process`` leaves out a pair with an empty source; with onmt-ext's runtime :func:`check_pairs` refuses such a
-    corpus at start-up), else None. Asked once, when training stops: the file is read at most once."""
+def _source_text_shares(iterator, name, stride):
+    """``(source file of corpus name, the data shares of stride whose lines hold text in it)``; ``(None, None)``
+    where it is no file here.  A share without text gives no pair: stock's ``process`` leaves out a pair with an
+    empty source (with onmt-ext's runtime :func:`check_pairs` refuses such a corpus at start-up).  Asked once,
+    when training stops: the file is read once."""
     src = getattr(iterator.corpora.get(name), "src", None)
     if not isinstance(src, (str, os.PathLike)) or not os.path.isfile(src):
-        return None
-    return None if offset in _shares_with_text(src, src, max(1, stride)) else src
+        return None, None
+    return src, _shares_with_text(src, src, max(1, stride))
 
 
 def _skipping_empty_pairs():
