@@ -538,19 +538,20 @@ def build_cached(opt, root, say=_log, processes=0):
 def cached(root, opt, transforms, vocabs, say=_log, processes=0):
     """``(directory, manifest)``: the directory under ``root`` that holds ``opt``'s training data binarised,
     :func:`build` into it first if it does not yet (or is damaged), and its manifest, which is current. Processes
-    that ask for it at once (ranks, two runs) wait on a lock beside it: the first binarises, the others read. Only
-    ``root/<key>``, its lock file and its work directory while it is written are touched. Where the file system has
-    no locks (:data:`_NO_LOCKS`), a directory filled before is read, and none is written: a :class:`UserError`."""
+    that ask for it at once (ranks, two runs) wait on a lock beside it: the first binarises, the others read. A
+    directory filled before is read without the lock (a current directory is never rewritten), so a cache that is
+    read-only now, or on a file system without locks (:data:`_NO_LOCKS`), is read too. Only ``root/<key>``, its lock
+    file and its work directory while it is written are touched."""
     wanted = fingerprint(opt, transforms, vocabs)
     key = cache_key(wanted)
     directory = os.path.join(root, key)
+    manifest = _current(directory, wanted)
+    if manifest is not None:
+        return directory, manifest
     try:
         os.makedirs(root, exist_ok=True)
         lock = open(os.path.join(root, f".{key}.lock"), "w", encoding="utf-8")
     except OSError as error:
-        manifest = _current(directory, wanted)
-        if manifest is not None:  # a cache filled before, read-only now: read it
-            return directory, manifest
         raise UserError(f"-ext_binarized_cache {root}: cannot write there ({error.strerror or error}); "
                         f"{_advice(error)}") from None
     with lock:
@@ -559,15 +560,12 @@ def cached(root, opt, transforms, vocabs, say=_log, processes=0):
         except OSError as error:
             if error.errno not in _NO_LOCKS:
                 raise
-            manifest = _current(directory, wanted)
-            if manifest is not None:  # filled before: reading it needs no lock (a current directory is never rewritten)
-                return directory, manifest
             raise UserError(f"-ext_binarized_cache {root}: cannot lock {os.path.basename(lock.name)} ("
                             f"{error.strerror or error}): its file system does not support the file locks that keep "
                             "runs sharing the cache apart; choose a -ext_binarized_cache directory on a local disk, or "
                             "write the data once with onmt_ext_binarize -ext_binarized DIR and train with "
                             "-ext_binarized DIR") from None
-        manifest = _current(directory, wanted)
+        manifest = _current(directory, wanted)  # (another run may have filled it while this one waited)
         if manifest is None:
             say(f"-ext_binarized_cache: binarising the training corpora into {directory}, once for this data")
             manifest = _write(opt, transforms, vocabs, directory, wanted, say, processes, "-ext_binarized_cache",
